@@ -1,0 +1,23 @@
+#pragma once
+
+#include <torch/arg.h>
+
+#include <cstdint>
+
+namespace rotary {
+
+struct RotaryEmbeddingOptions {
+  /* implicit */ RotaryEmbeddingOptions(int64_t dim) : dim_(dim) {}
+
+  // Rotated width of each head; even and > 0.
+  TORCH_ARG(int64_t, dim);
+  // Rows in the cached table; start_pos + seq_len must not exceed it.
+  TORCH_ARG(int64_t, max_seq_len) = 4096;
+  // Frequency base: pair j turns by pos * theta^(-2j/dim).
+  TORCH_ARG(double, theta) = 10000.0;
+  // true: pairs (0,1), (2,3), ... (Meta Llama, GPT-J);
+  // false: pairs (j, j + dim/2) (GPT-NeoX, Hugging Face rotate_half).
+  TORCH_ARG(bool, interleaved) = true;
+};
+
+}  // namespace rotary
