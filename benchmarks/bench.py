@@ -1,0 +1,502 @@
+#!/usr/bin/env python3
+"""Benchmark torch.ops.rotary.apply_rope_qk against its peers, measured in one run.
+
+RoPE is memory-bound: it reads q and k once and writes them once. Every case is
+therefore reported as median time, bandwidth (bytes of q and k read + written)
+and ratios against peers timed in the same run, round-robin, so that a noisy
+machine moves all of them together:
+
+  clone        q.clone() and k.clone(): the memory floor
+  seed         eager seed reference: view_as_complex(q) * freqs[pos], per tensor
+  rotate_half  eager Hugging Face reference: x * cos + rotate_half(x) * sin with
+               cat'ed [S, D] tables in x's dtype (ours runs interleaved=False)
+  compile(..)  torch.compile of the two references (CPU: inductor C++ backend;
+               CUDA: triton), compiled once and warmed up before timing
+  liger        Liger's fused rope (CUDA, only when liger_kernel imports)
+  add          torch.add(q, q) + torch.add(k, k), decode only: the dispatcher floor
+
+Usage:  PYTHONPATH=python python benchmarks/bench.py [--device cpu|cuda|all]
+        [--dtype fp32,bf16] [--threads 1,2] [--repeat N] [--quick]
+        [--markdown PATH] [--png PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+DTYPES = {
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp64": torch.float64,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    q_shape: Tuple[int, int, int, int]
+    k_shape: Tuple[int, int, int, int]
+    decode: bool = False
+
+
+CPU_CASES = [
+    Case("prefill", (1, 32, 4096, 128), (1, 8, 4096, 128)),
+    Case("training", (4, 32, 1024, 128), (4, 32, 1024, 128)),
+    Case("decode", (64, 32, 1, 128), (64, 8, 1, 128), decode=True),
+]
+CUDA_CASES = [
+    Case("prefill", (1, 32, 8192, 128), (1, 8, 8192, 128)),
+    Case("training", (8, 32, 2048, 128), (8, 32, 2048, 128)),
+    Case("decode", (64, 32, 1, 128), (64, 8, 1, 128), decode=True),
+]
+QUICK_CASE = Case("quick", (1, 4, 64, 64), (1, 2, 64, 64))
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------
+# References (the peers). They take the complex64 table `freqs` [max_seq, D/2].
+
+
+def seed_rope(x: torch.Tensor, freqs: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
+    """The seed's apply_rope: complex multiply via view_as_complex, fp32 math."""
+    batch, n_head, seq_len, head_dim = x.shape
+    seq_freqs = freqs[start_pos : start_pos + seq_len]
+    x_complex = torch.view_as_complex(x.float().reshape(batch, n_head, seq_len, -1, 2))
+    x_rotated = x_complex * seq_freqs.unsqueeze(0).unsqueeze(0)
+    return torch.view_as_real(x_rotated).reshape(batch, n_head, seq_len, head_dim).type_as(x)
+
+
+def seed_rope_qk(q, k, freqs, start_pos: int = 0):
+    return seed_rope(q, freqs, start_pos), seed_rope(k, freqs, start_pos)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def hf_rope_qk(q, k, cos, sin):
+    """Hugging Face apply_rotary_pos_emb with cos/sin [S, D] in x's dtype."""
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+def hf_tables(freqs: torch.Tensor, seq: int, dtype: torch.dtype, start_pos: int = 0):
+    f = freqs[start_pos : start_pos + seq]
+    cos = torch.cat((f.real, f.real), dim=-1).to(dtype).contiguous()
+    sin = torch.cat((f.imag, f.imag), dim=-1).to(dtype).contiguous()
+    return cos, sin
+
+
+# --------------------------------------------------------------------------
+# Timing
+
+
+class Timer:
+    """Times one callable; returns seconds per call for one sample."""
+
+    def __init__(self, device: str):
+        self.cuda = device == "cuda"
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def sample(self, fn: Callable[[], object], inner: int) -> float:
+        if self.cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(inner):
+                fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) * 1e-3 / inner
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        return (time.perf_counter() - t0) / inner
+
+
+def calibrate_inner(timer: Timer, fn: Callable[[], object], target_s: float) -> int:
+    """Calls per sample so that one sample lasts about target_s."""
+    t = timer.sample(fn, 1)
+    t = min(t, timer.sample(fn, 1))
+    return max(1, min(10000, int(target_s / max(t, 1e-7))))
+
+
+def time_round_robin(
+    timer: Timer,
+    fns: Dict[str, Callable[[], object]],
+    repeat: int,
+    target_s: float,
+    progress: str,
+) -> Dict[str, float]:
+    """Median seconds per call of each fn. Samples are interleaved across fns
+    (one sample of each per round) so that load changes hit all of them."""
+    inner = {}
+    for name, fn in fns.items():
+        for _ in range(2):  # warm up: allocator, caches, lazy init
+            fn()
+        timer.sync()
+        inner[name] = calibrate_inner(timer, fn, target_s)
+    samples: Dict[str, List[float]] = {name: [] for name in fns}
+    for r in range(repeat):
+        log(f"  {progress}: round {r + 1}/{repeat}")
+        for name, fn in fns.items():
+            samples[name].append(timer.sample(fn, inner[name]))
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+# --------------------------------------------------------------------------
+# Peers for one case
+
+
+def try_compile(fn, device: str):
+    try:
+        import torch._dynamo  # noqa: F401
+
+        return torch.compile(fn, dynamic=False, fullgraph=False)
+    except Exception as e:  # pragma: no cover - depends on the toolchain
+        log(f"  torch.compile unavailable: {e!r}")
+        return None
+
+
+def liger_fn():
+    try:
+        from liger_kernel.transformers.rope import liger_rotary_pos_emb
+    except Exception:
+        return None
+    return liger_rotary_pos_emb
+
+
+def build_peers(
+    case: Case, dtype: torch.dtype, device: str, compile_refs: bool
+) -> Tuple[Dict[str, Callable[[], object]], Dict[str, str]]:
+    """Returns ({name: fn}, {name: note}). Also checks that ours agrees with
+    the references, so a wrong kernel can never post a good time."""
+    import rotary  # noqa: F401  (registers torch.ops.rotary)
+
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    q = torch.randn(case.q_shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
+    k = torch.randn(case.k_shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
+    seq, head_dim = case.q_shape[2], case.q_shape[3]
+    start_pos = 7 if case.decode else 0
+    freqs = rotary.rope_freqs(head_dim, start_pos + seq).to(device)
+    cos, sin = hf_tables(freqs, seq, dtype, start_pos)
+    op = torch.ops.rotary.apply_rope_qk
+
+    fns: Dict[str, Callable[[], object]] = {}
+    notes: Dict[str, str] = {}
+    fns["clone"] = lambda: (q.clone(), k.clone())
+    if case.decode:
+        fns["add"] = lambda: (torch.add(q, q), torch.add(k, k))
+    fns["ours"] = lambda: op(q, k, freqs, start_pos, True)
+    fns["ours_half"] = lambda: op(q, k, freqs, start_pos, False)
+    fns["seed"] = lambda: seed_rope_qk(q, k, freqs, start_pos)
+    fns["rotate_half"] = lambda: hf_rope_qk(q, k, cos, sin)
+
+    # Correctness first (bf16 tolerances cover the peers' bf16 math).
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype in (torch.float32, torch.float64) else dict(atol=5e-2, rtol=2e-2)
+    ref = seed_rope_qk(q, k, freqs, start_pos)
+    for got, want in zip(fns["ours"](), ref):
+        torch.testing.assert_close(got, want, **tol)
+    for got, want in zip(fns["ours_half"](), hf_rope_qk(q, k, cos, sin)):
+        torch.testing.assert_close(got, want, **tol)
+
+    if compile_refs:
+        c_seed = try_compile(seed_rope_qk, device)
+        c_hf = try_compile(hf_rope_qk, device)
+        for name, cfn, args, want in (
+            ("compile(seed)", c_seed, (q, k, freqs, start_pos), ref),
+            ("compile(rotate_half)", c_hf, (q, k, cos, sin), None),
+        ):
+            if cfn is None:
+                continue
+            log(f"  compiling {name} ...")
+            t0 = time.perf_counter()
+            try:
+                out = cfn(*args)
+                if want is not None:
+                    for got, w in zip(out, want):
+                        torch.testing.assert_close(got, w, **tol)
+            except Exception as e:  # pragma: no cover - depends on the toolchain
+                log(f"  {name} failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+                notes[name] = "failed"
+                continue
+            log(f"  compiled {name} in {time.perf_counter() - t0:.1f} s")
+            fns[name] = (lambda f=cfn, a=args: f(*a))
+
+    if device == "cuda":
+        liger = liger_fn()
+        if liger is not None:
+            # Liger wants cos/sin [1, S, D]; it rotates half (NeoX) pairs.
+            lc, ls = cos.unsqueeze(0), sin.unsqueeze(0)
+            fns["liger"] = lambda: liger(q, k, lc, ls)
+    return fns, notes
+
+
+# --------------------------------------------------------------------------
+# Tables
+
+# Peers compared with ours interleaved / ours half (same pairing convention).
+HALF_PEERS = ("rotate_half", "compile(rotate_half)", "liger")
+
+
+def case_bytes(case: Case, dtype: torch.dtype) -> int:
+    elem = torch.empty((), dtype=dtype).element_size()
+    n = 1
+    for s in case.q_shape:
+        n *= s
+    m = 1
+    for s in case.k_shape:
+        m *= s
+    return 2 * (n + m) * elem
+
+
+def fmt_time(s: float) -> str:
+    if s >= 1e-1:
+        return f"{s * 1e3:.1f} ms"
+    if s >= 1e-3:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s * 1e6:.1f} us"
+
+
+@dataclasses.dataclass
+class Result:
+    device: str
+    case: Case
+    dtype: str
+    threads: Optional[int]
+    times: Dict[str, float]
+    notes: Dict[str, str]
+
+    @property
+    def title(self) -> str:
+        q, k = self.case.q_shape, self.case.k_shape
+        t = f", threads={self.threads}" if self.threads is not None else ""
+        return f"{self.device} {self.case.name} {self.dtype}{t}: q {list(q)} k {list(k)}"
+
+    def ours_for(self, peer: str) -> str:
+        return "ours_half" if peer in HALF_PEERS else "ours"
+
+    def markdown(self) -> str:
+        nbytes = case_bytes(self.case, DTYPES[self.dtype])
+        clone = self.times["clone"]
+        lines = [
+            f"#### {self.title}",
+            "",
+            "| impl | median | GB/s | time / clone | ours speedup vs it |",
+            "| --- | ---: | ---: | ---: | ---: |",
+        ]
+        for name, t in self.times.items():
+            if name.startswith("ours") or name in ("clone", "add"):
+                speed = "-"
+            else:
+                ours = self.times[self.ours_for(name)]
+                speed = f"{t / ours:.2f}x (vs {self.ours_for(name)})"
+            label = {
+                "ours": "ours (interleaved)",
+                "ours_half": "ours (interleaved=False)",
+                "add": "torch.add q,k (floor)",
+                "clone": "clone q,k (floor)",
+            }.get(name, name)
+            lines.append(
+                f"| {label} | {fmt_time(t)} | {nbytes / t / 1e9:.1f} | {t / clone:.2f} | {speed} |"
+            )
+        for name, note in self.notes.items():
+            lines.append(f"| {name} | {note} | | | |")
+        if "add" in self.times:
+            lines.append("")
+            lines.append(
+                f"decode: ours / (torch.add(q,q) + torch.add(k,k)) = "
+                f"{self.times['ours'] / self.times['add']:.2f}"
+            )
+        return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------
+# Header
+
+
+def cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=5).stdout
+        for line in out.splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except Exception:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def header(devices: Sequence[str]) -> str:
+    lines = [
+        "## rotary benchmark",
+        "",
+        f"- machine: {platform.node()} {platform.machine()}, CPU `{cpu_model()}`"
+        f" ({os.cpu_count()} logical CPUs), processor `{platform.processor() or '?'}`",
+        f"- torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()},"
+        f" default threads {torch.get_num_threads()}",
+    ]
+    if hasattr(os, "getloadavg"):
+        lines.append("- load average at start: " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
+    if "cuda" in devices:
+        p = torch.cuda.get_device_properties(0)
+        lines.append(
+            f"- GPU {torch.cuda.get_device_name(0)} ({p.total_memory / 2**30:.0f} GiB), CUDA {torch.version.cuda}"
+        )
+    lines.append(
+        "- times are medians of round-robin samples; GB/s counts q and k read + written;"
+        " `ours speedup vs it` = peer time / our time (rotate_half peers vs interleaved=False)"
+    )
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------
+# PNG
+
+
+def write_png(results: List[Result], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception:
+        return  # optional: skip silently
+    peers = []
+    for r in results:
+        for name in r.times:
+            if name not in peers:
+                peers.append(name)
+    labels = [f"{r.device} {r.case.name}\n{r.dtype}" + (f" t{r.threads}" if r.threads else "") for r in results]
+    fig, ax = plt.subplots(figsize=(max(8, 1.2 * len(results)), 5))
+    width = 0.8 / max(1, len(peers))
+    for i, name in enumerate(peers):
+        xs = [j + i * width for j in range(len(results))]
+        ys = [r.times.get(name, float("nan")) / r.times["clone"] for r in results]
+        ax.bar(xs, ys, width, label=name)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(results))])
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_yscale("log")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_ylabel("time / clone (lower is better)")
+    ax.set_title("rotary.apply_rope_qk vs peers")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    log(f"wrote {path}")
+
+
+# --------------------------------------------------------------------------
+# Main
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=["cpu", "cuda", "all"], default="all",
+                   help="all = cpu, plus cuda when torch.cuda.is_available() (default)")
+    p.add_argument("--dtype", default="fp32,bf16", help="comma list of fp32,bf16,fp16,fp64 (default fp32,bf16)")
+    p.add_argument("--threads", default="1,2", help="CPU thread counts, comma list (default 1,2)")
+    p.add_argument("--cases", default="prefill,training,decode", help="comma list of case names")
+    p.add_argument("--repeat", type=int, default=None, help="timed rounds per case (default 9 CPU, 25 CUDA)")
+    p.add_argument("--quick", action="store_true",
+                   help="one tiny CPU case, few rounds, no torch.compile: a smoke run for CI")
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peers")
+    p.add_argument("--markdown", metavar="PATH", help="also write the tables to PATH")
+    p.add_argument("--png", metavar="PATH", help="bar chart of time/clone per peer (needs matplotlib)")
+    return p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> List[Result]:
+    import rotary  # noqa: F401
+
+    dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()]
+    for d in dtypes:
+        if d not in DTYPES:
+            raise SystemExit(f"unknown --dtype {d!r}; choose from {', '.join(DTYPES)}")
+    threads = [int(t) for t in args.threads.split(",") if t.strip()]
+    wanted = {c.strip() for c in args.cases.split(",") if c.strip()}
+    devices = []
+    if args.device in ("cpu", "all"):
+        devices.append("cpu")
+    if args.device in ("cuda", "all"):
+        if torch.cuda.is_available():
+            devices.append("cuda")
+        elif args.device == "cuda":
+            raise SystemExit("--device cuda: torch.cuda.is_available() is False")
+    compile_refs = not (args.no_compile or args.quick)
+
+    results: List[Result] = []
+    out_text = [header(devices)]
+    print(out_text[0], flush=True)
+
+    def emit(res: Result) -> None:
+        md = res.markdown()
+        print(md, flush=True)
+        out_text.append(md)
+        results.append(res)
+
+    for device in devices:
+        timer = Timer(device)
+        if args.quick:
+            cases = [QUICK_CASE]
+        else:
+            cases = [c for c in (CPU_CASES if device == "cpu" else CUDA_CASES) if c.name in wanted]
+        repeat = args.repeat or (3 if args.quick else (9 if device == "cpu" else 25))
+        # ~10 ms samples (CPU decode runs ~hundreds of calls per sample);
+        # large cases take one call per sample.
+        target_s = 0.002 if args.quick else (0.01 if device == "cpu" else 0.002)
+        thread_list = (threads[:1] if args.quick else threads) if device == "cpu" else [None]
+        saved_threads = torch.get_num_threads()
+        for nt in thread_list:
+            if nt is not None:
+                torch.set_num_threads(nt)
+                # Inductor bakes the thread count into its C++ code: recompile.
+                torch._dynamo.reset()
+            for dname in dtypes:
+                dtype = DTYPES[dname]
+                for case in cases:
+                    progress = f"[{device} {case.name} {dname}" + (f" threads={nt}]" if nt else "]")
+                    log(f"{progress} building peers")
+                    fns, notes = build_peers(case, dtype, device, compile_refs)
+                    times = time_round_robin(timer, fns, repeat, target_s, progress)
+                    emit(Result(device, case, dname, nt, times, notes))
+                    del fns
+                    if device == "cuda":
+                        torch.cuda.empty_cache()
+        torch.set_num_threads(saved_threads)
+
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write("\n".join(out_text))
+        log(f"wrote {args.markdown}")
+    if args.png:
+        write_png(results, args.png)
+    return results
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    run(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
