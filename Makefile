@@ -10,7 +10,7 @@ JOBS ?= $(shell nproc)
 DEPS_STAMP := $(VENV)/.rotary-deps-$(TORCH_VERSION)
 CMAKE_ARGS ?=
 
-.PHONY: all venv build test test-cpp test-python demo bench clean
+.PHONY: all venv build test test-cpp test-python test-consumer test-install demo bench clean
 
 all: build
 
@@ -35,7 +35,23 @@ test-cpp: build
 test-python: build
 	PYTHONPATH=$(CURDIR)/python $(VPY) -m pytest -q tests/python
 
-test: test-cpp test-python
+# A downstream CMake project against the installed package (find_package).
+test-consumer: build
+	cmake --install $(BUILD) --prefix $(CURDIR)/$(BUILD)/install > /dev/null
+	cmake -S tests/consumer -B $(BUILD)/consumer \
+	  -DCMAKE_PREFIX_PATH="$(CURDIR)/$(BUILD)/install;$$($(VPY) -c 'import torch; print(torch.utils.cmake_prefix_path)')" > /dev/null
+	cmake --build $(BUILD)/consumer -j$(JOBS)
+	$(BUILD)/consumer/consumer
+
+# pip install --no-build-isolation . into the venv, then import it from
+# outside the tree and run one op.
+test-install: $(DEPS_STAMP)
+	$(VPY) -m pip install --quiet --disable-pip-version-check --no-build-isolation --no-deps .
+	cd /tmp && $(VPY) -c "import torch, rotary; \
+	  x = torch.randn(1, 2, 3, 8); y = rotary.RotaryEmbedding(8, 16)(x, start_pos=2); \
+	  print('installed rotary from', rotary.__file__, tuple(y.shape))"
+
+test: test-cpp test-python test-consumer test-install
 
 demo: build
 	PYTHONPATH=$(CURDIR)/python $(VPY) examples/relative_position.py

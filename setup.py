@@ -1,0 +1,54 @@
+"""pip install --no-build-isolation .
+
+Drives the same CMake build as `make` (one build graph, nothing compiled
+twice): CMake writes rotary._C and librotary straight into the wheel's
+package directory. --no-build-isolation matters: the extension must be built
+against the torch that will import it.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+
+
+class CMakeBuild(build_ext):
+    def build_extension(self, ext: Extension) -> None:
+        import torch
+
+        package_dir = Path(self.get_ext_fullpath(ext.name)).parent.resolve()
+        build_dir = Path(self.build_temp).resolve() / "cmake"
+        build_dir.mkdir(parents=True, exist_ok=True)
+        configure = [
+            "cmake", "-S", str(ROOT), "-B", str(build_dir),
+            f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
+            f"-DPython3_EXECUTABLE={sys.executable}",
+            f"-DROTARY_PYTHON_OUTPUT_DIR={package_dir}",
+            "-DROTARY_BUILD_TESTS=OFF",
+            "-DROTARY_BUILD_BENCHMARKS=OFF",
+            "-DROTARY_BUILD_EXAMPLES=OFF",
+        ]
+        if "ROTARY_CUDA" in os.environ:
+            configure.append(f"-DROTARY_CUDA={os.environ['ROTARY_CUDA']}")
+        subprocess.check_call(configure)
+        jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
+        subprocess.check_call(["cmake", "--build", str(build_dir), "--target", "rotary_python", "-j", jobs])
+
+
+setup(
+    name="rotary",
+    version="0.1.0",
+    description="Rotary Position Embedding (RoPE) as LibTorch dispatcher ops: C++, CUDA and Python",
+    packages=["rotary"],
+    package_dir={"": "python"},
+    ext_modules=[Extension("rotary._C", sources=[])],
+    cmdclass={"build_ext": CMakeBuild},
+    python_requires=">=3.9",
+    install_requires=["torch"],
+    zip_safe=False,
+)
