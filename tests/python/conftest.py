@@ -1,0 +1,34 @@
+"""Shared pytest setup for the rotary Python suite.
+
+Run from the repository root after ``make build``:
+
+    PYTHONPATH=python .venv/bin/python -m pytest -q tests/python
+"""
+
+import os
+import sys
+
+import pytest
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_PKG = os.path.normpath(os.path.join(_HERE, "..", "..", "python"))
+# The in-tree package (python/rotary with the built _C*.so), even without PYTHONPATH.
+if _PKG not in sys.path:
+    sys.path.insert(0, _PKG)
+# reference.py and rope_testing.py live next to the tests.
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+
+import torch  # noqa: E402
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cuda: needs a CUDA device (skipped without one)")
+
+
+@pytest.fixture(autouse=True)
+def _seed_everything():
+    # Every test also builds its inputs from explicit generators; this only
+    # pins anything else that draws from the global RNG.
+    torch.manual_seed(1234)
+    yield
