@@ -354,3 +354,26 @@ def test_cross_device_errors():
         rotary.apply_rope(randn((1, 2, 3, 7), device="cuda"), f_cpu.cuda())
     with pytest.raises(IndexError, match=r"start_pos \+ seq_len"):
         rotary.apply_rope(x, f_cpu.cuda(), 14)
+
+
+@needs_real_cuda
+@pytest.mark.parametrize("op", ["apply_rope", "apply_rope_qk"])
+def test_device_positions_outside_table_give_nan(op):
+    """README: device-side positions are not read on the host; a position
+    outside the table yields NaN for that token (never an out-of-bounds read),
+    and every other token is still rotated correctly."""
+    f = rotary.rope_freqs(16, 32).cuda()
+    x = make_heads(2, 3, 4, 16, seed=290, device="cuda")
+    ids = torch.tensor([[0, 5, 32, 31], [-1, 7, 1000, 2]], device="cuda")
+    if op == "apply_rope":
+        out = rotary.apply_rope(x, f, 0, True, positions=ids)
+    else:
+        out, _ = rotary.apply_rope_qk(x, x[:, :1], f, 0, True, positions=ids)
+    torch.cuda.synchronize()
+    bad = torch.tensor([[False, False, True, False], [True, False, True, False]])
+    out = out.cpu()
+    assert torch.equal(out.isnan().all(-1).all(1), bad)  # [B, S]: whole token NaN or not
+    good_ids = ids.cpu().clamp(0, 31)
+    ref = rope_reference(x, 0, True, good_ids)
+    mask = (~bad)[:, None, :, None].expand_as(out)
+    torch.testing.assert_close(out[mask].double(), ref[mask], rtol=1e-5, atol=1e-5)
