@@ -1,127 +1,158 @@
 // Autograd in C++, so C++ users get gradients too. RoPE is linear in q and k
 // and its Jacobian is a rotation: the backward pass is the inverse rotation,
-// run through the same op, which makes double backward work as well.
+// run through the same op, which makes double backward work as well. Dims
+// past rotary_dim pass through, and so do their gradients.
 #include <rotary/ops.h>
 
+#include <c10/util/Exception.h>
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
+
+#include <string>
 
 namespace rotary {
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+using OptTensor = std::optional<at::Tensor>;
 
-void save_rope_state(
-    AutogradContext* ctx,
-    const at::Tensor& freqs,
-    const c10::SymInt& start_pos,
-    bool interleaved,
-    const std::optional<at::Tensor>& positions,
-    bool inverse) {
-  TORCH_CHECK_VALUE(
-      !freqs.requires_grad(),
-      "rotary: freqs requires grad, but gradients with respect to the frequency table are not ",
-      "supported; pass freqs.detach() or register it as a buffer");
-  ctx->save_for_backward({freqs, positions.value_or(at::Tensor())});
-  ctx->saved_data["start_pos"] = start_pos;
-  ctx->saved_data["interleaved"] = interleaved;
-  ctx->saved_data["inverse"] = inverse;
-}
-
+// Everything but q and k, as the backward pass needs it.
 struct RopeState {
   at::Tensor freqs;
-  std::optional<at::Tensor> positions;
+  OptTensor positions, cu_seqlens, inv_freq;
   c10::SymInt start_pos;
   bool interleaved;
   bool inverse;
+  std::string layout;
+
+  at::Tensor backward(const at::Tensor& grad) const {
+    return apply_rope(grad, freqs, start_pos, interleaved, positions, !inverse, cu_seqlens, inv_freq, layout);
+  }
+  std::tuple<at::Tensor, at::Tensor> backward(const at::Tensor& gq, const at::Tensor& gk) const {
+    return apply_rope_qk(gq, gk, freqs, start_pos, interleaved, positions, !inverse, cu_seqlens, inv_freq, layout);
+  }
 };
 
-RopeState load_rope_state(AutogradContext* ctx) {
+OptTensor defined_or_none(const at::Tensor& t) {
+  return t.defined() ? OptTensor(t) : std::nullopt;
+}
+
+void save_state(AutogradContext* ctx, const RopeState& s) {
+  TORCH_CHECK_VALUE(
+      !s.freqs.requires_grad(),
+      "rotary: freqs requires grad, but gradients with respect to the frequency table are not ",
+      "supported; pass freqs.detach() or register it as a buffer");
+  ctx->save_for_backward({s.freqs, s.positions.value_or(at::Tensor()), s.cu_seqlens.value_or(at::Tensor()),
+                          s.inv_freq.value_or(at::Tensor())});
+  ctx->saved_data["start_pos"] = s.start_pos;
+  ctx->saved_data["interleaved"] = s.interleaved;
+  ctx->saved_data["inverse"] = s.inverse;
+  ctx->saved_data["layout"] = s.layout;
+}
+
+RopeState load_state(AutogradContext* ctx) {
   auto saved = ctx->get_saved_variables();
-  std::optional<at::Tensor> positions;
-  if (saved[1].defined()) positions = saved[1];
-  return {
-      saved[0], positions, ctx->saved_data["start_pos"].toSymInt(),
-      ctx->saved_data["interleaved"].toBool(), ctx->saved_data["inverse"].toBool()};
+  return {saved[0],
+          defined_or_none(saved[1]),
+          defined_or_none(saved[2]),
+          defined_or_none(saved[3]),
+          ctx->saved_data["start_pos"].toSymInt(),
+          ctx->saved_data["interleaved"].toBool(),
+          ctx->saved_data["inverse"].toBool(),
+          ctx->saved_data["layout"].toStringRef()};
 }
 
 class RopeFunction : public torch::autograd::Function<RopeFunction> {
  public:
-  static variable_list forward(
-      AutogradContext* ctx,
-      const at::Tensor& x,
-      const at::Tensor& freqs,
-      c10::SymInt start_pos,
-      bool interleaved,
-      const std::optional<at::Tensor>& positions,
-      bool inverse) {
-    save_rope_state(ctx, freqs, start_pos, interleaved, positions, inverse);
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const RopeState& s) {
+    save_state(ctx, s);
     at::AutoDispatchBelowADInplaceOrView guard;
-    return {apply_rope(x, freqs, start_pos, interleaved, positions, inverse)};
+    return apply_rope(x, s.freqs, s.start_pos, s.interleaved, s.positions, s.inverse, s.cu_seqlens, s.inv_freq, s.layout);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto s = load_rope_state(ctx);
-    auto grad_x = apply_rope(grads[0], s.freqs, s.start_pos, s.interleaved, s.positions, !s.inverse);
-    return {grad_x, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {load_state(ctx).backward(grads[0]), at::Tensor()};
   }
 };
 
 class RopeQKFunction : public torch::autograd::Function<RopeQKFunction> {
  public:
-  static variable_list forward(
-      AutogradContext* ctx,
-      const at::Tensor& q,
-      const at::Tensor& k,
-      const at::Tensor& freqs,
-      c10::SymInt start_pos,
-      bool interleaved,
-      const std::optional<at::Tensor>& positions,
-      bool inverse) {
-    save_rope_state(ctx, freqs, start_pos, interleaved, positions, inverse);
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const RopeState& s) {
+    save_state(ctx, s);
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [out_q, out_k] = apply_rope_qk(q, k, freqs, start_pos, interleaved, positions, inverse);
+    auto [out_q, out_k] = apply_rope_qk(
+        q, k, s.freqs, s.start_pos, s.interleaved, s.positions, s.inverse, s.cu_seqlens, s.inv_freq, s.layout);
     return {out_q, out_k};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto s = load_rope_state(ctx);
+    const auto s = load_state(ctx);
     const auto& gq = grads[0];
     const auto& gk = grads[1];
     at::Tensor grad_q, grad_k;
     if (gq.defined() && gk.defined()) {
-      std::tie(grad_q, grad_k) =
-          apply_rope_qk(gq, gk, s.freqs, s.start_pos, s.interleaved, s.positions, !s.inverse);
+      std::tie(grad_q, grad_k) = s.backward(gq, gk);
     } else if (gq.defined()) {
-      grad_q = apply_rope(gq, s.freqs, s.start_pos, s.interleaved, s.positions, !s.inverse);
+      grad_q = s.backward(gq);
     } else if (gk.defined()) {
-      grad_k = apply_rope(gk, s.freqs, s.start_pos, s.interleaved, s.positions, !s.inverse);
+      grad_k = s.backward(gk);
     }
-    return {grad_q, grad_k, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_q, grad_k, at::Tensor()};
   }
 };
 
 at::Tensor apply_rope_autograd(
-    const at::Tensor& x,
-    const at::Tensor& freqs,
-    c10::SymInt start_pos,
-    bool interleaved,
-    const std::optional<at::Tensor>& positions,
-    bool inverse) {
-  return RopeFunction::apply(x, freqs, std::move(start_pos), interleaved, positions, inverse)[0];
+    const at::Tensor& x, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved, const OptTensor& positions,
+    bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout) {
+  const RopeState s{freqs, positions, cu_seqlens, inv_freq, std::move(start_pos), interleaved, inverse, std::string(layout)};
+  return RopeFunction::apply(x, s);
 }
 
 std::tuple<at::Tensor, at::Tensor> apply_rope_qk_autograd(
-    const at::Tensor& q,
-    const at::Tensor& k,
-    const at::Tensor& freqs,
-    c10::SymInt start_pos,
-    bool interleaved,
-    const std::optional<at::Tensor>& positions,
-    bool inverse) {
-  auto out = RopeQKFunction::apply(q, k, freqs, std::move(start_pos), interleaved, positions, inverse);
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved,
+    const OptTensor& positions, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq,
+    c10::string_view layout) {
+  const RopeState s{freqs, positions, cu_seqlens, inv_freq, std::move(start_pos), interleaved, inverse, std::string(layout)};
+  auto out = RopeQKFunction::apply(q, k, s);
   return {out[0], out[1]};
+}
+
+// The in-place ops are not differentiable: they would overwrite a tensor that
+// autograd may need. They refuse such inputs and otherwise only bump the
+// version counter, so a later misuse of a saved tensor is caught.
+void check_no_grad(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK_VALUE(
+      !(at::GradMode::is_enabled() && t.requires_grad()), op, ": ", name,
+      " requires grad; in-place rotation is not differentiable. Use the out-of-place op, or run under ",
+      "torch.no_grad() / inference mode");
+}
+
+at::Tensor& apply_rope_inplace_autograd(
+    at::Tensor& x, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved, const OptTensor& positions,
+    bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout) {
+  check_no_grad("apply_rope_", "x", x);
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    apply_rope_(x, freqs, std::move(start_pos), interleaved, positions, inverse, cu_seqlens, inv_freq, layout);
+  }
+  torch::autograd::impl::bump_version(x);
+  return x;
+}
+
+void apply_rope_qk_inplace_autograd(
+    at::Tensor& q, at::Tensor& k, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved,
+    const OptTensor& positions, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq,
+    c10::string_view layout) {
+  check_no_grad("apply_rope_qk_", "q", q);
+  check_no_grad("apply_rope_qk_", "k", k);
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    apply_rope_qk_(q, k, freqs, std::move(start_pos), interleaved, positions, inverse, cu_seqlens, inv_freq, layout);
+  }
+  torch::autograd::impl::bump_version(q);
+  torch::autograd::impl::bump_version(k);
 }
 
 }  // namespace
@@ -129,6 +160,8 @@ std::tuple<at::Tensor, at::Tensor> apply_rope_qk_autograd(
 TORCH_LIBRARY_IMPL(rotary, Autograd, m) {
   m.impl("apply_rope", &apply_rope_autograd);
   m.impl("apply_rope_qk", &apply_rope_qk_autograd);
+  m.impl("apply_rope_", &apply_rope_inplace_autograd);
+  m.impl("apply_rope_qk_", &apply_rope_qk_inplace_autograd);
 }
 
 }  // namespace rotary

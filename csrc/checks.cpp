@@ -1,27 +1,61 @@
 #include "checks.h"
 
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 #include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <string>
 
 namespace rotary {
 namespace detail {
 namespace {
 
+// Positions and start_pos stay below this, so their sums never overflow int64.
+constexpr int64_t kMaxPosition = int64_t{1} << 60;
+
 bool is_supported_float(at::ScalarType t) {
   return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
 }
 
-void check_head_tensor(const char* op, const char* name, const at::Tensor& x) {
+bool is_varlen(const RopeArgs& args) {
+  return args.cu_seqlens.has_value();
+}
+
+// The [batch, heads, seq, head_dim] view the kernels index; never a copy.
+// Packed varlen input [T, H, D] becomes [1, H, T, D].
+at::Tensor canonical_view(const char* op, const char* name, const at::Tensor& x, const RopeArgs& args) {
+  if (is_varlen(args)) {
+    TORCH_CHECK_VALUE(
+        x.dim() == 3, op, ": with cu_seqlens, ", name, " must be 3-D [total_tokens, heads, head_dim], got shape ",
+        x.sym_sizes());
+    TORCH_CHECK_VALUE(
+        args.layout == "BHSD" || args.layout == "THD", op, ": with cu_seqlens the layout is 'THD', got '",
+        args.layout, "'");
+    return x.unsqueeze(0).transpose(1, 2);
+  }
+  const bool known = args.layout == "BHSD" || args.layout == "BSHD" || args.layout == "SBHD";
+  TORCH_CHECK_VALUE(known, op, ": layout must be 'BHSD', 'BSHD' or 'SBHD', got '", args.layout, "'");
   TORCH_CHECK_VALUE(
-      x.dim() == 4, op, ": ", name, " must be 4-D [batch, heads, seq_len, head_dim], got shape ",
-      x.sym_sizes());
+      x.dim() == 4, op, ": ", name, " must be 4-D in layout ", args.layout,
+      " (B = batch, H = heads, S = seq_len, D = head_dim), got shape ", x.sym_sizes(),
+      x.dim() == 3 ? "; a 3-D [total_tokens, heads, head_dim] input needs cu_seqlens" : "");
+  if (args.layout == "BSHD") return x.transpose(1, 2);
+  if (args.layout == "SBHD") return x.permute({1, 2, 0, 3});
+  return x;
+}
+
+// Returns the canonical view after checking dtype, rank and head_dim.
+at::Tensor check_head_tensor(const char* op, const char* name, const at::Tensor& x, const RopeArgs& args) {
   TORCH_CHECK_TYPE(
       is_supported_float(x.scalar_type()), op, ": ", name,
       " must be float32, float64, float16 or bfloat16, got ", x.scalar_type());
-  const auto head_dim = x.sym_size(3);
+  at::Tensor v = canonical_view(op, name, x, args);
+  const auto head_dim = v.sym_size(3);
   TORCH_CHECK_VALUE(
       head_dim > 0 && head_dim % 2 == 0, op, ": ", name,
       ".size(-1) (head_dim) must be even and > 0, got ", head_dim, " (shape ", x.sym_sizes(), ")");
+  return v;
 }
 
 void check_same_device(const char* op, const char* name, const at::Tensor& t, const at::Tensor& q) {
@@ -30,26 +64,54 @@ void check_same_device(const char* op, const char* name, const at::Tensor& t, co
       "; move both to the same device");
 }
 
+void check_positions_shape(const char* op, const at::Tensor& p, const at::Tensor& view, const RopeArgs& args) {
+  TORCH_CHECK_TYPE(p.scalar_type() == at::kLong, op, ": positions must be int64, got ", p.scalar_type());
+  const auto batch = view.sym_size(0);
+  const auto seq = view.sym_size(2);
+  if (is_varlen(args)) {
+    TORCH_CHECK_VALUE(
+        p.dim() == 0 || (p.dim() == 1 && p.sym_size(0) == seq), op,
+        ": with cu_seqlens, positions must have shape [] (an offset added to start_pos + the index within ",
+        "each sequence) or [total_tokens] = [", seq, "] (absolute position ids added to start_pos); got ",
+        p.sym_sizes());
+    return;
+  }
+  const bool ok = p.dim() == 0 || (p.dim() == 1 && (p.sym_size(0) == batch || p.sym_size(0) == 1)) ||
+      (p.dim() == 2 && (p.sym_size(0) == batch || p.sym_size(0) == 1) &&
+       (p.sym_size(1) == seq || p.sym_size(1) == 1));
+  TORCH_CHECK_VALUE(
+      ok, op, ": positions must have shape [] or [batch] (offsets added to start_pos + s), or ",
+      "[batch, seq_len] (absolute position ids added to start_pos) with batch = ", batch, ", seq_len = ", seq,
+      "; got ", p.sym_sizes());
+}
+
 }  // namespace
 
 void check_rope_inputs(
-    const char* op,
-    const at::Tensor& q,
-    const at::Tensor* k,
-    const at::Tensor& freqs,
-    const std::optional<at::Tensor>& positions) {
+    const char* op, const at::Tensor& q, const at::Tensor* k, const at::Tensor& freqs, const RopeArgs& args) {
   const char* q_name = k ? "q" : "x";
-  check_head_tensor(op, q_name, q);
-  const auto head_dim = q.sym_size(3);
-  if (k) {
-    check_head_tensor(op, "k", *k);
+  if (args.cu_seqlens) {
+    const auto& cu = *args.cu_seqlens;
     TORCH_CHECK_TYPE(
-        k->scalar_type() == q.scalar_type(), op, ": k has dtype ", k->scalar_type(),
-        " but q has dtype ", q.scalar_type(), "; q and k must share one dtype");
+        cu.scalar_type() == at::kInt || cu.scalar_type() == at::kLong, op,
+        ": cu_seqlens must be int32 or int64, got ", cu.scalar_type());
     TORCH_CHECK_VALUE(
-        k->sym_size(0) == q.sym_size(0) && k->sym_size(2) == q.sym_size(2) && k->sym_size(3) == head_dim,
-        op, ": k must match q in batch, seq_len and head_dim (dims 0, 2, 3): q has shape ",
-        q.sym_sizes(), ", k has shape ", k->sym_sizes());
+        cu.dim() == 1 && cu.sym_size(0) >= 1, op,
+        ": cu_seqlens must be 1-D [num_seqs + 1] (0, end of sequence 0, ..., total_tokens), got shape ",
+        cu.sym_sizes());
+    check_same_device(op, "cu_seqlens", cu, q);
+  }
+  const at::Tensor qv = check_head_tensor(op, q_name, q, args);
+  const auto head_dim = qv.sym_size(3);
+  if (k) {
+    const at::Tensor kv = check_head_tensor(op, "k", *k, args);
+    TORCH_CHECK_TYPE(
+        k->scalar_type() == q.scalar_type(), op, ": k has dtype ", k->scalar_type(), " but q has dtype ",
+        q.scalar_type(), "; q and k must share one dtype");
+    TORCH_CHECK_VALUE(
+        kv.sym_size(0) == qv.sym_size(0) && kv.sym_size(2) == qv.sym_size(2) && kv.sym_size(3) == head_dim, op,
+        ": k must match q in batch, seq_len and head_dim (all but the head count): q has shape ", q.sym_sizes(),
+        ", k has shape ", k->sym_sizes());
     check_same_device(op, "k", *k, q);
   }
 
@@ -58,25 +120,23 @@ void check_rope_inputs(
       ": freqs must be complex64 (the table from rotary.rope_freqs or RotaryEmbedding.freqs), got ",
       freqs.scalar_type());
   TORCH_CHECK_VALUE(
-      freqs.dim() == 2 && freqs.sym_size(1) * 2 == head_dim, op,
-      ": freqs must have shape [max_seq_len, head_dim / 2] = [*, ", head_dim / 2, "] for head_dim ",
-      head_dim, ", got ", freqs.sym_sizes());
+      freqs.dim() == 2 && freqs.sym_size(1) > 0 && freqs.sym_size(1) * 2 <= head_dim, op,
+      ": freqs must have shape [max_seq_len, rotary_dim / 2] with 0 < rotary_dim <= head_dim = ", head_dim,
+      " (full rotation: [*, ", head_dim / 2, "]), got ", freqs.sym_sizes());
   check_same_device(op, "freqs", freqs, q);
 
-  if (positions) {
-    const auto& p = *positions;
-    TORCH_CHECK_TYPE(
-        p.scalar_type() == at::kLong, op, ": positions must be int64, got ", p.scalar_type());
-    const auto batch = q.sym_size(0);
-    const auto seq = q.sym_size(2);
-    const bool ok = p.dim() == 0 || (p.dim() == 1 && (p.sym_size(0) == batch || p.sym_size(0) == 1)) ||
-        (p.dim() == 2 && (p.sym_size(0) == batch || p.sym_size(0) == 1) &&
-         (p.sym_size(1) == seq || p.sym_size(1) == 1));
+  if (args.inv_freq) {
+    const auto& inv = *args.inv_freq;
+    TORCH_CHECK_TYPE(inv.scalar_type() == at::kDouble, op, ": inv_freq must be float64, got ", inv.scalar_type());
     TORCH_CHECK_VALUE(
-        ok, op, ": positions must have shape [] or [batch] (offsets added to start_pos + s), or ",
-        "[batch, seq_len] (absolute position ids added to start_pos) with batch = ", batch,
-        ", seq_len = ", seq, "; got ", p.sym_sizes());
-    check_same_device(op, "positions", p, q);
+        inv.dim() == 1 && inv.sym_size(0) == freqs.sym_size(1), op,
+        ": inv_freq must have shape [rotary_dim / 2] = [", freqs.sym_size(1), "] to match freqs, got ",
+        inv.sym_sizes());
+    check_same_device(op, "inv_freq", inv, q);
+  }
+  if (args.positions) {
+    check_positions_shape(op, *args.positions, qv, args);
+    check_same_device(op, "positions", *args.positions, q);
   }
 }
 
@@ -96,15 +156,60 @@ void fill_head_tensor(kernel::HeadTensor& t, const at::Tensor& in, const at::Ten
   }
 }
 
+void check_cu_seqlens_values(const char* op, const at::Tensor& cu, int64_t total_tokens) {
+  const auto values = cu.to(at::kLong).contiguous();
+  const int64_t* v = values.data_ptr<int64_t>();
+  const int64_t n = values.numel();
+  bool ok = v[0] == 0 && v[n - 1] == total_tokens;
+  for (int64_t i = 1; ok && i < n; ++i) ok = v[i] >= v[i - 1];
+  if (ok) return;
+  std::string shown = "[";
+  for (int64_t i = 0; i < std::min<int64_t>(n, 16); ++i) shown += (i ? ", " : "") + std::to_string(v[i]);
+  shown += n > 16 ? ", ...]" : "]";
+  TORCH_CHECK_VALUE(
+      false, op, ": cu_seqlens must start at 0, never decrease, and end at total_tokens = ", total_tokens,
+      "; got ", shown);
+}
+
 void check_positions_in_table(const char* op, const kernel::RopeParams& p) {
   for (int64_t b = 0; b < p.batch; ++b) {
     for (int64_t s = 0; s < p.seq; ++s) {
+      if (p.positions) {
+        // Bounded so that start_pos + position + local index cannot overflow.
+        const int64_t given = p.positions[b * p.pos_stride_b + s * p.pos_stride_s];
+        TORCH_CHECK_INDEX(
+            given > -kMaxPosition && given < kMaxPosition, op, ": positions must lie in (-2^60, 2^60), got ",
+            given);
+      }
       const int64_t pos = kernel::position_of(p, b, s);
+      TORCH_CHECK_VALUE(
+          pos >= 0, op, ": token (batch ", b, ", seq ", s, ") has negative position ", pos,
+          " (start_pos ", p.start_pos, " + positions)");
       TORCH_CHECK_INDEX(
-          pos >= 0 && pos < p.freqs_len, op, ": token (batch ", b, ", seq ", s, ") has position ", pos,
-          " (start_pos ", p.start_pos, " + positions), outside the freqs table [0, ", p.freqs_len,
-          "); build the table with max_seq_len > ", pos);
+          p.inv_freq != nullptr || pos < p.freqs_len, op, ": token (batch ", b, ", seq ", s, ") has position ",
+          pos, " (start_pos ", p.start_pos, " + positions), outside the freqs table [0, ", p.freqs_len,
+          "); build the table with max_seq_len > ", pos, " or pass inv_freq");
     }
+  }
+}
+
+void check_start_pos_bound(const char* op, int64_t start_pos) {
+  TORCH_CHECK_INDEX(start_pos < kMaxPosition, op, ": start_pos must be < 2^60, got ", start_pos);
+}
+
+void check_in_place_targets(const char* op, const at::Tensor& q, const at::Tensor* k) {
+  const char* q_name = k ? "q" : "x";
+  TORCH_CHECK_VALUE(
+      at::has_internal_overlap(q) != at::MemOverlap::Yes, op, ": ", q_name,
+      " has elements sharing memory (an expanded view?); an in-place rotation needs distinct elements");
+  if (k) {
+    TORCH_CHECK_VALUE(
+        at::has_internal_overlap(*k) != at::MemOverlap::Yes, op,
+        ": k has elements sharing memory (an expanded view?); an in-place rotation needs distinct elements");
+    const auto overlap = at::get_overlap_status(q, *k);
+    TORCH_CHECK_VALUE(
+        overlap != at::MemOverlapStatus::Full && overlap != at::MemOverlapStatus::Partial, op,
+        ": q and k overlap in memory; in place, each element must belong to one of them");
   }
 }
 
@@ -115,48 +220,73 @@ PreparedRope prepare_rope(
     const at::Tensor& q,
     const at::Tensor* k,
     const at::Tensor& freqs,
-    int64_t start_pos,
-    const std::optional<at::Tensor>& positions,
-    bool interleaved,
-    bool inverse) {
-  check_rope_inputs(op, q, k, freqs, positions);
-  TORCH_CHECK_VALUE(start_pos >= 0, op, ": start_pos must be >= 0, got ", start_pos);
-  const int64_t seq = q.size(2);
-  const int64_t table_len = freqs.size(0);
-  if (!positions) {
-    TORCH_CHECK_INDEX(
-        seq == 0 || start_pos + seq <= table_len, op, ": start_pos + seq_len = ", start_pos, " + ", seq,
-        " = ", start_pos + seq, " exceeds the freqs table length (max_seq_len) ", table_len);
-  }
+    const RopeArgs& args,
+    bool in_place) {
+  check_rope_inputs(op, q, k, freqs, args);
+  TORCH_CHECK_VALUE(args.start_pos >= 0, op, ": start_pos must be >= 0, got ", args.start_pos);
+  if (in_place) check_in_place_targets(op, q, k);
 
   PreparedRope r;
-  r.out_q = make_output(q);
-  if (k) r.out_k = make_output(*k);
-
+  r.out_q = in_place ? q : make_output(q);
+  if (k) r.out_k = in_place ? *k : make_output(*k);
+  const at::Tensor qv = canonical_view(op, "q", q, args);
   auto& p = r.params;
-  fill_head_tensor(p.q, q, r.out_q);
-  if (k) fill_head_tensor(p.k, *k, r.out_k);
-  p.batch = q.size(0);
-  p.seq = seq;
-  p.head_dim = q.size(3);
+  fill_head_tensor(p.q, qv, canonical_view(op, "q", r.out_q, args));
+  if (k) fill_head_tensor(p.k, canonical_view(op, "k", *k, args), canonical_view(op, "k", r.out_k, args));
+  p.batch = qv.size(0);
+  p.seq = qv.size(2);
+  p.head_dim = qv.size(3);
+  p.rotary_dim = 2 * freqs.size(1);
+  p.in_place = in_place;
   p.freqs = reinterpret_cast<const float*>(freqs.data_ptr());
-  p.freqs_len = table_len;
+  p.freqs_len = freqs.size(0);
   p.freqs_stride_pos = freqs.stride(0);
   p.freqs_stride_pair = freqs.stride(1);
-  p.start_pos = start_pos;
-  p.interleaved = interleaved;
+  p.start_pos = args.start_pos;
+  p.interleaved = args.interleaved;
   // A lazily conjugated table (freqs.conj()) holds e^{-i angle}: the same
   // memory read with the inverse rotation.
-  p.inverse = freqs.is_conj() ? !inverse : inverse;
-
-  if (positions) {
-    const auto& pos = *positions;
-    p.positions = pos.data_ptr<int64_t>();
-    p.positions_are_offsets = pos.dim() < 2;
-    if (pos.dim() >= 1 && pos.size(0) > 1) p.pos_stride_b = pos.stride(0);
-    if (pos.dim() == 2 && pos.size(1) > 1) p.pos_stride_s = pos.stride(1);
-    if (pos.is_cpu()) check_positions_in_table(op, p);
+  p.inverse = freqs.is_conj() ? !args.inverse : args.inverse;
+  if (args.inv_freq) {
+    p.inv_freq = args.inv_freq->data_ptr<double>();
+    p.inv_freq_stride = args.inv_freq->stride(0);
   }
+  if (args.cu_seqlens) {
+    const auto& cu = *args.cu_seqlens;
+    p.cu_seqlens = cu.data_ptr();
+    p.cu_seqlens_int32 = cu.scalar_type() == at::kInt;
+    p.num_seqs = cu.size(0) - 1;
+    if (cu.is_cpu()) check_cu_seqlens_values(op, cu, p.seq);
+    TORCH_CHECK_VALUE(p.num_seqs >= 1 || p.seq == 0, op, ": cu_seqlens has no sequence but there are ", p.seq, " tokens");
+  }
+  if (args.positions) {
+    const auto& pos = *args.positions;
+    p.positions = pos.data_ptr<int64_t>();
+    if (args.cu_seqlens) {
+      p.positions_are_offsets = pos.dim() == 0;
+      if (pos.dim() == 1) p.pos_stride_s = pos.stride(0);
+    } else {
+      p.positions_are_offsets = pos.dim() < 2;
+      if (pos.dim() >= 1 && pos.size(0) > 1) p.pos_stride_b = pos.stride(0);
+      if (pos.dim() == 2 && pos.size(1) > 1) p.pos_stride_s = pos.stride(1);
+    }
+  }
+  // Positions known on the host are checked by value: a CPU positions tensor,
+  // or none at all (start_pos + local index).
+  const bool host_positions = !args.positions || args.positions->is_cpu();
+  const bool host_seqlens = !args.cu_seqlens || args.cu_seqlens->is_cpu();
+  if (host_positions && host_seqlens && p.batch * p.seq > 0) {
+    if (!args.positions && !args.cu_seqlens) {
+      TORCH_CHECK_INDEX(
+          p.inv_freq != nullptr || p.seq <= p.freqs_len - args.start_pos, op, ": start_pos + seq_len = ",
+          args.start_pos, " + ", p.seq, " = ", args.start_pos + p.seq,
+          " exceeds the freqs table length (max_seq_len) ", p.freqs_len);
+    } else {
+      check_start_pos_bound(op, args.start_pos);
+      check_positions_in_table(op, p);
+    }
+  }
+  check_start_pos_bound(op, args.start_pos);
   return r;
 }
 

@@ -6,41 +6,48 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
+#include <c10/util/string_view.h>
 
 namespace rotary {
 namespace detail {
 
-// Shape, dtype and device checks that need no tensor values (Meta-safe).
-// k may be null for the single-tensor op.
-void check_rope_inputs(
-    const char* op,
-    const at::Tensor& q,
-    const at::Tensor* k,
-    const at::Tensor& freqs,
-    const std::optional<at::Tensor>& positions);
+// The arguments every rotary op shares after its tensors, in schema order.
+struct RopeArgs {
+  int64_t start_pos = 0;
+  bool interleaved = true;
+  const std::optional<at::Tensor>& positions;
+  bool inverse = false;
+  const std::optional<at::Tensor>& cu_seqlens;
+  const std::optional<at::Tensor>& inv_freq;
+  c10::string_view layout;
+};
 
-// Where the kernel writes: same dtype, shape and (for dense inputs) layout as
-// the input. The Meta kernel calls this too, so fake and real strides agree.
+// Shape, dtype and device checks that need no tensor values (Meta-safe).
+// k is null for the single-tensor ops.
+void check_rope_inputs(
+    const char* op, const at::Tensor& q, const at::Tensor* k, const at::Tensor& freqs, const RopeArgs& args);
+
+// Where an out-of-place kernel writes: same dtype, shape and (for dense
+// inputs) layout as the input. Meta calls this too, so strides agree.
 at::Tensor make_output(const at::Tensor& x);
 
 struct PreparedRope {
   at::Tensor out_q;
-  at::Tensor out_k;  // undefined for the single-tensor op
+  at::Tensor out_k;  // undefined for the single-tensor ops
   kernel::RopeParams params;
 };
 
-// Validates everything that can be checked on the host without a device
-// sync (positions living on the CPU are range-checked here too), allocates
-// the outputs and fills the framework-free launch description.
+// Validates everything that can be checked on the host without a device sync
+// (position and cu_seqlens tensors on the CPU are checked by value too),
+// allocates the outputs (or, in place, aliases the inputs) and fills the
+// framework-free launch description. Nothing is written before it returns.
 PreparedRope prepare_rope(
     const char* op,
     const at::Tensor& q,
     const at::Tensor* k,
     const at::Tensor& freqs,
-    int64_t start_pos,
-    const std::optional<at::Tensor>& positions,
-    bool interleaved,
-    bool inverse);
+    const RopeArgs& args,
+    bool in_place);
 
 }  // namespace detail
 }  // namespace rotary

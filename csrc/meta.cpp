@@ -7,27 +7,35 @@
 namespace rotary {
 namespace {
 
+using detail::RopeArgs;
+using OptTensor = std::optional<at::Tensor>;
+
 at::Tensor apply_rope_meta(
-    const at::Tensor& x,
-    const at::Tensor& freqs,
-    c10::SymInt /*start_pos*/,
-    bool /*interleaved*/,
-    const std::optional<at::Tensor>& positions,
-    bool /*inverse*/) {
-  detail::check_rope_inputs("apply_rope", x, nullptr, freqs, positions);
+    const at::Tensor& x, const at::Tensor& freqs, c10::SymInt, bool interleaved, const OptTensor& positions,
+    bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout) {
+  detail::check_rope_inputs("apply_rope", x, nullptr, freqs, {0, interleaved, positions, inverse, cu_seqlens, inv_freq, layout});
   return detail::make_output(x);
 }
 
 std::tuple<at::Tensor, at::Tensor> apply_rope_qk_meta(
-    const at::Tensor& q,
-    const at::Tensor& k,
-    const at::Tensor& freqs,
-    c10::SymInt /*start_pos*/,
-    bool /*interleaved*/,
-    const std::optional<at::Tensor>& positions,
-    bool /*inverse*/) {
-  detail::check_rope_inputs("apply_rope_qk", q, &k, freqs, positions);
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs, c10::SymInt, bool interleaved,
+    const OptTensor& positions, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq,
+    c10::string_view layout) {
+  detail::check_rope_inputs("apply_rope_qk", q, &k, freqs, {0, interleaved, positions, inverse, cu_seqlens, inv_freq, layout});
   return {detail::make_output(q), detail::make_output(k)};
+}
+
+at::Tensor& apply_rope_inplace_meta(
+    at::Tensor& x, const at::Tensor& freqs, c10::SymInt, bool interleaved, const OptTensor& positions, bool inverse,
+    const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout) {
+  detail::check_rope_inputs("apply_rope_", x, nullptr, freqs, {0, interleaved, positions, inverse, cu_seqlens, inv_freq, layout});
+  return x;
+}
+
+void apply_rope_qk_inplace_meta(
+    at::Tensor& q, at::Tensor& k, const at::Tensor& freqs, c10::SymInt, bool interleaved, const OptTensor& positions,
+    bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout) {
+  detail::check_rope_inputs("apply_rope_qk_", q, &k, freqs, {0, interleaved, positions, inverse, cu_seqlens, inv_freq, layout});
 }
 
 }  // namespace
@@ -35,6 +43,8 @@ std::tuple<at::Tensor, at::Tensor> apply_rope_qk_meta(
 TORCH_LIBRARY_IMPL(rotary, Meta, m) {
   m.impl("apply_rope", &apply_rope_meta);
   m.impl("apply_rope_qk", &apply_rope_qk_meta);
+  m.impl("apply_rope_", &apply_rope_inplace_meta);
+  m.impl("apply_rope_qk_", &apply_rope_qk_inplace_meta);
 }
 
 }  // namespace rotary

@@ -5,45 +5,65 @@
 #include <torch/library.h>
 
 namespace rotary {
+namespace {
+
+using OptTensor = std::optional<at::Tensor>;
+
+template <typename Signature>
+c10::TypedOperatorHandle<Signature> find_op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
+}
+
+}  // namespace
 
 at::Tensor apply_rope(
-    const at::Tensor& x,
-    const at::Tensor& freqs,
-    c10::SymInt start_pos,
-    bool interleaved,
-    const std::optional<at::Tensor>& positions,
-    bool inverse) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("rotary::apply_rope", "")
-                       .typed<at::Tensor(
-                           const at::Tensor&, const at::Tensor&, c10::SymInt, bool,
-                           const std::optional<at::Tensor>&, bool)>();
-  return op.call(x, freqs, std::move(start_pos), interleaved, positions, inverse);
+    const at::Tensor& x, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved, const OptTensor& positions,
+    bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout) {
+  static auto op = find_op<at::Tensor(
+      const at::Tensor&, const at::Tensor&, c10::SymInt, bool, const OptTensor&, bool, const OptTensor&,
+      const OptTensor&, c10::string_view)>("rotary::apply_rope");
+  return op.call(x, freqs, std::move(start_pos), interleaved, positions, inverse, cu_seqlens, inv_freq, layout);
 }
 
 std::tuple<at::Tensor, at::Tensor> apply_rope_qk(
-    const at::Tensor& q,
-    const at::Tensor& k,
-    const at::Tensor& freqs,
-    c10::SymInt start_pos,
-    bool interleaved,
-    const std::optional<at::Tensor>& positions,
-    bool inverse) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("rotary::apply_rope_qk", "")
-                       .typed<std::tuple<at::Tensor, at::Tensor>(
-                           const at::Tensor&, const at::Tensor&, const at::Tensor&, c10::SymInt, bool,
-                           const std::optional<at::Tensor>&, bool)>();
-  return op.call(q, k, freqs, std::move(start_pos), interleaved, positions, inverse);
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved,
+    const OptTensor& positions, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq,
+    c10::string_view layout) {
+  static auto op = find_op<std::tuple<at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, c10::SymInt, bool, const OptTensor&, bool,
+      const OptTensor&, const OptTensor&, c10::string_view)>("rotary::apply_rope_qk");
+  return op.call(q, k, freqs, std::move(start_pos), interleaved, positions, inverse, cu_seqlens, inv_freq, layout);
 }
 
+at::Tensor& apply_rope_(
+    at::Tensor& x, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved, const OptTensor& positions,
+    bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout) {
+  static auto op = find_op<at::Tensor&(
+      at::Tensor&, const at::Tensor&, c10::SymInt, bool, const OptTensor&, bool, const OptTensor&, const OptTensor&,
+      c10::string_view)>("rotary::apply_rope_");
+  return op.call(x, freqs, std::move(start_pos), interleaved, positions, inverse, cu_seqlens, inv_freq, layout);
+}
+
+void apply_rope_qk_(
+    at::Tensor& q, at::Tensor& k, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved,
+    const OptTensor& positions, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq,
+    c10::string_view layout) {
+  static auto op = find_op<void(
+      at::Tensor&, at::Tensor&, const at::Tensor&, c10::SymInt, bool, const OptTensor&, bool, const OptTensor&,
+      const OptTensor&, c10::string_view)>("rotary::apply_rope_qk_");
+  op.call(q, k, freqs, std::move(start_pos), interleaved, positions, inverse, cu_seqlens, inv_freq, layout);
+}
+
+#define ROTARY_OPTIONAL_ARGS                                                                        \
+  "SymInt start_pos=0, bool interleaved=True, *, Tensor? positions=None, bool inverse=False, " \
+  "Tensor? cu_seqlens=None, Tensor? inv_freq=None, str layout=\"BHSD\""
+
 TORCH_LIBRARY(rotary, m) {
-  m.def(
-      "apply_rope(Tensor x, Tensor freqs, SymInt start_pos=0, bool interleaved=True, *, "
-      "Tensor? positions=None, bool inverse=False) -> Tensor");
-  m.def(
-      "apply_rope_qk(Tensor q, Tensor k, Tensor freqs, SymInt start_pos=0, bool interleaved=True, *, "
-      "Tensor? positions=None, bool inverse=False) -> (Tensor, Tensor)");
+  m.def("apply_rope(Tensor x, Tensor freqs, " ROTARY_OPTIONAL_ARGS ") -> Tensor");
+  m.def("apply_rope_qk(Tensor q, Tensor k, Tensor freqs, " ROTARY_OPTIONAL_ARGS ") -> (Tensor, Tensor)");
+  m.def("apply_rope_(Tensor(a!) x, Tensor freqs, " ROTARY_OPTIONAL_ARGS ") -> Tensor(a!)");
+  // Returns nothing: q and k are rotated where they are.
+  m.def("apply_rope_qk_(Tensor(a!) q, Tensor(b!) k, Tensor freqs, " ROTARY_OPTIONAL_ARGS ") -> ()");
 }
 
 }  // namespace rotary

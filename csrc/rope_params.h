@@ -2,6 +2,7 @@
 // kernels. No torch headers here: the CUDA translation units include this file.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #if defined(__CUDACC__)
@@ -29,39 +30,103 @@ struct RopeParams {
   HeadTensor k;
   int64_t batch = 0;
   int64_t seq = 0;
-  int64_t head_dim = 0;  // even; pairs = head_dim / 2
+  int64_t head_dim = 0;
+  // Dims [0, rotary_dim) are rotated; [rotary_dim, head_dim) pass through
+  // (copied out of place, untouched in place). Even, <= head_dim.
+  int64_t rotary_dim = 0;
+  bool in_place = false;  // out == in for q and k
 
-  // complex64 table [freqs_len, head_dim / 2], read as (cos, sin) float pairs.
+  // complex64 table [freqs_len, rotary_dim / 2], read as (cos, sin) floats.
   const float* freqs = nullptr;
   int64_t freqs_len = 0;
   int64_t freqs_stride_pos = 0;   // in complex elements
   int64_t freqs_stride_pair = 0;  // in complex elements
+  // float64 [rotary_dim / 2] (optional). With it, a position outside the
+  // table is computed exactly instead of being an error (NaN on the device).
+  const double* inv_freq = nullptr;
+  int64_t inv_freq_stride = 0;
 
-  // position(b, s) = start_pos + positions[b, s] (+ s when positions are
-  // offsets). Without a positions tensor: start_pos + s.
+  // position(b, s) = start_pos + positions[b, s] (+ local index when the
+  // positions are offsets). Without a positions tensor: start_pos + local.
   int64_t start_pos = 0;
   const int64_t* positions = nullptr;
   int64_t pos_stride_b = 0;
   int64_t pos_stride_s = 0;
   bool positions_are_offsets = true;
 
-  bool interleaved = true;  // pairs (2j, 2j+1); false: (j, j + head_dim/2)
+  // Packed variable-length batch ([T, H, D] seen as batch 1, seq T): token s
+  // belongs to the last sequence n with cu_seqlens[n] <= s, and its local
+  // index is s - cu_seqlens[n]. int32 or int64, num_seqs + 1 entries.
+  const void* cu_seqlens = nullptr;
+  bool cu_seqlens_int32 = false;
+  int64_t num_seqs = 0;
+
+  bool interleaved = true;  // pairs (2j, 2j+1); false: (j, j + rotary_dim/2)
   bool inverse = false;     // rotate by -angle (the backward pass)
 };
 
+ROTARY_HOST_DEVICE int64_t cu_seqlen(const RopeParams& p, int64_t n) {
+  return p.cu_seqlens_int32 ? static_cast<const int32_t*>(p.cu_seqlens)[n]
+                            : static_cast<const int64_t*>(p.cu_seqlens)[n];
+}
+
+// Index of token s inside its own sequence.
+ROTARY_HOST_DEVICE int64_t local_index(const RopeParams& p, int64_t s) {
+  if (p.cu_seqlens == nullptr) return s;
+  int64_t lo = 0, hi = p.num_seqs - 1;  // binary search, never leaves [0, num_seqs)
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (cu_seqlen(p, mid) <= s) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return s - cu_seqlen(p, lo);
+}
+
 ROTARY_HOST_DEVICE int64_t position_of(const RopeParams& p, int64_t b, int64_t s) {
-  int64_t pos = p.start_pos;
-  if (p.positions == nullptr) return pos + s;
-  pos += p.positions[b * p.pos_stride_b + s * p.pos_stride_s];
-  return p.positions_are_offsets ? pos + s : pos;
+  const int64_t local = local_index(p, s);
+  if (p.positions == nullptr) return p.start_pos + local;
+  const int64_t given = p.positions[b * p.pos_stride_b + s * p.pos_stride_s];
+  return p.start_pos + given + (p.positions_are_offsets ? local : 0);
 }
 
 // Element offsets of the two members of pair j inside one head vector.
-ROTARY_HOST_DEVICE int64_t pair_first(int64_t j, int64_t head_dim, bool interleaved) {
+ROTARY_HOST_DEVICE int64_t pair_first(int64_t j, int64_t rotary_dim, bool interleaved) {
   return interleaved ? 2 * j : j;
 }
-ROTARY_HOST_DEVICE int64_t pair_second(int64_t j, int64_t head_dim, bool interleaved) {
-  return interleaved ? 2 * j + 1 : j + head_dim / 2;
+ROTARY_HOST_DEVICE int64_t pair_second(int64_t j, int64_t rotary_dim, bool interleaved) {
+  return interleaved ? 2 * j + 1 : j + rotary_dim / 2;
+}
+
+// cos and sin of pair j at position pos (negated sine for the inverse).
+// Inside the table: the stored entry. Outside, with inv_freq: the angle
+// pos * inv_freq in float64, whose sin/cos reduce the range exactly, scaled
+// like the table (row 0 holds the table's attention scaling). Otherwise NaN,
+// so a bad device-side position is visible and nothing is read out of bounds.
+template <typename acc_t>
+ROTARY_HOST_DEVICE void rotation_of(const RopeParams& p, int64_t pos, int64_t j, acc_t& c, acc_t& s) {
+  if (pos >= 0 && pos < p.freqs_len) {
+    const float* f = p.freqs + 2 * (pos * p.freqs_stride_pos + j * p.freqs_stride_pair);
+    c = static_cast<acc_t>(f[0]);
+    s = static_cast<acc_t>(f[1]);
+  } else if (p.inv_freq != nullptr) {
+    const double angle = static_cast<double>(pos) * p.inv_freq[j * p.inv_freq_stride];
+    const double scale = p.freqs_len > 0 ? static_cast<double>(p.freqs[0]) : 1.0;
+    double sin_d, cos_d;
+#if defined(__CUDA_ARCH__)
+    sincos(angle, &sin_d, &cos_d);
+#else
+    sin_d = std::sin(angle);
+    cos_d = std::cos(angle);
+#endif
+    c = static_cast<acc_t>(static_cast<float>(scale * cos_d));
+    s = static_cast<acc_t>(static_cast<float>(scale * sin_d));
+  } else {
+    c = s = static_cast<acc_t>(__builtin_nanf(""));
+  }
+  if (p.inverse) s = -s;
 }
 
 // The whole of RoPE for one pair: a 2-D rotation by an angle with the given

@@ -54,11 +54,14 @@ struct alignas(kVectorBytes) Vector {
   T v[kVectorBytes / sizeof(T)];
 };
 
-// Grid shape: thread = (row, head block, pair group), pair group fastest so
-// neighbouring threads touch neighbouring bytes.
+// Grid shape: thread = (row, head block, group), group fastest so that
+// neighbouring threads touch neighbouring bytes. Groups [0, rotary_groups)
+// rotate pairs; the rest copy the pass-through dims [rotary_dim, head_dim)
+// (none in place, where those dims are already where they belong).
 struct Grid {
-  int64_t groups;           // pair groups per head
-  int64_t heads_per_thread; // heads of q and k one thread walks through
+  int64_t rotary_groups;     // pair groups per head
+  int64_t groups;            // rotary groups + pass-through groups
+  int64_t heads_per_thread;  // heads of q and k one thread walks through
   int64_t head_blocks;
   int64_t threads;
 };
@@ -66,8 +69,10 @@ struct Grid {
 template <typename T, bool kInterleaved, bool kVectorized>
 inline Grid make_grid(const RopeParams& p, int64_t heads_per_thread) {
   constexpr int kPairs = Tile<T, kInterleaved, kVectorized>::kPairs;
+  constexpr int kCopyElems = kVectorized ? Tile<T, kInterleaved, kVectorized>::kElems : 1;
   Grid g;
-  g.groups = (p.head_dim / 2) / kPairs;
+  g.rotary_groups = (p.rotary_dim / 2) / kPairs;
+  g.groups = g.rotary_groups + (p.in_place ? 0 : (p.head_dim - p.rotary_dim) / kCopyElems);
   g.heads_per_thread = heads_per_thread;
   const int64_t heads = p.q.heads + p.k.heads;
   g.head_blocks = (heads + heads_per_thread - 1) / heads_per_thread;
@@ -77,15 +82,15 @@ inline Grid make_grid(const RopeParams& p, int64_t heads_per_thread) {
 
 template <typename T, bool kInterleaved, bool kVectorized>
 ROTARY_HOST_DEVICE void rotate_tile(
-    const HeadTensor& t, int64_t h, int64_t b, int64_t s, int64_t j0, int64_t head_dim,
+    const HeadTensor& t, int64_t h, int64_t b, int64_t s, int64_t j0, int64_t rotary_dim,
     const typename Acc<T>::type* cos, const typename Acc<T>::type* sin) {
   using acc_t = typename Acc<T>::type;
   using TileT = Tile<T, kInterleaved, kVectorized>;
   const T* in = static_cast<const T*>(t.in) + b * t.in_stride[0] + h * t.in_stride[1] + s * t.in_stride[2];
   T* out = static_cast<T*>(t.out) + b * t.out_stride[0] + h * t.out_stride[1] + s * t.out_stride[2];
   if constexpr (!kVectorized) {
-    const int64_t i0 = pair_first(j0, head_dim, kInterleaved) ;
-    const int64_t i1 = pair_second(j0, head_dim, kInterleaved);
+    const int64_t i0 = pair_first(j0, rotary_dim, kInterleaved);
+    const int64_t i1 = pair_second(j0, rotary_dim, kInterleaved);
     acc_t y0, y1;
     rotate_pair<acc_t>(to_acc(in[i0 * t.in_stride[3]]), to_acc(in[i1 * t.in_stride[3]]), cos[0], sin[0], y0, y1);
     out[i0 * t.out_stride[3]] = from_acc<T>(y0);
@@ -102,7 +107,7 @@ ROTARY_HOST_DEVICE void rotate_tile(
     }
     *reinterpret_cast<Vector<T>*>(out + 2 * j0) = y;
   } else {
-    const int64_t half = head_dim / 2;
+    const int64_t half = rotary_dim / 2;
     const Vector<T> lo = *reinterpret_cast<const Vector<T>*>(in + j0);
     const Vector<T> hi = *reinterpret_cast<const Vector<T>*>(in + half + j0);
     Vector<T> ylo, yhi;
@@ -118,46 +123,58 @@ ROTARY_HOST_DEVICE void rotate_tile(
   }
 }
 
+// Copies one pass-through chunk (a vector, or one element) at offset `at`.
+template <typename T, bool kVectorized>
+ROTARY_HOST_DEVICE void copy_tile(const HeadTensor& t, int64_t h, int64_t b, int64_t s, int64_t at) {
+  const T* in = static_cast<const T*>(t.in) + b * t.in_stride[0] + h * t.in_stride[1] + s * t.in_stride[2];
+  T* out = static_cast<T*>(t.out) + b * t.out_stride[0] + h * t.out_stride[1] + s * t.out_stride[2];
+  if constexpr (kVectorized) {
+    *reinterpret_cast<Vector<T>*>(out + at) = *reinterpret_cast<const Vector<T>*>(in + at);
+  } else {
+    out[at * t.out_stride[3]] = in[at * t.in_stride[3]];
+  }
+}
+
 // The body of one CUDA thread, as a plain function of its index so that a
 // CPU test can run the whole grid and check the indexing without a GPU.
 template <typename T, bool kInterleaved, bool kVectorized>
 ROTARY_HOST_DEVICE void rope_thread(const RopeParams& p, const Grid& g, int64_t thread) {
   using acc_t = typename Acc<T>::type;
-  constexpr int kPairs = Tile<T, kInterleaved, kVectorized>::kPairs;
+  using TileT = Tile<T, kInterleaved, kVectorized>;
   const int64_t group = thread % g.groups;
   const int64_t rest = thread / g.groups;
   const int64_t head_block = rest % g.head_blocks;
   const int64_t row = rest / g.head_blocks;
   const int64_t b = row / p.seq;
   const int64_t s = row % p.seq;
-  const int64_t j0 = group * kPairs;
-
-  // cos/sin read once per (token, pair) and reused for every head below.
-  // A position outside the table reads nothing and yields NaN, so a bad
-  // device-side position is visible without a host sync.
-  acc_t cos[kPairs], sin[kPairs];
-  const int64_t pos = position_of(p, b, s);
-  const bool in_table = pos >= 0 && pos < p.freqs_len;
-  const float* row_freqs = p.freqs + 2 * pos * p.freqs_stride_pos;
-#pragma unroll
-  for (int j = 0; j < kPairs; ++j) {
-    if (in_table) {
-      const float* f = row_freqs + 2 * (j0 + j) * p.freqs_stride_pair;
-      cos[j] = static_cast<acc_t>(f[0]);
-      sin[j] = p.inverse ? -static_cast<acc_t>(f[1]) : static_cast<acc_t>(f[1]);
-    } else {
-      cos[j] = sin[j] = static_cast<acc_t>(__builtin_nan(""));
-    }
-  }
-
   const int64_t h_begin = head_block * g.heads_per_thread;
   int64_t h_end = h_begin + g.heads_per_thread;
   if (h_end > p.q.heads + p.k.heads) h_end = p.q.heads + p.k.heads;
+
+  if (group >= g.rotary_groups) {
+    const int64_t at = p.rotary_dim + (group - g.rotary_groups) * (kVectorized ? TileT::kElems : 1);
+    for (int64_t h = h_begin; h < h_end; ++h) {
+      if (h < p.q.heads) {
+        copy_tile<T, kVectorized>(p.q, h, b, s, at);
+      } else {
+        copy_tile<T, kVectorized>(p.k, h - p.q.heads, b, s, at);
+      }
+    }
+    return;
+  }
+
+  // cos/sin read once per (token, pair) and reused for every head below.
+  const int64_t j0 = group * TileT::kPairs;
+  const int64_t pos = position_of(p, b, s);
+  acc_t cos[TileT::kPairs], sin[TileT::kPairs];
+#pragma unroll
+  for (int j = 0; j < TileT::kPairs; ++j) rotation_of<acc_t>(p, pos, j0 + j, cos[j], sin[j]);
+
   for (int64_t h = h_begin; h < h_end; ++h) {
     if (h < p.q.heads) {
-      rotate_tile<T, kInterleaved, kVectorized>(p.q, h, b, s, j0, p.head_dim, cos, sin);
+      rotate_tile<T, kInterleaved, kVectorized>(p.q, h, b, s, j0, p.rotary_dim, cos, sin);
     } else {
-      rotate_tile<T, kInterleaved, kVectorized>(p.k, h - p.q.heads, b, s, j0, p.head_dim, cos, sin);
+      rotate_tile<T, kInterleaved, kVectorized>(p.k, h - p.q.heads, b, s, j0, p.rotary_dim, cos, sin);
     }
   }
 }
@@ -166,8 +183,8 @@ ROTARY_HOST_DEVICE void rope_thread(const RopeParams& p, const Grid& g, int64_t 
 template <typename T>
 inline bool can_vectorize(const RopeParams& p) {
   constexpr int64_t kElems = kVectorBytes / sizeof(T);
-  const int64_t span = p.interleaved ? p.head_dim : p.head_dim / 2;
-  if (span % kElems != 0) return false;
+  const int64_t span = p.interleaved ? p.rotary_dim : p.rotary_dim / 2;
+  if (span % kElems != 0 || (p.head_dim - p.rotary_dim) % kElems != 0) return false;
   auto aligned = [](const HeadTensor& t) {
     if (t.heads == 0) return true;
     if (t.in_stride[3] != 1 || t.out_stride[3] != 1) return false;

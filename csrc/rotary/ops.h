@@ -5,25 +5,36 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/SymInt.h>
 #include <c10/util/Optional.h>
+#include <c10/util/string_view.h>
 
 #include <tuple>
 
 namespace rotary {
 
-// Rotates x [batch, heads, seq, head_dim] by the table freqs
-// [max_seq_len, head_dim / 2] (complex64). Token s of batch b uses row
-// start_pos + s, or start_pos + positions[...] when positions is given (see
-// README "Positions"). inverse rotates by the negative angle.
+// Rotates x by the complex64 table freqs [max_seq_len, rotary_dim / 2]; dims
+// past rotary_dim (<= head_dim) pass through unchanged.
+//   x            [batch, heads, seq, head_dim] in `layout` ("BHSD", "BSHD",
+//                "SBHD"), or [total_tokens, heads, head_dim] with cu_seqlens.
+//   start_pos    first position (the KV-cache offset).
+//   interleaved  pairs (2j, 2j+1) if true, (j, j + rotary_dim/2) if false.
+//   positions    int64: [] or [batch] offsets, [batch, seq] position ids (with
+//                cu_seqlens: [] offset or [total_tokens] ids); see README.
+//   inverse      rotate by the negative angle.
+//   cu_seqlens   int32/int64 [num_seqs + 1] boundaries of a packed batch.
+//   inv_freq     float64 [rotary_dim / 2]: positions past the table are then
+//                computed exactly instead of being an error.
 at::Tensor apply_rope(
     const at::Tensor& x,
     const at::Tensor& freqs,
     c10::SymInt start_pos = 0,
     bool interleaved = true,
     const std::optional<at::Tensor>& positions = std::nullopt,
-    bool inverse = false);
+    bool inverse = false,
+    const std::optional<at::Tensor>& cu_seqlens = std::nullopt,
+    const std::optional<at::Tensor>& inv_freq = std::nullopt,
+    c10::string_view layout = "BHSD");
 
-// q [batch, heads_q, seq, head_dim] and k [batch, heads_k, seq, head_dim] in
-// one call; heads_q and heads_k may differ (GQA / MQA).
+// q and k in one kernel launch; their head counts may differ (GQA / MQA).
 std::tuple<at::Tensor, at::Tensor> apply_rope_qk(
     const at::Tensor& q,
     const at::Tensor& k,
@@ -31,6 +42,34 @@ std::tuple<at::Tensor, at::Tensor> apply_rope_qk(
     c10::SymInt start_pos = 0,
     bool interleaved = true,
     const std::optional<at::Tensor>& positions = std::nullopt,
-    bool inverse = false);
+    bool inverse = false,
+    const std::optional<at::Tensor>& cu_seqlens = std::nullopt,
+    const std::optional<at::Tensor>& inv_freq = std::nullopt,
+    c10::string_view layout = "BHSD");
+
+// In place: every input is validated before anything is written. q and k may
+// be views into one packed qkv tensor. Not differentiable.
+at::Tensor& apply_rope_(
+    at::Tensor& x,
+    const at::Tensor& freqs,
+    c10::SymInt start_pos = 0,
+    bool interleaved = true,
+    const std::optional<at::Tensor>& positions = std::nullopt,
+    bool inverse = false,
+    const std::optional<at::Tensor>& cu_seqlens = std::nullopt,
+    const std::optional<at::Tensor>& inv_freq = std::nullopt,
+    c10::string_view layout = "BHSD");
+
+void apply_rope_qk_(
+    at::Tensor& q,
+    at::Tensor& k,
+    const at::Tensor& freqs,
+    c10::SymInt start_pos = 0,
+    bool interleaved = true,
+    const std::optional<at::Tensor>& positions = std::nullopt,
+    bool inverse = false,
+    const std::optional<at::Tensor>& cu_seqlens = std::nullopt,
+    const std::optional<at::Tensor>& inv_freq = std::nullopt,
+    c10::string_view layout = "BHSD");
 
 }  // namespace rotary
