@@ -12,8 +12,11 @@ import pytest
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _PKG = os.path.normpath(os.path.join(_HERE, "..", "..", "python"))
-# The in-tree package (python/rotary with the built _C*.so), even without PYTHONPATH.
-if _PKG not in sys.path:
+# The in-tree package (python/rotary with the built _C*.so), even without
+# PYTHONPATH -- unless PYTHONPATH names another build of it (a separate build
+# directory's package), which then wins.
+_ENV_PATHS = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+if _PKG not in sys.path and not any(os.path.isdir(os.path.join(p, "rotary")) for p in _ENV_PATHS):
     sys.path.insert(0, _PKG)
 # reference.py and rope_testing.py live next to the tests.
 if _HERE not in sys.path:
