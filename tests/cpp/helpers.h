@@ -1,0 +1,114 @@
+// Shared test helpers: per-dtype tolerances, a float64 closeness assertion
+// that reports the worst element, allocator poisoning and error matching.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <c10/util/Type.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <sstream>
+#include <string>
+#include <typeinfo>
+#include <vector>
+
+namespace rotary_test {
+
+struct Tolerance {
+  double atol;
+  double rtol;
+};
+
+// Unit-normal inputs. fp32: fp32 math against an fp32 table. fp64: exact
+// math, but the table is complex64 (cos/sin rounded to float, ~6e-8).
+// fp16 / bf16: fp32 math rounded once, so within about one rounding of the
+// exact result (half an ulp is 2^-11 resp. 2^-8 relative).
+inline Tolerance tolerance_for(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return {1e-5, 0.0};
+    case at::kDouble: return {1e-6, 0.0};
+    case at::kHalf: return {1e-5, 2e-3};
+    case at::kBFloat16: return {1e-5, 1.6e-2};
+    default: return {0.0, 0.0};
+  }
+}
+
+// |actual - expected| <= atol + rtol * |expected| elementwise, compared in
+// float64, with matching shapes and no NaN/Inf anywhere in actual.
+inline ::testing::AssertionResult AllClose(
+    const at::Tensor& actual, const at::Tensor& expected, Tolerance tol) {
+  if (actual.sizes() != expected.sizes()) {
+    std::ostringstream os;
+    os << "shape mismatch: actual " << actual.sizes() << " vs expected " << expected.sizes();
+    return ::testing::AssertionFailure() << os.str();
+  }
+  const at::Tensor a = actual.detach().to(at::kCPU).to(at::kDouble).contiguous();
+  const at::Tensor e = expected.detach().to(at::kCPU).to(at::kDouble).contiguous();
+  if (a.numel() == 0) return ::testing::AssertionSuccess();
+  const int64_t non_finite = (~at::isfinite(a)).sum().item<int64_t>();
+  if (non_finite > 0) {
+    return ::testing::AssertionFailure() << non_finite << " of " << a.numel()
+                                         << " output elements are NaN/Inf (unwritten or corrupted output)";
+  }
+  const at::Tensor err = (a - e).abs();
+  const at::Tensor excess = err - (tol.atol + tol.rtol * e.abs());
+  const int64_t bad = (excess > 0).sum().item<int64_t>();
+  if (bad == 0) return ::testing::AssertionSuccess();
+  const int64_t worst = excess.flatten().argmax().item<int64_t>();
+  std::ostringstream os;
+  os << bad << " of " << a.numel() << " elements out of tolerance (atol " << tol.atol << ", rtol " << tol.rtol
+     << "); worst flat index " << worst << ": actual " << a.flatten()[worst].item<double>() << ", expected "
+     << e.flatten()[worst].item<double>() << ", |err| " << err.flatten()[worst].item<double>()
+     << "; max |err| " << err.max().item<double>();
+  return ::testing::AssertionFailure() << os.str();
+}
+
+// Fills and frees NaN blocks of the sizes the next call will allocate, so a
+// reused heap block shows up as NaN wherever the kernel forgets to write.
+// Best effort (the allocator decides); the per-element comparison against
+// the reference is what actually proves every element was written.
+inline void poison_allocator(const std::vector<int64_t>& byte_sizes) {
+  std::vector<at::Tensor> blocks;
+  for (int64_t bytes : byte_sizes) {
+    blocks.push_back(at::full({(bytes + 7) / 8}, std::numeric_limits<double>::quiet_NaN(), at::kDouble));
+  }
+  blocks.clear();
+}
+inline void poison_like(const at::Tensor& t) {
+  poison_allocator({static_cast<int64_t>(t.numel() * t.element_size())});
+}
+
+// Runs f, which must throw exactly Expected (a c10::Error subclass such as
+// c10::ValueError), whose message contains every one of `parts`.
+template <typename Expected, typename F>
+void ExpectError(F&& f, const std::vector<std::string>& parts) {
+  try {
+    f();
+    ADD_FAILURE() << "expected " << c10::demangle(typeid(Expected).name()) << ", nothing was thrown";
+  } catch (const c10::Error& e) {
+    if (dynamic_cast<const Expected*>(&e) == nullptr) {
+      ADD_FAILURE() << "expected " << c10::demangle(typeid(Expected).name()) << " but got "
+                    << c10::demangle(typeid(e).name()) << ": " << e.what_without_backtrace();
+      return;
+    }
+    const std::string msg = e.what_without_backtrace();
+    for (const auto& part : parts) EXPECT_THAT(msg, ::testing::HasSubstr(part));
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected " << c10::demangle(typeid(Expected).name()) << " but got std::exception: "
+                  << e.what();
+  }
+}
+
+inline std::string dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "fp32";
+    case at::kDouble: return "fp64";
+    case at::kHalf: return "fp16";
+    case at::kBFloat16: return "bf16";
+    default: return c10::toString(t);
+  }
+}
+
+}  // namespace rotary_test

@@ -1,0 +1,547 @@
+// Numerical tests of the functional API (rotary::apply_rope,
+// rotary::apply_rope_qk, rotary::rope_freqs) against the float64 reference.
+#include "helpers.h"
+#include "reference.h"
+
+#include <rotary/freqs.h>
+#include <rotary/ops.h>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <string>
+#include <tuple>
+
+namespace {
+
+using rotary_test::AllClose;
+using rotary_test::dtype_name;
+using rotary_test::poison_like;
+using rotary_test::ref_rope;
+using rotary_test::Tolerance;
+using rotary_test::tolerance_for;
+
+constexpr Tolerance kF32{1e-5, 0.0};
+constexpr Tolerance kF64{1e-6, 0.0};
+
+// Unit-normal data drawn in float32 and rounded once to dtype, so the
+// reference sees exactly the values the kernel sees.
+at::Tensor randn(at::IntArrayRef sizes, at::ScalarType dtype = at::kFloat) {
+  return at::randn(sizes, at::kFloat).to(dtype);
+}
+
+class Seeded : public ::testing::Test {
+ protected:
+  void SetUp() override { at::manual_seed(20240611); }
+};
+
+// ---------------------------------------------------------------------------
+// The harness has teeth: the comparison rejects the wrong convention, an
+// off-by-one position, the inverse rotation and unwritten (NaN) elements.
+
+TEST_F(Seeded, ComparisonRejectsWrongResults) {
+  const int64_t D = 16;
+  const auto freqs = rotary::rope_freqs(D, 16);
+  const auto x = randn({1, 2, 3, D}, at::kDouble);
+  const auto y = rotary::apply_rope(x, freqs, 2, true);
+  ASSERT_TRUE(AllClose(y, ref_rope(x, 2, true), kF64));
+  EXPECT_FALSE(AllClose(y, ref_rope(x, 2, false), kF64));
+  EXPECT_FALSE(AllClose(y, ref_rope(x, 3, true), kF64));
+  EXPECT_FALSE(AllClose(y, ref_rope(x, 2, true, std::nullopt, true), kF64));
+  auto holed = y.clone();
+  holed[0][1][2][5] = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_FALSE(AllClose(holed, ref_rope(x, 2, true), kF64));
+  // fp16 rounding is visible at fp32 tolerance, so the 16-bit tolerances are
+  // not vacuous either.
+  const auto xh = randn({1, 2, 3, D}, at::kHalf);
+  EXPECT_FALSE(AllClose(ref_rope(xh, 2).to(at::kHalf), ref_rope(xh, 2), {1e-6, 0.0}));
+  EXPECT_TRUE(AllClose(ref_rope(xh, 2).to(at::kHalf), ref_rope(xh, 2), tolerance_for(at::kHalf)));
+}
+
+// ---------------------------------------------------------------------------
+// dtype x pairing x head_dim against the reference.
+
+using NumericsCase = std::tuple<at::ScalarType, bool, int64_t>;
+
+class RopeNumerics : public ::testing::TestWithParam<NumericsCase> {
+ protected:
+  void SetUp() override { at::manual_seed(1234); }
+};
+
+TEST_P(RopeNumerics, ApplyRopeMatchesReference) {
+  const auto [dtype, interleaved, D] = GetParam();
+  const int64_t B = 2, H = 3, S = 7, L = 64, start = 5;
+  const auto freqs = rotary::rope_freqs(D, L);
+  const auto x = randn({B, H, S, D}, dtype);
+  const auto x_before = x.clone();
+  poison_like(x);
+  const auto y = rotary::apply_rope(x, freqs, start, interleaved);
+  EXPECT_EQ(y.scalar_type(), dtype);
+  EXPECT_EQ(y.sizes(), x.sizes());
+  EXPECT_TRUE(AllClose(y, ref_rope(x, start, interleaved), tolerance_for(dtype)));
+  EXPECT_TRUE(at::equal(x, x_before)) << "input was modified";
+}
+
+TEST_P(RopeNumerics, ApplyRopeQkMatchesReference) {
+  const auto [dtype, interleaved, D] = GetParam();
+  const int64_t B = 2, Hq = 4, Hk = 2, S = 5, L = 32, start = 3;
+  const auto freqs = rotary::rope_freqs(D, L);
+  const auto q = randn({B, Hq, S, D}, dtype);
+  const auto k = randn({B, Hk, S, D}, dtype);
+  const auto q_before = q.clone();
+  const auto k_before = k.clone();
+  poison_like(q);
+  poison_like(k);
+  const auto [yq, yk] = rotary::apply_rope_qk(q, k, freqs, start, interleaved);
+  EXPECT_EQ(yq.scalar_type(), dtype);
+  EXPECT_EQ(yk.scalar_type(), dtype);
+  EXPECT_TRUE(AllClose(yq, ref_rope(q, start, interleaved), tolerance_for(dtype)));
+  EXPECT_TRUE(AllClose(yk, ref_rope(k, start, interleaved), tolerance_for(dtype)));
+  EXPECT_TRUE(at::equal(q, q_before));
+  EXPECT_TRUE(at::equal(k, k_before));
+  // One fused launch computes exactly what two single-tensor calls do.
+  EXPECT_TRUE(at::equal(yq, rotary::apply_rope(q, freqs, start, interleaved)));
+  EXPECT_TRUE(at::equal(yk, rotary::apply_rope(k, freqs, start, interleaved)));
+}
+
+// 2 and 6: only the scalar tail; 20 (10 pairs) and 36 (18 pairs): vector
+// body plus a tail; 64, 80, 128: typical head sizes.
+INSTANTIATE_TEST_SUITE_P(
+    AllDtypes,
+    RopeNumerics,
+    ::testing::Combine(
+        ::testing::Values(at::kFloat, at::kDouble, at::kHalf, at::kBFloat16),
+        ::testing::Bool(),
+        ::testing::Values<int64_t>(2, 6, 20, 36, 64, 80, 128)),
+    [](const ::testing::TestParamInfo<NumericsCase>& info) {
+      return dtype_name(std::get<0>(info.param)) + (std::get<1>(info.param) ? "_interleaved" : "_half") +
+          "_d" + std::to_string(std::get<2>(info.param));
+    });
+
+// ---------------------------------------------------------------------------
+// Non-contiguous inputs: outputs match the reference, inputs are untouched.
+
+using LayoutCase = std::tuple<at::ScalarType, bool>;
+
+class RopeLayouts : public ::testing::TestWithParam<LayoutCase> {
+ protected:
+  void SetUp() override { at::manual_seed(99); }
+};
+
+TEST_P(RopeLayouts, TransposedBshdInput) {
+  const auto [dtype, interleaved] = GetParam();
+  const int64_t B = 2, S = 6, H = 3, D = 40;
+  const auto base = randn({B, S, H, D}, dtype);  // [B, S, H, D], the usual projection layout
+  const auto base_before = base.clone();
+  const auto x = base.transpose(1, 2);  // [B, H, S, D] view
+  ASSERT_FALSE(x.is_contiguous());
+  const auto freqs = rotary::rope_freqs(D, 16);
+  const auto y = rotary::apply_rope(x, freqs, 2, interleaved);
+  EXPECT_TRUE(AllClose(y, ref_rope(x, 2, interleaved), tolerance_for(dtype)));
+  EXPECT_TRUE(at::equal(base, base_before));
+}
+
+TEST_P(RopeLayouts, PackedQkvSlices) {
+  const auto [dtype, interleaved] = GetParam();
+  const int64_t B = 2, S = 5, Hq = 4, Hk = 2, D = 36;
+  const auto qkv = randn({B, S, Hq + 2 * Hk, D}, dtype);
+  const auto qkv_before = qkv.clone();
+  const auto q = qkv.narrow(2, 0, Hq).transpose(1, 2);
+  const auto k = qkv.narrow(2, Hq, Hk).transpose(1, 2);
+  ASSERT_FALSE(q.is_contiguous());
+  ASSERT_FALSE(k.is_contiguous());
+  const auto freqs = rotary::rope_freqs(D, 32);
+  const auto [yq, yk] = rotary::apply_rope_qk(q, k, freqs, 7, interleaved);
+  EXPECT_TRUE(AllClose(yq, ref_rope(q, 7, interleaved), tolerance_for(dtype)));
+  EXPECT_TRUE(AllClose(yk, ref_rope(k, 7, interleaved), tolerance_for(dtype)));
+  EXPECT_TRUE(at::equal(qkv, qkv_before)) << "q, k or v inside the packed tensor were modified";
+}
+
+TEST_P(RopeLayouts, LastDimStrided) {
+  const auto [dtype, interleaved] = GetParam();
+  const int64_t B = 2, H = 3, S = 4, D = 12;
+  const auto wide = randn({B, H, S, D, 2}, dtype);
+  const auto wide_before = wide.clone();
+  const auto x = wide.select(-1, 0);  // last-dim stride 2
+  ASSERT_EQ(x.stride(3), 2);
+  const auto freqs = rotary::rope_freqs(D, 8);
+  poison_like(x);
+  const auto y = rotary::apply_rope(x, freqs, 1, interleaved);
+  EXPECT_TRUE(AllClose(y, ref_rope(x, 1, interleaved), tolerance_for(dtype)));
+  EXPECT_TRUE(at::equal(wide, wide_before));
+}
+
+TEST_P(RopeLayouts, LastDimTransposed) {
+  const auto [dtype, interleaved] = GetParam();
+  const int64_t B = 1, H = 2, S = 9, D = 10;
+  const auto base = randn({B, H, D, S}, dtype);
+  const auto base_before = base.clone();
+  const auto x = base.transpose(2, 3);  // dense, but head_dim has stride S
+  ASSERT_EQ(x.stride(3), S);
+  const auto freqs = rotary::rope_freqs(D, 16);
+  const auto [yq, yk] = rotary::apply_rope_qk(x, x, freqs, 0, interleaved);
+  const auto expected = ref_rope(x, 0, interleaved);
+  EXPECT_TRUE(AllClose(yq, expected, tolerance_for(dtype)));
+  EXPECT_TRUE(AllClose(yk, expected, tolerance_for(dtype)));
+  EXPECT_TRUE(at::equal(base, base_before));
+}
+
+TEST_P(RopeLayouts, ExpandedStrideZeroInput) {
+  const auto [dtype, interleaved] = GetParam();
+  const int64_t B = 2, H = 4, S = 3, D = 8;
+  const auto one_head = randn({B, 1, S, D}, dtype);
+  const auto x = one_head.expand({B, H, S, D});  // stride 0 over heads (as autograd's sum() grads are)
+  const auto freqs = rotary::rope_freqs(D, 8);
+  const auto y = rotary::apply_rope(x, freqs, 2, interleaved);
+  EXPECT_TRUE(AllClose(y, ref_rope(x, 2, interleaved), tolerance_for(dtype)));
+  // Every head received its own, fully written, output row.
+  EXPECT_TRUE(at::equal(y.select(1, 0), y.select(1, H - 1)));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllDtypes,
+    RopeLayouts,
+    ::testing::Combine(::testing::Values(at::kFloat, at::kDouble, at::kHalf, at::kBFloat16), ::testing::Bool()),
+    [](const ::testing::TestParamInfo<LayoutCase>& info) {
+      return dtype_name(std::get<0>(info.param)) + (std::get<1>(info.param) ? "_interleaved" : "_half");
+    });
+
+// ---------------------------------------------------------------------------
+// The freqs table itself may be a strided or offset view.
+
+TEST_F(Seeded, FreqsTransposedLayout) {
+  const int64_t D = 16, L = 12;
+  const auto table = rotary::rope_freqs(D, L);
+  const auto freqs = table.t().contiguous().t();  // same values, stride (1, L)
+  ASSERT_FALSE(freqs.is_contiguous());
+  const auto x = randn({2, 2, 5, D}, at::kDouble);
+  for (bool interleaved : {true, false}) {
+    const auto y = rotary::apply_rope(x, freqs, 4, interleaved);
+    EXPECT_TRUE(AllClose(y, ref_rope(x, 4, interleaved), kF64));
+  }
+}
+
+TEST_F(Seeded, FreqsRowSliceHasStorageOffset) {
+  const int64_t D = 8, L = 20;
+  const auto freqs = rotary::rope_freqs(D, L).slice(0, 6);  // rows 6 .. 19
+  ASSERT_GT(freqs.storage_offset(), 0);
+  const auto x = randn({1, 3, 4, D}, at::kDouble);
+  const auto y = rotary::apply_rope(x, freqs, 2);
+  EXPECT_TRUE(AllClose(y, ref_rope(x, 6 + 2), kF64));
+}
+
+TEST_F(Seeded, CustomThetaTable) {
+  const int64_t D = 64;
+  const double theta = 500000.0;
+  const auto freqs = rotary::rope_freqs(D, 128, theta);
+  const auto x = randn({1, 2, 9, D}, at::kDouble);
+  for (bool interleaved : {true, false}) {
+    const auto y = rotary::apply_rope(x, freqs, 100, interleaved);
+    EXPECT_TRUE(AllClose(y, ref_rope(x, 100, interleaved, std::nullopt, false, theta), kF64));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// start_pos and edge sizes.
+
+TEST_F(Seeded, StartPosOffsetsRows) {
+  const int64_t D = 32, L = 64;
+  const auto freqs = rotary::rope_freqs(D, L);
+  const auto x = randn({2, 3, 8, D});
+  for (int64_t start : {0, 1, 13, 50}) {
+    for (bool interleaved : {true, false}) {
+      EXPECT_TRUE(AllClose(rotary::apply_rope(x, freqs, start, interleaved), ref_rope(x, start, interleaved), kF32))
+          << "start_pos " << start;
+    }
+  }
+  // Token s at start_pos p is token s + p of a longer sequence.
+  const auto long_x = randn({1, 1, 10, D});
+  const auto full = rotary::apply_rope(long_x, freqs, 0);
+  const auto tail = rotary::apply_rope(long_x.slice(2, 4), freqs, 4);
+  EXPECT_TRUE(at::allclose(tail, full.slice(2, 4), 0.0, 1e-6));
+}
+
+TEST_F(Seeded, DecodeSingleToken) {
+  const int64_t D = 128, L = 256;
+  const auto freqs = rotary::rope_freqs(D, L);
+  const auto q = randn({4, 8, 1, D});
+  const auto k = randn({4, 2, 1, D});
+  for (bool interleaved : {true, false}) {
+    const auto [yq, yk] = rotary::apply_rope_qk(q, k, freqs, 200, interleaved);
+    EXPECT_TRUE(AllClose(yq, ref_rope(q, 200, interleaved), kF32));
+    EXPECT_TRUE(AllClose(yk, ref_rope(k, 200, interleaved), kF32));
+    EXPECT_TRUE(AllClose(rotary::apply_rope(q, freqs, L - 1, interleaved), ref_rope(q, L - 1, interleaved), kF32));
+  }
+}
+
+TEST_F(Seeded, StartPosPlusSeqEqualsTableLength) {
+  const int64_t D = 16, L = 24, S = 6;
+  const auto freqs = rotary::rope_freqs(D, L);
+  const auto x = randn({2, 2, S, D});
+  const auto y = rotary::apply_rope(x, freqs, L - S);  // uses the last row exactly
+  EXPECT_TRUE(AllClose(y, ref_rope(x, L - S), kF32));
+  const auto [yq, yk] = rotary::apply_rope_qk(x, x, freqs, L - S, false);
+  EXPECT_TRUE(AllClose(yq, ref_rope(x, L - S, false), kF32));
+  EXPECT_TRUE(AllClose(yk, ref_rope(x, L - S, false), kF32));
+  // The whole table, from row 0.
+  const auto whole = randn({1, 1, L, D});
+  EXPECT_TRUE(AllClose(rotary::apply_rope(whole, freqs, 0), ref_rope(whole, 0), kF32));
+}
+
+TEST_F(Seeded, EmptyTensors) {
+  const int64_t D = 8, L = 16;
+  const auto freqs = rotary::rope_freqs(D, L);
+  const std::vector<std::vector<int64_t>> shapes = {{0, 2, 3, D}, {2, 0, 3, D}, {2, 2, 0, D}, {0, 0, 0, D}};
+  for (const auto& shape : shapes) {
+    for (auto dtype : {at::kFloat, at::kHalf}) {
+      const auto x = at::empty(shape, dtype);
+      const auto y = rotary::apply_rope(x, freqs, 3);
+      EXPECT_EQ(y.sizes(), x.sizes());
+      EXPECT_EQ(y.scalar_type(), dtype);
+      const auto [yq, yk] = rotary::apply_rope_qk(x, x, freqs, 3);
+      EXPECT_EQ(yq.sizes(), x.sizes());
+      EXPECT_EQ(yk.sizes(), x.sizes());
+    }
+  }
+  // seq 0 is allowed even at the end of the table.
+  EXPECT_EQ(rotary::apply_rope(at::empty({1, 1, 0, D}), freqs, L).sizes(), at::IntArrayRef({1, 1, 0, D}));
+  // k with no heads next to a non-empty q: q is still rotated.
+  const auto q = randn({2, 3, 4, D});
+  const auto [yq, yk] = rotary::apply_rope_qk(q, at::empty({2, 0, 4, D}), freqs, 1);
+  EXPECT_TRUE(AllClose(yq, ref_rope(q, 1), kF32));
+  EXPECT_EQ(yk.sizes(), at::IntArrayRef({2, 0, 4, D}));
+}
+
+TEST_F(Seeded, GroupedAndMultiQueryHeads) {
+  const int64_t B = 2, S = 6, D = 64, L = 32;
+  const auto freqs = rotary::rope_freqs(D, L);
+  const std::vector<std::pair<int64_t, int64_t>> heads = {{8, 2}, {8, 1}, {1, 4}, {3, 3}};
+  for (const auto& [Hq, Hk] : heads) {
+    const auto q = randn({B, Hq, S, D});
+    const auto k = randn({B, Hk, S, D});
+    for (bool interleaved : {true, false}) {
+      const auto [yq, yk] = rotary::apply_rope_qk(q, k, freqs, 4, interleaved);
+      EXPECT_EQ(yq.sizes(), q.sizes());
+      EXPECT_EQ(yk.sizes(), k.sizes());
+      EXPECT_TRUE(AllClose(yq, ref_rope(q, 4, interleaved), kF32)) << "Hq " << Hq << " Hk " << Hk;
+      EXPECT_TRUE(AllClose(yk, ref_rope(k, 4, interleaved), kF32)) << "Hq " << Hq << " Hk " << Hk;
+    }
+  }
+}
+
+TEST_F(Seeded, LongSequenceManyThreadsLargePositions) {
+  // Enough rows to split across threads, near the end of a long table.
+  const int64_t B = 2, H = 4, S = 300, D = 64, L = 8192;
+  const auto freqs = rotary::rope_freqs(D, L);
+  const auto q = randn({B, H, S, D});
+  const auto k = randn({B, 1, S, D});
+  for (bool interleaved : {true, false}) {
+    const auto [yq, yk] = rotary::apply_rope_qk(q, k, freqs, L - S, interleaved);
+    EXPECT_TRUE(AllClose(yq, ref_rope(q, L - S, interleaved), kF32));
+    EXPECT_TRUE(AllClose(yk, ref_rope(k, L - S, interleaved), kF32));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// positions: offsets ([] / [B] / [1]) and absolute ids ([B, S] / [1, S]).
+
+TEST_F(Seeded, PositionsScalarOffset) {
+  const int64_t B = 2, H = 2, S = 5, D = 16, L = 32;
+  const auto freqs = rotary::rope_freqs(D, L);
+  const auto x = randn({B, H, S, D}, at::kDouble);
+  const auto off = at::scalar_tensor(7, at::kLong);
+  ASSERT_EQ(off.dim(), 0);
+  for (bool interleaved : {true, false}) {
+    const auto y = rotary::apply_rope(x, freqs, 3, interleaved, off);
+    EXPECT_TRUE(AllClose(y, ref_rope(x, 3, interleaved, off), kF64));
+    // A 0-d offset is the same as a larger start_pos.
+    EXPECT_TRUE(AllClose(y, ref_rope(x, 10, interleaved), kF64));
+  }
+}
+
+TEST_F(Seeded, PositionsPerBatchOffsets) {
+  const int64_t B = 3, H = 2, S = 4, D = 10, L = 40;
+  const auto freqs = rotary::rope_freqs(D, L);
+  const auto x = randn({B, H, S, D}, at::kDouble);
+  const auto offsets = at::tensor(std::vector<int64_t>{0, 9, 30}, at::kLong);
+  for (bool interleaved : {true, false}) {
+    const auto y = rotary::apply_rope(x, freqs, 2, interleaved, offsets);
+    EXPECT_TRUE(AllClose(y, ref_rope(x, 2, interleaved, offsets), kF64));
+    // Batch row b equals a plain call at start_pos 2 + offsets[b].
+    for (int64_t b = 0; b < B; ++b) {
+      const auto xb = x.narrow(0, b, 1);
+      EXPECT_TRUE(AllClose(y.narrow(0, b, 1), ref_rope(xb, 2 + offsets[b].item<int64_t>(), interleaved), kF64));
+    }
+  }
+  // [1] broadcasts over the batch.
+  const auto one = at::tensor(std::vector<int64_t>{5}, at::kLong);
+  EXPECT_TRUE(AllClose(rotary::apply_rope(x, freqs, 0, true, one), ref_rope(x, 5), kF64));
+  // qk shares the offsets.
+  const auto k = randn({B, 1, S, D}, at::kDouble);
+  const auto [yq, yk] = rotary::apply_rope_qk(x, k, freqs, 1, false, offsets);
+  EXPECT_TRUE(AllClose(yq, ref_rope(x, 1, false, offsets), kF64));
+  EXPECT_TRUE(AllClose(yk, ref_rope(k, 1, false, offsets), kF64));
+}
+
+TEST_F(Seeded, PositionsAbsoluteIds) {
+  const int64_t B = 2, H = 3, S = 6, D = 12, L = 50;
+  const auto freqs = rotary::rope_freqs(D, L);
+  const auto x = randn({B, H, S, D}, at::kDouble);
+  const auto ids = at::randint(0, L - 4, {B, S}, at::kLong);  // arbitrary, unsorted, repeats allowed
+  for (bool interleaved : {true, false}) {
+    const auto y = rotary::apply_rope(x, freqs, 4, interleaved, ids);
+    EXPECT_TRUE(AllClose(y, ref_rope(x, 4, interleaved, ids), kF64));
+  }
+  // Non-contiguous ids ([S, B] transposed) are read through their strides.
+  const auto ids_t = ids.t().contiguous().t();
+  ASSERT_FALSE(ids_t.is_contiguous());
+  EXPECT_TRUE(AllClose(rotary::apply_rope(x, freqs, 4, true, ids_t), ref_rope(x, 4, true, ids), kF64));
+  // [1, S] ids broadcast over the batch.
+  const auto shared = at::arange(S, at::kLong).flip(0).unsqueeze(0) * 3;
+  const auto k = randn({B, 1, S, D}, at::kDouble);
+  const auto [yq, yk] = rotary::apply_rope_qk(x, k, freqs, 0, false, shared);
+  EXPECT_TRUE(AllClose(yq, ref_rope(x, 0, false, shared), kF64));
+  EXPECT_TRUE(AllClose(yk, ref_rope(k, 0, false, shared), kF64));
+  // ids = arange(S) is the default numbering.
+  const auto arange_ids = at::arange(S, at::kLong).unsqueeze(0).expand({B, S});
+  EXPECT_TRUE(AllClose(rotary::apply_rope(x, freqs, 9, true, arange_ids), ref_rope(x, 9), kF64));
+}
+
+TEST_F(Seeded, PositionsWith16BitInputs) {
+  const int64_t B = 2, H = 2, S = 3, D = 64, L = 64;
+  const auto freqs = rotary::rope_freqs(D, L);
+  const auto ids = at::tensor(std::vector<int64_t>{1, 40, 2, 63, 0, 7}, at::kLong).view({B, S});
+  for (auto dtype : {at::kHalf, at::kBFloat16}) {
+    const auto x = randn({B, H, S, D}, dtype);
+    EXPECT_TRUE(AllClose(rotary::apply_rope(x, freqs, 0, false, ids), ref_rope(x, 0, false, ids), tolerance_for(dtype)));
+  }
+}
+
+// The seed's central claim: <rope(q, m), rope(k, n)> depends only on m - n.
+TEST_F(Seeded, DotProductDependsOnlyOnRelativePosition) {
+  const int64_t D = 64, L = 128;
+  const auto freqs = rotary::rope_freqs(D, L);
+  const auto q = randn({1, 1, 1, D}, at::kDouble);
+  const auto k = randn({1, 1, 1, D}, at::kDouble);
+  for (bool interleaved : {true, false}) {
+    auto score = [&](int64_t m, int64_t n) {
+      return (rotary::apply_rope(q, freqs, m, interleaved) * rotary::apply_rope(k, freqs, n, interleaved))
+          .sum()
+          .item<double>();
+    };
+    EXPECT_NEAR(score(3, 7), score(13, 17), 1e-5);
+    EXPECT_NEAR(score(0, 0), (q * k).sum().item<double>(), 1e-5);
+    EXPECT_NEAR(score(100, 90), score(20, 10), 1e-5);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// inverse and conjugated tables.
+
+TEST_F(Seeded, InverseMatchesNegativeAngle) {
+  const int64_t D = 20, L = 32;
+  const auto freqs = rotary::rope_freqs(D, L);
+  const auto x = randn({2, 3, 5, D}, at::kDouble);
+  const auto ids = at::randint(0, L, {2, 5}, at::kLong);
+  for (bool interleaved : {true, false}) {
+    EXPECT_TRUE(AllClose(
+        rotary::apply_rope(x, freqs, 6, interleaved, std::nullopt, true),
+        ref_rope(x, 6, interleaved, std::nullopt, true), kF64));
+    EXPECT_TRUE(AllClose(
+        rotary::apply_rope(x, freqs, 0, interleaved, ids, true), ref_rope(x, 0, interleaved, ids, true), kF64));
+  }
+}
+
+TEST_F(Seeded, InverseUndoesForward) {
+  const int64_t D = 64, L = 256;
+  const auto freqs = rotary::rope_freqs(D, L);
+  const auto offsets = at::tensor(std::vector<int64_t>{3, 100}, at::kLong);
+  const auto ids = at::randint(0, L - 10, {2, 9}, at::kLong);
+  for (bool interleaved : {true, false}) {
+    const auto x = randn({2, 4, 9, D}, at::kDouble);
+    const auto k = randn({2, 2, 9, D}, at::kDouble);
+    for (const std::optional<at::Tensor>& pos : {std::optional<at::Tensor>(), std::optional<at::Tensor>(offsets),
+                                                 std::optional<at::Tensor>(ids)}) {
+      const auto y = rotary::apply_rope(x, freqs, 10, interleaved, pos);
+      const auto back = rotary::apply_rope(y, freqs, 10, interleaved, pos, true);
+      EXPECT_TRUE(AllClose(back, x, kF64));
+      const auto [yq, yk] = rotary::apply_rope_qk(x, k, freqs, 10, interleaved, pos, true);
+      const auto [bq, bk] = rotary::apply_rope_qk(yq, yk, freqs, 10, interleaved, pos, false);
+      EXPECT_TRUE(AllClose(bq, x, kF64));
+      EXPECT_TRUE(AllClose(bk, k, kF64));
+    }
+    // fp32 round trip.
+    const auto xf = randn({1, 2, 9, D});
+    EXPECT_TRUE(AllClose(
+        rotary::apply_rope(rotary::apply_rope(xf, freqs, 200, interleaved), freqs, 200, interleaved, std::nullopt, true),
+        xf, kF32));
+  }
+}
+
+TEST_F(Seeded, ConjugatedFreqsRotateByInverse) {
+  const int64_t D = 24, L = 32;
+  const auto freqs = rotary::rope_freqs(D, L);
+  const auto conj = freqs.conj();  // lazy: conj bit set, same memory
+  ASSERT_TRUE(conj.is_conj());
+  const auto x = randn({2, 2, 6, D}, at::kDouble);
+  for (bool interleaved : {true, false}) {
+    EXPECT_TRUE(AllClose(
+        rotary::apply_rope(x, conj, 5, interleaved), ref_rope(x, 5, interleaved, std::nullopt, true), kF64));
+    // Inverse of the conjugate is the plain rotation.
+    EXPECT_TRUE(AllClose(rotary::apply_rope(x, conj, 5, interleaved, std::nullopt, true), ref_rope(x, 5, interleaved), kF64));
+    // Same as a materialised conjugate.
+    EXPECT_TRUE(at::equal(rotary::apply_rope(x, conj, 5, interleaved), rotary::apply_rope(x, conj.resolve_conj(), 5, interleaved)));
+    const auto [yq, yk] = rotary::apply_rope_qk(x, x, conj, 5, interleaved);
+    EXPECT_TRUE(AllClose(yq, ref_rope(x, 5, interleaved, std::nullopt, true), kF64));
+    EXPECT_TRUE(AllClose(yk, ref_rope(x, 5, interleaved, std::nullopt, true), kF64));
+  }
+  EXPECT_TRUE(conj.is_conj());  // the caller's view is not resolved in place
+  EXPECT_FALSE(freqs.is_conj());
+}
+
+// ---------------------------------------------------------------------------
+// Meta tensors: shapes only, no data.
+
+TEST_F(Seeded, MetaTensorsGiveShapesAndDtypes) {
+  const auto freqs = rotary::rope_freqs(16, 32).to(at::kMeta);
+  const auto q = at::empty({2, 8, 5, 16}, at::TensorOptions().dtype(at::kHalf).device(at::kMeta));
+  const auto k = at::empty({2, 2, 5, 16}, at::TensorOptions().dtype(at::kHalf).device(at::kMeta));
+  const auto y = rotary::apply_rope(q, freqs, 3);
+  EXPECT_TRUE(y.is_meta());
+  EXPECT_EQ(y.sizes(), q.sizes());
+  EXPECT_EQ(y.scalar_type(), at::kHalf);
+  const auto [yq, yk] = rotary::apply_rope_qk(q, k, freqs, 3, false);
+  EXPECT_EQ(yq.sizes(), q.sizes());
+  EXPECT_EQ(yk.sizes(), k.sizes());
+  EXPECT_TRUE(yk.is_meta());
+}
+
+// ---------------------------------------------------------------------------
+// rope_freqs: complex64 [L, D/2] holding exp(i pos theta_j).
+
+TEST(RopeFreqs, MatchesDoublePrecisionTable) {
+  for (const auto& [D, L, theta] : std::vector<std::tuple<int64_t, int64_t, double>>{
+           {2, 5, 10000.0}, {64, 4096, 10000.0}, {80, 300, 500000.0}, {6, 17, 2.0}}) {
+    const auto f = rotary::rope_freqs(D, L, theta);
+    ASSERT_EQ(f.scalar_type(), at::kComplexFloat);
+    ASSERT_EQ(f.sizes(), at::IntArrayRef({L, D / 2}));
+    const auto re = at::real(f).to(at::kDouble).contiguous();
+    const auto im = at::imag(f).to(at::kDouble).contiguous();
+    auto re_a = re.accessor<double, 2>();
+    auto im_a = im.accessor<double, 2>();
+    double worst = 0.0;
+    for (int64_t p = 0; p < L; ++p) {
+      for (int64_t j = 0; j < D / 2; ++j) {
+        const auto e = rotary_test::ref_freq(p, j, D, theta);
+        worst = std::max({worst, std::abs(re_a[p][j] - e.real()), std::abs(im_a[p][j] - e.imag())});
+      }
+    }
+    EXPECT_LE(worst, 1e-7) << "D " << D << " L " << L << " theta " << theta;
+  }
+  EXPECT_EQ(rotary::rope_freqs(8, 0).sizes(), at::IntArrayRef({0, 4}));
+}
+
+}  // namespace

@@ -1,0 +1,262 @@
+// Argument validation of the functional API: each bad input raises the right
+// c10 exception type (ValueError / TypeError / IndexError, i.e. Python's
+// ValueError / TypeError / IndexError) with a message naming the argument
+// and the offending sizes.
+#include "helpers.h"
+
+#include <rotary/freqs.h>
+#include <rotary/ops.h>
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/cuda.h>
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <optional>
+#include <sstream>
+
+namespace {
+
+using rotary_test::ExpectError;
+
+at::Tensor randn(at::IntArrayRef sizes, at::ScalarType dtype = at::kFloat) {
+  return at::randn(sizes, at::kFloat).to(dtype);
+}
+
+const at::Tensor& freqs8() {
+  static const at::Tensor f = rotary::rope_freqs(8, 16);  // [16, 4], head_dim 8
+  return f;
+}
+
+TEST(RopeErrors, OddHeadDim) {
+  const auto freqs = rotary::rope_freqs(8, 16);
+  ExpectError<c10::ValueError>(
+      [&] { rotary::apply_rope(randn({1, 2, 3, 7}), freqs); },
+      {"apply_rope", "x.size(-1) (head_dim) must be even and > 0", "got 7", "[1, 2, 3, 7]"});
+  ExpectError<c10::ValueError>(
+      [&] { rotary::apply_rope_qk(randn({1, 2, 3, 8}), randn({1, 2, 3, 5}), freqs); },
+      {"apply_rope_qk", "k.size(-1) (head_dim) must be even", "got 5", "[1, 2, 3, 5]"});
+}
+
+TEST(RopeErrors, ZeroHeadDim) {
+  ExpectError<c10::ValueError>(
+      [&] { rotary::apply_rope(at::empty({1, 2, 3, 0}), freqs8()); },
+      {"x.size(-1) (head_dim) must be even and > 0", "got 0", "[1, 2, 3, 0]"});
+  ExpectError<c10::ValueError>(
+      [&] { rotary::apply_rope_qk(at::empty({1, 2, 3, 0}), at::empty({1, 2, 3, 0}), freqs8()); },
+      {"apply_rope_qk", "q.size(-1)", "got 0"});
+}
+
+TEST(RopeErrors, ThreeDimInput) {
+  ExpectError<c10::ValueError>(
+      [&] { rotary::apply_rope(randn({2, 3, 8}), freqs8()); },
+      {"apply_rope", "x must be 4-D", "got shape [2, 3, 8]"});
+  ExpectError<c10::ValueError>(
+      [&] { rotary::apply_rope_qk(randn({1, 2, 3, 8}), randn({2, 3, 8}), freqs8()); },
+      {"apply_rope_qk", "k must be 4-D", "[2, 3, 8]"});
+}
+
+TEST(RopeErrors, FiveDimInput) {
+  ExpectError<c10::ValueError>(
+      [&] { rotary::apply_rope(randn({1, 2, 3, 4, 8}), freqs8()); },
+      {"x must be 4-D", "got shape [1, 2, 3, 4, 8]"});
+  ExpectError<c10::ValueError>(
+      [&] { rotary::apply_rope_qk(randn({1, 2, 3, 4, 8}), randn({1, 2, 3, 8}), freqs8()); },
+      {"q must be 4-D", "[1, 2, 3, 4, 8]"});
+}
+
+TEST(RopeErrors, FreqsComplex128) {
+  const auto freqs = rotary::rope_freqs(8, 16).to(at::kComplexDouble);
+  ExpectError<c10::TypeError>(
+      [&] { rotary::apply_rope(randn({1, 2, 3, 8}), freqs); },
+      {"apply_rope", "freqs must be complex64", "got ComplexDouble"});
+}
+
+TEST(RopeErrors, FreqsRealFloat) {
+  const auto freqs = at::view_as_real(rotary::rope_freqs(8, 16)).select(-1, 0).contiguous();  // float32 [16, 4]
+  ExpectError<c10::TypeError>(
+      [&] { rotary::apply_rope(randn({1, 2, 3, 8}), freqs); }, {"freqs must be complex64", "got Float"});
+  ExpectError<c10::TypeError>(
+      [&] { rotary::apply_rope_qk(randn({1, 2, 3, 8}), randn({1, 1, 3, 8}), freqs); },
+      {"apply_rope_qk", "freqs must be complex64", "got Float"});
+}
+
+TEST(RopeErrors, FreqsWrongRank) {
+  const auto f = rotary::rope_freqs(8, 16);
+  ExpectError<c10::ValueError>(
+      [&] { rotary::apply_rope(randn({1, 2, 3, 8}), f.unsqueeze(0)); },
+      {"freqs must have shape [max_seq_len, ", "[*, 4]", "head_dim", "got [1, 16, 4]"});
+  ExpectError<c10::ValueError>(
+      [&] { rotary::apply_rope(randn({1, 2, 3, 8}), f.select(0, 0)); },
+      {"freqs must have shape", "got [4]"});
+}
+
+TEST(RopeErrors, HeadDimDoesNotMatchFreqs) {
+  const auto f = rotary::rope_freqs(16, 16);  // [16, 8]: for head_dim 16
+  ExpectError<c10::ValueError>(
+      [&] { rotary::apply_rope(randn({1, 2, 3, 8}), f); },
+      {"apply_rope", "freqs must have shape", "[*, 4]", "head_dim", "8", "got [16, 8]"});
+  ExpectError<c10::ValueError>(
+      [&] { rotary::apply_rope_qk(randn({1, 2, 3, 8}), randn({1, 2, 3, 8}), f); },
+      {"apply_rope_qk", "freqs must have shape", "[*, 4]", "got [16, 8]"});
+}
+
+TEST(RopeErrors, StartPosOutOfRange) {
+  ExpectError<c10::IndexError>(
+      [&] { rotary::apply_rope(randn({1, 2, 8, 8}), freqs8(), 10); },
+      {"apply_rope", "start_pos + seq_len = 10 + 8 = 18", "exceeds the freqs table length (max_seq_len) 16"});
+  ExpectError<c10::IndexError>(
+      [&] { rotary::apply_rope_qk(randn({1, 2, 17, 8}), randn({1, 2, 17, 8}), freqs8(), 0); },
+      {"apply_rope_qk", "0 + 17 = 17", "(max_seq_len) 16"});
+  // One past the end.
+  ExpectError<c10::IndexError>([&] { rotary::apply_rope(randn({1, 1, 1, 8}), freqs8(), 16); }, {"16 + 1 = 17"});
+}
+
+// Regression: at 437492f the range check computed start_pos + seq in int64;
+// for start_pos near INT64_MAX it wrapped negative, passed, and the kernel
+// read the row before the table (out of bounds). Any c10 error naming
+// start_pos is accepted (IndexError or ValueError).
+TEST(RopeErrors, HugeStartPosDoesNotOverflowRangeCheck) {
+  const int64_t huge = std::numeric_limits<int64_t>::max();
+  ExpectError<c10::Error>([&] { rotary::apply_rope(at::ones({1, 1, 2, 8}), freqs8(), huge); }, {"apply_rope", "start_pos"});
+  ExpectError<c10::Error>(
+      [&] { rotary::apply_rope_qk(at::ones({1, 1, 2, 8}), at::ones({1, 1, 2, 8}), freqs8(), huge - 1); },
+      {"apply_rope_qk", "start_pos"});
+}
+
+TEST(RopeErrors, NegativeStartPos) {
+  ExpectError<c10::ValueError>(
+      [&] { rotary::apply_rope(randn({1, 2, 3, 8}), freqs8(), -1); },
+      {"apply_rope", "start_pos must be >= 0, got -1"});
+  ExpectError<c10::ValueError>(
+      [&] { rotary::apply_rope_qk(randn({1, 2, 3, 8}), randn({1, 2, 3, 8}), freqs8(), -5); },
+      {"apply_rope_qk", "start_pos must be >= 0, got -5"});
+}
+
+TEST(RopeErrors, QkDifferentBatch) {
+  ExpectError<c10::ValueError>(
+      [&] { rotary::apply_rope_qk(randn({2, 4, 5, 8}), randn({3, 4, 5, 8}), freqs8()); },
+      {"apply_rope_qk", "k must match q in batch, seq_len and head_dim", "q has shape [2, 4, 5, 8]",
+       "k has shape [3, 4, 5, 8]"});
+}
+
+TEST(RopeErrors, QkDifferentSeqLen) {
+  ExpectError<c10::ValueError>(
+      [&] { rotary::apply_rope_qk(randn({2, 4, 5, 8}), randn({2, 4, 6, 8}), freqs8()); },
+      {"k must match q", "q has shape [2, 4, 5, 8]", "k has shape [2, 4, 6, 8]"});
+}
+
+TEST(RopeErrors, QkDifferentHeadDim) {
+  ExpectError<c10::ValueError>(
+      [&] { rotary::apply_rope_qk(randn({2, 4, 5, 8}), randn({2, 4, 5, 6}), freqs8()); },
+      {"k must match q", "q has shape [2, 4, 5, 8]", "k has shape [2, 4, 5, 6]"});
+}
+
+TEST(RopeErrors, QkDifferentDtype) {
+  ExpectError<c10::TypeError>(
+      [&] { rotary::apply_rope_qk(randn({2, 4, 5, 8}), randn({2, 4, 5, 8}, at::kHalf), freqs8()); },
+      {"apply_rope_qk", "k has dtype Half but q has dtype Float", "must share one dtype"});
+}
+
+TEST(RopeErrors, IntegerInput) {
+  ExpectError<c10::TypeError>(
+      [&] { rotary::apply_rope(at::ones({1, 2, 3, 8}, at::kInt), freqs8()); },
+      {"apply_rope", "x must be float32, float64, float16 or bfloat16", "got Int"});
+  ExpectError<c10::TypeError>(
+      [&] { rotary::apply_rope_qk(randn({1, 2, 3, 8}), at::ones({1, 2, 3, 8}, at::kLong), freqs8()); },
+      {"apply_rope_qk", "k must be float32, float64, float16 or bfloat16", "got Long"});
+  ExpectError<c10::TypeError>(
+      [&] { rotary::apply_rope(rotary::rope_freqs(16, 4).view({1, 1, 4, 8}), freqs8()); },
+      {"x must be float32", "got ComplexFloat"});
+}
+
+TEST(RopeErrors, PositionsInt32) {
+  const auto pos = at::zeros({2}, at::kInt);
+  ExpectError<c10::TypeError>(
+      [&] { rotary::apply_rope(randn({2, 2, 3, 8}), freqs8(), 0, true, pos); },
+      {"apply_rope", "positions must be int64, got Int"});
+}
+
+TEST(RopeErrors, PositionsWrongShape) {
+  const auto x = randn({2, 2, 5, 8});
+  const std::vector<at::Tensor> bad = {
+      at::zeros({3}, at::kLong), at::zeros({2, 4}, at::kLong), at::zeros({3, 5}, at::kLong),
+      at::zeros({2, 5, 1}, at::kLong), at::zeros({0}, at::kLong)};
+  for (const auto& pos : bad) {
+    std::ostringstream shape;
+    shape << pos.sizes();
+    ExpectError<c10::ValueError>(
+        [&] { rotary::apply_rope(x, freqs8(), 0, true, pos); },
+        {"apply_rope", "positions must have shape [] or [batch]", "batch = 2, seq_len = 5", "got " + shape.str()});
+  }
+  ExpectError<c10::ValueError>(
+      [&] { rotary::apply_rope_qk(x, x, freqs8(), 0, true, at::zeros({2, 6}, at::kLong)); },
+      {"apply_rope_qk", "positions must have shape", "got [2, 6]"});
+}
+
+TEST(RopeErrors, PositionsOutsideTable) {
+  const auto x = randn({2, 2, 3, 8});
+  // ids: token (1, 2) lands on row 16 of a 16-row table.
+  const auto ids = at::tensor(std::vector<int64_t>{0, 1, 2, 3, 4, 16}, at::kLong).view({2, 3});
+  ExpectError<c10::IndexError>(
+      [&] { rotary::apply_rope(x, freqs8(), 0, true, ids); },
+      {"apply_rope", "token (batch 1, seq 2) has position 16", "outside the freqs table [0, 16)"});
+  // offsets: start_pos 2 + offset 12 + s 2 = 16.
+  const auto offsets = at::tensor(std::vector<int64_t>{0, 12}, at::kLong);
+  ExpectError<c10::IndexError>(
+      [&] { rotary::apply_rope_qk(x, x, freqs8(), 2, true, offsets); },
+      {"apply_rope_qk", "token (batch 1, seq 2) has position 16", "start_pos 2", "[0, 16)"});
+  // Negative positions are rejected too (IndexError or ValueError).
+  ExpectError<c10::Error>(
+      [&] { rotary::apply_rope(x, freqs8(), 0, true, at::scalar_tensor(-1, at::kLong)); },
+      {"token (batch 0, seq 0) has", "position -1"});
+}
+
+TEST(RopeErrors, FreqsRequiringGradAreRejected) {
+  const auto freqs = rotary::rope_freqs(8, 16).requires_grad_();
+  ExpectError<c10::ValueError>(
+      [&] { rotary::apply_rope(randn({1, 2, 3, 8}), freqs); }, {"freqs requires grad", "freqs.detach()"});
+}
+
+TEST(RopeErrors, ErrorsAreRaisedForMetaTensorsToo) {
+  const auto meta = at::TensorOptions().device(at::kMeta);
+  const auto freqs = rotary::rope_freqs(8, 16).to(at::kMeta);
+  ExpectError<c10::ValueError>(
+      [&] { rotary::apply_rope(at::empty({1, 2, 3, 7}, meta), freqs); }, {"x.size(-1)", "got 7"});
+  ExpectError<c10::ValueError>(
+      [&] { rotary::apply_rope_qk(at::empty({2, 4, 5, 8}, meta), at::empty({3, 4, 5, 8}, meta), freqs); },
+      {"k must match q", "k has shape [3, 4, 5, 8]"});
+}
+
+TEST(RopeFreqsErrors, InvalidArguments) {
+  ExpectError<c10::ValueError>([] { rotary::rope_freqs(7, 16); }, {"rope_freqs", "dim must be even and > 0, got 7"});
+  ExpectError<c10::ValueError>([] { rotary::rope_freqs(0, 16); }, {"dim must be even and > 0, got 0"});
+  ExpectError<c10::ValueError>([] { rotary::rope_freqs(8, -1); }, {"max_seq_len must be >= 0, got -1"});
+  ExpectError<c10::ValueError>([] { rotary::rope_freqs(8, 16, 0.0); }, {"theta must be finite and > 0, got 0"});
+  ExpectError<c10::ValueError>(
+      [] { rotary::rope_freqs(8, 16, std::numeric_limits<double>::quiet_NaN()); }, {"theta must be finite"});
+}
+
+TEST(RopeErrors, DeviceMismatch) {
+  // Dispatch picks the CUDA kernel as soon as any argument is on CUDA, so the
+  // check needs a CUDA build as well as a device.
+  const auto op = c10::Dispatcher::singleton().findSchema({"rotary::apply_rope", ""});
+  if (!torch::cuda::is_available() || !op || !op->hasKernelForDispatchKey(c10::DispatchKey::CUDA)) {
+    GTEST_SKIP() << "needs a CUDA device and a CUDA build of rotary";
+  }
+  const auto x_cpu = randn({1, 2, 3, 8});
+  const auto x_cuda = x_cpu.to(at::kCUDA);
+  const auto freqs_cuda = freqs8().to(at::kCUDA);
+  ExpectError<c10::ValueError>(
+      [&] { rotary::apply_rope(x_cuda, freqs8()); }, {"apply_rope", "freqs is on cpu but q/x is on cuda:0"});
+  ExpectError<c10::ValueError>(
+      [&] { rotary::apply_rope_qk(x_cuda, x_cpu, freqs_cuda); }, {"apply_rope_qk", "k is on cpu but q/x is on cuda:0"});
+  ExpectError<c10::ValueError>(
+      [&] { rotary::apply_rope(x_cuda, freqs_cuda, 0, true, at::zeros({1}, at::kLong)); },
+      {"positions is on cpu but q/x is on cuda:0"});
+  ExpectError<c10::ValueError>(
+      [&] { rotary::apply_rope(x_cpu, freqs_cuda); }, {"freqs is on cuda:0 but q/x is on cpu"});
+}
+
+}  // namespace

@@ -1,0 +1,310 @@
+// rotary::RotaryEmbedding: the cached complex64 table, forward passes,
+// clone / to / save / load, and argument errors.
+#include "helpers.h"
+#include "reference.h"
+
+#include <rotary/rotary.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <limits>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace {
+
+using rotary::RotaryEmbedding;
+using rotary::RotaryEmbeddingImpl;
+using rotary::RotaryEmbeddingOptions;
+using rotary_test::AllClose;
+using rotary_test::ExpectError;
+using rotary_test::ref_rope;
+using rotary_test::Tolerance;
+using rotary_test::tolerance_for;
+
+constexpr Tolerance kF32{1e-5, 0.0};
+
+class RotaryModule : public ::testing::Test {
+ protected:
+  void SetUp() override { torch::manual_seed(4321); }
+};
+
+// Largest |table - exp(i pos theta_j)| over the given rows, all in double.
+double table_error(const torch::Tensor& freqs, int64_t dim, double theta, const std::vector<int64_t>& rows) {
+  const auto re = torch::real(freqs).to(torch::kDouble).contiguous();
+  const auto im = torch::imag(freqs).to(torch::kDouble).contiguous();
+  auto re_a = re.accessor<double, 2>();
+  auto im_a = im.accessor<double, 2>();
+  double worst = 0.0;
+  for (int64_t p : rows) {
+    for (int64_t j = 0; j < dim / 2; ++j) {
+      const auto e = rotary_test::ref_freq(p, j, dim, theta);
+      worst = std::max({worst, std::abs(re_a[p][j] - e.real()), std::abs(im_a[p][j] - e.imag())});
+    }
+  }
+  return worst;
+}
+
+TEST_F(RotaryModule, DefaultOptions) {
+  const RotaryEmbeddingOptions opts(64);
+  EXPECT_EQ(opts.dim(), 64);
+  EXPECT_EQ(opts.max_seq_len(), 4096);
+  EXPECT_DOUBLE_EQ(opts.theta(), 10000.0);
+  EXPECT_TRUE(opts.interleaved());
+  RotaryEmbedding rope(64);  // implicit options from dim
+  EXPECT_EQ(rope->freqs.sizes(), torch::IntArrayRef({4096, 32}));
+}
+
+TEST_F(RotaryModule, FreqsBufferIsComplex64TableOfExactAngles) {
+  struct Case {
+    int64_t dim, len;
+    double theta;
+  };
+  for (const auto& c : {Case{64, 4096, 10000.0}, Case{128, 1000, 500000.0}, Case{6, 33, 10.0}}) {
+    RotaryEmbedding rope(RotaryEmbeddingOptions(c.dim).max_seq_len(c.len).theta(c.theta).interleaved(false));
+    const auto& f = rope->freqs;
+    ASSERT_EQ(f.scalar_type(), torch::kComplexFloat);
+    ASSERT_EQ(f.sizes(), torch::IntArrayRef({c.len, c.dim / 2}));
+    EXPECT_FALSE(f.requires_grad());
+    const std::vector<int64_t> rows = {0, 1, 2, 7, c.len / 2, c.len - 2, c.len - 1};
+    EXPECT_LE(table_error(f, c.dim, c.theta, rows), 1e-7) << "dim " << c.dim << " theta " << c.theta;
+  }
+}
+
+TEST_F(RotaryModule, ForwardMatchesReference) {
+  const int64_t D = 64, L = 128;
+  for (bool interleaved : {true, false}) {
+    RotaryEmbedding rope(RotaryEmbeddingOptions(D).max_seq_len(L).theta(50000.0).interleaved(interleaved));
+    const auto x = torch::randn({2, 4, 6, D});
+    EXPECT_TRUE(AllClose(rope->forward(x), ref_rope(x, 0, interleaved, std::nullopt, false, 50000.0), kF32));
+    EXPECT_TRUE(AllClose(rope->forward(x, 17), ref_rope(x, 17, interleaved, std::nullopt, false, 50000.0), kF32));
+    // start_pos + seq_len == max_seq_len is allowed.
+    EXPECT_TRUE(AllClose(rope->forward(x, L - 6), ref_rope(x, L - 6, interleaved, std::nullopt, false, 50000.0), kF32));
+  }
+}
+
+TEST_F(RotaryModule, ForwardQkMatchesReference) {
+  const int64_t D = 80, L = 64;
+  for (bool interleaved : {true, false}) {
+    RotaryEmbedding rope(RotaryEmbeddingOptions(D).max_seq_len(L).interleaved(interleaved));
+    const auto q = torch::randn({2, 8, 5, D});
+    const auto k = torch::randn({2, 2, 5, D});
+    const auto [yq, yk] = rope->forward(q, k, 9);
+    EXPECT_TRUE(AllClose(yq, ref_rope(q, 9, interleaved), kF32));
+    EXPECT_TRUE(AllClose(yk, ref_rope(k, 9, interleaved), kF32));
+    const auto [dq, dk] = rope->forward(q.narrow(2, 0, 1), k.narrow(2, 0, 1), L - 1);  // decode, last row
+    EXPECT_TRUE(AllClose(dq, ref_rope(q.narrow(2, 0, 1), L - 1, interleaved), kF32));
+    EXPECT_TRUE(AllClose(dk, ref_rope(k.narrow(2, 0, 1), L - 1, interleaved), kF32));
+  }
+}
+
+TEST_F(RotaryModule, ForwardGradient) {
+  RotaryEmbedding rope(RotaryEmbeddingOptions(16).max_seq_len(16));
+  auto x = torch::randn({1, 2, 3, 16}, torch::kDouble).requires_grad_();
+  const auto g = torch::randn({1, 2, 3, 16}, torch::kDouble);
+  (rope->forward(x, 4) * g).sum().backward();
+  EXPECT_TRUE(AllClose(x.grad(), ref_rope(g, 4, true, std::nullopt, true), {1e-6, 0.0}));
+}
+
+// BUG (csrc/rotary/module.h): forward is overloaded, so libtorch's
+// ModuleHolder::operator() cannot take &RotaryEmbeddingImpl::forward and
+// declares `rope(x)` as returning void: `auto y = rope(x);` does not compile
+// and the module cannot be stored in nn::Sequential / nn::AnyModule.
+TEST_F(RotaryModule, HolderCallOperatorReturnsTensor) {
+  using CallResult = decltype(std::declval<RotaryEmbedding&>()(std::declval<const torch::Tensor&>()));
+  EXPECT_TRUE((std::is_same_v<CallResult, torch::Tensor>))
+      << "rope(x) is declared to return " << (std::is_void_v<CallResult> ? "void" : "something else")
+      << " because RotaryEmbeddingImpl::forward is overloaded";
+}
+
+TEST_F(RotaryModule, NamedBuffersHoldFreqs) {
+  RotaryEmbedding rope(RotaryEmbeddingOptions(8).max_seq_len(10));
+  const auto buffers = rope->named_buffers();
+  ASSERT_TRUE(buffers.contains("freqs"));
+  EXPECT_TRUE(buffers["freqs"].is_same(rope->freqs));
+  EXPECT_TRUE(rope->parameters().empty()) << "RoPE has nothing to train";
+}
+
+TEST_F(RotaryModule, CloneIsIndependentWithEqualTable) {
+  RotaryEmbedding rope(RotaryEmbeddingOptions(16).max_seq_len(20).theta(123.0).interleaved(false));
+  const auto cloned = std::dynamic_pointer_cast<RotaryEmbeddingImpl>(rope->clone());
+  ASSERT_NE(cloned, nullptr);
+  EXPECT_EQ(cloned->options.dim(), 16);
+  EXPECT_EQ(cloned->options.max_seq_len(), 20);
+  EXPECT_DOUBLE_EQ(cloned->options.theta(), 123.0);
+  EXPECT_FALSE(cloned->options.interleaved());
+  ASSERT_EQ(cloned->freqs.scalar_type(), torch::kComplexFloat);
+  EXPECT_TRUE(torch::equal(cloned->freqs, rope->freqs));
+  EXPECT_NE(cloned->freqs.data_ptr(), rope->freqs.data_ptr());
+  // The clone's member and its registered buffer are one tensor.
+  EXPECT_EQ(cloned->named_buffers()["freqs"].data_ptr(), cloned->freqs.data_ptr());
+
+  const auto original = rope->freqs.clone();
+  {
+    torch::NoGradGuard no_grad;
+    cloned->freqs.zero_();
+  }
+  EXPECT_TRUE(torch::equal(rope->freqs, original)) << "mutating the clone changed the original";
+  const auto x = torch::randn({1, 2, 3, 16});
+  EXPECT_TRUE(AllClose(rope->forward(x, 2), ref_rope(x, 2, false, std::nullopt, false, 123.0), kF32));
+}
+
+TEST_F(RotaryModule, ToDtypeKeepsComplex64Table) {
+  RotaryEmbedding rope(RotaryEmbeddingOptions(32).max_seq_len(64));
+  const auto original = rope->freqs.clone();
+  std::map<std::string, torch::Tensor> buffers_before;
+  for (const auto& item : rope->named_buffers()) buffers_before[item.key()] = item.value().clone();
+  auto check = [&](const char* what) {
+    EXPECT_EQ(rope->freqs.scalar_type(), torch::kComplexFloat) << what;
+    EXPECT_TRUE(torch::equal(rope->freqs, original)) << what;
+    EXPECT_TRUE(rope->named_buffers()["freqs"].is_same(rope->freqs)) << what;
+    // No buffer (the table or any companion) is cast.
+    for (const auto& item : rope->named_buffers()) {
+      EXPECT_EQ(item.value().scalar_type(), buffers_before.at(item.key()).scalar_type()) << what << " " << item.key();
+      EXPECT_TRUE(torch::equal(item.value(), buffers_before.at(item.key()))) << what << " " << item.key();
+    }
+  };
+  rope->to(torch::kHalf);
+  check("to(kHalf)");
+  rope->to(torch::kBFloat16);
+  check("to(kBFloat16)");
+  rope->to(torch::kCPU, torch::kHalf);
+  check("to(kCPU, kHalf)");
+  rope->to(torch::kDouble);
+  check("to(kDouble)");
+  rope->to(torch::kCPU);
+  check("to(kCPU)");
+
+  // A half-precision model still gets fp32-accurate rotation.
+  for (auto dtype : {torch::kHalf, torch::kBFloat16}) {
+    const auto x = torch::randn({2, 2, 4, 32}).to(dtype);
+    const auto y = rope->forward(x, 3);
+    EXPECT_EQ(y.scalar_type(), dtype);
+    EXPECT_TRUE(AllClose(y, ref_rope(x, 3), tolerance_for(dtype)));
+  }
+}
+
+struct ParentImpl : torch::nn::Module {
+  ParentImpl()
+      : proj(register_module("proj", torch::nn::Linear(16, 16))),
+        rope(register_module("rope", RotaryEmbedding(RotaryEmbeddingOptions(16).max_seq_len(32)))) {}
+  torch::nn::Linear proj;
+  RotaryEmbedding rope;
+};
+TORCH_MODULE(Parent);
+
+TEST_F(RotaryModule, ParentModuleCastKeepsComplex64Table) {
+  Parent parent;
+  const auto original = parent->rope->freqs.clone();
+  EXPECT_TRUE(parent->named_buffers().contains("rope.freqs"));
+
+  parent->to(torch::kHalf);
+  EXPECT_EQ(parent->proj->weight.scalar_type(), torch::kHalf);  // the rest of the model is cast
+  EXPECT_EQ(parent->rope->freqs.scalar_type(), torch::kComplexFloat);
+  EXPECT_TRUE(torch::equal(parent->rope->freqs, original));
+  EXPECT_EQ(parent->named_buffers()["rope.freqs"].scalar_type(), torch::kComplexFloat);
+
+  parent->to(torch::kCPU, torch::kBFloat16);
+  EXPECT_EQ(parent->proj->weight.scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(parent->rope->freqs.scalar_type(), torch::kComplexFloat);
+  EXPECT_TRUE(torch::equal(parent->rope->freqs, original));
+
+  const auto x = torch::randn({1, 2, 3, 16}).to(torch::kBFloat16);
+  EXPECT_TRUE(AllClose(parent->rope->forward(x, 1), ref_rope(x, 1), tolerance_for(torch::kBFloat16)));
+}
+
+TEST_F(RotaryModule, SaveLoadRoundTrip) {
+  RotaryEmbedding saved(RotaryEmbeddingOptions(24).max_seq_len(40).theta(777.0));
+  std::stringstream stream;
+  torch::save(saved, stream);
+
+  RotaryEmbedding loaded(RotaryEmbeddingOptions(24).max_seq_len(40).theta(777.0));
+  {
+    torch::NoGradGuard no_grad;
+    loaded->freqs.zero_();  // so the comparison proves the load wrote it
+  }
+  torch::load(loaded, stream);
+  EXPECT_EQ(loaded->freqs.scalar_type(), torch::kComplexFloat);
+  EXPECT_TRUE(torch::equal(loaded->freqs, saved->freqs));
+  EXPECT_TRUE(loaded->named_buffers()["freqs"].is_same(loaded->freqs));
+  const auto x = torch::randn({1, 1, 5, 24});
+  EXPECT_TRUE(torch::equal(loaded->forward(x, 3), saved->forward(x, 3)));
+}
+
+TEST_F(RotaryModule, PrettyPrint) {
+  RotaryEmbedding rope(RotaryEmbeddingOptions(8).max_seq_len(16).theta(500.0).interleaved(false));
+  std::ostringstream os;
+  os << *rope;
+  EXPECT_EQ(os.str(), "rotary::RotaryEmbedding(dim=8, max_seq_len=16, theta=500, interleaved=false)");
+}
+
+// ---- errors
+
+TEST_F(RotaryModule, DimOddOrZeroIsRejected) {
+  ExpectError<c10::ValueError>(
+      [] { RotaryEmbedding(RotaryEmbeddingOptions(7)); }, {"RotaryEmbedding", "dim must be even and > 0, got 7"});
+  ExpectError<c10::ValueError>(
+      [] { RotaryEmbedding(RotaryEmbeddingOptions(0)); }, {"RotaryEmbedding", "dim must be even and > 0, got 0"});
+  ExpectError<c10::ValueError>(
+      [] { RotaryEmbedding(RotaryEmbeddingOptions(8).max_seq_len(0)); },
+      {"RotaryEmbedding", "max_seq_len must be > 0, got 0"});
+}
+
+TEST_F(RotaryModule, StartPosBeyondMaxSeqLen) {
+  RotaryEmbedding rope(RotaryEmbeddingOptions(8).max_seq_len(16));
+  const auto x = torch::randn({1, 2, 8, 8});
+  ExpectError<c10::IndexError>(
+      [&] { rope->forward(x, 10); },
+      {"RotaryEmbedding", "start_pos + seq_len = 10 + 8 = 18 exceeds max_seq_len 16", "larger max_seq_len"});
+  ExpectError<c10::IndexError>(
+      [&] { rope->forward(x, x, 9); }, {"RotaryEmbedding", "9 + 8 = 17 exceeds max_seq_len 16"});
+  ExpectError<c10::ValueError>([&] { rope->forward(x, -1); }, {"RotaryEmbedding", "start_pos must be >= 0, got -1"});
+  ExpectError<c10::ValueError>(
+      [&] { rope->forward(x, x, -3); }, {"RotaryEmbedding", "start_pos must be >= 0, got -3"});
+}
+
+// Regression: RotaryEmbeddingImpl::check_range computes start_pos + seq_len
+// in int64, which overflows for start_pos near INT64_MAX; at 437492f neither
+// the module nor the op rejected it and the kernel read outside the table.
+TEST_F(RotaryModule, HugeStartPosDoesNotOverflowRangeCheck) {
+  RotaryEmbedding rope(RotaryEmbeddingOptions(8).max_seq_len(16));
+  ExpectError<c10::Error>(
+      [&] { rope->forward(torch::ones({1, 1, 2, 8}), std::numeric_limits<int64_t>::max()); }, {"start_pos"});
+}
+
+TEST_F(RotaryModule, InputHeadDimMustMatchDim) {
+  RotaryEmbedding rope(RotaryEmbeddingOptions(16).max_seq_len(16));
+  ExpectError<c10::ValueError>(
+      [&] { rope->forward(torch::randn({1, 2, 3, 8})); }, {"apply_rope", "freqs must have shape", "[*, 4]", "got [16, 8]"});
+  ExpectError<c10::ValueError>(
+      [&] { rope->forward(torch::randn({2, 3, 16})); }, {"apply_rope", "x must be 4-D", "[2, 3, 16]"});
+}
+
+// ---- CUDA (skipped without a device and a CUDA build)
+
+bool cuda_kernels_available() {
+  if (!torch::cuda::is_available()) return false;
+  const auto op = c10::Dispatcher::singleton().findSchema({"rotary::apply_rope", ""});
+  return op.has_value() && op->hasKernelForDispatchKey(c10::DispatchKey::CUDA);
+}
+
+TEST_F(RotaryModule, MoveToCudaKeepsComplex64Table) {
+  if (!cuda_kernels_available()) GTEST_SKIP() << "needs a CUDA device and a CUDA build of rotary";
+  RotaryEmbedding rope(RotaryEmbeddingOptions(64).max_seq_len(32));
+  const auto original = rope->freqs.clone();
+  rope->to(torch::kCUDA, torch::kHalf);
+  EXPECT_TRUE(rope->freqs.is_cuda());
+  EXPECT_EQ(rope->freqs.scalar_type(), torch::kComplexFloat);
+  EXPECT_TRUE(torch::equal(rope->freqs.cpu(), original));
+  const auto x = torch::randn({2, 4, 5, 64}).to(torch::kHalf);
+  EXPECT_TRUE(AllClose(rope->forward(x.cuda(), 3), ref_rope(x, 3), tolerance_for(torch::kHalf)));
+}
+
+}  // namespace
