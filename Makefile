@@ -53,8 +53,10 @@ test-install: $(DEPS_STAMP)
 
 test: test-cpp test-python test-consumer test-install
 
+# The LibTorch demo: relative-position proof, KV-cache decode checked against
+# a full recompute at every step, RoPE time vs the seed's eager formula.
 demo: build
-	PYTHONPATH=$(CURDIR)/python $(VPY) examples/relative_position.py
+	./$(BUILD)/examples/rotary_demo
 
 bench: build
 	PYTHONPATH=$(CURDIR)/python $(VPY) benchmarks/bench.py
