@@ -51,12 +51,17 @@ test-install: $(DEPS_STAMP)
 	  x = torch.randn(1, 2, 3, 8); y = rotary.RotaryEmbedding(8, 16)(x, start_pos=2); \
 	  print('installed rotary from', rotary.__file__, tuple(y.shape))"
 
-test: test-cpp test-python test-consumer test-install
+test: test-cpp test-python test-consumer test-install test-docs
 
 # The LibTorch demo: relative-position proof, KV-cache decode checked against
 # a full recompute at every step, RoPE time vs the seed's eager formula.
 demo: build
 	./$(BUILD)/examples/rotary_demo
+
+# Every fenced code block of README.md: python run, cpp compiled once and run.
+.PHONY: test-docs
+test-docs: build
+	PYTHONPATH=$(CURDIR)/python $(VPY) -m pytest -q tests/docs
 
 bench: build
 	PYTHONPATH=$(CURDIR)/python $(VPY) benchmarks/bench.py
