@@ -1,5 +1,7 @@
 #pragma once
 
+#include <rotary/scaling.h>
+
 #include <torch/arg.h>
 
 #include <cstdint>
@@ -9,7 +11,8 @@ namespace rotary {
 struct RotaryEmbeddingOptions {
   /* implicit */ RotaryEmbeddingOptions(int64_t dim) : dim_(dim) {}
 
-  // Rotated width of each head; even and > 0.
+  // Rotated width of each head (the rotary dim); even and > 0. A head may be
+  // wider: the op rotates its first 2 * freqs.size(1) dims (partial rotary).
   TORCH_ARG(int64_t, dim);
   // Rows in the cached table; start_pos + seq_len must not exceed it.
   TORCH_ARG(int64_t, max_seq_len) = 4096;
@@ -18,6 +21,11 @@ struct RotaryEmbeddingOptions {
   // true: pairs (0,1), (2,3), ... (Meta Llama, GPT-J);
   // false: pairs (j, j + dim/2) (GPT-NeoX, Hugging Face rotate_half).
   TORCH_ARG(bool, interleaved) = true;
+  // Frequency rule (rotary/scaling.h); the default is plain RoPE. "dynamic"
+  // and "longrope" are host-driven: the module rebuilds its table when the
+  // sequence length crosses their threshold (not CUDA-graph safe). An unset
+  // max_position_embeddings of a "dynamic" rule is taken to be max_seq_len.
+  TORCH_ARG(RopeScaling, scaling) = RopeScaling();
 };
 
 }  // namespace rotary

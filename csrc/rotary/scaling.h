@@ -1,0 +1,84 @@
+// Frequency (scaling) rules: which inverse frequency each rotated pair gets,
+// and the factor every cos/sin entry is multiplied by.
+//
+// The rules and their field names follow Hugging Face `rope_parameters`
+// (transformers' modeling_rope_utils), so a config's dict maps one to one.
+// Every rule is computed once, in float64, by compute_frequencies() in
+// csrc/freqs.cpp; the modules and the Python package only call it.
+#pragma once
+
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace rotary {
+
+// Which rule and its parameters. Fields a rule does not use are ignored.
+//
+//   "default"   inv_freq_j = theta^(-2j/d)                 (d = rotary dim)
+//   "linear"    default / factor                  (position interpolation)
+//   "ntk"       default with base theta * factor^(d/(d-2)) (static NTK-aware)
+//   "dynamic"   default with base theta * (factor*L/M - (factor-1))^(d/(d-2)),
+//               L = max(seq_len, M), M = max_position_embeddings (HF dynamic NTK)
+//   "yarn"      per-pair blend of default and default/factor by a linear
+//               ramp between the dims whose wavelength fits beta_fast and
+//               beta_slow turns into original_max_position_embeddings;
+//               attention scaling 0.1*ln(factor)+1 (or from mscale,
+//               mscale_all_dim, or attention_factor when given)
+//   "llama3"    Llama 3.1: wavelengths above original/low_freq_factor divided
+//               by factor, below original/high_freq_factor kept, smooth between
+//   "longrope"  default / short_factor[j], or / long_factor[j] once seq_len
+//               exceeds original_max_position_embeddings; attention scaling
+//               sqrt(1 + ln(factor)/ln(original)) (or attention_factor)
+//
+// "dynamic" and "longrope" depend on the sequence length, so the modules
+// recompute their tables on the host when it crosses a threshold; see
+// RotaryEmbeddingImpl. The others are fixed at construction.
+struct RopeScaling {
+  RopeScaling() = default;
+  /* implicit */ RopeScaling(std::string type) : type_(std::move(type)) {}
+  /* implicit */ RopeScaling(const char* type) : type_(type) {}
+
+  // One of default, linear, ntk, dynamic, yarn, llama3, longrope.
+  TORCH_ARG(std::string, type) = "default";
+  // Context-extension factor (> 0). Required by linear, ntk, dynamic and
+  // llama3. yarn and longrope derive it, when unset, as
+  // max_position_embeddings / original_max_position_embeddings (as HF does).
+  TORCH_ARG(std::optional<double>, factor) = std::nullopt;
+  // Pre-training context length; required by yarn, llama3 and longrope.
+  TORCH_ARG(std::optional<int64_t>, original_max_position_embeddings) = std::nullopt;
+  // Current context length of the model; required by dynamic (its M), and
+  // used by yarn / longrope only to derive an unset factor.
+  TORCH_ARG(std::optional<int64_t>, max_position_embeddings) = std::nullopt;
+  // yarn: the ramp runs between the dims making beta_fast and beta_slow turns
+  // over original_max_position_embeddings positions.
+  TORCH_ARG(double, beta_fast) = 32.0;
+  TORCH_ARG(double, beta_slow) = 1.0;
+  // yarn: when both are set (and non-zero) the attention scaling is
+  // (0.1*mscale*ln(factor)+1) / (0.1*mscale_all_dim*ln(factor)+1).
+  TORCH_ARG(std::optional<double>, mscale) = std::nullopt;
+  TORCH_ARG(std::optional<double>, mscale_all_dim) = std::nullopt;
+  // yarn, longrope: overrides the derived attention scaling.
+  TORCH_ARG(std::optional<double>, attention_factor) = std::nullopt;
+  // yarn: round the ramp ends outwards to whole dims (floor / ceil).
+  TORCH_ARG(bool, truncate) = true;
+  // llama3: wavelength band edges are original / low_freq_factor and
+  // original / high_freq_factor (high > low).
+  TORCH_ARG(double, low_freq_factor) = 1.0;
+  TORCH_ARG(double, high_freq_factor) = 4.0;
+  // longrope: one divisor per rotated pair (rotary_dim / 2 each).
+  TORCH_ARG(std::vector<double>, short_factor);
+  TORCH_ARG(std::vector<double>, long_factor);
+};
+
+// Throws c10::ValueError naming the offending field when `scaling` cannot be
+// applied to a rotary dim of `rotary_dim`.
+void validate(const RopeScaling& scaling, int64_t rotary_dim);
+
+// True for the rules whose frequencies depend on the sequence length.
+bool depends_on_seq_len(const RopeScaling& scaling);
+
+}  // namespace rotary
