@@ -8,14 +8,20 @@ import torch  # noqa: F401  (loads libtorch before our extension)
 
 from . import _C  # registers torch.ops.rotary via librotary
 from ._ops import apply_rope, apply_rope_qk, rope_freqs
+from ._ops import rope_frequencies
+from .hf import rope_kwargs_from_hf_config
 from .module import RotaryEmbedding
 
 CppRotaryEmbedding = _C.CppRotaryEmbedding
+RopeScaling = _C.RopeScaling
 
 __all__ = [
     "apply_rope",
     "apply_rope_qk",
     "rope_freqs",
+    "rope_frequencies",
+    "rope_kwargs_from_hf_config",
+    "RopeScaling",
     "RotaryEmbedding",
     "CppRotaryEmbedding",
 ]

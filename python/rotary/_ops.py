@@ -1,17 +1,41 @@
 """Typed wrappers over ``torch.ops.rotary``. They add no logic: every check
 and every kernel lives in C++ behind the dispatcher."""
 
-from typing import Optional, Tuple
+from typing import Any, Mapping, Optional, Tuple
 
 import torch
 
 from . import _C
 
 
-def rope_freqs(dim: int, max_seq_len: int, theta: float = 10000.0) -> torch.Tensor:
+def rope_freqs(
+    dim: int,
+    max_seq_len: int,
+    theta: float = 10000.0,
+    scaling: Optional[Mapping[str, Any]] = None,
+    seq_len: int = 0,
+) -> torch.Tensor:
     """complex64 table ``[max_seq_len, dim // 2]`` with entry ``(p, j) =
-    exp(i * p * theta ** (-2j / dim))``; angles, cos and sin computed in float64."""
-    return _C.rope_freqs(dim, max_seq_len, theta)
+    exp(i * p * theta ** (-2j / dim))``; angles, cos and sin computed in float64.
+
+    With ``scaling`` (a dict like Hugging Face's ``rope_parameters``, see
+    :class:`RotaryEmbedding`) the entry is ``attention_scaling * exp(i * p *
+    inv_freq[j])`` for that rule; ``seq_len`` matters only for ``dynamic`` and
+    ``longrope`` (0: the frequencies a model starts with)."""
+    if scaling is None and seq_len == 0:
+        return _C.rope_freqs(dim, max_seq_len, theta)
+    return _C.rope_freqs(dim, max_seq_len, theta, scaling, seq_len)
+
+
+def rope_frequencies(
+    dim: int,
+    theta: float = 10000.0,
+    scaling: Optional[Mapping[str, Any]] = None,
+    seq_len: int = 0,
+) -> Tuple[torch.Tensor, float]:
+    """``(inv_freq, attention_scaling)`` of a frequency rule: float64
+    ``[dim // 2]`` and the factor folded into every table entry."""
+    return _C.rope_frequencies(dim, theta, scaling, seq_len)
 
 
 def apply_rope(

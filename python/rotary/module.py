@@ -1,22 +1,43 @@
 """``rotary.RotaryEmbedding``: an ``nn.Module`` over ``torch.ops.rotary``."""
 
-from typing import Optional
+from typing import Any, Dict, Mapping, Optional, Union
 
 import torch
 from torch import nn
 
-from ._ops import apply_rope, apply_rope_qk, rope_freqs
+from . import _C
+from ._ops import apply_rope, apply_rope_qk
+
+ScalingSpec = Union[None, Mapping[str, Any], "_C.RopeScaling"]
 
 
 class RotaryEmbedding(nn.Module):
     """Rotary position embedding with a cached complex64 table ``freqs``
-    ``[max_seq_len, dim // 2]``, built by the same C++ code as the C++ module
-    (so ``state_dict`` moves between the two).
+    ``[max_seq_len, dim // 2]`` and its float64 frequencies ``inv_freq``
+    ``[dim // 2]``, built by the same C++ code as the C++ module (so
+    ``state_dict`` moves between the two).
+
+    ``dim`` is the rotary dim (the rotated width); a head may be wider, in
+    which case the op rotates its first ``dim`` dims (partial rotary).
+    ``scaling`` picks the frequency rule, as a dict shaped like Hugging Face's
+    ``rope_parameters`` (``{"rope_type": "yarn", "factor": 4.0,
+    "original_max_position_embeddings": 4096}``; ``"type"`` is an alias of
+    ``"rope_type"``): ``default``, ``linear``, ``ntk``, ``dynamic``, ``yarn``,
+    ``llama3`` or ``longrope``. The C++ side parses and validates it (an
+    error is a ``ValueError`` naming the field) and computes every rule; see
+    README "Frequency rules". ``RotaryEmbedding.from_hf_config(config)`` builds
+    the module a transformers config describes.
 
     ``rope(x, start_pos=p)`` rotates one tensor; ``rope(q, k, start_pos=p)``
-    rotates both in one kernel call. Casting the module (``.half()``,
-    ``.to(torch.bfloat16)``) leaves the table complex64; ``.to(device)`` moves it.
-    Works inside ``torch.compile(fullgraph=True)``.
+    rotates both in one kernel call; ``positions=`` (or its alias
+    ``position_ids=``, ``[batch, seq]`` int64) gives absolute position ids.
+    Casting the module (``.half()``, ``.to(torch.bfloat16)``) leaves both
+    buffers as they are; ``.to(device)`` moves them. Works inside
+    ``torch.compile(fullgraph=True)`` for every rule except the two
+    host-driven ones: ``dynamic`` and ``longrope`` rebuild the table on the
+    host when a call reaches past their threshold (as transformers'
+    ``dynamic_rope_update`` does), reading ``positions`` on the host, so they
+    are neither compile- nor CUDA-graph friendly.
     """
 
     def __init__(
@@ -25,6 +46,7 @@ class RotaryEmbedding(nn.Module):
         max_seq_len: int = 4096,
         theta: float = 10000.0,
         interleaved: bool = True,
+        scaling: ScalingSpec = None,
     ) -> None:
         super().__init__()
         if max_seq_len <= 0:
@@ -33,35 +55,128 @@ class RotaryEmbedding(nn.Module):
         self.max_seq_len = max_seq_len
         self.theta = theta
         self.interleaved = interleaved
-        self.register_buffer("freqs", rope_freqs(dim, max_seq_len, theta))
+        if isinstance(scaling, _C.RopeScaling):
+            spec = scaling.to_dict()
+        elif scaling is None:
+            spec = {"rope_type": "default"}
+        elif isinstance(scaling, Mapping):
+            spec = _C.RopeScaling.from_dict(dict(scaling)).to_dict()
+        else:
+            raise TypeError(
+                "RotaryEmbedding: scaling must be None, a dict like Hugging Face's rope_parameters, "
+                f"or a rotary._C.RopeScaling; got {scaling!r}"
+            )
+        if spec["rope_type"] == "dynamic":
+            # The same default as the C++ module: the base grows past max_seq_len.
+            spec.setdefault("max_position_embeddings", max_seq_len)
+        # The rule as a plain dict (None for plain RoPE): picklable, printable,
+        # and what is handed back to C++ whenever the table is built.
+        self.scaling: Optional[Dict[str, Any]] = None if spec["rope_type"] == "default" else spec
+        self.attention_scaling = 1.0
+        # State of the host-driven rules (as in the C++ module).
+        self._host_driven = _C.depends_on_seq_len(spec)
+        self._dynamic_len = 0  # dynamic: length the table was grown for; 0 = not grown
+        self._long_factors = False  # longrope: long_factor in use
+        self._build_tables()
+
+    @classmethod
+    def from_hf_config(cls, config, *, max_seq_len: Optional[int] = None) -> "RotaryEmbedding":
+        """The rotary embedding a Hugging Face ``transformers`` config (or its
+        plain-dict form) describes: rotary dim ``int(head_dim *
+        partial_rotary_factor)``, ``rope_theta``, the rule in ``rope_parameters``
+        (or legacy ``rope_scaling``), ``interleaved=False`` (``rotate_half``).
+        ``max_seq_len`` defaults to ``max_position_embeddings``. Use it with
+        ``rope(q, k, position_ids=position_ids)``."""
+        from .hf import rope_kwargs_from_hf_config
+
+        return cls(**rope_kwargs_from_hf_config(config, max_seq_len=max_seq_len))
+
+    # ------------------------------------------------------------------ tables
+    def _build_tables(self) -> None:
+        seq_len, rows = 0, self.max_seq_len
+        rope_type = self.scaling["rope_type"] if self.scaling else "default"
+        if rope_type == "dynamic" and self._dynamic_len > 0:
+            seq_len = self._dynamic_len
+            rows = max(rows, seq_len)
+        elif rope_type == "longrope" and self._long_factors:
+            seq_len = self.scaling["original_max_position_embeddings"] + 1
+        freqs, inv_freq, self.attention_scaling = _C.rope_tables(
+            self.dim, self.theta, self.scaling, seq_len, rows
+        )
+        old = self._buffers.get("freqs")
+        if old is not None:
+            freqs, inv_freq = freqs.to(old.device), inv_freq.to(old.device)
+        self.register_buffer("freqs", freqs)
+        self.register_buffer("inv_freq", inv_freq)
+
+    def update_for_reach(self, reach: int) -> None:
+        """Host-driven rules: make the tables right for a call whose largest
+        position is ``reach - 1``. ``dynamic`` grows past the length it was
+        last built for and returns to its original frequencies below
+        ``max_position_embeddings``; ``longrope`` uses ``long_factor`` while
+        ``reach > original_max_position_embeddings``. Other rules: no-op."""
+        if not self._host_driven:
+            return
+        if self.scaling["rope_type"] == "dynamic":
+            original = self.scaling["max_position_embeddings"]
+            cached = self._dynamic_len if self._dynamic_len > 0 else original
+            if reach > cached:
+                self._dynamic_len = reach
+                self._build_tables()
+            elif reach < original and cached > original:
+                self._dynamic_len = 0
+                self._build_tables()
+        else:  # longrope
+            want_long = reach > self.scaling["original_max_position_embeddings"]
+            if want_long != self._long_factors:
+                self._long_factors = want_long
+                self._build_tables()
 
     def extra_repr(self) -> str:
-        return (
+        s = (
             f"dim={self.dim}, max_seq_len={self.max_seq_len}, theta={self.theta}, "
             f"interleaved={self.interleaved}"
         )
+        if self.scaling is not None:
+            s += f", scaling={self.scaling}"
+        return s
 
     def _apply(self, fn, recurse=True):
         # nn.Module.to(dtype) would cast the complex table to a real dtype and
-        # drop the sines; take only the device from fn.
-        freqs = self._buffers.pop("freqs")
+        # drop the sines, and round inv_freq; take only the device from fn.
+        saved = {name: self._buffers.pop(name) for name in ("freqs", "inv_freq") if name in self._buffers}
         try:
             super()._apply(fn, recurse)
         finally:
-            probe = fn(torch.empty(0, device=freqs.device))
-            self._buffers["freqs"] = freqs.to(probe.device)
+            for name, buf in saved.items():
+                probe = fn(torch.empty(0, device=buf.device))
+                self._buffers[name] = buf.to(probe.device)
         return self
 
+    # ----------------------------------------------------------------- forward
     def _check_range(self, start_pos: int, seq_len: int) -> None:
         if isinstance(start_pos, int):
             if start_pos < 0:
                 raise ValueError(f"RotaryEmbedding: start_pos must be >= 0, got {start_pos}")
-            if start_pos + seq_len > self.max_seq_len:
+            rows = self.freqs.shape[0]
+            if start_pos + seq_len > rows:
                 raise IndexError(
                     f"RotaryEmbedding: start_pos + seq_len = {start_pos} + {seq_len} = "
-                    f"{start_pos + seq_len} exceeds max_seq_len {self.max_seq_len}; "
+                    f"{start_pos + seq_len} exceeds max_seq_len {rows}; "
                     "construct the module with a larger max_seq_len"
                 )
+
+    def _update_host_driven(self, q: torch.Tensor, start_pos: int, positions: Optional[torch.Tensor]) -> None:
+        seq_len = q.shape[2]
+        if seq_len == 0:
+            return
+        if start_pos < 0:
+            raise ValueError(f"RotaryEmbedding: start_pos must be >= 0, got {start_pos}")
+        reach = start_pos + seq_len
+        if positions is not None and positions.numel() > 0:
+            top = int(positions.max())
+            reach = start_pos + top + (1 if positions.dim() == 2 else seq_len)
+        self.update_for_reach(reach)
 
     def forward(
         self,
@@ -70,9 +185,17 @@ class RotaryEmbedding(nn.Module):
         start_pos: int = 0,
         *,
         positions: Optional[torch.Tensor] = None,
+        position_ids: Optional[torch.Tensor] = None,
     ):
-        if q.dim() == 4 and positions is None:
-            self._check_range(start_pos, q.shape[2])
+        if position_ids is not None:
+            if positions is not None:
+                raise ValueError("RotaryEmbedding: pass positions or position_ids (an alias), not both")
+            positions = position_ids
+        if q.dim() == 4:
+            if self._host_driven:
+                self._update_host_driven(q, start_pos, positions)
+            if positions is None:
+                self._check_range(start_pos, q.shape[2])
         if k is None:
             return apply_rope(q, self.freqs, start_pos, self.interleaved, positions=positions)
         return apply_rope_qk(q, k, self.freqs, start_pos, self.interleaved, positions=positions)

@@ -1,0 +1,121 @@
+"""Reading a Hugging Face ``transformers`` config into ``RotaryEmbedding``
+arguments. Only the parsing lives here: every frequency rule is computed by
+the C++ code (``rotary._C``), and ``transformers`` itself is never imported.
+
+Accepted: a ``PretrainedConfig`` (transformers 4.x with ``rope_theta`` /
+``rope_scaling``, or 5.x with ``rope_parameters``) or its plain-dict form
+(``config.to_dict()``, a ``config.json`` loaded with ``json.load``).
+"""
+
+from typing import Any, Dict, Mapping, Optional
+
+from . import _C
+
+__all__ = ["rope_kwargs_from_hf_config"]
+
+# Keys of rope_parameters that describe the model rather than the rule.
+_MODEL_KEYS = ("rope_theta", "partial_rotary_factor")
+_DEFAULT_THETA = 10000.0
+
+
+def _get(config: Any, name: str, default: Any = None) -> Any:
+    if isinstance(config, Mapping):
+        value = config.get(name, default)
+    else:
+        value = getattr(config, name, default)
+    return default if value is None else value
+
+
+def rope_kwargs_from_hf_config(config: Any, max_seq_len: Optional[int] = None) -> Dict[str, Any]:
+    """Keyword arguments of ``rotary.RotaryEmbedding`` (and
+    ``rotary.CppRotaryEmbedding``) for the rotary embedding ``config`` describes:
+
+    - ``dim``: ``int(head_dim * partial_rotary_factor)``, with ``head_dim``
+      from the config or ``hidden_size // num_attention_heads``;
+    - ``theta``: ``rope_parameters["rope_theta"]`` or ``rope_theta``
+      (``rotary_emb_base`` for old GPT-NeoX dicts), else 10000;
+    - ``scaling``: ``rope_scaling`` (legacy) or ``rope_parameters``, with
+      ``max_position_embeddings`` and, for yarn / llama3 / longrope, an
+      ``original_max_position_embeddings`` filled in as transformers does (a
+      top-level ``original_max_position_embeddings`` wins, else the one in the
+      dict, else ``max_position_embeddings``);
+    - ``interleaved=False``: transformers pairs dims ``(j, j + dim/2)``
+      (``rotate_half``);
+    - ``max_seq_len``: the argument, else ``max_position_embeddings``.
+
+    Raises ``ValueError`` for what it cannot represent (per-layer-type rope
+    parameters, multimodal ``mrope_section``, an odd rotary dim, an unknown
+    ``rope_type``) and for missing or invalid fields, naming them.
+    """
+    head_dim = _get(config, "head_dim")
+    if not head_dim:
+        hidden = _get(config, "hidden_size")
+        heads = _get(config, "num_attention_heads")
+        if hidden is None or not heads:
+            raise ValueError(
+                "from_hf_config: the config has no head_dim, and no hidden_size and num_attention_heads "
+                "to derive it from"
+            )
+        head_dim = hidden // heads
+
+    # A dict (config.json) may be legacy and carry both; transformers lets
+    # rope_scaling win there. A 5.x config object has the standardized
+    # rope_parameters (rope_scaling is a deprecated alias of it).
+    if isinstance(config, Mapping):
+        params = _get(config, "rope_scaling") or _get(config, "rope_parameters") or {}
+    else:
+        params = _get(config, "rope_parameters") or _get(config, "rope_scaling") or {}
+    if not isinstance(params, Mapping):
+        raise ValueError(f"from_hf_config: rope_parameters must be a dict, got {params!r}")
+    params = dict(params)
+    nested = [key for key, value in params.items() if isinstance(value, Mapping)]
+    if nested:
+        raise ValueError(
+            f"from_hf_config: rope_parameters is nested by layer type ({', '.join(nested)}); build one "
+            "RotaryEmbedding per layer type from that type's dict instead"
+        )
+    if params.get("mrope_section") is not None:
+        raise ValueError("from_hf_config: multimodal RoPE (rope_parameters['mrope_section']) is not supported")
+
+    theta = (
+        params.get("rope_theta")
+        or _get(config, "rope_theta")
+        or _get(config, "rotary_emb_base")
+        or _get(config, "default_theta", _DEFAULT_THETA)
+    )
+    partial = (
+        params.get("partial_rotary_factor")
+        or _get(config, "partial_rotary_factor")
+        or _get(config, "rotary_pct")
+        or 1.0
+    )
+    rotary_dim = int(head_dim * partial)
+    if rotary_dim <= 0 or rotary_dim % 2:
+        raise ValueError(
+            f"from_hf_config: head_dim {head_dim} * partial_rotary_factor {partial} gives rotary dim "
+            f"{rotary_dim}; it must be even and > 0"
+        )
+
+    max_pos = _get(config, "max_position_embeddings")
+    scaling = {key: value for key, value in params.items() if key not in _MODEL_KEYS}
+    rope_type = scaling.get("rope_type") or scaling.get("type") or "default"
+    if rope_type in ("llama3", "yarn", "longrope"):
+        top = _get(config, "original_max_position_embeddings")
+        if top is not None:
+            scaling["original_max_position_embeddings"] = top
+        elif scaling.get("original_max_position_embeddings") is None and max_pos is not None:
+            scaling["original_max_position_embeddings"] = max_pos
+    if max_pos is not None:
+        scaling["max_position_embeddings"] = max_pos
+    # strict=False: configs carry keys of other rules and of the model.
+    spec = _C.RopeScaling.from_dict(scaling, strict=False)
+    spec.validate(rotary_dim)
+
+    rows = max_seq_len or max_pos or 4096
+    return {
+        "dim": rotary_dim,
+        "max_seq_len": int(rows),
+        "theta": float(theta),
+        "interleaved": False,
+        "scaling": spec.to_dict(),
+    }
