@@ -36,10 +36,12 @@ at::Tensor canonical_view(const char* op, const char* name, const at::Tensor& x,
   }
   const bool known = args.layout == "BHSD" || args.layout == "BSHD" || args.layout == "SBHD";
   TORCH_CHECK_VALUE(known, op, ": layout must be 'BHSD', 'BSHD' or 'SBHD', got '", args.layout, "'");
+  const char* dims = args.layout == "BSHD" ? "[batch, seq_len, heads, head_dim]"
+      : args.layout == "SBHD"              ? "[seq_len, batch, heads, head_dim]"
+                                           : "[batch, heads, seq_len, head_dim]";
   TORCH_CHECK_VALUE(
-      x.dim() == 4, op, ": ", name, " must be 4-D in layout ", args.layout,
-      " (B = batch, H = heads, S = seq_len, D = head_dim), got shape ", x.sym_sizes(),
-      x.dim() == 3 ? "; a 3-D [total_tokens, heads, head_dim] input needs cu_seqlens" : "");
+      x.dim() == 4, op, ": ", name, " must be 4-D ", dims, ", got shape ", x.sym_sizes(), " (layout ",
+      args.layout, ")", x.dim() == 3 ? "; a 3-D [total_tokens, heads, head_dim] input needs cu_seqlens" : "");
   if (args.layout == "BSHD") return x.transpose(1, 2);
   if (args.layout == "SBHD") return x.permute({1, 2, 0, 3});
   return x;

@@ -101,6 +101,7 @@ void RotaryEmbeddingImpl::prepare(
     const std::optional<torch::Tensor>& positions) {
   if (q.dim() != 4) return;  // the op reports the shape error
   TORCH_CHECK_VALUE(start_pos >= 0, "RotaryEmbedding: start_pos must be >= 0, got ", start_pos);
+  TORCH_CHECK_INDEX(start_pos < (int64_t{1} << 60), "RotaryEmbedding: start_pos must be < 2^60, got ", start_pos);
   const int64_t seq_len = q.size(2);
   if (depends_on_seq_len(options.scaling()) && seq_len > 0) {
     // One past the largest position this call touches.
@@ -111,13 +112,6 @@ void RotaryEmbeddingImpl::prepare(
     }
     update_for_reach(reach);
   }
-  if (!positions) {
-    const int64_t rows = freqs.size(0);
-    TORCH_CHECK_INDEX(
-        start_pos + seq_len <= rows, "RotaryEmbedding: start_pos + seq_len = ", start_pos, " + ", seq_len,
-        " = ", start_pos + seq_len, " exceeds max_seq_len ", rows,
-        "; construct the module with a larger max_seq_len");
-  }
 }
 
 torch::Tensor RotaryEmbeddingImpl::forward(
@@ -125,7 +119,7 @@ torch::Tensor RotaryEmbeddingImpl::forward(
     int64_t start_pos,
     const std::optional<torch::Tensor>& positions) {
   prepare(x, start_pos, positions);
-  return apply_rope(x, freqs, start_pos, options.interleaved(), positions);
+  return apply_rope(x, freqs, start_pos, options.interleaved(), positions, false, std::nullopt, inv_freq);
 }
 
 std::tuple<torch::Tensor, torch::Tensor> RotaryEmbeddingImpl::forward(
@@ -134,7 +128,7 @@ std::tuple<torch::Tensor, torch::Tensor> RotaryEmbeddingImpl::forward(
     int64_t start_pos,
     const std::optional<torch::Tensor>& positions) {
   prepare(q, start_pos, positions);
-  return apply_rope_qk(q, k, freqs, start_pos, options.interleaved(), positions);
+  return apply_rope_qk(q, k, freqs, start_pos, options.interleaved(), positions, false, std::nullopt, inv_freq);
 }
 
 // Only the device changes: the table stays complex64 and inv_freq float64

@@ -14,7 +14,8 @@ struct RotaryEmbeddingOptions {
   // Rotated width of each head (the rotary dim); even and > 0. A head may be
   // wider: the op rotates its first 2 * freqs.size(1) dims (partial rotary).
   TORCH_ARG(int64_t, dim);
-  // Rows in the cached table; start_pos + seq_len must not exceed it.
+  // Rows in the cached table. Positions past it are computed exactly from
+  // inv_freq on the fly: the table length limits speed, never correctness.
   TORCH_ARG(int64_t, max_seq_len) = 4096;
   // Frequency base: pair j turns by pos * theta^(-2j/dim).
   TORCH_ARG(double, theta) = 10000.0;

@@ -38,6 +38,27 @@ def rope_frequencies(
     return _C.rope_frequencies(dim, theta, scaling, seq_len)
 
 
+_ARGS_DOC = """
+    ``freqs`` is the complex64 table ``[max_seq_len, rotary_dim // 2]``; dims
+    past ``rotary_dim`` (<= head_dim) pass through unchanged.
+    Inputs are ``[batch, heads, seq, head_dim]`` in ``layout`` (``"BHSD"``,
+    ``"BSHD"`` or ``"SBHD"``; any strides, no copies), or packed
+    ``[total_tokens, heads, head_dim]`` with ``cu_seqlens`` (int32/int64
+    ``[num_seqs + 1]``). dtypes: fp32, fp64, fp16, bf16 (16-bit math in fp32,
+    rounded once).
+
+    Token ``s`` uses table row ``start_pos + s`` (``s`` counted within its own
+    sequence when packed). ``positions`` (int64) gives offsets (``[]`` or
+    ``[batch]``, added to ``start_pos + s``) or absolute ids (``[batch, seq]``,
+    or ``[total_tokens]`` when packed; added to ``start_pos``).
+    ``interleaved=True`` pairs dims (0,1), (2,3), ...; ``False`` pairs
+    (j, j + rotary_dim/2) as Hugging Face ``rotate_half`` does.
+    ``inverse=True`` rotates by the negative angle. With ``inv_freq``
+    (float64 ``[rotary_dim // 2]``), positions past the table are computed
+    exactly instead of raising.
+"""
+
+
 def apply_rope(
     x: torch.Tensor,
     freqs: torch.Tensor,
@@ -46,19 +67,14 @@ def apply_rope(
     *,
     positions: Optional[torch.Tensor] = None,
     inverse: bool = False,
+    cu_seqlens: Optional[torch.Tensor] = None,
+    inv_freq: Optional[torch.Tensor] = None,
+    layout: str = "BHSD",
 ) -> torch.Tensor:
-    """Rotate ``x`` ``[batch, heads, seq, head_dim]`` (any strides; fp32, fp64,
-    fp16 or bf16) by the complex64 table ``freqs`` ``[max_seq_len, head_dim // 2]``.
-
-    Token ``s`` uses table row ``start_pos + s``. ``positions`` (int64) may
-    give per-batch offsets (``[]`` or ``[batch]``, added to ``start_pos + s``)
-    or absolute ids (``[batch, seq]``, added to ``start_pos``).
-    ``interleaved=True`` pairs dims (0,1), (2,3), ...; ``False`` pairs
-    (j, j + head_dim/2) as Hugging Face ``rotate_half`` does.
-    ``inverse=True`` rotates by the negative angle. Returns a new tensor.
-    """
+    """Rotate ``x`` and return a new tensor."""
     return torch.ops.rotary.apply_rope(
-        x, freqs, start_pos, interleaved, positions=positions, inverse=inverse
+        x, freqs, start_pos, interleaved, positions=positions, inverse=inverse,
+        cu_seqlens=cu_seqlens, inv_freq=inv_freq, layout=layout,
     )
 
 
@@ -71,10 +87,60 @@ def apply_rope_qk(
     *,
     positions: Optional[torch.Tensor] = None,
     inverse: bool = False,
+    cu_seqlens: Optional[torch.Tensor] = None,
+    inv_freq: Optional[torch.Tensor] = None,
+    layout: str = "BHSD",
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Rotate q ``[batch, heads_q, seq, head_dim]`` and k ``[batch, heads_k,
-    seq, head_dim]`` in one kernel call; ``heads_q`` and ``heads_k`` may differ.
-    Arguments as in :func:`apply_rope`. Returns ``(q_rotated, k_rotated)``."""
+    """Rotate q and k in one kernel call (head counts may differ; batch, seq
+    and head_dim must match). Returns ``(q_rotated, k_rotated)``."""
     return torch.ops.rotary.apply_rope_qk(
-        q, k, freqs, start_pos, interleaved, positions=positions, inverse=inverse
+        q, k, freqs, start_pos, interleaved, positions=positions, inverse=inverse,
+        cu_seqlens=cu_seqlens, inv_freq=inv_freq, layout=layout,
     )
+
+
+def apply_rope_(
+    x: torch.Tensor,
+    freqs: torch.Tensor,
+    start_pos: int = 0,
+    interleaved: bool = True,
+    *,
+    positions: Optional[torch.Tensor] = None,
+    inverse: bool = False,
+    cu_seqlens: Optional[torch.Tensor] = None,
+    inv_freq: Optional[torch.Tensor] = None,
+    layout: str = "BHSD",
+) -> torch.Tensor:
+    """Rotate ``x`` in place and return it. Every input is validated before
+    anything is written. Not differentiable: a tensor that requires grad (with
+    grad mode on) is refused."""
+    return torch.ops.rotary.apply_rope_(
+        x, freqs, start_pos, interleaved, positions=positions, inverse=inverse,
+        cu_seqlens=cu_seqlens, inv_freq=inv_freq, layout=layout,
+    )
+
+
+def apply_rope_qk_(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    freqs: torch.Tensor,
+    start_pos: int = 0,
+    interleaved: bool = True,
+    *,
+    positions: Optional[torch.Tensor] = None,
+    inverse: bool = False,
+    cu_seqlens: Optional[torch.Tensor] = None,
+    inv_freq: Optional[torch.Tensor] = None,
+    layout: str = "BHSD",
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Rotate q and k in place (they may be views into one packed qkv tensor)
+    and return them. Not differentiable, like :func:`apply_rope_`."""
+    torch.ops.rotary.apply_rope_qk_(
+        q, k, freqs, start_pos, interleaved, positions=positions, inverse=inverse,
+        cu_seqlens=cu_seqlens, inv_freq=inv_freq, layout=layout,
+    )
+    return q, k
+
+
+for _fn in (apply_rope, apply_rope_qk, apply_rope_, apply_rope_qk_):
+    _fn.__doc__ += _ARGS_DOC

@@ -154,24 +154,18 @@ class RotaryEmbedding(nn.Module):
         return self
 
     # ----------------------------------------------------------------- forward
-    def _check_range(self, start_pos: int, seq_len: int) -> None:
+    @staticmethod
+    def _check_start_pos(start_pos: int) -> None:
         if isinstance(start_pos, int):
             if start_pos < 0:
                 raise ValueError(f"RotaryEmbedding: start_pos must be >= 0, got {start_pos}")
-            rows = self.freqs.shape[0]
-            if start_pos + seq_len > rows:
-                raise IndexError(
-                    f"RotaryEmbedding: start_pos + seq_len = {start_pos} + {seq_len} = "
-                    f"{start_pos + seq_len} exceeds max_seq_len {rows}; "
-                    "construct the module with a larger max_seq_len"
-                )
+            if start_pos >= 2**60:
+                raise IndexError(f"RotaryEmbedding: start_pos must be < 2^60, got {start_pos}")
 
     def _update_host_driven(self, q: torch.Tensor, start_pos: int, positions: Optional[torch.Tensor]) -> None:
         seq_len = q.shape[2]
         if seq_len == 0:
             return
-        if start_pos < 0:
-            raise ValueError(f"RotaryEmbedding: start_pos must be >= 0, got {start_pos}")
         reach = start_pos + seq_len
         if positions is not None and positions.numel() > 0:
             top = int(positions.max())
@@ -191,11 +185,16 @@ class RotaryEmbedding(nn.Module):
             if positions is not None:
                 raise ValueError("RotaryEmbedding: pass positions or position_ids (an alias), not both")
             positions = position_ids
-        if q.dim() == 4:
-            if self._host_driven:
-                self._update_host_driven(q, start_pos, positions)
-            if positions is None:
-                self._check_range(start_pos, q.shape[2])
+        if isinstance(k, (int, torch.SymInt)):  # rope(x, start_pos)
+            k, start_pos = None, k
+        self._check_start_pos(start_pos)
+        if q.dim() == 4 and self._host_driven:
+            self._update_host_driven(q, start_pos, positions)
+        # inv_freq lets positions past the cached rows be computed exactly.
         if k is None:
-            return apply_rope(q, self.freqs, start_pos, self.interleaved, positions=positions)
-        return apply_rope_qk(q, k, self.freqs, start_pos, self.interleaved, positions=positions)
+            return apply_rope(
+                q, self.freqs, start_pos, self.interleaved, positions=positions, inv_freq=self.inv_freq
+            )
+        return apply_rope_qk(
+            q, k, self.freqs, start_pos, self.interleaved, positions=positions, inv_freq=self.inv_freq
+        )
