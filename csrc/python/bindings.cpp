@@ -203,6 +203,14 @@ PYBIND11_MODULE(_C, m) {
       "complex64 [max_seq_len, dim // 2] table, entry attention_scaling * exp(i * pos * inv_freq), angles "
       "computed in float64.");
 
+  // The older schemes of the seeds (rotary/schemes.h), for comparison.
+  m.def("sinusoidal_table", &rotary::sinusoidal_table, py::arg("n"), py::arg("d"), py::arg("base") = 10000.0,
+        "float32 [n, d] additive table: pe[pos, 2i] = sin(pos / base^(2i/d)), pe[pos, 2i+1] = cos(...), in float64.");
+  m.def("alibi_slopes", &rotary::alibi_slopes, py::arg("n_heads"),
+        "float32 [n_heads] ALiBi slopes 2^(-8 (h + 1) / n_heads).");
+  m.def("alibi_bias", &rotary::alibi_bias, py::arg("n_heads"), py::arg("seq_len"), py::arg("causal") = true,
+        "float32 [n_heads, seq_len, seq_len] ALiBi bias -slope[h] * |i - j| (-inf where j > i when causal).");
+
   m.def(
       "rope_frequencies",
       [](int64_t rotary_dim, double theta, const py::object& scaling, int64_t seq_len) {

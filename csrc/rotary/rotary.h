@@ -5,3 +5,4 @@
 #include <rotary/module.h>
 #include <rotary/ops.h>
 #include <rotary/options.h>
+#include <rotary/schemes.h>

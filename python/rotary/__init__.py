@@ -9,6 +9,7 @@ import torch  # noqa: F401  (loads libtorch before our extension)
 from . import _C  # registers torch.ops.rotary via librotary
 from ._ops import apply_rope, apply_rope_qk, rope_freqs
 from ._ops import rope_frequencies
+from ._C import alibi_bias, alibi_slopes, sinusoidal_table  # the older schemes of the seeds
 from .hf import rope_kwargs_from_hf_config
 from .module import RotaryEmbedding
 
@@ -24,5 +25,8 @@ __all__ = [
     "RopeScaling",
     "RotaryEmbedding",
     "CppRotaryEmbedding",
+    "sinusoidal_table",
+    "alibi_slopes",
+    "alibi_bias",
 ]
 __version__ = "0.1.0"

@@ -1,0 +1,84 @@
+// Sinusoidal table and ALiBi, as in seed 001: float64 math, one rounding.
+#include <rotary/schemes.h>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <vector>
+
+namespace rotary {
+
+namespace {
+
+std::vector<double> slopes_f64(int64_t n_heads) {
+  std::vector<double> m(static_cast<size_t>(n_heads));
+  for (int64_t h = 0; h < n_heads; ++h) {
+    m[h] = std::pow(2.0, -8.0 * static_cast<double>(h + 1) / static_cast<double>(n_heads));
+  }
+  return m;
+}
+
+}  // namespace
+
+at::Tensor sinusoidal_table(int64_t n, int64_t d, double base) {
+  TORCH_CHECK_VALUE(n >= 0, "sinusoidal_table: n (the number of positions) must be >= 0, got ", n);
+  TORCH_CHECK_VALUE(d > 0 && d % 2 == 0, "sinusoidal_table: d (the model dim) must be even and > 0, got ", d);
+  TORCH_CHECK_VALUE(std::isfinite(base) && base > 0.0, "sinusoidal_table: base must be finite and > 0, got ", base);
+  at::Tensor pe = at::empty({n, d}, at::TensorOptions().dtype(at::kFloat));
+  if (n == 0) return pe;
+  // base^(2i/d), the seed's divisor, once per pair.
+  std::vector<double> div(static_cast<size_t>(d / 2));
+  for (int64_t i = 0; i < d / 2; ++i) {
+    div[i] = std::pow(base, static_cast<double>(2 * i) / static_cast<double>(d));
+  }
+  float* out = pe.data_ptr<float>();
+  at::parallel_for(0, n, std::max<int64_t>(1, 4096 / d), [&](int64_t begin, int64_t end) {
+    for (int64_t pos = begin; pos < end; ++pos) {
+      float* row = out + pos * d;
+      for (int64_t i = 0; i < d / 2; ++i) {
+        const double theta = static_cast<double>(pos) / div[i];
+        row[2 * i] = static_cast<float>(std::sin(theta));
+        row[2 * i + 1] = static_cast<float>(std::cos(theta));
+      }
+    }
+  });
+  return pe;
+}
+
+at::Tensor alibi_slopes(int64_t n_heads) {
+  TORCH_CHECK_VALUE(n_heads > 0, "alibi_slopes: n_heads must be > 0, got ", n_heads);
+  const auto m = slopes_f64(n_heads);
+  at::Tensor out = at::empty({n_heads}, at::TensorOptions().dtype(at::kFloat));
+  float* o = out.data_ptr<float>();
+  for (int64_t h = 0; h < n_heads; ++h) o[h] = static_cast<float>(m[h]);
+  return out;
+}
+
+at::Tensor alibi_bias(int64_t n_heads, int64_t seq_len, bool causal) {
+  TORCH_CHECK_VALUE(n_heads > 0, "alibi_bias: n_heads must be > 0, got ", n_heads);
+  TORCH_CHECK_VALUE(seq_len >= 0, "alibi_bias: seq_len must be >= 0, got ", seq_len);
+  const auto m = slopes_f64(n_heads);
+  at::Tensor bias = at::empty({n_heads, seq_len, seq_len}, at::TensorOptions().dtype(at::kFloat));
+  if (seq_len == 0) return bias;
+  float* out = bias.data_ptr<float>();
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  // One task per (head, query row).
+  at::parallel_for(0, n_heads * seq_len, std::max<int64_t>(1, 16384 / seq_len), [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t h = task / seq_len;
+      const int64_t i = task % seq_len;
+      float* row = out + task * seq_len;
+      for (int64_t j = 0; j < seq_len; ++j) {
+        row[j] = causal && j > i ? neg_inf : static_cast<float>(-m[h] * static_cast<double>(std::llabs(i - j)));
+      }
+    }
+  });
+  return bias;
+}
+
+}  // namespace rotary
