@@ -14,6 +14,14 @@ machine moves all of them together:
                CUDA: triton), compiled once and warmed up before timing
   liger        Liger's fused rope (CUDA, only when liger_kernel imports)
   add          torch.add(q, q) + torch.add(k, k), decode only: the dispatcher floor
+  ours_        torch.ops.rotary.apply_rope_qk_ (in place, no output allocation)
+
+Allocator: glibc hands blocks over 32 MiB straight back to the kernel, so
+every call that allocates one page-faults it in again (several ms per 64 MiB
+here, more than the copy itself) and which calls fault depends on the history
+of the heap. main() therefore turns glibc's mmap off (mallopt) so freed blocks
+are reused and no timed call of any peer page-faults; --system-malloc keeps
+glibc's defaults.
 
 Usage:  PYTHONPATH=python python benchmarks/bench.py [--device cpu|cuda|all]
         [--dtype fp32,bf16] [--threads 1,2] [--repeat N] [--quick]
@@ -23,6 +31,7 @@ Usage:  PYTHONPATH=python python benchmarks/bench.py [--device cpu|cuda|all]
 from __future__ import annotations
 
 import argparse
+import ctypes
 import dataclasses
 import os
 import platform
@@ -65,6 +74,18 @@ QUICK_CASE = Case("quick", (1, 4, 64, 64), (1, 2, 64, 64))
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+def reuse_heap_blocks() -> str:
+    """Keep freed blocks in glibc's heap (no mmap, no trim), so that repeated
+    allocations of the same size never page-fault. Returns a note for the header."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
+        ok = libc.mallopt(M_MMAP_MAX, 0) == 1 and libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1) == 1
+    except Exception:
+        ok = False
+    return "glibc, mmap off and no trim (freed blocks reused)" if ok else "default (mallopt unavailable)"
 
 
 # --------------------------------------------------------------------------
@@ -207,6 +228,9 @@ def build_peers(
         fns["add"] = lambda: (torch.add(q, q), torch.add(k, k))
     fns["ours"] = lambda: op(q, k, freqs, start_pos, True)
     fns["ours_half"] = lambda: op(q, k, freqs, start_pos, False)
+    # In place rotates q and k again on every call; a rotation keeps their norms.
+    qi, ki = q.clone(), k.clone()
+    fns["ours_"] = lambda: torch.ops.rotary.apply_rope_qk_(qi, ki, freqs, start_pos, True)
     fns["seed"] = lambda: seed_rope_qk(q, k, freqs, start_pos)
     fns["rotate_half"] = lambda: hf_rope_qk(q, k, cos, sin)
 
@@ -217,6 +241,9 @@ def build_peers(
         torch.testing.assert_close(got, want, **tol)
     for got, want in zip(fns["ours_half"](), hf_rope_qk(q, k, cos, sin)):
         torch.testing.assert_close(got, want, **tol)
+    fns["ours_"]()  # the first in-place call must give exactly the out-of-place result
+    for got, want in zip((qi, ki), fns["ours"]()):
+        assert torch.equal(got, want), "apply_rope_qk_ differs from apply_rope_qk"
 
     if compile_refs:
         c_seed = try_compile(seed_rope_qk, device)
@@ -312,6 +339,7 @@ class Result:
             label = {
                 "ours": "ours (interleaved)",
                 "ours_half": "ours (interleaved=False)",
+                "ours_": "ours in place (apply_rope_qk_)",
                 "add": "torch.add q,k (floor)",
                 "clone": "clone q,k (floor)",
             }.get(name, name)
@@ -344,7 +372,7 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def header(devices: Sequence[str]) -> str:
+def header(devices: Sequence[str], allocator: str) -> str:
     lines = [
         "## rotary benchmark",
         "",
@@ -353,6 +381,7 @@ def header(devices: Sequence[str]) -> str:
         f"- torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()},"
         f" default threads {torch.get_num_threads()}",
     ]
+    lines.append(f"- allocator: {allocator}")
     if hasattr(os, "getloadavg"):
         lines.append("- load average at start: " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
     if "cuda" in devices:
@@ -419,6 +448,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true",
                    help="one tiny CPU case, few rounds, no torch.compile: a smoke run for CI")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peers")
+    p.add_argument("--system-malloc", action="store_true",
+                   help="keep glibc's default allocator settings (large blocks page-fault on every call)")
     p.add_argument("--markdown", metavar="PATH", help="also write the tables to PATH")
     p.add_argument("--png", metavar="PATH", help="bar chart of time/clone per peer (needs matplotlib)")
     return p.parse_args(argv)
@@ -443,8 +474,9 @@ def run(args: argparse.Namespace) -> List[Result]:
             raise SystemExit("--device cuda: torch.cuda.is_available() is False")
     compile_refs = not (args.no_compile or args.quick)
 
+    allocator = "default" if args.system_malloc else reuse_heap_blocks()
     results: List[Result] = []
-    out_text = [header(devices)]
+    out_text = [header(devices, allocator)]
     print(out_text[0], flush=True)
 
     def emit(res: Result) -> None:
