@@ -129,7 +129,7 @@ void check_no_grad(const char* op, const char* name, const at::Tensor& t) {
       "torch.no_grad() / inference mode");
 }
 
-at::Tensor& apply_rope_inplace_autograd(
+void apply_rope_inplace_autograd(
     at::Tensor& x, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved, const OptTensor& positions,
     bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout) {
   check_no_grad("apply_rope_", "x", x);
@@ -138,7 +138,6 @@ at::Tensor& apply_rope_inplace_autograd(
     apply_rope_(x, freqs, std::move(start_pos), interleaved, positions, inverse, cu_seqlens, inv_freq, layout);
   }
   torch::autograd::impl::bump_version(x);
-  return x;
 }
 
 void apply_rope_qk_inplace_autograd(

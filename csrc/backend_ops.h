@@ -34,12 +34,11 @@ struct BackendOps {
     return {r.out_q, r.out_k};
   }
 
-  static at::Tensor& apply_rope_(
+  static void apply_rope_(
       at::Tensor& x, const at::Tensor& freqs, int64_t start_pos, bool interleaved, const OptTensor& positions,
       bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout) {
     const RopeArgs args{start_pos, interleaved, positions, inverse, cu_seqlens, inv_freq, layout};
     launch("apply_rope_", x, nullptr, freqs, args, /*in_place=*/true);
-    return x;
   }
 
   static void apply_rope_qk_(

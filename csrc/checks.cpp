@@ -199,6 +199,22 @@ void check_start_pos_bound(const char* op, int64_t start_pos) {
   TORCH_CHECK_INDEX(start_pos < kMaxPosition, op, ": start_pos must be < 2^60, got ", start_pos);
 }
 
+// torch gives up (TooHard) on views that are not dense, such as q and k
+// sliced out of one packed qkv tensor. Those share every stride and differ by
+// a whole number of head strides: then they overlap exactly when their head
+// ranges do. Other non-dense pairs stay TooHard and are accepted.
+at::MemOverlapStatus head_slices_overlap(const at::Tensor& q, const at::Tensor& k) {
+  if (!q.storage().is_alias_of(k.storage()) || q.dim() != k.dim() || q.strides() != k.strides()) {
+    return at::MemOverlapStatus::TooHard;
+  }
+  const int64_t head_stride = q.stride(1);  // canonical [B, H, S, D] views
+  const int64_t delta = k.storage_offset() - q.storage_offset();
+  if (head_stride == 0 || delta % head_stride != 0) return at::MemOverlapStatus::TooHard;
+  const int64_t shift = delta / head_stride;  // k's head h sits on q's head h + shift
+  const bool disjoint = shift >= q.size(1) || shift + k.size(1) <= 0;
+  return disjoint ? at::MemOverlapStatus::No : at::MemOverlapStatus::Partial;
+}
+
 void check_in_place_targets(const char* op, const at::Tensor& q, const at::Tensor* k) {
   const char* q_name = k ? "q" : "x";
   TORCH_CHECK_VALUE(
@@ -208,7 +224,8 @@ void check_in_place_targets(const char* op, const at::Tensor& q, const at::Tenso
     TORCH_CHECK_VALUE(
         at::has_internal_overlap(*k) != at::MemOverlap::Yes, op,
         ": k has elements sharing memory (an expanded view?); an in-place rotation needs distinct elements");
-    const auto overlap = at::get_overlap_status(q, *k);
+    auto overlap = at::get_overlap_status(q, *k);
+    if (overlap == at::MemOverlapStatus::TooHard) overlap = head_slices_overlap(q, *k);
     TORCH_CHECK_VALUE(
         overlap != at::MemOverlapStatus::Full && overlap != at::MemOverlapStatus::Partial, op,
         ": q and k overlap in memory; in place, each element must belong to one of them");
@@ -226,7 +243,10 @@ PreparedRope prepare_rope(
     bool in_place) {
   check_rope_inputs(op, q, k, freqs, args);
   TORCH_CHECK_VALUE(args.start_pos >= 0, op, ": start_pos must be >= 0, got ", args.start_pos);
-  if (in_place) check_in_place_targets(op, q, k);
+  if (in_place) {
+    const at::Tensor kv = k ? canonical_view(op, "k", *k, args) : at::Tensor();
+    check_in_place_targets(op, canonical_view(op, "q", q, args), k ? &kv : nullptr);
+  }
 
   PreparedRope r;
   r.out_q = in_place ? q : make_output(q);
@@ -256,6 +276,7 @@ PreparedRope prepare_rope(
   if (args.cu_seqlens) {
     const auto& cu = *args.cu_seqlens;
     p.cu_seqlens = cu.data_ptr();
+    p.cu_seqlens_stride = cu.stride(0);
     p.cu_seqlens_int32 = cu.scalar_type() == at::kInt;
     p.num_seqs = cu.size(0) - 1;
     if (cu.is_cpu()) check_cu_seqlens_values(op, cu, p.seq);

@@ -25,11 +25,10 @@ std::tuple<at::Tensor, at::Tensor> apply_rope_qk_meta(
   return {detail::make_output(q), detail::make_output(k)};
 }
 
-at::Tensor& apply_rope_inplace_meta(
+void apply_rope_inplace_meta(
     at::Tensor& x, const at::Tensor& freqs, c10::SymInt, bool interleaved, const OptTensor& positions, bool inverse,
     const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout) {
   detail::check_rope_inputs("apply_rope_", x, nullptr, freqs, {0, interleaved, positions, inverse, cu_seqlens, inv_freq, layout});
-  return x;
 }
 
 void apply_rope_qk_inplace_meta(

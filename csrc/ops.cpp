@@ -38,10 +38,11 @@ std::tuple<at::Tensor, at::Tensor> apply_rope_qk(
 at::Tensor& apply_rope_(
     at::Tensor& x, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved, const OptTensor& positions,
     bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout) {
-  static auto op = find_op<at::Tensor&(
+  static auto op = find_op<void(
       at::Tensor&, const at::Tensor&, c10::SymInt, bool, const OptTensor&, bool, const OptTensor&, const OptTensor&,
       c10::string_view)>("rotary::apply_rope_");
-  return op.call(x, freqs, std::move(start_pos), interleaved, positions, inverse, cu_seqlens, inv_freq, layout);
+  op.call(x, freqs, std::move(start_pos), interleaved, positions, inverse, cu_seqlens, inv_freq, layout);
+  return x;
 }
 
 void apply_rope_qk_(
@@ -61,8 +62,10 @@ void apply_rope_qk_(
 TORCH_LIBRARY(rotary, m) {
   m.def("apply_rope(Tensor x, Tensor freqs, " ROTARY_OPTIONAL_ARGS ") -> Tensor");
   m.def("apply_rope_qk(Tensor q, Tensor k, Tensor freqs, " ROTARY_OPTIONAL_ARGS ") -> (Tensor, Tensor)");
-  m.def("apply_rope_(Tensor(a!) x, Tensor freqs, " ROTARY_OPTIONAL_ARGS ") -> Tensor(a!)");
-  // Returns nothing: q and k are rotated where they are.
+  // The in-place ops return nothing (torch.compile cannot functionalize a
+  // custom op whose output aliases an input); the C++ and Python wrappers
+  // hand back the rotated tensors.
+  m.def("apply_rope_(Tensor(a!) x, Tensor freqs, " ROTARY_OPTIONAL_ARGS ") -> ()");
   m.def("apply_rope_qk_(Tensor(a!) q, Tensor(b!) k, Tensor freqs, " ROTARY_OPTIONAL_ARGS ") -> ()");
 }
 

@@ -58,6 +58,7 @@ struct RopeParams {
   // belongs to the last sequence n with cu_seqlens[n] <= s, and its local
   // index is s - cu_seqlens[n]. int32 or int64, num_seqs + 1 entries.
   const void* cu_seqlens = nullptr;
+  int64_t cu_seqlens_stride = 1;
   bool cu_seqlens_int32 = false;
   int64_t num_seqs = 0;
 
@@ -66,8 +67,9 @@ struct RopeParams {
 };
 
 ROTARY_HOST_DEVICE int64_t cu_seqlen(const RopeParams& p, int64_t n) {
-  return p.cu_seqlens_int32 ? static_cast<const int32_t*>(p.cu_seqlens)[n]
-                            : static_cast<const int64_t*>(p.cu_seqlens)[n];
+  const int64_t i = n * p.cu_seqlens_stride;
+  return p.cu_seqlens_int32 ? static_cast<const int32_t*>(p.cu_seqlens)[i]
+                            : static_cast<const int64_t*>(p.cu_seqlens)[i];
 }
 
 // Index of token s inside its own sequence.

@@ -114,10 +114,11 @@ def apply_rope_(
     """Rotate ``x`` in place and return it. Every input is validated before
     anything is written. Not differentiable: a tensor that requires grad (with
     grad mode on) is refused."""
-    return torch.ops.rotary.apply_rope_(
+    torch.ops.rotary.apply_rope_(
         x, freqs, start_pos, interleaved, positions=positions, inverse=inverse,
         cu_seqlens=cu_seqlens, inv_freq=inv_freq, layout=layout,
     )
+    return x
 
 
 def apply_rope_qk_(

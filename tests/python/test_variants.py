@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 
-from torch.testing._internal.optests.generate_tests import OpCheckError
 
 import rotary
 from reference import inv_freq, rope_reference, rotate_pairs_nd
@@ -331,12 +330,6 @@ def test_varlen_inverse_round_trip(tables, interleaved):
     torch.testing.assert_close(back, x, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG csrc/checks.cpp prepare_rope: p.cu_seqlens = cu.data_ptr() ignores cu_seqlens.stride(0); "
-    "the kernel (rope_params.h cu_seqlen) reads it as contiguous, while the value check reads a contiguous copy",
-)
 def test_varlen_strided_cu_seqlens(tables):
     """A cu_seqlens view with stride 2 holds the same boundaries."""
     x = randn((5, 2, 8), torch.float64, seed=36)
@@ -671,12 +664,6 @@ def test_inplace_q_k_overlap_is_refused(tables):
     snap.check()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=pytest.fail.Exception,
-    reason="BUG csrc/checks.cpp check_in_place_targets: at::get_overlap_status returns TooHard for "
-    "non-dense views (slices of a packed qkv), which is treated as 'no overlap'",
-)
 def test_inplace_q_k_overlap_non_dense_is_refused(tables):
     f = tables(8)
     qkv = randn((2, 3, 6, 8), seed=71)  # [B, S, heads, D]
@@ -841,15 +828,9 @@ def _no_grad(args):
     return tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
 
 
-# apply_rope_ returns Tensor(a!); torch's functionalization cannot handle an
-# aliased output of a custom op, so test_aot_dispatch_dynamic is checked
-# separately below (known bug).
-_INPLACE_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor")
-
-
 @pytest.mark.parametrize("make,kw", [s[1:] for s in _ONE], ids=[s[0] for s in _ONE])
 def test_opcheck_apply_rope_inplace_variants(make, kw):
-    torch.library.opcheck(torch.ops.rotary.apply_rope_.default, _no_grad(make()), kw, test_utils=_INPLACE_UTILS)
+    torch.library.opcheck(torch.ops.rotary.apply_rope_.default, _no_grad(make()), kw)
 
 
 @pytest.mark.parametrize("make,kw", [s[1:] for s in _TWO], ids=[s[0] for s in _TWO])
@@ -857,14 +838,6 @@ def test_opcheck_apply_rope_qk_inplace_variants(make, kw):
     torch.library.opcheck(torch.ops.rotary.apply_rope_qk_.default, _no_grad(make()), kw)
 
 
-_ALIAS_BUG = (
-    "BUG csrc/ops.cpp schema 'apply_rope_(Tensor(a!) x, ...) -> Tensor(a!)': torch cannot functionalize a custom "
-    "op whose output aliases an input, so aot_autograd / torch.compile fail; declare '-> ()' (as apply_rope_qk_) "
-    "and return x from the C++ and Python wrappers"
-)
-
-
-@pytest.mark.xfail(strict=True, raises=OpCheckError, reason=_ALIAS_BUG)
 def test_opcheck_apply_rope_inplace_aot_dispatch():
     make, kw = _ONE[0][1:]
     torch.library.opcheck(torch.ops.rotary.apply_rope_.default, _no_grad(make()), kw, test_utils="test_aot_dispatch_dynamic")
@@ -911,7 +884,6 @@ def test_compile_inplace_qk_varlen_partial(tables):
     assert torch.equal(out, fn(q2, k2)) and torch.equal(q, q2) and torch.equal(k, k2)
 
 
-@pytest.mark.xfail(strict=True, raises=torch._dynamo.exc.BackendCompilerFailed, reason=_ALIAS_BUG)
 def test_compile_inplace_apply_rope(tables):
     f = tables(16)
 
