@@ -44,7 +44,7 @@ setup(
     name="rotary",
     version="0.1.0",
     description="Rotary Position Embedding (RoPE) as LibTorch dispatcher ops: C++, CUDA and Python",
-    packages=["rotary"],
+    packages=["rotary", "rotary.integrations"],
     package_dir={"": "python"},
     ext_modules=[Extension("rotary._C", sources=[])],
     cmdclass={"build_ext": CMakeBuild},

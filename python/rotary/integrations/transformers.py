@@ -1,0 +1,411 @@
+"""Run the q/k rotation of a Hugging Face ``transformers`` Llama-family model
+through ``torch.ops.rotary``.
+
+::
+
+    from rotary.integrations.transformers import apply_rotary_to_model, unpatch
+
+    model = AutoModelForCausalLM.from_pretrained(...)
+    apply_rotary_to_model(model)        # or patch_llama(model)
+    out = model.generate(...)           # prefill and decode rotate with our kernel
+    unpatch(model)                      # back to transformers' own code
+
+    with rotary_patched(model):         # the same, undone on exit
+        ...
+
+How it hooks in
+---------------
+In these models the base model owns one rotary embedding module
+(``model.model.rotary_emb``). Its forward turns ``position_ids`` into a
+``(cos, sin)`` pair once per forward pass; every attention layer unpacks the
+pair and calls the module-level ``apply_rotary_pos_emb(q, k, cos, sin)`` of its
+modeling file. Patching does two things:
+
+1. The rotary embedding instance gets a forward of its own (an instance
+   attribute; the class, its ``inv_freq`` buffers and the ``state_dict`` are
+   untouched). Instead of cos/sin tables it returns ``(handle, handle)``, where
+   the handle is a :class:`RotaryPositions`: the ``position_ids`` of this very
+   forward pass plus our :class:`rotary.RotaryEmbedding`. No cos/sin are
+   materialized.
+2. ``apply_rotary_pos_emb`` in each modeling module the model's attention
+   classes come from (``transformers.models.llama.modeling_llama``, ...) is
+   replaced by a wrapper. Given a handle, it rotates q and k in one
+   ``rotary.apply_rope_qk`` call with the handle's position ids (``[batch,
+   seq]`` or ``[1, seq]``, int64), ``interleaved=False`` (``rotate_half``)
+   and the ``BHSD`` layout (``BSHD`` for ``unsqueeze_dim=2``). Given real
+   tensors it calls the original function, so unpatched models of the same
+   family in the same process are unaffected.
+
+The positions travel with the data instead of being stashed on the side, so
+prefill, decode with a KV cache (``past_key_values``; position ids then start
+at the cache length), batched/left-padded ``position_ids`` from
+``generate``, gradient checkpointing (recomputation sees the same handle) and
+several patched models at once are all correct.
+
+The table comes from ``RotaryEmbedding.from_hf_config(config)`` of the
+module's own config: rotary dim ``int(head_dim * partial_rotary_factor)``
+(wider heads pass their remaining dims through, as transformers' partial
+rotary does), ``rope_theta`` and the rule of ``rope_parameters`` /
+``rope_scaling``. ``attention_scaling`` (YaRN, LongRoPE) is folded into the
+table entries, exactly where transformers multiplies cos and sin by it.
+Angles are computed in float64 and q/k are rotated with fp32 math and rounded
+once; transformers forms angles in fp32 and, for 16-bit models, rounds cos,
+sin and every product to the model dtype. Patched and unpatched logits are
+therefore close, not bitwise equal (tests/python/test_hf_integration.py
+states the tolerances).
+
+Verified families (fp32 and bf16 logits and greedy decode with a KV cache
+against the unpatched model, transformers 5.24; gradients and
+``torch.compile(fullgraph=True)`` tracing on Llama): ``llama``, ``mistral``,
+``qwen2``, ``qwen3`` (q/k norm before the rotation) and ``phi3`` (packed
+qkv, partial rotary, LongRoPE). Other ``model_type`` s are
+refused unless ``allow_unverified=True``: a model whose attention does not
+call ``apply_rotary_pos_emb(q, k, cos, sin)`` on the pair from ``rotary_emb``
+fails loudly (the handle is not a tensor), but one that pairs dims
+differently (interleaved) would be silently wrong.
+
+Limits
+------
+- ``dynamic`` and ``longrope`` are host-driven, as in transformers'
+  ``dynamic_rope_update``: once per forward pass the patched rotary embedding
+  reads ``max(position_ids)`` on the host (a device sync on CUDA) and rebuilds
+  the table when the reach crosses the rule's threshold. They are not
+  CUDA-graph safe and break ``torch.compile`` graphs. The other rules never
+  rebuild and read nothing on the host: a patched model traces into one
+  graph under ``torch.compile(fullgraph=True)``.
+- Refused by ``from_hf_config``: per-layer-type ``rope_parameters`` (e.g.
+  Gemma 3, ModernBERT), multimodal ``mrope_section`` (Qwen2-VL), odd rotary
+  dims. 3-D (multimodal) ``position_ids`` are not supported.
+- The table has ``max_seq_len`` rows (default ``max_position_embeddings``;
+  8 bytes per row and pair, e.g. 64 MiB for 131072 positions at head dim
+  128). Positions past it are computed exactly from ``inv_freq`` on the fly.
+- The table is kept outside the module tree (so ``state_dict`` and
+  ``save_pretrained`` are unchanged). It is placed on the rotary embedding's
+  device when patching and copied lazily to any other device an attention
+  layer runs on (meant for ``model.to(...)`` after patching and
+  ``device_map`` sharding; only a CPU-to-CPU move is tested so far).
+- Patch after ``copy.deepcopy`` and unpatch before pickling the whole model
+  object (``torch.save(model)``): the patched forward is a closure.
+  ``state_dict`` / ``save_pretrained`` are unaffected.
+- With the optional ``kernels`` package active, transformers may route
+  ``apply_rotary_pos_emb`` to a hub kernel; the patch replaces the
+  module-level function the attention forward calls in transformers 5.x.
+"""
+
+import functools
+import inspect
+import sys
+import threading
+from contextlib import contextmanager
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+from torch import nn
+
+from .._ops import apply_rope_qk
+from ..module import RotaryEmbedding
+
+__all__ = [
+    "SUPPORTED_MODEL_TYPES",
+    "RotaryPositions",
+    "apply_rotary_to_model",
+    "patch_llama",
+    "unpatch",
+    "unpatch_llama",
+    "rotary_patched",
+    "is_patched",
+    "rotary_embedding_of",
+]
+
+# model_type values whose attention rotates with apply_rotary_pos_emb(q, k,
+# cos, sin) on the pair from the base model's rotary_emb, and that the tests
+# check against transformers.
+SUPPORTED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3"})
+
+_FUNC_NAME = "apply_rotary_pos_emb"
+_STATE_ATTR = "_rotary_integration_state"
+
+# The op the handles call; a module attribute so that tests can count calls.
+_apply_qk = apply_rope_qk
+
+
+class _RopeState:
+    """One patched rotary embedding: our module and its tables per device."""
+
+    def __init__(self, rope: RotaryEmbedding) -> None:
+        self.rope = rope
+        self._cache: Dict[torch.device, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    def tables(self, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+        freqs, inv_freq = self.rope.freqs, self.rope.inv_freq
+        if freqs.device == device:
+            return freqs, inv_freq
+        hit = self._cache.get(device)
+        if hit is None or hit[0] is not freqs:  # host-driven rules rebuild the table
+            hit = (freqs, freqs.to(device), inv_freq.to(device))
+            self._cache[device] = hit
+        return hit[1], hit[2]
+
+    def prepare(self, position_ids: torch.Tensor) -> None:
+        """Host-driven rules (dynamic, longrope): rebuild the table for the
+        reach of this forward pass, as dynamic_rope_update does."""
+        if self.rope._host_driven and position_ids.numel() > 0:
+            self.rope.update_for_reach(int(position_ids.max()) + 1)
+
+
+class RotaryPositions:
+    """What a patched rotary embedding returns twice in place of ``(cos,
+    sin)``: the ``position_ids`` of one forward pass and the rotary table to
+    use. Only the patched ``apply_rotary_pos_emb`` understands it; any other
+    use (arithmetic, indexing) raises."""
+
+    __slots__ = ("position_ids", "_state")
+
+    def __init__(self, position_ids: torch.Tensor, state: _RopeState) -> None:
+        self.position_ids = position_ids
+        self._state = state
+
+    @property
+    def rope(self) -> RotaryEmbedding:
+        return self._state.rope
+
+    def apply(self, q: torch.Tensor, k: torch.Tensor, unsqueeze_dim: int = 1) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Rotate q and k (``[batch, heads, seq, head_dim]``, or ``[batch, seq,
+        heads, head_dim]`` for ``unsqueeze_dim=2``) with our kernel."""
+        if unsqueeze_dim == 1:
+            layout = "BHSD"
+        elif unsqueeze_dim == 2:
+            layout = "BSHD"
+        else:
+            raise ValueError(f"rotary: apply_rotary_pos_emb with unsqueeze_dim={unsqueeze_dim} is not supported")
+        freqs, inv_freq = self._state.tables(q.device)
+        pos = self.position_ids
+        if pos.device != q.device:
+            pos = pos.to(q.device)
+        return _apply_qk(q, k, freqs, 0, False, positions=pos, inv_freq=inv_freq, layout=layout)
+
+    def __repr__(self) -> str:
+        return f"RotaryPositions(position_ids={tuple(self.position_ids.shape)}, rope={self.rope.extra_repr()})"
+
+
+# ----------------------------------------------------------------------------
+# Module-level function replacement, shared by every patched model
+# ----------------------------------------------------------------------------
+_lock = threading.Lock()
+# modeling module name -> [original function, number of patched models using it]
+_module_patches: Dict[str, List[Any]] = {}
+
+
+def _unsqueeze_index(fn: Callable) -> Optional[int]:
+    """Position of ``unsqueeze_dim`` among the positional parameters after
+    (q, k, cos, sin); None if the function has no such parameter."""
+    try:
+        names = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+    if "unsqueeze_dim" not in names:
+        return None
+    return names.index("unsqueeze_dim") - 4
+
+
+def _make_wrapper(original: Callable) -> Callable:
+    index = _unsqueeze_index(original)
+
+    @functools.wraps(original)
+    def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
+        if isinstance(cos, RotaryPositions):
+            unsqueeze_dim = kwargs.get("unsqueeze_dim", 1)
+            if index is not None and 0 <= index < len(args):
+                unsqueeze_dim = args[index]
+            return cos.apply(q, k, unsqueeze_dim)
+        return original(q, k, cos, sin, *args, **kwargs)
+
+    apply_rotary_pos_emb._rotary_original = original
+    return apply_rotary_pos_emb
+
+
+def _acquire_module(name: str) -> None:
+    module = sys.modules[name]
+    entry = _module_patches.get(name)
+    if entry is None:
+        original = getattr(module, _FUNC_NAME)
+        setattr(module, _FUNC_NAME, _make_wrapper(original))
+        _module_patches[name] = [original, 1]
+    else:
+        entry[1] += 1
+
+
+def _release_module(name: str) -> None:
+    entry = _module_patches.get(name)
+    if entry is None:
+        return
+    entry[1] -= 1
+    if entry[1] == 0:
+        setattr(sys.modules[name], _FUNC_NAME, entry[0])
+        del _module_patches[name]
+
+
+# ----------------------------------------------------------------------------
+# Per-model patch
+# ----------------------------------------------------------------------------
+class _ModelPatch:
+    def __init__(self) -> None:
+        # (rotary_emb module, previous instance-level forward or None, state)
+        self.rotary: List[Tuple[nn.Module, Optional[Callable], _RopeState]] = []
+        self.modules: List[str] = []
+
+
+def _rotary_owners(model: nn.Module) -> List[nn.Module]:
+    return [m for m in model.modules() if isinstance(getattr(m, "rotary_emb", None), nn.Module)]
+
+
+def _attention_modules(model: nn.Module) -> List[str]:
+    names = []
+    for m in model.modules():
+        cls = type(m)
+        if not cls.__name__.endswith("Attention"):
+            continue
+        py = sys.modules.get(cls.__module__)
+        if py is not None and callable(getattr(py, _FUNC_NAME, None)) and cls.__module__ not in names:
+            names.append(cls.__module__)
+    return names
+
+
+def _module_device(module: nn.Module, fallback: nn.Module) -> torch.device:
+    for t in module.buffers():
+        return t.device
+    for t in fallback.parameters():
+        return t.device
+    return torch.device("cpu")
+
+
+def _make_forward(state: _RopeState) -> Callable:
+    def forward(x: torch.Tensor, position_ids: Optional[torch.Tensor] = None, layer_type: Any = None):
+        if layer_type is not None:
+            raise ValueError("rotary: per-layer-type rotary embeddings are not supported")
+        if position_ids is None:
+            raise ValueError("rotary: the patched rotary embedding needs position_ids")
+        if position_ids.dim() == 1:
+            position_ids = position_ids.unsqueeze(0)
+        if position_ids.dim() != 2:
+            raise ValueError(
+                f"rotary: position_ids must be [batch, seq], got shape {tuple(position_ids.shape)} "
+                "(multimodal 3-D position ids are not supported)"
+            )
+        if position_ids.dtype != torch.int64:
+            position_ids = position_ids.long()
+        state.prepare(position_ids)
+        handle = RotaryPositions(position_ids, state)
+        return handle, handle
+
+    return forward
+
+
+def is_patched(model: nn.Module) -> bool:
+    """Whether ``apply_rotary_to_model`` is in effect on ``model``."""
+    return getattr(model, _STATE_ATTR, None) is not None
+
+
+def apply_rotary_to_model(
+    model: nn.Module,
+    *,
+    max_seq_len: Optional[int] = None,
+    allow_unverified: bool = False,
+) -> nn.Module:
+    """Make ``model`` (a transformers Llama-family model: ``LlamaForCausalLM``,
+    ``LlamaModel``, Mistral, Qwen2, Qwen3, Phi3, ...) rotate q and k with
+    ``torch.ops.rotary``; returns ``model``. Idempotent.
+
+    For each module owning a ``rotary_emb`` (the base model) it builds
+    ``rotary.RotaryEmbedding.from_hf_config(owner.config,
+    max_seq_len=max_seq_len)`` on the rotary embedding's device and patches as
+    the module docstring describes. ``max_seq_len``: table rows (default
+    ``max_position_embeddings``); later positions are computed exactly.
+    ``allow_unverified=True`` lets model types outside
+    ``SUPPORTED_MODEL_TYPES`` through (see the module docstring for the risk).
+    Raises ``ValueError`` for a model without a ``rotary_emb`` or attention
+    using ``apply_rotary_pos_emb``, and for configs ``from_hf_config``
+    cannot represent (the model is then left unchanged). Undo with
+    :func:`unpatch`.
+    """
+    if is_patched(model):
+        return model
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES and not allow_unverified:
+        raise ValueError(
+            f"rotary: model_type {model_type!r} is not verified (verified: {sorted(SUPPORTED_MODEL_TYPES)}); "
+            "pass allow_unverified=True if its attention uses rotate_half RoPE through "
+            "apply_rotary_pos_emb(q, k, cos, sin) with the pair from model.rotary_emb"
+        )
+    owners = _rotary_owners(model)
+    if not owners:
+        raise ValueError(f"rotary: {type(model).__name__} has no rotary_emb module to patch")
+    modules = _attention_modules(model)
+    if not modules:
+        raise ValueError(f"rotary: {type(model).__name__} has no attention calling {_FUNC_NAME}")
+
+    # Build everything first so that a config error leaves the model untouched.
+    built = []
+    for owner in owners:
+        emb = owner.rotary_emb
+        rope_config = getattr(owner, "config", None) or getattr(emb, "config", None) or config
+        rope = RotaryEmbedding.from_hf_config(rope_config, max_seq_len=max_seq_len)
+        rope.to(_module_device(emb, model))
+        built.append((emb, _RopeState(rope)))
+
+    patch = _ModelPatch()
+    with _lock:
+        for emb, state in built:
+            previous = emb.__dict__.get("forward")
+            emb.forward = _make_forward(state)
+            patch.rotary.append((emb, previous, state))
+        for name in modules:
+            _acquire_module(name)
+            patch.modules.append(name)
+        object.__setattr__(model, _STATE_ATTR, patch)
+    return model
+
+
+def unpatch(model: nn.Module) -> nn.Module:
+    """Undo :func:`apply_rotary_to_model`: the rotary embeddings get their own
+    forward back, and each ``apply_rotary_pos_emb`` is restored once no other
+    patched model uses it. No-op on a model that is not patched."""
+    patch = getattr(model, _STATE_ATTR, None)
+    if patch is None:
+        return model
+    with _lock:
+        for emb, previous, _ in patch.rotary:
+            if previous is None:
+                emb.__dict__.pop("forward", None)
+            else:
+                emb.forward = previous
+        for name in patch.modules:
+            _release_module(name)
+        object.__delattr__(model, _STATE_ATTR)
+    return model
+
+
+@contextmanager
+def rotary_patched(model: nn.Module, **kwargs: Any):
+    """``with rotary_patched(model): ...`` patches on entry and unpatches on
+    exit (a model that was already patched stays patched)."""
+    was_patched = is_patched(model)
+    apply_rotary_to_model(model, **kwargs)
+    try:
+        yield model
+    finally:
+        if not was_patched:
+            unpatch(model)
+
+
+def rotary_embedding_of(model: nn.Module) -> Optional[RotaryEmbedding]:
+    """The ``rotary.RotaryEmbedding`` a patched model uses (the first, if it
+    has several), or None."""
+    patch = getattr(model, _STATE_ATTR, None)
+    return patch.rotary[0][2].rope if patch is not None and patch.rotary else None
+
+
+# Liger-style names.
+patch_llama = apply_rotary_to_model
+unpatch_llama = unpatch
