@@ -105,7 +105,7 @@ ROTARY_HOST_DEVICE int64_t pair_second(int64_t j, int64_t rotary_dim, bool inter
 // cos and sin of pair j at position pos (negated sine for the inverse).
 // Inside the table: the stored entry. Outside, with inv_freq: the angle
 // pos * inv_freq in float64, whose sin/cos reduce the range exactly, scaled
-// like the table (row 0 holds the table's attention scaling). Otherwise NaN,
+// like the table. Otherwise NaN,
 // so a bad device-side position is visible and nothing is read out of bounds.
 template <typename acc_t>
 ROTARY_HOST_DEVICE void rotation_of(const RopeParams& p, int64_t pos, int64_t j, acc_t& c, acc_t& s) {
@@ -115,7 +115,9 @@ ROTARY_HOST_DEVICE void rotation_of(const RopeParams& p, int64_t pos, int64_t j,
     s = static_cast<acc_t>(f[1]);
   } else if (p.inv_freq != nullptr) {
     const double angle = static_cast<double>(pos) * p.inv_freq[j * p.inv_freq_stride];
-    const double scale = p.freqs_len > 0 ? static_cast<double>(p.freqs[0]) : 1.0;
+    // |entry| is the same on every row and pair: the table's attention scaling.
+    const double scale =
+        p.freqs_len > 0 ? ::hypot(static_cast<double>(p.freqs[0]), static_cast<double>(p.freqs[1])) : 1.0;
     double sin_d, cos_d;
 #if defined(__CUDA_ARCH__)
     sincos(angle, &sin_d, &cos_d);
