@@ -7,7 +7,7 @@ Autograd kernels, all in C++) and exposes typed wrappers and an ``nn.Module``.
 import torch  # noqa: F401  (loads libtorch before our extension)
 
 from . import _C  # registers torch.ops.rotary via librotary
-from ._ops import apply_rope, apply_rope_qk, rope_freqs
+from ._ops import apply_rope, apply_rope_, apply_rope_qk, apply_rope_qk_, rope_freqs
 from ._ops import rope_frequencies
 from ._C import alibi_bias, alibi_slopes, sinusoidal_table  # the older schemes of the seeds
 from .hf import rope_kwargs_from_hf_config
@@ -18,7 +18,9 @@ RopeScaling = _C.RopeScaling
 
 __all__ = [
     "apply_rope",
+    "apply_rope_",
     "apply_rope_qk",
+    "apply_rope_qk_",
     "rope_freqs",
     "rope_frequencies",
     "rope_kwargs_from_hf_config",
