@@ -18,8 +18,13 @@
 #include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
 
+#include <climits>
 #include <cstring>
 #include <vector>
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 namespace {
 
@@ -168,4 +173,18 @@ BENCHMARK(BM_Kernel<kHotSeq>)->Name("BM_KernelHot")->Apply(DtypeThreadsLayout)->
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+#if defined(__GLIBC__)
+  // As bench.py does: keep freed blocks in the heap, so that BM_Clone and
+  // BM_Dispatcher, which allocate 32-64 MiB outputs on every call, time the
+  // copy and the kernel rather than page faults (glibc otherwise maps blocks
+  // over 32 MiB afresh each time).
+  mallopt(M_MMAP_MAX, 0);
+  mallopt(M_TRIM_THRESHOLD, INT_MAX);
+#endif
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

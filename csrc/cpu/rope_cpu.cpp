@@ -32,9 +32,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <type_traits>
-#include <vector>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define ROTARY_X86_SIMD 1
@@ -638,16 +638,17 @@ void rope_cpu_kernel(const RopeParams& p) {
   const bool nt_k = big && p.k.heads > 0 && can_stream<scalar_t>(p, p.k);
 
   at::parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> coef(static_cast<size_t>(tile * coef_per_token));
+    // Uninitialised: every value is written by fill_token before it is read.
+    const std::unique_ptr<acc_t[]> coef(new acc_t[static_cast<size_t>(tile * coef_per_token)]);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / tiles_per_batch;
       const int64_t s0 = (task % tiles_per_batch) * tile;
       const int64_t n = std::min(tile, p.seq - s0);
       for (int64_t s = 0; s < n; ++s) {
-        fill_token(p, kernel::position_of(p, b, s0 + s), coef.data() + s * coef_per_token, isa);
+        fill_token(p, kernel::position_of(p, b, s0 + s), coef.get() + s * coef_per_token, isa);
       }
-      rotate_tensor_tile<scalar_t>(p, p.q, b, s0, n, coef.data(), isa, nt_q);
-      if (p.k.heads > 0) rotate_tensor_tile<scalar_t>(p, p.k, b, s0, n, coef.data(), isa, nt_k);
+      rotate_tensor_tile<scalar_t>(p, p.q, b, s0, n, coef.get(), isa, nt_q);
+      if (p.k.heads > 0) rotate_tensor_tile<scalar_t>(p, p.k, b, s0, n, coef.get(), isa, nt_k);
     }
 #if defined(ROTARY_X86_SIMD)
     if (nt_q || nt_k) _mm_sfence();  // order the streaming stores before returning
