@@ -51,7 +51,15 @@ TEST(RopeErrors, ZeroHeadDim) {
 TEST(RopeErrors, ThreeDimInput) {
   ExpectError<c10::ValueError>(
       [&] { rotary::apply_rope(randn({2, 3, 8}), freqs8()); },
-      {"apply_rope", "x must be 4-D", "got shape [2, 3, 8]"});
+      {"apply_rope",
+       "x must be 4-D [batch, heads, seq_len, head_dim], got shape [2, 3, 8] (layout BHSD); a 3-D [total_tokens, "
+       "heads, head_dim] input needs cu_seqlens"});
+  // Other layouts name their own dim order.
+  ExpectError<c10::ValueError>(
+      [&] {
+        rotary::apply_rope(randn({2, 3, 8}), freqs8(), 0, true, std::nullopt, false, std::nullopt, std::nullopt, "BSHD");
+      },
+      {"x must be 4-D [batch, seq_len, heads, head_dim], got shape [2, 3, 8] (layout BSHD)", "needs cu_seqlens"});
   ExpectError<c10::ValueError>(
       [&] { rotary::apply_rope_qk(randn({1, 2, 3, 8}), randn({2, 3, 8}), freqs8()); },
       {"apply_rope_qk", "k must be 4-D", "[2, 3, 8]"});
@@ -60,7 +68,13 @@ TEST(RopeErrors, ThreeDimInput) {
 TEST(RopeErrors, FiveDimInput) {
   ExpectError<c10::ValueError>(
       [&] { rotary::apply_rope(randn({1, 2, 3, 4, 8}), freqs8()); },
-      {"x must be 4-D", "got shape [1, 2, 3, 4, 8]"});
+      {"x must be 4-D [batch, heads, seq_len, head_dim], got shape [1, 2, 3, 4, 8] (layout BHSD)"});
+  ExpectError<c10::ValueError>(
+      [&] {
+        rotary::apply_rope(
+            randn({1, 2, 3, 4, 8}), freqs8(), 0, true, std::nullopt, false, std::nullopt, std::nullopt, "SBHD");
+      },
+      {"x must be 4-D [seq_len, batch, heads, head_dim], got shape [1, 2, 3, 4, 8] (layout SBHD)"});
   ExpectError<c10::ValueError>(
       [&] { rotary::apply_rope_qk(randn({1, 2, 3, 4, 8}), randn({1, 2, 3, 8}), freqs8()); },
       {"q must be 4-D", "[1, 2, 3, 4, 8]"});
@@ -92,14 +106,21 @@ TEST(RopeErrors, FreqsWrongRank) {
       {"freqs must have shape", "got [4]"});
 }
 
-TEST(RopeErrors, HeadDimDoesNotMatchFreqs) {
+// A table narrower than head_dim / 2 is partial rotary (valid; see the
+// partial-rotary tests); wider than head_dim / 2, or 0 wide, is an error.
+TEST(RopeErrors, FreqsWiderThanHeadDim) {
   const auto f = rotary::rope_freqs(16, 16);  // [16, 8]: for head_dim 16
   ExpectError<c10::ValueError>(
       [&] { rotary::apply_rope(randn({1, 2, 3, 8}), f); },
-      {"apply_rope", "freqs must have shape", "[*, 4]", "head_dim", "8", "got [16, 8]"});
+      {"apply_rope",
+       "freqs must have shape [max_seq_len, rotary_dim / 2] with 0 < rotary_dim <= head_dim = 8 (full rotation: "
+       "[*, 4]), got [16, 8]"});
   ExpectError<c10::ValueError>(
       [&] { rotary::apply_rope_qk(randn({1, 2, 3, 8}), randn({1, 2, 3, 8}), f); },
-      {"apply_rope_qk", "freqs must have shape", "[*, 4]", "got [16, 8]"});
+      {"apply_rope_qk", "0 < rotary_dim <= head_dim = 8 (full rotation: [*, 4]), got [16, 8]"});
+  ExpectError<c10::ValueError>(
+      [&] { rotary::apply_rope(randn({1, 2, 3, 8}), freqs8().narrow(1, 0, 0)); },
+      {"apply_rope", "0 < rotary_dim <= head_dim = 8", "got [16, 0]"});
 }
 
 TEST(RopeErrors, StartPosOutOfRange) {
@@ -111,6 +132,11 @@ TEST(RopeErrors, StartPosOutOfRange) {
       {"apply_rope_qk", "0 + 17 = 17", "(max_seq_len) 16"});
   // One past the end.
   ExpectError<c10::IndexError>([&] { rotary::apply_rope(randn({1, 1, 1, 8}), freqs8(), 16); }, {"16 + 1 = 17"});
+  // Just below the 2^60 bound: still the table-length error.
+  ExpectError<c10::IndexError>(
+      [&] { rotary::apply_rope(randn({1, 1, 3, 8}), freqs8(), (int64_t{1} << 60) - 1); },
+      {"apply_rope", "start_pos + seq_len = 1152921504606846975 + 3 = 1152921504606846978",
+       "exceeds the freqs table length (max_seq_len) 16"});
 }
 
 // Regression: at 437492f the range check computed start_pos + seq in int64;
@@ -119,10 +145,27 @@ TEST(RopeErrors, StartPosOutOfRange) {
 // start_pos is accepted (IndexError or ValueError).
 TEST(RopeErrors, HugeStartPosDoesNotOverflowRangeCheck) {
   const int64_t huge = std::numeric_limits<int64_t>::max();
-  ExpectError<c10::Error>([&] { rotary::apply_rope(at::ones({1, 1, 2, 8}), freqs8(), huge); }, {"apply_rope", "start_pos"});
-  ExpectError<c10::Error>(
+  ExpectError<c10::IndexError>(
+      [&] { rotary::apply_rope(at::ones({1, 1, 2, 8}), freqs8(), huge); }, {"apply_rope", "start_pos"});
+  ExpectError<c10::IndexError>(
       [&] { rotary::apply_rope_qk(at::ones({1, 1, 2, 8}), at::ones({1, 1, 2, 8}), freqs8(), huge - 1); },
       {"apply_rope_qk", "start_pos"});
+  // With inv_freq (no table bound) or a positions tensor, start_pos >= 2^60 is
+  // rejected by its own bound.
+  const auto inv = at::pow(10000.0, -at::arange(0, 8, 2, at::kDouble) / 8.0);
+  ExpectError<c10::IndexError>(
+      [&] { rotary::apply_rope(at::ones({1, 1, 2, 8}), freqs8(), huge, true, std::nullopt, false, std::nullopt, inv); },
+      {"apply_rope", "start_pos must be < 2^60, got 9223372036854775807"});
+  ExpectError<c10::IndexError>(
+      [&] {
+        rotary::apply_rope_qk(
+            at::ones({1, 1, 2, 8}), at::ones({1, 1, 2, 8}), freqs8(), int64_t{1} << 60, true, std::nullopt, false,
+            std::nullopt, inv);
+      },
+      {"apply_rope_qk", "start_pos must be < 2^60, got 1152921504606846976"});
+  ExpectError<c10::IndexError>(
+      [&] { rotary::apply_rope(at::ones({1, 1, 2, 8}), freqs8(), int64_t{1} << 60, true, at::scalar_tensor(0, at::kLong)); },
+      {"apply_rope", "start_pos must be < 2^60, got 1152921504606846976"});
 }
 
 TEST(RopeErrors, NegativeStartPos) {
@@ -207,10 +250,23 @@ TEST(RopeErrors, PositionsOutsideTable) {
   ExpectError<c10::IndexError>(
       [&] { rotary::apply_rope_qk(x, x, freqs8(), 2, true, offsets); },
       {"apply_rope_qk", "token (batch 1, seq 2) has position 16", "start_pos 2", "[0, 16)"});
-  // Negative positions are rejected too (IndexError or ValueError).
-  ExpectError<c10::Error>(
+  // Negative positions are a ValueError.
+  ExpectError<c10::ValueError>(
       [&] { rotary::apply_rope(x, freqs8(), 0, true, at::scalar_tensor(-1, at::kLong)); },
-      {"token (batch 0, seq 0) has", "position -1"});
+      {"apply_rope", "token (batch 0, seq 0) has negative position -1 (start_pos 0 + positions)"});
+  ExpectError<c10::ValueError>(
+      [&] {
+        rotary::apply_rope_qk(
+            x, x, freqs8(), 1, true, at::tensor(std::vector<int64_t>{0, 1, 2, 3, -4, 5}, at::kLong).view({2, 3}));
+      },
+      {"apply_rope_qk", "token (batch 1, seq 1) has negative position -3 (start_pos 1 + positions)"});
+  // Given positions must lie in (-2^60, 2^60).
+  ExpectError<c10::IndexError>(
+      [&] { rotary::apply_rope(x, freqs8(), 0, true, at::scalar_tensor(int64_t{1} << 60, at::kLong)); },
+      {"apply_rope", "positions must lie in (-2^60, 2^60), got 1152921504606846976"});
+  ExpectError<c10::IndexError>(
+      [&] { rotary::apply_rope(x, freqs8(), 0, true, at::tensor(std::vector<int64_t>{0, -(int64_t{1} << 60)}, at::kLong)); },
+      {"apply_rope", "positions must lie in (-2^60, 2^60), got -1152921504606846976"});
 }
 
 TEST(RopeErrors, FreqsRequiringGradAreRejected) {

@@ -114,11 +114,20 @@ TEST_F(RotaryModule, ForwardGradient) {
 }
 
 // BUG (csrc/rotary/module.h): forward is overloaded, so libtorch's
-TEST_F(RotaryModule, NamedBuffersHoldFreqs) {
-  RotaryEmbedding rope(RotaryEmbeddingOptions(8).max_seq_len(10));
+TEST_F(RotaryModule, NamedBuffersHoldFreqsAndInvFreq) {
+  RotaryEmbedding rope(RotaryEmbeddingOptions(8).max_seq_len(10).theta(500.0));
   const auto buffers = rope->named_buffers();
+  EXPECT_EQ(buffers.keys(), (std::vector<std::string>{"freqs", "inv_freq"}));
   ASSERT_TRUE(buffers.contains("freqs"));
   EXPECT_TRUE(buffers["freqs"].is_same(rope->freqs));
+  ASSERT_TRUE(buffers.contains("inv_freq"));
+  EXPECT_TRUE(buffers["inv_freq"].is_same(rope->inv_freq));
+  ASSERT_EQ(rope->inv_freq.scalar_type(), torch::kDouble);
+  ASSERT_EQ(rope->inv_freq.sizes(), torch::IntArrayRef({4}));
+  for (int64_t j = 0; j < 4; ++j) {
+    const double expected = rotary_test::ref_inv_freq(j, 8, 500.0);
+    EXPECT_NEAR(rope->inv_freq[j].item<double>(), expected, 1e-15 * expected) << "j " << j;
+  }
   EXPECT_TRUE(rope->parameters().empty()) << "RoPE has nothing to train";
 }
 
@@ -135,6 +144,10 @@ TEST_F(RotaryModule, CloneIsIndependentWithEqualTable) {
   EXPECT_NE(cloned->freqs.data_ptr(), rope->freqs.data_ptr());
   // The clone's member and its registered buffer are one tensor.
   EXPECT_EQ(cloned->named_buffers()["freqs"].data_ptr(), cloned->freqs.data_ptr());
+  ASSERT_EQ(cloned->inv_freq.scalar_type(), torch::kDouble);
+  EXPECT_TRUE(torch::equal(cloned->inv_freq, rope->inv_freq));
+  EXPECT_NE(cloned->inv_freq.data_ptr(), rope->inv_freq.data_ptr());
+  EXPECT_EQ(cloned->named_buffers()["inv_freq"].data_ptr(), cloned->inv_freq.data_ptr());
 
   const auto original = rope->freqs.clone();
   {
@@ -151,10 +164,15 @@ TEST_F(RotaryModule, ToDtypeKeepsComplex64Table) {
   const auto original = rope->freqs.clone();
   std::map<std::string, torch::Tensor> buffers_before;
   for (const auto& item : rope->named_buffers()) buffers_before[item.key()] = item.value().clone();
+  const auto original_inv = rope->inv_freq.clone();
+  EXPECT_EQ(buffers_before.size(), 2u);  // freqs and inv_freq
   auto check = [&](const char* what) {
     EXPECT_EQ(rope->freqs.scalar_type(), torch::kComplexFloat) << what;
     EXPECT_TRUE(torch::equal(rope->freqs, original)) << what;
     EXPECT_TRUE(rope->named_buffers()["freqs"].is_same(rope->freqs)) << what;
+    EXPECT_EQ(rope->inv_freq.scalar_type(), torch::kDouble) << what;
+    EXPECT_TRUE(torch::equal(rope->inv_freq, original_inv)) << what;
+    EXPECT_TRUE(rope->named_buffers()["inv_freq"].is_same(rope->inv_freq)) << what;
     // No buffer (the table or any companion) is cast.
     for (const auto& item : rope->named_buffers()) {
       EXPECT_EQ(item.value().scalar_type(), buffers_before.at(item.key()).scalar_type()) << what << " " << item.key();
@@ -200,10 +218,13 @@ TEST_F(RotaryModule, ParentModuleCastKeepsComplex64Table) {
   EXPECT_EQ(parent->rope->freqs.scalar_type(), torch::kComplexFloat);
   EXPECT_TRUE(torch::equal(parent->rope->freqs, original));
   EXPECT_EQ(parent->named_buffers()["rope.freqs"].scalar_type(), torch::kComplexFloat);
+  EXPECT_EQ(parent->rope->inv_freq.scalar_type(), torch::kDouble);
+  EXPECT_EQ(parent->named_buffers()["rope.inv_freq"].scalar_type(), torch::kDouble);
 
   parent->to(torch::kCPU, torch::kBFloat16);
   EXPECT_EQ(parent->proj->weight.scalar_type(), torch::kBFloat16);
   EXPECT_EQ(parent->rope->freqs.scalar_type(), torch::kComplexFloat);
+  EXPECT_EQ(parent->rope->inv_freq.scalar_type(), torch::kDouble);
   EXPECT_TRUE(torch::equal(parent->rope->freqs, original));
 
   const auto x = torch::randn({1, 2, 3, 16}).to(torch::kBFloat16);
@@ -219,13 +240,18 @@ TEST_F(RotaryModule, SaveLoadRoundTrip) {
   {
     torch::NoGradGuard no_grad;
     loaded->freqs.zero_();  // so the comparison proves the load wrote it
+    loaded->inv_freq.zero_();
   }
   torch::load(loaded, stream);
   EXPECT_EQ(loaded->freqs.scalar_type(), torch::kComplexFloat);
   EXPECT_TRUE(torch::equal(loaded->freqs, saved->freqs));
   EXPECT_TRUE(loaded->named_buffers()["freqs"].is_same(loaded->freqs));
+  EXPECT_EQ(loaded->inv_freq.scalar_type(), torch::kDouble);
+  EXPECT_TRUE(torch::equal(loaded->inv_freq, saved->inv_freq));
+  EXPECT_TRUE(loaded->named_buffers()["inv_freq"].is_same(loaded->inv_freq));
   const auto x = torch::randn({1, 1, 5, 24});
   EXPECT_TRUE(torch::equal(loaded->forward(x, 3), saved->forward(x, 3)));
+  EXPECT_TRUE(torch::equal(loaded->forward(x, 100), saved->forward(x, 100)));  // past max_seq_len: inv_freq
 }
 
 TEST_F(RotaryModule, PrettyPrint) {
@@ -247,34 +273,96 @@ TEST_F(RotaryModule, DimOddOrZeroIsRejected) {
       {"RotaryEmbedding", "max_seq_len must be > 0, got 0"});
 }
 
+// Past max_seq_len the module is no error: it passes its float64 inv_freq,
+// so the rows past the cached table are computed exactly. (The op without
+// inv_freq still raises; see RopeErrors.StartPosOutOfRange.)
 TEST_F(RotaryModule, StartPosBeyondMaxSeqLen) {
+  for (bool interleaved : {true, false}) {
+    RotaryEmbedding rope(RotaryEmbeddingOptions(8).max_seq_len(16).interleaved(interleaved));
+    const auto x = torch::randn({1, 2, 8, 8});
+    const auto k = torch::randn({1, 1, 8, 8});
+    const auto x_before = x.clone(), k_before = k.clone();
+    EXPECT_TRUE(AllClose(rope->forward(x, 10), ref_rope(x, 10, interleaved), kF32));  // 10 + 8 = 18 > 16
+    const auto [yq, yk] = rope->forward(x, k, 9);                                       // 9 + 8 = 17 > 16
+    EXPECT_TRUE(AllClose(yq, ref_rope(x, 9, interleaved), kF32));
+    EXPECT_TRUE(AllClose(yk, ref_rope(k, 9, interleaved), kF32));
+    EXPECT_TRUE(AllClose(rope->forward(x, 16), ref_rope(x, 16, interleaved), kF32));  // entirely past the table
+    EXPECT_TRUE(AllClose(rope->forward(x, 100000), ref_rope(x, 100000, interleaved), kF32));
+    const auto [fq, fk] = rope->forward(x.narrow(2, 0, 1), k.narrow(2, 0, 1), 1000);  // decode far past the table
+    EXPECT_TRUE(AllClose(fq, ref_rope(x.narrow(2, 0, 1), 1000, interleaved), kF32));
+    EXPECT_TRUE(AllClose(fk, ref_rope(k.narrow(2, 0, 1), 1000, interleaved), kF32));
+    EXPECT_TRUE(torch::equal(x, x_before)) << "x was modified";
+    EXPECT_TRUE(torch::equal(k, k_before)) << "k was modified";
+    EXPECT_EQ(rope->freqs.sizes(), torch::IntArrayRef({16, 4})) << "the cached table is not grown";
+    // The same call through the op, without inv_freq, is still out of range.
+    ExpectError<c10::IndexError>(
+        [&] { rotary::apply_rope(x, rope->freqs, 10, interleaved); },
+        {"apply_rope", "start_pos + seq_len = 10 + 8 = 18", "exceeds the freqs table length (max_seq_len) 16"});
+  }
   RotaryEmbedding rope(RotaryEmbeddingOptions(8).max_seq_len(16));
   const auto x = torch::randn({1, 2, 8, 8});
-  ExpectError<c10::IndexError>(
-      [&] { rope->forward(x, 10); },
-      {"RotaryEmbedding", "start_pos + seq_len = 10 + 8 = 18 exceeds max_seq_len 16", "larger max_seq_len"});
-  ExpectError<c10::IndexError>(
-      [&] { rope->forward(x, x, 9); }, {"RotaryEmbedding", "9 + 8 = 17 exceeds max_seq_len 16"});
   ExpectError<c10::ValueError>([&] { rope->forward(x, -1); }, {"RotaryEmbedding", "start_pos must be >= 0, got -1"});
   ExpectError<c10::ValueError>(
       [&] { rope->forward(x, x, -3); }, {"RotaryEmbedding", "start_pos must be >= 0, got -3"});
+  ExpectError<c10::IndexError>(
+      [&] { rope->forward(x, int64_t{1} << 60); },
+      {"RotaryEmbedding", "start_pos must be < 2^60, got 1152921504606846976"});
+  ExpectError<c10::IndexError>(
+      [&] { rope->forward(x, x, (int64_t{1} << 60) + 1); },
+      {"RotaryEmbedding", "start_pos must be < 2^60, got 1152921504606846977"});
 }
 
-// Regression: RotaryEmbeddingImpl::check_range computes start_pos + seq_len
+// Regression: RotaryEmbeddingImpl::check_range computed start_pos + seq_len
 // in int64, which overflows for start_pos near INT64_MAX; at 437492f neither
 // the module nor the op rejected it and the kernel read outside the table.
 TEST_F(RotaryModule, HugeStartPosDoesNotOverflowRangeCheck) {
   RotaryEmbedding rope(RotaryEmbeddingOptions(8).max_seq_len(16));
-  ExpectError<c10::Error>(
-      [&] { rope->forward(torch::ones({1, 1, 2, 8}), std::numeric_limits<int64_t>::max()); }, {"start_pos"});
+  const auto x = torch::ones({1, 1, 2, 8});
+  ExpectError<c10::IndexError>(
+      [&] { rope->forward(x, std::numeric_limits<int64_t>::max()); },
+      {"RotaryEmbedding", "start_pos must be < 2^60, got 9223372036854775807"});
+  ExpectError<c10::IndexError>(
+      [&] { rope->forward(x, x, std::numeric_limits<int64_t>::max() - 1); },
+      {"RotaryEmbedding", "start_pos must be < 2^60, got 9223372036854775806"});
 }
 
-TEST_F(RotaryModule, InputHeadDimMustMatchDim) {
+// dim > input head_dim: the table is wider than head_dim / 2, an error.
+TEST_F(RotaryModule, InputHeadDimBelowDimIsRejected) {
   RotaryEmbedding rope(RotaryEmbeddingOptions(16).max_seq_len(16));
   ExpectError<c10::ValueError>(
-      [&] { rope->forward(torch::randn({1, 2, 3, 8})); }, {"apply_rope", "freqs must have shape", "[*, 4]", "got [16, 8]"});
+      [&] { rope->forward(torch::randn({1, 2, 3, 8})); },
+      {"apply_rope",
+       "freqs must have shape [max_seq_len, rotary_dim / 2] with 0 < rotary_dim <= head_dim = 8 (full rotation: "
+       "[*, 4]), got [16, 8]"});
   ExpectError<c10::ValueError>(
-      [&] { rope->forward(torch::randn({2, 3, 16})); }, {"apply_rope", "x must be 4-D", "[2, 3, 16]"});
+      [&] { rope->forward(torch::randn({1, 2, 3, 8}), torch::randn({1, 1, 3, 8})); },
+      {"apply_rope_qk", "0 < rotary_dim <= head_dim = 8", "got [16, 8]"});
+  ExpectError<c10::ValueError>(
+      [&] { rope->forward(torch::randn({2, 3, 16})); },
+      {"apply_rope",
+       "x must be 4-D [batch, heads, seq_len, head_dim], got shape [2, 3, 16] (layout BHSD); a 3-D [total_tokens, "
+       "heads, head_dim] input needs cu_seqlens"});
+}
+
+// dim < input head_dim is partial rotary: dims [0, dim) rotate, the rest
+// pass through unchanged.
+TEST_F(RotaryModule, DimBelowInputHeadDimRotatesLeadingDims) {
+  for (bool interleaved : {true, false}) {
+    RotaryEmbedding rope(RotaryEmbeddingOptions(16).max_seq_len(16).interleaved(interleaved));
+    const auto q = torch::randn({2, 4, 5, 24});
+    const auto k = torch::randn({2, 2, 5, 24});
+    const auto q_before = q.clone(), k_before = k.clone();
+    auto ref = [&](const torch::Tensor& t, int64_t start) {
+      return torch::cat({ref_rope(t.narrow(3, 0, 16), start, interleaved), t.narrow(3, 16, 8).to(torch::kDouble)}, 3);
+    };
+    const auto y = rope->forward(q, 3);
+    EXPECT_TRUE(AllClose(y, ref(q, 3), kF32));
+    EXPECT_TRUE(torch::equal(y.narrow(3, 16, 8), q.narrow(3, 16, 8))) << "pass-through dims changed";
+    const auto [yq, yk] = rope->forward(q, k, 14);  // 14 + 5 > max_seq_len as well
+    EXPECT_TRUE(AllClose(yq, ref(q, 14), kF32));
+    EXPECT_TRUE(AllClose(yk, ref(k, 14), kF32));
+    EXPECT_TRUE(torch::equal(q, q_before) && torch::equal(k, k_before)) << "inputs were modified";
+  }
 }
 
 // ---- CUDA (skipped without a device and a CUDA build)

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import rotary
-from reference import freqs_reference, rope_half_vec, rope_reference, rope_vec, sinusoidal_pe
+from reference import freqs_reference, inv_freq, rope_half_vec, rope_reference, rope_vec, sinusoidal_pe
 from rope_testing import (
     DTYPE_IDS,
     DTYPES,
@@ -31,21 +31,25 @@ def make_module(kind, dim, max_seq_len=64, theta=10000.0, interleaved=True):
 
 
 # ---------------------------------------------------------------------------
-# Construction and the freqs buffer
+# Construction and the freqs / inv_freq buffers
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", MODULES)
 def test_buffer(kind):
     m = make_module(kind, 16, 48, 500.0, False)
     assert (m.dim, m.max_seq_len, m.theta, m.interleaved) == (16, 48, 500.0, False)
     bufs = dict(m.named_buffers())
-    assert list(bufs) == ["freqs"]
+    assert list(bufs) == ["freqs", "inv_freq"]
     f = bufs["freqs"]
     assert f is m.freqs or torch.equal(f, m.freqs)
     assert f.dtype == torch.complex64 and f.shape == (48, 8)
     assert torch.equal(f, rotary.rope_freqs(16, 48, 500.0))
     assert np.abs(f.numpy().astype(np.complex128) - freqs_reference(16, 48, 500.0)).max() < 1e-7
+    inv = bufs["inv_freq"]
+    assert inv is m.inv_freq or torch.equal(inv, m.inv_freq)
+    assert inv.dtype == torch.float64 and inv.shape == (8,)
+    np.testing.assert_allclose(inv.numpy(), inv_freq(16, 500.0), rtol=1e-15, atol=0)
     assert list(m.parameters()) == []
-    assert list(m.state_dict()) == ["freqs"]  # persistent: it moves with the model
+    assert list(m.state_dict()) == ["freqs", "inv_freq"]  # persistent: both move with the model
 
 
 def test_defaults():
@@ -129,13 +133,18 @@ CPP_CASTS = ["half", "to_bf16", "double", "float", "to_cpu_fp64", "cpu"]
 )
 def test_cast_keeps_table(kind, cast):
     m = make_module(kind, 16, 32)
-    before = m.freqs.clone()
+    before, before_inv = m.freqs.clone(), m.inv_freq.clone()
     ret = CASTS[cast](m)
     if kind == "py":
         assert ret is m
     assert m.freqs.dtype == torch.complex64
     assert torch.equal(m.freqs, before)
     assert m.state_dict()["freqs"].dtype == torch.complex64
+    assert m.inv_freq.dtype == torch.float64 and torch.equal(m.inv_freq, before_inv)
+    assert m.state_dict()["inv_freq"].dtype == torch.float64
+    # positions past max_seq_len (computed from inv_freq) stay exact too
+    x_far = make_heads(1, 2, 3, 16, torch.float16, seed=57)
+    assert_close_ref(m(x_far, start_pos=40), rope_reference(x_far, 40, True), torch.float16)
     x = make_heads(1, 2, 3, 16, torch.float16, seed=57)
     assert_close_ref(m(x, start_pos=4), rope_reference(x, 4, True), torch.float16)
 
@@ -155,6 +164,7 @@ class _Block(nn.Module):
 def test_nested_python_module_cast(cast):
     parent = nn.Sequential(_Block(rotary.RotaryEmbedding(16, 32)))
     before = parent[0].rope.freqs.clone()
+    before_inv = parent[0].rope.inv_freq.clone()
     {
         "to_fp16": lambda: parent.to(torch.float16),
         "half": lambda: parent.half(),
@@ -166,6 +176,8 @@ def test_nested_python_module_cast(cast):
     assert dtype != torch.float32 and blk.scale.dtype == dtype  # the rest was cast
     assert blk.rope.freqs.dtype == torch.complex64 and torch.equal(blk.rope.freqs, before)
     assert parent.state_dict()["0.rope.freqs"].dtype == torch.complex64
+    assert blk.rope.inv_freq.dtype == torch.float64 and torch.equal(blk.rope.inv_freq, before_inv)
+    assert parent.state_dict()["0.rope.inv_freq"].dtype == torch.float64
     x = randn((1, 2, 3, 16), dtype, seed=58)
     h = blk.proj(x) * blk.scale
     out = blk(x, start_pos=5)
@@ -198,6 +210,9 @@ def _assert_same_outputs(a, b, interleaved):
     assert torch.equal(a(x, start_pos=7), b(x, start_pos=7))
     oa, ob = a(x, k, start_pos=3), b(x, k, start_pos=3)
     assert torch.equal(oa[0], ob[0]) and torch.equal(oa[1], ob[1])
+    # past max_seq_len (32) the loaded inv_freq is what is used
+    oa, ob = a(x, k, start_pos=40), b(x, k, start_pos=40)
+    assert torch.equal(oa[0], ob[0]) and torch.equal(oa[1], ob[1])
 
 
 @pytest.mark.parametrize("interleaved", PAIRINGS, ids=PAIRING_IDS)
@@ -205,12 +220,15 @@ def _assert_same_outputs(a, b, interleaved):
 def test_state_dict_round_trip(src, dst, interleaved):
     a = make_module(src, 16, 32, 777.0, interleaved)
     b = make_module(dst, 16, 32, 10000.0, interleaved)  # different table before loading
-    assert not torch.equal(a.freqs, b.freqs)
+    assert not torch.equal(a.freqs, b.freqs) and not torch.equal(a.inv_freq, b.inv_freq)
     sd = a.state_dict()
+    assert list(sd) == ["freqs", "inv_freq"]
     result = b.load_state_dict(sd)
     assert not result.missing_keys and not result.unexpected_keys
     assert b.freqs.dtype == torch.complex64 and torch.equal(b.freqs, a.freqs)
     assert torch.equal(b.state_dict()["freqs"], a.freqs)
+    assert b.inv_freq.dtype == torch.float64 and torch.equal(b.inv_freq, a.inv_freq)
+    assert torch.equal(b.state_dict()["inv_freq"], a.inv_freq)
     _assert_same_outputs(a, b, interleaved)
 
 
@@ -220,10 +238,11 @@ def test_state_dict_save_load(tmp_path, src, dst):
     path = tmp_path / "rope.pt"
     torch.save(a.state_dict(), path)
     sd = torch.load(path, weights_only=True)
-    assert list(sd) == ["freqs"] and sd["freqs"].dtype == torch.complex64
+    assert list(sd) == ["freqs", "inv_freq"]
+    assert sd["freqs"].dtype == torch.complex64 and sd["inv_freq"].dtype == torch.float64
     b = make_module(dst, 16, 32, 10000.0, False)
     b.load_state_dict(sd)
-    assert torch.equal(b.freqs, a.freqs)
+    assert torch.equal(b.freqs, a.freqs) and torch.equal(b.inv_freq, a.inv_freq)
     _assert_same_outputs(a, b, False)
     # also through an in-memory buffer, nested in a parent
     buf = io.BytesIO()
@@ -232,6 +251,7 @@ def test_state_dict_save_load(tmp_path, src, dst):
     parent = nn.ModuleDict({"rope": make_module(dst, 16, 32, 10000.0, False)})
     parent.load_state_dict(torch.load(buf, weights_only=True))
     assert torch.equal(parent["rope"].freqs, a.freqs)
+    assert torch.equal(parent["rope"].inv_freq, a.inv_freq)
 
 
 def test_load_state_dict_rejects_other_shape():
@@ -245,16 +265,65 @@ def test_load_state_dict_rejects_other_shape():
 # Range checks
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", MODULES)
-@pytest.mark.parametrize("start,S", [(30, 3), (0, 33), (32, 1), (1000, 1)])
-def test_out_of_range(kind, start, S):
-    m = make_module(kind, 8, 32)
+@pytest.mark.parametrize("interleaved", PAIRINGS, ids=PAIRING_IDS)
+@pytest.mark.parametrize("start,S", [(30, 3), (0, 33), (32, 1), (1000, 1), (10**6, 2)])
+def test_out_of_range(kind, start, S, interleaved):
+    """start_pos + seq_len past max_seq_len is no error for a module: it
+    passes its float64 inv_freq, so the rows past the cached table are
+    computed exactly (the functional op without inv_freq still raises)."""
+    m = make_module(kind, 8, 32, interleaved=interleaved)
     x = randn((1, 2, S, 8), seed=61)
-    snap = Snapshot(x)
-    with pytest.raises(IndexError, match=r"max_seq_len 32"):
-        m(x, start_pos=start)
-    with pytest.raises(IndexError, match=r"max_seq_len"):
-        m(x, x, start_pos=start)
+    k = randn((1, 1, S, 8), seed=68)
+    snap = Snapshot(x, k)
+    assert_close_ref(m(x, start_pos=start), rope_reference(x, start, interleaved), torch.float32)
+    oq, ok = m(x, k, start_pos=start)
+    assert_close_ref(oq, rope_reference(x, start, interleaved), torch.float32)
+    assert_close_ref(ok, rope_reference(k, start, interleaved), torch.float32)
     snap.check()
+    assert m.freqs.shape == (32, 4)  # the cached table is not grown
+    with pytest.raises(IndexError, match=r"exceeds the freqs table length \(max_seq_len\) 32"):
+        rotary.apply_rope(x, m.freqs, start, interleaved)
+
+
+@pytest.mark.parametrize("kind", MODULES)
+def test_start_pos_too_large(kind):
+    m = make_module(kind, 8, 32)
+    x = randn((1, 2, 3, 8), seed=69)
+    snap = Snapshot(x)
+    with pytest.raises(IndexError, match=r"RotaryEmbedding: start_pos must be < 2\^60, got 1152921504606846976"):
+        m(x, start_pos=2**60)
+    with pytest.raises(IndexError, match=r"RotaryEmbedding: start_pos must be < 2\^60, got 9223372036854775807"):
+        m(x, x, start_pos=2**63 - 1)
+    snap.check()
+    # far past the table but below the bound: computed (positions still
+    # exact in the float64 reference, which holds integers up to 2^53)
+    for start in (2**40, 2**52):
+        assert_close_ref(m(x, start_pos=start), rope_reference(x, start), torch.float32)
+
+
+@pytest.mark.parametrize("kind", MODULES)
+@pytest.mark.parametrize("interleaved", PAIRINGS, ids=PAIRING_IDS)
+def test_partial_rotary(kind, interleaved):
+    """dim below the input head_dim rotates the first dim dims, the rest pass
+    through; dim above head_dim is an error."""
+    m = make_module(kind, 8, 32, interleaved=interleaved)
+    x = make_heads(2, 3, 5, 16, seed=71, layout="transposed")
+    k = make_heads(2, 1, 5, 16, seed=72)
+    snap = Snapshot(x, k)
+
+    def ref(t, start):
+        rot = rope_reference(t[..., :8], start, interleaved)
+        return torch.cat([rot, t[..., 8:].to(torch.float64)], dim=-1)
+
+    out = m(x, start_pos=7)
+    assert_close_ref(out, ref(x, 7), torch.float32)
+    assert torch.equal(out[..., 8:], x[..., 8:])
+    oq, ok = m(x, k, start_pos=30)  # 30 + 5 > max_seq_len too
+    assert_close_ref(oq, ref(x, 30), torch.float32)
+    assert_close_ref(ok, ref(k, 30), torch.float32)
+    snap.check()
+    with pytest.raises(ValueError, match=r"freqs must have shape \[max_seq_len, rotary_dim / 2\] with 0 < rotary_dim <= head_dim = 6 \(full rotation: \[\*, 3\]\), got \[32, 4\]"):
+        m(x[..., :6])
 
 
 @pytest.mark.parametrize("kind", MODULES)
