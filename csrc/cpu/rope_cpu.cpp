@@ -16,8 +16,9 @@
 // paths are compiled with function-level target attributes and picked at run
 // time from ATen's CPU capability (ATEN_CPU_CAPABILITY=default|avx2|avx512
 // selects them too) confirmed by the CPU's own feature bits. Anything else
-// (other ISAs, fp64, a strided last dim) runs the scalar path. Outputs too big
-// for the caches are written with streaming (non-temporal) stores.
+// (other ISAs, clang builds, fp64, a strided last dim) runs the scalar path.
+// Outputs too big for the caches are written with streaming (non-temporal)
+// stores.
 #include "rope_cpu.h"
 
 #include "../backend_ops.h"
@@ -36,8 +37,12 @@
 #include <string>
 #include <type_traits>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// The SIMD paths rely on GCC inlining plain templates into target-attributed
+// functions (flatten); clang rejects vector arguments across that boundary, so
+// clang builds (and non-x86 ones) run the scalar path.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define ROTARY_X86_SIMD 1
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -100,7 +105,7 @@ struct Run {
 // the SIMD functions, whose targets would let the compiler contract these
 // multiplies and adds into FMAs (and change the bits).
 template <bool kContig, typename scalar_t, typename acc_t>
-__attribute__((noinline)) void rotate_scalar(
+C10_NOINLINE void rotate_scalar(
     const scalar_t* in, int64_t is, scalar_t* out, int64_t os, const acc_t* coef, int64_t dim,
     bool interleaved, int64_t from) {
   if constexpr (kContig) {
@@ -129,7 +134,7 @@ __attribute__((noinline)) void rotate_scalar(
 }
 
 template <typename scalar_t, typename acc_t>
-__attribute__((noinline)) void rotate_run_scalar(const Run<scalar_t, acc_t>& r, int64_t dim, bool interleaved) {
+C10_NOINLINE void rotate_run_scalar(const Run<scalar_t, acc_t>& r, int64_t dim, bool interleaved) {
   const bool contiguous = r.in_inner == 1 && r.out_inner == 1;
   for (int64_t t = 0; t < r.tokens; ++t) {
     for (int64_t h = 0; h < r.heads; ++h) {
@@ -350,14 +355,14 @@ struct Avx512Bf16 : Avx512 {
   template <bool NT>
   ROTARY_AVX512BF16 static void store(c10::BFloat16* p, Reg v) {
     if (_mm512_fpclass_ps_mask(v, kDenormalOrNan)) return Avx512::store<NT>(p, v);
-    put<NT>(p, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
+    put<NT>(p, (__m256i)_mm512_cvtneps_pbh(v));
   }
   template <bool NT>
   ROTARY_AVX512BF16 static void store2(c10::BFloat16* p, Reg a, Reg b) {
     if (_mm512_fpclass_ps_mask(a, kDenormalOrNan) | _mm512_fpclass_ps_mask(b, kDenormalOrNan)) {
       return Avx512::store2<NT>(p, a, b);
     }
-    put<NT>(p, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a)));  // a -> low half
+    put<NT>(p, (__m512i)_mm512_cvtne2ps_pbh(b, a));  // a -> low half
   }
 };
 
@@ -511,18 +516,28 @@ ROTARY_SIMD_FILL(ROTARY_AVX512, Avx512)
 
 enum class Isa { kScalar, kAvx2, kAvx512, kAvx512Bf16 };
 
+#if defined(ROTARY_X86_SIMD)
+// One CPUID feature bit (reg: 0 eax, 1 ebx, 2 ecx, 3 edx); for the features
+// that not every compiler's __builtin_cpu_supports knows.
+bool cpuid_bit(unsigned leaf, unsigned subleaf, int reg, int bit) {
+  unsigned r[4] = {0, 0, 0, 0};
+  if (!__get_cpuid_count(leaf, subleaf, &r[0], &r[1], &r[2], &r[3])) return false;
+  return (r[reg] >> bit) & 1u;
+}
+#endif
+
 // ATen's capability (it honours ATEN_CPU_CAPABILITY=default|avx2|avx512),
 // confirmed against the CPU's own feature bits.
 Isa detect_isa() {
 #if defined(ROTARY_X86_SIMD)
   static const Isa isa = [] {
     const std::string cap = at::get_cpu_capability();
-    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    const bool f16c = cpuid_bit(1, 0, 2, 29);
+    const bool avx512_bf16 = cpuid_bit(7, 1, 0, 5);
+    const bool avx2 = __builtin_cpu_supports("avx2") && f16c;
     const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-    if (cap == "AVX512" && avx512) {
-      return __builtin_cpu_supports("avx512bf16") ? Isa::kAvx512Bf16 : Isa::kAvx512;
-    }
+    if (cap == "AVX512" && avx512) return avx512_bf16 ? Isa::kAvx512Bf16 : Isa::kAvx512;
     if ((cap == "AVX512" || cap == "AVX2") && avx2) return Isa::kAvx2;
     return Isa::kScalar;
   }();
