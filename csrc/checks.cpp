@@ -296,6 +296,7 @@ PreparedRope prepare_rope(
   }
   // Positions known on the host are checked by value: a CPU positions tensor,
   // or none at all (start_pos + local index).
+  check_start_pos_bound(op, args.start_pos);
   const bool host_positions = !args.positions || args.positions->is_cpu();
   const bool host_seqlens = !args.cu_seqlens || args.cu_seqlens->is_cpu();
   if (host_positions && host_seqlens && p.batch * p.seq > 0) {
@@ -305,11 +306,9 @@ PreparedRope prepare_rope(
           args.start_pos, " + ", p.seq, " = ", args.start_pos + p.seq,
           " exceeds the freqs table length (max_seq_len) ", p.freqs_len);
     } else {
-      check_start_pos_bound(op, args.start_pos);
       check_positions_in_table(op, p);
     }
   }
-  check_start_pos_bound(op, args.start_pos);
   return r;
 }
 

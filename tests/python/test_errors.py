@@ -364,7 +364,7 @@ _OVERFLOW_SCRIPT = textwrap.dedent(
         "CppRotaryEmbedding": lambda s: cpp(x, start_pos=s),
         "CppRotaryEmbedding qk": lambda s: cpp(x, x, start_pos=s),
     }
-    table = {  # no inv_freq, no positions: any IndexError (see the xfail below for the message)
+    table = {  # no inv_freq, no positions: any IndexError (exact message tested below)
         "apply_rope": lambda s: rotary.apply_rope(x, f, s),
         "apply_rope_qk": lambda s: rotary.apply_rope_qk(x, x, f, s),
     }
@@ -412,12 +412,6 @@ def test_start_pos_overflow_is_rejected():
     assert r.returncode == 0, f"rc={r.returncode}\n{r.stdout}\n{r.stderr[-2000:]}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="library bug (csrc/checks.cpp, prepare_rope): without inv_freq/positions the table-length "
-    "check runs before the 2^60 bound, so start_pos >= 2^60 reports 'exceeds the freqs table length' "
-    "with start_pos + seq_len computed in int64 (wraps negative near INT64_MAX: signed overflow)",
-)
 @pytest.mark.parametrize("qk", [False, True], ids=["apply_rope", "apply_rope_qk"])
 def test_op_start_pos_2_60_bound_without_inv_freq(qk):
     x = X(1, 1, 2, 8)
