@@ -411,6 +411,18 @@ inline void rotate_block(const Run<scalar_t, float>& r, int64_t t, int64_t h0, i
     }
   } else {
     const float* s = c + half;
+    for (; i < end2; i += 2 * L) {
+      const auto ca = V::load(c + i), sa = V::load(s + i);
+      const auto cb = V::load(c + i + L), sb = V::load(s + i + L);
+      for (int h = 0; h < M; ++h) {
+        const auto x0a = V::load(in[h] + i), x0b = V::load(in[h] + i + L);
+        const auto x1a = V::load(in[h] + half + i), x1b = V::load(in[h] + half + i + L);
+        V::template store2<NT>(
+            out[h] + i, V::sub(V::mul(x0a, ca), V::mul(x1a, sa)), V::sub(V::mul(x0b, cb), V::mul(x1b, sb)));
+        V::template store2<NT>(
+            out[h] + half + i, V::add(V::mul(x0a, sa), V::mul(x1a, ca)), V::add(V::mul(x0b, sb), V::mul(x1b, cb)));
+      }
+    }
     for (; i < end1; i += L) {
       const auto ci = V::load(c + i), si = V::load(s + i);
       for (int h = 0; h < M; ++h) {
