@@ -231,22 +231,95 @@ RopeFrequencies compute_frequencies(int64_t rotary_dim, double theta, const Rope
   return out;
 }
 
-at::Tensor freqs_table(const RopeFrequencies& freqs, int64_t max_seq_len) {
+void check_angle_dtype(at::ScalarType angle_dtype, const char* who) {
+  TORCH_CHECK_VALUE(
+      angle_dtype == at::kDouble || angle_dtype == at::kFloat, who,
+      ": angle_dtype must be float64 (exact angles, the default) or float32 (the fp32-angle tables of "
+      "Hugging Face / Meta), got ",
+      angle_dtype);
+}
+
+at::ScalarType angle_dtype_from_string(const std::string& name, const char* who) {
+  if (name == "float64" || name == "torch.float64") return at::kDouble;
+  if (name == "float32" || name == "torch.float32") return at::kFloat;
+  TORCH_CHECK_VALUE(
+      false, who, ": angle_dtype must be 'float64' (exact angles, the default) or 'float32' (the fp32-angle ",
+      "tables of Hugging Face / Meta), got '", name, "'");
+  return at::kDouble;
+}
+
+std::string angle_dtype_name(at::ScalarType angle_dtype) {
+  return angle_dtype == at::kFloat ? "float32" : "float64";
+}
+
+namespace {
+
+// One table entry; freqs_table and freqs_at share it, so a row is the same
+// bits whichever builds it.
+struct EntryMaker {
+  const double* inv_freq;
+  std::vector<float> inv_freq32;  // float(inv_freq[j]), fp32-angle mode only
+  double scale;
+  bool fp32_angle;
+
+  EntryMaker(const RopeFrequencies& f, at::ScalarType angle_dtype)
+      : inv_freq(f.inv_freq.data()), scale(f.attention_scaling), fp32_angle(angle_dtype == at::kFloat) {
+    if (fp32_angle) inv_freq32.assign(f.inv_freq.begin(), f.inv_freq.end());
+  }
+
+  c10::complex<float> operator()(int64_t pos, int64_t j) const {
+    double angle;
+    if (fp32_angle) {
+      // torch.outer(t.float(), inv_freq.float()): each factor rounded to
+      // float, the product rounded to float (a plain float multiply; there
+      // is no sum for the compiler to contract into an FMA).
+      const float a = static_cast<float>(pos) * inv_freq32[j];
+      angle = static_cast<double>(a);
+    } else {
+      angle = static_cast<double>(pos) * inv_freq[j];
+    }
+    return c10::complex<float>(
+        static_cast<float>(scale * std::cos(angle)), static_cast<float>(scale * std::sin(angle)));
+  }
+};
+
+}  // namespace
+
+at::Tensor freqs_table(const RopeFrequencies& freqs, int64_t max_seq_len, at::ScalarType angle_dtype) {
   TORCH_CHECK_VALUE(max_seq_len >= 0, "freqs_table: max_seq_len must be >= 0, got ", max_seq_len);
+  check_angle_dtype(angle_dtype, "freqs_table");
   const int64_t pairs = static_cast<int64_t>(freqs.inv_freq.size());
-  const double scale = freqs.attention_scaling;
-  const double* inv_freq = freqs.inv_freq.data();
+  const EntryMaker entry(freqs, angle_dtype);
   auto table = at::empty({max_seq_len, pairs}, at::TensorOptions().dtype(at::kComplexFloat));
   auto* out = table.data_ptr<c10::complex<float>>();
   // Angle, cos, sin and the scaling all in float64; one rounding to float at
-  // the end keeps the table within ~6e-8 of exact even at millions of positions.
+  // the end keeps the table within ~3e-8 of exact even at millions of positions.
   at::parallel_for(0, max_seq_len, 256, [&](int64_t begin, int64_t end) {
     for (int64_t pos = begin; pos < end; ++pos) {
-      for (int64_t j = 0; j < pairs; ++j) {
-        const double angle = static_cast<double>(pos) * inv_freq[j];
-        out[pos * pairs + j] = c10::complex<float>(
-            static_cast<float>(scale * std::cos(angle)), static_cast<float>(scale * std::sin(angle)));
-      }
+      for (int64_t j = 0; j < pairs; ++j) out[pos * pairs + j] = entry(pos, j);
+    }
+  });
+  return table;
+}
+
+at::Tensor freqs_at(const RopeFrequencies& freqs, const at::Tensor& positions, at::ScalarType angle_dtype) {
+  check_angle_dtype(angle_dtype, "freqs_at");
+  TORCH_CHECK_TYPE(
+      positions.scalar_type() == at::kLong, "freqs_at: positions must be int64, got ", positions.scalar_type());
+  TORCH_CHECK_VALUE(positions.dim() == 1, "freqs_at: positions must be 1-D, got shape ", positions.sizes());
+  const at::Tensor pos = positions.to(at::kCPU).contiguous();
+  const int64_t n = pos.numel();
+  const int64_t* p = pos.const_data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_CHECK_VALUE(p[i] >= 0, "freqs_at: positions must be >= 0, got ", p[i], " at index ", i);
+  }
+  const int64_t pairs = static_cast<int64_t>(freqs.inv_freq.size());
+  const EntryMaker entry(freqs, angle_dtype);
+  auto table = at::empty({n, pairs}, at::TensorOptions().dtype(at::kComplexFloat));
+  auto* out = table.data_ptr<c10::complex<float>>();
+  at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      for (int64_t j = 0; j < pairs; ++j) out[i * pairs + j] = entry(p[i], j);
     }
   });
   return table;
@@ -259,12 +332,19 @@ at::Tensor inv_freq_tensor(const RopeFrequencies& freqs) {
   return t;
 }
 
-at::Tensor rope_freqs(int64_t dim, int64_t max_seq_len, double theta, const RopeScaling& scaling, int64_t seq_len) {
+at::Tensor rope_freqs(
+    int64_t dim,
+    int64_t max_seq_len,
+    double theta,
+    const RopeScaling& scaling,
+    int64_t seq_len,
+    at::ScalarType angle_dtype) {
   TORCH_CHECK_VALUE(dim > 0 && dim % 2 == 0, "rope_freqs: dim must be even and > 0, got ", dim);
   TORCH_CHECK_VALUE(max_seq_len >= 0, "rope_freqs: max_seq_len must be >= 0, got ", max_seq_len);
   TORCH_CHECK_VALUE(
       std::isfinite(theta) && theta > 0.0, "rope_freqs: theta must be finite and > 0, got ", theta);
-  return freqs_table(compute_frequencies(dim, theta, scaling, seq_len), max_seq_len);
+  check_angle_dtype(angle_dtype, "rope_freqs");
+  return freqs_table(compute_frequencies(dim, theta, scaling, seq_len), max_seq_len, angle_dtype);
 }
 
 at::Tensor rope_freqs(int64_t dim, int64_t max_seq_len, double theta) {

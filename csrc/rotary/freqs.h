@@ -1,11 +1,14 @@
-// Frequency tables. Angles are computed in float64 and rounded once.
+// Frequency tables. Angles are computed in float64 and rounded once, unless
+// the fp32-angle compatibility mode is asked for (angle_dtype, below).
 #pragma once
 
 #include <rotary/scaling.h>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace rotary {
@@ -31,10 +34,53 @@ RopeFrequencies compute_frequencies(
     const RopeScaling& scaling = RopeScaling(),
     int64_t seq_len = 0);
 
+// How the angle of a table entry is formed (`angle_dtype`):
+//
+//   at::kDouble (default, "float64"): angle = double(pos) * inv_freq[j] in
+//     float64; cosine, sine and the attention scaling in float64; one
+//     rounding to float. "Exact" in this library means this: the float64
+//     angle pos * inv_freq[j] (relative error 2^-53, under 5e-10 rad at
+//     position 2^22), whose cos/sin rounded once to float are within 2^-25
+//     (~3e-8) of the exact value times attention_scaling.
+//   at::kFloat ("float32"): compatibility with the tables most models were
+//     trained with (Hugging Face `inv_freq.float() @ position_ids.float()`,
+//     Meta `torch.outer(t.float(), freqs)`): angle = float(pos) *
+//     float(inv_freq[j]) computed in float32, i.e. both factors and the
+//     product rounded to float; then cos/sin of that float angle in float64,
+//     times attention_scaling, rounded to float once. The angle is
+//     bit-identical to torch's whenever the float32 inv_freq is; cos/sin are
+//     the correctly rounded values, so within an ulp of torch's float32
+//     cos/sin. (HF computes inv_freq itself in float32 pow/div, which can
+//     differ from float(inv_freq[j]) by an ulp.) Its phase error grows with
+//     the position: ~7e-3 rad at 128K, ~6e-2 rad at 1M (README "Precision").
+//
+// Throws c10::ValueError unless angle_dtype is kDouble or kFloat; `who` names
+// the caller in the message.
+void check_angle_dtype(at::ScalarType angle_dtype, const char* who);
+// "float64" -> at::kDouble, "float32" -> at::kFloat (also "torch.float64" /
+// "torch.float32"); anything else is a c10::ValueError naming angle_dtype.
+at::ScalarType angle_dtype_from_string(const std::string& name, const char* who);
+// The inverse: "float64" or "float32".
+std::string angle_dtype_name(at::ScalarType angle_dtype);
+
 // complex64 [max_seq_len, inv_freq.size()] with entry (p, j) =
-// attention_scaling * exp(i * p * inv_freq[j]); the angle, cosine, sine and
-// product are float64, rounded to float once.
-at::Tensor freqs_table(const RopeFrequencies& freqs, int64_t max_seq_len);
+// attention_scaling * exp(i * angle(p, j)), the angle formed as angle_dtype
+// says (float64 by default); the cosine, sine and product are float64,
+// rounded to float once.
+at::Tensor freqs_table(
+    const RopeFrequencies& freqs,
+    int64_t max_seq_len,
+    at::ScalarType angle_dtype = at::kDouble);
+
+// The rows of that table at the given positions (int64, 1-D, each >= 0, any
+// device): complex64 [positions.numel(), inv_freq.size()] on the CPU, equal
+// bit for bit to freqs_table(freqs, n, angle_dtype).index_select(0,
+// positions) for any n past the largest position, without building the rows
+// in between. For checking or sampling entries far out (2^22 and beyond).
+at::Tensor freqs_at(
+    const RopeFrequencies& freqs,
+    const at::Tensor& positions,
+    at::ScalarType angle_dtype = at::kDouble);
 
 // float64 [inv_freq.size()] on the CPU.
 at::Tensor inv_freq_tensor(const RopeFrequencies& freqs);
@@ -43,12 +89,14 @@ at::Tensor inv_freq_tensor(const RopeFrequencies& freqs);
 // freqs_table of the "default" rule.
 at::Tensor rope_freqs(int64_t dim, int64_t max_seq_len, double theta = 10000.0);
 
-// The same table for any rule (see compute_frequencies for seq_len).
+// The same table for any rule (see compute_frequencies for seq_len), with
+// angles formed as angle_dtype says (see freqs_table).
 at::Tensor rope_freqs(
     int64_t dim,
     int64_t max_seq_len,
     double theta,
     const RopeScaling& scaling,
-    int64_t seq_len = 0);
+    int64_t seq_len = 0,
+    at::ScalarType angle_dtype = at::kDouble);
 
 }  // namespace rotary
