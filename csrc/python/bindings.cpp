@@ -164,6 +164,11 @@ RopeScaling to_scaling(const py::object& obj) {
   return scaling_from_dict(obj.cast<py::dict>(), /*strict=*/true);
 }
 
+// angle_dtype from Python: "float64" / "float32" or torch.float64 / torch.float32.
+at::ScalarType angle_dtype_of(const py::object& obj, const char* who) {
+  return rotary::angle_dtype_from_string(py::str(obj).cast<std::string>(), who);
+}
+
 std::optional<torch::Tensor> pick_positions(
     const std::optional<torch::Tensor>& positions,
     const std::optional<torch::Tensor>& position_ids) {
@@ -195,13 +200,45 @@ PYBIND11_MODULE(_C, m) {
 
   m.def(
       "rope_freqs",
-      [](int64_t dim, int64_t max_seq_len, double theta, const py::object& scaling, int64_t seq_len) {
-        return rotary::rope_freqs(dim, max_seq_len, theta, to_scaling(scaling), seq_len);
+      [](int64_t dim, int64_t max_seq_len, double theta, const py::object& scaling, int64_t seq_len,
+         const py::object& angle_dtype) {
+        return rotary::rope_freqs(
+            dim, max_seq_len, theta, to_scaling(scaling), seq_len, angle_dtype_of(angle_dtype, "rope_freqs"));
       },
       py::arg("dim"), py::arg("max_seq_len"), py::arg("theta") = 10000.0, py::arg("scaling") = py::none(),
-      py::arg("seq_len") = 0,
+      py::arg("seq_len") = 0, py::kw_only(), py::arg("angle_dtype") = "float64",
       "complex64 [max_seq_len, dim // 2] table, entry attention_scaling * exp(i * pos * inv_freq), angles "
-      "computed in float64.");
+      "computed in float64 (angle_dtype='float32': in float32, as Hugging Face / Meta do).");
+
+  m.def(
+      "rope_freqs_at",
+      [](int64_t dim, const torch::Tensor& positions, double theta, const py::object& scaling, int64_t seq_len,
+         const py::object& angle_dtype) {
+        TORCH_CHECK_VALUE(dim > 0 && dim % 2 == 0, "rope_freqs_at: dim must be even and > 0, got ", dim);
+        const auto f = rotary::compute_frequencies(dim, theta, to_scaling(scaling), seq_len);
+        return rotary::freqs_at(f, positions, angle_dtype_of(angle_dtype, "rope_freqs_at"));
+      },
+      py::arg("dim"), py::arg("positions"), py::arg("theta") = 10000.0, py::arg("scaling") = py::none(),
+      py::arg("seq_len") = 0, py::kw_only(), py::arg("angle_dtype") = "float64",
+      "The rows of rope_freqs(dim, n, ...) at the given int64 positions (1-D, >= 0), bit for bit, without "
+      "building the rows in between: complex64 [len(positions), dim // 2].");
+
+  m.def(
+      "check_saved_tables",
+      [](int64_t dim, int64_t max_seq_len, double theta, const py::object& scaling, const py::object& angle_dtype,
+         const std::optional<torch::Tensor>& freqs, const std::optional<torch::Tensor>& inv_freq,
+         const std::string& who) {
+        const auto options = rotary::RotaryEmbeddingOptions(dim)
+                                 .max_seq_len(max_seq_len)
+                                 .theta(theta)
+                                 .scaling(to_scaling(scaling))
+                                 .angle_dtype(angle_dtype_of(angle_dtype, who.c_str()));
+        return rotary::check_saved_tables(options, freqs, inv_freq, who);
+      },
+      py::arg("dim"), py::arg("max_seq_len"), py::arg("theta"), py::arg("scaling"), py::arg("angle_dtype"),
+      py::arg("freqs"), py::arg("inv_freq"), py::arg("who") = "RotaryEmbedding.load_state_dict",
+      "Checks saved (freqs, inv_freq) against these module options (rotary::check_saved_tables); returns the "
+      "seq_len of the rule state they match, raises ValueError otherwise.");
 
   // The older schemes of the seeds (rotary/schemes.h), for comparison.
   m.def("sinusoidal_table", &rotary::sinusoidal_table, py::arg("n"), py::arg("d"), py::arg("base") = 10000.0,
@@ -222,11 +259,15 @@ PYBIND11_MODULE(_C, m) {
 
   m.def(
       "rope_tables",
-      [](int64_t rotary_dim, double theta, const py::object& scaling, int64_t seq_len, int64_t rows) {
+      [](int64_t rotary_dim, double theta, const py::object& scaling, int64_t seq_len, int64_t rows,
+         const py::object& angle_dtype) {
         const auto f = rotary::compute_frequencies(rotary_dim, theta, to_scaling(scaling), seq_len);
-        return std::make_tuple(rotary::freqs_table(f, rows), rotary::inv_freq_tensor(f), f.attention_scaling);
+        return std::make_tuple(
+            rotary::freqs_table(f, rows, angle_dtype_of(angle_dtype, "RotaryEmbedding")), rotary::inv_freq_tensor(f),
+            f.attention_scaling);
       },
       py::arg("rotary_dim"), py::arg("theta"), py::arg("scaling"), py::arg("seq_len"), py::arg("rows"),
+      py::arg("angle_dtype") = "float64",
       "(freqs complex64 [rows, rotary_dim // 2], inv_freq float64 [rotary_dim // 2], attention_scaling): what "
       "RotaryEmbedding registers.");
 
@@ -239,15 +280,18 @@ PYBIND11_MODULE(_C, m) {
   // force_enable: bind forward ourselves (it is overloaded).
   torch::python::bind_module<Impl, /*force_enable=*/true>(m, "CppRotaryEmbedding")
       .def(
-          py::init([](int64_t dim, int64_t max_seq_len, double theta, bool interleaved, const py::object& scaling) {
+          py::init([](int64_t dim, int64_t max_seq_len, double theta, bool interleaved, const py::object& scaling,
+                      const py::object& angle_dtype) {
             return std::make_shared<Impl>(rotary::RotaryEmbeddingOptions(dim)
                                               .max_seq_len(max_seq_len)
                                               .theta(theta)
                                               .interleaved(interleaved)
-                                              .scaling(to_scaling(scaling)));
+                                              .scaling(to_scaling(scaling))
+                                              .angle_dtype(angle_dtype_of(angle_dtype, "RotaryEmbedding")));
           }),
           py::arg("dim"), py::arg("max_seq_len") = 4096, py::arg("theta") = 10000.0,
-          py::arg("interleaved") = true, py::arg("scaling") = py::none())
+          py::arg("interleaved") = true, py::arg("scaling") = py::none(), py::kw_only(),
+          py::arg("angle_dtype") = "float64")
       // position_ids is an alias of positions, as in the Python module.
       .def(
           "forward",
@@ -278,7 +322,16 @@ PYBIND11_MODULE(_C, m) {
             if (self.options.scaling().type() == "default") return py::none();
             return scaling_to_dict(self.options.scaling());
           })
-      .def_property_readonly("attention_scaling", [](const Impl& self) { return self.attention_scaling; });
+      .def_property_readonly("attention_scaling", [](const Impl& self) { return self.attention_scaling; })
+      .def_property_readonly(
+          "angle_dtype", [](const Impl& self) { return rotary::angle_dtype_name(self.options.angle_dtype()); })
+      .def(
+          "load_tables",
+          [](Impl& self, const std::optional<torch::Tensor>& freqs, const std::optional<torch::Tensor>& inv_freq) {
+            self.load_tables(freqs, inv_freq, "CppRotaryEmbedding.load_tables");
+          },
+          py::arg("freqs"), py::arg("inv_freq") = py::none(),
+          "Check saved buffers against the options (ValueError if they differ), then rebuild both from them.");
 
   // torch.nn.cpp.ModuleWrapper._apply casts every buffer with `fn`, which
   // would bypass the C++ to(dtype) override when a Python parent is cast
@@ -294,4 +347,43 @@ PYBIND11_MODULE(_C, m) {
         return self;
       },
       py::is_method(wrapper), py::arg("fn"), py::arg("recurse") = true);
+
+  // load_state_dict on the wrapper would copy the saved buffers in as they
+  // are; check them against the options and rebuild instead (load_tables),
+  // as the Python RotaryEmbedding and torch::load do.
+  wrapper.attr("_load_from_state_dict") = py::cpp_function(
+      [](py::object self, py::object state_dict, const std::string& prefix, py::object /*local_metadata*/,
+         bool strict, py::list missing_keys, py::list unexpected_keys, py::list error_msgs) {
+        auto impl = self.attr("cpp_module").cast<std::shared_ptr<Impl>>();
+        const py::dict sd(state_dict);
+        std::optional<torch::Tensor> saved[2];
+        const char* names[2] = {"freqs", "inv_freq"};
+        for (int i = 0; i < 2; ++i) {
+          const py::str key(prefix + names[i]);
+          if (sd.contains(key)) {
+            saved[i] = sd[key].cast<torch::Tensor>();
+          } else {
+            missing_keys.append(key);
+          }
+        }
+        // A mismatch is reported like any load error: load_state_dict raises
+        // RuntimeError listing it, and the buffers stay as they were.
+        if (saved[0] || saved[1]) {
+          try {
+            impl->load_tables(saved[0], saved[1], "CppRotaryEmbedding.load_state_dict");
+          } catch (const c10::ValueError& e) {
+            error_msgs.append(std::string(e.what_without_backtrace()));
+          }
+        }
+        if (strict) {
+          for (auto item : sd) {
+            const std::string key = py::str(item.first);
+            if (key.rfind(prefix, 0) != 0) continue;
+            const std::string rest = key.substr(prefix.size());
+            if (rest != "freqs" && rest != "inv_freq") unexpected_keys.append(item.first);
+          }
+        }
+      },
+      py::is_method(wrapper), py::arg("state_dict"), py::arg("prefix"), py::arg("local_metadata"),
+      py::arg("strict"), py::arg("missing_keys"), py::arg("unexpected_keys"), py::arg("error_msgs"));
 }

@@ -5,9 +5,12 @@
 #include <torch/detail/static.h>
 #include <torch/nn/cloneable.h>
 #include <torch/nn/pimpl.h>
+#include <torch/serialize/input-archive.h>
 
+#include <mutex>
 #include <optional>
 #include <ostream>
+#include <string>
 #include <tuple>
 
 namespace rotary {
@@ -30,6 +33,16 @@ namespace rotary {
 //             original_max_position_embeddings, short_factor otherwise.
 // With `positions` this reads their maximum on the host (a sync on CUDA), so
 // these two rules are not CUDA-graph safe. The other rules never rebuild.
+//
+// Threads: forward() may be called on one module from several threads at
+// once. It only reads the module, except for the two host-driven rules,
+// whose calls are serialised by a lock (the table a call uses is the one
+// built for its own reach). load(), reset(), to() and clone() must not run
+// concurrently with forward().
+//
+// Loading (torch::load, or load_tables from Python) never installs a table
+// the options would not build: the saved buffers are checked against the
+// options (check_saved_tables) and then rebuilt from them.
 class RotaryEmbeddingImpl : public torch::nn::Cloneable<RotaryEmbeddingImpl> {
  public:
   explicit RotaryEmbeddingImpl(const RotaryEmbeddingOptions& options_);
@@ -61,6 +74,18 @@ class RotaryEmbeddingImpl : public torch::nn::Cloneable<RotaryEmbeddingImpl> {
   void to(torch::Dtype dtype, bool non_blocking = false) override;
   void to(torch::Device device, bool non_blocking = false) override;
 
+  // torch::load(module, path): reads `freqs` (and `inv_freq` when present),
+  // throws c10::ValueError if they are not what these options build (another
+  // theta, rule, max_seq_len or angle_dtype), else rebuilds both from the
+  // options, restoring the host-driven state the saved tables were in.
+  void load(torch::serialize::InputArchive& archive) override;
+  // The same for tensors at hand (a Python state_dict). Either may be absent;
+  // `who` starts an error message.
+  void load_tables(
+      const std::optional<torch::Tensor>& freqs,
+      const std::optional<torch::Tensor>& inv_freq,
+      const std::string& who = "RotaryEmbedding.load");
+
   RotaryEmbeddingOptions options;
   torch::Tensor freqs;     // complex64 [rows, dim / 2], rows >= max_seq_len
   torch::Tensor inv_freq;  // float64 [dim / 2]
@@ -72,10 +97,41 @@ class RotaryEmbeddingImpl : public torch::nn::Cloneable<RotaryEmbeddingImpl> {
   void build_tables();
   void prepare(const torch::Tensor& q, int64_t start_pos, const std::optional<torch::Tensor>& positions);
 
+  // The tensor handed to the op as inv_freq: the float64 frequencies, so
+  // positions past the table are computed exactly; none with float32 angles
+  // (the on-the-fly path is float64 only).
+  std::optional<torch::Tensor> past_table_inv_freq() const;
+
   // State of the host-driven rules; survives clone() (reset() rebuilds from it).
   int64_t dynamic_len_ = 0;    // dynamic: length the table was grown for, 0 = not grown
   bool long_factors_ = false;  // longrope: long_factor in use
+
+  // Serialises forward() of the host-driven rules. A copy (clone()) gets a
+  // fresh mutex.
+  struct Lock {
+    Lock() = default;
+    Lock(const Lock&) {}
+    Lock& operator=(const Lock&) { return *this; }
+    std::recursive_mutex mutex;
+  };
+  mutable Lock host_driven_lock_;
 };
+
+// Checks tables saved from a RotaryEmbedding (its `freqs` complex64 [rows,
+// dim / 2] and `inv_freq` float64 [dim / 2]; either may be absent) against
+// what a module with `options` builds: dtype and shape, row count
+// (max_seq_len; more for a grown "dynamic" rule), inv_freq to 1e-12 relative,
+// and every table entry to 2^-22 (times the attention scaling), which tells
+// another theta, rule, factor or angle_dtype apart. The host-driven rules
+// may have been saved in any of their states. Returns the sequence length
+// of the state that matches (0: the initial one; for compute_frequencies).
+// Throws c10::ValueError naming the buffer, the options and the first
+// mismatch. `who` starts the message.
+int64_t check_saved_tables(
+    const RotaryEmbeddingOptions& options,
+    const std::optional<at::Tensor>& freqs,
+    const std::optional<at::Tensor>& inv_freq,
+    const std::string& who = "RotaryEmbedding.load");
 
 }  // namespace rotary
 

@@ -3,6 +3,7 @@
 #include <rotary/scaling.h>
 
 #include <torch/arg.h>
+#include <torch/types.h>
 
 #include <cstdint>
 
@@ -27,6 +28,16 @@ struct RotaryEmbeddingOptions {
   // sequence length crosses their threshold (not CUDA-graph safe). An unset
   // max_position_embeddings of a "dynamic" rule is taken to be max_seq_len.
   TORCH_ARG(RopeScaling, scaling) = RopeScaling();
+  // How the table's angles are formed (rotary/freqs.h): torch::kFloat64
+  // (default) computes pos * inv_freq in float64, exact to ~3e-8 at any
+  // position; torch::kFloat32 reproduces the fp32-angle tables of Hugging
+  // Face / Meta (float(pos) * float(inv_freq) in float32), whose phase error
+  // grows with the position, for parity with models trained on them. With
+  // float32 the module does not compute positions past its table on the fly
+  // (that path is float64 only): such a position is an IndexError on the
+  // host, NaN for device-side positions on CUDA, unless the rule grows the
+  // table ("dynamic"). Give it max_seq_len >= the longest context.
+  TORCH_ARG(torch::Dtype, angle_dtype) = torch::kFloat64;
 };
 
 }  // namespace rotary

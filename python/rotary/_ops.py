@@ -14,6 +14,8 @@ def rope_freqs(
     theta: float = 10000.0,
     scaling: Optional[Mapping[str, Any]] = None,
     seq_len: int = 0,
+    *,
+    angle_dtype: Any = "float64",
 ) -> torch.Tensor:
     """complex64 table ``[max_seq_len, dim // 2]`` with entry ``(p, j) =
     exp(i * p * theta ** (-2j / dim))``; angles, cos and sin computed in float64.
@@ -21,10 +23,15 @@ def rope_freqs(
     With ``scaling`` (a dict like Hugging Face's ``rope_parameters``, see
     :class:`RotaryEmbedding`) the entry is ``attention_scaling * exp(i * p *
     inv_freq[j])`` for that rule; ``seq_len`` matters only for ``dynamic`` and
-    ``longrope`` (0: the frequencies a model starts with)."""
-    if scaling is None and seq_len == 0:
+    ``longrope`` (0: the frequencies a model starts with).
+
+    ``angle_dtype="float32"`` (or ``torch.float32``) reproduces the fp32-angle
+    tables of Hugging Face / Meta: ``float32(p) * float32(inv_freq[j])``
+    rounded to float32, then cos/sin of that angle (in float64, rounded once).
+    Its phase error grows with ``p`` (README "Precision")."""
+    if scaling is None and seq_len == 0 and str(angle_dtype) in ("float64", "torch.float64"):
         return _C.rope_freqs(dim, max_seq_len, theta)
-    return _C.rope_freqs(dim, max_seq_len, theta, scaling, seq_len)
+    return _C.rope_freqs(dim, max_seq_len, theta, scaling, seq_len, angle_dtype=angle_dtype)
 
 
 def rope_frequencies(
