@@ -1,0 +1,313 @@
+"""Precision: table entries and outputs against exact values, and the
+fp32-angle compatibility mode against an independent float32 formula.
+
+What "exact" means here. A table entry (p, j) is exp(i * p * inv_freq[j]).
+inv_freq[j] = theta ** (-2j / d) is a float64 number, taken from the
+independent reference (reference.py, numpy). The reference angle is the
+float64 product float(p) * inv_freq[j] (one float64 rounding: relative error
+2^-53, i.e. under 5e-10 rad at p = 2^22). Its cosine and sine are evaluated
+with mpmath at 40 digits, so the reference is the true cos/sin of that angle.
+Nothing here calls rotary to build a reference.
+
+Metrics (stated once, used below):
+* table entries: max |entry - exact| over cos and sin, absolute (entries are
+  of magnitude <= 1); bound 1e-7 (the brief), and in fact 2^-25 = one
+  rounding to float32 (half an ulp at 1).
+* fp32 outputs: per pair, ||out - exact||_2 <= 1e-6 * ||x||_2 (the rotation
+  preserves the pair's norm, so this is the relative error of the rotated
+  pair; an elementwise relative error is meaningless where a component
+  cancels to ~0).
+* fp16 / bf16 outputs: |out - exact| <= 0.5 ulp(exact) + 1e-6 * ||x pair||_2
+  per element: one rounding of the exact result, plus slack for the fp32
+  table and fp32 arithmetic before that rounding (~3e-7 relative), which can
+  only move a result lying within that distance of a rounding boundary to the
+  other side.
+"""
+
+from __future__ import annotations
+
+import mpmath
+import numpy as np
+import pytest
+import torch
+
+import rotary
+from reference import inv_freq as ref_inv_freq
+from reference import rope_reference
+from rope_testing import gen
+
+mpmath.mp.dps = 40
+
+TWO22 = 2**22
+HALF_ULP_1 = 2.0**-25  # half an fp32 ulp in [0.5, 1): one correct rounding of a cos/sin
+
+
+def sample_positions(n=48, seed=0, top=TWO22):
+    """Positions in [0, top], always including the ends and a few powers of two."""
+    g = np.random.default_rng(seed)
+    fixed = [0, 1, 2, 3, 4095, 4096, 131071, 131072, 2**20 - 1, 2**20, top - 1, top]
+    rand = g.integers(0, top + 1, size=n).tolist()
+    return sorted(set(fixed + rand))
+
+
+def exact_entries(positions, inv, scale=1.0):
+    """complex128 [len(positions), len(inv)]: scale * exp(i * fl64(p * inv_j)),
+    cos/sin of that float64 angle evaluated exactly (mpmath)."""
+    out = np.empty((len(positions), len(inv)), dtype=np.complex128)
+    for r, p in enumerate(positions):
+        for j, f in enumerate(inv):
+            angle = float(p) * float(f)  # the float64 product: the definition of the exact angle
+            a = mpmath.mpf(angle)
+            out[r, j] = complex(float(scale * mpmath.cos(a)), float(scale * mpmath.sin(a)))
+    return out
+
+
+def entry_error(table: torch.Tensor, exact: np.ndarray) -> float:
+    t = table.numpy().astype(np.complex128)
+    return float(max(np.abs(t.real - exact.real).max(), np.abs(t.imag - exact.imag).max()))
+
+
+# ---------------------------------------------------------------------------
+# Table entries up to 2^22
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("dim,theta", [(128, 10000.0), (64, 500000.0), (6, 10000.0)])
+def test_table_rows_exact_up_to_2_22(dim, theta):
+    """rope_freqs_at builds single rows with the table's own entry code (no
+    table of 2^22 rows is materialised)."""
+    positions = sample_positions(seed=dim)
+    rows = rotary._C.rope_freqs_at(dim, torch.tensor(positions), theta)
+    assert rows.dtype == torch.complex64 and rows.shape == (len(positions), dim // 2)
+    err = entry_error(rows, exact_entries(positions, ref_inv_freq(dim, theta)))
+    print(f"\ntable entries dim={dim} theta={theta:g}, positions up to 2^22: max |error| = {err:.3g}")
+    assert err <= 1e-7
+    assert err <= HALF_ULP_1 * (1 + 1e-6)  # correctly rounded (up to libm's last bit)
+
+
+def test_real_table_up_to_2_22():
+    """A real table, 2^22 + 1 rows (dim 4: 2 pairs, 64 MB): the last rows and
+    sampled ones against exact values, and rope_freqs_at equal to it bit for
+    bit."""
+    table = rotary.rope_freqs(4, TWO22 + 1)
+    positions = sample_positions(n=64, seed=11)
+    picked = table[torch.tensor(positions)]
+    err = entry_error(picked, exact_entries(positions, ref_inv_freq(4)))
+    assert err <= HALF_ULP_1 * (1 + 1e-6), err
+    assert torch.equal(rotary._C.rope_freqs_at(4, torch.tensor(positions)), picked)
+    del table
+
+
+def test_moderate_table_every_entry():
+    """Every entry of a [8192, 64] table, against numpy float64 cos/sin of the
+    float64 angle (numpy's cos is within an ulp of float64, far below the
+    float32 rounding checked here)."""
+    dim, n = 128, 8192
+    table = rotary.rope_freqs(dim, n).numpy().astype(np.complex128)
+    angle = np.arange(n, dtype=np.float64)[:, None] * ref_inv_freq(dim)[None, :]
+    err = max(np.abs(table.real - np.cos(angle)).max(), np.abs(table.imag - np.sin(angle)).max())
+    assert err <= HALF_ULP_1 * (1 + 1e-6) + 1e-15, err
+
+
+def test_scaled_rule_rows_exact():
+    """A rule with attention scaling (yarn): entries are scale * exp(i angle),
+    the product also rounded once."""
+    scaling = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}
+    inv, scale = rotary.rope_frequencies(32, 10000.0, scaling)
+    assert scale != 1.0
+    positions = sample_positions(n=16, seed=5)
+    rows = rotary._C.rope_freqs_at(32, torch.tensor(positions), 10000.0, scaling)
+    err = entry_error(rows, exact_entries(positions, inv.tolist(), scale))
+    assert err <= 1e-7 and err <= 2 * HALF_ULP_1, err
+
+
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "half"])
+def test_past_table_path_equals_table_bit_for_bit(interleaved):
+    """The op's on-the-fly path (positions past a 1-row table, with inv_freq)
+    gives exactly the table entries: with x = (1, 0) in every pair and float64
+    math, the output pair is (cos, sin) as stored."""
+    dim = 16
+    positions = sample_positions(n=40, seed=3)
+    n = len(positions)
+    x = torch.zeros(1, 1, n, dim, dtype=torch.float64)
+    if interleaved:
+        x[..., 0::2] = 1.0
+    else:
+        x[..., : dim // 2] = 1.0
+    inv, _ = rotary.rope_frequencies(dim)
+    out = rotary.apply_rope(
+        x, rotary.rope_freqs(dim, 1), 0, interleaved, positions=torch.tensor(positions)[None], inv_freq=inv
+    )[0, 0]
+    c, s = (out[:, 0::2], out[:, 1::2]) if interleaved else (out[:, : dim // 2], out[:, dim // 2 :])
+    rows = rotary._C.rope_freqs_at(dim, torch.tensor(positions))
+    assert torch.equal(c, rows.real.double()) and torch.equal(s, rows.imag.double())
+    err = entry_error(rows, exact_entries(positions, ref_inv_freq(dim)))
+    assert err <= 1e-7
+
+
+# ---------------------------------------------------------------------------
+# Outputs against the float64 reference
+# ---------------------------------------------------------------------------
+def _pair_view(t: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """[..., D] -> [..., D/2, 2] pairs (a copy is fine here)."""
+    d = t.shape[-1]
+    if interleaved:
+        return t.reshape(*t.shape[:-1], d // 2, 2)
+    return torch.stack([t[..., : d // 2], t[..., d // 2 :]], dim=-1)
+
+
+def _ulp(v: np.ndarray, dtype: torch.dtype) -> np.ndarray:
+    """Spacing of `dtype` at |v| (subnormal spacing below the smallest normal)."""
+    mant = {torch.float16: 10, torch.bfloat16: 7}[dtype]
+    tiny = torch.finfo(dtype).tiny
+    e = np.floor(np.log2(np.maximum(np.abs(v), tiny)))
+    return np.exp2(e - mant)
+
+
+def _outputs(dtype, interleaved, seed):
+    """One module call reaching positions up to 2^22 (table rows and the
+    on-the-fly path): returns (x, out, exact) as float64 arrays."""
+    B, H, S, D = 2, 3, 64, 128
+    g = gen(seed)
+    x = torch.randn(B, H, S, D, generator=g).to(dtype)
+    ids = torch.randint(0, TWO22 + 1, (B, S), generator=g)
+    ids[0, :4] = torch.tensor([0, 4095, TWO22 - 1, TWO22])
+    rope = rotary.RotaryEmbedding(D, 4096, interleaved=interleaved)
+    out = rope(x, positions=ids)
+    exact = rope_reference(x, 0, interleaved, ids)
+    return x.double(), out.double(), exact
+
+
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "half"])
+def test_fp32_outputs_relative_error(interleaved):
+    x, out, exact = _outputs(torch.float32, interleaved, seed=1)
+    err = (_pair_view(out - exact, interleaved).norm(dim=-1) / _pair_view(x, interleaved).norm(dim=-1)).max()
+    print(f"\nfp32 output, max per-pair relative error: {float(err):.3g}")
+    assert err <= 1e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "half"])
+def test_16bit_outputs_within_one_rounding(dtype, interleaved):
+    x, out, exact = _outputs(dtype, interleaved, seed=2)
+    pair_norm = _pair_view(x, interleaved).norm(dim=-1, keepdim=True).expand(*x.shape[:-1], x.shape[-1] // 2, 2)
+    norm = pair_norm.reshape(*x.shape) if interleaved else torch.cat([pair_norm[..., 0], pair_norm[..., 1]], -1)
+    e, o = exact.numpy(), out.numpy()
+    half_ulp = 0.5 * _ulp(e, dtype)
+    excess = (np.abs(o - e) - half_ulp) / norm.numpy()  # beyond one correct rounding, relative to ||pair||
+    correctly_rounded = float((torch.from_numpy(e).to(dtype).double().numpy() == o).mean())
+    print(
+        f"\n{dtype} output: worst |out - exact| = {(np.abs(o - e) / (2 * half_ulp)).max():.3f} ulp; "
+        f"beyond half an ulp by at most {max(excess.max(), 0):.2g} * ||x pair||; "
+        f"{100 * correctly_rounded:.3f}% of elements correctly rounded"
+    )
+    assert (excess <= 1e-6).all(), float(excess.max())
+
+
+# ---------------------------------------------------------------------------
+# angle_dtype="float32": the fp32-angle tables of Hugging Face / Meta
+# ---------------------------------------------------------------------------
+def fp32_angle_table(positions, dim, theta=10000.0, scale=1.0):
+    """Independent numpy float32 formula: float32(p) * float32(inv_freq) in
+    float32 (numpy rounds the float32 product once), then cos/sin of that
+    angle in float64, times the scaling, rounded to float32."""
+    inv32 = ref_inv_freq(dim, theta).astype(np.float32)
+    p32 = np.asarray(positions, dtype=np.int64).astype(np.float32)
+    angle32 = p32[:, None] * inv32[None, :]
+    assert angle32.dtype == np.float32
+    a = angle32.astype(np.float64)
+    return (scale * np.cos(a)).astype(np.float32) + 1j * (scale * np.sin(a)).astype(np.float32)
+
+
+def test_fp32_angle_table_matches_numpy_float32():
+    dim, n = 128, 8192
+    ours = rotary.rope_freqs(dim, n, angle_dtype="float32").numpy()
+    ref = fp32_angle_table(range(n), dim)
+    diff = np.maximum(np.abs(ours.real - ref.real), np.abs(ours.imag - ref.imag))
+    # Same angle bits; cos/sin may differ in the last float bit only where
+    # the float64 cos of two libms straddle a float32 rounding boundary.
+    assert diff.max() <= 2.0**-24
+    assert (diff == 0).mean() > 0.999
+
+
+def test_fp32_angle_rows_far_out_match_numpy_float32():
+    positions = sample_positions(n=64, seed=9)
+    ours = rotary._C.rope_freqs_at(128, torch.tensor(positions), angle_dtype="float32").numpy()
+    ref = fp32_angle_table(positions, 128)
+    assert np.maximum(np.abs(ours.real - ref.real), np.abs(ours.imag - ref.imag)).max() <= 2.0**-24
+    # and it is not the exact table: at 2^22 the fp32 angle is off by ~0.1 rad
+    exact = rotary._C.rope_freqs_at(128, torch.tensor(positions)).numpy()
+    assert np.abs(ours - exact).max() > 1e-2
+
+
+def test_fp32_angle_table_matches_torch_outer_formula():
+    """The formula the mode reproduces, in torch (Meta / HF):
+    torch.outer(t.float(), inv_freq.float()) then cos/sin in float32. Same
+    angle bits; torch's float32 cos/sin are within ~1 ulp of the correctly
+    rounded values we store."""
+    dim = 128
+    t = torch.tensor(sample_positions(n=256, seed=4, top=2**20))
+    inv = torch.from_numpy(ref_inv_freq(dim))
+    angles = torch.outer(t.float(), inv.float())
+    hf = torch.polar(torch.ones_like(angles), angles)
+    ours = rotary._C.rope_freqs_at(dim, t, angle_dtype=torch.float32)
+    assert (ours - hf).abs().max() <= 3e-7
+    assert (rotary._C.rope_freqs_at(dim, t) - hf).abs().max() > 1e-3  # the default is not that formula
+
+
+def test_fp32_angle_scaled_rule():
+    scaling = {"rope_type": "linear", "factor": 2.0}
+    inv, scale = rotary.rope_frequencies(16, 10000.0, scaling)
+    ours = rotary.rope_freqs(16, 300, scaling=scaling, angle_dtype="float32").numpy()
+    inv32 = inv.numpy().astype(np.float32)
+    a = (np.arange(300, dtype=np.float32)[:, None] * inv32[None, :]).astype(np.float64)
+    ref = np.cos(a).astype(np.float32) + 1j * np.sin(a).astype(np.float32)
+    assert np.abs(ours - ref).max() <= 2.0**-23
+
+
+@pytest.mark.parametrize("make", [rotary.RotaryEmbedding, rotary.CppRotaryEmbedding], ids=["py", "cpp"])
+def test_fp32_angle_modules(make):
+    m = make(32, 512, 10000.0, False, angle_dtype="float32")
+    assert m.angle_dtype == "float32"
+    assert torch.equal(m.freqs, rotary.rope_freqs(32, 512, angle_dtype="float32"))
+    assert m.inv_freq.dtype == torch.float64  # the rule's exact frequencies
+    x = torch.randn(1, 2, 8, 32)
+    out = m(x, start_pos=504)
+    f = rotary.rope_freqs(32, 512, angle_dtype="float32")
+    assert torch.equal(out, rotary.apply_rope(x, f, 504, False))
+    # past the table: no float64 on-the-fly path for float32 tables
+    with pytest.raises(IndexError, match=r"float32.*exceeds max_seq_len 512"):
+        m(x, start_pos=505)
+    with pytest.raises(IndexError, match=r"outside the freqs table"):
+        m(x, positions=torch.tensor([[0, 1, 2, 3, 4, 5, 6, 600]]))
+    # the default module computes those positions exactly on the fly
+    d = make(32, 512, 10000.0, False)
+    assert d(x, start_pos=505).shape == x.shape
+
+
+def test_fp32_angle_python_and_cpp_modules_agree():
+    a = rotary.RotaryEmbedding(64, 1024, 500000.0, angle_dtype=torch.float32)
+    b = rotary.CppRotaryEmbedding(64, 1024, 500000.0, angle_dtype="float32")
+    assert torch.equal(a.freqs, b.freqs)
+    q, k = torch.randn(2, 4, 16, 64), torch.randn(2, 1, 16, 64)
+    for x, y in zip(a(q, k, start_pos=1000), b(q, k, start_pos=1000)):
+        assert torch.equal(x, y)
+
+
+def test_fp32_angle_from_hf_config():
+    cfg = {"hidden_size": 256, "num_attention_heads": 4, "rope_theta": 10000.0, "max_position_embeddings": 128}
+    m = rotary.RotaryEmbedding.from_hf_config(cfg, angle_dtype="float32")
+    assert m.angle_dtype == "float32" and not m.interleaved
+    assert torch.equal(m.freqs, rotary.rope_freqs(64, 128, angle_dtype="float32"))
+
+
+def test_phase_error_grows_only_in_fp32_mode():
+    """The headline numbers of README "Precision", as bounds: the phase of
+    the stored entry against the exact one, over all 64 pairs of dim 128."""
+    positions = [131072 - 1, 2**20 - 1, TWO22]
+    exact = exact_entries(positions, ref_inv_freq(128))
+    for mode, bound in (("float64", 1e-7), ("float32", None)):
+        rows = rotary._C.rope_freqs_at(128, torch.tensor(positions), angle_dtype=mode).numpy()
+        phase = np.abs(np.angle(rows.astype(np.complex128) * np.conj(exact)))
+        if bound is not None:
+            assert phase.max() <= bound
+        else:
+            assert phase[1].max() > 1e-3  # 1M: the fp32 angle is visibly off
