@@ -1,0 +1,208 @@
+// Module state: one module called from many threads, torch::save /
+// torch::load round trips, and loading tables the options would not build.
+#include "helpers.h"
+
+#include <rotary/freqs.h>
+#include <rotary/module.h>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/serialize.h>
+
+#include <atomic>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using rotary::RotaryEmbedding;
+using rotary::RotaryEmbeddingOptions;
+using rotary_test::ExpectError;
+
+rotary::RopeScaling yarn() {
+  return rotary::RopeScaling("yarn").factor(4.0).original_max_position_embeddings(64);
+}
+rotary::RopeScaling dynamic() {
+  return rotary::RopeScaling("dynamic").factor(2.0).max_position_embeddings(64);
+}
+rotary::RopeScaling longrope() {
+  return rotary::RopeScaling("longrope")
+      .short_factor({1.0, 1.5, 2.0, 3.0})
+      .long_factor({2.0, 3.0, 4.0, 6.0})
+      .original_max_position_embeddings(64)
+      .factor(4.0);
+}
+
+// Runs body(i) on n threads started together.
+template <typename F>
+void run_threads(int n, F body) {
+  std::atomic<int> ready{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      ready.fetch_add(1);
+      while (ready.load() < n) std::this_thread::yield();
+      body(i);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+TEST(ModuleState, OneModuleManyThreads) {
+  for (const auto& scaling : {rotary::RopeScaling(), yarn()}) {
+    RotaryEmbedding rope(RotaryEmbeddingOptions(32).max_seq_len(64).scaling(scaling));
+    const int n = 8, rounds = 20;
+    std::vector<at::Tensor> qs, ks;
+    std::vector<std::tuple<at::Tensor, at::Tensor>> want;
+    for (int i = 0; i < n; ++i) {
+      qs.push_back(at::randn({2, 4, 16, 32}));
+      ks.push_back(at::randn({2, 2, 16, 32}));
+      want.push_back(rope->forward(qs[i], ks[i], (7 * i) % 90));  // some past the 64 cached rows
+    }
+    std::atomic<int> mismatches{0};
+    run_threads(n, [&](int i) {
+      for (int r = 0; r < rounds; ++r) {
+        const auto [q2, k2] = rope->forward(qs[i], ks[i], (7 * i) % 90);
+        if (!at::equal(q2, std::get<0>(want[i])) || !at::equal(k2, std::get<1>(want[i]))) ++mismatches;
+      }
+    });
+    EXPECT_EQ(mismatches.load(), 0) << scaling.type();
+  }
+}
+
+// dynamic rebuilds its table per call: reach 200 grows it, reach 16 returns
+// to the original frequencies. Every call must see the table of its own
+// reach even while other threads rebuild it.
+TEST(ModuleState, HostDrivenRuleManyThreads) {
+  const auto options = RotaryEmbeddingOptions(16).max_seq_len(64).interleaved(false).scaling(dynamic());
+  RotaryEmbedding rope(options);
+  const auto x = at::randn({1, 2, 16, 16});
+  const auto short_want = RotaryEmbedding(options)->forward(x, 0);
+  const auto long_want = RotaryEmbedding(options)->forward(x, 184);
+  std::atomic<int> mismatches{0};
+  run_threads(8, [&](int i) {
+    for (int r = 0; r < 12; ++r) {
+      const bool grow = (i + r) % 2;
+      const auto out = rope->forward(x, grow ? 184 : 0);
+      if (!at::equal(out, grow ? long_want : short_want)) ++mismatches;
+    }
+  });
+  EXPECT_EQ(mismatches.load(), 0);
+}
+
+at::Tensor forward_far(RotaryEmbedding& m, const at::Tensor& x) {
+  return m->forward(x, m->options.angle_dtype() == torch::kFloat32 ? 40 : 300);
+}
+
+TEST(ModuleState, SaveLoadRoundTrip) {
+  const std::vector<RotaryEmbeddingOptions> specs = {
+      RotaryEmbeddingOptions(8).max_seq_len(64).theta(500.0),
+      RotaryEmbeddingOptions(8).max_seq_len(64).theta(500.0).scaling(yarn()),
+      RotaryEmbeddingOptions(8).max_seq_len(64).theta(500.0).angle_dtype(torch::kFloat32),
+      RotaryEmbeddingOptions(8).max_seq_len(64).theta(500.0).scaling(longrope()),
+      RotaryEmbeddingOptions(8).max_seq_len(64).theta(500.0).scaling(dynamic()),
+  };
+  const auto x = at::randn({1, 2, 8, 8});
+  for (const auto& o : specs) {
+    RotaryEmbedding a(o);
+    forward_far(a, x);  // host-driven rules leave their initial state (grown / long factors)
+    std::stringstream stream;
+    torch::save(a, stream);
+    RotaryEmbedding b(o);
+    torch::load(b, stream);
+    EXPECT_TRUE(at::equal(b->freqs, a->freqs)) << o.scaling().type();
+    EXPECT_TRUE(at::equal(b->inv_freq, a->inv_freq)) << o.scaling().type();
+    EXPECT_TRUE(b->named_buffers()["freqs"].is_same(b->freqs));
+    EXPECT_TRUE(at::equal(b->forward(x, 5), a->forward(x, 5)));
+    EXPECT_TRUE(at::equal(forward_far(b, x), forward_far(a, x)));
+  }
+}
+
+// (saved from, loaded into, substrings of the c10::ValueError)
+struct Mismatch {
+  const char* name;
+  RotaryEmbeddingOptions from;
+  RotaryEmbeddingOptions into;
+  std::vector<std::string> parts;
+};
+
+TEST(ModuleState, LoadingOtherTablesThrows) {
+  const auto base = RotaryEmbeddingOptions(8).max_seq_len(32);
+  const auto longer = RotaryEmbeddingOptions(8).max_seq_len(1024);
+  const std::vector<Mismatch> cases = {
+      {"theta", RotaryEmbeddingOptions(base).theta(5e5), base, {"theta=10000", "'inv_freq'[1] =", "these options give"}},
+      {"rule", RotaryEmbeddingOptions(base).scaling(yarn()), base, {"rope_type=default", "'inv_freq'["}},
+      {"max_seq_len", RotaryEmbeddingOptions(base).max_seq_len(48), base, {"'freqs' has 48 rows", "max_seq_len is 32"}},
+      {"dim", RotaryEmbeddingOptions(16).max_seq_len(32), base, {"'freqs' must be complex64 [rows, dim / 2] = [*, 4]", "[32, 8]"}},
+      {"angle_dtype", RotaryEmbeddingOptions(longer).angle_dtype(torch::kFloat32), longer,
+       {"angle_dtype=float64", "'freqs' row ", "differs by"}},
+      {"angle_dtype back", longer, RotaryEmbeddingOptions(longer).angle_dtype(torch::kFloat32),
+       {"angle_dtype=float32", "'freqs' row "}},
+  };
+  for (const auto& c : cases) {
+    RotaryEmbedding a(c.from);
+    std::stringstream stream;
+    torch::save(a, stream);
+    RotaryEmbedding b(c.into);
+    const auto freqs = b->freqs.clone();
+    const auto inv = b->inv_freq.clone();
+    auto parts = c.parts;
+    parts.push_back("RotaryEmbedding.load: ");
+    ExpectError<c10::ValueError>([&] { torch::load(b, stream); }, parts);
+    EXPECT_TRUE(at::equal(b->freqs, freqs)) << c.name << ": the buffers changed";
+    EXPECT_TRUE(at::equal(b->inv_freq, inv)) << c.name;
+  }
+}
+
+TEST(ModuleState, LoadTablesRejectsCorruption) {
+  RotaryEmbedding m(RotaryEmbeddingOptions(8).max_seq_len(32));
+  auto f = m->freqs.clone();
+  f[5][1] = f[5][1] * 1.001;
+  ExpectError<c10::ValueError>([&] { m->load_tables(f, m->inv_freq.clone()); }, {"'freqs' row 5, pair 1 differs"});
+  auto g = m->freqs.clone();
+  g[3][0] = c10::complex<float>(NAN, NAN);
+  ExpectError<c10::ValueError>([&] { m->load_tables(g, std::nullopt); }, {"'freqs' row 3, pair 0"});
+  ExpectError<c10::ValueError>(
+      [&] { m->load_tables(at::view_as_real(m->freqs), std::nullopt); }, {"'freqs' must be complex64", "Float"});
+  ExpectError<c10::ValueError>(
+      [&] { m->load_tables(std::nullopt, m->inv_freq.to(at::kFloat)); }, {"'inv_freq' must be float64"});
+  ExpectError<c10::ValueError>(
+      [&] { m->load_tables(std::nullopt, m->inv_freq * (1 + 1e-9)); }, {"'inv_freq'[0] = 1.000000001"});
+  // What the options build loads, from either buffer alone too.
+  m->load_tables(m->freqs.clone(), m->inv_freq.clone());
+  m->load_tables(m->freqs.clone(), std::nullopt);
+  m->load_tables(std::nullopt, m->inv_freq.clone());
+}
+
+TEST(ModuleState, LoadRestoresGrownDynamicState) {
+  const auto o = RotaryEmbeddingOptions(8).max_seq_len(64).scaling(dynamic());
+  RotaryEmbedding a(o);
+  const auto x = at::randn({1, 1, 4, 8});
+  a->forward(x, 196);  // reach 200 > 64: grown
+  ASSERT_EQ(a->freqs.size(0), 200);
+  std::stringstream stream;
+  torch::save(a, stream);
+  RotaryEmbedding b(o);
+  torch::load(b, stream);
+  EXPECT_EQ(b->freqs.size(0), 200);
+  EXPECT_TRUE(at::equal(b->inv_freq, a->inv_freq));
+  EXPECT_TRUE(at::equal(b->forward(x, 10), RotaryEmbedding(o)->forward(x, 10)));  // shrinks back
+  EXPECT_EQ(b->freqs.size(0), 64);
+}
+
+TEST(ModuleState, AngleDtypeValidated) {
+  ExpectError<c10::ValueError>(
+      [] { RotaryEmbedding(RotaryEmbeddingOptions(8).angle_dtype(torch::kHalf)); },
+      {"RotaryEmbedding: angle_dtype must be float64", "got Half"});
+  ExpectError<c10::ValueError>(
+      [] { rotary::rope_freqs(8, 4, 1e4, rotary::RopeScaling(), 0, at::kBFloat16); },
+      {"rope_freqs: angle_dtype must be float64", "got BFloat16"});
+  ExpectError<c10::ValueError>(
+      [] { rotary::angle_dtype_from_string("float16", "rope_freqs"); }, {"angle_dtype must be 'float64'", "'float16'"});
+  EXPECT_EQ(rotary::angle_dtype_from_string("torch.float32", "x"), at::kFloat);
+  EXPECT_EQ(rotary::angle_dtype_name(at::kDouble), "float64");
+}
+
+}  // namespace

@@ -1,0 +1,282 @@
+"""Module state: threads, state_dict round trips, loading tables that do not
+match the options, and loading the library twice."""
+
+from __future__ import annotations
+
+import copy
+import io
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+import rotary
+
+MODULES = {"py": rotary.RotaryEmbedding, "cpp": rotary.CppRotaryEmbedding}
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+DYNAMIC = {"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 64}
+LONGROPE = {
+    "rope_type": "longrope",
+    "short_factor": [1.0, 1.5, 2.0, 3.0],
+    "long_factor": [2.0, 3.0, 4.0, 6.0],
+    "original_max_position_embeddings": 64,
+    "factor": 4.0,
+}
+
+
+def gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def run_threads(fn, n):
+    """Runs fn(i) for i < n on n threads released together; returns the results."""
+    results, errors = [None] * n, []
+    barrier = threading.Barrier(n)
+
+    def body(i):
+        try:
+            barrier.wait()
+            results[i] = fn(i)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+# ---------------------------------------------------------------------------
+# Threads
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", list(MODULES))
+@pytest.mark.parametrize("scaling", [None, YARN], ids=["default", "yarn"])
+def test_one_module_many_threads(kind, scaling):
+    rope = MODULES[kind](32, 64, 10000.0, True, scaling)
+    n, rounds = 8, 20
+    qs = [torch.randn(2, 4, 16, 32, generator=gen(i)) for i in range(n)]
+    ks = [torch.randn(2, 2, 16, 32, generator=gen(100 + i)) for i in range(n)]
+    starts = [(7 * i) % 90 for i in range(n)]  # some past the 64 cached rows
+    want = [rope(qs[i], ks[i], starts[i]) for i in range(n)]
+
+    def call(i):
+        outs = [rope(qs[i], ks[i], starts[i]) for _ in range(rounds)]
+        return all(torch.equal(o[0], want[i][0]) and torch.equal(o[1], want[i][1]) for o in outs)
+
+    assert all(run_threads(call, n))
+
+
+@pytest.mark.parametrize("kind", list(MODULES))
+def test_host_driven_rule_many_threads(kind):
+    """dynamic rebuilds its table per call (reach 200 grows it, reach 16 goes
+    back to the original). Alternating reaches from 8 threads: every call
+    must see the table of its own reach, as a fresh module would."""
+    rope = MODULES[kind](16, 64, 10000.0, False, DYNAMIC)
+    fresh = MODULES[kind](16, 64, 10000.0, False, DYNAMIC)
+    x = torch.randn(1, 2, 16, 16, generator=gen(3))
+    short = fresh(x, 0)  # reach 16: original frequencies
+    long_ = MODULES[kind](16, 64, 10000.0, False, DYNAMIC)(x, 184)  # reach 200: grown
+
+    def call(i):
+        ok = True
+        for r in range(12):
+            if (i + r) % 2:
+                ok &= torch.equal(rope(x, 184), long_)
+            else:
+                ok &= torch.equal(rope(x, 0), short)
+        return ok
+
+    assert all(run_threads(call, 8))
+
+
+def test_python_module_with_lock_copies_and_pickles():
+    m = rotary.RotaryEmbedding(16, 64, scaling=DYNAMIC)
+    x = torch.randn(1, 1, 4, 16)
+    for c in (copy.deepcopy(m), pickle.loads(pickle.dumps(m))):
+        assert torch.equal(c(x, 100), m(x, 100))
+        assert c._lock is not None and c._lock is not m._lock
+
+
+# ---------------------------------------------------------------------------
+# state_dict round trips
+# ---------------------------------------------------------------------------
+SPECS = [
+    ("default", dict()),
+    ("yarn", dict(scaling=YARN)),
+    ("fp32-angles", dict(angle_dtype="float32")),
+    ("longrope", dict(scaling=LONGROPE)),
+    ("dynamic", dict(scaling=DYNAMIC)),
+]
+
+
+def _save_load(sd):
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
+
+
+@pytest.mark.parametrize("spec", [s for _, s in SPECS], ids=[n for n, _ in SPECS])
+@pytest.mark.parametrize("src,dst", [("py", "py"), ("cpp", "cpp"), ("py", "cpp"), ("cpp", "py")])
+def test_state_dict_round_trip(src, dst, spec):
+    a = MODULES[src](8, 64, 500.0, False, **spec)
+    x = torch.randn(1, 2, 8, 8, generator=gen(1))
+    if spec.get("scaling") in (DYNAMIC, LONGROPE):
+        a(x, 300)  # move the host-driven rule out of its initial state (grown / long factors)
+    sd = _save_load(a.state_dict())
+    assert list(sd) == ["freqs", "inv_freq"]
+    b = MODULES[dst](8, 64, 500.0, False, **spec)
+    result = b.load_state_dict(sd)
+    assert not result.missing_keys and not result.unexpected_keys
+    assert torch.equal(b.freqs, a.freqs) and torch.equal(b.inv_freq, a.inv_freq)
+    assert b.freqs.dtype == torch.complex64 and b.inv_freq.dtype == torch.float64
+    far = 40 if spec.get("angle_dtype") == "float32" else 300  # float32 tables are not extended
+    assert torch.equal(b(x, 5), a(x, 5)) and torch.equal(b(x, far), a(x, far))
+
+
+@pytest.mark.parametrize("kind", list(MODULES))
+def test_state_dict_nested_in_parent(kind):
+    a = nn.ModuleDict({"rope": MODULES[kind](8, 32, 321.0)})
+    b = nn.ModuleDict({"rope": MODULES[kind](8, 32, 321.0)})
+    sd = _save_load(a.state_dict())
+    assert set(sd) == {"rope.freqs", "rope.inv_freq"}
+    b.load_state_dict(sd)
+    assert torch.equal(b["rope"].freqs, a["rope"].freqs)
+    with pytest.raises(RuntimeError, match=r"theta=10000"):
+        nn.ModuleDict({"rope": MODULES[kind](8, 32)}).load_state_dict(sd)
+    with pytest.raises(RuntimeError, match=r"Unexpected key.*rope\.extra"):
+        b.load_state_dict({**sd, "rope.extra": torch.zeros(1)})
+
+
+def _mismatches():
+    """(id, saved-from options, loading-into options, expected message)."""
+    base = dict(dim=8, max_seq_len=32, theta=10000.0)
+    long = dict(base, max_seq_len=1024)
+    return [
+        ("theta", dict(base, theta=500000.0), base, r"theta=10000.*'inv_freq'\[1\] = .* but these options give"),
+        ("rule", dict(base, scaling=YARN), base, r"'inv_freq'\[\d\] = .* but these options give"),
+        ("factor", dict(base, scaling=dict(YARN, factor=8.0)), dict(base, scaling=YARN), r"inv_freq"),
+        ("max-seq-len", dict(base, max_seq_len=48), base, r"'freqs' has 48 rows but this module's max_seq_len is 32"),
+        ("dim", dict(base, dim=16), base, r"'freqs' must be complex64 \[rows, dim / 2\] = \[\*, 4\], got ComplexFloat \[32, 8\]"),
+        # float32 and float64 angles differ by less than the tolerance (2^-22)
+        # in the first rows; a 1024-row table tells them apart. (A shorter
+        # one loads, and is rebuilt with the module's own angle_dtype.)
+        ("angle-dtype", dict(long, angle_dtype="float32"), long, r"angle_dtype=float64.*'freqs' row \d+, pair \d+ differs by"),
+        ("angle-dtype-back", long, dict(long, angle_dtype="float32"), r"'freqs' row \d+, pair \d+ differs by"),
+    ]
+
+
+def _make(kind, o):
+    o = dict(o)
+    args = (o.pop("dim"), o.pop("max_seq_len"), o.pop("theta"))
+    return MODULES[kind](*args, **o)
+
+
+@pytest.mark.parametrize("case", _mismatches(), ids=[m[0] for m in _mismatches()])
+@pytest.mark.parametrize("src,dst", [("py", "py"), ("cpp", "cpp"), ("py", "cpp"), ("cpp", "py")])
+def test_load_mismatched_tables_is_an_error(src, dst, case):
+    _, saved_opts, opts, match = case
+    sd = _make(src, saved_opts).state_dict()
+    b = _make(dst, opts)
+    before = (b.freqs.clone(), b.inv_freq.clone())
+    with pytest.raises(RuntimeError, match=match) as e:
+        b.load_state_dict(sd)
+    assert "Error(s) in loading state_dict" in str(e.value) and "load_state_dict: " in str(e.value)
+    # nothing was installed
+    assert torch.equal(b.freqs, before[0]) and torch.equal(b.inv_freq, before[1])
+
+
+@pytest.mark.parametrize("kind", list(MODULES))
+@pytest.mark.parametrize(
+    "corrupt,match",
+    [
+        (lambda sd: sd["freqs"].__setitem__((5, 1), sd["freqs"][5, 1] * 1.001), r"'freqs' row 5, pair 1 differs"),
+        (lambda sd: sd["freqs"].__setitem__((3, 0), complex("nan+nanj")), r"'freqs' row 3, pair 0 differs"),
+        (lambda sd: sd.__setitem__("freqs", torch.view_as_real(sd["freqs"])), r"'freqs' must be complex64"),
+        (lambda sd: sd.__setitem__("inv_freq", sd["inv_freq"].float()), r"'inv_freq' must be float64"),
+        (lambda sd: sd["inv_freq"].mul_(1 + 1e-9), r"'inv_freq'\[0\] = 1.000000001"),
+    ],
+    ids=["one-entry", "nan-entry", "real-freqs", "float32-inv-freq", "inv-freq-off-by-1e-9"],
+)
+def test_load_corrupted_tables_is_an_error(kind, corrupt, match):
+    sd = {k: v.clone() for k, v in MODULES[kind](8, 32).state_dict().items()}
+    corrupt(sd)
+    m = MODULES[kind](8, 32)
+    with pytest.raises(RuntimeError, match=match):
+        m.load_state_dict(sd)
+
+
+@pytest.mark.parametrize("kind", list(MODULES))
+def test_partial_state_dict(kind):
+    a = MODULES[kind](8, 32, 321.0)
+    b = MODULES[kind](8, 32, 321.0)
+    r = b.load_state_dict({"freqs": a.freqs.clone()}, strict=False)
+    assert r.missing_keys == ["inv_freq"] and torch.equal(b.freqs, a.freqs)
+    r = b.load_state_dict({"inv_freq": a.inv_freq.clone()}, strict=False)
+    assert r.missing_keys == ["freqs"]
+    with pytest.raises(RuntimeError, match=r"'inv_freq'\[1\]"):
+        b.load_state_dict({"inv_freq": torch.ones(4, dtype=torch.float64)}, strict=False)
+    with pytest.raises(RuntimeError, match=r"Missing key"):
+        b.load_state_dict({"freqs": a.freqs.clone()})
+
+
+def test_load_restores_host_driven_state():
+    """A dynamic module saved after growing (table rows > max_seq_len) loads
+    into a fresh one: same grown tables, and it still shrinks back."""
+    a = rotary.RotaryEmbedding(8, 64, scaling=DYNAMIC)
+    x = torch.randn(1, 1, 4, 8)
+    a(x, 196)  # reach 200 > 64: grown
+    assert a.freqs.shape[0] == 200
+    b = rotary.RotaryEmbedding(8, 64, scaling=DYNAMIC)
+    b.load_state_dict(a.state_dict())
+    assert b.freqs.shape[0] == 200 and torch.equal(b.inv_freq, a.inv_freq)
+    assert torch.equal(b(x, 10), rotary.RotaryEmbedding(8, 64, scaling=DYNAMIC)(x, 10))
+    assert b.freqs.shape[0] == 64
+
+
+# ---------------------------------------------------------------------------
+# Loading the library twice
+# ---------------------------------------------------------------------------
+_TWICE = textwrap.dedent(
+    """
+    import importlib, os, sys, torch
+    import rotary
+    lib = os.path.join(os.path.dirname(rotary.__file__), "librotary.so")
+    assert os.path.exists(lib), lib
+    torch.ops.load_library(lib)
+    torch.ops.load_library(os.path.realpath(lib))
+    first = sys.modules["rotary._C"]
+    import rotary._C
+    del sys.modules["rotary._C"]
+    again = importlib.import_module("rotary._C")
+    importlib.reload(rotary)
+    x = torch.randn(1, 2, 3, 8)
+    f = rotary.rope_freqs(8, 16)
+    a = torch.ops.rotary.apply_rope(x, f, 2)
+    b = rotary.apply_rope(x, f, 2)
+    c = rotary.RotaryEmbedding(8, 16)(x, 2)
+    d = again.CppRotaryEmbedding(8, 16)(x, 2)
+    e = first.CppRotaryEmbedding(8, 16)(x, 2)
+    assert all(torch.equal(a, t) for t in (b, c, d, e))
+    print("ok")
+    """
+)
+
+
+def test_load_library_twice():
+    env = dict(os.environ)
+    here = os.path.dirname(os.path.abspath(__file__))
+    pkg = os.path.dirname(os.path.dirname(rotary.__file__))
+    env["PYTHONPATH"] = os.pathsep.join([pkg, env.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, "-c", _TWICE], env=env, capture_output=True, text=True, timeout=300, cwd=here)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
