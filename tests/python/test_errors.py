@@ -225,6 +225,93 @@ CASES = [
          lambda: (lambda x: rotary.CppRotaryEmbedding(8, 16)(x, start_pos=-1), [X(1, 2, 3, 8)])),
     case("cpp-odd-input-head-dim", ValueError, r"head_dim\) must be even",
          lambda: (lambda x: rotary.CppRotaryEmbedding(8, 16)(x), [X(1, 2, 3, 7)])),
+    # ==== added with "Exact, hard to misuse": in-place ops, cu_seqlens,
+    # layout, inv_freq, angle_dtype, loading mismatched tables, CUDA devices.
+    # ---- apply_rope_ / apply_rope_qk_ (inputs must be bitwise unchanged)
+    case("inplace-leaf-requires-grad", ValueError, r"apply_rope_: x requires grad; in-place rotation is not differentiable",
+         lambda: (lambda x, f: rotary.apply_rope_(x, f), [X(1, 2, 3, 8).requires_grad_(), F()])),
+    case("inplace-view-of-leaf-requires-grad", ValueError, r"apply_rope_: x requires grad",
+         lambda: (lambda x, f: rotary.apply_rope_(x[:, :1], f), [X(1, 2, 3, 8).requires_grad_(), F()])),
+    case("qk-inplace-k-requires-grad", ValueError, r"apply_rope_qk_: k requires grad",
+         lambda: (lambda q, k, f: rotary.apply_rope_qk_(q, k, f), [X(1, 2, 3, 8), X(1, 2, 3, 8).requires_grad_(), F()])),
+    case("qk-inplace-same-tensor", ValueError, r"apply_rope_qk_: q and k overlap in memory; in place, each element must belong to one of them",
+         lambda: (lambda t, f: rotary.apply_rope_qk_(t, t, f), [X(1, 2, 3, 8), F()])),
+    case("qk-inplace-overlapping-head-slices", ValueError, r"apply_rope_qk_: q and k overlap in memory",
+         lambda: (lambda t, f: rotary.apply_rope_qk_(t[:, :2], t[:, 1:], f), [X(1, 3, 3, 8), F()])),
+    case("qk-inplace-overlapping-packed-qkv", ValueError, r"apply_rope_qk_: q and k overlap in memory",
+         lambda: (lambda t, f: rotary.apply_rope_qk_(t[:, :, :3].transpose(1, 2), t[:, :, 2:5].transpose(1, 2), f),
+                  [X(2, 4, 6, 8), F()])),
+    case("inplace-expanded", ValueError, r"apply_rope_: x has elements sharing memory \(an expanded view\?\); an in-place rotation needs distinct elements",
+         lambda: (lambda t, f: rotary.apply_rope_(t.expand(2, 2, 3, 8), f), [X(1, 1, 3, 8), F()])),
+    case("qk-inplace-expanded-k", ValueError, r"apply_rope_qk_: k has elements sharing memory",
+         lambda: (lambda q, t, f: rotary.apply_rope_qk_(q, t.expand(1, 2, 3, 8), f), [X(1, 2, 3, 8), X(1, 1, 3, 8), F()])),
+    case("inplace-int32", TypeError, r"apply_rope_: x must be float32, float64, float16 or bfloat16, got Int",
+         lambda: (lambda x, f: rotary.apply_rope_(x, f), [I(1, 2, 3, 8), F()])),
+    case("inplace-odd-head-dim", ValueError, r"apply_rope_: x\.size\(-1\) \(head_dim\) must be even and > 0, got 7",
+         lambda: (lambda x, f: rotary.apply_rope_(x, f), [X(1, 2, 3, 7), F()])),
+    case("inplace-rotary-dim-gt-head-dim", ValueError, r"apply_rope_: freqs must have shape \[max_seq_len, rotary_dim / 2\] with 0 < rotary_dim <= head_dim = 6",
+         lambda: (lambda x, f: rotary.apply_rope_(x, f), [X(1, 2, 3, 6), F()])),
+    case("qk-inplace-rotary-dim-gt-head-dim", ValueError, r"apply_rope_qk_: freqs must have shape .*head_dim = 8 .*got \[16, 6\]",
+         lambda: (lambda q, k, f: rotary.apply_rope_qk_(q, k, f), [X(1, 2, 3, 8), X(1, 1, 3, 8), F(12)])),
+    case("inplace-positions-float", TypeError, r"apply_rope_: positions must be int64, got Float",
+         lambda: (lambda x, f, p: rotary.apply_rope_(x, f, positions=p), [X(2, 2, 3, 8), F(), torch.tensor([1.0, 2.0])])),
+    case("inplace-positions-wrong-shape", ValueError, r"apply_rope_: positions must have shape \[\] or \[batch\].*got \[2, 4\]",
+         lambda: (lambda x, f, p: rotary.apply_rope_(x, f, positions=p), [X(2, 2, 3, 8), F(), torch.zeros(2, 4, dtype=torch.int64)])),
+    case("qk-inplace-batch-mismatch", ValueError, r"apply_rope_qk_: k must match q in batch, seq_len and head_dim.*k has shape \[1, 2, 3, 8\]",
+         lambda: (lambda q, k, f: rotary.apply_rope_qk_(q, k, f), [X(2, 2, 3, 8), X(1, 2, 3, 8), F()])),
+    case("qk-inplace-seq-mismatch", ValueError, r"apply_rope_qk_: k must match q.*k has shape \[2, 2, 4, 8\]",
+         lambda: (lambda q, k, f: rotary.apply_rope_qk_(q, k, f), [X(2, 2, 3, 8), X(2, 2, 4, 8), F()])),
+    case("inplace-start-pos-out-of-table", IndexError, r"apply_rope_: start_pos \+ seq_len = 14 \+ 3 = 17 exceeds the freqs table length",
+         lambda: (lambda x, f: rotary.apply_rope_(x, f, 14), [X(1, 2, 3, 8), F()])),
+    case("qk-inplace-positions-out-of-table", IndexError, r"apply_rope_qk_: token \(batch 1, seq 2\) has position 16",
+         lambda: (lambda q, k, f, p: rotary.apply_rope_qk_(q, k, f, positions=p), [X(2, 2, 3, 8), X(2, 1, 3, 8), F(), torch.tensor([0, 14])])),
+    # ---- cu_seqlens (packed varlen)
+    case("cu-seqlens-not-monotonic", ValueError, r"apply_rope: cu_seqlens must start at 0, never decrease, and end at total_tokens = 5; got \[0, 3, 2, 5\]",
+         lambda: (_rope(cu_seqlens=torch.tensor([0, 3, 2, 5])), [X(5, 2, 8), F()])),
+    case("cu-seqlens-not-starting-at-0", ValueError, r"cu_seqlens must start at 0.*got \[1, 3, 5\]",
+         lambda: (_rope(cu_seqlens=torch.tensor([1, 3, 5])), [X(5, 2, 8), F()])),
+    case("cu-seqlens-not-ending-at-T", ValueError, r"cu_seqlens must start at 0, never decrease, and end at total_tokens = 5; got \[0, 3, 4\]",
+         lambda: (_rope(cu_seqlens=torch.tensor([0, 3, 4], dtype=torch.int32)), [X(5, 2, 8), F()])),
+    case("qk-inplace-cu-seqlens-past-T", ValueError, r"apply_rope_qk_: cu_seqlens must start at 0.*got \[0, 3, 6\]",
+         lambda: (lambda q, k, f, cu: rotary.apply_rope_qk_(q, k, f, cu_seqlens=cu), [X(5, 2, 8), X(5, 1, 8), F(), torch.tensor([0, 3, 6])])),
+    case("cu-seqlens-float", TypeError, r"apply_rope: cu_seqlens must be int32 or int64, got Float",
+         lambda: (_rope(cu_seqlens=torch.tensor([0.0, 5.0])), [X(5, 2, 8), F()])),
+    case("cu-seqlens-2d", ValueError, r"cu_seqlens must be 1-D \[num_seqs \+ 1\].*got shape \[1, 2\]",
+         lambda: (_rope(cu_seqlens=torch.tensor([[0, 5]])), [X(5, 2, 8), F()])),
+    case("cu-seqlens-with-4d-x", ValueError, r"with cu_seqlens, x must be 3-D \[total_tokens, heads, head_dim\], got shape \[1, 5, 2, 8\]",
+         lambda: (_rope(cu_seqlens=torch.tensor([0, 5])), [X(1, 5, 2, 8), F()])),
+    case("cu-seqlens-positions-wrong-shape", ValueError, r"with cu_seqlens, positions must have shape \[\].*\[total_tokens\] = \[5\].*got \[6\]",
+         lambda: (_rope(cu_seqlens=torch.tensor([0, 2, 5]), positions=torch.zeros(6, dtype=torch.int64)), [X(5, 2, 8), F()])),
+    # ---- layout, inv_freq
+    case("bad-layout", ValueError, r"apply_rope: layout must be 'BHSD', 'BSHD' or 'SBHD', got 'BHDS'",
+         lambda: (_rope(layout="BHDS"), [X(1, 2, 3, 8), F()])),
+    case("inv-freq-float32", TypeError, r"apply_rope: inv_freq must be float64, got Float",
+         lambda: (_rope(inv_freq=torch.ones(4)), [X(1, 2, 3, 8), F()])),
+    case("inv-freq-wrong-shape", ValueError, r"inv_freq must have shape \[rotary_dim / 2\] = \[4\] to match freqs, got \[3\]",
+         lambda: (_rope(inv_freq=torch.ones(3, dtype=torch.float64)), [X(1, 2, 3, 8), F()])),
+    # ---- angle_dtype
+    case("rope-freqs-angle-dtype", ValueError, r"rope_freqs: angle_dtype must be 'float64' .* or 'float32' .*got 'float16'",
+         lambda: (lambda: rotary.rope_freqs(8, 4, angle_dtype="float16"), [])),
+    case("module-angle-dtype", ValueError, r"RotaryEmbedding: angle_dtype must be 'float64'.*got torch\.float16",
+         lambda: (lambda: rotary.RotaryEmbedding(8, 16, angle_dtype=torch.float16), [])),
+    case("cpp-angle-dtype", ValueError, r"RotaryEmbedding: angle_dtype must be 'float64'.*got 'bfloat16'",
+         lambda: (lambda: rotary.CppRotaryEmbedding(8, 16, angle_dtype="bfloat16"), [])),
+    case("module-fp32-angles-past-table", IndexError, r"RotaryEmbedding\(angle_dtype=float32\): start_pos \+ seq_len = 14 \+ 3 = 17 exceeds max_seq_len 16",
+         lambda: (lambda x: rotary.RotaryEmbedding(8, 16, angle_dtype="float32")(x, start_pos=14), [X(1, 2, 3, 8)])),
+    case("cpp-fp32-angles-past-table", IndexError, r"RotaryEmbedding\(angle_dtype=float32\): start_pos \+ seq_len = 14 \+ 3 = 17",
+         lambda: (lambda x: rotary.CppRotaryEmbedding(8, 16, angle_dtype="float32")(x, start_pos=14), [X(1, 2, 3, 8)])),
+    # ---- loading tables the options would not build
+    case("module-load-other-theta", RuntimeError, r"RotaryEmbedding\.load_state_dict: the saved tables do not match this module \(dim=8, max_seq_len=16, theta=10000.*'inv_freq'\[1\]",
+         lambda: (lambda: rotary.RotaryEmbedding(8, 16).load_state_dict(rotary.RotaryEmbedding(8, 16, 500.0).state_dict()), [])),
+    case("cpp-load-other-max-seq-len", RuntimeError, r"CppRotaryEmbedding\.load_state_dict: the saved 'freqs' has 32 rows but this module's max_seq_len is 16",
+         lambda: (lambda: rotary.CppRotaryEmbedding(8, 16).load_state_dict(rotary.CppRotaryEmbedding(8, 32).state_dict()), [])),
+    # ---- a real second device (CUDA builds with a GPU only)
+    pytest.param(lambda: (_rope(), [X(1, 2, 3, 8).cuda(), F()]), ValueError,
+                 r"apply_rope: freqs is on cpu but q/x is on cuda:0; move both to the same device",
+                 id="freqs-on-cpu-x-on-cuda", marks=pytest.mark.skipif("not _cuda_kernels()")),
+    pytest.param(lambda: (_qk(), [X(1, 2, 3, 8).cuda(), X(1, 2, 3, 8), F().cuda()]), ValueError,
+                 r"apply_rope_qk: k is on cpu but q/x is on cuda:0",
+                 id="k-on-cpu-q-on-cuda", marks=pytest.mark.skipif("not _cuda_kernels()")),
 ]
 
 
@@ -421,3 +508,60 @@ def test_op_start_pos_2_60_bound_without_inv_freq(qk):
             rotary.apply_rope_qk(x, x, F(), start)
         else:
             rotary.apply_rope(x, F(), start)
+
+
+# ---- added with "Exact, hard to misuse"
+def _cuda_kernels():
+    """A GPU and a CUDA build of rotary (the device cases above need both)."""
+    return torch.cuda.is_available() and torch._C._dispatch_has_kernel_for_dispatch_key("rotary::apply_rope", "CUDA")
+
+
+def test_bad_input_matrix_size():
+    """The table above: at least 30 distinct bad inputs across apply_rope,
+    apply_rope_qk, apply_rope_, apply_rope_qk_, rope_freqs and both modules."""
+    ids = [p.id for p in CASES]
+    assert len(ids) == len(set(ids)) and len(ids) >= 30
+    for prefix in ("inplace-", "qk-inplace-", "qk-", "rope-freqs-", "module-", "cpp-", "cu-seqlens-"):
+        assert any(i.startswith(prefix) for i in ids), prefix
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("entry", ["apply_rope", "apply_rope_qk", "apply_rope_", "apply_rope_qk_", "module", "cpp_module"])
+def test_nan_and_inf_propagate(entry, dtype):
+    """NaN / Inf in q or k are not errors (nothing is scanned on the host):
+    they propagate. A pair holding NaN comes out NaN in both members (the
+    rotation mixes them); an Inf pair gives Inf or NaN (Inf * 0 on an axis
+    angle); every other pair is rotated normally."""
+    x = X(1, 2, 3, 8, dtype=dtype, seed=5)
+    x[0, 0, 1, 2] = float("nan")  # pair 1 (interleaved) of token 1
+    x[0, 1, 2, 4] = float("inf")  # pair 2 of token 2
+    x[0, 1, 2, 5] = -float("inf")
+    k = X(1, 1, 3, 8, dtype=dtype, seed=6)
+    k[0, 0, 0, 0] = float("nan")
+    f = F()
+    clean = x.clone()
+    clean[0, 0, 1, 2:4] = 0
+    clean[0, 1, 2, 4:6] = 0
+    if entry == "apply_rope":
+        outs = [rotary.apply_rope(x, f, 2)]
+    elif entry == "apply_rope_qk":
+        outs = list(rotary.apply_rope_qk(x, k, f, 2))
+    elif entry == "apply_rope_":
+        outs = [rotary.apply_rope_(x.clone(), f, 2)]
+    elif entry == "apply_rope_qk_":
+        outs = list(rotary.apply_rope_qk_(x.clone(), k.clone(), f, 2))
+    else:
+        m = (rotary.RotaryEmbedding if entry == "module" else rotary.CppRotaryEmbedding)(8, 16)
+        outs = list(m(x, k, 2))
+    y = outs[0]
+    assert torch.isnan(y[0, 0, 1, 2:4]).all()
+    assert (~torch.isfinite(y[0, 1, 2, 4:6])).all()
+    bad = torch.zeros_like(y, dtype=torch.bool)
+    bad[0, 0, 1, 2:4] = True
+    bad[0, 1, 2, 4:6] = True
+    assert torch.isfinite(y[~bad]).all()
+    # the finite pairs are exactly what a clean input gives
+    want = rotary.apply_rope(clean, f, 2)
+    assert torch.equal(y[~bad], want[~bad])
+    if len(outs) == 2:
+        assert torch.isnan(outs[1][0, 0, 0, :2]).all() and torch.isfinite(outs[1][0, 0, 0, 2:]).all()
