@@ -35,6 +35,7 @@ import ctypes
 import dataclasses
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -168,7 +169,10 @@ def time_round_robin(
     progress: str,
 ) -> Dict[str, float]:
     """Median seconds per call of each fn. Samples are interleaved across fns
-    (one sample of each per round) so that load changes hit all of them."""
+    (one sample of each per round) so that load changes hit all of them, in
+    a new (seeded) order each round, so that no fn always runs right after the
+    same neighbour: a call pays for what the previous one left behind (e.g.
+    clone's 100+ MB of dirty cache lines to write back)."""
     inner = {}
     for name, fn in fns.items():
         for _ in range(2):  # warm up: allocator, caches, lazy init
@@ -176,10 +180,13 @@ def time_round_robin(
         timer.sync()
         inner[name] = calibrate_inner(timer, fn, target_s)
     samples: Dict[str, List[float]] = {name: [] for name in fns}
+    names = list(fns)
+    order = random.Random(0)
     for r in range(repeat):
         log(f"  {progress}: round {r + 1}/{repeat}")
-        for name, fn in fns.items():
-            samples[name].append(timer.sample(fn, inner[name]))
+        order.shuffle(names)
+        for name in names:
+            samples[name].append(timer.sample(fns[name], inner[name]))
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
