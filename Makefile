@@ -44,14 +44,34 @@ test-consumer: build
 	$(BUILD)/consumer/consumer
 
 # pip install --no-build-isolation . into the venv, then import it from
-# outside the tree and run one op.
+# outside the tree and run one op. The CUDA kernels are already compiled and
+# linked by `build`; this checks the packaging, so it skips them.
 test-install: $(DEPS_STAMP)
-	$(VPY) -m pip install --quiet --disable-pip-version-check --no-build-isolation --no-deps .
+	ROTARY_CUDA=OFF $(VPY) -m pip install --quiet --disable-pip-version-check --no-build-isolation --no-deps .
 	cd /tmp && $(VPY) -c "import torch, rotary; \
 	  x = torch.randn(1, 2, 3, 8); y = rotary.RotaryEmbedding(8, 16)(x, start_pos=2); \
 	  print('installed rotary from', rotary.__file__, tuple(y.shape))"
 
-test: test-cpp test-python test-consumer test-install test-docs
+test: test-cpp test-python test-consumer test-install test-docs test-asan
+
+# The gtest suite under AddressSanitizer + UndefinedBehaviorSanitizer, in its
+# own build directory: CPU kernels only, no Python, benchmarks or examples,
+# -O1. LeakSanitizer stays on for everything but allocations made inside
+# libtorch / libc10 (none are reported today; the suppressions keep a torch
+# upgrade from failing CI on torch's own caches).
+ASAN_BUILD := build-asan
+.PHONY: test-asan
+test-asan: $(DEPS_STAMP)
+	cmake -S . -B $(ASAN_BUILD) -DROTARY_SANITIZE=ON -DROTARY_CUDA=OFF -DROTARY_BUILD_PYTHON=OFF \
+	  -DROTARY_BUILD_BENCHMARKS=OFF -DROTARY_BUILD_EXAMPLES=OFF \
+	  -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG" \
+	  -DCMAKE_PREFIX_PATH="$$($(VPY) -c 'import torch; print(torch.utils.cmake_prefix_path)')" > /dev/null
+	cmake --build $(ASAN_BUILD) -j$(JOBS) --target rotary_tests
+	printf 'leak:libtorch_cpu.so\nleak:libc10.so\n' > $(ASAN_BUILD)/lsan.supp
+	ASAN_OPTIONS=detect_leaks=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1 \
+	LSAN_OPTIONS=suppressions=$(CURDIR)/$(ASAN_BUILD)/lsan.supp \
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  ./$(ASAN_BUILD)/tests/cpp/rotary_tests --gtest_brief=1
 
 # The LibTorch demo: relative-position proof, KV-cache decode checked against
 # a full recompute at every step, RoPE time vs the seed's eager formula.

@@ -6,6 +6,7 @@
 
 #include <c10/util/Exception.h>
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
 
@@ -106,6 +107,10 @@ class RopeQKFunction : public torch::autograd::Function<RopeQKFunction> {
 at::Tensor apply_rope_autograd(
     const at::Tensor& x, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved, const OptTensor& positions,
     bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout) {
+  if (!torch::autograd::compute_requires_grad(x, freqs)) {  // inference and decode: no graph to record
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return apply_rope(x, freqs, std::move(start_pos), interleaved, positions, inverse, cu_seqlens, inv_freq, layout);
+  }
   const RopeState s{freqs, positions, cu_seqlens, inv_freq, std::move(start_pos), interleaved, inverse, std::string(layout)};
   return RopeFunction::apply(x, s);
 }
@@ -114,6 +119,10 @@ std::tuple<at::Tensor, at::Tensor> apply_rope_qk_autograd(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved,
     const OptTensor& positions, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq,
     c10::string_view layout) {
+  if (!torch::autograd::compute_requires_grad(q, k, freqs)) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return apply_rope_qk(q, k, freqs, std::move(start_pos), interleaved, positions, inverse, cu_seqlens, inv_freq, layout);
+  }
   const RopeState s{freqs, positions, cu_seqlens, inv_freq, std::move(start_pos), interleaved, inverse, std::string(layout)};
   auto out = RopeQKFunction::apply(q, k, s);
   return {out[0], out[1]};

@@ -409,11 +409,14 @@ TEST(ScalingModule, CloneKeepsBothBuffersAndTheState) {
 }
 
 TEST(ScalingModule, SaveLoadKeepsBothBuffers) {
-  RotaryEmbedding a(RotaryEmbeddingOptions(16).max_seq_len(32).theta(777.0).scaling(yarn()));
+  const auto options = RotaryEmbeddingOptions(16).max_seq_len(32).theta(777.0).scaling(yarn());
+  RotaryEmbedding a(options);
   std::stringstream stream;
   torch::save(a, stream);
-  RotaryEmbedding b(RotaryEmbeddingOptions(16).max_seq_len(32));
-  ASSERT_FALSE(torch::equal(a->inv_freq, b->inv_freq));
+  RotaryEmbedding b(options);
+  torch::NoGradGuard no_grad;
+  b->inv_freq.mul_(2.0);  // loading must restore both buffers
+  b->freqs.zero_();
   torch::load(b, stream);
   EXPECT_TRUE(torch::equal(b->freqs, a->freqs));
   EXPECT_TRUE(torch::equal(b->inv_freq, a->inv_freq));
@@ -421,6 +424,12 @@ TEST(ScalingModule, SaveLoadKeepsBothBuffers) {
   EXPECT_TRUE(b->named_buffers()["inv_freq"].is_same(b->inv_freq));
   const auto x = torch::randn({1, 2, 4, 16});
   EXPECT_TRUE(torch::equal(a->forward(x, 3), b->forward(x, 3)));
+
+  // Tables saved with other options are refused, never silently installed.
+  std::stringstream again;
+  torch::save(a, again);
+  RotaryEmbedding other(RotaryEmbeddingOptions(16).max_seq_len(32));
+  EXPECT_THROW(torch::load(other, again), c10::ValueError);
 }
 
 TEST(ScalingModule, DtypeCastsLeaveBothBuffers) {
