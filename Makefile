@@ -52,7 +52,7 @@ test-install: $(DEPS_STAMP)
 	  x = torch.randn(1, 2, 3, 8); y = rotary.RotaryEmbedding(8, 16)(x, start_pos=2); \
 	  print('installed rotary from', rotary.__file__, tuple(y.shape))"
 
-test: test-cpp test-python test-consumer test-install test-docs test-asan
+test: test-cpp test-python test-consumer test-install test-docs test-asan test-bench
 
 # The gtest suite under AddressSanitizer + UndefinedBehaviorSanitizer, in its
 # own build directory: CPU kernels only, no Python, benchmarks or examples,
@@ -85,6 +85,11 @@ test-docs: build
 
 bench: build
 	PYTHONPATH=$(CURDIR)/python $(VPY) benchmarks/bench.py
+
+# One tiny benchmark case, so the script cannot rot; nothing is timed against a bound.
+.PHONY: test-bench
+test-bench: build
+	PYTHONPATH=$(CURDIR)/python $(VPY) benchmarks/bench.py --quick
 
 clean:
 	rm -rf $(BUILD) python/rotary/*.so
