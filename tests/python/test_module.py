@@ -219,8 +219,10 @@ def _assert_same_outputs(a, b, interleaved):
 @pytest.mark.parametrize("src,dst", [("py", "cpp"), ("cpp", "py"), ("py", "py"), ("cpp", "cpp")])
 def test_state_dict_round_trip(src, dst, interleaved):
     a = make_module(src, 16, 32, 777.0, interleaved)
-    b = make_module(dst, 16, 32, 10000.0, interleaved)  # different table before loading
-    assert not torch.equal(a.freqs, b.freqs) and not torch.equal(a.inv_freq, b.inv_freq)
+    b = make_module(dst, 16, 32, 777.0, interleaved)
+    with torch.no_grad():  # loading must restore both buffers
+        b.freqs.zero_()
+        b.inv_freq.mul_(2.0)
     sd = a.state_dict()
     assert list(sd) == ["freqs", "inv_freq"]
     result = b.load_state_dict(sd)
@@ -240,7 +242,10 @@ def test_state_dict_save_load(tmp_path, src, dst):
     sd = torch.load(path, weights_only=True)
     assert list(sd) == ["freqs", "inv_freq"]
     assert sd["freqs"].dtype == torch.complex64 and sd["inv_freq"].dtype == torch.float64
-    b = make_module(dst, 16, 32, 10000.0, False)
+    # Tables saved with other options are refused, never silently installed.
+    with pytest.raises(RuntimeError, match=r"saved tables do not match this module"):
+        make_module(dst, 16, 32, 10000.0, False).load_state_dict(sd)
+    b = make_module(dst, 16, 32, 321.0, False)
     b.load_state_dict(sd)
     assert torch.equal(b.freqs, a.freqs) and torch.equal(b.inv_freq, a.inv_freq)
     _assert_same_outputs(a, b, False)
@@ -248,7 +253,7 @@ def test_state_dict_save_load(tmp_path, src, dst):
     buf = io.BytesIO()
     torch.save(nn.ModuleDict({"rope": a}).state_dict(), buf)
     buf.seek(0)
-    parent = nn.ModuleDict({"rope": make_module(dst, 16, 32, 10000.0, False)})
+    parent = nn.ModuleDict({"rope": make_module(dst, 16, 32, 321.0, False)})
     parent.load_state_dict(torch.load(buf, weights_only=True))
     assert torch.equal(parent["rope"].freqs, a.freqs)
     assert torch.equal(parent["rope"].inv_freq, a.inv_freq)

@@ -534,11 +534,17 @@ def test_casts_leave_both_buffers(kind, cast):
 def test_state_dict_moves_both_buffers(src, dst, tmp_path):
     make = {"py": rotary.RotaryEmbedding, "cpp": rotary.CppRotaryEmbedding}
     a = make[src](16, 32, 777.0, False, scaling=YARN)
-    b = make[dst](16, 32, 10000.0, False)  # another table and inv_freq before loading
     path = tmp_path / "rope.pt"
     torch.save(a.state_dict(), path)
     sd = torch.load(path, weights_only=True)
     assert list(sd) == ["freqs", "inv_freq"]
+    # Tables saved with other options are refused, never silently installed.
+    with pytest.raises(RuntimeError, match=r"saved tables do not match this module"):
+        make[dst](16, 32, 10000.0, False).load_state_dict(sd)
+    b = make[dst](16, 32, 777.0, False, scaling=YARN)
+    with torch.no_grad():  # loading must restore both buffers
+        b.freqs.zero_()
+        b.inv_freq.mul_(2.0)
     result = b.load_state_dict(sd)
     assert not result.missing_keys and not result.unexpected_keys
     assert torch.equal(b.freqs, a.freqs) and torch.equal(b.inv_freq, a.inv_freq)
