@@ -114,6 +114,19 @@ TEST_F(RotaryModule, ForwardGradient) {
 }
 
 // BUG (csrc/rotary/module.h): forward is overloaded, so libtorch's
+// forward is overloaded (x, or q and k); the holder's call operator must
+// still return what forward returns.
+TEST_F(RotaryModule, HolderCallOperatorReturnsForwardResult) {
+  using OneResult = decltype(std::declval<RotaryEmbedding&>()(std::declval<const torch::Tensor&>()));
+  using TwoResult = decltype(std::declval<RotaryEmbedding&>()(
+      std::declval<const torch::Tensor&>(), std::declval<const torch::Tensor&>()));
+  static_assert(std::is_same_v<OneResult, torch::Tensor>);
+  static_assert(std::is_same_v<TwoResult, std::tuple<torch::Tensor, torch::Tensor>>);
+  RotaryEmbedding rope(RotaryEmbeddingOptions(8).max_seq_len(10));
+  const auto x = torch::randn({1, 2, 3, 8});
+  EXPECT_TRUE(torch::equal(rope(x, 2), rope->forward(x, 2)));
+}
+
 TEST_F(RotaryModule, NamedBuffersHoldFreqsAndInvFreq) {
   RotaryEmbedding rope(RotaryEmbeddingOptions(8).max_seq_len(10).theta(500.0));
   const auto buffers = rope->named_buffers();
