@@ -243,18 +243,16 @@ PreparedRope prepare_rope(
     bool in_place) {
   check_rope_inputs(op, q, k, freqs, args);
   TORCH_CHECK_VALUE(args.start_pos >= 0, op, ": start_pos must be >= 0, got ", args.start_pos);
-  if (in_place) {
-    const at::Tensor kv = k ? canonical_view(op, "k", *k, args) : at::Tensor();
-    check_in_place_targets(op, canonical_view(op, "q", q, args), k ? &kv : nullptr);
-  }
+  const at::Tensor qv = canonical_view(op, "q", q, args);
+  const at::Tensor kv = k ? canonical_view(op, "k", *k, args) : at::Tensor();
+  if (in_place) check_in_place_targets(op, qv, k ? &kv : nullptr);
 
   PreparedRope r;
   r.out_q = in_place ? q : make_output(q);
   if (k) r.out_k = in_place ? *k : make_output(*k);
-  const at::Tensor qv = canonical_view(op, "q", q, args);
   auto& p = r.params;
   fill_head_tensor(p.q, qv, canonical_view(op, "q", r.out_q, args));
-  if (k) fill_head_tensor(p.k, canonical_view(op, "k", *k, args), canonical_view(op, "k", r.out_k, args));
+  if (k) fill_head_tensor(p.k, kv, canonical_view(op, "k", r.out_k, args));
   p.batch = qv.size(0);
   p.seq = qv.size(2);
   p.head_dim = qv.size(3);
@@ -294,9 +292,9 @@ PreparedRope prepare_rope(
       if (pos.dim() == 2 && pos.size(1) > 1) p.pos_stride_s = pos.stride(1);
     }
   }
+  check_start_pos_bound(op, args.start_pos);
   // Positions known on the host are checked by value: a CPU positions tensor,
   // or none at all (start_pos + local index).
-  check_start_pos_bound(op, args.start_pos);
   const bool host_positions = !args.positions || args.positions->is_cpu();
   const bool host_seqlens = !args.cu_seqlens || args.cu_seqlens->is_cpu();
   if (host_positions && host_seqlens && p.batch * p.seq > 0) {
