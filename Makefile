@@ -35,30 +35,55 @@ test-cpp: build
 test-python: build
 	PYTHONPATH=$(CURDIR)/python $(VPY) -m pytest -q tests/python
 
-# A downstream CMake project against the installed package (find_package).
-test-consumer: build
+# The CMake package installed under build/install, for the consumers below.
+.PHONY: install-local
+install-local: build
 	cmake --install $(BUILD) --prefix $(CURDIR)/$(BUILD)/install > /dev/null
-	cmake -S tests/consumer -B $(BUILD)/consumer \
-	  -DCMAKE_PREFIX_PATH="$(CURDIR)/$(BUILD)/install;$$($(VPY) -c 'import torch; print(torch.utils.cmake_prefix_path)')" > /dev/null
+
+CONSUMER_PREFIX = $(CURDIR)/$(BUILD)/install;$$($(VPY) -c 'import torch; print(torch.utils.cmake_prefix_path)')
+
+# A downstream CMake project against the installed package (find_package).
+test-consumer: install-local
+	cmake -S tests/consumer -B $(BUILD)/consumer -DCMAKE_PREFIX_PATH="$(CONSUMER_PREFIX)" > /dev/null
 	cmake --build $(BUILD)/consumer -j$(JOBS)
-	$(BUILD)/consumer/consumer
+	$(BUILD)/consumer/consumer $(BUILD)/consumer/rope.pt
+
+# Deployment from C++: Python exports an attention block using the op and
+# packages it with AOTInductor; a find_package(rotary) program that calls no
+# rotary function (linked with --as-needed) loads and runs it against the
+# eager result. docs/deploy.md describes the same steps.
+.PHONY: test-aoti
+test-aoti: install-local
+	PYTHONPATH=$(CURDIR)/python $(VPY) tests/aoti/make_package.py $(BUILD)/aoti
+	cmake -S tests/aoti -B $(BUILD)/aoti-consumer -DCMAKE_PREFIX_PATH="$(CONSUMER_PREFIX)" > /dev/null
+	cmake --build $(BUILD)/aoti-consumer -j$(JOBS)
+	$(BUILD)/aoti-consumer/aoti_consumer $(BUILD)/aoti
 
 # pip install --no-build-isolation . into the venv, then import it from
-# outside the tree and run one op. The CUDA kernels are already compiled and
-# linked by `build`; this checks the packaging, so it skips them.
-test-install: $(DEPS_STAMP)
-	ROTARY_CUDA=OFF $(VPY) -m pip install --quiet --disable-pip-version-check --no-build-isolation --no-deps .
+# outside the tree and run one op. This checks the packaging: setup.py
+# packages the libraries `build` made (ROTARY_BUILD_DIR) instead of compiling
+# them a second time.
+test-install: build
+	ROTARY_BUILD_DIR=$(CURDIR)/$(BUILD) $(VPY) -m pip install --quiet --disable-pip-version-check --no-build-isolation --no-deps .
 	cd /tmp && $(VPY) -c "import torch, rotary; \
 	  x = torch.randn(1, 2, 3, 8); y = rotary.RotaryEmbedding(8, 16)(x, start_pos=2); \
 	  print('installed rotary from', rotary.__file__, tuple(y.shape))"
 
-test: test-cpp test-python test-consumer test-install test-docs test-asan test-bench
+test: test-cpp test-runtime test-python test-consumer test-aoti test-install test-docs test-asan test-bench test-clang
+
+# The C++ runtime rules (cmake/CxxRuntime.cmake) on a one-file library:
+# static or broken-link runtimes are caught, refused or repaired.
+.PHONY: test-runtime
+test-runtime:
+	bash tests/runtime/run.sh
 
 # The gtest suite under AddressSanitizer + UndefinedBehaviorSanitizer, in its
 # own build directory: CPU kernels only, no Python, benchmarks or examples,
 # -O1. LeakSanitizer stays on for everything but allocations made inside
 # libtorch / libc10 (none are reported today; the suppressions keep a torch
-# upgrade from failing CI on torch's own caches).
+# upgrade from failing CI on torch's own caches). allocator_may_return_null:
+# tests of refused giant allocations expect c10's out-of-memory error, which
+# ASan would otherwise turn into an abort.
 ASAN_BUILD := build-asan
 .PHONY: test-asan
 test-asan: $(DEPS_STAMP)
@@ -68,17 +93,62 @@ test-asan: $(DEPS_STAMP)
 	  -DCMAKE_PREFIX_PATH="$$($(VPY) -c 'import torch; print(torch.utils.cmake_prefix_path)')" > /dev/null
 	cmake --build $(ASAN_BUILD) -j$(JOBS) --target rotary_tests
 	printf 'leak:libtorch_cpu.so\nleak:libc10.so\n' > $(ASAN_BUILD)/lsan.supp
-	ASAN_OPTIONS=detect_leaks=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1 \
+	ASAN_OPTIONS=detect_leaks=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1:allocator_may_return_null=1 \
 	LSAN_OPTIONS=suppressions=$(CURDIR)/$(ASAN_BUILD)/lsan.supp \
 	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ./$(ASAN_BUILD)/tests/cpp/rotary_tests --gtest_brief=1
+
+# The fuzzer (tests/fuzz): its regression cases plus FUZZ_CASES seeded random
+# cases over every entry point, in child processes; then the C++ op fuzz
+# under ASan + UBSan when build-asan exists (make test-asan builds it), and
+# the op cases on CUDA when a GPU and the CUDA kernels are there. `make test`
+# runs a fixed 300-case smoke of it (tests/python/test_fuzz_smoke.py).
+FUZZ_CASES ?= $(or $(ROTARY_FUZZ_CASES),20000)
+FUZZ_SEED ?= $(or $(ROTARY_FUZZ_SEED),100000)
+FUZZ_ASAN_CASES ?= 2000
+.PHONY: fuzz
+fuzz: build
+	status=0; \
+	PYTHONPATH=$(CURDIR)/python $(VPY) tests/fuzz/run.py --cases $(FUZZ_CASES) --seed $(FUZZ_SEED) || status=1; \
+	if [ -x $(ASAN_BUILD)/tests/cpp/rotary_tests ]; then \
+	  ROTARY_FUZZ_CASES=$(FUZZ_ASAN_CASES) ROTARY_FUZZ_SEED=$(FUZZ_SEED) \
+	  ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	    ./$(ASAN_BUILD)/tests/cpp/rotary_tests --gtest_brief=1 --gtest_filter='FuzzOps.*:MemoryOverlap.*' || status=1; \
+	else echo "fuzz: no $(ASAN_BUILD) (make test-asan builds it); C++ fuzz under ASan skipped"; fi; \
+	if PYTHONPATH=$(CURDIR)/python $(VPY) -c "import sys, torch, rotary; \
+	    sys.exit(0 if torch.cuda.is_available() and torch._C._dispatch_has_kernel_for_dispatch_key('rotary::apply_rope', 'CUDA') else 1)"; then \
+	  ROTARY_FUZZ_DEVICE=cuda PYTHONPATH=$(CURDIR)/python $(VPY) tests/fuzz/run.py --cases $(FUZZ_CASES) --seed $(FUZZ_SEED) || status=1; \
+	else echo "fuzz: no GPU with the CUDA kernels; CUDA fuzz skipped"; fi; \
+	exit $$status
+
+# The CPU kernel builds with clang too: its three capability objects
+# (csrc/cpu/kernel/rope_kernel.cpp as DEFAULT, AVX2, AVX512) compiled by
+# clang++ with the flags CMake gives them, and the AVX2 / AVX-512 objects
+# really hold 256- / 512-bit vector code (ymm / zmm registers) while DEFAULT
+# holds none. Only those objects are built (x86-64 hosts).
+CLANG_BUILD := build-clang
+CLANGXX ?= clang++
+.PHONY: test-clang
+test-clang: $(DEPS_STAMP)
+	cmake -S . -B $(CLANG_BUILD) -DCMAKE_CXX_COMPILER=$(CLANGXX) -DROTARY_CUDA=OFF -DROTARY_BUILD_PYTHON=OFF \
+	  -DROTARY_BUILD_TESTS=OFF -DROTARY_BUILD_BENCHMARKS=OFF -DROTARY_BUILD_EXAMPLES=OFF \
+	  -DCMAKE_PREFIX_PATH="$$($(VPY) -c 'import torch; print(torch.utils.cmake_prefix_path)')" > /dev/null
+	cmake --build $(CLANG_BUILD) -j$(JOBS) --target rotary_cpu_default rotary_cpu_avx2 rotary_cpu_avx512
+	@set -e; for spec in default:ymm:0 default:zmm:0 avx2:ymm:1 avx2:zmm:0 avx512:zmm:1; do \
+	  cap=$${spec%%:*}; rest=$${spec#*:}; reg=$${rest%%:*}; want=$${rest#*:}; \
+	  obj=$$(find $(CLANG_BUILD)/CMakeFiles/rotary_cpu_$$cap.dir -name 'rope_kernel.cpp.o'); \
+	  n=$$(objdump -d --no-show-raw-insn $$obj | grep -c "%$$reg" || true); \
+	  echo "clang $$cap: $$n instructions on $$reg"; \
+	  if [ $$want = 1 ] && [ $$n -lt 100 ]; then echo "clang $$cap: expected $$reg vector code"; exit 1; fi; \
+	  if [ $$want = 0 ] && [ $$n -ne 0 ]; then echo "clang $$cap: unexpected $$reg code"; exit 1; fi; \
+	done
 
 # The LibTorch demo: relative-position proof, KV-cache decode checked against
 # a full recompute at every step, RoPE time vs the seed's eager formula.
 demo: build
 	./$(BUILD)/examples/rotary_demo
 
-# Every fenced code block of README.md: python run, cpp compiled once and run.
+# Every fenced code block of README.md and docs/*.md: python run, cpp compiled once and run.
 .PHONY: test-docs
 test-docs: build
 	PYTHONPATH=$(CURDIR)/python $(VPY) -m pytest -q tests/docs

@@ -3,10 +3,12 @@
 Drives the same CMake build as `make` (one build graph, nothing compiled
 twice): CMake writes rotary._C and librotary straight into the wheel's
 package directory. --no-build-isolation matters: the extension must be built
-against the torch that will import it.
+against the torch that will import it. ROTARY_BUILD_DIR=<a configured build
+tree> packages that tree's libraries instead of configuring a new one.
 """
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +24,18 @@ class CMakeBuild(build_ext):
         import torch
 
         package_dir = Path(self.get_ext_fullpath(ext.name)).parent.resolve()
+        jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
+        prebuilt = os.environ.get("ROTARY_BUILD_DIR")
+        if prebuilt:
+            # A tree `make build` configured: bring it up to date and package
+            # the two libraries it wrote (nothing compiled twice).
+            subprocess.check_call(["cmake", "--build", prebuilt, "--target", "rotary_python", "-j", jobs])
+            cache = (Path(prebuilt) / "CMakeCache.txt").read_text().splitlines()
+            out = Path(next(l.split("=", 1)[1] for l in cache if l.startswith("ROTARY_PYTHON_OUTPUT_DIR:")))
+            package_dir.mkdir(parents=True, exist_ok=True)
+            for lib in [*out.glob("_C*.so"), *out.glob("librotary.so*")]:
+                shutil.copy2(lib, package_dir / lib.name)
+            return
         build_dir = Path(self.build_temp).resolve() / "cmake"
         build_dir.mkdir(parents=True, exist_ok=True)
         configure = [
@@ -36,7 +50,6 @@ class CMakeBuild(build_ext):
         if "ROTARY_CUDA" in os.environ:
             configure.append(f"-DROTARY_CUDA={os.environ['ROTARY_CUDA']}")
         subprocess.check_call(configure)
-        jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
         subprocess.check_call(["cmake", "--build", str(build_dir), "--target", "rotary_python", "-j", jobs])
 
 

@@ -7,7 +7,7 @@ and ratios against peers timed in the same run, round-robin, so that a noisy
 machine moves all of them together:
 
   clone        q.clone() and k.clone(): the memory floor
-  seed         eager seed reference: view_as_complex(q) * freqs[pos], per tensor
+  reference    eager reference formula: view_as_complex(q) * freqs[pos], per tensor
   rotate_half  eager Hugging Face reference: x * cos + rotate_half(x) * sin with
                cat'ed [S, D] tables in x's dtype (ours runs interleaved=False)
   compile(..)  torch.compile of the two references (CPU: inductor C++ backend;
@@ -16,16 +16,20 @@ machine moves all of them together:
   add          torch.add(q, q) + torch.add(k, k), decode only: the dispatcher floor
   ours_        torch.ops.rotary.apply_rope_qk_ (in place, no output allocation)
 
-Allocator: glibc hands blocks over 32 MiB straight back to the kernel, so
-every call that allocates one page-faults it in again (several ms per 64 MiB
-here, more than the copy itself) and which calls fault depends on the history
-of the heap. main() therefore turns glibc's mmap off (mallopt) so freed blocks
-are reused and no timed call of any peer page-faults; --system-malloc keeps
-glibc's defaults.
+Allocator: by default the process keeps glibc's defaults, as a user's does:
+blocks over 32 MiB come straight from the kernel on every call and page-fault
+in again, in every peer that allocates its output (clone included).
+--reuse-heap turns glibc's mmap off (mallopt) so freed blocks are reused and
+no timed call page-faults: that isolates the kernels from the allocator.
+
+On the GPU (run_cuda), each large case runs in the Hugging Face layout and
+contiguous BHSD, both pairings, out of place (the module call) and in place,
+with torch.compile(fullgraph) of the HF formula and Liger as peers; decode is
+timed against one torch.add launch, with the module's host overhead.
 
 Usage:  PYTHONPATH=python python benchmarks/bench.py [--device cpu|cuda|all]
-        [--dtype fp32,bf16] [--threads 1,2] [--repeat N] [--quick]
-        [--markdown PATH] [--png PATH]
+        [--dtype fp32,bf16] [--cuda-dtype bf16,fp16,fp32] [--threads 1,2] [--repeat N] [--quick]
+        [--reuse-heap] [--markdown PATH] [--png PATH]
 """
 
 from __future__ import annotations
@@ -65,9 +69,12 @@ CPU_CASES = [
     Case("training", (4, 32, 1024, 128), (4, 32, 1024, 128)),
     Case("decode", (64, 32, 1, 128), (64, 8, 1, 128), decode=True),
 ]
+# GPU: the large cases run in both layouts, both pairings, out of place and in
+# place (see run_cuda); decode is timed against one torch.add launch.
 CUDA_CASES = [
     Case("prefill", (1, 32, 8192, 128), (1, 8, 8192, 128)),
     Case("training", (8, 32, 2048, 128), (8, 32, 2048, 128)),
+    Case("long", (1, 64, 32768, 128), (1, 8, 32768, 128)),
     Case("decode", (64, 32, 1, 128), (64, 8, 1, 128), decode=True),
 ]
 QUICK_CASE = Case("quick", (1, 4, 64, 64), (1, 2, 64, 64))
@@ -93,8 +100,8 @@ def reuse_heap_blocks() -> str:
 # References (the peers). They take the complex64 table `freqs` [max_seq, D/2].
 
 
-def seed_rope(x: torch.Tensor, freqs: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
-    """The seed's apply_rope: complex multiply via view_as_complex, fp32 math."""
+def reference_rope(x: torch.Tensor, freqs: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
+    """The reference formula: complex multiply via view_as_complex, fp32 math."""
     batch, n_head, seq_len, head_dim = x.shape
     seq_freqs = freqs[start_pos : start_pos + seq_len]
     x_complex = torch.view_as_complex(x.float().reshape(batch, n_head, seq_len, -1, 2))
@@ -102,8 +109,8 @@ def seed_rope(x: torch.Tensor, freqs: torch.Tensor, start_pos: int = 0) -> torch
     return torch.view_as_real(x_rotated).reshape(batch, n_head, seq_len, head_dim).type_as(x)
 
 
-def seed_rope_qk(q, k, freqs, start_pos: int = 0):
-    return seed_rope(q, freqs, start_pos), seed_rope(k, freqs, start_pos)
+def reference_rope_qk(q, k, freqs, start_pos: int = 0):
+    return reference_rope(q, freqs, start_pos), reference_rope(k, freqs, start_pos)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -224,7 +231,7 @@ def build_peers(
     k = torch.randn(case.k_shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
     seq, head_dim = case.q_shape[2], case.q_shape[3]
     start_pos = 7 if case.decode else 0
-    freqs = rotary.rope_freqs(head_dim, start_pos + seq).to(device)
+    freqs = rotary.freqs_table(head_dim, start_pos + seq).to(device)
     cos, sin = hf_tables(freqs, seq, dtype, start_pos)
     op = torch.ops.rotary.apply_rope_qk
 
@@ -238,12 +245,12 @@ def build_peers(
     # In place rotates q and k again on every call; a rotation keeps their norms.
     qi, ki = q.clone(), k.clone()
     fns["ours_"] = lambda: torch.ops.rotary.apply_rope_qk_(qi, ki, freqs, start_pos, True)
-    fns["seed"] = lambda: seed_rope_qk(q, k, freqs, start_pos)
+    fns["reference"] = lambda: reference_rope_qk(q, k, freqs, start_pos)
     fns["rotate_half"] = lambda: hf_rope_qk(q, k, cos, sin)
 
     # Correctness first (bf16 tolerances cover the peers' bf16 math).
     tol = dict(atol=1e-5, rtol=1e-5) if dtype in (torch.float32, torch.float64) else dict(atol=5e-2, rtol=2e-2)
-    ref = seed_rope_qk(q, k, freqs, start_pos)
+    ref = reference_rope_qk(q, k, freqs, start_pos)
     for got, want in zip(fns["ours"](), ref):
         torch.testing.assert_close(got, want, **tol)
     for got, want in zip(fns["ours_half"](), hf_rope_qk(q, k, cos, sin)):
@@ -253,10 +260,10 @@ def build_peers(
         assert torch.equal(got, want), "apply_rope_qk_ differs from apply_rope_qk"
 
     if compile_refs:
-        c_seed = try_compile(seed_rope_qk, device)
+        c_reference = try_compile(reference_rope_qk, device)
         c_hf = try_compile(hf_rope_qk, device)
         for name, cfn, args, want in (
-            ("compile(seed)", c_seed, (q, k, freqs, start_pos), ref),
+            ("compile(reference)", c_reference, (q, k, freqs, start_pos), ref),
             ("compile(rotate_half)", c_hf, (q, k, cos, sin), None),
         ):
             if cfn is None:
@@ -441,6 +448,192 @@ def write_png(results: List[Result], path: str) -> None:
 
 
 # --------------------------------------------------------------------------
+# GPU matrix: every large case in the Hugging Face layout ([B, S, H, D] viewed
+# as [B, H, S, D]) and contiguous BHSD, both pairings, ours out of place (the
+# RotaryEmbedding module call) and in place (apply_rope_qk_), against clone,
+# torch.compile(fullgraph) of the HF rotate_half formula and Liger, all timed
+# in one round-robin group per (case, dtype, layout).
+
+CUDA_LAYOUTS = ("hf", "bhsd")
+CUDA_COLUMNS = (
+    ("ours", "ours"),
+    ("ours_half", "ours half"),
+    ("ours_", "ours in place"),
+    ("ours_half_", "ours half in place"),
+    ("compile(hf)", "compile(HF)"),
+    ("liger", "Liger"),
+)
+
+
+def cuda_heads(shape, layout: str, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    b, h, s, d = shape
+    if layout == "hf":
+        return torch.randn((b, s, h, d), generator=gen, device=gen.device, dtype=dtype).transpose(1, 2)
+    return torch.randn((b, h, s, d), generator=gen, device=gen.device, dtype=dtype)
+
+
+def cuda_group(case: Case, dtype: torch.dtype, layout: str, compile_refs: bool, device: str = "cuda"):
+    """({name: fn}, {name: note}) for one row; checks ours against the eager
+    references first, so a wrong kernel can never post a good time."""
+    import rotary
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    q = cuda_heads(case.q_shape, layout, dtype, gen)
+    k = cuda_heads(case.k_shape, layout, dtype, gen)
+    seq, head_dim = case.q_shape[2], case.q_shape[3]
+    rope_i = rotary.RotaryEmbedding(head_dim, seq, interleaved=True).to(device)
+    rope_h = rotary.RotaryEmbedding(head_dim, seq, interleaved=False).to(device)
+    freqs = rope_i.freqs
+    cos, sin = hf_tables(freqs, seq, dtype)
+    inplace = torch.ops.rotary.apply_rope_qk_
+    qi, ki = q.clone(), k.clone()  # clone keeps the layout (preserve_format)
+    fns: Dict[str, Callable[[], object]] = {"clone": lambda: (q.clone(), k.clone())}
+    notes: Dict[str, str] = {}
+    fns["ours"] = lambda: rope_i(q, k)
+    fns["ours_half"] = lambda: rope_h(q, k)
+    fns["ours_"] = lambda: inplace(qi, ki, freqs, 0, True)
+    fns["ours_half_"] = lambda: inplace(qi, ki, freqs, 0, False)
+
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=5e-2, rtol=2e-2)
+    for got, want in zip(fns["ours"](), seed_rope_qk(q, k, freqs)):
+        torch.testing.assert_close(got, want, **tol)
+    hf_out = hf_rope_qk(q, k, cos, sin)
+    for got, want in zip(fns["ours_half"](), hf_out):
+        torch.testing.assert_close(got, want, **tol)
+    fns["ours_"]()
+    for got, want in zip((qi, ki), fns["ours"]()):
+        assert torch.equal(got, want), "apply_rope_qk_ differs from apply_rope_qk"
+
+    if compile_refs:
+        torch._dynamo.reset()  # one static graph per row; never hit the recompile limit
+        t0 = time.perf_counter()
+        try:
+            c_hf = torch.compile(hf_rope_qk, dynamic=False, fullgraph=True)
+            for got, want in zip(c_hf(q, k, cos, sin), hf_out):
+                torch.testing.assert_close(got, want, **tol)
+            fns["compile(hf)"] = lambda: c_hf(q, k, cos, sin)
+            log(f"  compiled the HF formula in {time.perf_counter() - t0:.1f} s")
+        except Exception as e:  # pragma: no cover - depends on the toolchain
+            notes["compile(hf)"] = f"failed: {type(e).__name__}"
+    liger = liger_fn() if device == "cuda" else None
+    if liger is None:
+        notes["liger"] = "not installed"
+    else:
+        # Liger rotates half pairs in place of its (transposed) inputs: own copies.
+        ql, kl = q.clone(), k.clone()
+        lc, ls = cos.unsqueeze(0), sin.unsqueeze(0)
+        fns["liger"] = lambda: liger(ql, kl, lc, ls)
+    del hf_out
+    return fns, notes
+
+
+def host_us_per_call(timer: Timer, fn: Callable[[], object], calls: int = 2000) -> float:
+    """Host time of one call: a loop of launches, one sync at the end (the
+    GPU work of a decode call is far shorter than its host path)."""
+    for _ in range(50):
+        fn()
+    timer.sync()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t = time.perf_counter() - t0
+    timer.sync()
+    return t / calls * 1e6
+
+
+def cuda_decode(case: Case, dtype: torch.dtype, repeat: int, timer: Timer) -> str:
+    import rotary
+
+    gen = torch.Generator(device="cuda" if timer.cuda else "cpu").manual_seed(0)
+    q = cuda_heads(case.q_shape, "bhsd", dtype, gen)
+    k = cuda_heads(case.k_shape, "bhsd", dtype, gen)
+    head_dim = case.q_shape[3]
+    rope = rotary.RotaryEmbedding(head_dim, 64, interleaved=True).to(gen.device)
+    freqs = rope.freqs
+    op = torch.ops.rotary.apply_rope_qk
+    fns = {
+        "add": lambda: torch.add(q, q),
+        "op": lambda: op(q, k, freqs, 7, True),
+        "op_": lambda: torch.ops.rotary.apply_rope_qk_(q, k, freqs, 7, True),
+        "module": lambda: rope(q, k, 7),
+    }
+    for got, want in zip(fns["op"](), seed_rope_qk(q, k, freqs, 7)):
+        torch.testing.assert_close(got, want, atol=5e-2, rtol=2e-2)
+    times = time_round_robin(timer, fns, repeat, 0.002, f"[cuda decode {dtype}]")
+    host = {name: host_us_per_call(timer, fns[name]) for name in ("add", "op", "module")}
+    lines = [
+        f"#### cuda decode {str(dtype).replace('torch.', '')}: q {list(case.q_shape)} k {list(case.k_shape)}",
+        "",
+        "| call | median per call | / torch.add | host us per call |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for name, label in (("add", "torch.add(q, q)"), ("op", "apply_rope_qk"), ("op_", "apply_rope_qk_"),
+                        ("module", "RotaryEmbedding(q, k)")):
+        h = f"{host[name]:.1f}" if name in host else "-"
+        lines.append(f"| {label} | {fmt_time(times[name])} | {times[name] / times['add']:.2f} | {h} |")
+    lines.append("")
+    lines.append(f"module host overhead over the op: {host['module'] - host['op']:.1f} us per call")
+    return "\n".join(lines) + "\n"
+
+
+def run_cuda(args: argparse.Namespace, timer: Timer, wanted, compile_refs: bool, out_text: List[str],
+             cases: Sequence[Case] = CUDA_CASES) -> None:
+    dtypes = [d.strip() for d in args.cuda_dtype.split(",") if d.strip()]
+    for d in dtypes:
+        if d not in DTYPES:
+            raise SystemExit(f"unknown --cuda-dtype {d!r}; choose from {', '.join(DTYPES)}")
+    repeat = args.repeat or 25
+    summary = []
+
+    def emit(md: str) -> None:
+        print(md, flush=True)
+        out_text.append(md)
+
+    device = "cuda" if timer.cuda else "cpu"  # cpu: a smoke run of this code only
+    for case in cases:
+        if case.name not in wanted:
+            continue
+        for dname in dtypes:
+            dtype = DTYPES[dname]
+            if case.decode:
+                emit(cuda_decode(case, dtype, repeat, timer))
+                continue
+            nbytes = case_bytes(case, dtype)
+            lines = [
+                f"#### cuda {case.name} {dname}: q {list(case.q_shape)} k {list(case.k_shape)} (time / clone)",
+                "",
+                "| layout | clone | clone GB/s | " + " | ".join(label for _, label in CUDA_COLUMNS) + " |",
+                "| --- | ---: | ---: |" + " ---: |" * len(CUDA_COLUMNS),
+            ]
+            for layout in CUDA_LAYOUTS:
+                progress = f"[cuda {case.name} {dname} {layout}]"
+                log(f"{progress} building peers")
+                fns, notes = cuda_group(case, dtype, layout, compile_refs, device)
+                times = time_round_robin(timer, fns, repeat, 0.002, progress)
+                del fns
+                if timer.cuda:
+                    torch.cuda.empty_cache()
+                clone = times["clone"]
+                cells = []
+                for name, _ in CUDA_COLUMNS:
+                    cells.append(f"{times[name] / clone:.2f}" if name in times else notes.get(name, "-"))
+                lines.append(f"| {layout} | {fmt_time(clone)} | {nbytes / clone / 1e9:.0f} | " + " | ".join(cells) + " |")
+                ours = max(times[n] for n in ("ours", "ours_half", "ours_", "ours_half_")) / clone
+                peers = [times[n] / clone for n in ("compile(hf)", "liger") if n in times]
+                summary.append((f"{case.name} {dname} {layout}", ours, min(peers) if peers else None))
+            emit("\n".join(lines) + "\n")
+    if summary:
+        lines = ["#### cuda summary: our slowest column vs the fastest peer (time / clone)", "",
+                 "| row | ours (worst of 4) | best peer | ours <= 1.05 | ours faster than every peer |",
+                 "| --- | ---: | ---: | :---: | :---: |"]
+        for row, ours, peer in summary:
+            p = f"{peer:.2f}" if peer is not None else "-"
+            beat = "-" if peer is None else ("yes" if ours < peer else "no")
+            lines.append(f"| {row} | {ours:.2f} | {p} | {'yes' if ours <= 1.05 else 'no'} | {beat} |")
+        emit("\n".join(lines) + "\n")
+
+
+# --------------------------------------------------------------------------
 # Main
 
 
@@ -449,14 +642,17 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--device", choices=["cpu", "cuda", "all"], default="all",
                    help="all = cpu, plus cuda when torch.cuda.is_available() (default)")
     p.add_argument("--dtype", default="fp32,bf16", help="comma list of fp32,bf16,fp16,fp64 (default fp32,bf16)")
+    p.add_argument("--cuda-dtype", default="bf16,fp16,fp32",
+                   help="dtypes of the GPU cases, comma list (default bf16,fp16,fp32)")
     p.add_argument("--threads", default="1,2", help="CPU thread counts, comma list (default 1,2)")
     p.add_argument("--cases", default="prefill,training,decode", help="comma list of case names")
     p.add_argument("--repeat", type=int, default=None, help="timed rounds per case (default 9 CPU, 25 CUDA)")
     p.add_argument("--quick", action="store_true",
                    help="one tiny CPU case, few rounds, no torch.compile: a smoke run for CI")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peers")
-    p.add_argument("--system-malloc", action="store_true",
-                   help="keep glibc's default allocator settings (large blocks page-fault on every call)")
+    p.add_argument("--reuse-heap", action="store_true",
+                   help="turn glibc's mmap off (mallopt) so large blocks are reused and never page-fault; "
+                   "default: glibc's defaults, as in a user's process")
     p.add_argument("--markdown", metavar="PATH", help="also write the tables to PATH")
     p.add_argument("--png", metavar="PATH", help="bar chart of time/clone per peer (needs matplotlib)")
     return p.parse_args(argv)
@@ -481,7 +677,7 @@ def run(args: argparse.Namespace) -> List[Result]:
             raise SystemExit("--device cuda: torch.cuda.is_available() is False")
     compile_refs = not (args.no_compile or args.quick)
 
-    allocator = "default" if args.system_malloc else reuse_heap_blocks()
+    allocator = reuse_heap_blocks() if args.reuse_heap else "glibc defaults (large blocks mmap'ed per call)"
     results: List[Result] = []
     out_text = [header(devices, allocator)]
     print(out_text[0], flush=True)
@@ -494,6 +690,9 @@ def run(args: argparse.Namespace) -> List[Result]:
 
     for device in devices:
         timer = Timer(device)
+        if device == "cuda" and not args.quick:
+            run_cuda(args, timer, wanted, compile_refs, out_text)
+            continue
         if args.quick:
             cases = [QUICK_CASE]
         else:

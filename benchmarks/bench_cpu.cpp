@@ -56,7 +56,7 @@ struct Inputs {
 // Launch description through the same validator the ops use.
 rotary::detail::PreparedRope prepare(const Inputs& in, bool interleaved, bool in_place) {
   const std::optional<at::Tensor> none;
-  const rotary::detail::RopeArgs args{0, interleaved, none, false, none, none, "BHSD"};
+  const rotary::detail::RopeArgs args{0, interleaved, none, none, false, none, none, "BHSD"};
   return rotary::detail::prepare_rope("bench", in.q, &in.k, in.freqs, args, in_place);
 }
 

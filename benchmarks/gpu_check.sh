@@ -1,53 +1,197 @@
 #!/usr/bin/env bash
-# Everything a GPU machine run needs, in one call: build, the GPU tests
-# (gtest + pytest), compute-sanitizer memcheck over the CUDA gtests, and the
-# GPU benchmark table. Uses the machine's own python3 with torch (no network,
-# no venv). GoogleTest is built from .gtest-src when the package is missing:
-#   cp -r /usr/src/googletest .gtest-src    (here, before the device run)
-# Usage: bash benchmarks/gpu_check.sh   (logs under $OUT or /tmp/rotary-gpu)
+# Everything a GPU-machine run needs, in one call (about 5 minutes on an H200):
+#   configure + build, gtest, tests/python/test_cuda.py (nothing deselected),
+#   the linked-runtime check and the Python error, runtime and variant tests,
+#   compute-sanitizer memcheck and racecheck over the Cuda gtests, an Nsight
+#   Compute summary of the bf16 prefill launches (DRAM %, achieved occupancy,
+#   registers), and the GPU benchmark table (clone, torch.compile of the HF
+#   formula, Liger).
+# Each step has its own timeout and log under $OUT (or /tmp/rotary-gpu); a
+# failed step is reported at the end and the later steps still run.
+#
+# The GPU machine has no network. Prepare, here, before the device run:
+#   cp -r /usr/src/googletest .gtest-src          # GoogleTest source (no package there)
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --platform manylinux_2_28_x86_64 -d .whl liger-kernel
+# liger-kernel is a pure-Python wheel (py3-none-any), so the platform tag does
+# not matter; it installs with --no-deps into /tmp/site (triton and torch are
+# in the image). Both folders are git-ignored: pass them in the run's carry.
+#
+# The image sets CXX and CUDAHOSTCXX to /opt/gcc/bin/g++, whose libstdc++.so
+# is a broken link (it would link a private static C++ runtime into the
+# libraries): the build uses /usr/bin/g++ for both.
+#
+# Usage: bash benchmarks/gpu_check.sh
+# Env:   PYTHON (python3), OUT (log dir), BUILD_DIR (build-gpu),
+#        T_<STEP> overrides a step's timeout in seconds (T_BUILD=300 ...).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+ROOT=$PWD
 PY=${PYTHON:-python3}
 LOG_DIR=${OUT:-/tmp/rotary-gpu}
+BUILD=${BUILD_DIR:-build-gpu}
+HOST_CXX=${ROTARY_HOST_CXX:-/usr/bin/g++}
 mkdir -p "$LOG_DIR"
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
 export PYTHONUNBUFFERED=1
 failed=()
+passed=()
+T0=$SECONDS
 
+# step NAME SECONDS CMD...: runs CMD under a timeout, logs to $LOG_DIR/NAME.log.
 step() {
-  local name=$1
-  shift
-  echo "=== $name: $*"
+  local name=$1 secs=$2
+  shift 2
+  local var="T_${name^^}"
+  secs=${!var:-$secs}
+  echo "=== $name (timeout ${secs}s): $*"
   local start=$SECONDS
-  if "$@" 2>&1 | tee "$LOG_DIR/$name.log"; then
+  timeout --kill-after=10 "$secs" "$@" > "$LOG_DIR/$name.log" 2>&1
+  local rc=$?
+  tail -n 15 "$LOG_DIR/$name.log"
+  if ((rc == 0)); then
     echo "=== $name: ok ($((SECONDS - start)) s)"
+    passed+=("$name")
   else
-    echo "=== $name: FAILED ($((SECONDS - start)) s)"
+    ((rc == 124 || rc == 137)) && echo "=== $name: TIMED OUT after ${secs}s"
+    echo "=== $name: FAILED rc=$rc ($((SECONDS - start)) s)"
     failed+=("$name")
   fi
+  return $rc
 }
 
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-"$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())'
+skip() {
+  echo "=== $1: skipped ($2)"
+  failed+=("$1(skipped)")
+}
 
-gtest_args=()
-[ -d .gtest-src ] && gtest_args=(-DROTARY_GTEST_SOURCE_DIR="$PWD/.gtest-src")
-step configure cmake -S . -B build-gpu -DROTARY_CUDA=ON -DROTARY_BUILD_BENCHMARKS=OFF \
-  -DCMAKE_PREFIX_PATH="$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')" \
-  -DPython3_EXECUTABLE="$(command -v "$PY")" "${gtest_args[@]}"
-step build cmake --build build-gpu -j"$(nproc)"
-step gtest ./build-gpu/tests/cpp/rotary_tests
-step pytest env PYTHONPATH="$PWD/python" "$PY" -m pytest -q -x tests/python
-if command -v compute-sanitizer >/dev/null; then
-  step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 \
-    ./build-gpu/tests/cpp/rotary_tests --gtest_filter='Cuda.*'
-else
-  echo "=== memcheck: compute-sanitizer not found, skipped"
+echo "gpu_check: $(date -u +%FT%TZ), logs in $LOG_DIR"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader 2>&1 ||
+  echo "nvidia-smi: not available"
+"$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda,
+  torch.cuda.get_device_name() if torch.cuda.is_available() else "(no CUDA device)")' 2>&1
+
+# ---- build (the host compiler named explicitly, whatever CXX says)
+cmake_args=(-S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DROTARY_CUDA=ON -DROTARY_BUILD_BENCHMARKS=OFF
+  -DROTARY_BUILD_EXAMPLES=OFF -DCMAKE_CXX_COMPILER="$HOST_CXX" -DCMAKE_CUDA_HOST_COMPILER="$HOST_CXX"
+  -DCMAKE_PREFIX_PATH="$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)"
+  -DPython3_EXECUTABLE="$(command -v "$PY")")
+[ -d .gtest-src ] && cmake_args+=(-DROTARY_GTEST_SOURCE_DIR="$ROOT/.gtest-src")
+command -v ninja > /dev/null && [ ! -f "$BUILD/CMakeCache.txt" ] && cmake_args+=(-G Ninja)
+built=0
+if step configure 120 env -u CXX -u CUDAHOSTCXX -u CC cmake "${cmake_args[@]}" &&
+  step build 300 env -u CXX -u CUDAHOSTCXX -u CC cmake --build "$BUILD" -j"$(nproc)"; then
+  built=1
 fi
-step bench env PYTHONPATH="$PWD/python" "$PY" benchmarks/bench.py --device cuda --markdown "$LOG_DIR/bench_gpu.md"
+TESTS=./$BUILD/tests/cpp/rotary_tests
+have_gpu=0
+"$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2> /dev/null && have_gpu=1
 
+# ---- tests
+if ((built)); then
+  step gtest 180 "$TESTS" --gtest_brief=1
+  if ((have_gpu)); then
+    # No GTEST_SKIP may hide a GPU test here: count them.
+    grep -q "SKIPPED" "$LOG_DIR/gtest.log" && echo "gtest: some tests were skipped (see gtest.log)"
+  fi
+  step pytest_cuda 240 env PYTHONPATH="$ROOT/python" "$PY" -m pytest -q -rs tests/python/test_cuda.py
+  # Error messages that format numbers must come back whole (no private C++ runtime).
+  step cxx_runtime 60 ctest --test-dir "$BUILD" -R cxx_runtime --output-on-failure
+  step pytest_errors_variants 240 env PYTHONPATH="$ROOT/python" "$PY" -m pytest -q -rs \
+    tests/python/test_errors.py tests/python/test_layouts.py tests/python/test_varlen.py \
+    tests/python/test_partial_rotary.py tests/python/test_position_forms.py tests/python/test_inv_freq.py \
+    tests/python/test_inplace.py tests/python/test_variant_gradients.py tests/python/test_variant_opcheck.py \
+    tests/python/test_variant_compile.py tests/python/test_variant_errors.py tests/python/test_runtime.py
+else
+  skip gtest "build failed"
+  skip pytest_cuda "build failed"
+  skip cxx_runtime "build failed"
+  skip pytest_errors_variants "build failed"
+fi
+
+# ---- sanitizers and the profile (need a GPU)
+if ((built && have_gpu)) && command -v compute-sanitizer > /dev/null; then
+  step memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 1 \
+    "$TESTS" --gtest_filter='Cuda.*'
+  step racecheck 120 compute-sanitizer --tool racecheck --error-exitcode 1 "$TESTS" --gtest_filter='Cuda.*'
+else
+  skip memcheck "needs the build, a GPU and compute-sanitizer"
+  skip racecheck "needs the build, a GPU and compute-sanitizer"
+fi
+
+# One run of each variant of the bf16 prefill case (S=8192, 32/8 heads, D=128):
+# HF layout and BHSD, both pairings, out of place and in place.
+NCU_DRIVER='
+import torch, rotary
+torch.manual_seed(0)
+B, S, HQ, HK, D = 1, 8192, 32, 8, 128
+for layout in ("hf", "bhsd"):
+    if layout == "hf":
+        q = torch.randn(B, S, HQ, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+        k = torch.randn(B, S, HK, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    else:
+        q = torch.randn(B, HQ, S, D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(B, HK, S, D, device="cuda", dtype=torch.bfloat16)
+    for interleaved in (True, False):
+        rope = rotary.RotaryEmbedding(D, S, interleaved=interleaved).cuda()
+        rope(q, k)
+        torch.ops.rotary.apply_rope_qk_(q, k, rope.freqs, 0, interleaved)
+torch.cuda.synchronize()
+print("ncu driver: 8 launches (hf/bhsd x interleaved/half x out of place/in place)")
+'
+if ((built && have_gpu)) && command -v ncu > /dev/null; then
+  metrics=dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active
+  metrics+=,sm__maximum_warps_per_active_cycle_pct,launch__registers_per_thread,launch__grid_size
+  metrics+=,launch__block_size,gpu__time_duration.sum
+  step ncu 180 env PYTHONPATH="$ROOT/python" ncu --clock-control none --kernel-name regex:rope_kernel \
+    --metrics "$metrics" --csv "$PY" -c "$NCU_DRIVER"
+else
+  skip ncu "needs the build, a GPU and ncu"
+fi
+
+# ---- the benchmark table (Liger from the carried wheel when there is one)
+BENCH_PATH=$ROOT/python
+if compgen -G ".whl/*.whl" > /dev/null; then
+  step liger_install 60 "$PY" -m pip install --no-index --no-deps --target /tmp/site .whl/*.whl &&
+    BENCH_PATH=$BENCH_PATH:/tmp/site
+else
+  echo "=== liger: no .whl/*.whl carried, the Liger column is skipped"
+fi
+if ((built && have_gpu)); then
+  step bench 420 env PYTHONPATH="$BENCH_PATH" "$PY" benchmarks/bench.py --device cuda --repeat 15 \
+    --markdown "$LOG_DIR/bench_gpu.md"
+else
+  skip bench "needs the build and a GPU"
+fi
+
+# ---- the short summary last (the device reply carries the end of the output)
+if [ -s "$LOG_DIR/ncu.log" ]; then
+  echo
+  echo "ncu (bf16 prefill, --clock-control none): one line per launch"
+  "$PY" - "$LOG_DIR/ncu.log" << 'NCU_SUMMARY'
+import csv, sys
+rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
+if rows:
+    head, rows = rows[0], rows[1:]
+    col = {name: i for i, name in enumerate(head)}
+    launches = {}
+    for r in rows:
+        key = (r[col["ID"]], r[col["Kernel Name"]].split("(")[0].replace("rotary::kernel::", ""))
+        launches.setdefault(key, {})[r[col["Metric Name"]]] = r[col["Metric Value"]]
+    for (i, name), m in launches.items():
+        print(f"  #{i} {name[:70]}: DRAM {m.get('dram__throughput.avg.pct_of_peak_sustained_elapsed', '?')}%"
+              f", occupancy {m.get('sm__warps_active.avg.pct_of_peak_sustained_active', '?')}%"
+              f" (theoretical {m.get('sm__maximum_warps_per_active_cycle_pct', '?')}%)"
+              f", {m.get('launch__registers_per_thread', '?')} regs, grid {m.get('launch__grid_size', '?')}"
+              f" x {m.get('launch__block_size', '?')}, {m.get('gpu__time_duration.sum', '?')} ns")
+NCU_SUMMARY
+fi
+[ -s "$LOG_DIR/bench_gpu.md" ] && { echo; cat "$LOG_DIR/bench_gpu.md"; }
+
+echo
+echo "gpu_check: ${SECONDS}s in all ($((SECONDS - T0)) s of steps); passed: ${passed[*]:-none}"
 if ((${#failed[@]})); then
-  echo "gpu_check: FAILED steps: ${failed[*]}"
+  echo "gpu_check: FAILED or skipped: ${failed[*]}"
   exit 1
 fi
 echo "gpu_check: all steps passed"

@@ -92,7 +92,7 @@ def output_table():
     out = []
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         x = torch.randn(B, H, S, DIM, generator=g).to(dtype)
-        y = rope(x, positions=ids).double()
+        y = rope(x, position_ids=ids).double()
         ref = rope_reference(x, 0, True, ids)
         xd = x.double()
         pair_err = (y - ref).reshape(B, H, S, DIM // 2, 2).norm(dim=-1)

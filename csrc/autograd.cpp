@@ -22,17 +22,17 @@ using OptTensor = std::optional<at::Tensor>;
 // Everything but q and k, as the backward pass needs it.
 struct RopeState {
   at::Tensor freqs;
-  OptTensor positions, cu_seqlens, inv_freq;
+  OptTensor offsets, position_ids, cu_seqlens, inv_freq;
   c10::SymInt start_pos;
   bool interleaved;
   bool inverse;
   std::string layout;
 
   at::Tensor backward(const at::Tensor& grad) const {
-    return apply_rope(grad, freqs, start_pos, interleaved, positions, !inverse, cu_seqlens, inv_freq, layout);
+    return apply_rope(grad, freqs, start_pos, interleaved, offsets, position_ids, !inverse, cu_seqlens, inv_freq, layout);
   }
   std::tuple<at::Tensor, at::Tensor> backward(const at::Tensor& gq, const at::Tensor& gk) const {
-    return apply_rope_qk(gq, gk, freqs, start_pos, interleaved, positions, !inverse, cu_seqlens, inv_freq, layout);
+    return apply_rope_qk(gq, gk, freqs, start_pos, interleaved, offsets, position_ids, !inverse, cu_seqlens, inv_freq, layout);
   }
 };
 
@@ -40,13 +40,17 @@ OptTensor defined_or_none(const at::Tensor& t) {
   return t.defined() ? OptTensor(t) : std::nullopt;
 }
 
-void save_state(AutogradContext* ctx, const RopeState& s) {
+void check_freqs_no_grad(const at::Tensor& freqs) {
   TORCH_CHECK_VALUE(
-      !s.freqs.requires_grad(),
+      !freqs.requires_grad(),
       "rotary: freqs requires grad, but gradients with respect to the frequency table are not ",
       "supported; pass freqs.detach() or register it as a buffer");
-  ctx->save_for_backward({s.freqs, s.positions.value_or(at::Tensor()), s.cu_seqlens.value_or(at::Tensor()),
-                          s.inv_freq.value_or(at::Tensor())});
+}
+
+void save_state(AutogradContext* ctx, const RopeState& s) {
+  check_freqs_no_grad(s.freqs);
+  ctx->save_for_backward({s.freqs, s.offsets.value_or(at::Tensor()), s.position_ids.value_or(at::Tensor()),
+                          s.cu_seqlens.value_or(at::Tensor()), s.inv_freq.value_or(at::Tensor())});
   ctx->saved_data["start_pos"] = s.start_pos;
   ctx->saved_data["interleaved"] = s.interleaved;
   ctx->saved_data["inverse"] = s.inverse;
@@ -59,6 +63,7 @@ RopeState load_state(AutogradContext* ctx) {
           defined_or_none(saved[1]),
           defined_or_none(saved[2]),
           defined_or_none(saved[3]),
+          defined_or_none(saved[4]),
           ctx->saved_data["start_pos"].toSymInt(),
           ctx->saved_data["interleaved"].toBool(),
           ctx->saved_data["inverse"].toBool(),
@@ -70,7 +75,7 @@ class RopeFunction : public torch::autograd::Function<RopeFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const RopeState& s) {
     save_state(ctx, s);
     at::AutoDispatchBelowADInplaceOrView guard;
-    return apply_rope(x, s.freqs, s.start_pos, s.interleaved, s.positions, s.inverse, s.cu_seqlens, s.inv_freq, s.layout);
+    return apply_rope(x, s.freqs, s.start_pos, s.interleaved, s.offsets, s.position_ids, s.inverse, s.cu_seqlens, s.inv_freq, s.layout);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -84,7 +89,7 @@ class RopeQKFunction : public torch::autograd::Function<RopeQKFunction> {
     save_state(ctx, s);
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [out_q, out_k] = apply_rope_qk(
-        q, k, s.freqs, s.start_pos, s.interleaved, s.positions, s.inverse, s.cu_seqlens, s.inv_freq, s.layout);
+        q, k, s.freqs, s.start_pos, s.interleaved, s.offsets, s.position_ids, s.inverse, s.cu_seqlens, s.inv_freq, s.layout);
     return {out_q, out_k};
   }
 
@@ -105,25 +110,26 @@ class RopeQKFunction : public torch::autograd::Function<RopeQKFunction> {
 };
 
 at::Tensor apply_rope_autograd(
-    const at::Tensor& x, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved, const OptTensor& positions,
-    bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout) {
+    const at::Tensor& x, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved, const OptTensor& offsets,
+    const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout) {
   if (!torch::autograd::compute_requires_grad(x, freqs)) {  // inference and decode: no graph to record
     at::AutoDispatchBelowADInplaceOrView guard;
-    return apply_rope(x, freqs, std::move(start_pos), interleaved, positions, inverse, cu_seqlens, inv_freq, layout);
+    return apply_rope(x, freqs, std::move(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout);
   }
-  const RopeState s{freqs, positions, cu_seqlens, inv_freq, std::move(start_pos), interleaved, inverse, std::string(layout)};
+  const RopeState s{freqs, offsets, position_ids, cu_seqlens, inv_freq, std::move(start_pos), interleaved, inverse, std::string(layout)};
   return RopeFunction::apply(x, s);
 }
 
 std::tuple<at::Tensor, at::Tensor> apply_rope_qk_autograd(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved,
-    const OptTensor& positions, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq,
+    const OptTensor& offsets, const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens,
+    const OptTensor& inv_freq,
     c10::string_view layout) {
   if (!torch::autograd::compute_requires_grad(q, k, freqs)) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    return apply_rope_qk(q, k, freqs, std::move(start_pos), interleaved, positions, inverse, cu_seqlens, inv_freq, layout);
+    return apply_rope_qk(q, k, freqs, std::move(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout);
   }
-  const RopeState s{freqs, positions, cu_seqlens, inv_freq, std::move(start_pos), interleaved, inverse, std::string(layout)};
+  const RopeState s{freqs, offsets, position_ids, cu_seqlens, inv_freq, std::move(start_pos), interleaved, inverse, std::string(layout)};
   auto out = RopeQKFunction::apply(q, k, s);
   return {out[0], out[1]};
 }
@@ -138,26 +144,34 @@ void check_no_grad(const char* op, const char* name, const at::Tensor& t) {
       "torch.no_grad() / inference mode");
 }
 
+// In place, a freqs that requires grad would silently get no gradient.
+void check_no_grad_freqs(const at::Tensor& freqs) {
+  if (at::GradMode::is_enabled()) check_freqs_no_grad(freqs);
+}
+
 void apply_rope_inplace_autograd(
-    at::Tensor& x, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved, const OptTensor& positions,
-    bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout) {
+    at::Tensor& x, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved, const OptTensor& offsets,
+    const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout) {
   check_no_grad("apply_rope_", "x", x);
+  check_no_grad_freqs(freqs);
   {
     at::AutoDispatchBelowADInplaceOrView guard;
-    apply_rope_(x, freqs, std::move(start_pos), interleaved, positions, inverse, cu_seqlens, inv_freq, layout);
+    apply_rope_(x, freqs, std::move(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout);
   }
   torch::autograd::impl::bump_version(x);
 }
 
 void apply_rope_qk_inplace_autograd(
     at::Tensor& q, at::Tensor& k, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved,
-    const OptTensor& positions, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq,
+    const OptTensor& offsets, const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens,
+    const OptTensor& inv_freq,
     c10::string_view layout) {
   check_no_grad("apply_rope_qk_", "q", q);
   check_no_grad("apply_rope_qk_", "k", k);
+  check_no_grad_freqs(freqs);
   {
     at::AutoDispatchBelowADInplaceOrView guard;
-    apply_rope_qk_(q, k, freqs, std::move(start_pos), interleaved, positions, inverse, cu_seqlens, inv_freq, layout);
+    apply_rope_qk_(q, k, freqs, std::move(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout);
   }
   torch::autograd::impl::bump_version(q);
   torch::autograd::impl::bump_version(k);

@@ -19,33 +19,35 @@ using RunKernel = void (*)(const PreparedRope&, at::ScalarType);
 template <RunKernel Run>
 struct BackendOps {
   static at::Tensor apply_rope(
-      const at::Tensor& x, const at::Tensor& freqs, int64_t start_pos, bool interleaved, const OptTensor& positions,
-      bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout) {
-    const RopeArgs args{start_pos, interleaved, positions, inverse, cu_seqlens, inv_freq, layout};
+      const at::Tensor& x, const at::Tensor& freqs, int64_t start_pos, bool interleaved, const OptTensor& offsets,
+      const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout) {
+    const RopeArgs args{start_pos, interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout};
     return launch("apply_rope", x, nullptr, freqs, args, /*in_place=*/false).out_q;
   }
 
   static std::tuple<at::Tensor, at::Tensor> apply_rope_qk(
       const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs, int64_t start_pos, bool interleaved,
-      const OptTensor& positions, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq,
+      const OptTensor& offsets, const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens,
+      const OptTensor& inv_freq,
       c10::string_view layout) {
-    const RopeArgs args{start_pos, interleaved, positions, inverse, cu_seqlens, inv_freq, layout};
+    const RopeArgs args{start_pos, interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout};
     auto r = launch("apply_rope_qk", q, &k, freqs, args, /*in_place=*/false);
     return {r.out_q, r.out_k};
   }
 
   static void apply_rope_(
-      at::Tensor& x, const at::Tensor& freqs, int64_t start_pos, bool interleaved, const OptTensor& positions,
-      bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout) {
-    const RopeArgs args{start_pos, interleaved, positions, inverse, cu_seqlens, inv_freq, layout};
+      at::Tensor& x, const at::Tensor& freqs, int64_t start_pos, bool interleaved, const OptTensor& offsets,
+      const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout) {
+    const RopeArgs args{start_pos, interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout};
     launch("apply_rope_", x, nullptr, freqs, args, /*in_place=*/true);
   }
 
   static void apply_rope_qk_(
       at::Tensor& q, at::Tensor& k, const at::Tensor& freqs, int64_t start_pos, bool interleaved,
-      const OptTensor& positions, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq,
+      const OptTensor& offsets, const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens,
+      const OptTensor& inv_freq,
       c10::string_view layout) {
-    const RopeArgs args{start_pos, interleaved, positions, inverse, cu_seqlens, inv_freq, layout};
+    const RopeArgs args{start_pos, interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout};
     launch("apply_rope_qk_", q, &k, freqs, args, /*in_place=*/true);
   }
 

@@ -1,7 +1,8 @@
 #include "checks.h"
 
+#include "overlap.h"
+
 #include <ATen/ATen.h>
-#include <ATen/MemoryOverlap.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -66,25 +67,54 @@ void check_same_device(const char* op, const char* name, const at::Tensor& t, co
       "; move both to the same device");
 }
 
-void check_positions_shape(const char* op, const at::Tensor& p, const at::Tensor& view, const RopeArgs& args) {
-  TORCH_CHECK_TYPE(p.scalar_type() == at::kLong, op, ": positions must be int64, got ", p.scalar_type());
-  const auto batch = view.sym_size(0);
-  const auto seq = view.sym_size(2);
+// offsets: [] or [batch] (per-sequence start), position_ids: [seq] or
+// [batch, seq] (absolute, as in Hugging Face); packed: [] / [total_tokens].
+// Each message names the other argument, so the two are never confused.
+void check_positions_shape(const char* op, const at::Tensor& q_view, const RopeArgs& args) {
+  TORCH_CHECK_VALUE(
+      !(args.offsets && args.position_ids), op,
+      ": pass offsets (per-sequence starts) or position_ids (absolute ids), not both");
+  // Absolute ids leave no room for a second origin: refuse rather than add.
+  TORCH_CHECK_VALUE(
+      !args.position_ids || args.start_pos == 0, op, ": start_pos must be 0 with position_ids (they are ",
+      "absolute positions), got start_pos = ", args.start_pos,
+      "; add it to the ids, or pass offsets for per-sequence starts");
+  const bool ids = args.position_ids.has_value();
+  const at::Tensor& p = ids ? *args.position_ids : *args.offsets;
+  const char* name = ids ? "position_ids" : "offsets";
+  TORCH_CHECK_TYPE(
+      at::isIntegralType(p.scalar_type(), /*includeBool=*/false), op, ": ", name, " must have an integer dtype (int64 or int32 are read ",
+      "without a copy), got ", p.scalar_type());
+  const auto batch = q_view.sym_size(0);
+  const auto seq = q_view.sym_size(2);
   if (is_varlen(args)) {
-    TORCH_CHECK_VALUE(
-        p.dim() == 0 || (p.dim() == 1 && p.sym_size(0) == seq), op,
-        ": with cu_seqlens, positions must have shape [] (an offset added to start_pos + the index within ",
-        "each sequence) or [total_tokens] = [", seq, "] (absolute position ids added to start_pos); got ",
-        p.sym_sizes());
+    if (ids) {
+      TORCH_CHECK_VALUE(
+          p.dim() == 1 && p.sym_size(0) == seq, op, ": with cu_seqlens, position_ids must have shape ",
+          "[total_tokens] = [", seq, "] (absolute position of each token); got ", p.sym_sizes(),
+          p.dim() == 0 ? "; for one offset added to each sequence's index pass offsets" : "");
+    } else {
+      TORCH_CHECK_VALUE(
+          p.dim() == 0, op, ": with cu_seqlens, offsets must have shape [] (added to the index within each ",
+          "sequence); got ", p.sym_sizes(), p.dim() == 1 ? "; for one absolute position per token pass position_ids" : "");
+    }
     return;
   }
-  const bool ok = p.dim() == 0 || (p.dim() == 1 && (p.sym_size(0) == batch || p.sym_size(0) == 1)) ||
-      (p.dim() == 2 && (p.sym_size(0) == batch || p.sym_size(0) == 1) &&
-       (p.sym_size(1) == seq || p.sym_size(1) == 1));
+  if (ids) {
+    const bool ok = (p.dim() == 1 && p.sym_size(0) == seq) ||
+        (p.dim() == 2 && (p.sym_size(0) == batch || p.sym_size(0) == 1) &&
+         (p.sym_size(1) == seq || p.sym_size(1) == 1));
+    TORCH_CHECK_VALUE(
+        ok, op, ": position_ids must have shape [seq_len] or [batch, seq_len] (absolute positions, as in Hugging ",
+        "Face) with batch = ", batch, ", seq_len = ", seq, "; got ", p.sym_sizes(),
+        p.dim() == 0 ? "; for one offset added to start_pos + s pass offsets" : "",
+        p.dim() == 1 ? "; for per-batch offsets [batch] pass offsets" : "");
+    return;
+  }
+  const bool ok = p.dim() == 0 || (p.dim() == 1 && (p.sym_size(0) == batch || p.sym_size(0) == 1));
   TORCH_CHECK_VALUE(
-      ok, op, ": positions must have shape [] or [batch] (offsets added to start_pos + s), or ",
-      "[batch, seq_len] (absolute position ids added to start_pos) with batch = ", batch, ", seq_len = ", seq,
-      "; got ", p.sym_sizes());
+      ok, op, ": offsets must have shape [] or [batch] (position = start_pos + offsets[b] + s) with batch = ", batch,
+      "; got ", p.sym_sizes(), p.dim() >= 1 ? "; for absolute ids [seq_len] or [batch, seq_len] pass position_ids" : "");
 }
 
 }  // namespace
@@ -136,9 +166,10 @@ void check_rope_inputs(
         inv.sym_sizes());
     check_same_device(op, "inv_freq", inv, q);
   }
-  if (args.positions) {
-    check_positions_shape(op, *args.positions, qv, args);
-    check_same_device(op, "positions", *args.positions, q);
+  if (args.offsets || args.position_ids) {
+    check_positions_shape(op, qv, args);
+    check_same_device(op, args.position_ids ? "position_ids" : "offsets",
+                      args.position_ids ? *args.position_ids : *args.offsets, q);
   }
 }
 
@@ -174,23 +205,26 @@ void check_cu_seqlens_values(const char* op, const at::Tensor& cu, int64_t total
 }
 
 void check_positions_in_table(const char* op, const kernel::RopeParams& p) {
+  const char* name = p.positions_are_offsets ? "offsets" : "position_ids";
+  const std::string from = p.positions == nullptr ? std::string(" (start_pos ") + std::to_string(p.start_pos) + " + s)"
+      : p.positions_are_offsets ? std::string(" (start_pos ") + std::to_string(p.start_pos) + " + offsets + s)"
+                                : std::string(" (position_ids)");
   for (int64_t b = 0; b < p.batch; ++b) {
     for (int64_t s = 0; s < p.seq; ++s) {
       if (p.positions) {
         // Bounded so that start_pos + position + local index cannot overflow.
-        const int64_t given = p.positions[b * p.pos_stride_b + s * p.pos_stride_s];
+        const int64_t given = kernel::given_position(p, b, s);
         TORCH_CHECK_INDEX(
-            given > -kMaxPosition && given < kMaxPosition, op, ": positions must lie in (-2^60, 2^60), got ",
+            given > -kMaxPosition && given < kMaxPosition, op, ": ", name, " must lie in (-2^60, 2^60), got ",
             given);
       }
       const int64_t pos = kernel::position_of(p, b, s);
       TORCH_CHECK_VALUE(
-          pos >= 0, op, ": token (batch ", b, ", seq ", s, ") has negative position ", pos,
-          " (start_pos ", p.start_pos, " + positions)");
+          pos >= 0, op, ": token (batch ", b, ", seq ", s, ") has negative position ", pos, from);
       TORCH_CHECK_INDEX(
           p.inv_freq != nullptr || pos < p.freqs_len, op, ": token (batch ", b, ", seq ", s, ") has position ",
-          pos, " (start_pos ", p.start_pos, " + positions), outside the freqs table [0, ", p.freqs_len,
-          "); build the table with max_seq_len > ", pos, " or pass inv_freq");
+          pos, from, ", outside the freqs table [0, ", p.freqs_len, "); pass inv_freq or build a longer table ",
+          "(max_seq_len > ", pos, ")");
     }
   }
 }
@@ -199,36 +233,45 @@ void check_start_pos_bound(const char* op, int64_t start_pos) {
   TORCH_CHECK_INDEX(start_pos < kMaxPosition, op, ": start_pos must be < 2^60, got ", start_pos);
 }
 
-// torch gives up (TooHard) on views that are not dense, such as q and k
-// sliced out of one packed qkv tensor. Those share every stride and differ by
-// a whole number of head strides: then they overlap exactly when their head
-// ranges do. Other non-dense pairs stay TooHard and are accepted.
-at::MemOverlapStatus head_slices_overlap(const at::Tensor& q, const at::Tensor& k) {
-  if (!q.storage().is_alias_of(k.storage()) || q.dim() != k.dim() || q.strides() != k.strides()) {
-    return at::MemOverlapStatus::TooHard;
-  }
-  const int64_t head_stride = q.stride(1);  // canonical [B, H, S, D] views
-  const int64_t delta = k.storage_offset() - q.storage_offset();
-  if (head_stride == 0 || delta % head_stride != 0) return at::MemOverlapStatus::TooHard;
-  const int64_t shift = delta / head_stride;  // k's head h sits on q's head h + shift
-  const bool disjoint = shift >= q.size(1) || shift + k.size(1) <= 0;
-  return disjoint ? at::MemOverlapStatus::No : at::MemOverlapStatus::Partial;
+void check_distinct(const char* op, const char* name, const at::Tensor& x) {
+  const Overlap o = self_overlap(x);
+  TORCH_CHECK_VALUE(
+      o != Overlap::Yes, op, ": ", name,
+      " has elements sharing memory (an expanded view?); an in-place rotation needs distinct elements");
+  TORCH_CHECK_VALUE(
+      o != Overlap::Unknown, op, ": could not prove that the elements of ", name,
+      " are distinct in memory (its strides are too irregular to check exactly); rotate a clone in place, or use ",
+      "the out-of-place op");
 }
 
-void check_in_place_targets(const char* op, const at::Tensor& q, const at::Tensor* k) {
-  const char* q_name = k ? "q" : "x";
+void check_disjoint(
+    const char* op, const char* written, const at::Tensor& w, const char* other, const at::Tensor& t,
+    const char* why = "the rotation would overwrite an input it reads") {
+  const Overlap o = mutual_overlap(w, t);
+  TORCH_CHECK_VALUE(o != Overlap::Yes, op, ": ", written, " and ", other, " overlap in memory; in place, ", why);
   TORCH_CHECK_VALUE(
-      at::has_internal_overlap(q) != at::MemOverlap::Yes, op, ": ", q_name,
-      " has elements sharing memory (an expanded view?); an in-place rotation needs distinct elements");
+      o != Overlap::Unknown, op, ": could not prove that ", written, " and ", other,
+      " do not overlap in memory (their strides are too irregular to check exactly); pass a clone of one of them");
+}
+
+// Exact for any strides (overlap.h): packed qkv slices are accepted, any
+// shared element between the written tensors or with a read-only input is not.
+void check_in_place_targets(
+    const char* op, const at::Tensor& q, const at::Tensor* k, const at::Tensor& freqs, const RopeArgs& args) {
+  const char* q_name = k ? "q" : "x";
+  check_distinct(op, q_name, q);
   if (k) {
-    TORCH_CHECK_VALUE(
-        at::has_internal_overlap(*k) != at::MemOverlap::Yes, op,
-        ": k has elements sharing memory (an expanded view?); an in-place rotation needs distinct elements");
-    auto overlap = at::get_overlap_status(q, *k);
-    if (overlap == at::MemOverlapStatus::TooHard) overlap = head_slices_overlap(q, *k);
-    TORCH_CHECK_VALUE(
-        overlap != at::MemOverlapStatus::Full && overlap != at::MemOverlapStatus::Partial, op,
-        ": q and k overlap in memory; in place, each element must belong to one of them");
+    check_distinct(op, "k", *k);
+    check_disjoint(op, "q", q, "k", *k, "each element must belong to one of them");
+  }
+  for (const at::Tensor* w : {&q, k}) {
+    if (!w) continue;
+    const char* name = w == &q ? q_name : "k";
+    check_disjoint(op, name, *w, "freqs", freqs);
+    if (args.offsets) check_disjoint(op, name, *w, "offsets", *args.offsets);
+    if (args.position_ids) check_disjoint(op, name, *w, "position_ids", *args.position_ids);
+    if (args.cu_seqlens) check_disjoint(op, name, *w, "cu_seqlens", *args.cu_seqlens);
+    if (args.inv_freq) check_disjoint(op, name, *w, "inv_freq", *args.inv_freq);
   }
 }
 
@@ -245,7 +288,7 @@ PreparedRope prepare_rope(
   TORCH_CHECK_VALUE(args.start_pos >= 0, op, ": start_pos must be >= 0, got ", args.start_pos);
   const at::Tensor qv = canonical_view(op, "q", q, args);
   const at::Tensor kv = k ? canonical_view(op, "k", *k, args) : at::Tensor();
-  if (in_place) check_in_place_targets(op, qv, k ? &kv : nullptr);
+  if (in_place) check_in_place_targets(op, qv, k ? &kv : nullptr, freqs, args);
 
   PreparedRope r;
   r.out_q = in_place ? q : make_output(q);
@@ -280,14 +323,18 @@ PreparedRope prepare_rope(
     if (cu.is_cpu()) check_cu_seqlens_values(op, cu, p.seq);
     TORCH_CHECK_VALUE(p.num_seqs >= 1 || p.seq == 0, op, ": cu_seqlens has no sequence but there are ", p.seq, " tokens");
   }
-  if (args.positions) {
-    const auto& pos = *args.positions;
-    p.positions = pos.data_ptr<int64_t>();
-    if (args.cu_seqlens) {
-      p.positions_are_offsets = pos.dim() == 0;
-      if (pos.dim() == 1) p.pos_stride_s = pos.stride(0);
+  if (args.offsets || args.position_ids) {
+    // int32 and int64 are read in place; other integer dtypes are widened once.
+    const at::Tensor& given = args.position_ids ? *args.position_ids : *args.offsets;
+    const bool direct = given.scalar_type() == at::kLong || given.scalar_type() == at::kInt;
+    r.positions = direct ? given : given.to(at::kLong);
+    const auto& pos = r.positions;
+    p.positions = pos.data_ptr();
+    p.positions_int32 = pos.scalar_type() == at::kInt;
+    p.positions_are_offsets = !args.position_ids;
+    if (args.position_ids && pos.dim() == 1) {  // [seq] or packed [total_tokens]
+      if (pos.size(0) > 1) p.pos_stride_s = pos.stride(0);
     } else {
-      p.positions_are_offsets = pos.dim() < 2;
       if (pos.dim() >= 1 && pos.size(0) > 1) p.pos_stride_b = pos.stride(0);
       if (pos.dim() == 2 && pos.size(1) > 1) p.pos_stride_s = pos.stride(1);
     }
@@ -295,14 +342,15 @@ PreparedRope prepare_rope(
   check_start_pos_bound(op, args.start_pos);
   // Positions known on the host are checked by value: a CPU positions tensor,
   // or none at all (start_pos + local index).
-  const bool host_positions = !args.positions || args.positions->is_cpu();
+  const bool host_positions = r.params.positions == nullptr || r.positions.is_cpu();
   const bool host_seqlens = !args.cu_seqlens || args.cu_seqlens->is_cpu();
   if (host_positions && host_seqlens && p.batch * p.seq > 0) {
-    if (!args.positions && !args.cu_seqlens) {
+    if (p.positions == nullptr && !args.cu_seqlens) {
       TORCH_CHECK_INDEX(
           p.inv_freq != nullptr || p.seq <= p.freqs_len - args.start_pos, op, ": start_pos + seq_len = ",
           args.start_pos, " + ", p.seq, " = ", args.start_pos + p.seq,
-          " exceeds the freqs table length (max_seq_len) ", p.freqs_len);
+          " exceeds the freqs table length (max_seq_len) ", p.freqs_len,
+          "; pass inv_freq or build a longer table (max_seq_len > ", args.start_pos + p.seq - 1, ")");
     } else {
       check_positions_in_table(op, p);
     }

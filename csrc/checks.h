@@ -15,7 +15,8 @@ namespace detail {
 struct RopeArgs {
   int64_t start_pos = 0;
   bool interleaved = true;
-  const std::optional<at::Tensor>& positions;
+  const std::optional<at::Tensor>& offsets;       // [] / [batch]: start_pos + offsets[b] + s
+  const std::optional<at::Tensor>& position_ids;  // [seq] / [batch, seq]: absolute ids
   bool inverse = false;
   const std::optional<at::Tensor>& cu_seqlens;
   const std::optional<at::Tensor>& inv_freq;
@@ -34,6 +35,7 @@ at::Tensor make_output(const at::Tensor& x);
 struct PreparedRope {
   at::Tensor out_q;
   at::Tensor out_k;  // undefined for the single-tensor ops
+  at::Tensor positions;  // int32/int64 offsets or ids the kernel reads (a copy only for other dtypes)
   kernel::RopeParams params;
 };
 

@@ -12,225 +12,6 @@
 
 namespace rotary {
 
-namespace {
-
-constexpr double kPi = 3.14159265358979323846;
-constexpr const char* kTypes = "default, linear, ntk, dynamic, yarn, llama3, longrope";
-
-bool is_known_type(const std::string& t) {
-  return t == "default" || t == "linear" || t == "ntk" || t == "dynamic" || t == "yarn" || t == "llama3" ||
-      t == "longrope";
-}
-
-bool positive(double v) {
-  return std::isfinite(v) && v > 0.0;
-}
-
-// theta^(-2j/d) for j = 0 .. d/2 - 1: the frequencies every rule starts from.
-std::vector<double> base_inv_freq(int64_t rotary_dim, double base) {
-  const int64_t pairs = rotary_dim / 2;
-  std::vector<double> inv(pairs);
-  for (int64_t j = 0; j < pairs; ++j) {
-    inv[j] = std::pow(base, -2.0 * static_cast<double>(j) / static_cast<double>(rotary_dim));
-  }
-  return inv;
-}
-
-// yarn and longrope: factor as given, else max_position_embeddings / original.
-std::optional<double> effective_factor(const RopeScaling& s) {
-  if (s.factor()) return s.factor();
-  if (s.max_position_embeddings() && s.original_max_position_embeddings()) {
-    return static_cast<double>(*s.max_position_embeddings()) /
-        static_cast<double>(*s.original_max_position_embeddings());
-  }
-  return std::nullopt;
-}
-
-// YaRN's attention temperature: 0.1 * m * ln(scale) + 1, or 1 without scaling.
-double yarn_mscale(double scale, double m) {
-  return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
-}
-
-void check_factor_list(const RopeScaling& s, const char* name, const std::vector<double>& v, int64_t rotary_dim) {
-  TORCH_CHECK_VALUE(
-      static_cast<int64_t>(v.size()) == rotary_dim / 2, "RopeScaling(type='", s.type(), "'): ", name,
-      " must have rotary_dim / 2 = ", rotary_dim / 2, " entries (one per rotated pair), got ", v.size());
-  for (size_t j = 0; j < v.size(); ++j) {
-    TORCH_CHECK_VALUE(
-        positive(v[j]), "RopeScaling(type='", s.type(), "'): ", name, "[", j, "] must be finite and > 0, got ",
-        v[j]);
-  }
-}
-
-}  // namespace
-
-bool depends_on_seq_len(const RopeScaling& scaling) {
-  return scaling.type() == "dynamic" || scaling.type() == "longrope";
-}
-
-void validate(const RopeScaling& s, int64_t rotary_dim) {
-  const std::string& t = s.type();
-  TORCH_CHECK_VALUE(is_known_type(t), "RopeScaling: unknown type (rope_type) '", t, "'; expected one of ", kTypes);
-  if (t == "default") return;
-#define ROTARY_SCALING_CHECK(cond, ...) TORCH_CHECK_VALUE(cond, "RopeScaling(type='", t, "'): ", __VA_ARGS__)
-
-  if (s.factor()) {
-    ROTARY_SCALING_CHECK(positive(*s.factor()), "factor must be finite and > 0, got ", *s.factor());
-  }
-  if (s.max_position_embeddings()) {
-    ROTARY_SCALING_CHECK(
-        *s.max_position_embeddings() > 0, "max_position_embeddings must be > 0, got ",
-        *s.max_position_embeddings());
-  }
-  if (s.original_max_position_embeddings()) {
-    ROTARY_SCALING_CHECK(
-        *s.original_max_position_embeddings() > 0, "original_max_position_embeddings must be > 0, got ",
-        *s.original_max_position_embeddings());
-  }
-  if (s.attention_factor()) {
-    ROTARY_SCALING_CHECK(
-        positive(*s.attention_factor()), "attention_factor must be finite and > 0, got ", *s.attention_factor());
-  }
-
-  if (t == "linear" || t == "ntk" || t == "dynamic" || t == "llama3") {
-    ROTARY_SCALING_CHECK(s.factor().has_value(), "factor is required");
-  }
-  if (t == "ntk" || t == "dynamic") {
-    // The base change has exponent d / (d - 2).
-    ROTARY_SCALING_CHECK(rotary_dim > 2, "rotary_dim must be > 2, got ", rotary_dim);
-  }
-  if (t == "dynamic") {
-    ROTARY_SCALING_CHECK(
-        s.max_position_embeddings().has_value(),
-        "max_position_embeddings is required (the length past which the base grows)");
-  }
-  if (t == "yarn" || t == "llama3" || t == "longrope") {
-    ROTARY_SCALING_CHECK(
-        s.original_max_position_embeddings().has_value(),
-        "original_max_position_embeddings is required (the pre-training context length)");
-  }
-  if (t == "yarn") {
-    ROTARY_SCALING_CHECK(
-        s.factor() || s.max_position_embeddings(),
-        "factor is required (or max_position_embeddings, to derive it as max_position_embeddings / "
-        "original_max_position_embeddings)");
-    ROTARY_SCALING_CHECK(positive(s.beta_fast()), "beta_fast must be finite and > 0, got ", s.beta_fast());
-    ROTARY_SCALING_CHECK(positive(s.beta_slow()), "beta_slow must be finite and > 0, got ", s.beta_slow());
-    if (s.mscale()) ROTARY_SCALING_CHECK(std::isfinite(*s.mscale()), "mscale must be finite, got ", *s.mscale());
-    if (s.mscale_all_dim()) {
-      ROTARY_SCALING_CHECK(
-          std::isfinite(*s.mscale_all_dim()), "mscale_all_dim must be finite, got ", *s.mscale_all_dim());
-    }
-  }
-  if (t == "llama3") {
-    ROTARY_SCALING_CHECK(
-        positive(s.low_freq_factor()), "low_freq_factor must be finite and > 0, got ", s.low_freq_factor());
-    ROTARY_SCALING_CHECK(
-        std::isfinite(s.high_freq_factor()) && s.high_freq_factor() > s.low_freq_factor(),
-        "high_freq_factor must be finite and > low_freq_factor = ", s.low_freq_factor(), ", got ",
-        s.high_freq_factor());
-  }
-  if (t == "longrope") {
-    check_factor_list(s, "short_factor", s.short_factor(), rotary_dim);
-    check_factor_list(s, "long_factor", s.long_factor(), rotary_dim);
-    ROTARY_SCALING_CHECK(
-        s.factor() || s.max_position_embeddings() || s.attention_factor(),
-        "factor is required to derive the attention scaling (or max_position_embeddings, or attention_factor)");
-  }
-#undef ROTARY_SCALING_CHECK
-}
-
-RopeFrequencies compute_frequencies(int64_t rotary_dim, double theta, const RopeScaling& s, int64_t seq_len) {
-  TORCH_CHECK_VALUE(
-      rotary_dim > 0 && rotary_dim % 2 == 0, "compute_frequencies: rotary_dim must be even and > 0, got ",
-      rotary_dim);
-  TORCH_CHECK_VALUE(
-      std::isfinite(theta) && theta > 0.0, "compute_frequencies: theta must be finite and > 0, got ", theta);
-  TORCH_CHECK_VALUE(seq_len >= 0, "compute_frequencies: seq_len must be >= 0, got ", seq_len);
-  validate(s, rotary_dim);
-
-  const std::string& t = s.type();
-  const double d = static_cast<double>(rotary_dim);
-  RopeFrequencies out;
-
-  if (t == "default") {
-    out.inv_freq = base_inv_freq(rotary_dim, theta);
-  } else if (t == "linear") {
-    out.inv_freq = base_inv_freq(rotary_dim, theta);
-    for (double& f : out.inv_freq) f /= *s.factor();
-  } else if (t == "ntk") {
-    out.inv_freq = base_inv_freq(rotary_dim, theta * std::pow(*s.factor(), d / (d - 2.0)));
-  } else if (t == "dynamic") {
-    const double factor = *s.factor();
-    const double max_pos = static_cast<double>(*s.max_position_embeddings());
-    const double len = std::max(static_cast<double>(seq_len), max_pos);
-    const double base = theta * std::pow(factor * len / max_pos - (factor - 1.0), d / (d - 2.0));
-    out.inv_freq = base_inv_freq(rotary_dim, base);
-  } else if (t == "yarn") {
-    TORCH_CHECK_VALUE(theta != 1.0, "RopeScaling(type='yarn'): theta must not be 1 (its log is a divisor)");
-    const double factor = *effective_factor(s);
-    const double original = static_cast<double>(*s.original_max_position_embeddings());
-    if (s.attention_factor()) {
-      out.attention_scaling = *s.attention_factor();
-    } else if (s.mscale() && s.mscale_all_dim() && *s.mscale() != 0.0 && *s.mscale_all_dim() != 0.0) {
-      out.attention_scaling = yarn_mscale(factor, *s.mscale()) / yarn_mscale(factor, *s.mscale_all_dim());
-    } else {
-      out.attention_scaling = yarn_mscale(factor, 1.0);
-    }
-    // The (fractional) dim whose pair makes `turns` full turns over the
-    // original context: d * ln(original / (turns * 2 pi)) / (2 ln theta).
-    auto correction_dim = [&](double turns) {
-      return d * std::log(original / (turns * 2.0 * kPi)) / (2.0 * std::log(theta));
-    };
-    double low = correction_dim(s.beta_fast());
-    double high = correction_dim(s.beta_slow());
-    if (s.truncate()) {
-      low = std::floor(low);
-      high = std::ceil(high);
-    }
-    low = std::max(low, 0.0);
-    high = std::min(high, d - 1.0);
-    if (low == high) high += 0.001;  // no zero-width ramp
-    out.inv_freq = base_inv_freq(rotary_dim, theta);
-    for (size_t j = 0; j < out.inv_freq.size(); ++j) {
-      // ramp 0: keep the original frequency (extrapolate); 1: divide by factor (interpolate).
-      const double ramp = std::clamp((static_cast<double>(j) - low) / (high - low), 0.0, 1.0);
-      const double extrapolated = out.inv_freq[j];
-      const double interpolated = extrapolated / factor;
-      out.inv_freq[j] = interpolated * ramp + extrapolated * (1.0 - ramp);
-    }
-  } else if (t == "llama3") {
-    const double factor = *s.factor();
-    const double original = static_cast<double>(*s.original_max_position_embeddings());
-    const double lo = s.low_freq_factor();
-    const double hi = s.high_freq_factor();
-    const double low_freq_wavelen = original / lo;    // longer than this: divide by factor
-    const double high_freq_wavelen = original / hi;   // shorter than this: keep
-    out.inv_freq = base_inv_freq(rotary_dim, theta);
-    for (double& f : out.inv_freq) {
-      const double wavelen = 2.0 * kPi / f;
-      if (wavelen > low_freq_wavelen) {
-        f = f / factor;
-      } else if (wavelen >= high_freq_wavelen) {
-        const double smooth = (original / wavelen - lo) / (hi - lo);
-        f = (1.0 - smooth) * f / factor + smooth * f;
-      }
-    }
-  } else if (t == "longrope") {
-    const double original = static_cast<double>(*s.original_max_position_embeddings());
-    if (s.attention_factor()) {
-      out.attention_scaling = *s.attention_factor();
-    } else {
-      const double factor = *effective_factor(s);
-      out.attention_scaling = factor <= 1.0 ? 1.0 : std::sqrt(1.0 + std::log(factor) / std::log(original));
-    }
-    const auto& ext = static_cast<double>(seq_len) > original ? s.long_factor() : s.short_factor();
-    out.inv_freq = base_inv_freq(rotary_dim, theta);
-    for (size_t j = 0; j < out.inv_freq.size(); ++j) out.inv_freq[j] /= ext[j];
-  }
-  return out;
-}
-
 void check_angle_dtype(at::ScalarType angle_dtype, const char* who) {
   TORCH_CHECK_VALUE(
       angle_dtype == at::kDouble || angle_dtype == at::kFloat, who,
@@ -239,12 +20,13 @@ void check_angle_dtype(at::ScalarType angle_dtype, const char* who) {
       angle_dtype);
 }
 
-at::ScalarType angle_dtype_from_string(const std::string& name, const char* who) {
+at::ScalarType angle_dtype_from_string(const std::string& name, const char* who, bool quote) {
   if (name == "float64" || name == "torch.float64") return at::kDouble;
   if (name == "float32" || name == "torch.float32") return at::kFloat;
+  const char* q = quote ? "'" : "";
   TORCH_CHECK_VALUE(
       false, who, ": angle_dtype must be 'float64' (exact angles, the default) or 'float32' (the fp32-angle ",
-      "tables of Hugging Face / Meta), got '", name, "'");
+      "tables of Hugging Face / Meta), got ", q, name, q);
   return at::kDouble;
 }
 
@@ -290,6 +72,20 @@ at::Tensor freqs_table(const RopeFrequencies& freqs, int64_t max_seq_len, at::Sc
   check_angle_dtype(angle_dtype, "freqs_table");
   const int64_t pairs = static_cast<int64_t>(freqs.inv_freq.size());
   const EntryMaker entry(freqs, angle_dtype);
+  TORCH_CHECK_VALUE(
+      std::isfinite(static_cast<float>(freqs.attention_scaling)), "freqs_table: the attention scaling ",
+      freqs.attention_scaling, " does not fit a complex64 entry");
+  // Every angle of the table must be finite, or its rows would be NaN.
+  const double last = static_cast<double>(std::max<int64_t>(max_seq_len - 1, 0));
+  for (int64_t j = 0; j < pairs; ++j) {
+    const double angle = entry.fp32_angle ? static_cast<double>(static_cast<float>(last) * entry.inv_freq32[j])
+                                          : last * freqs.inv_freq[j];
+    TORCH_CHECK_VALUE(
+        std::isfinite(angle) && std::isfinite(entry.fp32_angle ? entry.inv_freq32[j] : freqs.inv_freq[j]),
+        "freqs_table: inv_freq[", j, "] = ", freqs.inv_freq[j], " gives a non-finite angle at row ", last,
+        " with angle_dtype=", angle_dtype_name(angle_dtype), " (theta or a factor of the rule out of range",
+        entry.fp32_angle ? " for float32 angles; use angle_dtype float64)" : ")");
+  }
   auto table = at::empty({max_seq_len, pairs}, at::TensorOptions().dtype(at::kComplexFloat));
   auto* out = table.data_ptr<c10::complex<float>>();
   // Angle, cos, sin and the scaling all in float64; one rounding to float at

@@ -10,31 +10,37 @@ namespace {
 using detail::RopeArgs;
 using OptTensor = std::optional<at::Tensor>;
 
+// A symbolic start_pos is checked when the op runs; a known one here too.
+int64_t known(const c10::SymInt& start_pos) {
+  return start_pos.maybe_as_int().value_or(0);
+}
+
 at::Tensor apply_rope_meta(
-    const at::Tensor& x, const at::Tensor& freqs, c10::SymInt, bool interleaved, const OptTensor& positions,
-    bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout) {
-  detail::check_rope_inputs("apply_rope", x, nullptr, freqs, {0, interleaved, positions, inverse, cu_seqlens, inv_freq, layout});
+    const at::Tensor& x, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved, const OptTensor& offsets,
+    const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout) {
+  detail::check_rope_inputs("apply_rope", x, nullptr, freqs, {known(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout});
   return detail::make_output(x);
 }
 
 std::tuple<at::Tensor, at::Tensor> apply_rope_qk_meta(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs, c10::SymInt, bool interleaved,
-    const OptTensor& positions, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq,
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved,
+    const OptTensor& offsets, const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens,
+    const OptTensor& inv_freq,
     c10::string_view layout) {
-  detail::check_rope_inputs("apply_rope_qk", q, &k, freqs, {0, interleaved, positions, inverse, cu_seqlens, inv_freq, layout});
+  detail::check_rope_inputs("apply_rope_qk", q, &k, freqs, {known(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout});
   return {detail::make_output(q), detail::make_output(k)};
 }
 
 void apply_rope_inplace_meta(
-    at::Tensor& x, const at::Tensor& freqs, c10::SymInt, bool interleaved, const OptTensor& positions, bool inverse,
-    const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout) {
-  detail::check_rope_inputs("apply_rope_", x, nullptr, freqs, {0, interleaved, positions, inverse, cu_seqlens, inv_freq, layout});
+    at::Tensor& x, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved, const OptTensor& offsets,
+    const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout) {
+  detail::check_rope_inputs("apply_rope_", x, nullptr, freqs, {known(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout});
 }
 
 void apply_rope_qk_inplace_meta(
-    at::Tensor& q, at::Tensor& k, const at::Tensor& freqs, c10::SymInt, bool interleaved, const OptTensor& positions,
-    bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout) {
-  detail::check_rope_inputs("apply_rope_qk_", q, &k, freqs, {0, interleaved, positions, inverse, cu_seqlens, inv_freq, layout});
+    at::Tensor& q, at::Tensor& k, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved, const OptTensor& offsets,
+    const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout) {
+  detail::check_rope_inputs("apply_rope_qk_", q, &k, freqs, {known(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout});
 }
 
 }  // namespace

@@ -17,47 +17,47 @@ c10::TypedOperatorHandle<Signature> find_op(const char* name) {
 }  // namespace
 
 at::Tensor apply_rope(
-    const at::Tensor& x, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved, const OptTensor& positions,
-    bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout) {
+    const at::Tensor& x, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved, const OptTensor& offsets,
+    const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout) {
   static auto op = find_op<at::Tensor(
-      const at::Tensor&, const at::Tensor&, c10::SymInt, bool, const OptTensor&, bool, const OptTensor&,
+      const at::Tensor&, const at::Tensor&, c10::SymInt, bool, const OptTensor&, const OptTensor&, bool, const OptTensor&,
       const OptTensor&, c10::string_view)>("rotary::apply_rope");
-  return op.call(x, freqs, std::move(start_pos), interleaved, positions, inverse, cu_seqlens, inv_freq, layout);
+  return op.call(x, freqs, std::move(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout);
 }
 
 std::tuple<at::Tensor, at::Tensor> apply_rope_qk(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved,
-    const OptTensor& positions, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq,
-    c10::string_view layout) {
+    const OptTensor& offsets, const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens,
+    const OptTensor& inv_freq, c10::string_view layout) {
   static auto op = find_op<std::tuple<at::Tensor, at::Tensor>(
-      const at::Tensor&, const at::Tensor&, const at::Tensor&, c10::SymInt, bool, const OptTensor&, bool,
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, c10::SymInt, bool, const OptTensor&, const OptTensor&, bool,
       const OptTensor&, const OptTensor&, c10::string_view)>("rotary::apply_rope_qk");
-  return op.call(q, k, freqs, std::move(start_pos), interleaved, positions, inverse, cu_seqlens, inv_freq, layout);
+  return op.call(q, k, freqs, std::move(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout);
 }
 
 at::Tensor& apply_rope_(
-    at::Tensor& x, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved, const OptTensor& positions,
-    bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout) {
+    at::Tensor& x, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved, const OptTensor& offsets,
+    const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout) {
   static auto op = find_op<void(
-      at::Tensor&, const at::Tensor&, c10::SymInt, bool, const OptTensor&, bool, const OptTensor&, const OptTensor&,
+      at::Tensor&, const at::Tensor&, c10::SymInt, bool, const OptTensor&, const OptTensor&, bool, const OptTensor&, const OptTensor&,
       c10::string_view)>("rotary::apply_rope_");
-  op.call(x, freqs, std::move(start_pos), interleaved, positions, inverse, cu_seqlens, inv_freq, layout);
+  op.call(x, freqs, std::move(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout);
   return x;
 }
 
 void apply_rope_qk_(
     at::Tensor& q, at::Tensor& k, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved,
-    const OptTensor& positions, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq,
-    c10::string_view layout) {
+    const OptTensor& offsets, const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens,
+    const OptTensor& inv_freq, c10::string_view layout) {
   static auto op = find_op<void(
-      at::Tensor&, at::Tensor&, const at::Tensor&, c10::SymInt, bool, const OptTensor&, bool, const OptTensor&,
+      at::Tensor&, at::Tensor&, const at::Tensor&, c10::SymInt, bool, const OptTensor&, const OptTensor&, bool, const OptTensor&,
       const OptTensor&, c10::string_view)>("rotary::apply_rope_qk_");
-  op.call(q, k, freqs, std::move(start_pos), interleaved, positions, inverse, cu_seqlens, inv_freq, layout);
+  op.call(q, k, freqs, std::move(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout);
 }
 
-#define ROTARY_OPTIONAL_ARGS                                                                        \
-  "SymInt start_pos=0, bool interleaved=True, *, Tensor? positions=None, bool inverse=False, " \
-  "Tensor? cu_seqlens=None, Tensor? inv_freq=None, str layout=\"BHSD\""
+#define ROTARY_OPTIONAL_ARGS                                                                          \
+  "SymInt start_pos=0, bool interleaved=True, *, Tensor? offsets=None, Tensor? position_ids=None, " \
+  "bool inverse=False, Tensor? cu_seqlens=None, Tensor? inv_freq=None, str layout=\"BHSD\""
 
 TORCH_LIBRARY(rotary, m) {
   m.def("apply_rope(Tensor x, Tensor freqs, " ROTARY_OPTIONAL_ARGS ") -> Tensor");
@@ -67,6 +67,21 @@ TORCH_LIBRARY(rotary, m) {
   // hand back the rotated tensors.
   m.def("apply_rope_(Tensor(a!) x, Tensor freqs, " ROTARY_OPTIONAL_ARGS ") -> ()");
   m.def("apply_rope_qk_(Tensor(a!) q, Tensor(b!) k, Tensor freqs, " ROTARY_OPTIONAL_ARGS ") -> ()");
+}
+
+}  // namespace rotary
+
+namespace rotary {
+
+// A lazily conjugated table (freqs.conj()) must reach the kernels as the
+// view it is: prepare_rope reads it as the inverse rotation, both inside the
+// table and past it (from inv_freq). torch's default Conjugate fallback would
+// materialise it instead; rows past the table would then turn by +angle.
+TORCH_LIBRARY_IMPL(rotary, Conjugate, m) {
+  m.impl("apply_rope", torch::CppFunction::makeFallthrough());
+  m.impl("apply_rope_qk", torch::CppFunction::makeFallthrough());
+  m.impl("apply_rope_", torch::CppFunction::makeFallthrough());
+  m.impl("apply_rope_qk_", torch::CppFunction::makeFallthrough());
 }
 
 }  // namespace rotary

@@ -46,10 +46,13 @@ struct RopeParams {
   const double* inv_freq = nullptr;
   int64_t inv_freq_stride = 0;
 
-  // position(b, s) = start_pos + positions[b, s] (+ local index when the
-  // positions are offsets). Without a positions tensor: start_pos + local.
+  // The one integer tensor of the call, int32 or int64, read in place:
+  //   offsets       position(b, s) = start_pos + offsets[b] + local index
+  //   position_ids  position(b, s) = ids[b, s] (absolute; start_pos is 0)
+  // Without one: start_pos + local index.
   int64_t start_pos = 0;
-  const int64_t* positions = nullptr;
+  const void* positions = nullptr;
+  bool positions_int32 = false;
   int64_t pos_stride_b = 0;
   int64_t pos_stride_s = 0;
   bool positions_are_offsets = true;
@@ -87,11 +90,17 @@ ROTARY_HOST_DEVICE int64_t local_index(const RopeParams& p, int64_t s) {
   return s - cu_seqlen(p, lo);
 }
 
+// The entry of the positions tensor (offset or id) for token (b, s).
+ROTARY_HOST_DEVICE int64_t given_position(const RopeParams& p, int64_t b, int64_t s) {
+  const int64_t i = b * p.pos_stride_b + s * p.pos_stride_s;
+  return p.positions_int32 ? static_cast<const int32_t*>(p.positions)[i]
+                           : static_cast<const int64_t*>(p.positions)[i];
+}
+
 ROTARY_HOST_DEVICE int64_t position_of(const RopeParams& p, int64_t b, int64_t s) {
   const int64_t local = local_index(p, s);
   if (p.positions == nullptr) return p.start_pos + local;
-  const int64_t given = p.positions[b * p.pos_stride_b + s * p.pos_stride_s];
-  return p.start_pos + given + (p.positions_are_offsets ? local : 0);
+  return p.start_pos + given_position(p, b, s) + (p.positions_are_offsets ? local : 0);
 }
 
 // Element offsets of the two members of pair j inside one head vector.

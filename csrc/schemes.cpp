@@ -1,4 +1,4 @@
-// Sinusoidal table and ALiBi, as in seed 001: float64 math, one rounding.
+// Sinusoidal table and ALiBi, as first described: float64 math, one rounding.
 #include <rotary/schemes.h>
 
 #include <ATen/ATen.h>
@@ -31,10 +31,16 @@ at::Tensor sinusoidal_table(int64_t n, int64_t d, double base) {
   TORCH_CHECK_VALUE(std::isfinite(base) && base > 0.0, "sinusoidal_table: base must be finite and > 0, got ", base);
   at::Tensor pe = at::empty({n, d}, at::TensorOptions().dtype(at::kFloat));
   if (n == 0) return pe;
-  // base^(2i/d), the seed's divisor, once per pair.
+  // base^(2i/d), the reference divisor, once per pair.
   std::vector<double> div(static_cast<size_t>(d / 2));
   for (int64_t i = 0; i < d / 2; ++i) {
     div[i] = std::pow(base, static_cast<double>(2 * i) / static_cast<double>(d));
+    // A divisor that underflows to 0 (or a quotient that overflows) would
+    // give NaN entries: every table entry must be finite.
+    TORCH_CHECK_VALUE(
+        div[i] > 0.0 && std::isfinite(static_cast<double>(n - 1) / div[i]), "sinusoidal_table: base = ", base,
+        " gives the divisor base^(2i/d) = ", div[i], " at i = ", i, ", so pos / divisor is not finite for pos < n = ",
+        n, "; use a base further from 0");
   }
   float* out = pe.data_ptr<float>();
   at::parallel_for(0, n, std::max<int64_t>(1, 4096 / d), [&](int64_t begin, int64_t end) {

@@ -93,7 +93,7 @@ def main():
 
     def our_rope():
         for _ in range(layers):
-            rotary.apply_rope_qk(q, k, rope.freqs, 0, False, positions=pos, inv_freq=rope.inv_freq)
+            rotary.apply_rope_qk(q, k, rope.freqs, 0, False, position_ids=pos, inv_freq=rope.inv_freq)
 
     reps = 50 if device.type == "cuda" else 10
     with torch.no_grad():

@@ -1,6 +1,6 @@
 // rotary demo: a tiny Llama-style decoder in LibTorch with a KV cache.
 //
-//   1. The seeds' relative-position proof, run through rotary::RotaryEmbedding:
+//   1. The paper's relative-position proof, run through rotary::RotaryEmbedding:
 //      at a fixed offset the RoPE q.k score is the same at any absolute
 //      position, the sinusoidal-add score drifts, and the RoPE score still
 //      depends on the offset.
@@ -9,7 +9,7 @@
 //      start_pos. Every decode step is checked against a full recompute of
 //      the whole sequence (no cache, start_pos 0); the program exits 1 if
 //      they differ by more than kTolerance.
-//   3. The time RoPE took in that run, against the seed's eager formula
+//   3. The time RoPE took in that run, against the reference formula (eager view_as_complex)
 //      (view_as_complex multiply on a sliced table) on the same q/k shapes.
 #include <rotary/rotary.h>
 #include <torch/torch.h>
@@ -50,9 +50,9 @@ std::string shape(const Tensor& t) {
   return s + "]";
 }
 
-// The seed's rope.py apply_rope, in plain torch ops: pairs (2j, 2j+1) as
+// The reference formula (the paper's complex multiply), in plain torch ops: pairs (2j, 2j+1) as
 // complex numbers, multiplied by rows start_pos .. start_pos+seq of the table.
-Tensor seed_apply_rope(const Tensor& x, const Tensor& freqs, int64_t start_pos) {
+Tensor reference_apply_rope(const Tensor& x, const Tensor& freqs, int64_t start_pos) {
   const int64_t b = x.size(0), h = x.size(1), s = x.size(2), d = x.size(3);
   auto f = freqs.slice(0, start_pos, start_pos + s).unsqueeze(0).unsqueeze(0);
   auto xc = torch::view_as_complex(x.to(torch::kFloat).reshape({b, h, s, d / 2, 2}));
@@ -60,7 +60,7 @@ Tensor seed_apply_rope(const Tensor& x, const Tensor& freqs, int64_t start_pos) 
 }
 
 // ---------------------------------------------------------------------------
-// Part 1: relative position, the seeds' proof.
+// Part 1: relative position, the paper's proof.
 
 // The 2017 sinusoidal vector for one position: sin in even dims, cos in odd.
 Tensor sinusoidal(int64_t pos, int64_t dim, double base) {
@@ -72,10 +72,10 @@ Tensor sinusoidal(int64_t pos, int64_t dim, double base) {
   return pe;
 }
 
-// One row of the seed's precompute_freqs: angle pos * theta_j in float32.
-Tensor seed_fp32_row(int64_t pos, int64_t dim, double base) {
+// One row of the usual fp32-angle table: angle pos * theta_j in float32.
+Tensor fp32_angle_row(int64_t pos, int64_t dim, double base) {
   auto inv = 1.0 / torch::pow(base, torch::arange(0, dim, 2, torch::kFloat) / dim);
-  auto angle = torch::full({1}, static_cast<float>(pos)) * inv;  // float32, as the seed does
+  auto angle = torch::full({1}, static_cast<float>(pos)) * inv;  // float32, as the usual tables do
   return torch::polar(torch::ones_like(angle), angle).unsqueeze(0);  // [1, dim/2]
 }
 
@@ -91,19 +91,19 @@ bool relative_position_proof() {
   auto rotated = [&](const Tensor& v, int64_t pos) {
     return rope->forward(v.view({1, 1, 1, kDim}), pos).view({kDim});
   };
-  auto seed_rotated = [&](const Tensor& v, int64_t pos) {
-    return seed_apply_rope(v.view({1, 1, 1, kDim}), seed_fp32_row(pos, kDim, kBase), 0).view({kDim});
+  auto fp32_rotated = [&](const Tensor& v, int64_t pos) {
+    return reference_apply_rope(v.view({1, 1, 1, kDim}), fp32_angle_row(pos, kDim, kBase), 0).view({kDim});
   };
 
   std::printf("[1/3] Relative position: q.k at a fixed offset m - n = %lld, dim %lld\n",
               static_cast<long long>(kOffset), static_cast<long long>(kDim));
-  std::printf("  %7s %7s  %12s  %15s  %15s\n", "m", "n", "rotary", "sinusoidal-add", "seed fp32 table");
+  std::printf("  %7s %7s  %12s  %15s  %15s\n", "m", "n", "rotary", "sinusoidal-add", "fp32-angle table");
   std::vector<double> r, a, s;
   for (int64_t m : starts) {
     const int64_t n = m - kOffset;
     r.push_back(torch::dot(rotated(q, m), rotated(k, n)).item<double>());
     a.push_back(torch::dot(q + sinusoidal(m, kDim, kBase), k + sinusoidal(n, kDim, kBase)).item<double>());
-    s.push_back(torch::dot(seed_rotated(q, m), seed_rotated(k, n)).item<double>());
+    s.push_back(torch::dot(fp32_rotated(q, m), fp32_rotated(k, n)).item<double>());
     std::printf("  %7lld %7lld  %12.8f  %15.8f  %15.8f\n", static_cast<long long>(m), static_cast<long long>(n),
                 r.back(), a.back(), s.back());
   }
@@ -114,11 +114,11 @@ bool relative_position_proof() {
     const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
     return *hi - *lo;
   };
-  const double rope_spread = spread(r), add_spread = spread(a), seed_spread = spread(s);
+  const double rope_spread = spread(r), add_spread = spread(a), fp32_spread = spread(s);
   const double offset_spread = spread(by_offset);
   std::printf("  spread over m: rotary %.1e (table rounding), sinusoidal-add %.4f (absolute position leaks),\n"
-              "                 seed fp32 table %.1e (angle rounded in float32 at large m)\n",
-              rope_spread, add_spread, seed_spread);
+              "                 fp32-angle table %.1e (angle rounded in float32 at large m)\n",
+              rope_spread, add_spread, fp32_spread);
   std::printf("  rotary score at offsets 0, 1, 3, 6: %.4f, %.4f, %.4f, %.4f (it does depend on the offset)\n",
               by_offset[0], by_offset[1], by_offset[2], by_offset[3]);
   const bool ok = std::isfinite(rope_spread) && rope_spread < 1e-5 && add_spread > 1e-3 && offset_spread > 1e-3;
@@ -142,18 +142,18 @@ struct Config {
   double eps = 1e-5;
 };
 
-// Times every rope->forward call of the cached run, and the seed's eager
+// Times every rope->forward call of the cached run, and the reference formula's eager
 // formula on the very same q and k right next to it; the order alternates so
 // neither always finds the cache warmer. A prefill call (two per run, one
 // per layer) is timed kPrefillReps times for a median.
 struct RopeClock {
   static constexpr int kPrefillReps = 5;
   struct Samples {
-    std::vector<double> ours, seed;  // seconds per call
+    std::vector<double> ours, reference;  // seconds per call
   };
   bool record = false;
   Samples prefill, decode;
-  double max_diff = 0.0;  // rotary vs seed, over every timed call
+  double max_diff = 0.0;  // rotary vs the reference formula, over every timed call
   double extra = 0.0;     // time spent here beyond the run's own rotary calls
   int64_t turns = 0;
 
@@ -165,21 +165,21 @@ struct RopeClock {
     double first = 0.0;
     Tensor q1, k1, q2, k2;
     for (int rep = 0; rep < reps; ++rep) {
-      const bool seed_first = turns++ % 2;
-      double ours = 0.0, seed = 0.0;
+      const bool reference_first = turns++ % 2;
+      double ours = 0.0, reference = 0.0;
       for (int turn = 0; turn < 2; ++turn) {
         const auto t0 = Clock::now();
-        if ((turn == 0) != seed_first) {
+        if ((turn == 0) != reference_first) {
           std::tie(q1, k1) = rope->forward(q, k, pos);
           ours = seconds_since(t0);
         } else {
-          q2 = seed_apply_rope(q, rope->freqs, pos);
-          k2 = seed_apply_rope(k, rope->freqs, pos);
-          seed = seconds_since(t0);
+          q2 = reference_apply_rope(q, rope->freqs, pos);
+          k2 = reference_apply_rope(k, rope->freqs, pos);
+          reference = seconds_since(t0);
         }
       }
       s.ours.push_back(ours);
-      s.seed.push_back(seed);
+      s.reference.push_back(reference);
       if (rep == 0) first = ours;
     }
     max_diff = std::max({max_diff, (q1 - q2).abs().max().item<double>(), (k1 - k2).abs().max().item<double>()});
@@ -427,8 +427,8 @@ int main() {
   std::printf("      control: the same step rotated at start_pos + 1 differs by %.2e, so the check has teeth\n\n",
               control_diff);
 
-  // ---- 3. RoPE time in the run vs the seed's eager formula, same q/k
-  std::printf("[3/3] RoPE time: rope->forward(q, k, start_pos) vs the seed's eager formula (view_as_complex\n"
+  // ---- 3. RoPE time in the run vs the reference formula, same q/k
+  std::printf("[3/3] RoPE time: rope->forward(q, k, start_pos) vs the reference formula (view_as_complex\n"
               "      multiply on the sliced table), both timed on the same q/k at every call of the run above\n");
   struct Case {
     const char* name;
@@ -440,34 +440,34 @@ int main() {
     // The same shapes alone, round-robin, for the kernel's own time.
     auto q = torch::randn({1, cs.seq, cfg.heads, cfg.head_dim}).transpose(1, 2);
     auto k = torch::randn({1, cs.seq, cfg.kv_heads, cfg.head_dim}).transpose(1, 2);
-    std::vector<double> ours, seed;
+    std::vector<double> ours, reference;
     for (int rep = 0; rep < 210; ++rep) {  // the first 10 are warm-up
       auto t = Clock::now();
       auto qk = model->rope->forward(q, k, cs.start_pos);
       const double a = seconds_since(t);
       t = Clock::now();
-      auto q2 = seed_apply_rope(q, model->rope->freqs, cs.start_pos);
-      auto k2 = seed_apply_rope(k, model->rope->freqs, cs.start_pos);
+      auto q2 = reference_apply_rope(q, model->rope->freqs, cs.start_pos);
+      auto k2 = reference_apply_rope(k, model->rope->freqs, cs.start_pos);
       const double b = seconds_since(t);
-      if (rep >= 10) ours.push_back(a), seed.push_back(b);
+      if (rep >= 10) ours.push_back(a), reference.push_back(b);
     }
-    const double run = median(cs.in_run->ours), run_seed = median(cs.in_run->seed);
+    const double run = median(cs.in_run->ours), run_reference = median(cs.in_run->reference);
     const std::string shapes = "q" + shape(q) + " k" + shape(k);
-    std::printf("      %-7s %-24s in the run (median of %3zu): %5.1f us vs seed %5.1f us -> %.2fx\n"
-                "      %-7s %-24s alone      (median of 200): %5.1f us vs seed %5.1f us -> %.2fx\n",
-                cs.name, shapes.c_str(), cs.in_run->ours.size(), 1e6 * run, 1e6 * run_seed,
-                run / run_seed, "", "", 1e6 * median(ours), 1e6 * median(seed), median(ours) / median(seed));
+    std::printf("      %-7s %-24s in the run (median of %3zu): %5.1f us vs reference %5.1f us -> %.2fx\n"
+                "      %-7s %-24s alone      (median of 200): %5.1f us vs reference %5.1f us -> %.2fx\n",
+                cs.name, shapes.c_str(), cs.in_run->ours.size(), 1e6 * run, 1e6 * run_reference,
+                run / run_reference, "", "", 1e6 * median(ours), 1e6 * median(reference), median(ours) / median(reference));
   }
   // Per-call medians times the run's call counts: one stray preemption does not swing the total.
   const auto calls = [](const RopeClock::Samples& s, size_t reps) { return static_cast<double>(s.ours.size() / reps); };
   const double n_prefill = calls(clock.prefill, RopeClock::kPrefillReps), n_decode = calls(clock.decode, 1);
   const double rope_total = n_prefill * median(clock.prefill.ours) + n_decode * median(clock.decode.ours);
-  const double seed_total = n_prefill * median(clock.prefill.seed) + n_decode * median(clock.decode.seed);
+  const double reference_total = n_prefill * median(clock.prefill.reference) + n_decode * median(clock.decode.reference);
   const bool same_output = clock.max_diff < 1e-5;
   std::printf("      RoPE in the run: %.0f calls x median = %.2f ms of the %.1f ms cached generation (%.1f%%);\n"
-              "      the seed formula: %.2f ms. rotary/seed = %.2fx; outputs %s\n\n",
+              "      the reference formula: %.2f ms. rotary/reference = %.2fx; outputs %s\n\n",
               n_prefill + n_decode, 1e3 * rope_total, 1e3 * generate_s, 100.0 * rope_total / generate_s,
-              1e3 * seed_total, rope_total / seed_total,
+              1e3 * reference_total, rope_total / reference_total,
               clock.max_diff == 0.0 ? "bit-identical" : ("agree to " + std::to_string(clock.max_diff)).c_str());
 
   const bool ok = relative_ok && decode_ok && same_output;

@@ -10,10 +10,23 @@
 namespace rotary {
 namespace cpu {
 
+// The builds of the kernel (kernel/rope_kernel.cpp), as ATen names its CPU
+// capabilities. AVX2 and AVX512 exist on x86-64 builds only.
+enum class Capability { kDefault = 0, kAvx2 = 1, kAvx512 = 2 };
+
+// The build the ops run: ATen's capability (at::get_cpu_capability(), which
+// honours ATEN_CPU_CAPABILITY=default|avx2|avx512), capped at what this
+// library was built with.
+Capability capability_from_aten();
+const char* capability_name(Capability cap);
+
 // Rotates p.q (and p.k when p.k.heads > 0) as described by p. dtype is the
 // element type of the q/k tensors: float, double, half or bfloat16. The caller
 // guarantees valid pointers, strides and in-range positions.
 void rope_cpu(const kernel::RopeParams& p, at::ScalarType dtype);
+// The same with the kernel build chosen by the caller, which must not exceed
+// capability_from_aten() (tests compare the builds with each other).
+void rope_cpu(const kernel::RopeParams& p, at::ScalarType dtype, Capability cap);
 
 }  // namespace cpu
 }  // namespace rotary

@@ -2,25 +2,68 @@
 #include "rope_launch.h"
 
 #include <algorithm>
+#include <atomic>
 
 namespace rotary {
 namespace cuda {
 namespace {
 
-constexpr int kThreadsPerBlock = 256;
-// Enough heads per thread to reuse the cos/sin a few times, few enough that
-// the grid still has tens of thousands of threads at decode sizes.
-constexpr int64_t kHeadsPerThread = 4;
-// Grid-stride beyond this many blocks; plenty to fill an H200.
-constexpr int64_t kMaxBlocks = int64_t{1} << 20;
+constexpr int kMaxDevices = 64;
+constexpr int kMaxWarps = kernel::kMaxBlockThreads / 32;
+
+// SM count per device, and resident blocks per SM per (kernel, warps per
+// block, device): queried once, then read lock-free (0 = not yet known).
+std::atomic<int> sm_count[kMaxDevices];
+
+int sms(int device) {
+  int n = device < kMaxDevices ? sm_count[device].load(std::memory_order_relaxed) : 0;
+  if (n == 0) {
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || n <= 0) {
+      cudaGetLastError();  // leave no sticky error for the launch check
+      n = 1;
+    }
+    if (device < kMaxDevices) sm_count[device].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
+// One cache per kernel instantiation (the template arguments key it).
+template <typename T, bool kInterleaved, bool kVectorized, typename Index>
+int resident_blocks(int device, int block_threads) {
+  static std::atomic<int> cache[kMaxDevices][kMaxWarps + 1];
+  auto* kernel = &kernel::rope_kernel<T, kInterleaved, kVectorized, Index>;
+  const int warps = (block_threads + 31) / 32;
+  int n = device < kMaxDevices ? cache[device][warps].load(std::memory_order_relaxed) : 0;
+  if (n == 0) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, warps * 32, 0) != cudaSuccess || n <= 0) {
+      cudaGetLastError();
+      n = 1;
+    }
+    if (device < kMaxDevices) cache[device][warps].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
+template <typename T, bool kInterleaved, bool kVectorized, typename Index>
+void launch_grid(const kernel::RopeParams& p, const kernel::Grid& g, cudaStream_t stream) {
+  auto* kernel = &kernel::rope_kernel<T, kInterleaved, kVectorized, Index>;
+  int device = 0;
+  cudaGetDevice(&device);
+  // Every block resident at once (whole waves); blocks grid-stride over rows.
+  const int64_t full = static_cast<int64_t>(sms(device)) * resident_blocks<T, kInterleaved, kVectorized, Index>(device, g.block_threads);
+  const int64_t blocks = std::min(g.row_blocks, full);
+  kernel<<<static_cast<unsigned>(blocks), g.block_threads, 0, stream>>>(p, g);
+}
 
 template <typename T, bool kInterleaved, bool kVectorized>
 void launch(const kernel::RopeParams& p, cudaStream_t stream) {
-  const auto grid = kernel::make_grid<T, kInterleaved, kVectorized>(p, kHeadsPerThread);
-  if (grid.threads == 0) return;
-  const int64_t blocks = std::min(kMaxBlocks, (grid.threads + kThreadsPerBlock - 1) / kThreadsPerBlock);
-  kernel::rope_kernel<T, kInterleaved, kVectorized>
-      <<<static_cast<unsigned>(blocks), kThreadsPerBlock, 0, stream>>>(p, grid);
+  const auto g = kernel::make_grid<T, kInterleaved, kVectorized>(p);
+  if (g.row_blocks == 0) return;
+  if (kernel::fits_int32(p, g)) {
+    launch_grid<T, kInterleaved, kVectorized, int32_t>(p, g, stream);
+  } else {
+    launch_grid<T, kInterleaved, kVectorized, int64_t>(p, g, stream);
+  }
 }
 
 }  // namespace

@@ -1,180 +1,322 @@
 // Framework-free CUDA kernel for RoPE: raw pointers, int64 strides, a stream.
 // No torch headers, so this compiles in seconds with nvcc and, for the
 // host-emulation test, with g++ (rope_thread is __host__ __device__).
+//
+// Work split: a token row (b, s) is owned by `lanes` threads of one block,
+// which rotate every q and k head of it. A thread holds one pair group
+// (16 bytes of pairs) and walks kHeads heads at a time: cos/sin read once per
+// (row, group), all kHeads loads issued before any store (in and out may
+// alias, so the compiler cannot reorder them itself). Blocks hold whole rows
+// and grid-stride over rows; the launch sizes the grid to resident blocks.
 #pragma once
 
 #include "../rope_params.h"
-
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+#include "rope_vector.cuh"
 
 #include <cstdint>
+#include <type_traits>
 
 namespace rotary {
 namespace kernel {
 
-// fp32 math for every storage type except fp64; one rounding on the store.
-template <typename T>
-struct Acc {
-  using type = float;
-};
-template <>
-struct Acc<double> {
-  using type = double;
-};
+constexpr int kMaxBlockThreads = 256;
 
-ROTARY_HOST_DEVICE float to_acc(float v) { return v; }
-ROTARY_HOST_DEVICE double to_acc(double v) { return v; }
-ROTARY_HOST_DEVICE float to_acc(__half v) { return __half2float(v); }
-ROTARY_HOST_DEVICE float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T>
-ROTARY_HOST_DEVICE T from_acc(typename Acc<T>::type v);
-template <>
-ROTARY_HOST_DEVICE float from_acc<float>(float v) { return v; }
-template <>
-ROTARY_HOST_DEVICE double from_acc<double>(double v) { return v; }
-template <>
-ROTARY_HOST_DEVICE __half from_acc<__half>(float v) { return __float2half_rn(v); }
-template <>
-ROTARY_HOST_DEVICE __nv_bfloat16 from_acc<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-
-constexpr int kVectorBytes = 16;
-
-// Pairs one thread rotates per head: one 16-byte vector (interleaved) or one
-// vector from each half (half split); a single pair on the strided path.
+// One pair group of one head as loaded: a vector (interleaved), a vector
+// from each half (half split), or one pair (strided path).
 template <typename T, bool kInterleaved, bool kVectorized>
 struct Tile {
   static constexpr int kElems = kVectorBytes / static_cast<int>(sizeof(T));
   static constexpr int kPairs = !kVectorized ? 1 : (kInterleaved ? kElems / 2 : kElems);
+  static constexpr int kCopyElems = kVectorized ? kElems : 1;  // per pass-through group
+  // Heads a thread has in flight: 128 bytes of loads on the vector paths.
+  static constexpr int kHeads = !kVectorized ? 4 : (kInterleaved ? 8 : 4);
 };
 
-template <typename T>
-struct alignas(kVectorBytes) Vector {
-  T v[kVectorBytes / sizeof(T)];
+// Plain stores; the host-emulation test swaps in one that counts writes.
+struct DirectStore {
+  template <typename V>
+  ROTARY_HOST_DEVICE static void put(V* at, const V& v) {
+    *at = v;
+  }
 };
 
-// Grid shape: thread = (row, head block, group), group fastest so that
-// neighbouring threads touch neighbouring bytes. Groups [0, rotary_groups)
-// rotate pairs; the rest copy the pass-through dims [rotary_dim, head_dim)
-// (none in place, where those dims are already where they belong).
+// Launch shape, computed once on the host. Threads of a row: `group_threads`
+// across pair groups (fastest, so neighbours touch neighbouring bytes) times
+// `chunks` across heads. Groups [0, rotary_groups) rotate; the rest copy the
+// pass-through dims [rotary_dim, head_dim) (none in place).
 struct Grid {
-  int64_t rotary_groups;     // pair groups per head
-  int64_t groups;            // rotary groups + pass-through groups
-  int64_t heads_per_thread;  // heads of q and k one thread walks through
-  int64_t head_blocks;
-  int64_t threads;
+  int32_t rotary_groups = 0;
+  int32_t groups = 0;
+  int32_t group_threads = 0;
+  int32_t chunks = 0;
+  int32_t lanes = 0;  // group_threads * chunks
+  int32_t rows_per_block = 0;
+  int32_t block_threads = 0;  // rows_per_block * lanes
+  int32_t heads = 0;          // q heads + k heads
+  int64_t rows = 0;           // batch * seq
+  int64_t row_blocks = 0;     // ceil(rows / rows_per_block)
+  bool table_vector = false;  // a row of the table is readable as aligned float4
 };
 
 template <typename T, bool kInterleaved, bool kVectorized>
-inline Grid make_grid(const RopeParams& p, int64_t heads_per_thread) {
-  constexpr int kPairs = Tile<T, kInterleaved, kVectorized>::kPairs;
-  constexpr int kCopyElems = kVectorized ? Tile<T, kInterleaved, kVectorized>::kElems : 1;
+inline Grid make_grid(const RopeParams& p) {
+  using TileT = Tile<T, kInterleaved, kVectorized>;
   Grid g;
-  g.rotary_groups = (p.rotary_dim / 2) / kPairs;
-  g.groups = g.rotary_groups + (p.in_place ? 0 : (p.head_dim - p.rotary_dim) / kCopyElems);
-  g.heads_per_thread = heads_per_thread;
-  const int64_t heads = p.q.heads + p.k.heads;
-  g.head_blocks = (heads + heads_per_thread - 1) / heads_per_thread;
-  g.threads = p.batch * p.seq * g.head_blocks * g.groups;
+  g.rotary_groups = static_cast<int32_t>((p.rotary_dim / 2) / TileT::kPairs);
+  g.groups = g.rotary_groups + static_cast<int32_t>(p.in_place ? 0 : (p.head_dim - p.rotary_dim) / TileT::kCopyElems);
+  g.heads = static_cast<int32_t>(p.q.heads + p.k.heads);
+  g.rows = p.batch * p.seq;
+  if (g.groups == 0 || g.heads == 0 || g.rows == 0) return g;
+  g.group_threads = g.groups < kMaxBlockThreads ? g.groups : kMaxBlockThreads;
+  const int32_t want_chunks = (g.heads + TileT::kHeads - 1) / TileT::kHeads;
+  const int32_t max_chunks = kMaxBlockThreads / g.group_threads;
+  g.chunks = want_chunks < max_chunks ? want_chunks : max_chunks;
+  g.lanes = g.group_threads * g.chunks;
+  // Rows per block: the count that wastes the fewest threads in partial warps
+  // (ties: more rows).
+  int32_t best = 1;
+  int64_t best_waste = 1 << 30;
+  for (int32_t r = 1; r * g.lanes <= kMaxBlockThreads && r <= g.rows; ++r) {
+    const int32_t t = r * g.lanes;
+    const int64_t waste = static_cast<int64_t>((t + 31) / 32 * 32 - t) * 1024 / t;
+    if (waste <= best_waste) {
+      best = r;
+      best_waste = waste;
+    }
+  }
+  g.rows_per_block = best;
+  g.block_threads = best * g.lanes;
+  g.row_blocks = (g.rows + best - 1) / best;
+  g.table_vector = TileT::kPairs % 2 == 0 && p.freqs_stride_pair == 1 && p.freqs_stride_pos % 2 == 0 &&
+      reinterpret_cast<uintptr_t>(p.freqs) % 16 == 0;
   return g;
 }
 
-template <typename T, bool kInterleaved, bool kVectorized>
-ROTARY_HOST_DEVICE void rotate_tile(
-    const HeadTensor& t, int64_t h, int64_t b, int64_t s, int64_t j0, int64_t rotary_dim,
-    const typename Acc<T>::type* cos, const typename Acc<T>::type* sin) {
-  using acc_t = typename Acc<T>::type;
-  using TileT = Tile<T, kInterleaved, kVectorized>;
-  const T* in = static_cast<const T*>(t.in) + b * t.in_stride[0] + h * t.in_stride[1] + s * t.in_stride[2];
-  T* out = static_cast<T*>(t.out) + b * t.out_stride[0] + h * t.out_stride[1] + s * t.out_stride[2];
-  if constexpr (!kVectorized) {
-    const int64_t i0 = pair_first(j0, rotary_dim, kInterleaved);
-    const int64_t i1 = pair_second(j0, rotary_dim, kInterleaved);
-    acc_t y0, y1;
-    rotate_pair<acc_t>(to_acc(in[i0 * t.in_stride[3]]), to_acc(in[i1 * t.in_stride[3]]), cos[0], sin[0], y0, y1);
-    out[i0 * t.out_stride[3]] = from_acc<T>(y0);
-    out[i1 * t.out_stride[3]] = from_acc<T>(y1);
-  } else if constexpr (kInterleaved) {
-    const Vector<T> x = *reinterpret_cast<const Vector<T>*>(in + 2 * j0);
-    Vector<T> y;
-#pragma unroll
-    for (int j = 0; j < TileT::kPairs; ++j) {
-      acc_t y0, y1;
-      rotate_pair<acc_t>(to_acc(x.v[2 * j]), to_acc(x.v[2 * j + 1]), cos[j], sin[j], y0, y1);
-      y.v[2 * j] = from_acc<T>(y0);
-      y.v[2 * j + 1] = from_acc<T>(y1);
+// True when every element offset of q and k (in and out), every row index and
+// every thread index of the grid fits in int32: the kernel then does its
+// index math in 32 bits.
+inline bool fits_int32(const RopeParams& p, const Grid& g) {
+  constexpr int64_t kMax = (int64_t{1} << 31) - 1;
+  auto span = [&](const int64_t* stride, int64_t heads) {
+    const int64_t sizes[4] = {p.batch, heads, p.seq, p.head_dim};
+    int64_t last = 0;
+    for (int d = 0; d < 4; ++d) {
+      const int64_t st = stride[d] < 0 ? -stride[d] : stride[d];
+      if (sizes[d] > 0) last += (sizes[d] - 1) * st;
     }
-    *reinterpret_cast<Vector<T>*>(out + 2 * j0) = y;
-  } else {
-    const int64_t half = rotary_dim / 2;
-    const Vector<T> lo = *reinterpret_cast<const Vector<T>*>(in + j0);
-    const Vector<T> hi = *reinterpret_cast<const Vector<T>*>(in + half + j0);
-    Vector<T> ylo, yhi;
-#pragma unroll
-    for (int j = 0; j < TileT::kPairs; ++j) {
-      acc_t y0, y1;
-      rotate_pair<acc_t>(to_acc(lo.v[j]), to_acc(hi.v[j]), cos[j], sin[j], y0, y1);
-      ylo.v[j] = from_acc<T>(y0);
-      yhi.v[j] = from_acc<T>(y1);
-    }
-    *reinterpret_cast<Vector<T>*>(out + j0) = ylo;
-    *reinterpret_cast<Vector<T>*>(out + half + j0) = yhi;
+    return last;
+  };
+  for (const HeadTensor* t : {&p.q, &p.k}) {
+    if (t->heads == 0) continue;
+    if (span(t->in_stride, t->heads) > kMax || span(t->out_stride, t->heads) > kMax) return false;
   }
+  return g.rows < kMax / 2;
 }
 
-// Copies one pass-through chunk (a vector, or one element) at offset `at`.
-template <typename T, bool kVectorized>
-ROTARY_HOST_DEVICE void copy_tile(const HeadTensor& t, int64_t h, int64_t b, int64_t s, int64_t at) {
-  const T* in = static_cast<const T*>(t.in) + b * t.in_stride[0] + h * t.in_stride[1] + s * t.in_stride[2];
-  T* out = static_cast<T*>(t.out) + b * t.out_stride[0] + h * t.out_stride[1] + s * t.out_stride[2];
+// cos/sin of pairs [j0, j0 + kPairs) at position pos: one aligned row read
+// of the table when possible, else rotation_of pair by pair.
+template <typename acc_t, int kPairs>
+ROTARY_HOST_DEVICE void load_rotations(
+    const RopeParams& p, const Grid& g, int64_t pos, int64_t j0, acc_t (&c)[kPairs], acc_t (&s)[kPairs]) {
+  if constexpr (kPairs % 2 == 0) {
+    if (g.table_vector && pos >= 0 && pos < p.freqs_len) {
+      const float4* f = reinterpret_cast<const float4*>(p.freqs + 2 * (pos * p.freqs_stride_pos + j0));
+#pragma unroll
+      for (int j = 0; j < kPairs / 2; ++j) {
+        const float4 e = f[j];
+        c[2 * j] = static_cast<acc_t>(e.x);
+        s[2 * j] = static_cast<acc_t>(p.inverse ? -e.y : e.y);
+        c[2 * j + 1] = static_cast<acc_t>(e.z);
+        s[2 * j + 1] = static_cast<acc_t>(p.inverse ? -e.w : e.w);
+      }
+      return;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kPairs; ++j) rotation_of<acc_t>(p, pos, j0 + j, c[j], s[j]);
+}
+
+// Base pointers of one row (b, s) of q and k; head h adds h * stride[1].
+template <typename T, typename Index>
+struct RowPointers {
+  const T* in[2];
+  T* out[2];
+  Index in_head[2], out_head[2], in_elem[2], out_elem[2];
+  Index q_heads;
+
+  ROTARY_HOST_DEVICE RowPointers(const RopeParams& p, Index b, Index s) : q_heads(static_cast<Index>(p.q.heads)) {
+    set(0, p.q, b, s);
+    set(1, p.k, b, s);
+  }
+  ROTARY_HOST_DEVICE void set(int i, const HeadTensor& t, Index b, Index s) {
+    // An absent k (single-tensor op) keeps null pointers: no head reaches it.
+    in[i] = t.heads == 0 ? nullptr
+                         : static_cast<const T*>(t.in) +
+            (b * static_cast<Index>(t.in_stride[0]) + s * static_cast<Index>(t.in_stride[2]));
+    out[i] = t.heads == 0 ? nullptr
+                          : static_cast<T*>(t.out) +
+            (b * static_cast<Index>(t.out_stride[0]) + s * static_cast<Index>(t.out_stride[2]));
+    in_head[i] = static_cast<Index>(t.in_stride[1]);
+    out_head[i] = static_cast<Index>(t.out_stride[1]);
+    in_elem[i] = static_cast<Index>(t.in_stride[3]);
+    out_elem[i] = static_cast<Index>(t.out_stride[3]);
+  }
+  // Head h of q (h < q_heads) or of k (the rest).
+  ROTARY_HOST_DEVICE const T* src(Index h) const {
+    return h < q_heads ? in[0] + h * in_head[0] : in[1] + (h - q_heads) * in_head[1];
+  }
+  ROTARY_HOST_DEVICE T* dst(Index h) const {
+    return h < q_heads ? out[0] + h * out_head[0] : out[1] + (h - q_heads) * out_head[1];
+  }
+  ROTARY_HOST_DEVICE Index src_elem(Index h) const { return h < q_heads ? in_elem[0] : in_elem[1]; }
+  ROTARY_HOST_DEVICE Index dst_elem(Index h) const { return h < q_heads ? out_elem[0] : out_elem[1]; }
+};
+
+// Rotates pair group j0 of heads h0, h0 + step, ... (up to kHeads of them,
+// below `heads`): every load first, then the math and every store.
+template <typename T, bool kInterleaved, bool kVectorized, typename Index, typename Store>
+ROTARY_HOST_DEVICE void rotate_heads(
+    const RowPointers<T, Index>& row, Index h0, Index step, Index heads, Index j0, Index half,
+    const typename Acc<T>::type (&c)[Tile<T, kInterleaved, kVectorized>::kPairs],
+    const typename Acc<T>::type (&sn)[Tile<T, kInterleaved, kVectorized>::kPairs]) {
+  using acc_t = typename Acc<T>::type;
+  using V = Vector;
+  constexpr int kPairs = Tile<T, kInterleaved, kVectorized>::kPairs;
+  constexpr int kHeads = Tile<T, kInterleaved, kVectorized>::kHeads;
+  // Operand offsets (elements) of the tile: first and second member.
+  const Index a0 = kInterleaved ? 2 * j0 : j0;
+  const Index a1 = kInterleaved ? 2 * j0 + 1 : j0 + half;
   if constexpr (kVectorized) {
-    *reinterpret_cast<Vector<T>*>(out + at) = *reinterpret_cast<const Vector<T>*>(in + at);
-  } else {
-    out[at * t.out_stride[3]] = in[at * t.in_stride[3]];
-  }
-}
-
-// The body of one CUDA thread, as a plain function of its index so that a
-// CPU test can run the whole grid and check the indexing without a GPU.
-template <typename T, bool kInterleaved, bool kVectorized>
-ROTARY_HOST_DEVICE void rope_thread(const RopeParams& p, const Grid& g, int64_t thread) {
-  using acc_t = typename Acc<T>::type;
-  using TileT = Tile<T, kInterleaved, kVectorized>;
-  const int64_t group = thread % g.groups;
-  const int64_t rest = thread / g.groups;
-  const int64_t head_block = rest % g.head_blocks;
-  const int64_t row = rest / g.head_blocks;
-  const int64_t b = row / p.seq;
-  const int64_t s = row % p.seq;
-  const int64_t h_begin = head_block * g.heads_per_thread;
-  int64_t h_end = h_begin + g.heads_per_thread;
-  if (h_end > p.q.heads + p.k.heads) h_end = p.q.heads + p.k.heads;
-
-  if (group >= g.rotary_groups) {
-    const int64_t at = p.rotary_dim + (group - g.rotary_groups) * (kVectorized ? TileT::kElems : 1);
-    for (int64_t h = h_begin; h < h_end; ++h) {
-      if (h < p.q.heads) {
-        copy_tile<T, kVectorized>(p.q, h, b, s, at);
-      } else {
-        copy_tile<T, kVectorized>(p.k, h - p.q.heads, b, s, at);
+    constexpr int kLoads = kInterleaved ? 1 : 2;
+    V x[kHeads][kLoads];
+#pragma unroll
+    for (int i = 0; i < kHeads; ++i) {
+      const Index h = h0 + i * step;
+      if (h < heads) {
+        const T* src = row.src(h);
+        x[i][0] = *reinterpret_cast<const V*>(src + a0);
+        if constexpr (!kInterleaved) x[i][1] = *reinterpret_cast<const V*>(src + a1);
       }
     }
-    return;
-  }
-
-  // cos/sin read once per (token, pair) and reused for every head below.
-  const int64_t j0 = group * TileT::kPairs;
-  const int64_t pos = position_of(p, b, s);
-  acc_t cos[TileT::kPairs], sin[TileT::kPairs];
 #pragma unroll
-  for (int j = 0; j < TileT::kPairs; ++j) rotation_of<acc_t>(p, pos, j0 + j, cos[j], sin[j]);
+    for (int i = 0; i < kHeads; ++i) {
+      const Index h = h0 + i * step;
+      if (h < heads) {
+        V y[kLoads];
+        if constexpr (kInterleaved) {  // pair j is elements (2j, 2j+1) of x
+#pragma unroll
+          for (int j = 0; j < kPairs; ++j) {
+            acc_t x0, x1, y0, y1;
+            Pairs<T>::get(x[i][0], j, x0, x1);
+            rotate_pair<acc_t>(x0, x1, c[j], sn[j], y0, y1);
+            Pairs<T>::put(y[0], j, y0, y1);
+          }
+        } else {  // pair j is element j of the low and of the high vector
+#pragma unroll
+          for (int j = 0; j < kPairs; j += 2) {
+            acc_t lo0, lo1, hi0, hi1, ylo0, ylo1, yhi0, yhi1;
+            Pairs<T>::get(x[i][0], j / 2, lo0, lo1);
+            Pairs<T>::get(x[i][1], j / 2, hi0, hi1);
+            rotate_pair<acc_t>(lo0, hi0, c[j], sn[j], ylo0, yhi0);
+            rotate_pair<acc_t>(lo1, hi1, c[j + 1], sn[j + 1], ylo1, yhi1);
+            Pairs<T>::put(y[0], j / 2, ylo0, ylo1);
+            Pairs<T>::put(y[kLoads - 1], j / 2, yhi0, yhi1);
+          }
+        }
+        T* dst = row.dst(h);
+        Store::put(reinterpret_cast<V*>(dst + a0), y[0]);
+        if constexpr (!kInterleaved) Store::put(reinterpret_cast<V*>(dst + a1), y[kLoads - 1]);
+      }
+    }
+  } else {
+    T x0[kHeads], x1[kHeads];
+#pragma unroll
+    for (int i = 0; i < kHeads; ++i) {
+      const Index h = h0 + i * step;
+      if (h < heads) {
+        const T* src = row.src(h);
+        const Index e = row.src_elem(h);
+        x0[i] = src[a0 * e];
+        x1[i] = src[a1 * e];
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kHeads; ++i) {
+      const Index h = h0 + i * step;
+      if (h < heads) {
+        acc_t y0, y1;
+        rotate_pair<acc_t>(to_acc(x0[i]), to_acc(x1[i]), c[0], sn[0], y0, y1);
+        T* dst = row.dst(h);
+        const Index e = row.dst_elem(h);
+        Store::put(dst + a0 * e, from_acc<T>(y0));
+        Store::put(dst + a1 * e, from_acc<T>(y1));
+      }
+    }
+  }
+}
 
-  for (int64_t h = h_begin; h < h_end; ++h) {
-    if (h < p.q.heads) {
-      rotate_tile<T, kInterleaved, kVectorized>(p.q, h, b, s, j0, p.rotary_dim, cos, sin);
-    } else {
-      rotate_tile<T, kInterleaved, kVectorized>(p.k, h - p.q.heads, b, s, j0, p.rotary_dim, cos, sin);
+// Copies one pass-through chunk (a vector, or one element) at offset `at` of
+// heads h0, h0 + step, ...: loads first, then stores.
+template <typename T, bool kVectorized, int kHeads, typename Index, typename Store>
+ROTARY_HOST_DEVICE void copy_heads(const RowPointers<T, Index>& row, Index h0, Index step, Index heads, Index at) {
+  using Chunk = std::conditional_t<kVectorized, Vector, T>;
+  Chunk x[kHeads];
+#pragma unroll
+  for (int i = 0; i < kHeads; ++i) {
+    const Index h = h0 + i * step;
+    if (h < heads) x[i] = *reinterpret_cast<const Chunk*>(row.src(h) + (kVectorized ? at : at * row.src_elem(h)));
+  }
+#pragma unroll
+  for (int i = 0; i < kHeads; ++i) {
+    const Index h = h0 + i * step;
+    if (h < heads) Store::put(reinterpret_cast<Chunk*>(row.dst(h) + (kVectorized ? at : at * row.dst_elem(h))), x[i]);
+  }
+}
+
+// The body of one CUDA thread (thread `tid` of block `block` in a grid of
+// `num_blocks`), as a plain function of its indices so that a CPU test can
+// run the whole grid and check the indexing without a GPU. Index is int32_t
+// when fits_int32() holds, int64_t otherwise.
+template <typename T, bool kInterleaved, bool kVectorized, typename Index, typename Store = DirectStore>
+ROTARY_HOST_DEVICE void rope_thread(const RopeParams& p, const Grid& g, int64_t block, int64_t num_blocks, int32_t tid) {
+  using acc_t = typename Acc<T>::type;
+  using TileT = Tile<T, kInterleaved, kVectorized>;
+  const int32_t row_in_block = tid / g.lanes;
+  if (row_in_block >= g.rows_per_block) return;
+  const int32_t lane = tid - row_in_block * g.lanes;
+  const int32_t group0 = lane % g.group_threads;
+  const Index chunk = lane / g.group_threads;
+  const Index heads = g.heads;
+  const Index chunks = g.chunks;
+  const Index half = static_cast<Index>(p.rotary_dim / 2);
+  const Index seq = static_cast<Index>(p.seq);
+
+#pragma unroll 1
+  for (int64_t rb = block; rb < g.row_blocks; rb += num_blocks) {
+    const Index r = static_cast<Index>(rb * g.rows_per_block + row_in_block);
+    if (r >= g.rows) return;  // only the last row block is partial
+    const Index b = r / seq;
+    const Index s = r - b * seq;
+    const RowPointers<T, Index> row(p, b, s);
+    const int64_t pos = position_of(p, b, s);
+#pragma unroll 1
+    for (int32_t group = group0; group < g.groups; group += g.group_threads) {
+      if (group < g.rotary_groups) {
+        // cos/sin read once per (row, pair group) and used for every head.
+        const Index j0 = static_cast<Index>(group) * TileT::kPairs;
+        acc_t c[TileT::kPairs], sn[TileT::kPairs];
+        load_rotations<acc_t, TileT::kPairs>(p, g, pos, j0, c, sn);
+#pragma unroll 1
+        for (Index h0 = chunk; h0 < heads; h0 += TileT::kHeads * chunks) {
+          rotate_heads<T, kInterleaved, kVectorized, Index, Store>(row, h0, chunks, heads, j0, half, c, sn);
+        }
+      } else {
+        const Index at = static_cast<Index>(p.rotary_dim) + (group - g.rotary_groups) * TileT::kCopyElems;
+#pragma unroll 1
+        for (Index h0 = chunk; h0 < heads; h0 += TileT::kHeads * chunks) {
+          copy_heads<T, kVectorized, TileT::kHeads, Index, Store>(row, h0, chunks, heads, at);
+        }
+      }
     }
   }
 }
@@ -200,12 +342,13 @@ inline bool can_vectorize(const RopeParams& p) {
 }
 
 #if defined(__CUDACC__)
-template <typename T, bool kInterleaved, bool kVectorized>
-__global__ void __launch_bounds__(256) rope_kernel(const RopeParams p, const Grid g) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < g.threads; t += stride) {
-    rope_thread<T, kInterleaved, kVectorized>(p, g, t);
-  }
+// Two resident blocks per SM caps registers at 128: the vector paths keep
+// 128 bytes of loads in flight per thread without spilling (ptxas -v).
+constexpr int kMinBlocks = 2;
+
+template <typename T, bool kInterleaved, bool kVectorized, typename Index>
+__global__ void __launch_bounds__(kMaxBlockThreads, kMinBlocks) rope_kernel(const RopeParams p, const Grid g) {
+  rope_thread<T, kInterleaved, kVectorized, Index>(p, g, blockIdx.x, gridDim.x, static_cast<int32_t>(threadIdx.x));
 }
 #endif
 

@@ -1,183 +1,25 @@
-// The only translation unit that sees Python. The ops themselves are
-// registered with the dispatcher by librotary; this module adds the table
+// The _C module; csrc/python/ is the only place that sees Python. The ops
+// themselves are registered with the dispatcher by librotary; this adds the table
 // builders, RopeScaling (with its dict form, Hugging Face's rope_parameters)
 // and the C++ RotaryEmbedding.
+#include "convert.h"
+
 #include <rotary/rotary.h>
 
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/python.h>
 
 #include <cmath>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
 
 namespace py = pybind11;
 
-namespace {
-
+using namespace rotary::python;  // NOLINT: the conversion helpers
 using rotary::RopeScaling;
-
-std::string repr_of(py::handle v) {
-  return py::repr(v).cast<std::string>();
-}
-
-double as_double(const std::string& key, py::handle v) {
-  TORCH_CHECK_VALUE(
-      !py::isinstance<py::bool_>(v) && !py::isinstance<py::str>(v), "rope scaling: '", key,
-      "' must be a number, got ", repr_of(v));
-  try {
-    return v.cast<double>();
-  } catch (const py::cast_error&) {
-    TORCH_CHECK_VALUE(false, "rope scaling: '", key, "' must be a number, got ", repr_of(v));
-  }
-  return 0.0;
-}
-
-int64_t as_int(const std::string& key, py::handle v) {
-  const double d = as_double(key, v);
-  TORCH_CHECK_VALUE(
-      std::isfinite(d) && d == std::floor(d) && std::abs(d) < 9.0e15, "rope scaling: '", key,
-      "' must be an integer, got ", repr_of(v));
-  return static_cast<int64_t>(d);
-}
-
-bool as_bool(const std::string& key, py::handle v) {
-  TORCH_CHECK_VALUE(
-      py::isinstance<py::bool_>(v) || py::isinstance<py::int_>(v), "rope scaling: '", key,
-      "' must be a bool, got ", repr_of(v));
-  return v.cast<bool>();
-}
-
-std::vector<double> as_list(const std::string& key, py::handle v) {
-  TORCH_CHECK_VALUE(
-      py::isinstance<py::sequence>(v) && !py::isinstance<py::str>(v), "rope scaling: '", key,
-      "' must be a list of numbers, got ", repr_of(v));
-  std::vector<double> out;
-  for (auto item : v.cast<py::sequence>()) out.push_back(as_double(key, item));
-  return out;
-}
-
-constexpr const char* kKnownKeys =
-    "rope_type (or type), factor, original_max_position_embeddings, max_position_embeddings, beta_fast, "
-    "beta_slow, mscale, mscale_all_dim, attention_factor, truncate, low_freq_factor, high_freq_factor, "
-    "short_factor, long_factor";
-
-// A RopeScaling from a dict shaped like Hugging Face's rope_parameters.
-// A key set to None counts as absent. strict: an unknown key is an error
-// (a typo would otherwise be silently ignored); from_hf_config passes
-// strict=False because configs carry model keys such as rope_theta.
-RopeScaling scaling_from_dict(const py::dict& d, bool strict) {
-  RopeScaling s;
-  std::optional<std::string> type;
-  std::string type_key;
-  for (auto item : d) {
-    TORCH_CHECK_VALUE(
-        py::isinstance<py::str>(item.first), "rope scaling: keys must be strings, got ", repr_of(item.first));
-    const std::string key = item.first.cast<std::string>();
-    const py::handle v = item.second;
-    if (v.is_none()) continue;
-    if (key == "rope_type" || key == "type") {
-      TORCH_CHECK_VALUE(
-          py::isinstance<py::str>(v), "rope scaling: '", key, "' must be a string, got ", repr_of(v));
-      const std::string t = v.cast<std::string>();
-      TORCH_CHECK_VALUE(
-          !type || *type == t, "rope scaling: '", type_key, "' = '", *type, "' and '", key, "' = '", t,
-          "' disagree ('type' is an alias of 'rope_type')");
-      type = t;
-      type_key = key;
-    } else if (key == "factor") {
-      s.factor(as_double(key, v));
-    } else if (key == "original_max_position_embeddings") {
-      s.original_max_position_embeddings(as_int(key, v));
-    } else if (key == "max_position_embeddings") {
-      s.max_position_embeddings(as_int(key, v));
-    } else if (key == "beta_fast") {
-      s.beta_fast(as_double(key, v));
-    } else if (key == "beta_slow") {
-      s.beta_slow(as_double(key, v));
-    } else if (key == "mscale") {
-      s.mscale(as_double(key, v));
-    } else if (key == "mscale_all_dim") {
-      s.mscale_all_dim(as_double(key, v));
-    } else if (key == "attention_factor") {
-      s.attention_factor(as_double(key, v));
-    } else if (key == "truncate") {
-      s.truncate(as_bool(key, v));
-    } else if (key == "low_freq_factor") {
-      s.low_freq_factor(as_double(key, v));
-    } else if (key == "high_freq_factor") {
-      s.high_freq_factor(as_double(key, v));
-    } else if (key == "short_factor") {
-      s.short_factor(as_list(key, v));
-    } else if (key == "long_factor") {
-      s.long_factor(as_list(key, v));
-    } else if (strict) {
-      TORCH_CHECK_VALUE(
-          key != "rope_theta" && key != "partial_rotary_factor", "rope scaling: '", key,
-          "' describes the model, not the frequency rule: pass theta= / dim= to RotaryEmbedding, or build "
-          "it with RotaryEmbedding.from_hf_config(config)");
-      TORCH_CHECK_VALUE(false, "rope scaling: unknown key '", key, "'; expected ", kKnownKeys);
-    }
-  }
-  if (type) s.type(*type);
-  // Catch an unknown type here, where the caller still sees their dict.
-  TORCH_CHECK_VALUE(
-      s.type() == "default" || s.type() == "linear" || s.type() == "ntk" || s.type() == "dynamic" ||
-          s.type() == "yarn" || s.type() == "llama3" || s.type() == "longrope",
-      "rope scaling: unknown rope_type '", s.type(),
-      "'; expected one of default, linear, ntk, dynamic, yarn, llama3, longrope");
-  return s;
-}
-
-// The dict form back: rope_type, every optional field that is set, and the
-// other fields where they differ from their defaults.
-py::dict scaling_to_dict(const RopeScaling& s) {
-  const RopeScaling defaults;
-  py::dict d;
-  d["rope_type"] = s.type();
-  if (s.factor()) d["factor"] = *s.factor();
-  if (s.original_max_position_embeddings()) {
-    d["original_max_position_embeddings"] = *s.original_max_position_embeddings();
-  }
-  if (s.max_position_embeddings()) d["max_position_embeddings"] = *s.max_position_embeddings();
-  if (s.beta_fast() != defaults.beta_fast()) d["beta_fast"] = s.beta_fast();
-  if (s.beta_slow() != defaults.beta_slow()) d["beta_slow"] = s.beta_slow();
-  if (s.mscale()) d["mscale"] = *s.mscale();
-  if (s.mscale_all_dim()) d["mscale_all_dim"] = *s.mscale_all_dim();
-  if (s.attention_factor()) d["attention_factor"] = *s.attention_factor();
-  if (s.truncate() != defaults.truncate()) d["truncate"] = s.truncate();
-  if (s.low_freq_factor() != defaults.low_freq_factor()) d["low_freq_factor"] = s.low_freq_factor();
-  if (s.high_freq_factor() != defaults.high_freq_factor()) d["high_freq_factor"] = s.high_freq_factor();
-  if (!s.short_factor().empty()) d["short_factor"] = s.short_factor();
-  if (!s.long_factor().empty()) d["long_factor"] = s.long_factor();
-  return d;
-}
-
-// None, a dict or a RopeScaling.
-RopeScaling to_scaling(const py::object& obj) {
-  if (obj.is_none()) return RopeScaling();
-  if (py::isinstance<RopeScaling>(obj)) return obj.cast<RopeScaling>();
-  TORCH_CHECK_TYPE(
-      py::isinstance<py::dict>(obj), "scaling must be None, a dict like Hugging Face's rope_parameters, or a ",
-      "rotary._C.RopeScaling; got ", repr_of(obj));
-  return scaling_from_dict(obj.cast<py::dict>(), /*strict=*/true);
-}
-
-// angle_dtype from Python: "float64" / "float32" or torch.float64 / torch.float32.
-at::ScalarType angle_dtype_of(const py::object& obj, const char* who) {
-  return rotary::angle_dtype_from_string(py::str(obj).cast<std::string>(), who);
-}
-
-std::optional<torch::Tensor> pick_positions(
-    const std::optional<torch::Tensor>& positions,
-    const std::optional<torch::Tensor>& position_ids) {
-  TORCH_CHECK_VALUE(
-      !(positions && position_ids), "RotaryEmbedding: pass positions or position_ids (an alias), not both");
-  return positions ? positions : position_ids;
-}
-
-}  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "rotary: C++ RotaryEmbedding, frequency rules and tables (ops live in torch.ops.rotary)";
@@ -223,29 +65,18 @@ PYBIND11_MODULE(_C, m) {
       "The rows of rope_freqs(dim, n, ...) at the given int64 positions (1-D, >= 0), bit for bit, without "
       "building the rows in between: complex64 [len(positions), dim // 2].");
 
-  m.def(
-      "check_saved_tables",
-      [](int64_t dim, int64_t max_seq_len, double theta, const py::object& scaling, const py::object& angle_dtype,
-         const std::optional<torch::Tensor>& freqs, const std::optional<torch::Tensor>& inv_freq,
-         const std::string& who) {
-        const auto options = rotary::RotaryEmbeddingOptions(dim)
-                                 .max_seq_len(max_seq_len)
-                                 .theta(theta)
-                                 .scaling(to_scaling(scaling))
-                                 .angle_dtype(angle_dtype_of(angle_dtype, who.c_str()));
-        return rotary::check_saved_tables(options, freqs, inv_freq, who);
-      },
-      py::arg("dim"), py::arg("max_seq_len"), py::arg("theta"), py::arg("scaling"), py::arg("angle_dtype"),
-      py::arg("freqs"), py::arg("inv_freq"), py::arg("who") = "RotaryEmbedding.load_state_dict",
-      "Checks saved (freqs, inv_freq) against these module options (rotary::check_saved_tables); returns the "
-      "seq_len of the rule state they match, raises ValueError otherwise.");
-
-  // The older schemes of the seeds (rotary/schemes.h), for comparison.
+  // The older position schemes (rotary/schemes.h), for comparison.
   m.def("sinusoidal_table", &rotary::sinusoidal_table, py::arg("n"), py::arg("d"), py::arg("base") = 10000.0,
         "float32 [n, d] additive table: pe[pos, 2i] = sin(pos / base^(2i/d)), pe[pos, 2i+1] = cos(...), in float64.");
   m.def("alibi_slopes", &rotary::alibi_slopes, py::arg("n_heads"),
         "float32 [n_heads] ALiBi slopes 2^(-8 (h + 1) / n_heads).");
-  m.def("alibi_bias", &rotary::alibi_bias, py::arg("n_heads"), py::arg("seq_len"), py::arg("causal") = true,
+  m.def(
+      "alibi_bias",
+      [](int64_t n_heads, int64_t seq_len, const py::object& causal) {
+        TORCH_CHECK_TYPE(py::isinstance<py::bool_>(causal), "alibi_bias: causal must be a bool, got ", repr_of(causal));
+        return rotary::alibi_bias(n_heads, seq_len, causal.cast<bool>());
+      },
+      py::arg("n_heads"), py::arg("seq_len"), py::arg("causal") = true,
         "float32 [n_heads, seq_len, seq_len] ALiBi bias -slope[h] * |i - j| (-inf where j > i when causal).");
 
   m.def(
@@ -257,58 +88,109 @@ PYBIND11_MODULE(_C, m) {
       py::arg("rotary_dim"), py::arg("theta") = 10000.0, py::arg("scaling") = py::none(), py::arg("seq_len") = 0,
       "(inv_freq float64 [rotary_dim // 2], attention_scaling) of a frequency rule.");
 
+  using rotary::RopeTables;
+  py::class_<RopeTables>(
+      m, "RopeTables",
+      "The state machine of both RotaryEmbedding modules (rotary/tables.h): options, which tables they build, "
+      "when the host-driven rules rebuild them, the checks of saved tables, and the lock.")
+      .def(
+          py::init([](const py::object& dim, const py::object& max_seq_len, const py::object& theta,
+                      const py::object& interleaved, const py::object& scaling, const py::object& angle_dtype) {
+            return RopeTables(options_from_py(dim, max_seq_len, theta, interleaved, scaling, angle_dtype));
+          }),
+          py::arg("dim"), py::arg("max_seq_len") = 4096, py::arg("theta") = 10000.0, py::arg("interleaved") = true,
+          py::arg("scaling") = py::none(), py::kw_only(), py::arg("angle_dtype") = "float64")
+      .def_property_readonly("dim", [](const RopeTables& t) { return t.options().dim(); })
+      .def_property_readonly("max_seq_len", [](const RopeTables& t) { return t.options().max_seq_len(); })
+      .def_property_readonly("theta", [](const RopeTables& t) { return t.options().theta(); })
+      .def_property_readonly("interleaved", [](const RopeTables& t) { return t.options().interleaved(); })
+      .def_property_readonly("scaling", [](const RopeTables& t) { return scaling_or_none(t.options().scaling()); })
+      .def_property_readonly(
+          "angle_dtype", [](const RopeTables& t) { return rotary::angle_dtype_name(t.options().angle_dtype()); })
+      .def_property_readonly("host_driven", &RopeTables::host_driven)
+      .def_property_readonly("extends_past_table", &RopeTables::extends_past_table)
+      .def_property_readonly("state", &RopeTables::state)
+      .def_property_readonly("attention_scaling", &RopeTables::attention_scaling)
+      .def(
+          "build",
+          [](const RopeTables& t, const std::optional<torch::Device>& device) {
+            const auto b = t.build(t.state(), device.value_or(torch::kCPU));
+            return std::make_tuple(b.freqs, b.inv_freq);
+          },
+          py::arg("device") = py::none(), "(freqs, inv_freq) of the current state.")
+      .def_static(
+          "call_args", &call_args, py::arg("q"), py::arg("k"), py::arg("start_pos"), py::arg("offsets"),
+          py::arg("position_ids"), py::arg("positions"),
+          "(q, k, start_pos, offsets, position_ids) of a module call, type checked (a deprecated positions "
+          "routed); raises the module's errors.")
+      .def_static(
+          "reach_of", &RopeTables::reach_of, py::arg("seq_len"), py::arg("start_pos"), py::arg("offsets"),
+          py::arg("position_ids"))
+      .def("check_rows", &RopeTables::check_rows, py::arg("seq_len"), py::arg("start_pos"), py::arg("has_positions"),
+           py::arg("rows"))
+      // run / restore call back into Python holding the lock: wait for the
+      // lock without the GIL, so the thread holding it can take the GIL.
+      .def(
+          "run",
+          [](RopeTables& t, int64_t reach, const torch::Device& device, const py::function& op) {
+            py::gil_scoped_release no_gil;
+            return t.run(reach, device, [&](const rotary::RopeTableSet* fresh) {
+              py::gil_scoped_acquire gil;
+              return fresh ? op(py::make_tuple(fresh->freqs, fresh->inv_freq)) : op(py::none());
+            });
+          },
+          py::arg("reach"), py::arg("device"), py::arg("op"),
+          "op(None) with the current tables right for a call reaching `reach`, else op((freqs, inv_freq)) with "
+          "new ones, which op installs; the new state is recorded only when op returned.")
+      .def(
+          "restore",
+          [](RopeTables& t, const py::object& freqs, const py::object& inv_freq, const std::string& who,
+             const torch::Device& device, const py::function& install) {
+            const auto f = tensor_arg(freqs, who, "the saved 'freqs'");
+            const auto inv = tensor_arg(inv_freq, who, "the saved 'inv_freq'");
+            py::gil_scoped_release no_gil;
+            t.restore(f, inv, who, device, [&](const rotary::RopeTableSet& fresh) {
+              py::gil_scoped_acquire gil;
+              install(fresh.freqs, fresh.inv_freq);
+            });
+          },
+          py::arg("freqs"), py::arg("inv_freq"), py::arg("who"), py::arg("device"), py::arg("install"),
+          "Checks saved buffers against the options (ValueError naming the mismatch), then install(freqs, "
+          "inv_freq) with the tables of the state they match, rebuilt from the options.")
+      .def(py::pickle(
+          [](const RopeTables& t) { return options_to_tuple(t); },
+          [](const py::tuple& st) {
+            const auto options = options_from_py(st[0], st[1], st[2], st[3], st[4], st[5]);
+            return RopeTables(options, st[6].cast<int64_t>());
+          }));
   m.def(
-      "rope_tables",
-      [](int64_t rotary_dim, double theta, const py::object& scaling, int64_t seq_len, int64_t rows,
-         const py::object& angle_dtype) {
-        const auto f = rotary::compute_frequencies(rotary_dim, theta, to_scaling(scaling), seq_len);
-        return std::make_tuple(
-            rotary::freqs_table(f, rows, angle_dtype_of(angle_dtype, "RotaryEmbedding")), rotary::inv_freq_tensor(f),
-            f.attention_scaling);
-      },
-      py::arg("rotary_dim"), py::arg("theta"), py::arg("scaling"), py::arg("seq_len"), py::arg("rows"),
-      py::arg("angle_dtype") = "float64",
-      "(freqs complex64 [rows, rotary_dim // 2], inv_freq float64 [rotary_dim // 2], attention_scaling): what "
-      "RotaryEmbedding registers.");
-
-  m.def(
-      "depends_on_seq_len", [](const py::object& scaling) { return rotary::depends_on_seq_len(to_scaling(scaling)); },
-      py::arg("scaling"));
+      "check_start_pos", [](const py::object& start_pos) { return start_pos_arg(start_pos); }, py::arg("start_pos"),
+      "Raises the module's error for a start_pos outside [0, 2^60) or not an int.");
 
   using Impl = rotary::RotaryEmbeddingImpl;
-  using OptTensor = std::optional<torch::Tensor>;
   // force_enable: bind forward ourselves (it is overloaded).
   torch::python::bind_module<Impl, /*force_enable=*/true>(m, "CppRotaryEmbedding")
       .def(
-          py::init([](int64_t dim, int64_t max_seq_len, double theta, bool interleaved, const py::object& scaling,
-                      const py::object& angle_dtype) {
-            return std::make_shared<Impl>(rotary::RotaryEmbeddingOptions(dim)
-                                              .max_seq_len(max_seq_len)
-                                              .theta(theta)
-                                              .interleaved(interleaved)
-                                              .scaling(to_scaling(scaling))
-                                              .angle_dtype(angle_dtype_of(angle_dtype, "RotaryEmbedding")));
+          py::init([](const py::object& dim, const py::object& max_seq_len, const py::object& theta,
+                      const py::object& interleaved, const py::object& scaling, const py::object& angle_dtype) {
+            return std::make_shared<Impl>(
+                options_from_py(dim, max_seq_len, theta, interleaved, scaling, angle_dtype));
           }),
           py::arg("dim"), py::arg("max_seq_len") = 4096, py::arg("theta") = 10000.0,
           py::arg("interleaved") = true, py::arg("scaling") = py::none(), py::kw_only(),
           py::arg("angle_dtype") = "float64")
-      // position_ids is an alias of positions, as in the Python module.
+      // rope(x, start_pos=0) or rope(q, k, start_pos=0); offsets= or
+      // position_ids= (positions= deprecated), as in the Python module.
       .def(
           "forward",
-          [](Impl& self, const torch::Tensor& x, int64_t start_pos, const OptTensor& positions,
-             const OptTensor& position_ids) {
-            return self.forward(x, start_pos, pick_positions(positions, position_ids));
+          [](Impl& self, const py::object& q, const py::object& k, const py::object& start_pos,
+             const py::object& offsets, const py::object& position_ids, const py::object& positions) -> py::object {
+            auto [x, k_tensor, pos, off, ids] = call_args(q, k, start_pos, offsets, position_ids, positions);
+            if (!k_tensor) return py::cast(self.forward(x, pos, off, ids));
+            return py::cast(self.forward(x, *k_tensor, pos, off, ids));
           },
-          py::arg("x"), py::arg("start_pos") = 0, py::kw_only(), py::arg("positions") = py::none(),
-          py::arg("position_ids") = py::none())
-      .def(
-          "forward",
-          [](Impl& self, const torch::Tensor& q, const torch::Tensor& k, int64_t start_pos,
-             const OptTensor& positions, const OptTensor& position_ids) {
-            return self.forward(q, k, start_pos, pick_positions(positions, position_ids));
-          },
-          py::arg("q"), py::arg("k"), py::arg("start_pos") = 0, py::kw_only(), py::arg("positions") = py::none(),
-          py::arg("position_ids") = py::none())
+          py::arg("q"), py::arg("k") = py::none(), py::arg("start_pos") = 0, py::kw_only(),
+          py::arg("offsets") = py::none(), py::arg("position_ids") = py::none(), py::arg("positions") = py::none())
       // The buffers (module.freqs, module.inv_freq, state_dict()) are reached
       // through torch.nn.cpp.ModuleWrapper, with the same names as in the
       // Python module.
@@ -316,12 +198,9 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("max_seq_len", [](const Impl& self) { return self.options.max_seq_len(); })
       .def_property_readonly("theta", [](const Impl& self) { return self.options.theta(); })
       .def_property_readonly("interleaved", [](const Impl& self) { return self.options.interleaved(); })
-      .def_property_readonly(
-          "scaling",
-          [](const Impl& self) -> py::object {
-            if (self.options.scaling().type() == "default") return py::none();
-            return scaling_to_dict(self.options.scaling());
-          })
+      .def_property_readonly("scaling", [](const Impl& self) { return scaling_or_none(self.tables().options().scaling()); })
+      .def_property_readonly("host_driven", &Impl::host_driven)
+      .def_property_readonly("_rope_state", [](const Impl& self) { return self.tables().state(); })
       .def_property_readonly("attention_scaling", [](const Impl& self) { return self.attention_scaling; })
       .def_property_readonly(
           "angle_dtype", [](const Impl& self) { return rotary::angle_dtype_name(self.options.angle_dtype()); })
@@ -348,6 +227,11 @@ PYBIND11_MODULE(_C, m) {
       },
       py::is_method(wrapper), py::arg("fn"), py::arg("recurse") = true);
 
+  // ModuleWrapper copies the C++ module's attributes once, at construction;
+  // the rule's state changes, so the wrapper reads it on each access.
+  wrapper.attr("rope_state") = py::module_::import("builtins").attr("property")(py::cpp_function(
+      [](py::object self) { return self.attr("cpp_module").attr("_rope_state"); }, py::is_method(wrapper)));
+
   // load_state_dict on the wrapper would copy the saved buffers in as they
   // are; check them against the options and rebuild instead (load_tables),
   // as the Python RotaryEmbedding and torch::load do.
@@ -361,7 +245,14 @@ PYBIND11_MODULE(_C, m) {
         for (int i = 0; i < 2; ++i) {
           const py::str key(prefix + names[i]);
           if (sd.contains(key)) {
-            saved[i] = sd[key].cast<torch::Tensor>();
+            py::object v = sd[key];
+            if (!THPVariable_Check(v.ptr())) {
+              error_msgs.append(
+                  "CppRotaryEmbedding.load_state_dict: the saved '" + std::string(names[i]) + "' must be a tensor, got " +
+                  repr_of(v));
+              return;
+            }
+            saved[i] = v.cast<torch::Tensor>();
           } else {
             missing_keys.append(key);
           }
@@ -386,4 +277,48 @@ PYBIND11_MODULE(_C, m) {
       },
       py::is_method(wrapper), py::arg("state_dict"), py::arg("prefix"), py::arg("local_metadata"),
       py::arg("strict"), py::arg("missing_keys"), py::arg("unexpected_keys"), py::arg("error_msgs"));
+
+  // pickle / copy.deepcopy: the class torch creates reports the importing
+  // frame as its module; name it where users reach it, and rebuild from the
+  // options and the saved tables (load_tables restores the host-driven state).
+  wrapper.attr("__module__") = "rotary";
+  // repr: the C++ pretty_print, options included (torch's binding prints the
+  // class name only).
+  wrapper.attr("__repr__") = py::cpp_function(
+      [](py::object self) {
+        std::ostringstream os;
+        self.attr("cpp_module").cast<std::shared_ptr<Impl>>()->pretty_print(os);
+        return os.str();
+      },
+      py::is_method(wrapper));
+  m.def(
+      "_cpp_rope_from_state",
+      [wrapper](const py::tuple& st) {
+        TORCH_CHECK_VALUE(st.size() == 9, "CppRotaryEmbedding: unexpected pickled state of size ", st.size());
+        auto impl = std::make_shared<Impl>(
+            rotary::RotaryEmbeddingOptions(st[0].cast<int64_t>())
+                .max_seq_len(st[1].cast<int64_t>())
+                .theta(st[2].cast<double>())
+                .interleaved(st[3].cast<bool>())
+                .scaling(to_scaling(st[4]))
+                .angle_dtype(angle_dtype_of(st[5], "CppRotaryEmbedding")));
+        impl->load_tables(st[6].cast<torch::Tensor>(), st[7].cast<torch::Tensor>(), "CppRotaryEmbedding (unpickle)");
+        impl->to(st[6].cast<torch::Tensor>().device());
+        py::object obj = wrapper.attr("__new__")(wrapper);
+        py::module_::import("torch.nn.cpp").attr("ModuleWrapper").attr("__init__")(obj, py::cast(impl));
+        impl->train(st[8].cast<bool>());  // after nn.Module.__init__, which sets training = True
+        return obj;
+      },
+      py::arg("state"));
+  wrapper.attr("__reduce__") = py::cpp_function(
+      [m](py::object self) {
+        auto impl = self.attr("cpp_module").cast<std::shared_ptr<Impl>>();
+        const auto& o = impl->options;
+        py::object scaling = o.scaling().type() == "default" ? py::object(py::none()) : py::object(scaling_to_dict(o.scaling()));
+        py::tuple state = py::make_tuple(
+            o.dim(), o.max_seq_len(), o.theta(), o.interleaved(), scaling, rotary::angle_dtype_name(o.angle_dtype()),
+            impl->freqs, impl->inv_freq, impl->is_training());
+        return py::make_tuple(m.attr("_cpp_rope_from_state"), py::make_tuple(state));
+      },
+      py::is_method(wrapper));
 }

@@ -58,8 +58,9 @@ RopeFrequencies compute_frequencies(
 // the caller in the message.
 void check_angle_dtype(at::ScalarType angle_dtype, const char* who);
 // "float64" -> at::kDouble, "float32" -> at::kFloat (also "torch.float64" /
-// "torch.float32"); anything else is a c10::ValueError naming angle_dtype.
-at::ScalarType angle_dtype_from_string(const std::string& name, const char* who);
+// "torch.float32"); anything else is a c10::ValueError naming angle_dtype
+// (the name in quotes unless `quote` is false, for a name that is a repr).
+at::ScalarType angle_dtype_from_string(const std::string& name, const char* who, bool quote = true);
 // The inverse: "float64" or "float32".
 std::string angle_dtype_name(at::ScalarType angle_dtype);
 

@@ -15,10 +15,14 @@ namespace rotary {
 // past rotary_dim (<= head_dim) pass through unchanged.
 //   x            [batch, heads, seq, head_dim] in `layout` ("BHSD", "BSHD",
 //                "SBHD"), or [total_tokens, heads, head_dim] with cu_seqlens.
-//   start_pos    first position (the KV-cache offset).
+//   start_pos    first position (the KV-cache offset), added to s and offsets.
 //   interleaved  pairs (2j, 2j+1) if true, (j, j + rotary_dim/2) if false.
-//   positions    int64: [] or [batch] offsets, [batch, seq] position ids (with
-//                cu_seqlens: [] offset or [total_tokens] ids); see README.
+//   offsets      per-sequence starts, [] or [batch] (with cu_seqlens: []):
+//                token s of batch b is at start_pos + offsets[b] + s.
+//   position_ids absolute positions as in Hugging Face, [seq] or [batch, seq]
+//                (with cu_seqlens: [total_tokens]); start_pos must then be 0.
+//                offsets and position_ids: any integer dtype (int32 / int64
+//                are read in place, others widened once); pass one or neither.
 //   inverse      rotate by the negative angle.
 //   cu_seqlens   int32/int64 [num_seqs + 1] boundaries of a packed batch.
 //   inv_freq     float64 [rotary_dim / 2]: positions past the table are then
@@ -28,7 +32,8 @@ at::Tensor apply_rope(
     const at::Tensor& freqs,
     c10::SymInt start_pos = 0,
     bool interleaved = true,
-    const std::optional<at::Tensor>& positions = std::nullopt,
+    const std::optional<at::Tensor>& offsets = std::nullopt,
+    const std::optional<at::Tensor>& position_ids = std::nullopt,
     bool inverse = false,
     const std::optional<at::Tensor>& cu_seqlens = std::nullopt,
     const std::optional<at::Tensor>& inv_freq = std::nullopt,
@@ -41,7 +46,8 @@ std::tuple<at::Tensor, at::Tensor> apply_rope_qk(
     const at::Tensor& freqs,
     c10::SymInt start_pos = 0,
     bool interleaved = true,
-    const std::optional<at::Tensor>& positions = std::nullopt,
+    const std::optional<at::Tensor>& offsets = std::nullopt,
+    const std::optional<at::Tensor>& position_ids = std::nullopt,
     bool inverse = false,
     const std::optional<at::Tensor>& cu_seqlens = std::nullopt,
     const std::optional<at::Tensor>& inv_freq = std::nullopt,
@@ -54,7 +60,8 @@ at::Tensor& apply_rope_(
     const at::Tensor& freqs,
     c10::SymInt start_pos = 0,
     bool interleaved = true,
-    const std::optional<at::Tensor>& positions = std::nullopt,
+    const std::optional<at::Tensor>& offsets = std::nullopt,
+    const std::optional<at::Tensor>& position_ids = std::nullopt,
     bool inverse = false,
     const std::optional<at::Tensor>& cu_seqlens = std::nullopt,
     const std::optional<at::Tensor>& inv_freq = std::nullopt,
@@ -66,7 +73,8 @@ void apply_rope_qk_(
     const at::Tensor& freqs,
     c10::SymInt start_pos = 0,
     bool interleaved = true,
-    const std::optional<at::Tensor>& positions = std::nullopt,
+    const std::optional<at::Tensor>& offsets = std::nullopt,
+    const std::optional<at::Tensor>& position_ids = std::nullopt,
     bool inverse = false,
     const std::optional<at::Tensor>& cu_seqlens = std::nullopt,
     const std::optional<at::Tensor>& inv_freq = std::nullopt,

@@ -6,3 +6,7 @@
 #include <rotary/ops.h>
 #include <rotary/options.h>
 #include <rotary/schemes.h>
+#include <rotary/tables.h>
+
+// torch::save / torch::load of a RotaryEmbedding need nothing more.
+#include <torch/serialize.h>

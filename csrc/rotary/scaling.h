@@ -16,7 +16,19 @@
 
 namespace rotary {
 
-// Which rule and its parameters. Fields a rule does not use are ignored.
+// The frequency rules, one name each. The names are listed once
+// (rope_type_names) and parsed / printed only by the functions below.
+enum class RopeType { Default, Linear, Ntk, Dynamic, Yarn, Llama3, LongRope };
+
+// "default" -> RopeType::Default, ...; std::nullopt for an unknown name.
+std::optional<RopeType> rope_type_from_string(const std::string& name);
+const char* to_string(RopeType type);
+// "default, linear, ntk, dynamic, yarn, llama3, longrope", for messages.
+const std::string& rope_type_names();
+
+// Which rule and its parameters. Setting a field the rule does not use (an
+// optional one, or another to a value other than its default) is an error,
+// as an unknown key is: it would otherwise be silently ignored.
 //
 //   "default"   inv_freq_j = theta^(-2j/d)                 (d = rotary dim)
 //   "linear"    default / factor                  (position interpolation)
@@ -75,8 +87,16 @@ struct RopeScaling {
 };
 
 // Throws c10::ValueError naming the offending field when `scaling` cannot be
-// applied to a rotary dim of `rotary_dim`.
+// applied to a rotary dim of `rotary_dim` (an unknown type, a missing or
+// invalid field, or a field the rule does not use).
 void validate(const RopeScaling& scaling, int64_t rotary_dim);
+
+// The rule of `scaling` (c10::ValueError for an unknown type).
+RopeType rope_type_of(const RopeScaling& scaling);
+
+// Whether `type` reads the RopeScaling field named `field` (the dict key,
+// e.g. "beta_fast"); Python's from_dict(strict=False) drops the others.
+bool rule_uses_field(RopeType type, const std::string& field);
 
 // True for the rules whose frequencies depend on the sequence length.
 bool depends_on_seq_len(const RopeScaling& scaling);

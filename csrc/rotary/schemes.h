@@ -1,6 +1,6 @@
-// The older positional schemes RoPE is compared against (seed 001,
+// The older positional schemes RoPE is compared against (sinusoidal, ALiBi;
 // "Positional encoding — sinusoidal, RoPE, ALiBi"). Values are computed in
-// float64 with the seed's formulas and rounded once to float32, on the CPU.
+// float64 with their published formulas and rounded once to float32, on the CPU.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -2,25 +2,51 @@
 
 Importing this package registers ``torch.ops.rotary.*`` (CPU, CUDA, Meta and
 Autograd kernels, all in C++) and exposes typed wrappers and an ``nn.Module``.
+A process that only runs a saved ``torch.export`` program or an AOTInductor
+package needs the ops but not this package: ``torch.ops.load_library(path)``
+with the path :func:`library_path` gives (docs/deploy.md).
 """
+
+import os
 
 import torch  # noqa: F401  (loads libtorch before our extension)
 
 from . import _C  # registers torch.ops.rotary via librotary
-from ._ops import apply_rope, apply_rope_, apply_rope_qk, apply_rope_qk_, rope_freqs
-from ._ops import rope_frequencies
-from ._C import alibi_bias, alibi_slopes, sinusoidal_table  # the older schemes of the seeds
+from ._ops import apply_rope, apply_rope_, apply_rope_qk, apply_rope_qk_, freqs_table, inv_frequencies
+from ._ops import rope_freqs, rope_frequencies  # deprecated aliases, removed in the next release
+from ._C import alibi_bias, alibi_slopes, sinusoidal_table  # the older position schemes, for comparison
 from .hf import rope_kwargs_from_hf_config
 from .module import RotaryEmbedding
 
+if torch.distributed.is_available():  # DTensor rules, installed when DTensor is imported
+    from . import distributed as _distributed
+
+    _distributed._install()
+
 CppRotaryEmbedding = _C.CppRotaryEmbedding
 RopeScaling = _C.RopeScaling
+
+
+def library_path() -> str:
+    """Absolute path of librotary, the shared library that registers
+    ``torch.ops.rotary``. A process that loads a saved ``ExportedProgram``
+    (``torch.export.load``) or an AOTInductor package without importing
+    ``rotary`` calls ``torch.ops.load_library(path)`` first."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in sorted(os.listdir(here)):
+        if name.startswith("librotary") and (".so" in name or name.endswith(".dylib")):
+            return os.path.join(here, name)
+    raise FileNotFoundError(f"rotary.library_path: no librotary shared library in {here}")
+
 
 __all__ = [
     "apply_rope",
     "apply_rope_",
     "apply_rope_qk",
     "apply_rope_qk_",
+    "freqs_table",
+    "inv_frequencies",
+    "library_path",
     "rope_freqs",
     "rope_frequencies",
     "rope_kwargs_from_hf_config",

@@ -1,6 +1,7 @@
 """Typed wrappers over ``torch.ops.rotary``. They add no logic: every check
 and every kernel lives in C++ behind the dispatcher."""
 
+import warnings
 from typing import Any, Mapping, Optional, Tuple
 
 import torch
@@ -8,7 +9,7 @@ import torch
 from . import _C
 
 
-def rope_freqs(
+def freqs_table(
     dim: int,
     max_seq_len: int,
     theta: float = 10000.0,
@@ -34,15 +35,80 @@ def rope_freqs(
     return _C.rope_freqs(dim, max_seq_len, theta, scaling, seq_len, angle_dtype=angle_dtype)
 
 
-def rope_frequencies(
+def inv_frequencies(
     dim: int,
     theta: float = 10000.0,
     scaling: Optional[Mapping[str, Any]] = None,
     seq_len: int = 0,
 ) -> Tuple[torch.Tensor, float]:
-    """``(inv_freq, attention_scaling)`` of a frequency rule: float64
-    ``[dim // 2]`` and the factor folded into every table entry."""
+    """``(inv_freq, attention_scaling)`` of a frequency rule: the float64
+    frequencies ``[dim // 2]`` (pair ``j`` turns by ``pos * inv_freq[j]``) and
+    the factor folded into every table entry. :func:`freqs_table` builds the
+    complex64 table from the same rule."""
     return _C.rope_frequencies(dim, theta, scaling, seq_len)
+
+
+def _start_pos(op: str, start_pos):
+    """A Python int outside int64 never reaches the C++ check: torch's
+    argument parser refuses it with a message about its own types. Name the
+    argument and the bound instead (the C++ check's words)."""
+    if isinstance(start_pos, int) and not -(2**63) <= start_pos < 2**63:
+        if start_pos < 0:
+            raise ValueError(f"{op}: start_pos must be >= 0, got {start_pos}")
+        raise IndexError(f"{op}: start_pos must be < 2^60, got {start_pos}")
+    return start_pos
+
+
+def rope_freqs(*args, **kwargs) -> torch.Tensor:
+    """Deprecated alias of :func:`freqs_table` (removed in the next release)."""
+    warnings.warn(
+        "rotary.rope_freqs is deprecated; use rotary.freqs_table (same arguments)", DeprecationWarning, stacklevel=2
+    )
+    return freqs_table(*args, **kwargs)
+
+
+def rope_frequencies(*args, **kwargs) -> Tuple[torch.Tensor, float]:
+    """Deprecated alias of :func:`inv_frequencies` (removed in the next release)."""
+    warnings.warn(
+        "rotary.rope_frequencies is deprecated; use rotary.inv_frequencies (same arguments)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return inv_frequencies(*args, **kwargs)
+
+
+def _legacy_positions(positions: torch.Tensor, start_pos, varlen: bool, who: str):
+    """``(start_pos, offsets, position_ids)`` for the deprecated ``positions=``
+    argument, with its old meaning decided by rank alone: ``[]`` / ``[batch]``
+    offsets and ``[batch, seq]`` ids (packed: ``[]`` offset, ``[total_tokens]``
+    ids), the ids added to ``start_pos``."""
+    warnings.warn(
+        f"{who}: positions= is deprecated and will be removed in the next release; pass offsets= "
+        "([] or [batch]: position start_pos + offsets[b] + s) or position_ids= ([seq] or [batch, seq]: "
+        "absolute positions, as in Hugging Face)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    is_ids = positions.dim() == 1 if varlen else positions.dim() >= 2
+    if not is_ids:
+        return start_pos, positions, None
+    if isinstance(start_pos, int):  # checked before it is folded into the ids, as the old op did
+        if start_pos < 0:
+            raise ValueError(f"{who}: start_pos must be >= 0, got {start_pos}")
+        if start_pos >= 2**60:
+            raise IndexError(f"{who}: start_pos must be < 2^60, got {start_pos}")
+    if not (isinstance(start_pos, int) and start_pos == 0):
+        positions = positions + start_pos  # the old rule: ids were added to start_pos
+    return 0, None, positions
+
+
+def _route(positions, offsets, position_ids, start_pos, cu_seqlens, who):
+    start_pos = _start_pos(who, start_pos)  # before a deprecated positions= folds it into ids
+    if positions is None:
+        return start_pos, offsets, position_ids
+    if offsets is not None or position_ids is not None:
+        raise ValueError(f"{who}: positions= is deprecated; pass offsets= or position_ids= alone")
+    return _legacy_positions(positions, start_pos, cu_seqlens is not None, who)
 
 
 _ARGS_DOC = """
@@ -55,9 +121,17 @@ _ARGS_DOC = """
     rounded once).
 
     Token ``s`` uses table row ``start_pos + s`` (``s`` counted within its own
-    sequence when packed). ``positions`` (int64) gives offsets (``[]`` or
-    ``[batch]``, added to ``start_pos + s``) or absolute ids (``[batch, seq]``,
-    or ``[total_tokens]`` when packed; added to ``start_pos``).
+    sequence when packed). Pass at most one of:
+
+    * ``offsets``: per-sequence starts, ``[]`` or ``[batch]`` (packed: ``[]``);
+      token ``s`` of batch ``b`` is at ``start_pos + offsets[b] + s``.
+    * ``position_ids``: absolute positions as in Hugging Face, ``[seq]`` or
+      ``[batch, seq]`` (packed: ``[total_tokens]``). ``start_pos`` must be 0
+      with them (a ``ValueError`` otherwise): add any origin to the ids.
+
+    Both take any integer dtype (int64 and int32 are read without a copy).
+    ``positions=`` is their deprecated predecessor (rank decided the meaning);
+    it still works for one release, with a ``DeprecationWarning``.
     ``interleaved=True`` pairs dims (0,1), (2,3), ...; ``False`` pairs
     (j, j + rotary_dim/2) as Hugging Face ``rotate_half`` does.
     ``inverse=True`` rotates by the negative angle. With ``inv_freq``
@@ -72,15 +146,18 @@ def apply_rope(
     start_pos: int = 0,
     interleaved: bool = True,
     *,
-    positions: Optional[torch.Tensor] = None,
+    offsets: Optional[torch.Tensor] = None,
+    position_ids: Optional[torch.Tensor] = None,
     inverse: bool = False,
     cu_seqlens: Optional[torch.Tensor] = None,
     inv_freq: Optional[torch.Tensor] = None,
     layout: str = "BHSD",
+    positions: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Rotate ``x`` and return a new tensor."""
+    start_pos, offsets, position_ids = _route(positions, offsets, position_ids, start_pos, cu_seqlens, "apply_rope")
     return torch.ops.rotary.apply_rope(
-        x, freqs, start_pos, interleaved, positions=positions, inverse=inverse,
+        x, freqs, _start_pos("apply_rope", start_pos), interleaved, offsets=offsets, position_ids=position_ids, inverse=inverse,
         cu_seqlens=cu_seqlens, inv_freq=inv_freq, layout=layout,
     )
 
@@ -92,16 +169,19 @@ def apply_rope_qk(
     start_pos: int = 0,
     interleaved: bool = True,
     *,
-    positions: Optional[torch.Tensor] = None,
+    offsets: Optional[torch.Tensor] = None,
+    position_ids: Optional[torch.Tensor] = None,
     inverse: bool = False,
     cu_seqlens: Optional[torch.Tensor] = None,
     inv_freq: Optional[torch.Tensor] = None,
     layout: str = "BHSD",
+    positions: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Rotate q and k in one kernel call (head counts may differ; batch, seq
     and head_dim must match). Returns ``(q_rotated, k_rotated)``."""
+    start_pos, offsets, position_ids = _route(positions, offsets, position_ids, start_pos, cu_seqlens, "apply_rope_qk")
     return torch.ops.rotary.apply_rope_qk(
-        q, k, freqs, start_pos, interleaved, positions=positions, inverse=inverse,
+        q, k, freqs, _start_pos("apply_rope_qk", start_pos), interleaved, offsets=offsets, position_ids=position_ids, inverse=inverse,
         cu_seqlens=cu_seqlens, inv_freq=inv_freq, layout=layout,
     )
 
@@ -112,17 +192,20 @@ def apply_rope_(
     start_pos: int = 0,
     interleaved: bool = True,
     *,
-    positions: Optional[torch.Tensor] = None,
+    offsets: Optional[torch.Tensor] = None,
+    position_ids: Optional[torch.Tensor] = None,
     inverse: bool = False,
     cu_seqlens: Optional[torch.Tensor] = None,
     inv_freq: Optional[torch.Tensor] = None,
     layout: str = "BHSD",
+    positions: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Rotate ``x`` in place and return it. Every input is validated before
     anything is written. Not differentiable: a tensor that requires grad (with
     grad mode on) is refused."""
+    start_pos, offsets, position_ids = _route(positions, offsets, position_ids, start_pos, cu_seqlens, "apply_rope_")
     torch.ops.rotary.apply_rope_(
-        x, freqs, start_pos, interleaved, positions=positions, inverse=inverse,
+        x, freqs, _start_pos("apply_rope_", start_pos), interleaved, offsets=offsets, position_ids=position_ids, inverse=inverse,
         cu_seqlens=cu_seqlens, inv_freq=inv_freq, layout=layout,
     )
     return x
@@ -135,16 +218,21 @@ def apply_rope_qk_(
     start_pos: int = 0,
     interleaved: bool = True,
     *,
-    positions: Optional[torch.Tensor] = None,
+    offsets: Optional[torch.Tensor] = None,
+    position_ids: Optional[torch.Tensor] = None,
     inverse: bool = False,
     cu_seqlens: Optional[torch.Tensor] = None,
     inv_freq: Optional[torch.Tensor] = None,
     layout: str = "BHSD",
+    positions: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Rotate q and k in place (they may be views into one packed qkv tensor)
     and return them. Not differentiable, like :func:`apply_rope_`."""
+    start_pos, offsets, position_ids = _route(
+        positions, offsets, position_ids, start_pos, cu_seqlens, "apply_rope_qk_"
+    )
     torch.ops.rotary.apply_rope_qk_(
-        q, k, freqs, start_pos, interleaved, positions=positions, inverse=inverse,
+        q, k, freqs, _start_pos("apply_rope_qk_", start_pos), interleaved, offsets=offsets, position_ids=position_ids, inverse=inverse,
         cu_seqlens=cu_seqlens, inv_freq=inv_freq, layout=layout,
     )
     return q, k

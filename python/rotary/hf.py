@@ -7,6 +7,7 @@ Accepted: a ``PretrainedConfig`` (transformers 4.x with ``rope_theta`` /
 (``config.to_dict()``, a ``config.json`` loaded with ``json.load``).
 """
 
+import math
 from typing import Any, Dict, Mapping, Optional
 
 from . import _C
@@ -24,6 +25,11 @@ def _get(config: Any, name: str, default: Any = None) -> Any:
     else:
         value = getattr(config, name, default)
     return default if value is None else value
+
+
+def _first(*values: Any) -> Any:
+    """The first value that is not None (0 and 0.0 count: they are errors, not absent)."""
+    return next(v for v in values if v is not None)
 
 
 def rope_kwargs_from_hf_config(config: Any, max_seq_len: Optional[int] = None) -> Dict[str, Any]:
@@ -77,18 +83,20 @@ def rope_kwargs_from_hf_config(config: Any, max_seq_len: Optional[int] = None) -
     if params.get("mrope_section") is not None:
         raise ValueError("from_hf_config: multimodal RoPE (rope_parameters['mrope_section']) is not supported")
 
-    theta = (
-        params.get("rope_theta")
-        or _get(config, "rope_theta")
-        or _get(config, "rotary_emb_base")
-        or _get(config, "default_theta", _DEFAULT_THETA)
+    theta = _first(
+        params.get("rope_theta"), _get(config, "rope_theta"), _get(config, "rotary_emb_base"),
+        _get(config, "default_theta", _DEFAULT_THETA),
     )
-    partial = (
-        params.get("partial_rotary_factor")
-        or _get(config, "partial_rotary_factor")
-        or _get(config, "rotary_pct")
-        or 1.0
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0.0 < theta < math.inf:
+        raise ValueError(f"from_hf_config: rope_theta must be a finite number > 0, got {theta!r}")
+    partial = _first(
+        params.get("partial_rotary_factor"), _get(config, "partial_rotary_factor"), _get(config, "rotary_pct"), 1.0
     )
+    if isinstance(partial, bool) or not isinstance(partial, (int, float)) or not 0.0 < partial <= 1.0:
+        raise ValueError(
+            f"from_hf_config: partial_rotary_factor must be a number in (0, 1] (the rotated share of each head), "
+            f"got {partial!r}"
+        )
     rotary_dim = int(head_dim * partial)
     if rotary_dim <= 0 or rotary_dim % 2:
         raise ValueError(
@@ -97,6 +105,8 @@ def rope_kwargs_from_hf_config(config: Any, max_seq_len: Optional[int] = None) -
         )
 
     max_pos = _get(config, "max_position_embeddings")
+    if max_pos is not None and (isinstance(max_pos, bool) or not isinstance(max_pos, int) or max_pos <= 0):
+        raise ValueError(f"from_hf_config: max_position_embeddings must be an int > 0, got {max_pos!r}")
     scaling = {key: value for key, value in params.items() if key not in _MODEL_KEYS}
     rope_type = scaling.get("rope_type") or scaling.get("type") or "default"
     if rope_type in ("llama3", "yarn", "longrope"):
@@ -111,7 +121,7 @@ def rope_kwargs_from_hf_config(config: Any, max_seq_len: Optional[int] = None) -
     spec = _C.RopeScaling.from_dict(scaling, strict=False)
     spec.validate(rotary_dim)
 
-    rows = max_seq_len or max_pos or 4096
+    rows = _first(max_seq_len, max_pos, 4096)
     return {
         "dim": rotary_dim,
         "max_seq_len": int(rows),

@@ -1,29 +1,19 @@
 """``rotary.RotaryEmbedding``: an ``nn.Module`` over ``torch.ops.rotary``."""
 
-import threading
-from contextlib import nullcontext
-from typing import Any, Dict, Mapping, Optional, Union
+from typing import Any, Mapping, Optional, Union
 
 import torch
 from torch import nn
 
 from . import _C
-from ._ops import apply_rope, apply_rope_qk
+from ._ops import _legacy_positions, apply_rope, apply_rope_qk
 
 ScalingSpec = Union[None, Mapping[str, Any], "_C.RopeScaling"]
 AngleDtype = Union[str, torch.dtype]
 
-
-def _angle_dtype_name(angle_dtype: AngleDtype) -> str:
-    """"float64" or "float32" (from either spelling or torch.float64 / torch.float32)."""
-    name = str(angle_dtype)
-    name = name[len("torch."):] if name.startswith("torch.") else name
-    if name not in ("float64", "float32"):
-        raise ValueError(
-            "RotaryEmbedding: angle_dtype must be 'float64' (exact angles, the default) or 'float32' "
-            f"(the fp32-angle tables of Hugging Face / Meta), got {angle_dtype!r}"
-        )
-    return name
+_MAX_START_POS = 2**60  # the op's bound too; the message comes from C++
+_APPLY = torch.ops.rotary.apply_rope.default
+_APPLY_QK = torch.ops.rotary.apply_rope_qk.default
 
 
 class RotaryEmbedding(nn.Module):
@@ -44,14 +34,19 @@ class RotaryEmbedding(nn.Module):
     the module a transformers config describes.
 
     ``rope(x, start_pos=p)`` rotates one tensor; ``rope(q, k, start_pos=p)``
-    rotates both in one kernel call; ``positions=`` (or its alias
-    ``position_ids=``, ``[batch, seq]`` int64) gives absolute position ids.
+    rotates both in one kernel call. ``offsets=`` (``[]`` or ``[batch]``)
+    shifts each sequence: token ``s`` of batch ``b`` is at ``start_pos +
+    offsets[b] + s``. ``position_ids=`` (``[seq]`` or ``[batch, seq]``, any
+    integer dtype) gives absolute positions as in Hugging Face; ``start_pos``
+    must then be 0. (``positions=`` is deprecated: it still works for one
+    release, with a ``DeprecationWarning``.) A head may be wider than ``dim``,
+    never narrower (``ValueError``).
     Casting the module (``.half()``, ``.to(torch.bfloat16)``) leaves both
     buffers as they are; ``.to(device)`` moves them. Works inside
     ``torch.compile(fullgraph=True)`` for every rule except the two
     host-driven ones: ``dynamic`` and ``longrope`` rebuild the table on the
     host when a call reaches past their threshold (as transformers'
-    ``dynamic_rope_update`` does), reading ``positions`` on the host, so they
+    ``dynamic_rope_update`` does), reading ``offsets`` / ``position_ids`` on the host, so they
     are neither compile- nor CUDA-graph friendly.
 
     ``angle_dtype="float64"`` (default) forms every angle ``pos * inv_freq`` in
@@ -65,10 +60,26 @@ class RotaryEmbedding(nn.Module):
     device-side positions on CUDA).
 
     ``load_state_dict`` checks the saved ``freqs`` / ``inv_freq`` against the
-    module's options (``ValueError`` when they were built for another theta,
-    rule, ``max_seq_len`` or ``angle_dtype``) and then rebuilds them from the
-    options, so a loaded table is never silently different. ``forward`` may be
+    module's options and then rebuilds them from the options, so a loaded
+    table is never silently different. Tables built for another theta, rule,
+    ``max_seq_len`` or ``angle_dtype`` make it raise ``RuntimeError`` (as for
+    any ``load_state_dict`` error), whose message names the mismatch; the
+    buffers are then left as they were.
+
+    TorchScript (``torch.jit.script``, deprecated since torch 2.11) is not
+    supported: scripting a model that holds this module raises a
+    ``RuntimeError`` that says so. Use ``torch.compile``, ``torch.export`` or
+    AOTInductor (docs/deploy.md). ``forward`` may be
     called from several threads at once (the host-driven rules take a lock).
+
+    Every decision about the tables (which to build, when ``dynamic`` /
+    ``longrope`` rebuild them for a call's reach, load checks, the lock) is
+    made by ``rotary._C.RopeTables``, the C++ type the C++ module uses too;
+    this class only keeps the buffers, so that its forward stays
+    compile-friendly. A call that raises leaves the module as it was.
+    ``host_driven`` says whether the rule rebuilds on the host;
+    ``rope_state`` is the sequence length the rule was last evaluated at (0:
+    its initial state).
     """
 
     def __init__(
@@ -81,39 +92,57 @@ class RotaryEmbedding(nn.Module):
         *,
         angle_dtype: AngleDtype = "float64",
     ) -> None:
+        """Build the tables for one rule.
+
+        Args:
+            dim: rotary dim, even and > 0 (heads may be wider: partial rotary).
+            max_seq_len: rows of the cached table, > 0. With float64 angles,
+                positions past it are still exact (computed on the fly).
+            theta: frequency base; pair ``j`` turns by ``pos * theta ** (-2j / dim)``.
+            interleaved: ``True`` pairs dims (0,1), (2,3), ... (Meta Llama,
+                GPT-J); ``False`` pairs (j, j + dim/2) (GPT-NeoX, Hugging Face
+                ``rotate_half``).
+            scaling: ``None`` (plain RoPE), a dict like Hugging Face's
+                ``rope_parameters`` or a :class:`rotary.RopeScaling`.
+            angle_dtype: ``"float64"`` (exact angles) or ``"float32"``
+                (Hugging Face / Meta fp32-angle tables).
+
+        Raises ``ValueError`` (a bad ``max_seq_len``, ``angle_dtype``, or
+        scaling field) or ``TypeError`` (a ``scaling`` of another type).
+        """
         super().__init__()
-        if max_seq_len <= 0:
-            raise ValueError(f"RotaryEmbedding: max_seq_len must be > 0, got {max_seq_len}")
-        self.angle_dtype = _angle_dtype_name(angle_dtype)
-        self.dim = dim
-        self.max_seq_len = max_seq_len
-        self.theta = theta
-        self.interleaved = interleaved
-        if isinstance(scaling, _C.RopeScaling):
-            spec = scaling.to_dict()
-        elif scaling is None:
-            spec = {"rope_type": "default"}
-        elif isinstance(scaling, Mapping):
-            spec = _C.RopeScaling.from_dict(dict(scaling)).to_dict()
-        else:
-            raise TypeError(
-                "RotaryEmbedding: scaling must be None, a dict like Hugging Face's rope_parameters, "
-                f"or a rotary._C.RopeScaling; got {scaling!r}"
-            )
-        if spec["rope_type"] == "dynamic":
-            # The same default as the C++ module: the base grows past max_seq_len.
-            spec.setdefault("max_position_embeddings", max_seq_len)
-        # The rule as a plain dict (None for plain RoPE): picklable, printable,
-        # and what is handed back to C++ whenever the table is built.
-        self.scaling: Optional[Dict[str, Any]] = None if spec["rope_type"] == "default" else spec
-        self.attention_scaling = 1.0
-        # State of the host-driven rules (as in the C++ module).
-        self._host_driven = _C.depends_on_seq_len(spec)
-        self._dynamic_len = 0  # dynamic: length the table was grown for; 0 = not grown
-        self._long_factors = False  # longrope: long_factor in use
-        # Serialises forward of the host-driven rules (they rebuild the tables).
-        self._lock = threading.RLock() if self._host_driven else None
-        self._build_tables()
+        # Validates every argument (TypeError / ValueError naming it) and the rule.
+        self._tables = _C.RopeTables(dim, max_seq_len, theta, interleaved, scaling, angle_dtype=angle_dtype)
+        # Plain copies for forward: reading them costs nothing and traces.
+        t = self._tables
+        self._opts = (t.dim, t.max_seq_len, t.theta, t.interleaved, t.scaling, t.angle_dtype)
+        self._host_driven = t.host_driven
+        self._extends = t.extends_past_table  # float64 angles: positions past the table computed exactly
+        freqs, inv_freq = t.build()
+        self.register_buffer("freqs", freqs)
+        self.register_buffer("inv_freq", inv_freq)
+
+    dim = property(lambda self: self._opts[0], doc="The rotary dim (rotated width).")
+    max_seq_len = property(lambda self: self._opts[1], doc="Rows of the cached table (more once dynamic grew).")
+    theta = property(lambda self: self._opts[2], doc="The frequency base.")
+    interleaved = property(lambda self: self._opts[3], doc="Pairs (0,1), (2,3), ... (else rotate_half).")
+    scaling = property(lambda self: self._opts[4], doc="The rule as a dict (defaults filled in), None for plain RoPE.")
+    angle_dtype = property(lambda self: self._opts[5], doc="'float64' or 'float32'.")
+
+    @property
+    def host_driven(self) -> bool:
+        """True for ``dynamic`` and ``longrope``: the tables follow each call's reach, rebuilt on the host."""
+        return self._host_driven
+
+    @property
+    def rope_state(self) -> int:
+        """The sequence length the rule was last evaluated at (0: its initial state)."""
+        return self._tables.state
+
+    @property
+    def attention_scaling(self) -> float:
+        """The factor folded into every table entry (YaRN / LongRoPE; else 1)."""
+        return self._tables.attention_scaling
 
     @classmethod
     def from_hf_config(
@@ -131,45 +160,16 @@ class RotaryEmbedding(nn.Module):
         return cls(**rope_kwargs_from_hf_config(config, max_seq_len=max_seq_len), angle_dtype=angle_dtype)
 
     # ------------------------------------------------------------------ tables
-    def _build_tables(self) -> None:
-        seq_len, rows = 0, self.max_seq_len
-        rope_type = self.scaling["rope_type"] if self.scaling else "default"
-        if rope_type == "dynamic" and self._dynamic_len > 0:
-            seq_len = self._dynamic_len
-            rows = max(rows, seq_len)
-        elif rope_type == "longrope" and self._long_factors:
-            seq_len = self.scaling["original_max_position_embeddings"] + 1
-        freqs, inv_freq, self.attention_scaling = _C.rope_tables(
-            self.dim, self.theta, self.scaling, seq_len, rows, self.angle_dtype
-        )
-        old = self._buffers.get("freqs")
-        if old is not None:
-            freqs, inv_freq = freqs.to(old.device), inv_freq.to(old.device)
-        self.register_buffer("freqs", freqs)
-        self.register_buffer("inv_freq", inv_freq)
+    def _install(self, freqs: torch.Tensor, inv_freq: torch.Tensor) -> None:
+        self._buffers["freqs"] = freqs
+        self._buffers["inv_freq"] = inv_freq
 
     def update_for_reach(self, reach: int) -> None:
         """Host-driven rules: make the tables right for a call whose largest
-        position is ``reach - 1``. ``dynamic`` grows past the length it was
-        last built for and returns to its original frequencies below
-        ``max_position_embeddings``; ``longrope`` uses ``long_factor`` while
-        ``reach > original_max_position_embeddings``. Other rules: no-op."""
-        if not self._host_driven:
-            return
-        if self.scaling["rope_type"] == "dynamic":
-            original = self.scaling["max_position_embeddings"]
-            cached = self._dynamic_len if self._dynamic_len > 0 else original
-            if reach > cached:
-                self._dynamic_len = reach
-                self._build_tables()
-            elif reach < original and cached > original:
-                self._dynamic_len = 0
-                self._build_tables()
-        else:  # longrope
-            want_long = reach > self.scaling["original_max_position_embeddings"]
-            if want_long != self._long_factors:
-                self._long_factors = want_long
-                self._build_tables()
+        position is ``reach - 1`` (see README "Host-driven rules"). Other
+        rules: no-op."""
+        if self._host_driven:
+            self._tables.run(reach, self.freqs.device, lambda fresh: fresh is not None and self._install(*fresh))
 
     def extra_repr(self) -> str:
         s = (
@@ -186,28 +186,20 @@ class RotaryEmbedding(nn.Module):
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
     ):
-        # Never install saved tables as they are: check them against the
-        # options, restore the host-driven state they were saved in, and
-        # rebuild both buffers from the options. A mismatch is reported like
-        # any load error (load_state_dict raises RuntimeError listing it) and
-        # leaves the buffers as they were.
+        # Never install saved tables as they are: RopeTables checks them
+        # against the options, restores the host-driven state they were saved
+        # in and rebuilds both buffers. A mismatch is reported like any load
+        # error (load_state_dict raises RuntimeError listing it) and leaves
+        # the buffers as they were.
         fkey, ikey = prefix + "freqs", prefix + "inv_freq"
         if fkey in state_dict or ikey in state_dict:
             try:
-                seq_len = _C.check_saved_tables(
-                    self.dim, self.max_seq_len, self.theta, self.scaling, self.angle_dtype,
+                self._tables.restore(
                     state_dict.get(fkey), state_dict.get(ikey), "RotaryEmbedding.load_state_dict",
+                    self.freqs.device, self._install,
                 )
-            except ValueError as e:
+            except (ValueError, TypeError) as e:
                 error_msgs.append(str(e))
-            else:
-                with self._locked():
-                    rope_type = self.scaling["rope_type"] if self.scaling else "default"
-                    if rope_type == "dynamic":
-                        self._dynamic_len = seq_len if seq_len > self.scaling["max_position_embeddings"] else 0
-                    elif rope_type == "longrope":
-                        self._long_factors = seq_len > self.scaling["original_max_position_embeddings"]
-                    self._build_tables()
             state_dict = dict(state_dict)  # the caller's dict is left alone
             for key, buf in ((fkey, self.freqs), (ikey, self.inv_freq)):
                 if key in state_dict:
@@ -215,20 +207,6 @@ class RotaryEmbedding(nn.Module):
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
-
-    # A lock is neither picklable nor deep-copyable: a copy gets a fresh one.
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_lock"] = None
-        return state
-
-    def __setstate__(self, state):
-        super().__setstate__(state)
-        if self.__dict__.get("_host_driven"):
-            self._lock = threading.RLock()
-
-    def _locked(self):
-        return self._lock if self._lock is not None else nullcontext()
 
     def _apply(self, fn, recurse=True):
         # nn.Module.to(dtype) would cast the complex table to a real dtype and
@@ -243,23 +221,13 @@ class RotaryEmbedding(nn.Module):
         return self
 
     # ----------------------------------------------------------------- forward
-    @staticmethod
-    def _check_start_pos(start_pos: int) -> None:
-        if isinstance(start_pos, int):
-            if start_pos < 0:
-                raise ValueError(f"RotaryEmbedding: start_pos must be >= 0, got {start_pos}")
-            if start_pos >= 2**60:
-                raise IndexError(f"RotaryEmbedding: start_pos must be < 2^60, got {start_pos}")
-
-    def _update_host_driven(self, q: torch.Tensor, start_pos: int, positions: Optional[torch.Tensor]) -> None:
-        seq_len = q.shape[2]
-        if seq_len == 0:
-            return
-        reach = start_pos + seq_len
-        if positions is not None and positions.numel() > 0:
-            top = int(positions.max())
-            reach = start_pos + top + (1 if positions.dim() == 2 else seq_len)
-        self.update_for_reach(reach)
+    def __prepare_scriptable__(self):
+        # torch.jit.script calls this on every submodule before compiling.
+        raise RuntimeError(
+            "rotary.RotaryEmbedding does not support TorchScript (torch.jit.script is deprecated since torch "
+            "2.11). Use torch.compile, torch.export (+ AOTInductor to run from C++), or the C++ module "
+            "rotary::RotaryEmbedding; see docs/deploy.md"
+        )
 
     def forward(
         self,
@@ -267,35 +235,80 @@ class RotaryEmbedding(nn.Module):
         k: Optional[torch.Tensor] = None,
         start_pos: int = 0,
         *,
-        positions: Optional[torch.Tensor] = None,
+        offsets: Optional[torch.Tensor] = None,
         position_ids: Optional[torch.Tensor] = None,
+        positions: Optional[torch.Tensor] = None,
     ):
-        if position_ids is not None:
-            if positions is not None:
-                raise ValueError("RotaryEmbedding: pass positions or position_ids (an alias), not both")
-            positions = position_ids
-        if isinstance(k, (int, torch.SymInt)):  # rope(x, start_pos)
+        # Decode's hot path: an int start_pos and nothing else. Straight to the
+        # op overloads (no wrapper, no overload lookup); inv_freq only where
+        # the call reaches past the table, so short calls skip its checks.
+        if (
+            type(start_pos) is int
+            and offsets is None
+            and position_ids is None
+            and positions is None
+            and not self._host_driven
+            and q.dim() == 4
+            and (k is None or (isinstance(k, torch.Tensor) and k.dim() != 0))
+        ):
+            seq, freqs = q.size(2), self._buffers["freqs"]
+            if type(seq) is int and 0 <= start_pos and start_pos + seq <= freqs.size(0) and q.size(3) >= self._opts[0]:
+                if k is None:
+                    return _APPLY(q, freqs, start_pos, self._opts[3])
+                return _APPLY_QK(q, k, freqs, start_pos, self._opts[3])
+        # The call's arguments, in one place. The common case is decided in
+        # Python (it traces); anything unusual goes to the C++ parser, which
+        # raises the module's errors (and routes a deprecated positions=).
+        if isinstance(k, (int, torch.SymInt)) and not isinstance(k, bool):  # rope(x, start_pos)
             k, start_pos = None, k
-        self._check_start_pos(start_pos)
+        if isinstance(start_pos, torch.SymInt):
+            pass
+        elif (
+            type(start_pos) is not int
+            or not 0 <= start_pos < _MAX_START_POS
+            or not (k is None or (isinstance(k, torch.Tensor) and k.dim() != 0))
+            or not all(t is None or isinstance(t, torch.Tensor) for t in (offsets, position_ids, positions))
+        ):
+            q, k, start_pos, offsets, position_ids = _C.RopeTables.call_args(
+                q, k, start_pos, offsets, position_ids, positions
+            )
+            positions = None
+        if positions is not None:  # deprecated: its rank decided its meaning
+            if offsets is not None or position_ids is not None:
+                raise ValueError("RotaryEmbedding: positions= is deprecated; pass offsets= or position_ids= alone")
+            start_pos, offsets, position_ids = _legacy_positions(positions, start_pos, False, "RotaryEmbedding")
+        if q.dim() == 4 and q.shape[-1] < self.dim:
+            raise ValueError(
+                f"RotaryEmbedding(dim={self.dim}): head_dim must be >= dim (the rotated width), got head_dim "
+                f"{q.shape[-1]} (shape {tuple(q.shape)})"
+            )
         if self._host_driven:
-            with self._lock:  # the table this call uses is the one built for its reach
-                if q.dim() == 4:
-                    self._update_host_driven(q, start_pos, positions)
-                return self._rotate(q, k, start_pos, positions)
-        return self._rotate(q, k, start_pos, positions)
+            return self._forward_host_driven(q, k, start_pos, offsets, position_ids)
+        return self._rotate(q, k, start_pos, offsets, position_ids, self.freqs, self.inv_freq)
 
-    def _rotate(self, q, k, start_pos, positions):
+    def _forward_host_driven(self, q, k, start_pos, offsets, position_ids):
+        seq_len = q.shape[2] if q.dim() == 4 else 0  # the op reports a wrong shape
+        reach = _C.RopeTables.reach_of(seq_len, start_pos, offsets, position_ids)
+
+        def op(fresh):
+            # Under the lock; new tables are installed only once the op returned.
+            freqs, inv_freq = (self.freqs, self.inv_freq) if fresh is None else fresh
+            out = self._rotate(q, k, start_pos, offsets, position_ids, freqs, inv_freq)
+            if fresh is not None:
+                self._install(*fresh)
+            return out
+
+        return self._tables.run(reach, self.freqs.device, op)
+
+    def _rotate(self, q, k, start_pos, offsets, position_ids, freqs, inv_freq):
         # inv_freq lets positions past the cached rows be computed exactly;
         # float32 angles have no on-the-fly path (it is float64 only).
-        inv = self.inv_freq if self.angle_dtype == "float64" else None
-        if inv is None and positions is None and q.dim() == 4 and isinstance(start_pos, int):
-            seq_len, rows = q.shape[2], self.freqs.shape[0]
-            if seq_len > 0 and start_pos + seq_len > rows:
-                raise IndexError(
-                    f"RotaryEmbedding(angle_dtype=float32): start_pos + seq_len = {start_pos} + {seq_len} = "
-                    f"{start_pos + seq_len} exceeds max_seq_len {rows}; float32-angle tables are not extended "
-                    "on the fly (that path is float64): build the module with a larger max_seq_len"
-                )
+        inv = inv_freq if self._extends else None
+        given = offsets is not None or position_ids is not None
+        if inv is None and not given and q.dim() == 4 and isinstance(start_pos, int):
+            if q.shape[2] > 0 and start_pos + q.shape[2] > freqs.shape[0]:
+                self._tables.check_rows(q.shape[2], start_pos, False, freqs.shape[0])
+        kw = dict(offsets=offsets, position_ids=position_ids, inv_freq=inv)
         if k is None:
-            return apply_rope(q, self.freqs, start_pos, self.interleaved, positions=positions, inv_freq=inv)
-        return apply_rope_qk(q, k, self.freqs, start_pos, self.interleaved, positions=positions, inv_freq=inv)
+            return apply_rope(q, freqs, start_pos, self._opts[3], **kw)
+        return apply_rope_qk(q, k, freqs, start_pos, self._opts[3], **kw)

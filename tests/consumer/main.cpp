@@ -6,8 +6,11 @@
 
 #include <cmath>
 #include <cstdio>
+#include <string>
 
-int main() {
+bool save_load_round_trip(const std::string& path);  // save_load.cpp
+
+int main(int argc, char** argv) {
   torch::manual_seed(0);
   const int64_t batch = 2, heads = 4, kv_heads = 2, seq = 8, dim = 16;
   torch::nn::Linear wq(32, heads * dim), wk(32, kv_heads * dim);
@@ -27,5 +30,6 @@ int main() {
   const double got = rq[1][2][3][2].item<double>();
   const bool grads = wq->weight.grad().defined() && wk->weight.grad().abs().sum().item<double>() > 0;
   std::printf("consumer: rotated %.6f expected %.6f, gradients %s\n", got, expected, grads ? "ok" : "missing");
-  return std::fabs(got - expected) < 1e-5 && grads ? 0 : 1;
+  const bool saved = save_load_round_trip(argc > 1 ? argv[1] : "rope.pt");
+  return std::fabs(got - expected) < 1e-5 && grads && saved ? 0 : 1;
 }

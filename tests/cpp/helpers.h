@@ -8,8 +8,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <limits>
+#include <map>
+#include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <typeinfo>
 #include <vector>
@@ -21,18 +25,44 @@ struct Tolerance {
   double rtol;
 };
 
-// Unit-normal inputs. fp32: fp32 math against an fp32 table. fp64: exact
-// math, but the table is complex64 (cos/sin rounded to float, ~6e-8).
-// fp16 / bf16: fp32 math rounded once, so within about one rounding of the
-// exact result (half an ulp is 2^-11 resp. 2^-8 relative).
-inline Tolerance tolerance_for(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return {1e-5, 0.0};
-    case at::kDouble: return {1e-6, 0.0};
-    case at::kHalf: return {1e-5, 2e-3};
-    case at::kBFloat16: return {1e-5, 1.6e-2};
-    default: return {0.0, 0.0};
+// tests/tolerances.txt is the one tolerance table; the Python tests read it
+// too. CMake passes its path, so the binary finds it from any directory.
+#ifndef ROTARY_TOLERANCES_FILE
+#error "ROTARY_TOLERANCES_FILE (the path of tests/tolerances.txt) comes from tests/cpp/CMakeLists.txt"
+#endif
+
+// Parses "dtype rtol atol" lines ('#' starts a comment); throws on a
+// malformed line or a missing dtype, so a broken table fails every test.
+inline std::map<at::ScalarType, Tolerance> read_tolerances(const std::string& path) {
+  static const std::map<std::string, at::ScalarType> names = {
+      {"float32", at::kFloat}, {"float64", at::kDouble}, {"float16", at::kHalf}, {"bfloat16", at::kBFloat16}};
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot open the tolerance table " + path);
+  std::map<at::ScalarType, Tolerance> table;
+  std::string raw;
+  for (int line = 1; std::getline(in, raw); ++line) {
+    std::istringstream fields(raw.substr(0, raw.find('#')));
+    std::string name, extra;
+    double rtol = 0.0, atol = 0.0;
+    if (!(fields >> name)) continue;  // blank or comment
+    const auto it = names.find(name);
+    if (it == names.end() || !(fields >> rtol >> atol) || (fields >> extra) || table.count(it->second)) {
+      throw std::runtime_error(path + ":" + std::to_string(line) + ": expected a new 'dtype rtol atol' line, got '" +
+                               raw + "'");
+    }
+    table[it->second] = Tolerance{atol, rtol};
   }
+  for (const auto& [name, type] : names) {
+    if (!table.count(type)) throw std::runtime_error(path + ": no tolerance for " + name);
+  }
+  return table;
+}
+
+// The table's entry for t; other dtypes compare exactly.
+inline Tolerance tolerance_for(at::ScalarType t) {
+  static const std::map<at::ScalarType, Tolerance> table = read_tolerances(ROTARY_TOLERANCES_FILE);
+  const auto it = table.find(t);
+  return it == table.end() ? Tolerance{0.0, 0.0} : it->second;
 }
 
 // |actual - expected| <= atol + rtol * |expected| elementwise, compared in
@@ -109,6 +139,20 @@ inline std::string dtype_name(at::ScalarType t) {
     case at::kBFloat16: return "bf16";
     default: return c10::toString(t);
   }
+}
+
+// A positions case written in the reference's convention (ref_rope /
+// ref_varlen: [] or [batch] offsets added to start + s; [batch, seq] ids, or
+// [total_tokens] when packed, added to start) as the op's arguments.
+struct OpPositions {
+  int64_t start_pos;
+  std::optional<at::Tensor> offsets, position_ids;
+};
+inline OpPositions op_positions(int64_t start, const std::optional<at::Tensor>& pos, bool packed = false) {
+  if (!pos) return {start, std::nullopt, std::nullopt};
+  const bool ids = packed ? pos->dim() == 1 : pos->dim() == 2;
+  if (!ids) return {start, pos, std::nullopt};
+  return {0, std::nullopt, *pos + start};
 }
 
 }  // namespace rotary_test

@@ -392,22 +392,22 @@ TEST_F(Seeded, PositionsAbsoluteIds) {
   const auto x = randn({B, H, S, D}, at::kDouble);
   const auto ids = at::randint(0, L - 4, {B, S}, at::kLong);  // arbitrary, unsorted, repeats allowed
   for (bool interleaved : {true, false}) {
-    const auto y = rotary::apply_rope(x, freqs, 4, interleaved, ids);
+    const auto y = rotary::apply_rope(x, freqs, 0, interleaved, std::nullopt, ids + 4);
     EXPECT_TRUE(AllClose(y, ref_rope(x, 4, interleaved, ids), kF64));
   }
   // Non-contiguous ids ([S, B] transposed) are read through their strides.
   const auto ids_t = ids.t().contiguous().t();
   ASSERT_FALSE(ids_t.is_contiguous());
-  EXPECT_TRUE(AllClose(rotary::apply_rope(x, freqs, 4, true, ids_t), ref_rope(x, 4, true, ids), kF64));
+  EXPECT_TRUE(AllClose(rotary::apply_rope(x, freqs, 0, true, std::nullopt, ids_t), ref_rope(x, 0, true, ids), kF64));
   // [1, S] ids broadcast over the batch.
   const auto shared = at::arange(S, at::kLong).flip(0).unsqueeze(0) * 3;
   const auto k = randn({B, 1, S, D}, at::kDouble);
-  const auto [yq, yk] = rotary::apply_rope_qk(x, k, freqs, 0, false, shared);
+  const auto [yq, yk] = rotary::apply_rope_qk(x, k, freqs, 0, false, std::nullopt, shared);
   EXPECT_TRUE(AllClose(yq, ref_rope(x, 0, false, shared), kF64));
   EXPECT_TRUE(AllClose(yk, ref_rope(k, 0, false, shared), kF64));
   // ids = arange(S) is the default numbering.
   const auto arange_ids = at::arange(S, at::kLong).unsqueeze(0).expand({B, S});
-  EXPECT_TRUE(AllClose(rotary::apply_rope(x, freqs, 9, true, arange_ids), ref_rope(x, 9), kF64));
+  EXPECT_TRUE(AllClose(rotary::apply_rope(x, freqs, 0, true, std::nullopt, arange_ids + 9), ref_rope(x, 9), kF64));
 }
 
 TEST_F(Seeded, PositionsWith16BitInputs) {
@@ -416,7 +416,7 @@ TEST_F(Seeded, PositionsWith16BitInputs) {
   const auto ids = at::tensor(std::vector<int64_t>{1, 40, 2, 63, 0, 7}, at::kLong).view({B, S});
   for (auto dtype : {at::kHalf, at::kBFloat16}) {
     const auto x = randn({B, H, S, D}, dtype);
-    EXPECT_TRUE(AllClose(rotary::apply_rope(x, freqs, 0, false, ids), ref_rope(x, 0, false, ids), tolerance_for(dtype)));
+    EXPECT_TRUE(AllClose(rotary::apply_rope(x, freqs, 0, false, std::nullopt, ids), ref_rope(x, 0, false, ids), tolerance_for(dtype)));
   }
 }
 
@@ -448,10 +448,10 @@ TEST_F(Seeded, InverseMatchesNegativeAngle) {
   const auto ids = at::randint(0, L, {2, 5}, at::kLong);
   for (bool interleaved : {true, false}) {
     EXPECT_TRUE(AllClose(
-        rotary::apply_rope(x, freqs, 6, interleaved, std::nullopt, true),
+        rotary::apply_rope(x, freqs, 6, interleaved, std::nullopt, std::nullopt, true),
         ref_rope(x, 6, interleaved, std::nullopt, true), kF64));
     EXPECT_TRUE(AllClose(
-        rotary::apply_rope(x, freqs, 0, interleaved, ids, true), ref_rope(x, 0, interleaved, ids, true), kF64));
+        rotary::apply_rope(x, freqs, 0, interleaved, std::nullopt, ids, true), ref_rope(x, 0, interleaved, ids, true), kF64));
   }
 }
 
@@ -465,18 +465,20 @@ TEST_F(Seeded, InverseUndoesForward) {
     const auto k = randn({2, 2, 9, D}, at::kDouble);
     for (const std::optional<at::Tensor>& pos : {std::optional<at::Tensor>(), std::optional<at::Tensor>(offsets),
                                                  std::optional<at::Tensor>(ids)}) {
-      const auto y = rotary::apply_rope(x, freqs, 10, interleaved, pos);
-      const auto back = rotary::apply_rope(y, freqs, 10, interleaved, pos, true);
+      const auto P = rotary_test::op_positions(10, pos);
+      const auto y = rotary::apply_rope(x, freqs, P.start_pos, interleaved, P.offsets, P.position_ids);
+      const auto back = rotary::apply_rope(y, freqs, P.start_pos, interleaved, P.offsets, P.position_ids, true);
       EXPECT_TRUE(AllClose(back, x, kF64));
-      const auto [yq, yk] = rotary::apply_rope_qk(x, k, freqs, 10, interleaved, pos, true);
-      const auto [bq, bk] = rotary::apply_rope_qk(yq, yk, freqs, 10, interleaved, pos, false);
+      const auto [yq, yk] = rotary::apply_rope_qk(x, k, freqs, P.start_pos, interleaved, P.offsets, P.position_ids, true);
+      const auto [bq, bk] =
+          rotary::apply_rope_qk(yq, yk, freqs, P.start_pos, interleaved, P.offsets, P.position_ids, false);
       EXPECT_TRUE(AllClose(bq, x, kF64));
       EXPECT_TRUE(AllClose(bk, k, kF64));
     }
     // fp32 round trip.
     const auto xf = randn({1, 2, 9, D});
     EXPECT_TRUE(AllClose(
-        rotary::apply_rope(rotary::apply_rope(xf, freqs, 200, interleaved), freqs, 200, interleaved, std::nullopt, true),
+        rotary::apply_rope(rotary::apply_rope(xf, freqs, 200, interleaved), freqs, 200, interleaved, std::nullopt, std::nullopt, true),
         xf, kF32));
   }
 }
@@ -491,7 +493,7 @@ TEST_F(Seeded, ConjugatedFreqsRotateByInverse) {
     EXPECT_TRUE(AllClose(
         rotary::apply_rope(x, conj, 5, interleaved), ref_rope(x, 5, interleaved, std::nullopt, true), kF64));
     // Inverse of the conjugate is the plain rotation.
-    EXPECT_TRUE(AllClose(rotary::apply_rope(x, conj, 5, interleaved, std::nullopt, true), ref_rope(x, 5, interleaved), kF64));
+    EXPECT_TRUE(AllClose(rotary::apply_rope(x, conj, 5, interleaved, std::nullopt, std::nullopt, true), ref_rope(x, 5, interleaved), kF64));
     // Same as a materialised conjugate.
     EXPECT_TRUE(at::equal(rotary::apply_rope(x, conj, 5, interleaved), rotary::apply_rope(x, conj.resolve_conj(), 5, interleaved)));
     const auto [yq, yk] = rotary::apply_rope_qk(x, x, conj, 5, interleaved);

@@ -39,7 +39,8 @@ TEST_F(RopeAutograd, GradIsInverseRotationOfUpstream) {
       for (const std::optional<at::Tensor>& pos : {std::optional<at::Tensor>(), std::optional<at::Tensor>(ids)}) {
         auto x = leaf({B, H, S, D}, dtype);
         const auto g = torch::randn({B, H, S, D}, torch::kFloat).to(dtype);
-        const auto y = rotary::apply_rope(x, freqs, 3, interleaved, pos);
+        const auto P = rotary_test::op_positions(3, pos);
+        const auto y = rotary::apply_rope(x, freqs, P.start_pos, interleaved, P.offsets, P.position_ids);
         ASSERT_TRUE(y.requires_grad());
         (y * g).sum().backward();
         ASSERT_TRUE(x.grad().defined());
@@ -56,7 +57,7 @@ TEST_F(RopeAutograd, GradOfInverseOpIsForwardRotation) {
   const auto freqs = rotary::rope_freqs(D, L);
   auto x = leaf({1, 2, 4, D});
   const auto g = torch::randn({1, 2, 4, D}, torch::kDouble);
-  (rotary::apply_rope(x, freqs, 2, false, std::nullopt, /*inverse=*/true) * g).sum().backward();
+  (rotary::apply_rope(x, freqs, 2, false, std::nullopt, std::nullopt, /*inverse=*/true) * g).sum().backward();
   EXPECT_TRUE(AllClose(x.grad(), ref_rope(g, 2, false), kF64));
 }
 

@@ -6,34 +6,98 @@
 
 #include "checks.h"
 #include "cuda/rope_kernel.cuh"
+#include "helpers.h"
 #include "reference.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <limits>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 namespace {
 
 using rotary::kernel::Grid;
 using rotary::kernel::RopeParams;
 
-template <typename T, bool kInterleaved, bool kVectorized>
-void emulate_grid(const RopeParams& p, int64_t heads_per_thread) {
-  const Grid g = rotary::kernel::make_grid<T, kInterleaved, kVectorized>(p, heads_per_thread);
-  for (int64_t t = 0; t < g.threads; ++t) rotary::kernel::rope_thread<T, kInterleaved, kVectorized>(p, g, t);
+// Which variant of the launch to emulate: vector or strided path, 32- or
+// 64-bit index math, and how many blocks the grid has (fewer than the row
+// blocks makes every block wrap around the grid-stride loop).
+struct Variant {
+  bool vectorized = true;
+  bool index64 = false;  // otherwise int32 when fits_int32 allows it
+  int64_t max_blocks = int64_t{1} << 40;
+};
+
+// Counts the bytes every store writes (the kernel's plain store otherwise).
+struct CountingStore {
+  static std::unordered_map<uintptr_t, int>& counts() {
+    static std::unordered_map<uintptr_t, int> c;
+    return c;
+  }
+  template <typename V>
+  static void put(V* at, const V& v) {
+    *at = v;
+    const auto base = reinterpret_cast<uintptr_t>(at);
+    for (size_t i = 0; i < sizeof(V); ++i) ++counts()[base + i];
+  }
+};
+
+// Runs the whole grid of one launch on the CPU: every block, every thread of
+// it, through rope_thread, the exact per-thread body of the GPU kernel.
+template <typename T, bool kInterleaved, bool kVectorized, typename Index, typename Store>
+void emulate_launch(const RopeParams& p, const Grid& g, int64_t max_blocks) {
+  const int64_t blocks = std::min(g.row_blocks, max_blocks);
+  for (int64_t block = 0; block < blocks; ++block) {
+    for (int32_t tid = 0; tid < g.block_threads; ++tid) {
+      rotary::kernel::rope_thread<T, kInterleaved, kVectorized, Index, Store>(p, g, block, blocks, tid);
+    }
+  }
+}
+
+template <typename T, bool kInterleaved, bool kVectorized, typename Store>
+void emulate_grid(const RopeParams& p, const Variant& v) {
+  const Grid g = rotary::kernel::make_grid<T, kInterleaved, kVectorized>(p);
+  if (g.row_blocks == 0) return;
+  if (!v.index64 && rotary::kernel::fits_int32(p, g)) {
+    emulate_launch<T, kInterleaved, kVectorized, int32_t, Store>(p, g, v.max_blocks);
+  } else {
+    emulate_launch<T, kInterleaved, kVectorized, int64_t, Store>(p, g, v.max_blocks);
+  }
+}
+
+template <typename T, typename Store = rotary::kernel::DirectStore>
+void emulate(const RopeParams& p, const Variant& v) {
+  if (p.interleaved) {
+    v.vectorized ? emulate_grid<T, true, true, Store>(p, v) : emulate_grid<T, true, false, Store>(p, v);
+  } else {
+    v.vectorized ? emulate_grid<T, false, true, Store>(p, v) : emulate_grid<T, false, false, Store>(p, v);
+  }
+}
+
+// Both index widths and a wrapping grid, on the given path.
+std::vector<Variant> variants(bool vectorized) {
+  std::vector<Variant> out;
+  for (bool index64 : {false, true}) {
+    for (int64_t max_blocks : {int64_t{1} << 40, int64_t{2}}) out.push_back({vectorized, index64, max_blocks});
+  }
+  return out;
+}
+
+void poison(const rotary::detail::PreparedRope& prepared) {
+  prepared.out_q.fill_(std::numeric_limits<double>::quiet_NaN());
+  prepared.out_k.fill_(std::numeric_limits<double>::quiet_NaN());
 }
 
 template <typename T>
-void emulate(const RopeParams& p, bool vectorized, int64_t heads_per_thread) {
-  if (p.interleaved) {
-    vectorized ? emulate_grid<T, true, true>(p, heads_per_thread)
-               : emulate_grid<T, true, false>(p, heads_per_thread);
-  } else {
-    vectorized ? emulate_grid<T, false, true>(p, heads_per_thread)
-               : emulate_grid<T, false, false>(p, heads_per_thread);
-  }
+void emulate(const RopeParams& p, bool vectorized) {
+  Variant v;
+  v.vectorized = vectorized;
+  emulate<T>(p, v);
 }
 
 enum class Layout { kContiguous, kTransposed, kPackedQkv, kMisaligned, kStridedLastDim };
@@ -121,13 +185,36 @@ at::Tensor reference_partial(
 }
 
 // Runs the emulated grid of the CUDA kernel for dtype over p.
-void emulate_dtype(at::ScalarType dtype, const RopeParams& p, bool vectorized, int64_t heads_per_thread) {
+template <typename Store = rotary::kernel::DirectStore>
+void emulate_dtype(at::ScalarType dtype, const RopeParams& p, const Variant& v) {
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "emulate", [&] {
     using T = std::conditional_t<
         std::is_same_v<scalar_t, at::Half>, __half,
         std::conditional_t<std::is_same_v<scalar_t, at::BFloat16>, __nv_bfloat16, scalar_t>>;
-    emulate<T>(p, vectorized, heads_per_thread);
+    emulate<T, Store>(p, v);
   });
+}
+
+void emulate_dtype(at::ScalarType dtype, const RopeParams& p, bool vectorized) {
+  Variant v;
+  v.vectorized = vectorized;
+  emulate_dtype(dtype, p, v);
+}
+
+// The launch shape the kernel gets for dtype, on the chosen path.
+Grid grid_for(at::ScalarType dtype, const RopeParams& p, bool vectorized) {
+  Grid g;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "grid", [&] {
+    using T = std::conditional_t<
+        std::is_same_v<scalar_t, at::Half>, __half,
+        std::conditional_t<std::is_same_v<scalar_t, at::BFloat16>, __nv_bfloat16, scalar_t>>;
+    if (p.interleaved) {
+      g = vectorized ? rotary::kernel::make_grid<T, true, true>(p) : rotary::kernel::make_grid<T, true, false>(p);
+    } else {
+      g = vectorized ? rotary::kernel::make_grid<T, false, true>(p) : rotary::kernel::make_grid<T, false, false>(p);
+    }
+  });
+  return g;
 }
 
 bool vectorizable(at::ScalarType dtype, const RopeParams& p) {
@@ -171,37 +258,50 @@ void run_case(const Case& c) {
   const auto expected_q = reference_partial(q, rotary_dim, c.start_pos, c.interleaved, positions, c.inverse);
   const auto expected_k = reference_partial(k, rotary_dim, c.start_pos, c.interleaved, positions, c.inverse);
   const Opt none;
-  const rotary::detail::RopeArgs args{c.start_pos, c.interleaved, positions, c.inverse, none, none, "BHSD"};
+  const auto P = rotary_test::op_positions(c.start_pos, positions);
+  const rotary::detail::RopeArgs args{P.start_pos, c.interleaved, P.offsets, P.position_ids, c.inverse, none, none,
+                                      "BHSD"};
 
+  // Every variant of the launch: vector and strided path, 32- and 64-bit
+  // index math, a grid with one block per row block and one of two blocks
+  // (every block wraps around the grid-stride loop).
   for (bool try_vector : {true, false}) {
-    // In place, each pass rotates a fresh copy of the inputs in the same layout.
-    at::Tensor q_run = q, k_run = k;
-    if (c.in_place) {
-      at::manual_seed(seed);
-      std::tie(q_run, k_run) = make_qk(c.layout, B, c.hq, c.hk, c.seq, c.head_dim, c.dtype);
+    for (bool index64 : {false, true}) {
+      for (int64_t max_blocks : {int64_t{1} << 40, int64_t{2}}) {
+        // In place, each pass rotates a fresh copy of the inputs in the same layout.
+        at::Tensor q_run = q, k_run = k;
+        if (c.in_place) {
+          at::manual_seed(seed);
+          std::tie(q_run, k_run) = make_qk(c.layout, B, c.hq, c.hk, c.seq, c.head_dim, c.dtype);
+        }
+        auto prepared = rotary::detail::prepare_rope("emulate", q_run, &k_run, freqs, args, c.in_place);
+        if (!c.in_place) {
+          prepared.out_q.fill_(std::numeric_limits<double>::quiet_NaN());
+          prepared.out_k.fill_(std::numeric_limits<double>::quiet_NaN());
+        }
+        const auto& p = prepared.params;
+        const bool can_vector = vectorizable(c.dtype, p);
+        if (c.layout == Layout::kMisaligned || c.layout == Layout::kStridedLastDim) {
+          EXPECT_FALSE(can_vector) << "vector path must fall back";
+        }
+        if ((c.layout == Layout::kContiguous || c.layout == Layout::kTransposed) && c.head_dim % 32 == 0 &&
+            rotary_dim % 32 == 0) {
+          EXPECT_TRUE(can_vector) << "aligned input should take the vector path";
+        }
+        Variant v;
+        v.vectorized = try_vector && can_vector;
+        v.index64 = index64;
+        v.max_blocks = max_blocks;
+        emulate_dtype(c.dtype, p, v);
+        SCOPED_TRACE(std::string(v.vectorized ? "vector path" : "strided path") +
+                     (index64 ? ", int64 index" : ", int32 index") + ", max_blocks " + std::to_string(max_blocks));
+        const double tol = tolerance(c.dtype);
+        EXPECT_TRUE(at::allclose(prepared.out_q.to(at::kDouble), expected_q, tol, tol));
+        EXPECT_TRUE(at::allclose(prepared.out_k.to(at::kDouble), expected_k, tol, tol));
+        EXPECT_FALSE(prepared.out_q.isnan().any().item<bool>()) << "unwritten q element";
+        EXPECT_FALSE(prepared.out_k.isnan().any().item<bool>()) << "unwritten k element";
+      }
     }
-    auto prepared = rotary::detail::prepare_rope("emulate", q_run, &k_run, freqs, args, c.in_place);
-    if (!c.in_place) {
-      prepared.out_q.fill_(std::numeric_limits<double>::quiet_NaN());
-      prepared.out_k.fill_(std::numeric_limits<double>::quiet_NaN());
-    }
-    const auto& p = prepared.params;
-    const bool can_vector = vectorizable(c.dtype, p);
-    if (c.layout == Layout::kMisaligned || c.layout == Layout::kStridedLastDim) {
-      EXPECT_FALSE(can_vector) << "vector path must fall back";
-    }
-    if (c.layout == Layout::kContiguous && c.head_dim % 32 == 0 && rotary_dim % 32 == 0) {
-      EXPECT_TRUE(can_vector) << "aligned contiguous input should take the vector path";
-    }
-    const bool vectorized = try_vector && can_vector;
-    emulate_dtype(c.dtype, p, vectorized, /*heads_per_thread=*/3);
-    SCOPED_TRACE(vectorized ? "vector path" : "strided path");
-    const double tol = tolerance(c.dtype);
-    EXPECT_TRUE(at::allclose(prepared.out_q.to(at::kDouble), expected_q, tol, tol));
-    EXPECT_TRUE(at::allclose(prepared.out_k.to(at::kDouble), expected_k, tol, tol));
-    EXPECT_FALSE(prepared.out_q.isnan().any().item<bool>()) << "unwritten q element";
-    EXPECT_FALSE(prepared.out_k.isnan().any().item<bool>()) << "unwritten k element";
-    if (!try_vector) break;
   }
   EXPECT_TRUE(at::equal(q, q_before));
   EXPECT_TRUE(at::equal(k, k_before));
@@ -258,14 +358,14 @@ TEST(CudaEmulation, PositionOutsideTableYieldsNanWithoutReading) {
   auto freqs = at::randn({4, 4}, at::kComplexFloat);
   Opt positions = at::tensor({int64_t{0}, int64_t{1}, int64_t{2}}).view({1, 3});
   const Opt none;
-  const rotary::detail::RopeArgs args{0, true, positions, false, none, none, "BHSD"};
+  const rotary::detail::RopeArgs args{0, true, none, positions, false, none, none, "BHSD"};
   auto prepared = rotary::detail::prepare_rope("emulate", q, &k, freqs, args, false);
   // Device-side positions are not checked on the host; emulate one that is
   // past the end (and one negative) the way the GPU would see it.
   std::vector<int64_t> bad = {1, 1000000, -5};
   auto p = prepared.params;
   p.positions = bad.data();
-  emulate<float>(p, false, 1);
+  emulate<float>(p, false);
   auto out = prepared.out_q;
   EXPECT_FALSE(out.select(2, 0).isnan().any().item<bool>());
   EXPECT_TRUE(out.select(2, 1).isnan().all().item<bool>());
@@ -297,11 +397,18 @@ TEST(CudaEmulation, PositionsPastTableUseInvFreq) {
   const auto freqs = reference_table(8, D);  // far shorter than the positions used
   const Opt positions = at::tensor({int64_t{5}, int64_t{100000}});
   const Opt none;
-  const rotary::detail::RopeArgs args{3, true, positions, false, none, Opt(inv_freq), "BHSD"};
+  const rotary::detail::RopeArgs args{3, true, positions, none, false, none, Opt(inv_freq), "BHSD"};
   auto prepared = rotary::detail::prepare_rope("emulate", q, &k, freqs, args, false);
-  emulate_dtype(at::kFloat, prepared.params, true, 2);
-  EXPECT_TRUE(at::allclose(prepared.out_q.to(at::kDouble), rotary_test::ref_rope(q, 3, true, positions), 2e-5, 2e-5));
-  EXPECT_TRUE(at::allclose(prepared.out_k.to(at::kDouble), rotary_test::ref_rope(k, 3, true, positions), 2e-5, 2e-5));
+  for (bool vectorized : {true, false}) {
+    for (const Variant& v : variants(vectorized)) {
+      poison(prepared);
+      emulate_dtype(at::kFloat, prepared.params, v);
+      EXPECT_TRUE(
+          at::allclose(prepared.out_q.to(at::kDouble), rotary_test::ref_rope(q, 3, true, positions), 2e-5, 2e-5));
+      EXPECT_TRUE(
+          at::allclose(prepared.out_k.to(at::kDouble), rotary_test::ref_rope(k, 3, true, positions), 2e-5, 2e-5));
+    }
+  }
 }
 
 TEST(CudaEmulation, PackedVarlen) {
@@ -315,19 +422,154 @@ TEST(CudaEmulation, PackedVarlen) {
       const auto freqs = reference_table(32, D);
       const Opt none;
       const Opt cu_opt(cu);
-      const rotary::detail::RopeArgs args{2, interleaved, none, false, cu_opt, none, "THD"};
+      const rotary::detail::RopeArgs args{2, interleaved, none, none, false, cu_opt, none, "THD"};
       auto prepared = rotary::detail::prepare_rope("emulate", q, &k, freqs, args, false);
-      emulate_dtype(at::kBFloat16, prepared.params, true, 4);
-      // Reference: each sequence on its own, starting at start_pos.
-      for (auto [begin, end] : {std::pair<int64_t, int64_t>{0, 3}, {3, 10}, {10, 11}}) {
-        for (const auto& [in, out] : {std::pair{q, prepared.out_q}, std::pair{k, prepared.out_k}}) {
-          const auto seq_in = in.narrow(0, begin, end - begin).transpose(0, 1).unsqueeze(0);
-          const auto expected = rotary_test::ref_rope(seq_in, 2, interleaved)[0].transpose(0, 1);
-          EXPECT_TRUE(at::allclose(out.narrow(0, begin, end - begin).to(at::kDouble), expected, 3e-2, 3e-2));
+      for (bool vectorized : {true, false}) {
+        for (const Variant& v : variants(vectorized)) {
+          poison(prepared);
+          emulate_dtype(at::kBFloat16, prepared.params, v);
+          // Reference: each sequence on its own, starting at start_pos.
+          for (auto [begin, end] : {std::pair<int64_t, int64_t>{0, 3}, {3, 10}, {10, 11}}) {
+            for (const auto& [in, out] : {std::pair{q, prepared.out_q}, std::pair{k, prepared.out_k}}) {
+              const auto seq_in = in.narrow(0, begin, end - begin).transpose(0, 1).unsqueeze(0);
+              const auto expected = rotary_test::ref_rope(seq_in, 2, interleaved)[0].transpose(0, 1);
+              EXPECT_TRUE(at::allclose(out.narrow(0, begin, end - begin).to(at::kDouble), expected, 3e-2, 3e-2));
+            }
+          }
         }
       }
     }
   }
+}
+
+// Rows of many heads: a block holds rows_per_block rows that do not divide
+// the row count (a partial last row block), and two blocks wrap around it.
+TEST(CudaEmulation, PartialRowBlocksAndGridStride) {
+  at::manual_seed(19);
+  for (bool interleaved : {true, false}) {
+    for (auto layout : {Layout::kContiguous, Layout::kTransposed}) {
+      // 27 + 3 heads: not a multiple of the 4 or 8 heads a thread holds.
+      const Case c{at::kBFloat16, 128, 27, 3, 5, 9, interleaved, layout, -1, false};
+      auto q = at::randn({2, 27, 5, 128}, at::kBFloat16);
+      auto k = at::randn({2, 3, 5, 128}, at::kBFloat16);
+      const Opt none;
+      const rotary::detail::RopeArgs args{0, interleaved, none, none, false, none, none, "BHSD"};
+      const auto prepared = rotary::detail::prepare_rope("emulate", q, &k, reference_table(16, 128), args, false);
+      const Grid g = grid_for(at::kBFloat16, prepared.params, true);
+      EXPECT_GT(g.rows_per_block, 1);
+      EXPECT_NE(g.rows % g.rows_per_block, 0) << "rows " << g.rows << " per block " << g.rows_per_block;
+      EXPECT_GT(g.row_blocks, 2);
+      EXPECT_EQ(g.block_threads % 32, 0) << "every warp full";
+      run_case(c);
+    }
+  }
+}
+
+// A row wider than a block: more pair groups than threads (each thread loops
+// over groups) and several head batches per thread.
+TEST(CudaEmulation, WideRowsLoopOverGroupsAndHeads) {
+  at::manual_seed(20);
+  for (auto dtype : {at::kFloat, at::kDouble}) {
+    for (bool interleaved : {true, false}) {
+      for (auto layout : {Layout::kContiguous, Layout::kStridedLastDim}) {
+        auto [q, k] = make_qk(layout, 1, 37, 5, 2, 640, dtype);
+        const Opt none;
+        const rotary::detail::RopeArgs args{0, interleaved, none, none, false, none, none, "BHSD"};
+        const auto prepared = rotary::detail::prepare_rope("emulate", q, &k, reference_table(8, 640), args, false);
+        const bool vectorized = vectorizable(dtype, prepared.params);
+        const Grid g = grid_for(dtype, prepared.params, vectorized);
+        if (!vectorized || (dtype == at::kDouble && interleaved)) {  // one pair per group: 320 groups
+          EXPECT_LT(g.group_threads, g.groups);
+        }
+        EXPECT_LT(g.chunks * 8, g.heads) << "several head batches per thread";
+        run_case({dtype, 640, 37, 5, 2, 3, interleaved, layout, -1, false});
+      }
+    }
+  }
+}
+
+// Every byte of every output element is stored exactly once, and nothing
+// else is: the pass-through dims out of place, only the rotated dims in place.
+TEST(CudaEmulation, WritesEachOutputElementOnce) {
+  at::manual_seed(21);
+  const int64_t D = 128, R = 64;
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    for (bool interleaved : {true, false}) {
+      for (bool in_place : {false, true}) {
+        for (auto layout : {Layout::kPackedQkv, Layout::kStridedLastDim}) {
+          auto [q, k] = make_qk(layout, 2, 5, 3, 7, D, dtype);
+          const Opt none;
+          const rotary::detail::RopeArgs args{1, interleaved, none, none, false, none, none, "BHSD"};
+          const auto prepared =
+              rotary::detail::prepare_rope("emulate", q, &k, reference_table(16, R), args, in_place);
+          const bool can_vector = vectorizable(dtype, prepared.params);
+          for (bool vectorized : {true, false}) {
+            if (vectorized && !can_vector) continue;
+            for (const Variant& v : variants(vectorized)) {
+              SCOPED_TRACE(std::string(c10::toString(dtype)) + (interleaved ? " interleaved " : " half ") +
+                           layout_name(layout) + (in_place ? " in place" : "") +
+                           (vectorized ? " vector" : " strided") + (v.index64 ? " int64" : " int32") +
+                           " max_blocks " + std::to_string(v.max_blocks));
+              CountingStore::counts().clear();
+              emulate_dtype<CountingStore>(dtype, prepared.params, v);
+              const int64_t elem = prepared.out_q.element_size();
+              int64_t expected_bytes = 0, wrong = 0;
+              for (const auto& out : {prepared.out_q, prepared.out_k}) {
+                auto* base = static_cast<const char*>(out.data_ptr());
+                for (int64_t b = 0; b < out.size(0); ++b)
+                  for (int64_t h = 0; h < out.size(1); ++h)
+                    for (int64_t s = 0; s < out.size(2); ++s)
+                      for (int64_t d = 0; d < D; ++d) {
+                        const int want = (d < R || !in_place) ? 1 : 0;
+                        const auto at = reinterpret_cast<uintptr_t>(base) +
+                            elem * (b * out.stride(0) + h * out.stride(1) + s * out.stride(2) + d * out.stride(3));
+                        for (int64_t i = 0; i < elem; ++i) {
+                          const auto it = CountingStore::counts().find(at + i);
+                          wrong += (it == CountingStore::counts().end() ? 0 : it->second) != want;
+                        }
+                        expected_bytes += want * elem;
+                      }
+              }
+              int64_t written = 0;
+              for (const auto& [addr, n] : CountingStore::counts()) written += n;
+              EXPECT_EQ(wrong, 0) << "bytes written other than once";
+              EXPECT_EQ(written, expected_bytes) << "bytes written outside the outputs";
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The 32-bit index path is taken only when every offset fits.
+TEST(CudaEmulation, IndexWidthFollowsTheExtent) {
+  RopeParams p;
+  p.batch = 1;
+  p.head_dim = 128;
+  p.rotary_dim = 128;
+  p.q.heads = 32;
+  p.k.heads = 8;
+  auto contiguous = [&](rotary::kernel::HeadTensor& t) {
+    const int64_t st[4] = {t.heads * p.seq * p.head_dim, p.seq * p.head_dim, p.head_dim, 1};
+    for (int d = 0; d < 4; ++d) t.in_stride[d] = t.out_stride[d] = st[d];
+  };
+  p.seq = 4096;  // 2^24 q elements
+  contiguous(p.q);
+  contiguous(p.k);
+  const Grid small = rotary::kernel::make_grid<__nv_bfloat16, true, true>(p);
+  EXPECT_TRUE(rotary::kernel::fits_int32(p, small));
+  p.seq = int64_t{1} << 20;  // 2^32 q elements: the last offset is past int32
+  contiguous(p.q);
+  contiguous(p.k);
+  EXPECT_FALSE(rotary::kernel::fits_int32(p, rotary::kernel::make_grid<__nv_bfloat16, true, true>(p)));
+  // k alone too large (out only), q small.
+  p.seq = 4096;
+  contiguous(p.q);
+  contiguous(p.k);
+  p.k.out_stride[0] = int64_t{1} << 31;
+  p.batch = 2;
+  EXPECT_FALSE(rotary::kernel::fits_int32(p, rotary::kernel::make_grid<__nv_bfloat16, true, true>(p)));
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // ValueError / TypeError / IndexError) with a message naming the argument
 // and the offending sizes.
 #include "helpers.h"
+#include "reference.h"
 
 #include <rotary/freqs.h>
 #include <rotary/ops.h>
@@ -57,7 +58,7 @@ TEST(RopeErrors, ThreeDimInput) {
   // Other layouts name their own dim order.
   ExpectError<c10::ValueError>(
       [&] {
-        rotary::apply_rope(randn({2, 3, 8}), freqs8(), 0, true, std::nullopt, false, std::nullopt, std::nullopt, "BSHD");
+        rotary::apply_rope(randn({2, 3, 8}), freqs8(), 0, true, std::nullopt, std::nullopt, false, std::nullopt, std::nullopt, "BSHD");
       },
       {"x must be 4-D [batch, seq_len, heads, head_dim], got shape [2, 3, 8] (layout BSHD)", "needs cu_seqlens"});
   ExpectError<c10::ValueError>(
@@ -72,7 +73,7 @@ TEST(RopeErrors, FiveDimInput) {
   ExpectError<c10::ValueError>(
       [&] {
         rotary::apply_rope(
-            randn({1, 2, 3, 4, 8}), freqs8(), 0, true, std::nullopt, false, std::nullopt, std::nullopt, "SBHD");
+            randn({1, 2, 3, 4, 8}), freqs8(), 0, true, std::nullopt, std::nullopt, false, std::nullopt, std::nullopt, "SBHD");
       },
       {"x must be 4-D [seq_len, batch, heads, head_dim], got shape [1, 2, 3, 4, 8] (layout SBHD)"});
   ExpectError<c10::ValueError>(
@@ -154,12 +155,12 @@ TEST(RopeErrors, HugeStartPosDoesNotOverflowRangeCheck) {
   // rejected by its own bound.
   const auto inv = at::pow(10000.0, -at::arange(0, 8, 2, at::kDouble) / 8.0);
   ExpectError<c10::IndexError>(
-      [&] { rotary::apply_rope(at::ones({1, 1, 2, 8}), freqs8(), huge, true, std::nullopt, false, std::nullopt, inv); },
+      [&] { rotary::apply_rope(at::ones({1, 1, 2, 8}), freqs8(), huge, true, std::nullopt, std::nullopt, false, std::nullopt, inv); },
       {"apply_rope", "start_pos must be < 2^60, got 9223372036854775807"});
   ExpectError<c10::IndexError>(
       [&] {
         rotary::apply_rope_qk(
-            at::ones({1, 1, 2, 8}), at::ones({1, 1, 2, 8}), freqs8(), int64_t{1} << 60, true, std::nullopt, false,
+            at::ones({1, 1, 2, 8}), at::ones({1, 1, 2, 8}), freqs8(), int64_t{1} << 60, true, std::nullopt, std::nullopt, false,
             std::nullopt, inv);
       },
       {"apply_rope_qk", "start_pos must be < 2^60, got 1152921504606846976"});
@@ -214,28 +215,71 @@ TEST(RopeErrors, IntegerInput) {
       {"x must be float32", "got ComplexFloat"});
 }
 
-TEST(RopeErrors, PositionsInt32) {
-  const auto pos = at::zeros({2}, at::kInt);
+TEST(RopeErrors, PositionsNonIntegerDtype) {
   ExpectError<c10::TypeError>(
-      [&] { rotary::apply_rope(randn({2, 2, 3, 8}), freqs8(), 0, true, pos); },
-      {"apply_rope", "positions must be int64, got Int"});
+      [&] { rotary::apply_rope(randn({2, 2, 3, 8}), freqs8(), 0, true, at::zeros({2})); },
+      {"apply_rope", "offsets must have an integer dtype", "got Float"});
+  ExpectError<c10::TypeError>(
+      [&] { rotary::apply_rope(randn({2, 2, 3, 8}), freqs8(), 0, true, std::nullopt, at::zeros({2, 3}, at::kBool)); },
+      {"apply_rope", "position_ids must have an integer dtype", "got Bool"});
 }
 
-TEST(RopeErrors, PositionsWrongShape) {
+TEST(RopeErrors, OffsetsWrongShape) {
   const auto x = randn({2, 2, 5, 8});
   const std::vector<at::Tensor> bad = {
-      at::zeros({3}, at::kLong), at::zeros({2, 4}, at::kLong), at::zeros({3, 5}, at::kLong),
-      at::zeros({2, 5, 1}, at::kLong), at::zeros({0}, at::kLong)};
+      at::zeros({3}, at::kLong), at::zeros({2, 5}, at::kLong), at::zeros({2, 5, 1}, at::kLong),
+      at::zeros({0}, at::kLong)};
   for (const auto& pos : bad) {
     std::ostringstream shape;
     shape << pos.sizes();
     ExpectError<c10::ValueError>(
         [&] { rotary::apply_rope(x, freqs8(), 0, true, pos); },
-        {"apply_rope", "positions must have shape [] or [batch]", "batch = 2, seq_len = 5", "got " + shape.str()});
+        {"apply_rope", "offsets must have shape [] or [batch]", "batch = 2", "got " + shape.str(),
+         "for absolute ids [seq_len] or [batch, seq_len] pass position_ids"});
+  }
+}
+
+TEST(RopeErrors, PositionIdsWrongShape) {
+  const auto x = randn({2, 2, 5, 8});
+  const std::vector<at::Tensor> bad = {
+      at::zeros({2}, at::kLong), at::zeros({2, 4}, at::kLong), at::zeros({3, 5}, at::kLong),
+      at::zeros({2, 5, 1}, at::kLong), at::zeros({}, at::kLong)};
+  for (const auto& pos : bad) {
+    std::ostringstream shape;
+    shape << pos.sizes();
+    ExpectError<c10::ValueError>(
+        [&] { rotary::apply_rope(x, freqs8(), 0, true, std::nullopt, pos); },
+        {"apply_rope", "position_ids must have shape [seq_len] or [batch, seq_len]", "batch = 2, seq_len = 5",
+         "got " + shape.str()});
   }
   ExpectError<c10::ValueError>(
-      [&] { rotary::apply_rope_qk(x, x, freqs8(), 0, true, at::zeros({2, 6}, at::kLong)); },
-      {"apply_rope_qk", "positions must have shape", "got [2, 6]"});
+      [&] { rotary::apply_rope_qk(x, x, freqs8(), 0, true, std::nullopt, at::zeros({2, 6}, at::kLong)); },
+      {"apply_rope_qk", "position_ids must have shape", "got [2, 6]"});
+  // [batch] offsets passed as ids are named for what they are.
+  ExpectError<c10::ValueError>(
+      [&] { rotary::apply_rope(x, freqs8(), 0, true, std::nullopt, at::zeros({2}, at::kLong)); },
+      {"for per-batch offsets [batch] pass offsets"});
+}
+
+TEST(RopeErrors, OffsetsAndPositionIdsTogether) {
+  const auto x = randn({2, 2, 3, 8});
+  ExpectError<c10::ValueError>(
+      [&] { rotary::apply_rope(x, freqs8(), 0, true, at::zeros({2}, at::kLong), at::zeros({2, 3}, at::kLong)); },
+      {"apply_rope: pass offsets (per-sequence starts) or position_ids (absolute ids), not both"});
+}
+
+TEST(RopeErrors, StartPosWithPositionIds) {
+  const auto x = randn({2, 2, 3, 8});
+  const auto ids = at::zeros({2, 3}, at::kLong);
+  ExpectError<c10::ValueError>(
+      [&] { rotary::apply_rope(x, freqs8(), 2, true, std::nullopt, ids); },
+      {"apply_rope: start_pos must be 0 with position_ids (they are absolute positions), got start_pos = 2",
+       "add it to the ids, or pass offsets"});
+  // Meta sees the same rule when start_pos is known.
+  ExpectError<c10::ValueError>(
+      [&] { rotary::apply_rope_qk(x.to(at::kMeta), x.to(at::kMeta), freqs8().to(at::kMeta), 1, true, std::nullopt,
+                                  ids.to(at::kMeta)); },
+      {"apply_rope_qk: start_pos must be 0 with position_ids"});
 }
 
 TEST(RopeErrors, PositionsOutsideTable) {
@@ -243,30 +287,85 @@ TEST(RopeErrors, PositionsOutsideTable) {
   // ids: token (1, 2) lands on row 16 of a 16-row table.
   const auto ids = at::tensor(std::vector<int64_t>{0, 1, 2, 3, 4, 16}, at::kLong).view({2, 3});
   ExpectError<c10::IndexError>(
-      [&] { rotary::apply_rope(x, freqs8(), 0, true, ids); },
-      {"apply_rope", "token (batch 1, seq 2) has position 16", "outside the freqs table [0, 16)"});
+      [&] { rotary::apply_rope(x, freqs8(), 0, true, std::nullopt, ids); },
+      {"apply_rope", "token (batch 1, seq 2) has position 16 (position_ids), outside the freqs table [0, 16)",
+       "pass inv_freq or build a longer table (max_seq_len > 16)"});
+  // int32 ids are read as they are, with the same checks.
+  ExpectError<c10::IndexError>(
+      [&] { rotary::apply_rope(x, freqs8(), 0, true, std::nullopt, ids.to(at::kInt)); },
+      {"token (batch 1, seq 2) has position 16 (position_ids)"});
   // offsets: start_pos 2 + offset 12 + s 2 = 16.
   const auto offsets = at::tensor(std::vector<int64_t>{0, 12}, at::kLong);
   ExpectError<c10::IndexError>(
       [&] { rotary::apply_rope_qk(x, x, freqs8(), 2, true, offsets); },
-      {"apply_rope_qk", "token (batch 1, seq 2) has position 16", "start_pos 2", "[0, 16)"});
+      {"apply_rope_qk", "token (batch 1, seq 2) has position 16 (start_pos 2 + offsets + s)", "[0, 16)"});
   // Negative positions are a ValueError.
   ExpectError<c10::ValueError>(
       [&] { rotary::apply_rope(x, freqs8(), 0, true, at::scalar_tensor(-1, at::kLong)); },
-      {"apply_rope", "token (batch 0, seq 0) has negative position -1 (start_pos 0 + positions)"});
+      {"apply_rope", "token (batch 0, seq 0) has negative position -1 (start_pos 0 + offsets + s)"});
   ExpectError<c10::ValueError>(
       [&] {
         rotary::apply_rope_qk(
-            x, x, freqs8(), 1, true, at::tensor(std::vector<int64_t>{0, 1, 2, 3, -4, 5}, at::kLong).view({2, 3}));
+            x, x, freqs8(), 0, true, std::nullopt,
+            at::tensor(std::vector<int64_t>{0, 1, 2, 3, -3, 5}, at::kLong).view({2, 3}));
       },
-      {"apply_rope_qk", "token (batch 1, seq 1) has negative position -3 (start_pos 1 + positions)"});
+      {"apply_rope_qk", "token (batch 1, seq 1) has negative position -3 (position_ids)"});
   // Given positions must lie in (-2^60, 2^60).
   ExpectError<c10::IndexError>(
       [&] { rotary::apply_rope(x, freqs8(), 0, true, at::scalar_tensor(int64_t{1} << 60, at::kLong)); },
-      {"apply_rope", "positions must lie in (-2^60, 2^60), got 1152921504606846976"});
+      {"apply_rope", "offsets must lie in (-2^60, 2^60), got 1152921504606846976"});
   ExpectError<c10::IndexError>(
       [&] { rotary::apply_rope(x, freqs8(), 0, true, at::tensor(std::vector<int64_t>{0, -(int64_t{1} << 60)}, at::kLong)); },
-      {"apply_rope", "positions must lie in (-2^60, 2^60), got -1152921504606846976"});
+      {"apply_rope", "offsets must lie in (-2^60, 2^60), got -1152921504606846976"});
+}
+
+// In place, any strides are decided exactly: disjoint views run, however
+// their elements interleave; views that share an element are refused above.
+TEST(InPlaceOverlap, DisjointInterleavedViewsAreRotated) {
+  const at::Tensor buf = randn({1, 2, 3, 16}, at::kDouble);
+  at::Tensor q = buf.slice(3, 0, 16, 2), k = buf.slice(3, 1, 16, 2);  // even and odd elements
+  const at::Tensor eq = rotary_test::ref_rope(q, 2), ek = rotary_test::ref_rope(k, 2);
+  rotary::apply_rope_qk_(q, k, freqs8(), 2);
+  EXPECT_TRUE(rotary_test::AllClose(q, eq, rotary_test::tolerance_for(at::kDouble)));
+  EXPECT_TRUE(rotary_test::AllClose(k, ek, rotary_test::tolerance_for(at::kDouble)));
+}
+
+TEST(InPlaceOverlap, IrregularDistinctStridesAreRotated) {
+  // Offsets {0, 2, 4} + {0, 3}: six distinct elements, though stride 2
+  // times size 3 passes the other stride (torch calls this TooHard).
+  const at::Tensor base = randn({8}, at::kDouble);
+  at::Tensor x = base.as_strided({1, 1, 3, 2}, {8, 8, 2, 3});
+  const at::Tensor expected = rotary_test::ref_rope(x, 1);
+  rotary::apply_rope_(x, rotary::rope_freqs(2, 8), 1);
+  EXPECT_TRUE(rotary_test::AllClose(x, expected, rotary_test::tolerance_for(at::kDouble)));
+}
+
+// freqs.conj() turns by -angle everywhere, rows past the table included
+// (computed from inv_freq); so do its gradients (+angle).
+TEST(ConjugateTable, PastTheTableWithInvFreqTurnsBackwards) {
+  const at::Tensor table = rotary::rope_freqs(8, 4);
+  const auto f = rotary::compute_frequencies(8, 10000.0);
+  const at::Tensor inv = at::tensor(f.inv_freq, at::kDouble);
+  const auto tol = rotary_test::tolerance_for(at::kDouble);
+  for (bool inverse : {false, true}) {
+    SCOPED_TRACE(inverse ? "inverse=true" : "inverse=false");
+    const at::Tensor x = randn({1, 2, 6, 8}, at::kDouble), k = randn({1, 1, 6, 8}, at::kDouble);
+    const at::Tensor ex = rotary_test::ref_rope(x, 1, true, std::nullopt, !inverse);
+    const at::Tensor ek = rotary_test::ref_rope(k, 1, true, std::nullopt, !inverse);
+    EXPECT_TRUE(rotary_test::AllClose(
+        rotary::apply_rope(x, table.conj(), 1, true, std::nullopt, std::nullopt, inverse, std::nullopt, inv), ex, tol));
+    auto [oq, ok] = rotary::apply_rope_qk(x, k, table.conj(), 1, true, std::nullopt, std::nullopt, inverse, std::nullopt, inv);
+    EXPECT_TRUE(rotary_test::AllClose(oq, ex, tol));
+    EXPECT_TRUE(rotary_test::AllClose(ok, ek, tol));
+    at::Tensor xi = x.clone(), ki = k.clone();
+    rotary::apply_rope_qk_(xi, ki, table.conj(), 1, true, std::nullopt, std::nullopt, inverse, std::nullopt, inv);
+    EXPECT_TRUE(rotary_test::AllClose(xi, ex, tol));
+    EXPECT_TRUE(rotary_test::AllClose(ki, ek, tol));
+
+    const at::Tensor leaf = x.clone().requires_grad_(), g = randn({1, 2, 6, 8}, at::kDouble);
+    rotary::apply_rope(leaf, table.conj(), 1, true, std::nullopt, std::nullopt, inverse, std::nullopt, inv).backward(g);
+    EXPECT_TRUE(rotary_test::AllClose(leaf.grad(), rotary_test::ref_rope(g, 1, true, std::nullopt, inverse), tol));
+  }
 }
 
 TEST(RopeErrors, FreqsRequiringGradAreRejected) {
@@ -310,7 +409,7 @@ TEST(RopeErrors, DeviceMismatch) {
       [&] { rotary::apply_rope_qk(x_cuda, x_cpu, freqs_cuda); }, {"apply_rope_qk", "k is on cpu but q/x is on cuda:0"});
   ExpectError<c10::ValueError>(
       [&] { rotary::apply_rope(x_cuda, freqs_cuda, 0, true, at::zeros({1}, at::kLong)); },
-      {"positions is on cpu but q/x is on cuda:0"});
+      {"offsets is on cpu but q/x is on cuda:0"});
   ExpectError<c10::ValueError>(
       [&] { rotary::apply_rope(x_cpu, freqs_cuda); }, {"freqs is on cuda:0 but q/x is on cpu"});
 }
@@ -369,35 +468,42 @@ std::vector<BadInput> bad_inputs() {
        [](T& t) { rotary::apply_rope(t[0], t[1]); }},
       {"int-input", Err::Type, {"apply_rope: x must be float32, float64, float16 or bfloat16", "got Int"},
        T{at::ones({1, 2, 3, 8}, at::kInt), f()}, [](T& t) { rotary::apply_rope(t[0], t[1]); }},
-      {"positions-float", Err::Type, {"apply_rope: positions must be int64, got Float"},
+      {"offsets-float", Err::Type, {"apply_rope: offsets must have an integer dtype", "got Float"},
        T{r({2, 2, 3, 8}), f(), at::ones({2})}, [](T& t) { rotary::apply_rope(t[0], t[1], 0, true, t[2]); }},
-      {"positions-wrong-shape", Err::Value, {"positions must have shape [] or [batch]", "got [2, 4]"},
+      {"offsets-wrong-shape", Err::Value, {"offsets must have shape [] or [batch]", "got [2, 4]"},
        T{r({2, 2, 3, 8}), f(), at::zeros({2, 4}, at::kLong)},
        [](T& t) { rotary::apply_rope(t[0], t[1], 0, true, t[2]); }},
-      {"positions-out-of-table", Err::Index, {"token (batch 1, seq 2) has position 16", "[0, 16)"},
+      {"position-ids-wrong-shape", Err::Value, {"position_ids must have shape [seq_len] or [batch, seq_len]", "got [2, 4]"},
+       T{r({2, 2, 3, 8}), f(), at::zeros({2, 4}, at::kLong)},
+       [](T& t) { rotary::apply_rope(t[0], t[1], 0, true, std::nullopt, t[2]); }},
+      {"position-ids-with-start-pos", Err::Value, {"start_pos must be 0 with position_ids"},
+       T{r({2, 2, 3, 8}), f(), at::zeros({2, 3}, at::kInt)},
+       [](T& t) { rotary::apply_rope(t[0], t[1], 1, true, std::nullopt, t[2]); }},
+      {"offsets-out-of-table", Err::Index, {"token (batch 1, seq 2) has position 16", "[0, 16)"},
        T{r({2, 2, 3, 8}), f(), longs({0, 14})}, [](T& t) { rotary::apply_rope(t[0], t[1], 0, true, t[2]); }},
-      {"start-pos-out-of-table", Err::Index, {"start_pos + seq_len = 14 + 3 = 17", "exceeds"},
+      {"start-pos-out-of-table", Err::Index, {"start_pos + seq_len = 14 + 3 = 17", "exceeds",
+       "pass inv_freq or build a longer table (max_seq_len > 16)"},
        T{r({1, 2, 3, 8}), f()}, [](T& t) { rotary::apply_rope(t[0], t[1], 14); }},
       {"negative-start-pos", Err::Value, {"apply_rope: start_pos must be >= 0, got -1"}, T{r({1, 2, 3, 8}), f()},
        [](T& t) { rotary::apply_rope(t[0], t[1], -1); }},
       {"bad-layout", Err::Value, {"layout must be 'BHSD', 'BSHD' or 'SBHD', got 'HBSD'"}, T{r({1, 2, 3, 8}), f()},
        [](T& t) {
-         rotary::apply_rope(t[0], t[1], 0, true, std::nullopt, false, std::nullopt, std::nullopt, "HBSD");
+         rotary::apply_rope(t[0], t[1], 0, true, std::nullopt, std::nullopt, false, std::nullopt, std::nullopt, "HBSD");
        }},
       {"inv-freq-float32", Err::Type, {"inv_freq must be float64, got Float"}, T{r({1, 2, 3, 8}), f(), at::ones({4})},
-       [](T& t) { rotary::apply_rope(t[0], t[1], 0, true, std::nullopt, false, std::nullopt, t[2]); }},
+       [](T& t) { rotary::apply_rope(t[0], t[1], 0, true, std::nullopt, std::nullopt, false, std::nullopt, t[2]); }},
       {"cu-seqlens-not-monotonic", Err::Value, {"cu_seqlens must start at 0, never decrease", "[0, 3, 2, 5]"},
        T{r({5, 2, 8}), f(), longs({0, 3, 2, 5})},
-       [](T& t) { rotary::apply_rope(t[0], t[1], 0, true, std::nullopt, false, t[2]); }},
+       [](T& t) { rotary::apply_rope(t[0], t[1], 0, true, std::nullopt, std::nullopt, false, t[2]); }},
       {"cu-seqlens-not-starting-at-0", Err::Value, {"cu_seqlens must start at 0", "[1, 3, 5]"},
        T{r({5, 2, 8}), f(), longs({1, 3, 5})},
-       [](T& t) { rotary::apply_rope(t[0], t[1], 0, true, std::nullopt, false, t[2]); }},
+       [](T& t) { rotary::apply_rope(t[0], t[1], 0, true, std::nullopt, std::nullopt, false, t[2]); }},
       {"cu-seqlens-not-ending-at-T", Err::Value, {"end at total_tokens = 5", "got [0, 3, 4]"},
        T{r({5, 2, 8}), f(), at::tensor(std::vector<int32_t>{0, 3, 4}, at::kInt)},
-       [](T& t) { rotary::apply_rope(t[0], t[1], 0, true, std::nullopt, false, t[2]); }},
+       [](T& t) { rotary::apply_rope(t[0], t[1], 0, true, std::nullopt, std::nullopt, false, t[2]); }},
       {"cu-seqlens-float", Err::Type, {"cu_seqlens must be int32 or int64, got Float"},
        T{r({5, 2, 8}), f(), at::zeros({2})},
-       [](T& t) { rotary::apply_rope(t[0], t[1], 0, true, std::nullopt, false, t[2]); }},
+       [](T& t) { rotary::apply_rope(t[0], t[1], 0, true, std::nullopt, std::nullopt, false, t[2]); }},
       // ---- apply_rope_qk
       {"qk-batch-mismatch", Err::Value, {"apply_rope_qk: k must match q", "k has shape [1, 2, 3, 8]"},
        T{r({2, 2, 3, 8}), r({1, 2, 3, 8}), f()}, [](T& t) { rotary::apply_rope_qk(t[0], t[1], t[2]); }},
@@ -408,8 +514,8 @@ std::vector<BadInput> bad_inputs() {
        [](T& t) { rotary::apply_rope_qk(t[0], t[1], t[2]); }},
       {"qk-k-int", Err::Type, {"apply_rope_qk: k must be float32"}, T{r({2, 2, 3, 8}), at::ones({2, 2, 3, 8}, at::kLong), f()},
        [](T& t) { rotary::apply_rope_qk(t[0], t[1], t[2]); }},
-      {"qk-positions-int32", Err::Type, {"apply_rope_qk: positions must be int64, got Int"},
-       T{r({2, 2, 3, 8}), r({2, 1, 3, 8}), f(), at::zeros({2}, at::kInt)},
+      {"qk-offsets-double", Err::Type, {"apply_rope_qk: offsets must have an integer dtype", "got Double"},
+       T{r({2, 2, 3, 8}), r({2, 1, 3, 8}), f(), at::zeros({2}, at::kDouble)},
        [](T& t) { rotary::apply_rope_qk(t[0], t[1], t[2], 0, true, t[3]); }},
       // ---- apply_rope_ / apply_rope_qk_
       {"inplace-leaf-requires-grad", Err::Value, {"apply_rope_: x requires grad", "not differentiable"},
@@ -431,12 +537,35 @@ std::vector<BadInput> bad_inputs() {
          auto k = t[0].slice(1, 1, 3);
          rotary::apply_rope_qk_(q, k, t[1]);
        }},
+      {"qk-inplace-partial-overlap-last-dim", Err::Value, {"apply_rope_qk_: q and k overlap in memory"},
+       T{r({1, 2, 4, 12}), f()}, [](T& t) {
+         auto q = t[0].slice(3, 0, 8);
+         auto k = t[0].slice(3, 4, 12);
+         rotary::apply_rope_qk_(q, k, t[1]);
+       }},
+      {"inplace-as-strided-self-overlap", Err::Value, {"apply_rope_: x has elements sharing memory"},
+       T{r({64}), f()}, [](T& t) {
+         auto x = t[0].as_strided({1, 1, 4, 8}, {32, 32, 4, 1});
+         rotary::apply_rope_(x, t[1]);
+       }},
+      {"qk-inplace-k-self-overlap", Err::Value, {"apply_rope_qk_: k has elements sharing memory"},
+       T{r({1, 2, 3, 8}), r({64}), f()}, [](T& t) {
+         auto k = t[1].as_strided({1, 2, 3, 8}, {0, 8, 6, 1});
+         rotary::apply_rope_qk_(t[0], k, t[2]);
+       }},
+      {"inplace-x-aliases-freqs", Err::Value, {"apply_rope_: x and freqs overlap in memory"},
+       T{f().clone()}, [](T& t) {
+         auto x = at::view_as_real(t[0]).view({1, 1, 16, 8});
+         rotary::apply_rope_(x, t[0]);
+       }},
+      {"inplace-freqs-requires-grad", Err::Value, {"rotary: freqs requires grad"},
+       T{r({1, 2, 3, 8}), f().clone().requires_grad_()}, [](T& t) { rotary::apply_rope_(t[0], t[1]); }},
       {"qk-inplace-k-requires-grad", Err::Value, {"apply_rope_qk_: k requires grad"},
        T{r({1, 2, 3, 8}), r({1, 2, 3, 8}).requires_grad_(), f()},
        [](T& t) { rotary::apply_rope_qk_(t[0], t[1], t[2]); }},
       {"qk-inplace-cu-seqlens-past-T", Err::Value, {"apply_rope_qk_: cu_seqlens must start at 0", "[0, 3, 6]"},
        T{r({5, 2, 8}), r({5, 1, 8}), f(), longs({0, 3, 6})},
-       [](T& t) { rotary::apply_rope_qk_(t[0], t[1], t[2], 0, true, std::nullopt, false, t[3]); }},
+       [](T& t) { rotary::apply_rope_qk_(t[0], t[1], t[2], 0, true, std::nullopt, std::nullopt, false, t[3]); }},
       // ---- table builders
       {"rope-freqs-odd-dim", Err::Value, {"rope_freqs: dim must be even and > 0, got 7"}, T{},
        [](T&) { rotary::rope_freqs(7, 16); }},

@@ -339,17 +339,15 @@ TEST_F(RotaryModule, HugeStartPosDoesNotOverflowRangeCheck) {
       {"RotaryEmbedding", "start_pos must be < 2^60, got 9223372036854775806"});
 }
 
-// dim > input head_dim: the table is wider than head_dim / 2, an error.
+// dim > input head_dim: the module names its own dim, not the table's shape.
 TEST_F(RotaryModule, InputHeadDimBelowDimIsRejected) {
   RotaryEmbedding rope(RotaryEmbeddingOptions(16).max_seq_len(16));
   ExpectError<c10::ValueError>(
       [&] { rope->forward(torch::randn({1, 2, 3, 8})); },
-      {"apply_rope",
-       "freqs must have shape [max_seq_len, rotary_dim / 2] with 0 < rotary_dim <= head_dim = 8 (full rotation: "
-       "[*, 4]), got [16, 8]"});
+      {"RotaryEmbedding(dim=16): head_dim must be >= dim (the rotated width), got head_dim 8 (shape [1, 2, 3, 8])"});
   ExpectError<c10::ValueError>(
       [&] { rope->forward(torch::randn({1, 2, 3, 8}), torch::randn({1, 1, 3, 8})); },
-      {"apply_rope_qk", "0 < rotary_dim <= head_dim = 8", "got [16, 8]"});
+      {"RotaryEmbedding(dim=16)", "head_dim must be >= dim", "got head_dim 8"});
   ExpectError<c10::ValueError>(
       [&] { rope->forward(torch::randn({2, 3, 16})); },
       {"apply_rope",

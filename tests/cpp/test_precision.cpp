@@ -114,7 +114,7 @@ TEST(Precision, PastTablePathEqualsTableBitForBit) {
       x.slice(3, 0, dim / 2).fill_(1.0);
     }
     const auto out = rotary::apply_rope(
-        x, rotary::freqs_table(f, 1), 0, interleaved, positions_tensor(p).unsqueeze(0), false, std::nullopt,
+        x, rotary::freqs_table(f, 1), 0, interleaved, std::nullopt, positions_tensor(p).unsqueeze(0), false, std::nullopt,
         rotary::inv_freq_tensor(f))[0][0];
     const auto c = interleaved ? out.slice(1, 0, dim, 2) : out.slice(1, 0, dim / 2);
     const auto s = interleaved ? out.slice(1, 1, dim, 2) : out.slice(1, dim / 2, dim);
@@ -136,7 +136,7 @@ TEST(Precision, OutputsAgainstReference) {
     rotary::RotaryEmbedding rope(rotary::RotaryEmbeddingOptions(D).max_seq_len(4096).interleaved(interleaved));
     for (const auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
       const auto x = at::randn({B, H, S, D}).to(dtype);
-      const auto out = rope->forward(x, 0, ids).to(at::kDouble);
+      const auto out = rope->forward(x, 0, std::nullopt, ids).to(at::kDouble);
       const auto exact = rotary_test::ref_rope(x, 0, interleaved, ids);
       const auto xd = x.to(at::kDouble);
       auto pairs = [&](const at::Tensor& t) {
@@ -207,7 +207,7 @@ TEST(Precision, Fp32AngleModule) {
   rotary_test::ExpectError<c10::IndexError>(
       [&] { rope->forward(x, 505); }, {"angle_dtype=float32", "505 + 8 = 513 exceeds max_seq_len 512"});
   rotary_test::ExpectError<c10::IndexError>(
-      [&] { rope->forward(x, 0, at::full({1, 8}, 600, at::kLong)); }, {"outside the freqs table"});
+      [&] { rope->forward(x, 0, std::nullopt, at::full({1, 8}, 600, at::kLong)); }, {"outside the freqs table"});
   std::ostringstream os;
   rope->pretty_print(os);
   EXPECT_NE(os.str().find("angle_dtype=float32"), std::string::npos);

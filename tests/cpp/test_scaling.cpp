@@ -331,7 +331,7 @@ TEST(ScalingModule, RegistersTableAndInvFreq) {
   EXPECT_TRUE(torch::equal(k2, k3));
   const auto ids = torch::tensor({9, 3, 0, 63, 20, 1, 2, 3, 4, 5}, torch::kLong).view({2, 5});
   EXPECT_TRUE(torch::equal(
-      rope->forward(x, 0, ids), rotary::apply_rope(x, rope->freqs, 0, true, ids)));
+      rope->forward(x, 0, std::nullopt, ids), rotary::apply_rope(x, rope->freqs, 0, true, std::nullopt, ids)));
 
   std::ostringstream os;
   os << *rope;
@@ -359,7 +359,7 @@ TEST(ScalingModule, DynamicGrowsAndResets) {
   expect_state(64, 64, __LINE__);
   rope->forward(x, 10);  // reach 14 < 32: reset
   expect_state(0, 48, __LINE__);
-  rope->forward(x, 0, torch::tensor({0, 1, 2, 99}, torch::kLong).view({1, 4}));  // ids: reach 100
+  rope->forward(x, 0, std::nullopt, torch::tensor({0, 1, 2, 99}, torch::kLong).view({1, 4}));  // ids: reach 100
   expect_state(100, 100, __LINE__);
 
   // An unset max_position_embeddings is the module's max_seq_len.
@@ -443,6 +443,72 @@ TEST(ScalingModule, DtypeCastsLeaveBothBuffers) {
   EXPECT_EQ(rope->inv_freq.scalar_type(), torch::kDouble);
   EXPECT_TRUE(torch::equal(rope->freqs, freqs));
   EXPECT_TRUE(torch::equal(rope->inv_freq, inv));
+}
+
+
+TEST(ScalingErrors, RopeTypeNamesParseAndPrint) {
+  for (const auto t : {rotary::RopeType::Default, rotary::RopeType::Linear, rotary::RopeType::Ntk,
+                       rotary::RopeType::Dynamic, rotary::RopeType::Yarn, rotary::RopeType::Llama3,
+                       rotary::RopeType::LongRope}) {
+    EXPECT_EQ(rotary::rope_type_from_string(rotary::to_string(t)), t);
+    EXPECT_NE(rotary::rope_type_names().find(rotary::to_string(t)), std::string::npos);
+  }
+  EXPECT_FALSE(rotary::rope_type_from_string("su").has_value());
+  EXPECT_EQ(rotary::rope_type_names(), "default, linear, ntk, dynamic, yarn, llama3, longrope");
+}
+
+// A field the rule does not read would be silently ignored: refused, as
+// an unknown key is.
+TEST(ScalingErrors, FieldsOfOtherRulesAreRefused) {
+  auto compute = [](const RopeScaling& s) {
+    return [=] { rotary::compute_frequencies(8, 10000.0, s); };
+  };
+  expect_value_error(
+      compute(RopeScaling("default").factor(-1.0)), "RopeScaling(type='default'): factor is not a field of this rule");
+  expect_value_error(
+      compute(RopeScaling("linear").factor(2.0).beta_fast(NAN)),
+      "RopeScaling(type='linear'): beta_fast is not a field of this rule (it would be ignored); its fields: factor");
+  expect_value_error(
+      compute(RopeScaling("ntk").factor(2.0).truncate(false)), "truncate is not a field of this rule");
+  expect_value_error(
+      compute(RopeScaling("llama3").factor(8.0).original_max_position_embeddings(64).mscale(1.0)),
+      "mscale is not a field of this rule");
+  // The rule's own fields, and untouched defaults, are fine.
+  rotary::compute_frequencies(8, 1e4, RopeScaling("yarn").factor(4.0).original_max_position_embeddings(64).beta_fast(16));
+  rotary::compute_frequencies(8, 1e4, RopeScaling("linear").factor(2.0).beta_fast(32.0));
+}
+
+// Every table and inv_freq a module builds is finite, or construction raises
+// a c10::ValueError naming the field.
+TEST(ScalingErrors, NonFiniteTablesAreRefused) {
+  auto build = [](const RotaryEmbeddingOptions& o) {
+    return [=] { RotaryEmbedding m(o); };
+  };
+  const auto yarn64 = RopeScaling("yarn").factor(4.0).original_max_position_embeddings(64);
+  // The attention scaling (0.1 m ln(f) + 1) / (0.1 m_all ln(f) + 1): negative, past float, or a zero divisor.
+  expect_value_error(
+      build(RotaryEmbeddingOptions(8).scaling(RopeScaling(yarn64).mscale(-20.0).mscale_all_dim(1.0))),
+      "mscale = -20 and mscale_all_dim = 1 give the attention scaling");
+  expect_value_error(
+      build(RotaryEmbeddingOptions(8).scaling(RopeScaling(yarn64).mscale(1e308).mscale_all_dim(1.0))),
+      "attention scaling");
+  expect_value_error(
+      build(RotaryEmbeddingOptions(8).scaling(
+          RopeScaling("yarn").factor(std::exp(1.0)).original_max_position_embeddings(64).mscale(1.0).mscale_all_dim(-10.0))),
+      "attention scaling");
+  expect_value_error(
+      build(RotaryEmbeddingOptions(8).scaling(RopeScaling("linear").factor(1e-320))), "give inv_freq[0] = inf");
+  expect_value_error(
+      build(RotaryEmbeddingOptions(8).scaling(RopeScaling("dynamic").factor(std::ldexp(1.0, 62)))),
+      "RopeScaling(type='dynamic'): theta = 10000 and factor = 4.61169e+18 give inv_freq[");
+  expect_value_error(
+      build(RotaryEmbeddingOptions(8).theta(1e-300).angle_dtype(torch::kFloat32)), "theta=1e-300");
+  expect_value_error(
+      build(RotaryEmbeddingOptions(8).theta(1e-300).angle_dtype(torch::kFloat32)), "for float32 angles");
+  expect_value_error([] { rotary::sinusoidal_table(64, 64, 5e-324); }, "sinusoidal_table: base = 4.94066e-324");
+  // Finite at the edges that are fine.
+  RotaryEmbedding ok(RotaryEmbeddingOptions(8).theta(1e-300));
+  EXPECT_TRUE(at::isfinite(at::view_as_real(ok->freqs)).all().item<bool>());
 }
 
 }  // namespace

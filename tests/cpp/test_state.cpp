@@ -4,6 +4,7 @@
 
 #include <rotary/freqs.h>
 #include <rotary/module.h>
+#include <rotary/tables.h>
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -203,6 +204,101 @@ TEST(ModuleState, AngleDtypeValidated) {
       [] { rotary::angle_dtype_from_string("float16", "rope_freqs"); }, {"angle_dtype must be 'float64'", "'float16'"});
   EXPECT_EQ(rotary::angle_dtype_from_string("torch.float32", "x"), at::kFloat);
   EXPECT_EQ(rotary::angle_dtype_name(at::kDouble), "float64");
+}
+
+
+// ---------------------------------------------------------------------------
+// RopeTables: the state machine both modules share.
+// ---------------------------------------------------------------------------
+TEST(RopeTables, StatesOfTheHostDrivenRules) {
+  rotary::RopeTables dyn(RotaryEmbeddingOptions(8).max_seq_len(48).scaling(
+      rotary::RopeScaling("dynamic").factor(2.0).max_position_embeddings(32)));
+  EXPECT_TRUE(dyn.host_driven());
+  EXPECT_EQ(dyn.state(), 0);
+  EXPECT_EQ(dyn.state_for_reach(24), 0);  // under max_position_embeddings: unchanged
+  EXPECT_EQ(dyn.state_for_reach(40), 40);  // grows
+  rotary::RopeTables lr(RotaryEmbeddingOptions(8).scaling(longrope()));
+  EXPECT_TRUE(lr.host_driven());
+  EXPECT_EQ(lr.state_for_reach(64), 0);
+  EXPECT_EQ(lr.state_for_reach(65), 65);  // long factors
+  rotary::RopeTables plain(RotaryEmbeddingOptions(8).scaling(yarn()));
+  EXPECT_FALSE(plain.host_driven());
+  EXPECT_EQ(plain.state_for_reach(1 << 20), 0);
+  // The unset max_position_embeddings of dynamic is max_seq_len.
+  rotary::RopeTables dflt(RotaryEmbeddingOptions(8).max_seq_len(48).scaling(rotary::RopeScaling("dynamic").factor(2.0)));
+  EXPECT_EQ(*dflt.options().scaling().max_position_embeddings(), 48);
+  EXPECT_EQ(dflt.state_for_reach(48), 0);
+  EXPECT_EQ(dflt.state_for_reach(49), 49);
+}
+
+TEST(RopeTables, RunRecordsTheStateOnlyWhenTheOpReturns) {
+  rotary::RopeTables t(RotaryEmbeddingOptions(8).max_seq_len(64).scaling(dynamic()));
+  EXPECT_THROW(
+      t.run(200, at::kCPU, [](const rotary::RopeTableSet* fresh) -> int {
+        EXPECT_NE(fresh, nullptr);
+        throw std::runtime_error("the op refused the call");
+      }),
+      std::runtime_error);
+  EXPECT_EQ(t.state(), 0);
+  int64_t rows = 0;
+  t.run(200, at::kCPU, [&](const rotary::RopeTableSet* fresh) {
+    rows = fresh->freqs.size(0);
+    return 0;
+  });
+  EXPECT_EQ(rows, 200);
+  EXPECT_EQ(t.state(), 200);
+  t.run(100, at::kCPU, [](const rotary::RopeTableSet* fresh) {
+    EXPECT_EQ(fresh, nullptr);  // reach 100 <= 200: the grown tables stay
+    return 0;
+  });
+  const rotary::RopeTables copy = t;  // a copy keeps the state, with its own lock
+  EXPECT_EQ(copy.state(), 200);
+}
+
+// A call that raises leaves the module as it was: the refused call (odd
+// head_dim) must not grow the dynamic table, nor a failed allocation record
+// the new length.
+TEST(RopeTables, RefusedCallLeavesTheModuleAsItWas) {
+  const auto o = RotaryEmbeddingOptions(8).max_seq_len(64).scaling(dynamic());
+  RotaryEmbedding rope(o);
+  const auto freqs = rope->freqs.clone();
+  const auto inv = rope->inv_freq.clone();
+  auto unchanged = [&](const char* what) {
+    EXPECT_EQ(rope->tables().state(), 0) << what;
+    EXPECT_TRUE(at::equal(rope->freqs, freqs)) << what;
+    EXPECT_TRUE(at::equal(rope->inv_freq, inv)) << what;
+  };
+  const auto odd = at::randn({1, 1, 4, 7});
+  ExpectError<c10::ValueError>([&] { rope->forward(odd, 996); }, {"head_dim"});
+  unchanged("odd head_dim");
+  ExpectError<c10::Error>([&] { rope->forward(at::randn({1, 2, 4, 8}), at::randn({1, 2, 5, 8}), 996); }, {});
+  unchanged("q/k seq mismatch");
+  const auto x = at::randn({1, 1, 4, 8});
+  EXPECT_ANY_THROW(rope->forward(x, int64_t{1} << 40));  // 2^40 rows cannot be allocated
+  unchanged("failed allocation");
+  // ... and later calls are right: the same as a fresh module's.
+  EXPECT_TRUE(at::equal(rope->forward(x, 300), RotaryEmbedding(o)->forward(x, 300)));
+  EXPECT_TRUE(at::equal(rope->forward(x, 3), RotaryEmbedding(o)->forward(x, 3)));
+}
+
+TEST(RopeTables, LoadingAMetaTensorIsAValueError) {
+  RotaryEmbedding m(RotaryEmbeddingOptions(8).max_seq_len(32));
+  ExpectError<c10::ValueError>(
+      [&] { m->load_tables(m->freqs.to(at::kMeta), std::nullopt); }, {"'freqs' is a meta tensor"});
+  ExpectError<c10::ValueError>(
+      [&] { m->load_tables(std::nullopt, m->inv_freq.to(at::kMeta)); }, {"'inv_freq' is a meta tensor"});
+}
+
+// A float64-angle table is refused by a float32-angle module (and back)
+// even where the two differ by less than the entry tolerance.
+TEST(RopeTables, LoadingTheOtherAngleDtypeIsAnError) {
+  const auto f64 = RotaryEmbeddingOptions(8).max_seq_len(32);  // they differ by less than 2^-22
+  const auto f32 = RotaryEmbeddingOptions(f64).angle_dtype(torch::kFloat32);
+  RotaryEmbedding a(f64), b(f32);
+  ASSERT_FALSE(at::equal(a->freqs, b->freqs));
+  ExpectError<c10::ValueError>([&] { b->load_tables(a->freqs, a->inv_freq); }, {"table of angle_dtype=float64"});
+  ExpectError<c10::ValueError>([&] { a->load_tables(b->freqs, std::nullopt); }, {"table of angle_dtype=float32"});
+  b->load_tables(b->freqs.clone(), b->inv_freq.clone());
 }
 
 }  // namespace

@@ -1,20 +1,17 @@
-"""Runs every fenced code block of README.md.
+"""Runs every fenced code block of README.md and docs/*.md.
 
-- ```python blocks are executed, each in a fresh namespace that already has
-  ``torch`` and ``rotary`` and the free variables the README snippets use:
-  x, q, k ([batch, heads, seq, dim] float tensors, dim read from the
-  snippet's RotaryEmbedding call, else 128), pos, position_ids ([batch, seq]
-  int64) and model (a stand-in whose ``.config`` is a small Llama-style
-  transformers config with head_dim 128). A block that mentions CUDA skips
-  without a GPU.
+Each block must run on its own: whatever it uses, it defines or imports.
+- ```python blocks are executed, each in a fresh, empty namespace. A block
+  that mentions CUDA skips without a GPU.
 - ```cpp blocks are wrapped, each in its own function, into ONE generated
   translation unit that is compiled once (a CMake project that does
   find_package(Torch) and links the librotary next to ``rotary.__file__``)
-  and then run once per block. A wrapper declares the free variables the
-  README snippets use: x, q, k ([batch, heads, seq, dim] float tensors, dim
-  read from the snippet's RotaryEmbeddingOptions, else 128) and pos. #include
-  lines are hoisted to the top; #line directives make compiler errors point
-  at README.md. The build lives in .pytest_cache, so reruns are incremental.
+  and then run once per block. The wrapper declares nothing the block could
+  use: a block is a function body that includes its headers (#include lines
+  are hoisted to the top) and defines its own inputs; a block with its own
+  ``int main`` is kept whole and called. #line directives make compiler
+  errors point at the document.
+  The build lives in .pytest_cache, so reruns are incremental.
 - Anything else (sh, cmake, plain ``` trees and schemas) is reported as
   skipped, by language. So is a block whose fence is preceded by the line
   ``<!-- doctest: skip -->`` (blank lines between are allowed).
@@ -27,13 +24,13 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
 PYTHON = {"python", "py", "python3"}
 CPP = {"cpp", "c++", "cxx"}
 SKIP_EXIT = 77  # a cpp snippet that needs CUDA, run without a GPU
@@ -42,20 +39,25 @@ SKIP_EXIT = 77  # a cpp snippet that needs CUDA, run without a GPU
 @dataclass
 class Block:
     lang: str
-    line: int  # 1-based README line of the first code line
+    line: int  # 1-based line of the first code line in its document
     code: str
     skip_marked: bool = False  # preceded by <!-- doctest: skip -->
+    doc: Path = README
+
+    @property
+    def name(self) -> str:
+        return self.doc.relative_to(ROOT).as_posix()
 
     @property
     def id(self) -> str:
-        return f"L{self.line}-{self.lang or 'plain'}"
+        return f"{self.name}:L{self.line}-{self.lang or 'plain'}"
 
 
 _OPEN = re.compile(r"^( *)(`{3,}|~{3,})\s*([^`\s]*)[^`]*$")
 _SKIP_MARK = "<!-- doctest: skip -->"
 
 
-def extract_blocks(text: str) -> list[Block]:
+def extract_blocks(text: str, doc: Path = README) -> list[Block]:
     """Fenced blocks (``` or ~~~, any indentation) in document order."""
     lines = text.splitlines()
     blocks, i = [], 0
@@ -73,49 +75,27 @@ def extract_blocks(text: str) -> list[Block]:
             j += 1
         before = [line.strip() for line in lines[:i] if line.strip()]
         marked = bool(before) and before[-1] == _SKIP_MARK
-        blocks.append(Block(lang, i + 2, "\n".join(body) + "\n", marked))
+        blocks.append(Block(lang, i + 2, "\n".join(body) + "\n", marked, doc))
         i = j + 1
     return blocks
 
 
-BLOCKS = extract_blocks(README.read_text())
+BLOCKS = [b for doc in DOCS for b in extract_blocks(doc.read_text(), doc)]
 
 
 def _needs_cuda(code: str) -> bool:
     return "cuda" in code.lower()
 
 
-_PY_DIM = re.compile(r"RotaryEmbedding\(\s*(?:dim\s*=\s*)?(\d+)")
-
-
-def python_namespace(code: str) -> dict:
-    """A fresh namespace with torch, rotary and the snippets' free variables."""
-    import rotary
-
-    m = _PY_DIM.search(code)
-    dim = int(m.group(1)) if m else 128
-    g = torch.Generator().manual_seed(0)
-    config = SimpleNamespace(  # what from_hf_config reads from a transformers LlamaConfig
-        hidden_size=1024, num_attention_heads=8, head_dim=128, max_position_embeddings=4096,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
-    return {
-        "__name__": "__readme__",
-        "torch": torch,
-        "rotary": rotary,
-        "x": torch.randn(2, 8, 16, dim, generator=g),
-        "q": torch.randn(2, 8, 16, dim, generator=g),
-        "k": torch.randn(2, 2, 16, dim, generator=g),
-        "pos": 4,
-        "position_ids": torch.arange(16).repeat(2, 1) + torch.tensor([[0], [7]]),
-        "model": SimpleNamespace(config=config),
-    }
+def python_namespace() -> dict:
+    """A fresh namespace: a block imports and defines everything it uses."""
+    return {"__name__": "__doc_block__"}
 
 
 # ---------------------------------------------------------------------------
 # C++: one generated translation unit for every cpp block.
 
 _INCLUDE = re.compile(r"^\s*#\s*include\b.*$", re.M)
-_DIM = re.compile(r"RotaryEmbeddingOptions\(\s*(?:/\*.*?\*/\s*)?(\d+)")
 _MAIN = re.compile(r"\bint\s+main\s*\(")
 
 
@@ -125,9 +105,8 @@ def cpp_source(blocks: list[Block]) -> str:
         for inc in _INCLUDE.findall(b.code):
             if inc.strip() not in includes:
                 includes.append(inc.strip())
-    readme = str(README).replace("\\", "/")
     parts = [
-        "// Generated from README.md by tests/docs/test_readme.py: one function per ```cpp block.",
+        "// Generated from README.md and docs/*.md by tests/docs/test_readme.py: one function per ```cpp block.",
         *includes,
         "#include <cstdio>",
         "#include <cstdlib>",
@@ -136,6 +115,7 @@ def cpp_source(blocks: list[Block]) -> str:
     ]
     calls = []
     for n, b in enumerate(blocks):
+        doc = str(b.doc).replace("\\", "/")
         code = _INCLUDE.sub("", b.code)
         cuda_guard = f"  if (!torch::cuda::is_available()) return {SKIP_EXIT};\n" if _needs_cuda(code) else ""
         if _MAIN.search(code):  # a whole program: keep it at namespace scope, call its main
@@ -143,7 +123,7 @@ def cpp_source(blocks: list[Block]) -> str:
             takes_args = not re.search(r"snippet_main\(\s*(void)?\s*\)", code)
             parts += [
                 f"namespace readme_{n} {{",
-                f'#line {b.line} "{readme}"',
+                f'#line {b.line} "{doc}"',
                 code,
                 "}",
                 f"static int snippet_{n}(char** argv) {{",
@@ -151,18 +131,11 @@ def cpp_source(blocks: list[Block]) -> str:
                 "}",
             ]
         else:
-            m = _DIM.search(code)
-            dim = int(m.group(1)) if m else 128
             parts += [
                 f"static int snippet_{n}(char** /*argv*/) {{",
                 *([cuda_guard.rstrip("\n")] if cuda_guard else []),
-                "  // The free variables the README snippets use.",
-                f"  [[maybe_unused]] torch::Tensor x = torch::randn({{2, 8, 16, {dim}}});",
-                f"  [[maybe_unused]] torch::Tensor q = torch::randn({{2, 8, 16, {dim}}});",
-                f"  [[maybe_unused]] torch::Tensor k = torch::randn({{2, 2, 16, {dim}}});",
-                "  [[maybe_unused]] int64_t pos = 4;",
                 "  {",
-                f'#line {b.line} "{readme}"',
+                f'#line {b.line} "{doc}"',
                 code,
                 "  }",
                 "  return 0;",
@@ -252,22 +225,30 @@ def test_readme_block(block: Block, request):
     if block.lang in PYTHON:
         if _needs_cuda(block.code) and not torch.cuda.is_available():
             pytest.skip("needs a CUDA device")
-        # Padding keeps README line numbers in tracebacks.
-        code = compile("\n" * (block.line - 1) + block.code, str(README), "exec")
-        exec(code, python_namespace(block.code))
+        # Padding keeps the document's line numbers in tracebacks.
+        code = compile("\n" * (block.line - 1) + block.code, str(block.doc), "exec")
+        exec(code, python_namespace())
     elif block.lang in CPP:
         binary, log = request.getfixturevalue("cpp_snippets")
         if binary is None:
-            pytest.fail(f"compiling the README's cpp blocks failed:\n{log[-6000:]}", pytrace=False)
+            pytest.fail(f"compiling the documents' cpp blocks failed:\n{log[-6000:]}", pytrace=False)
         index = [b for b in BLOCKS if b.lang in CPP].index(block)
         res = subprocess.run([binary, str(index)], capture_output=True, text=True, timeout=300)
         if res.returncode == SKIP_EXIT:
             pytest.skip("needs a CUDA device")
-        assert res.returncode == 0, f"README.md:{block.line} exited {res.returncode}\n{res.stdout}{res.stderr}"
+        assert res.returncode == 0, f"{block.name}:{block.line} exited {res.returncode}\n{res.stdout}{res.stderr}"
     else:
         pytest.skip(f"not executable: {block.lang or 'plain'} block")
 
 
 def test_readme_has_runnable_blocks():
-    langs = {b.lang for b in BLOCKS}
+    langs = {b.lang for b in BLOCKS if b.doc == README}
     assert langs & PYTHON and langs & CPP, f"README code blocks: {sorted(langs)}"
+
+
+def test_docs_are_collected():
+    """docs/*.md is read: a moved section keeps its blocks under test."""
+    names = {b.name for b in BLOCKS}
+    for doc in DOCS:
+        if "```" in doc.read_text():
+            assert doc.relative_to(ROOT).as_posix() in names, f"{doc} has code fences but no block was extracted"

@@ -35,3 +35,27 @@ def _seed_everything():
     # pins anything else that draws from the global RNG.
     torch.manual_seed(1234)
     yield
+
+
+@pytest.fixture(scope="module")
+def tables():
+    """tables(rotary_dim, max_seq_len=32): rotary.freqs_table, cached per module."""
+    import rotary  # here, not at import: some modules never load the extension
+
+    cache = {}
+
+    def get(rotary_dim, max_seq_len=32):
+        key = (rotary_dim, max_seq_len)
+        if key not in cache:
+            cache[key] = rotary.freqs_table(rotary_dim, max_seq_len)
+        return cache[key]
+
+    return get
+
+
+@pytest.fixture
+def reset_dynamo():
+    """torch._dynamo.reset() after the test (the variants modules use it for
+    every test: pytestmark = pytest.mark.usefixtures("reset_dynamo"))."""
+    yield
+    torch._dynamo.reset()

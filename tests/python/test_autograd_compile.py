@@ -8,6 +8,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 import rotary
 from reference import rope_reference
 from rope_testing import (
+    op_positions,
     PAIRING_IDS,
     PAIRINGS,
     assert_close_ref,
@@ -22,7 +23,7 @@ L = 24
 
 @pytest.fixture(scope="module")
 def freqs():
-    return rotary.rope_freqs(6, L)
+    return rotary.freqs_table(6, L)
 
 
 @pytest.fixture(autouse=True)
@@ -58,7 +59,7 @@ def test_gradcheck_apply_rope(freqs, interleaved, kind, inverse, layout, start):
     x = _leaf(B, 2, S, 6, layout, 71)
 
     def fn(x):
-        return rotary.apply_rope(x, freqs, start, interleaved, positions=pos, inverse=inverse)
+        return rotary.apply_rope(x, freqs, interleaved=interleaved, inverse=inverse, **op_positions(start, pos))
 
     assert torch.autograd.gradcheck(fn, (x,))
     assert torch.autograd.gradgradcheck(fn, (x,))
@@ -72,7 +73,7 @@ def test_gradcheck_apply_rope_qk(freqs, interleaved, kind, inverse, layout, star
     k = _leaf(B, 1, S, 6, "contiguous", 74)  # Hk = 1
 
     def fn(q, k):
-        return rotary.apply_rope_qk(q, k, freqs, start, interleaved, positions=pos, inverse=inverse)
+        return rotary.apply_rope_qk(q, k, freqs, interleaved=interleaved, inverse=inverse, **op_positions(start, pos))
 
     assert torch.autograd.gradcheck(fn, (q, k))
     assert torch.autograd.gradgradcheck(fn, (q, k))
@@ -122,7 +123,7 @@ def test_grad_uses_only_one_output(freqs):
     q = make_heads(2, 3, 4, 6, torch.float32, seed=83).requires_grad_()
     k = make_heads(2, 1, 4, 6, torch.float32, seed=84).requires_grad_()
     wk = randn(k.shape, seed=85)
-    oq, ok = rotary.apply_rope_qk(q, k, freqs, 3, False, positions=torch.tensor([1, 4]))
+    oq, ok = rotary.apply_rope_qk(q, k, freqs, interleaved=False, **op_positions(3, torch.tensor([1, 4])))
     (ok * wk).sum().backward()
     assert q.grad is None or not q.grad.any()
     assert_close_ref(k.grad, rope_reference(wk, 3, False, torch.tensor([1, 4]), inverse=True), torch.float32)
@@ -149,7 +150,7 @@ def test_no_grad_mode(freqs):
 def test_inference_mode(freqs):
     x = make_heads(2, 2, 3, 6, torch.float32, seed=89)
     with torch.inference_mode():
-        out = rotary.apply_rope(x, freqs, 1, False, positions=torch.tensor(2))
+        out = rotary.apply_rope(x, freqs, interleaved=False, **op_positions(1, torch.tensor(2)))
     assert out.is_inference()
     assert_close_ref(out, rope_reference(x, 1, False, torch.tensor(2)), torch.float32)
 
@@ -158,7 +159,7 @@ def test_saved_positions_modified_in_place_is_detected(freqs):
     """backward must not silently use positions changed after forward."""
     x = _leaf(2, 2, 3, 6, "contiguous", 89, torch.float32)
     pos = torch.tensor([1, 2])
-    out = rotary.apply_rope(x, freqs, 0, positions=pos)
+    out = rotary.apply_rope(x, freqs, **op_positions(0, pos))
     pos.add_(5)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         out.sum().backward()
@@ -168,26 +169,28 @@ def test_saved_positions_modified_in_place_is_detected(freqs):
 # torch.library.opcheck
 # ---------------------------------------------------------------------------
 def _opcheck_samples():
-    f8 = rotary.rope_freqs(8, 32)
+    f8 = rotary.freqs_table(8, 32)
     s = []
     s.append(("fp32", (make_heads(2, 3, 5, 8, seed=90).requires_grad_(), f8, 2, True), {}))
     s.append(("bf16-half", (make_heads(2, 3, 5, 8, torch.bfloat16, seed=91), f8, 0, False), {}))
     s.append((
         "fp32-positions-batch-inverse-transposed",
         (make_heads(2, 3, 5, 8, layout="transposed", seed=92).requires_grad_(), f8, 1, False),
-        {"positions": torch.tensor([3, 7]), "inverse": True},
+        {"offsets": torch.tensor([3, 7]), "inverse": True},
     ))
     s.append((
         "bf16-ids-stride2",
-        (make_heads(2, 2, 4, 8, torch.bfloat16, "stride2", seed=93).requires_grad_(), f8, 4, True),
-        {"positions": torch.randint(0, 20, (2, 4), generator=torch.Generator().manual_seed(1))},
+        (make_heads(2, 2, 4, 8, torch.bfloat16, "stride2", seed=93).requires_grad_(), f8, 0, True),
+        {"position_ids": torch.randint(0, 20, (2, 4), generator=torch.Generator().manual_seed(1))},
     ))
-    s.append(("fp32-scalar-pos", (make_heads(1, 2, 3, 8, seed=94), f8), {"positions": torch.tensor(5)}))
+    s.append(("fp32-scalar-pos", (make_heads(1, 2, 3, 8, seed=94), f8), {"offsets": torch.tensor(5)}))
+    s.append(("fp32-int32-ids-seq", (make_heads(2, 2, 3, 8, seed=102), f8),
+              {"position_ids": torch.tensor([9, 0, 4], dtype=torch.int32)}))
     return s
 
 
 def _opcheck_qk_samples():
-    f8 = rotary.rope_freqs(8, 32)
+    f8 = rotary.freqs_table(8, 32)
     s = []
     s.append((
         "fp32-gqa",
@@ -202,14 +205,14 @@ def _opcheck_qk_samples():
     _, q, k, _ = make_packed_qkv(2, 6, 2, 8, seed=99)
     s.append((
         "fp32-packed-qkv-ids",
-        (q.detach().requires_grad_(), k.detach().requires_grad_(), f8, 2, False),
-        {"positions": torch.randint(0, 25, (2, 6), generator=torch.Generator().manual_seed(2))},
+        (q.detach().requires_grad_(), k.detach().requires_grad_(), f8, 0, False),
+        {"position_ids": torch.randint(0, 25, (2, 6), generator=torch.Generator().manual_seed(2))},
     ))
     s.append((
         "bf16-batch-positions",
         (make_heads(2, 3, 4, 8, torch.bfloat16, "transposed", seed=100).requires_grad_(),
          make_heads(2, 3, 4, 8, torch.bfloat16, seed=101).requires_grad_(), f8, 1, True),
-        {"positions": torch.tensor([0, 9])},
+        {"offsets": torch.tensor([0, 9])},
     ))
     return s
 
@@ -232,7 +235,7 @@ def test_fake_tensor_shapes_and_strides():
     """The Meta kernel agrees with the CPU kernel on shape, dtype and strides."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    f = rotary.rope_freqs(8, 32)
+    f = rotary.freqs_table(8, 32)
     x = make_heads(2, 3, 5, 8, torch.bfloat16, "transposed", seed=102)
     k = make_heads(2, 1, 5, 8, torch.bfloat16, "stride2", seed=103)
     real = rotary.apply_rope_qk(x, k, f, 3)
@@ -249,17 +252,17 @@ def test_fake_tensor_shapes_and_strides():
 # torch.compile
 # ---------------------------------------------------------------------------
 def _attention_fn(q, k, v, freqs, start_pos, interleaved, positions=None):
-    q, k = rotary.apply_rope_qk(q, k, freqs, start_pos, interleaved, positions=positions)
+    q, k = rotary.apply_rope_qk(q, k, freqs, interleaved=interleaved, **op_positions(start_pos, positions))
     k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
-    one = rotary.apply_rope(v, freqs, start_pos, interleaved, positions=positions, inverse=True)
+    one = rotary.apply_rope(v, freqs, interleaved=interleaved, inverse=True, **op_positions(start_pos, positions))
     return torch.softmax(scores, dim=-1) @ v + one
 
 
 @pytest.mark.parametrize("interleaved", PAIRINGS, ids=PAIRING_IDS)
 @pytest.mark.parametrize("kind", ["none", "ids"])
 def test_compile_function_aot_eager(interleaved, kind):
-    f = rotary.rope_freqs(16, 64)
+    f = rotary.freqs_table(16, 64)
     pos = positions_tensor(kind, 2, 6, room=60, seed=104)
     q = make_heads(2, 4, 6, 16, layout="transposed", seed=105).requires_grad_()
     k = make_heads(2, 2, 6, 16, seed=106).requires_grad_()
@@ -321,7 +324,7 @@ def test_compile_module_after_half_cast():
 
 def test_compile_dynamic_start_pos_and_seq_len():
     """dynamic=True: new start_pos / seq_len values neither break nor recompile."""
-    f = rotary.rope_freqs(16, 64)
+    f = rotary.freqs_table(16, 64)
     cnt = CompileCounterWithBackend("aot_eager")
 
     def fn(q, k, freqs, start_pos):
@@ -358,10 +361,10 @@ def test_compile_dynamic_module_and_decode_loop():
 
 
 def test_compile_dynamic_positions_tensor():
-    f = rotary.rope_freqs(16, 64)
+    f = rotary.freqs_table(16, 64)
     cnt = CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(
-        lambda x, p: rotary.apply_rope(x, f, 0, True, positions=p), backend=cnt, fullgraph=True, dynamic=True
+        lambda x, p: rotary.apply_rope(x, f, interleaved=True, **op_positions(0, p)), backend=cnt, fullgraph=True, dynamic=True
     )
     for i, S in enumerate([4, 7, 12]):
         x = make_heads(2, 2, S, 16, seed=150 + i)
@@ -372,7 +375,7 @@ def test_compile_dynamic_positions_tensor():
 
 def test_compile_range_error_at_runtime():
     """Out-of-table start_pos is still caught when the op runs compiled."""
-    f = rotary.rope_freqs(16, 16)
+    f = rotary.freqs_table(16, 16)
     compiled = torch.compile(lambda x, s: rotary.apply_rope(x, f, s), backend="aot_eager", fullgraph=True, dynamic=True)
     x = make_heads(1, 1, 4, 16, seed=160)
     compiled(x, 3)
@@ -383,10 +386,10 @@ def test_compile_range_error_at_runtime():
 def test_compile_inductor():
     """One inductor case (slow to build on 2 cores): the op as an extern
     kernel between fused pointwise ops, forward and backward."""
-    f = rotary.rope_freqs(16, 64)
+    f = rotary.freqs_table(16, 64)
 
     def fn(q, k):
-        q2, k2 = rotary.apply_rope_qk(q * 1.5, k + 1.0, f, 4, False, positions=torch.tensor([0, 7]))
+        q2, k2 = rotary.apply_rope_qk(q * 1.5, k + 1.0, f, interleaved=False, **op_positions(4, torch.tensor([0, 7])))
         return (q2.sum(1, keepdim=True) * k2).relu()
 
     q = make_heads(2, 2, 6, 16, layout="transposed", seed=161).requires_grad_()

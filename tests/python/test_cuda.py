@@ -14,6 +14,7 @@ import torch
 import rotary
 from reference import rope_reference
 from rope_testing import (
+    op_positions,
     DTYPE_IDS,
     DTYPES,
     PAIRING_IDS,
@@ -63,7 +64,7 @@ def tables():
 
     def get(dim, n=64):
         if (dim, n) not in cache:
-            cache[(dim, n)] = rotary.rope_freqs(dim, n).to(DEV)
+            cache[(dim, n)] = rotary.freqs_table(dim, n).to(DEV)
         return cache[(dim, n)]
 
     return get
@@ -123,14 +124,14 @@ def test_parity_positions(tables, kind, interleaved, dtype):
     q = make_heads(B, 4, S, D, dtype, "transposed", seed=221, device=DEV)
     k = make_heads(B, 1, S, D, dtype, seed=222, device=DEV)
     snap = Snapshot(q, k, pos)
-    out = rotary.apply_rope(q, tables(D), start, interleaved, positions=pos)
-    oq, ok = rotary.apply_rope_qk(q, k, tables(D), start, interleaved, positions=pos, inverse=True)
+    out = rotary.apply_rope(q, tables(D), interleaved=interleaved, **op_positions(start, pos))
+    oq, ok = rotary.apply_rope_qk(q, k, tables(D), interleaved=interleaved, inverse=True, **op_positions(start, pos))
     sync()
     snap.check()
     assert_close_ref(out, rope_reference(q, start, interleaved, pos), dtype)
     assert_close_ref(oq, rope_reference(q, start, interleaved, pos, inverse=True), dtype)
     assert_close_ref(ok, rope_reference(k, start, interleaved, pos, inverse=True), dtype)
-    out_cpu = rotary.apply_rope(q.cpu(), tables(D).cpu(), start, interleaved, positions=pos.cpu())
+    out_cpu = rotary.apply_rope(q.cpu(), tables(D).cpu(), interleaved=interleaved, **op_positions(start, pos.cpu()))
     _assert_device_matches_cpu(out, out_cpu, dtype)
 
 
@@ -140,7 +141,7 @@ def test_large_multi_block(tables, dtype):
     B, H, Hk, S, D = 3, 16, 4, 300, 128
     q = make_heads(B, H, S, D, dtype, "transposed", seed=230, device=DEV)
     k = make_heads(B, Hk, S, D, dtype, seed=231, device=DEV)
-    f = rotary.rope_freqs(D, 1024).to(DEV)
+    f = rotary.freqs_table(D, 1024).to(DEV)
     poison_device(q.numel(), dtype)
     for interleaved in PAIRINGS:
         oq, ok = rotary.apply_rope_qk(q, k, f, 700, interleaved)
@@ -161,6 +162,58 @@ def test_conj_and_inverse(tables, dtype):
         torch.testing.assert_close(back, x, rtol=rtol, atol=atol)
 
 
+# Head counts that are not a multiple of the heads a thread holds, rows that
+# do not fill the last block, a head wider than a block's threads, and a
+# partial rotary (dims past the table's width pass through), in and out of place.
+@pytest.mark.parametrize("shape", [(27, 3, 5, 128, 128), (37, 5, 2, 640, 640), (5, 1, 33, 128, 64)],
+                         ids=["gqa27_3", "d640", "partial64of128"])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+@pytest.mark.parametrize("interleaved", PAIRINGS, ids=PAIRING_IDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+def test_grid_shapes_in_and_out_of_place(shape, layout, interleaved, dtype):
+    hq, hk, S, D, R = shape
+    B, start = 3, 11
+    f = rotary.rope_freqs(R, 64).to(DEV)
+    q = make_heads(B, hq, S, D, dtype, layout, seed=240, device=DEV)
+    k = make_heads(B, hk, S, D, dtype, layout, seed=241, device=DEV)
+
+    def expect(x, out, msg):
+        ref = rope_reference(x[..., :R], start, interleaved)
+        assert_close_ref(out[..., :R], ref, dtype, msg)
+        assert torch.equal(out[..., R:], x[..., R:]), msg + ": pass-through dims changed"
+
+    snap = Snapshot(q, k)
+    poison_device(q.numel(), dtype)
+    oq, ok = rotary.apply_rope_qk(q, k, f, start, interleaved)
+    sync()
+    snap.check()
+    assert not oq.isnan().any() and not ok.isnan().any(), "output element not written (poison survived)"
+    expect(q, oq, "q out of place")
+    expect(k, ok, "k out of place")
+    qi, ki = q.clone(), k.clone()
+    rotary.apply_rope_qk_(qi, ki, f, start, interleaved)
+    sync()
+    assert torch.equal(qi, oq) and torch.equal(ki, ok), "in place differs from out of place"
+
+
+@needs_real_cuda
+def test_more_than_2_31_elements():
+    """2^31 + 128 * 128 elements: offsets past int32 take the 64-bit index path."""
+    B, S, D = (1 << 17) + 1, 128, 128
+    need = 2 * B * S * D * 2
+    if torch.cuda.mem_get_info()[0] < need + (2 << 30):
+        pytest.skip("needs about 11 GB of free GPU memory")
+    x = torch.empty(B, 1, S, D, dtype=torch.bfloat16, device="cuda").normal_(generator=torch.Generator("cuda").manual_seed(250))
+    f = rotary.rope_freqs(D, S).to("cuda")
+    out = rotary.apply_rope(x, f, 0, False)
+    sync()
+    for b in (0, B // 2, B - 1):  # the last batch lies past element 2^31
+        assert_close_ref(out[b : b + 1], rope_reference(x[b : b + 1], 0, False), torch.bfloat16, f"batch {b}")
+    rotary.apply_rope_(x, f, 0, False)
+    sync()
+    assert torch.equal(x, out), "in place differs from out of place"
+
+
 @pytest.mark.parametrize("shape", [(0, 2, 4, 8), (2, 0, 4, 8), (2, 2, 0, 8)])
 def test_empty(tables, shape):
     x = randn(shape, seed=233, device=DEV)
@@ -175,11 +228,11 @@ def test_empty(tables, shape):
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize("interleaved", PAIRINGS, ids=PAIRING_IDS)
 def test_gradcheck(interleaved):
-    f = rotary.rope_freqs(6, 24).to(DEV)
+    f = rotary.freqs_table(6, 24).to(DEV)
     q = make_heads(2, 3, 4, 6, torch.float64, "transposed", seed=240, device=DEV).requires_grad_()
     k = make_heads(2, 1, 4, 6, torch.float64, seed=241, device=DEV).requires_grad_()
     pos = torch.tensor([2, 9], device=DEV)
-    fn1 = lambda q: rotary.apply_rope(q, f, 3, interleaved, positions=pos)  # noqa: E731
+    fn1 = lambda q: rotary.apply_rope(q, f, interleaved=interleaved, **op_positions(3, pos))  # noqa: E731
     fn2 = lambda q, k: rotary.apply_rope_qk(q, k, f, 1, interleaved)  # noqa: E731
     assert torch.autograd.gradcheck(fn1, (q,))
     assert torch.autograd.gradgradcheck(fn1, (q,))
@@ -189,7 +242,7 @@ def test_gradcheck(interleaved):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_grad_matches_cpu(dtype):
-    f = rotary.rope_freqs(64, 64)
+    f = rotary.freqs_table(64, 64)
     q_cpu = make_heads(2, 4, 9, 64, dtype, "transposed", seed=242).requires_grad_()
     k_cpu = make_heads(2, 2, 9, 64, dtype, seed=243)  # no grad through k
     w = randn((2, 4, 9, 64), dtype, seed=244)
@@ -204,7 +257,7 @@ def test_grad_matches_cpu(dtype):
 
 
 def _opcheck_samples():
-    f = rotary.rope_freqs(64, 64).to(DEV)
+    f = rotary.freqs_table(64, 64).to(DEV)
     return [
         (torch.ops.rotary.apply_rope.default,
          (make_heads(2, 3, 5, 64, seed=250, device=DEV).requires_grad_(), f, 2, True), {}),
@@ -230,10 +283,10 @@ def test_opcheck(i):
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_compile(backend):
     torch._dynamo.reset()
-    f = rotary.rope_freqs(64, 128).to(DEV)
+    f = rotary.freqs_table(64, 128).to(DEV)
 
     def fn(q, k, pos):
-        q2, k2 = rotary.apply_rope_qk(q * 0.5, k, f, 3, False, positions=pos)
+        q2, k2 = rotary.apply_rope_qk(q * 0.5, k, f, interleaved=False, **op_positions(3, pos))
         return torch.softmax(q2 @ k2.transpose(-1, -2), dim=-1)
 
     q = make_heads(2, 4, 16, 64, layout="transposed", seed=260, device=DEV).requires_grad_()
@@ -277,7 +330,7 @@ def test_cuda_graph_replay_with_device_positions(interleaved, dtype):
     (and the input) in place between replays. Capture fails if the op syncs
     with the host (e.g. reads positions with .item())."""
     D, L = 64, 256
-    f = rotary.rope_freqs(D, L).cuda()
+    f = rotary.freqs_table(D, L).cuda()
     x = make_heads(2, 4, 8, D, dtype, "transposed", seed=270, device="cuda")
     k = make_heads(2, 2, 8, D, dtype, seed=271, device="cuda")
     pos = torch.zeros((), dtype=torch.int64, device="cuda")
@@ -287,16 +340,16 @@ def test_cuda_graph_replay_with_device_positions(interleaved, dtype):
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         for _ in range(2):  # warm up outside the capture
-            rotary.apply_rope(x, f, 3, interleaved, positions=pos)
-            rotary.apply_rope_qk(x, k, f, 3, interleaved, positions=pos)
-            rope(x, positions=pos)
+            rotary.apply_rope(x, f, interleaved=interleaved, **op_positions(3, pos))
+            rotary.apply_rope_qk(x, k, f, interleaved=interleaved, **op_positions(3, pos))
+            rope(x, offsets=pos)
     torch.cuda.current_stream().wait_stream(s)
 
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        out = rotary.apply_rope(x, f, 3, interleaved, positions=pos)
-        oq, ok = rotary.apply_rope_qk(x, k, f, 3, interleaved, positions=pos)
-        om = rope(x, positions=pos)
+        out = rotary.apply_rope(x, f, interleaved=interleaved, **op_positions(3, pos))
+        oq, ok = rotary.apply_rope_qk(x, k, f, interleaved=interleaved, **op_positions(3, pos))
+        om = rope(x, offsets=pos)
 
     for i, p in enumerate([0, 5, 17, 240, 1]):
         pos.fill_(p)
@@ -315,10 +368,10 @@ def test_cuda_graph_replay_with_device_positions(interleaved, dtype):
 @needs_real_cuda
 def test_compile_reduce_overhead_cudagraphs():
     torch._dynamo.reset()
-    f = rotary.rope_freqs(64, 128).cuda()
+    f = rotary.freqs_table(64, 128).cuda()
 
     def fn(x, pos):
-        return rotary.apply_rope(x, f, 0, True, positions=pos) * 2
+        return rotary.apply_rope(x, f, interleaved=True, **op_positions(0, pos)) * 2
 
     compiled = torch.compile(fn, mode="reduce-overhead", fullgraph=True)
     x = make_heads(2, 4, 8, 64, seed=280, device="cuda")
@@ -331,7 +384,7 @@ def test_compile_reduce_overhead_cudagraphs():
 
 @needs_real_cuda
 def test_side_stream():
-    f = rotary.rope_freqs(64, 64).cuda()
+    f = rotary.freqs_table(64, 64).cuda()
     x = make_heads(2, 4, 8, 64, seed=281, device="cuda")
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -343,12 +396,12 @@ def test_side_stream():
 
 @needs_real_cuda
 def test_cross_device_errors():
-    f_cpu = rotary.rope_freqs(8, 16)
+    f_cpu = rotary.freqs_table(8, 16)
     x = randn((1, 2, 3, 8), seed=282, device="cuda")
     with pytest.raises(ValueError, match=r"freqs is on cpu but q/x is on cuda"):
         rotary.apply_rope(x, f_cpu)
     with pytest.raises(ValueError, match=r"positions is on cpu"):
-        rotary.apply_rope(x, f_cpu.cuda(), positions=torch.tensor(1))
+        rotary.apply_rope(x, f_cpu.cuda(), **op_positions(0, torch.tensor(1)))
     with pytest.raises(ValueError, match=r"k is on cpu"):
         rotary.apply_rope_qk(x, x.cpu(), f_cpu.cuda())
     with pytest.raises(ValueError, match=r"head_dim"):
@@ -363,13 +416,13 @@ def test_device_positions_outside_table_give_nan(op):
     """README: device-side positions are not read on the host; a position
     outside the table yields NaN for that token (never an out-of-bounds read),
     and every other token is still rotated correctly."""
-    f = rotary.rope_freqs(16, 32).cuda()
+    f = rotary.freqs_table(16, 32).cuda()
     x = make_heads(2, 3, 4, 16, seed=290, device="cuda")
     ids = torch.tensor([[0, 5, 32, 31], [-1, 7, 1000, 2]], device="cuda")
     if op == "apply_rope":
-        out = rotary.apply_rope(x, f, 0, True, positions=ids)
+        out = rotary.apply_rope(x, f, interleaved=True, **op_positions(0, ids))
     else:
-        out, _ = rotary.apply_rope_qk(x, x[:, :1], f, 0, True, positions=ids)
+        out, _ = rotary.apply_rope_qk(x, x[:, :1], f, interleaved=True, **op_positions(0, ids))
     torch.cuda.synchronize()
     bad = torch.tensor([[False, False, True, False], [True, False, True, False]])
     out = out.cpu()

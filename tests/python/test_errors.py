@@ -17,7 +17,7 @@ L = 16
 
 
 def F(dim=8, n=L):
-    return rotary.rope_freqs(dim, n)
+    return rotary.freqs_table(dim, n)
 
 
 def X(*shape, dtype=torch.float32, seed=0):
@@ -46,10 +46,15 @@ def _qk(**kw):
     return lambda q, k, f, *rest: rotary.apply_rope_qk(q, k, f, *rest, **kw)
 
 
-def _pos(pos, start=0, qk=False):
+def _pos(pos, start=0, qk=False, kind="offsets"):
+    """A call passing ``pos`` as ``offsets`` or ``position_ids`` (``kind``)."""
     if qk:
-        return lambda q, k, f, p: rotary.apply_rope_qk(q, k, f, start, positions=p), pos
-    return lambda x, f, p: rotary.apply_rope(x, f, start, positions=p), pos
+        return lambda q, k, f, p: rotary.apply_rope_qk(q, k, f, start, **{kind: p}), pos
+    return lambda x, f, p: rotary.apply_rope(x, f, start, **{kind: p}), pos
+
+
+def _ids(pos, start=0, qk=False):
+    return _pos(pos, start, qk, kind="position_ids")
 
 
 CASES = [
@@ -98,8 +103,8 @@ CASES = [
          lambda: (_rope(), [X(1, 2, 3, 8), F(), 2**60 - 1])),
     case("start-pos-2^60-inv-freq", IndexError, r"apply_rope: start_pos must be < 2\^60, got 1152921504606846976",
          lambda: (_rope(inv_freq=INV()), [X(1, 2, 3, 8), F(), 2**60])),
-    case("start-pos-2^60-positions", IndexError, r"apply_rope: start_pos must be < 2\^60, got 1152921504606846976",
-         lambda: (_rope(positions=torch.tensor(0)), [X(1, 2, 3, 8), F(), 2**60])),
+    case("start-pos-2^60-offsets", IndexError, r"apply_rope: start_pos must be < 2\^60, got 1152921504606846976",
+         lambda: (_rope(offsets=torch.tensor(0)), [X(1, 2, 3, 8), F(), 2**60])),
     case("qk-start-pos-2^60-inv-freq", IndexError, r"apply_rope_qk: start_pos must be < 2\^60, got 1152921504606846977",
          lambda: (_qk(inv_freq=INV()), [X(1, 2, 3, 8), X(1, 1, 3, 8), F(), 2**60 + 1])),
     case("qk-start-pos-out-of-table", IndexError, r"apply_rope_qk: start_pos \+ seq_len = 16 \+ 1 = 17",
@@ -123,37 +128,51 @@ CASES = [
          lambda: (_qk(), [X(2, 4, 3, 8), I(2, 4, 3, 8), F()])),
     case("qk-freqs-wrong-width", ValueError, r"apply_rope_qk: freqs must have shape",
          lambda: (_qk(), [X(2, 4, 3, 8), X(2, 1, 3, 8), F(12)])),
-    # ---- positions
-    case("positions-int32", TypeError, r"positions must be int64, got Int",
-         lambda: _pos(torch.tensor([1, 2], dtype=torch.int32))),
-    case("positions-float", TypeError, r"positions must be int64, got Float",
+    # ---- offsets / position_ids
+    case("offsets-float", TypeError, r"apply_rope: offsets must have an integer dtype \(int64 or int32 are read without a copy\), got Float",
          lambda: _pos(torch.tensor([1.0, 2.0]))),
-    case("positions-wrong-batch", ValueError, r"positions must have shape \[\] or \[batch\].*batch = 2, seq_len = 3; got \[3\]",
+    case("ids-bool", TypeError, r"position_ids must have an integer dtype .*got Bool",
+         lambda: _ids(torch.ones(2, 3, dtype=torch.bool))),
+    case("offsets-wrong-batch", ValueError, r"offsets must have shape \[\] or \[batch\] \(position = start_pos \+ offsets\[b\] \+ s\) with batch = 2; got \[3\]; for absolute ids \[seq_len\] or \[batch, seq_len\] pass position_ids",
          lambda: _pos(torch.tensor([1, 2, 3]))),
-    case("positions-wrong-seq", ValueError, r"positions must have shape .*got \[2, 4\]",
-         lambda: _pos(torch.zeros(2, 4, dtype=torch.int64))),
-    case("positions-3d", ValueError, r"positions must have shape .*got \[2, 3, 1\]",
-         lambda: _pos(torch.zeros(2, 3, 1, dtype=torch.int64))),
-    case("positions-offset-out-of-table", IndexError, r"token \(batch 1, seq 2\) has position 16 \(start_pos 0 \+ positions\), outside the freqs table \[0, 16\)",
+    case("offsets-2d", ValueError, r"offsets must have shape .*got \[2, 3\]; for absolute ids .*pass position_ids",
+         lambda: _pos(torch.zeros(2, 3, dtype=torch.int64))),
+    case("ids-wrong-seq", ValueError, r"position_ids must have shape \[seq_len\] or \[batch, seq_len\] \(absolute positions, as in Hugging Face\) with batch = 2, seq_len = 3; got \[2, 4\]",
+         lambda: _ids(torch.zeros(2, 4, dtype=torch.int64))),
+    case("ids-per-batch-shape", ValueError, r"position_ids must have shape .*got \[2\]; for per-batch offsets \[batch\] pass offsets",
+         lambda: _ids(torch.tensor([1, 2]))),
+    case("ids-0d", ValueError, r"position_ids must have shape .*got \[\]; for one offset added to start_pos \+ s pass offsets",
+         lambda: _ids(torch.tensor(1))),
+    case("ids-3d", ValueError, r"position_ids must have shape .*got \[2, 3, 1\]",
+         lambda: _ids(torch.zeros(2, 3, 1, dtype=torch.int64))),
+    case("ids-with-start-pos", ValueError, r"apply_rope: start_pos must be 0 with position_ids \(they are absolute positions\), got start_pos = 1; add it to the ids, or pass offsets for per-sequence starts",
+         lambda: _ids(torch.zeros(2, 3, dtype=torch.int64), start=1)),
+    case("qk-ids-with-start-pos", ValueError, r"apply_rope_qk: start_pos must be 0 with position_ids",
+         lambda: _ids(torch.zeros(3, dtype=torch.int32), start=4, qk=True)),
+    case("offsets-and-ids", ValueError, r"apply_rope: pass offsets \(per-sequence starts\) or position_ids \(absolute ids\), not both",
+         lambda: (_rope(offsets=torch.tensor(0), position_ids=torch.zeros(3, dtype=torch.int64)), [X(2, 2, 3, 8), F()])),
+    case("offsets-out-of-table", IndexError, r"token \(batch 1, seq 2\) has position 16 \(start_pos 0 \+ offsets \+ s\), outside the freqs table \[0, 16\); pass inv_freq or build a longer table \(max_seq_len > 16\)",
          lambda: _pos(torch.tensor([0, 14]))),
-    case("positions-ids-out-of-table", IndexError, r"has position 21.*outside the freqs table",
-         lambda: _pos(torch.tensor([[0, 1, 2], [3, 4, 20]]), start=1)),
-    case("positions-negative", ValueError, r"apply_rope: token \(batch 1, seq 1\) has negative position -1 \(start_pos 0 \+ positions\)",
-         lambda: _pos(torch.tensor([[0, 1, 2], [3, -1, 5]]))),
-    case("positions-offset-negative", ValueError, r"token \(batch 0, seq 0\) has negative position -2 \(start_pos 1 \+ positions\)",
+    case("ids-out-of-table", IndexError, r"has position 21 \(position_ids\), outside the freqs table.*max_seq_len > 21",
+         lambda: _ids(torch.tensor([[0, 1, 2], [3, 4, 21]]))),
+    case("ids-int32-out-of-table", IndexError, r"has position 16 \(position_ids\)",
+         lambda: _ids(torch.tensor([0, 16, 2], dtype=torch.int32))),
+    case("ids-negative", ValueError, r"apply_rope: token \(batch 1, seq 1\) has negative position -1 \(position_ids\)",
+         lambda: _ids(torch.tensor([[0, 1, 2], [3, -1, 5]]))),
+    case("offsets-negative", ValueError, r"token \(batch 0, seq 0\) has negative position -2 \(start_pos 1 \+ offsets \+ s\)",
          lambda: _pos(torch.tensor([-3, 0]), start=1)),
-    case("qk-positions-negative", ValueError, r"apply_rope_qk: token \(batch 0, seq 2\) has negative position -7",
-         lambda: _pos(torch.tensor([[0, 1, -7], [0, 1, 2]]), qk=True)),
-    case("positions-too-large", IndexError, r"apply_rope: positions must lie in \(-2\^60, 2\^60\), got 1152921504606846976",
-         lambda: _pos(torch.tensor([[0, 1, 2], [3, 2**60, 5]]))),
-    case("positions-too-negative", IndexError, r"positions must lie in \(-2\^60, 2\^60\), got -1152921504606846976",
+    case("qk-ids-negative", ValueError, r"apply_rope_qk: token \(batch 0, seq 2\) has negative position -7",
+         lambda: _ids(torch.tensor([[0, 1, -7], [0, 1, 2]]), qk=True)),
+    case("ids-too-large", IndexError, r"apply_rope: position_ids must lie in \(-2\^60, 2\^60\), got 1152921504606846976",
+         lambda: _ids(torch.tensor([[0, 1, 2], [3, 2**60, 5]]))),
+    case("offsets-too-negative", IndexError, r"offsets must lie in \(-2\^60, 2\^60\), got -1152921504606846976",
          lambda: _pos(torch.tensor([0, -(2**60)]))),
-    case("positions-scalar-plus-start", IndexError, r"position 16 .*outside",
+    case("offsets-scalar-plus-start", IndexError, r"position 16 .*outside",
          lambda: _pos(torch.tensor(4), start=10)),
-    case("qk-positions-out-of-table", IndexError, r"apply_rope_qk: token .* outside the freqs table",
+    case("qk-offsets-out-of-table", IndexError, r"apply_rope_qk: token .* outside the freqs table",
          lambda: _pos(torch.tensor([0, 100]), qk=True)),
-    case("qk-positions-int32", TypeError, r"apply_rope_qk: positions must be int64",
-         lambda: _pos(torch.tensor(1, dtype=torch.int32), qk=True)),
+    case("qk-offsets-float", TypeError, r"apply_rope_qk: offsets must have an integer dtype",
+         lambda: _pos(torch.tensor(1.0), qk=True)),
     # ---- devices (meta stands in for a second device on CPU-only machines)
     case("freqs-other-device", ValueError, r"apply_rope: freqs is on meta but q/x is on cpu; move both to the same device",
          lambda: (_rope(), [X(1, 2, 3, 8), F().to("meta")])),
@@ -161,8 +180,10 @@ CASES = [
          lambda: (_rope(), [X(1, 2, 3, 8).to("meta"), F()])),
     case("k-other-device", ValueError, r"apply_rope_qk: k is on meta but q/x is on cpu",
          lambda: (_qk(), [X(1, 2, 3, 8), X(1, 2, 3, 8).to("meta"), F()])),
-    case("positions-other-device", ValueError, r"positions is on meta but q/x is on cpu",
-         lambda: (_rope(positions=torch.tensor([1], device="meta")), [X(1, 2, 3, 8), F()])),
+    case("offsets-other-device", ValueError, r"offsets is on meta but q/x is on cpu",
+         lambda: (_rope(offsets=torch.tensor([1], device="meta")), [X(1, 2, 3, 8), F()])),
+    case("ids-other-device", ValueError, r"position_ids is on meta but q/x is on cpu",
+         lambda: (_rope(position_ids=torch.tensor([1, 2, 3], device="meta")), [X(1, 2, 3, 8), F()])),
     # ---- freqs requiring grad
     case("freqs-requires-grad", ValueError, r"freqs requires grad.*freqs\.detach\(\)",
          lambda: (_rope(), [X(1, 2, 3, 8).requires_grad_(), F().requires_grad_()])),
@@ -170,21 +191,21 @@ CASES = [
          lambda: (_qk(), [X(1, 2, 3, 8).requires_grad_(), X(1, 2, 3, 8).requires_grad_(), F().requires_grad_()])),
     # ---- rope_freqs
     case("rope-freqs-odd-dim", ValueError, r"rope_freqs: dim must be even and > 0, got 7",
-         lambda: (lambda: rotary.rope_freqs(7, 16), [])),
+         lambda: (lambda: rotary.freqs_table(7, 16), [])),
     case("rope-freqs-zero-dim", ValueError, r"rope_freqs: dim must be even and > 0, got 0",
-         lambda: (lambda: rotary.rope_freqs(0, 16), [])),
+         lambda: (lambda: rotary.freqs_table(0, 16), [])),
     case("rope-freqs-negative-dim", ValueError, r"dim must be even and > 0, got -4",
-         lambda: (lambda: rotary.rope_freqs(-4, 16), [])),
+         lambda: (lambda: rotary.freqs_table(-4, 16), [])),
     case("rope-freqs-negative-len", ValueError, r"rope_freqs: max_seq_len must be >= 0, got -1",
-         lambda: (lambda: rotary.rope_freqs(8, -1), [])),
+         lambda: (lambda: rotary.freqs_table(8, -1), [])),
     case("rope-freqs-theta-zero", ValueError, r"rope_freqs: theta must be finite and > 0, got 0",
-         lambda: (lambda: rotary.rope_freqs(8, 16, 0.0), [])),
+         lambda: (lambda: rotary.freqs_table(8, 16, 0.0), [])),
     case("rope-freqs-theta-negative", ValueError, r"theta must be finite and > 0, got -10000",
-         lambda: (lambda: rotary.rope_freqs(8, 16, -10000.0), [])),
+         lambda: (lambda: rotary.freqs_table(8, 16, -10000.0), [])),
     case("rope-freqs-theta-nan", ValueError, r"theta must be finite and > 0, got nan",
-         lambda: (lambda: rotary.rope_freqs(8, 16, float("nan")), [])),
+         lambda: (lambda: rotary.freqs_table(8, 16, float("nan")), [])),
     case("rope-freqs-theta-inf", ValueError, r"theta must be finite",
-         lambda: (lambda: rotary.rope_freqs(8, 16, float("inf")), [])),
+         lambda: (lambda: rotary.freqs_table(8, 16, float("inf")), [])),
     # ---- RotaryEmbedding (Python)
     case("module-odd-dim", ValueError, r"dim must be even and > 0, got 7",
          lambda: (lambda: rotary.RotaryEmbedding(7, 16), [])),
@@ -202,9 +223,9 @@ CASES = [
          lambda: (lambda x: rotary.RotaryEmbedding(8, 16)(x, start_pos=-2), [X(1, 2, 3, 8)])),
     # dim > head_dim is an error; dim < head_dim is partial rotary (see
     # test_module_partial_rotary).
-    case("module-wrong-head-dim", ValueError, r"apply_rope: freqs must have shape \[max_seq_len, rotary_dim / 2\] with 0 < rotary_dim <= head_dim = 6 \(full rotation: \[\*, 3\]\), got \[16, 4\]",
+    case("module-wrong-head-dim", ValueError, r"^RotaryEmbedding\(dim=8\): head_dim must be >= dim \(the rotated width\), got head_dim 6 \(shape \(1, 2, 3, 6\)\)$",
          lambda: (lambda x: rotary.RotaryEmbedding(8, 16)(x), [X(1, 2, 3, 6)])),
-    case("module-qk-wrong-head-dim", ValueError, r"apply_rope_qk: freqs must have shape .*head_dim = 4 .*got \[16, 4\]",
+    case("module-qk-wrong-head-dim", ValueError, r"RotaryEmbedding\(dim=8\): head_dim must be >= dim .*got head_dim 4",
          lambda: (lambda q, k: rotary.RotaryEmbedding(8, 16)(q, k), [X(1, 2, 3, 4), X(1, 1, 3, 4)])),
     case("module-qk-mismatch", ValueError, r"k must match q",
          lambda: (lambda q, k: rotary.RotaryEmbedding(8, 16)(q, k), [X(1, 2, 3, 8), X(1, 2, 4, 8)])),
@@ -219,11 +240,11 @@ CASES = [
          lambda: (lambda x: rotary.CppRotaryEmbedding(8, 16)(x, start_pos=2**60), [X(1, 2, 3, 8)])),
     case("cpp-qk-start-pos-2^60", IndexError, r"RotaryEmbedding: start_pos must be < 2\^60, got 1152921504606846977",
          lambda: (lambda q, k: rotary.CppRotaryEmbedding(8, 16)(q, k, start_pos=2**60 + 1), [X(1, 2, 3, 8), X(1, 1, 3, 8)])),
-    case("cpp-wrong-head-dim", ValueError, r"apply_rope: freqs must have shape \[max_seq_len, rotary_dim / 2\] with 0 < rotary_dim <= head_dim = 6 \(full rotation: \[\*, 3\]\), got \[16, 4\]",
+    case("cpp-wrong-head-dim", ValueError, r"RotaryEmbedding\(dim=8\): head_dim must be >= dim \(the rotated width\), got head_dim 6 \(shape \[1, 2, 3, 6\]\)",
          lambda: (lambda x: rotary.CppRotaryEmbedding(8, 16)(x), [X(1, 2, 3, 6)])),
     case("cpp-negative-start", ValueError, r"start_pos must be >= 0, got -1",
          lambda: (lambda x: rotary.CppRotaryEmbedding(8, 16)(x, start_pos=-1), [X(1, 2, 3, 8)])),
-    case("cpp-odd-input-head-dim", ValueError, r"head_dim\) must be even",
+    case("cpp-odd-input-head-dim", ValueError, r"head_dim must be >= dim .*got head_dim 7",
          lambda: (lambda x: rotary.CppRotaryEmbedding(8, 16)(x), [X(1, 2, 3, 7)])),
     # ==== added with "Exact, hard to misuse": in-place ops, cu_seqlens,
     # layout, inv_freq, angle_dtype, loading mismatched tables, CUDA devices.
@@ -245,6 +266,26 @@ CASES = [
          lambda: (lambda t, f: rotary.apply_rope_(t.expand(2, 2, 3, 8), f), [X(1, 1, 3, 8), F()])),
     case("qk-inplace-expanded-k", ValueError, r"apply_rope_qk_: k has elements sharing memory",
          lambda: (lambda q, t, f: rotary.apply_rope_qk_(q, t.expand(1, 2, 3, 8), f), [X(1, 2, 3, 8), X(1, 1, 3, 8), F()])),
+    # any strides, decided exactly: a partial overlap at an odd offset, a view
+    # that overlaps itself, and an input the rotation reads (the whole buffer
+    # is the snapshot, so a refused call must leave every byte of it alone)
+    case("qk-inplace-partial-overlap-last-dim", ValueError, r"apply_rope_qk_: q and k overlap in memory; in place, each element must belong to one of them",
+         lambda: (lambda b, f: rotary.apply_rope_qk_(b[..., 0:8], b[..., 4:12], f), [X(1, 2, 4, 12), F()])),
+    case("qk-inplace-strided-overlap", ValueError, r"apply_rope_qk_: q and k overlap in memory",
+         lambda: (lambda b, f: rotary.apply_rope_qk_(b.as_strided((1, 2, 3, 8), (96, 48, 16, 1), 0),
+                                                      b.as_strided((1, 2, 3, 8), (96, 48, 16, 1), 4), f), [X(128), F()])),
+    case("inplace-as-strided-self-overlap", ValueError, r"apply_rope_: x has elements sharing memory \(an expanded view\?\); an in-place rotation needs distinct elements",
+         lambda: (lambda b, f: rotary.apply_rope_(b.as_strided((1, 1, 4, 8), (32, 32, 4, 1)), f), [X(64), F()])),
+    case("qk-inplace-k-self-overlap", ValueError, r"apply_rope_qk_: k has elements sharing memory",
+         lambda: (lambda q, b, f: rotary.apply_rope_qk_(q, b.as_strided((1, 2, 3, 8), (0, 8, 6, 1)), f), [X(1, 2, 3, 8), X(64), F()])),
+    case("inplace-expanded-batch-as-strided", ValueError, r"apply_rope_: x has elements sharing memory",
+         lambda: (lambda b, f: rotary.apply_rope_(b.as_strided((2, 1, 3, 8), (0, 24, 8, 1)), f), [X(24), F()])),
+    case("inplace-x-aliases-freqs", ValueError, r"apply_rope_: x and freqs overlap in memory; in place, the rotation would overwrite an input it reads",
+         lambda: (lambda f: rotary.apply_rope_(torch.view_as_real(f).view(1, 1, 16, 8), f), [F().clone()])),
+    case("inplace-freqs-requires-grad", ValueError, r"rotary: freqs requires grad, but gradients with respect to the frequency table are not supported",
+         lambda: (lambda x, f: rotary.apply_rope_(x, f), [X(1, 2, 3, 8), F().requires_grad_()])),
+    case("qk-inplace-freqs-requires-grad", ValueError, r"rotary: freqs requires grad",
+         lambda: (lambda q, k, f: rotary.apply_rope_qk_(q, k, f), [X(1, 2, 3, 8), X(1, 1, 3, 8), F().requires_grad_()])),
     case("inplace-int32", TypeError, r"apply_rope_: x must be float32, float64, float16 or bfloat16, got Int",
          lambda: (lambda x, f: rotary.apply_rope_(x, f), [I(1, 2, 3, 8), F()])),
     case("inplace-odd-head-dim", ValueError, r"apply_rope_: x\.size\(-1\) \(head_dim\) must be even and > 0, got 7",
@@ -253,10 +294,12 @@ CASES = [
          lambda: (lambda x, f: rotary.apply_rope_(x, f), [X(1, 2, 3, 6), F()])),
     case("qk-inplace-rotary-dim-gt-head-dim", ValueError, r"apply_rope_qk_: freqs must have shape .*head_dim = 8 .*got \[16, 6\]",
          lambda: (lambda q, k, f: rotary.apply_rope_qk_(q, k, f), [X(1, 2, 3, 8), X(1, 1, 3, 8), F(12)])),
-    case("inplace-positions-float", TypeError, r"apply_rope_: positions must be int64, got Float",
-         lambda: (lambda x, f, p: rotary.apply_rope_(x, f, positions=p), [X(2, 2, 3, 8), F(), torch.tensor([1.0, 2.0])])),
-    case("inplace-positions-wrong-shape", ValueError, r"apply_rope_: positions must have shape \[\] or \[batch\].*got \[2, 4\]",
-         lambda: (lambda x, f, p: rotary.apply_rope_(x, f, positions=p), [X(2, 2, 3, 8), F(), torch.zeros(2, 4, dtype=torch.int64)])),
+    case("inplace-offsets-float", TypeError, r"apply_rope_: offsets must have an integer dtype .*got Float",
+         lambda: (lambda x, f, p: rotary.apply_rope_(x, f, offsets=p), [X(2, 2, 3, 8), F(), torch.tensor([1.0, 2.0])])),
+    case("inplace-ids-wrong-shape", ValueError, r"apply_rope_: position_ids must have shape \[seq_len\] or \[batch, seq_len\].*got \[2, 4\]",
+         lambda: (lambda x, f, p: rotary.apply_rope_(x, f, position_ids=p), [X(2, 2, 3, 8), F(), torch.zeros(2, 4, dtype=torch.int64)])),
+    case("inplace-ids-with-start-pos", ValueError, r"apply_rope_: start_pos must be 0 with position_ids",
+         lambda: (lambda x, f, p: rotary.apply_rope_(x, f, 2, position_ids=p), [X(2, 2, 3, 8), F(), torch.zeros(3, dtype=torch.int64)])),
     case("qk-inplace-batch-mismatch", ValueError, r"apply_rope_qk_: k must match q in batch, seq_len and head_dim.*k has shape \[1, 2, 3, 8\]",
          lambda: (lambda q, k, f: rotary.apply_rope_qk_(q, k, f), [X(2, 2, 3, 8), X(1, 2, 3, 8), F()])),
     case("qk-inplace-seq-mismatch", ValueError, r"apply_rope_qk_: k must match q.*k has shape \[2, 2, 4, 8\]",
@@ -264,7 +307,7 @@ CASES = [
     case("inplace-start-pos-out-of-table", IndexError, r"apply_rope_: start_pos \+ seq_len = 14 \+ 3 = 17 exceeds the freqs table length",
          lambda: (lambda x, f: rotary.apply_rope_(x, f, 14), [X(1, 2, 3, 8), F()])),
     case("qk-inplace-positions-out-of-table", IndexError, r"apply_rope_qk_: token \(batch 1, seq 2\) has position 16",
-         lambda: (lambda q, k, f, p: rotary.apply_rope_qk_(q, k, f, positions=p), [X(2, 2, 3, 8), X(2, 1, 3, 8), F(), torch.tensor([0, 14])])),
+         lambda: (lambda q, k, f, p: rotary.apply_rope_qk_(q, k, f, offsets=p), [X(2, 2, 3, 8), X(2, 1, 3, 8), F(), torch.tensor([0, 14])])),
     # ---- cu_seqlens (packed varlen)
     case("cu-seqlens-not-monotonic", ValueError, r"apply_rope: cu_seqlens must start at 0, never decrease, and end at total_tokens = 5; got \[0, 3, 2, 5\]",
          lambda: (_rope(cu_seqlens=torch.tensor([0, 3, 2, 5])), [X(5, 2, 8), F()])),
@@ -280,8 +323,8 @@ CASES = [
          lambda: (_rope(cu_seqlens=torch.tensor([[0, 5]])), [X(5, 2, 8), F()])),
     case("cu-seqlens-with-4d-x", ValueError, r"with cu_seqlens, x must be 3-D \[total_tokens, heads, head_dim\], got shape \[1, 5, 2, 8\]",
          lambda: (_rope(cu_seqlens=torch.tensor([0, 5])), [X(1, 5, 2, 8), F()])),
-    case("cu-seqlens-positions-wrong-shape", ValueError, r"with cu_seqlens, positions must have shape \[\].*\[total_tokens\] = \[5\].*got \[6\]",
-         lambda: (_rope(cu_seqlens=torch.tensor([0, 2, 5]), positions=torch.zeros(6, dtype=torch.int64)), [X(5, 2, 8), F()])),
+    case("cu-seqlens-ids-wrong-shape", ValueError, r"with cu_seqlens, position_ids must have shape \[total_tokens\] = \[5\].*got \[6\]",
+         lambda: (_rope(cu_seqlens=torch.tensor([0, 2, 5]), position_ids=torch.zeros(6, dtype=torch.int64)), [X(5, 2, 8), F()])),
     # ---- layout, inv_freq
     case("bad-layout", ValueError, r"apply_rope: layout must be 'BHSD', 'BSHD' or 'SBHD', got 'BHDS'",
          lambda: (_rope(layout="BHDS"), [X(1, 2, 3, 8), F()])),
@@ -291,7 +334,7 @@ CASES = [
          lambda: (_rope(inv_freq=torch.ones(3, dtype=torch.float64)), [X(1, 2, 3, 8), F()])),
     # ---- angle_dtype
     case("rope-freqs-angle-dtype", ValueError, r"rope_freqs: angle_dtype must be 'float64' .* or 'float32' .*got 'float16'",
-         lambda: (lambda: rotary.rope_freqs(8, 4, angle_dtype="float16"), [])),
+         lambda: (lambda: rotary.freqs_table(8, 4, angle_dtype="float16"), [])),
     case("module-angle-dtype", ValueError, r"RotaryEmbedding: angle_dtype must be 'float64'.*got torch\.float16",
          lambda: (lambda: rotary.RotaryEmbedding(8, 16, angle_dtype=torch.float16), [])),
     case("cpp-angle-dtype", ValueError, r"RotaryEmbedding: angle_dtype must be 'float64'.*got 'bfloat16'",
@@ -327,6 +370,70 @@ def test_bad_input(build, exc, match):
     with pytest.raises(exc, match=match):
         fn(*inputs)
     snap.check()
+
+
+# ---- formerly wrong results: now refused above, or equal to the reference
+def test_inplace_disjoint_interleaved_views_match_reference():
+    """q and k taking the even and odd elements of one buffer share no element:
+    accepted, and each rotated as the reference rotates it."""
+    buf = X(1, 2, 3, 16, dtype=torch.float64, seed=3)
+    q, k = buf[..., 0::2], buf[..., 1::2]
+    eq, ek = rope_reference(q, 2), rope_reference(k, 2)
+    rotary.apply_rope_qk_(q, k, F(), 2)
+    assert_close_ref(q, eq, torch.float64)
+    assert_close_ref(k, ek, torch.float64)
+
+
+def test_inplace_gapped_views_sharing_a_buffer_match_reference():
+    """Rows of 8 with gaps of 8, and a twin view filling the gaps: disjoint."""
+    buf = X(128, dtype=torch.float64, seed=9)
+    q = buf.as_strided((1, 2, 3, 8), (96, 48, 16, 1), 0)
+    k = buf.as_strided((1, 2, 3, 8), (96, 48, 16, 1), 8)
+    eq, ek = rope_reference(q, 0), rope_reference(k, 0)
+    rotary.apply_rope_qk_(q, k, F())
+    assert_close_ref(q, eq, torch.float64)
+    assert_close_ref(k, ek, torch.float64)
+
+
+def test_inplace_irregular_distinct_strides_match_reference():
+    """Offsets {0, 2, 4} + {0, 3} are distinct (torch's check says TooHard)."""
+    x = X(8, dtype=torch.float64, seed=4).as_strided((1, 1, 3, 2), (8, 8, 2, 3))
+    expected = rope_reference(x, 1)
+    rotary.apply_rope_(x, rotary.rope_freqs(2, 8), 1)
+    assert_close_ref(x, expected, torch.float64)
+
+
+@pytest.mark.parametrize("inverse", [False, True])
+def test_conjugate_table_past_the_table_with_inv_freq(inverse):
+    """freqs.conj() turns by -angle on every row, the rows past the table
+    (from inv_freq) included; the gradient turns by +angle. Every entry point."""
+    f = rotary.rope_freqs(8, 4).conj()
+    x, k = X(1, 2, 6, 8, dtype=torch.float64, seed=5), X(1, 1, 6, 8, dtype=torch.float64, seed=6)
+    ex, ek = rope_reference(x, 1, inverse=not inverse), rope_reference(k, 1, inverse=not inverse)
+    kw = dict(inverse=inverse, inv_freq=INV())
+    assert_close_ref(rotary.apply_rope(x, f, 1, **kw), ex, torch.float64)
+    oq, ok = rotary.apply_rope_qk(x, k, f, 1, **kw)
+    assert_close_ref(oq, ex, torch.float64)
+    assert_close_ref(ok, ek, torch.float64)
+    xi, ki = x.clone(), k.clone()
+    rotary.apply_rope_(xi, f, 1, **kw)
+    assert_close_ref(xi, ex, torch.float64)
+    xi, ki = x.clone(), k.clone()
+    rotary.apply_rope_qk_(xi, ki, f, 1, **kw)
+    assert_close_ref(xi, ex, torch.float64)
+    assert_close_ref(ki, ek, torch.float64)
+    leaf, g = x.clone().requires_grad_(), X(1, 2, 6, 8, dtype=torch.float64, seed=7)
+    rotary.apply_rope(leaf, f, 1, **kw).backward(g)
+    assert_close_ref(leaf.grad, rope_reference(g, 1, inverse=inverse), torch.float64)
+
+
+def test_conjugate_table_issue_reproducer():
+    f = rotary.rope_freqs(8, 4)
+    inv, _ = rotary.rope_frequencies(8)
+    x = X(1, 1, 6, 8, dtype=torch.float64, seed=8)
+    a = rotary.apply_rope(x, f.conj(), 0, True, inv_freq=inv)
+    b = rotary.apply_rope(x, rotary.rope_freqs(8, 16), 0, True, inverse=True)
+    torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
 # ---- formerly errors, now valid input: the result must match the reference
@@ -422,8 +529,10 @@ def test_meta_kernel_reports_same_errors():
         rotary.apply_rope(torch.empty(1, 2, 3, 8, device="meta"), torch.empty(16, 4, device="meta"))
     with pytest.raises(ValueError, match=r"k must match q"):
         rotary.apply_rope_qk(torch.empty(2, 2, 3, 8, device="meta"), torch.empty(2, 2, 4, 8, device="meta"), f)
-    with pytest.raises(TypeError, match=r"positions must be int64"):
-        rotary.apply_rope(torch.empty(2, 2, 3, 8, device="meta"), f, positions=torch.empty(2, dtype=torch.int32, device="meta"))
+    with pytest.raises(TypeError, match=r"offsets must have an integer dtype"):
+        rotary.apply_rope(torch.empty(2, 2, 3, 8, device="meta"), f, offsets=torch.empty(2, device="meta"))
+    with pytest.raises(ValueError, match=r"start_pos must be 0 with position_ids"):
+        rotary.apply_rope(torch.empty(2, 2, 3, 8, device="meta"), f, 3, position_ids=torch.empty(3, dtype=torch.int32, device="meta"))
     out = rotary.apply_rope(torch.empty(2, 2, 3, 8, device="meta"), f, 1)
     assert out.shape == (2, 2, 3, 8) and out.device.type == "meta"
 
@@ -438,14 +547,14 @@ _OVERFLOW_SCRIPT = textwrap.dedent(
     """
     import sys, torch, rotary
     assert rotary.__file__ == sys.argv[1], (rotary.__file__, sys.argv[1])
-    f = rotary.rope_freqs(8, 16)
+    f = rotary.freqs_table(8, 16)
     inv = torch.pow(10000.0, -torch.arange(0, 8, 2, dtype=torch.float64) / 8)
     x = torch.randn(1, 1, 2, 8)
     py, cpp = rotary.RotaryEmbedding(8, 16), rotary.CppRotaryEmbedding(8, 16)
     bound = {  # rejected by the 2^60 bound on start_pos
         "apply_rope(inv_freq)": lambda s: rotary.apply_rope(x, f, s, inv_freq=inv),
         "apply_rope_qk(inv_freq)": lambda s: rotary.apply_rope_qk(x, x, f, s, inv_freq=inv),
-        "apply_rope(positions)": lambda s: rotary.apply_rope(x, f, s, positions=torch.tensor(0)),
+        "apply_rope(offsets)": lambda s: rotary.apply_rope(x, f, s, offsets=torch.tensor(0)),
         "RotaryEmbedding": lambda s: py(x, start_pos=s),
         "RotaryEmbedding qk": lambda s: py(x, x, start_pos=s),
         "CppRotaryEmbedding": lambda s: cpp(x, start_pos=s),
@@ -497,6 +606,23 @@ def test_start_pos_overflow_is_rejected():
     the bug this guards against reads arbitrary memory and may crash."""
     r = _run_in_subprocess(_OVERFLOW_SCRIPT)
     assert r.returncode == 0, f"rc={r.returncode}\n{r.stdout}\n{r.stderr[-2000:]}"
+
+
+@pytest.mark.parametrize("start,exc,match", [
+    (2**64, IndexError, r"start_pos must be < 2\^60, got 18446744073709551616"),
+    (2**63, IndexError, r"start_pos must be < 2\^60, got 9223372036854775808"),
+    (-(2**63) - 1, ValueError, r"start_pos must be >= 0, got -9223372036854775809"),
+])
+@pytest.mark.parametrize("op", ["apply_rope", "apply_rope_qk", "apply_rope_", "apply_rope_qk_"])
+def test_op_start_pos_outside_int64_names_start_pos(op, start, exc, match):
+    """torch's own parser would say "Expected a value of type 'int' ... found
+    type 'int'"; the wrappers name the argument and the bound."""
+    x, k = X(1, 1, 2, 8), X(1, 1, 2, 8, seed=1)
+    snap = Snapshot(x, k)
+    args = (x, k) if "qk" in op else (x,)
+    with pytest.raises(exc, match=f"{op}: {match}"):
+        getattr(rotary, op)(*args, F(), start, inv_freq=INV())
+    snap.check()
 
 
 @pytest.mark.parametrize("qk", [False, True], ids=["apply_rope", "apply_rope_qk"])

@@ -370,7 +370,7 @@ def test_kernel_is_used(monkeypatch):
     real = rt._apply_qk
 
     def counting(*args, **kwargs):
-        calls.append(kwargs["positions"].shape)
+        calls.append(kwargs["position_ids"].shape)
         return real(*args, **kwargs)
 
     def forbidden(x):

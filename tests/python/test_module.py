@@ -42,7 +42,7 @@ def test_buffer(kind):
     f = bufs["freqs"]
     assert f is m.freqs or torch.equal(f, m.freqs)
     assert f.dtype == torch.complex64 and f.shape == (48, 8)
-    assert torch.equal(f, rotary.rope_freqs(16, 48, 500.0))
+    assert torch.equal(f, rotary.freqs_table(16, 48, 500.0))
     assert np.abs(f.numpy().astype(np.complex128) - freqs_reference(16, 48, 500.0)).max() < 1e-7
     inv = bufs["inv_freq"]
     assert inv is m.inv_freq or torch.equal(inv, m.inv_freq)
@@ -90,11 +90,11 @@ def test_python_forward_positions(interleaved):
     q = make_heads(2, 3, 5, 16, seed=53)
     k = make_heads(2, 1, 5, 16, seed=54)
     ids = torch.tensor([[0, 4, 8, 12, 16], [63, 62, 61, 60, 59]])
-    oq, ok = m(q, k, positions=ids)
+    oq, ok = m(q, k, position_ids=ids)
     assert_close_ref(oq, rope_reference(q, 0, interleaved, ids), torch.float32)
     assert_close_ref(ok, rope_reference(k, 0, interleaved, ids), torch.float32)
     off = torch.tensor([3, 50])
-    out = m(q, start_pos=2, positions=off)
+    out = m(q, start_pos=2, offsets=off)
     assert_close_ref(out, rope_reference(q, 2, interleaved, off), torch.float32)
 
 
@@ -327,7 +327,7 @@ def test_partial_rotary(kind, interleaved):
     assert_close_ref(oq, ref(x, 30), torch.float32)
     assert_close_ref(ok, ref(k, 30), torch.float32)
     snap.check()
-    with pytest.raises(ValueError, match=r"freqs must have shape \[max_seq_len, rotary_dim / 2\] with 0 < rotary_dim <= head_dim = 6 \(full rotation: \[\*, 3\]\), got \[32, 4\]"):
+    with pytest.raises(ValueError, match=r"RotaryEmbedding\(dim=8\): head_dim must be >= dim \(the rotated width\), got head_dim 6"):
         m(x[..., :6])
 
 
@@ -434,7 +434,58 @@ def test_attention_relative_with_position_ids():
     row_k = make_heads(1, 2, 5, 16, torch.float64, seed=67)
     q, k = row_q.expand(3, 2, 5, 16), row_k.expand(3, 2, 5, 16)
     ids = torch.arange(5) + torch.tensor([[0], [37], [400]])
-    qr, kr = m(q, k, positions=ids)
+    qr, kr = m(q, k, position_ids=ids)
     scores = qr @ kr.transpose(-1, -2)
     torch.testing.assert_close(scores[1], scores[0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(scores[2], scores[0], rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------
+# Arguments of the wrong type: the error names the user's argument
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", MODULES)
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        (dict(interleaved="yes"), TypeError, r"RotaryEmbedding: interleaved must be a bool .*got 'yes'"),
+        (dict(interleaved=None), TypeError, r"interleaved must be a bool .*got None"),
+        (dict(interleaved=1), TypeError, r"interleaved must be a bool .*got 1"),
+        (dict(dim=8.0), TypeError, r"RotaryEmbedding: dim must be an int, got 8.0"),
+        (dict(max_seq_len="64"), TypeError, r"max_seq_len must be an int, got '64'"),
+        (dict(max_seq_len=2**64), ValueError, r"max_seq_len must fit in int64"),
+        (dict(theta="1e4"), TypeError, r"theta must be a number, got '1e4'"),
+        (dict(angle_dtype=None), ValueError, r"angle_dtype must be 'float64'.*got None"),
+    ],
+)
+def test_constructor_argument_types(kind, kwargs, error, match):
+    args = dict(dim=8, max_seq_len=16, theta=10000.0, interleaved=True)
+    args.update(kwargs)
+    cls = rotary.RotaryEmbedding if kind == "py" else rotary.CppRotaryEmbedding
+    with pytest.raises(error, match=match) as e:
+        cls(**args)
+    assert "incompatible function arguments" not in str(e.value)
+
+
+@pytest.mark.parametrize("kind", MODULES)
+def test_call_argument_errors_name_the_argument(kind):
+    m = make_module(kind, 8, 32)
+    x = randn((1, 2, 3, 8), seed=80)
+    snap = Snapshot(x)
+    cases = [
+        (lambda: m(x, start_pos=2**64), IndexError, r"RotaryEmbedding: start_pos must be < 2\^60, got 18446744073709551616"),
+        (lambda: m(x, 2**64), IndexError, r"start_pos must be < 2\^60, got 18446744073709551616"),
+        (lambda: m(x, start_pos=-(2**70)), ValueError, r"start_pos must be >= 0, got -1180591620717411303424"),
+        (lambda: m(x, torch.tensor(3)), TypeError, r"start_pos must be an int, got a tensor \(tensor\(3\)\)"),
+        (lambda: m(x, start_pos=torch.tensor(3)), TypeError, r"start_pos must be an int, got a tensor"),
+        (lambda: m(x, start_pos=2.0), TypeError, r"start_pos must be an int, got 2.0"),
+        (lambda: m(x, x, start_pos=None), TypeError, r"start_pos must be an int, got None"),
+        (lambda: m(x, "k"), TypeError, r"RotaryEmbedding: k must be a tensor or None, got 'k'"),
+        (lambda: m(x, positions=[1, 2]), TypeError, r"positions must be a tensor or None, got \[1, 2\]"),
+    ]
+    for call, error, match in cases:
+        with pytest.raises(error, match=match) as e:
+            call()
+        assert "incompatible function arguments" not in str(e.value) and "k must be float32" not in str(e.value)
+    snap.check()
+    # an int in k's slot is start_pos
+    assert torch.equal(m(x, 5), m(x, start_pos=5))

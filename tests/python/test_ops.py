@@ -15,6 +15,7 @@ from reference import (
     seed_precompute_freqs,
 )
 from rope_testing import (
+    op_positions,
     DTYPE_IDS,
     DTYPES,
     LAYOUTS,
@@ -40,7 +41,7 @@ def tables():
     def get(dim, max_seq_len=32, theta=10000.0):
         key = (dim, max_seq_len, theta)
         if key not in cache:
-            cache[key] = rotary.rope_freqs(dim, max_seq_len, theta)
+            cache[key] = rotary.freqs_table(dim, max_seq_len, theta)
         return cache[key]
 
     return get
@@ -113,7 +114,7 @@ def test_matches_hf_rotate_half(tables, dtype, head_dim):
 def test_table_close_to_seed_table():
     """The seed's float32-angle table agrees at small positions (it drifts
     at large ones, which is why rotary computes angles in float64)."""
-    ours = rotary.rope_freqs(64, 32)
+    ours = rotary.freqs_table(64, 32)
     seed = seed_precompute_freqs(64, 32)
     torch.testing.assert_close(ours, seed, rtol=0, atol=5e-6)
 
@@ -263,7 +264,7 @@ def test_empty_tensors(tables, B, Hq, Hk, S, dtype):
         assert_close_ref(oq, rope_reference(q, 2, False), dtype)
     # Positions of an empty batch.
     pos = torch.zeros(B, dtype=torch.int64) + 1
-    assert rotary.apply_rope(q, freqs, 0, positions=pos).shape == q.shape
+    assert rotary.apply_rope(q, freqs, **op_positions(0, pos)).shape == q.shape
 
 
 def test_empty_sequence_at_end_of_table(tables):
@@ -289,8 +290,8 @@ def test_positions(tables, kind, interleaved, dtype):
     q = make_heads(B, Hq, S, D, dtype, "transposed", seed=27)
     k = make_heads(B, Hk, S, D, dtype, seed=28)
     snap = Snapshot(q, k, pos, freqs)
-    out = rotary.apply_rope(q, freqs, start, interleaved, positions=pos)
-    oq, ok = rotary.apply_rope_qk(q, k, freqs, start, interleaved, positions=pos)
+    out = rotary.apply_rope(q, freqs, interleaved=interleaved, **op_positions(start, pos))
+    oq, ok = rotary.apply_rope_qk(q, k, freqs, interleaved=interleaved, **op_positions(start, pos))
     snap.check()
     assert_close_ref(out, rope_reference(q, start, interleaved, pos), dtype)
     assert torch.equal(oq, out)
@@ -300,9 +301,9 @@ def test_positions(tables, kind, interleaved, dtype):
 def test_positions_scalar_offset_equals_start_pos(tables):
     freqs = tables(16, 40)
     x = make_heads(2, 3, 5, 16, seed=29)
-    a = rotary.apply_rope(x, freqs, 2, positions=torch.tensor(7))
+    a = rotary.apply_rope(x, freqs, **op_positions(2, torch.tensor(7)))
     assert torch.equal(a, rotary.apply_rope(x, freqs, 9))
-    b = rotary.apply_rope(x, freqs, 0, positions=torch.tensor([7, 7]))
+    b = rotary.apply_rope(x, freqs, **op_positions(0, torch.tensor([7, 7])))
     assert torch.equal(b, rotary.apply_rope(x, freqs, 7))
 
 
@@ -310,7 +311,7 @@ def test_position_ids_arange_equals_no_positions(tables):
     freqs = tables(16, 40)
     x = make_heads(2, 3, 5, 16, seed=30)
     ids = torch.arange(5).expand(2, 5)
-    assert torch.equal(rotary.apply_rope(x, freqs, 3, positions=ids), rotary.apply_rope(x, freqs, 3))
+    assert torch.equal(rotary.apply_rope(x, freqs, **op_positions(3, ids)), rotary.apply_rope(x, freqs, 3))
 
 
 def test_position_ids_per_batch_rows(tables):
@@ -318,7 +319,7 @@ def test_position_ids_per_batch_rows(tables):
     freqs = tables(16, 40)
     x = make_heads(2, 3, 4, 16, torch.float64, seed=31)
     ids = torch.tensor([[0, 1, 2, 3], [10, 11, 12, 13]])
-    out = rotary.apply_rope(x, freqs, 0, positions=ids)
+    out = rotary.apply_rope(x, freqs, **op_positions(0, ids))
     assert torch.equal(out[:1], rotary.apply_rope(x[:1], freqs, 0))
     assert torch.equal(out[1:], rotary.apply_rope(x[1:], freqs, 10))
 
@@ -328,7 +329,7 @@ def test_negative_offsets_inside_table(tables):
     freqs = tables(16, 40)
     x = make_heads(3, 2, 4, 16, torch.float64, seed=32)
     pos = torch.tensor([-6, -1, 2])
-    out = rotary.apply_rope(x, freqs, 6, positions=pos)
+    out = rotary.apply_rope(x, freqs, **op_positions(6, pos))
     assert_close_ref(out, rope_reference(x, 6, True, pos), torch.float64)
 
 
@@ -338,7 +339,7 @@ def test_positions_may_exceed_range_without_start_pos_check(tables):
     freqs = tables(8, 16)
     x = make_heads(1, 1, 10, 8, seed=33)
     ids = torch.zeros(1, 10, dtype=torch.int64)
-    out = rotary.apply_rope(x, freqs, 15, positions=ids)
+    out = rotary.apply_rope(x, freqs, **op_positions(15, ids))
     assert_close_ref(out, rope_reference(x, 15, True, ids), torch.float32)
 
 
@@ -353,20 +354,13 @@ def test_inverse(tables, kind, interleaved, dtype):
     freqs = tables(D, L)
     pos = positions_tensor(kind, B, S, room=L - start, seed=34)
     x = make_heads(B, 3, S, D, dtype, "transposed", seed=35)
-    inv = rotary.apply_rope(x, freqs, start, interleaved, positions=pos, inverse=True)
+    inv = rotary.apply_rope(x, freqs, interleaved=interleaved, inverse=True, **op_positions(start, pos))
     assert_close_ref(inv, rope_reference(x, start, interleaved, pos, inverse=True), dtype)
-    back = rotary.apply_rope(
-        rotary.apply_rope(x, freqs, start, interleaved, positions=pos),
-        freqs,
-        start,
-        interleaved,
-        positions=pos,
-        inverse=True,
-    )
+    back = rotary.apply_rope(rotary.apply_rope(x, freqs, start, interleaved, positions=pos), freqs, interleaved=interleaved, inverse=True, **op_positions(start, pos))
     rtol, atol = TOL[dtype]
     torch.testing.assert_close(back, x, rtol=rtol, atol=atol)
     k = make_heads(B, 1, S, D, dtype, seed=36)
-    iq, ik = rotary.apply_rope_qk(x, k, freqs, start, interleaved, positions=pos, inverse=True)
+    iq, ik = rotary.apply_rope_qk(x, k, freqs, interleaved=interleaved, inverse=True, **op_positions(start, pos))
     assert torch.equal(iq, inv)
     assert_close_ref(ik, rope_reference(k, start, interleaved, pos, inverse=True), dtype)
 
@@ -398,7 +392,7 @@ def test_conj_table_equals_inverse(tables, dtype, interleaved):
 @pytest.mark.parametrize("dim", [2, 8, 64, 128])
 def test_rope_freqs_values(dim, theta):
     L = 257
-    f = rotary.rope_freqs(dim, L, theta)
+    f = rotary.freqs_table(dim, L, theta)
     assert f.dtype == torch.complex64 and f.shape == (L, dim // 2) and f.is_contiguous()
     assert not f.requires_grad and f.device.type == "cpu"
     ref = freqs_reference(dim, L, theta)
@@ -406,17 +400,17 @@ def test_rope_freqs_values(dim, theta):
 
 
 def test_rope_freqs_default_theta():
-    assert torch.equal(rotary.rope_freqs(16, 8), rotary.rope_freqs(16, 8, 10000.0))
-    assert torch.equal(rotary.rope_freqs(16, 8), rotary.rope_freqs(dim=16, max_seq_len=8, theta=10000.0))
+    assert torch.equal(rotary.freqs_table(16, 8), rotary.freqs_table(16, 8, 10000.0))
+    assert torch.equal(rotary.freqs_table(16, 8), rotary.freqs_table(dim=16, max_seq_len=8, theta=10000.0))
 
 
 def test_rope_freqs_empty_table():
-    f = rotary.rope_freqs(8, 0)
+    f = rotary.freqs_table(8, 0)
     assert f.shape == (0, 4) and f.dtype == torch.complex64
 
 
 def test_rope_freqs_first_rows():
-    f = rotary.rope_freqs(8, 3)
+    f = rotary.freqs_table(8, 3)
     assert torch.equal(f[0], torch.ones(4, dtype=torch.complex64))  # position 0: angle 0
     # pair 0 turns exactly one radian per position
     assert abs(complex(f[1, 0]) - np.exp(1j)) < 1e-7
@@ -425,7 +419,7 @@ def test_rope_freqs_first_rows():
 @pytest.fixture(scope="module")
 def huge_table():
     """dim 8, 2**20 + 1 rows: 4M complex64 values, 32 MB."""
-    return rotary.rope_freqs(8, 2**20 + 1)
+    return rotary.freqs_table(8, 2**20 + 1)
 
 
 def test_rope_freqs_million_positions(huge_table):
@@ -446,7 +440,7 @@ def test_apply_rope_at_million_positions(huge_table, interleaved):
     out = rotary.apply_rope(x, huge_table, 2**20, interleaved)
     assert_close_ref(out, rope_reference(x, 2**20, interleaved), torch.float64)
     ids = torch.tensor([[2**20], [2**19 + 12345]])
-    out = rotary.apply_rope(x, huge_table, 0, interleaved, positions=ids)
+    out = rotary.apply_rope(x, huge_table, interleaved=interleaved, **op_positions(0, ids))
     assert_close_ref(out, rope_reference(x, 0, interleaved, ids), torch.float64)
 
 
@@ -457,7 +451,8 @@ def test_apply_rope_at_million_positions(huge_table, interleaved):
 def test_schema_keyword_only(name):
     schema = getattr(torch.ops.rotary, name).default._schema
     args = {a.name: a for a in schema.arguments}
-    assert args["positions"].kwarg_only and args["inverse"].kwarg_only
+    assert args["offsets"].kwarg_only and args["position_ids"].kwarg_only and args["inverse"].kwarg_only
+    assert "positions" not in args
     assert not args["start_pos"].kwarg_only and not args["interleaved"].kwarg_only
     assert not schema.is_mutable
 
@@ -468,11 +463,11 @@ def test_wrappers_equal_raw_ops(tables):
     k = make_heads(2, 1, 5, 16, seed=41)
     pos = torch.tensor([1, 2])
     assert torch.equal(
-        rotary.apply_rope(q, freqs, 3, False, positions=pos, inverse=True),
-        torch.ops.rotary.apply_rope(q, freqs, 3, False, positions=pos, inverse=True),
+        rotary.apply_rope(q, freqs, interleaved=False, inverse=True, **op_positions(3, pos)),
+        torch.ops.rotary.apply_rope(q, freqs, interleaved=False, inverse=True, **op_positions(3, pos)),
     )
-    a = rotary.apply_rope_qk(q, k, freqs, 3, False, positions=pos)
-    b = torch.ops.rotary.apply_rope_qk(q, k, freqs, 3, False, positions=pos)
+    a = rotary.apply_rope_qk(q, k, freqs, interleaved=False, **op_positions(3, pos))
+    b = torch.ops.rotary.apply_rope_qk(q, k, freqs, interleaved=False, **op_positions(3, pos))
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     # Defaults: start_pos 0, interleaved.
     assert torch.equal(torch.ops.rotary.apply_rope(q, freqs), rotary.apply_rope(q, freqs, 0, True))

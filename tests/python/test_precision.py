@@ -34,7 +34,7 @@ import torch
 import rotary
 from reference import inv_freq as ref_inv_freq
 from reference import rope_reference
-from rope_testing import gen
+from rope_testing import gen, op_positions
 
 mpmath.mp.dps = 40
 
@@ -87,7 +87,7 @@ def test_real_table_up_to_2_22():
     """A real table, 2^22 + 1 rows (dim 4: 2 pairs, 64 MB): the last rows and
     sampled ones against exact values, and rope_freqs_at equal to it bit for
     bit."""
-    table = rotary.rope_freqs(4, TWO22 + 1)
+    table = rotary.freqs_table(4, TWO22 + 1)
     positions = sample_positions(n=64, seed=11)
     picked = table[torch.tensor(positions)]
     err = entry_error(picked, exact_entries(positions, ref_inv_freq(4)))
@@ -101,7 +101,7 @@ def test_moderate_table_every_entry():
     float64 angle (numpy's cos is within an ulp of float64, far below the
     float32 rounding checked here)."""
     dim, n = 128, 8192
-    table = rotary.rope_freqs(dim, n).numpy().astype(np.complex128)
+    table = rotary.freqs_table(dim, n).numpy().astype(np.complex128)
     angle = np.arange(n, dtype=np.float64)[:, None] * ref_inv_freq(dim)[None, :]
     err = max(np.abs(table.real - np.cos(angle)).max(), np.abs(table.imag - np.sin(angle)).max())
     assert err <= HALF_ULP_1 * (1 + 1e-6) + 1e-15, err
@@ -111,7 +111,7 @@ def test_scaled_rule_rows_exact():
     """A rule with attention scaling (yarn): entries are scale * exp(i angle),
     the product also rounded once."""
     scaling = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}
-    inv, scale = rotary.rope_frequencies(32, 10000.0, scaling)
+    inv, scale = rotary.inv_frequencies(32, 10000.0, scaling)
     assert scale != 1.0
     positions = sample_positions(n=16, seed=5)
     rows = rotary._C.rope_freqs_at(32, torch.tensor(positions), 10000.0, scaling)
@@ -132,10 +132,8 @@ def test_past_table_path_equals_table_bit_for_bit(interleaved):
         x[..., 0::2] = 1.0
     else:
         x[..., : dim // 2] = 1.0
-    inv, _ = rotary.rope_frequencies(dim)
-    out = rotary.apply_rope(
-        x, rotary.rope_freqs(dim, 1), 0, interleaved, positions=torch.tensor(positions)[None], inv_freq=inv
-    )[0, 0]
+    inv, _ = rotary.inv_frequencies(dim)
+    out = rotary.apply_rope(x, rotary.freqs_table(dim, 1), interleaved=interleaved, inv_freq=inv, **op_positions(0, torch.tensor(positions)[None]))[0, 0]
     c, s = (out[:, 0::2], out[:, 1::2]) if interleaved else (out[:, : dim // 2], out[:, dim // 2 :])
     rows = rotary._C.rope_freqs_at(dim, torch.tensor(positions))
     assert torch.equal(c, rows.real.double()) and torch.equal(s, rows.imag.double())
@@ -171,7 +169,7 @@ def _outputs(dtype, interleaved, seed):
     ids = torch.randint(0, TWO22 + 1, (B, S), generator=g)
     ids[0, :4] = torch.tensor([0, 4095, TWO22 - 1, TWO22])
     rope = rotary.RotaryEmbedding(D, 4096, interleaved=interleaved)
-    out = rope(x, positions=ids)
+    out = rope(x, position_ids=ids)
     exact = rope_reference(x, 0, interleaved, ids)
     return x.double(), out.double(), exact
 
@@ -219,7 +217,7 @@ def fp32_angle_table(positions, dim, theta=10000.0, scale=1.0):
 
 def test_fp32_angle_table_matches_numpy_float32():
     dim, n = 128, 8192
-    ours = rotary.rope_freqs(dim, n, angle_dtype="float32").numpy()
+    ours = rotary.freqs_table(dim, n, angle_dtype="float32").numpy()
     ref = fp32_angle_table(range(n), dim)
     diff = np.maximum(np.abs(ours.real - ref.real), np.abs(ours.imag - ref.imag))
     # Same angle bits; cos/sin may differ in the last float bit only where
@@ -255,8 +253,8 @@ def test_fp32_angle_table_matches_torch_outer_formula():
 
 def test_fp32_angle_scaled_rule():
     scaling = {"rope_type": "linear", "factor": 2.0}
-    inv, scale = rotary.rope_frequencies(16, 10000.0, scaling)
-    ours = rotary.rope_freqs(16, 300, scaling=scaling, angle_dtype="float32").numpy()
+    inv, scale = rotary.inv_frequencies(16, 10000.0, scaling)
+    ours = rotary.freqs_table(16, 300, scaling=scaling, angle_dtype="float32").numpy()
     inv32 = inv.numpy().astype(np.float32)
     a = (np.arange(300, dtype=np.float32)[:, None] * inv32[None, :]).astype(np.float64)
     ref = np.cos(a).astype(np.float32) + 1j * np.sin(a).astype(np.float32)
@@ -267,17 +265,17 @@ def test_fp32_angle_scaled_rule():
 def test_fp32_angle_modules(make):
     m = make(32, 512, 10000.0, False, angle_dtype="float32")
     assert m.angle_dtype == "float32"
-    assert torch.equal(m.freqs, rotary.rope_freqs(32, 512, angle_dtype="float32"))
+    assert torch.equal(m.freqs, rotary.freqs_table(32, 512, angle_dtype="float32"))
     assert m.inv_freq.dtype == torch.float64  # the rule's exact frequencies
     x = torch.randn(1, 2, 8, 32)
     out = m(x, start_pos=504)
-    f = rotary.rope_freqs(32, 512, angle_dtype="float32")
+    f = rotary.freqs_table(32, 512, angle_dtype="float32")
     assert torch.equal(out, rotary.apply_rope(x, f, 504, False))
     # past the table: no float64 on-the-fly path for float32 tables
     with pytest.raises(IndexError, match=r"float32.*exceeds max_seq_len 512"):
         m(x, start_pos=505)
     with pytest.raises(IndexError, match=r"outside the freqs table"):
-        m(x, positions=torch.tensor([[0, 1, 2, 3, 4, 5, 6, 600]]))
+        m(x, position_ids=torch.tensor([[0, 1, 2, 3, 4, 5, 6, 600]]))
     # the default module computes those positions exactly on the fly
     d = make(32, 512, 10000.0, False)
     assert d(x, start_pos=505).shape == x.shape
@@ -296,7 +294,7 @@ def test_fp32_angle_from_hf_config():
     cfg = {"hidden_size": 256, "num_attention_heads": 4, "rope_theta": 10000.0, "max_position_embeddings": 128}
     m = rotary.RotaryEmbedding.from_hf_config(cfg, angle_dtype="float32")
     assert m.angle_dtype == "float32" and not m.interleaved
-    assert torch.equal(m.freqs, rotary.rope_freqs(64, 128, angle_dtype="float32"))
+    assert torch.equal(m.freqs, rotary.freqs_table(64, 128, angle_dtype="float32"))
 
 
 def test_phase_error_grows_only_in_fp32_mode():

@@ -40,7 +40,7 @@ from hypothesis import strategies as st
 
 import rotary
 from reference import rope_reference
-from rope_testing import TOL
+from rope_testing import TOL, op_positions
 
 EXAMPLES = int(os.environ.get("ROTARY_HYPOTHESIS_EXAMPLES", "500"))
 
@@ -236,7 +236,7 @@ def test_random_calls_match_reference(c):
     top = max_position(c, positions)
     if c["past_table"]:
         rows = int(torch.randint(1, 8, (), generator=g))
-        inv_freq = rotary.rope_frequencies(r, c["theta"])[0]
+        inv_freq = rotary.inv_frequencies(r, c["theta"])[0]
     else:
         rows, inv_freq = top + 1 + int(torch.randint(0, 4, (), generator=g)), None
     note(f"q {tuple(q.shape)} strides {q.stride()}, k {None if k is None else (tuple(k.shape), k.stride())}, "
@@ -253,20 +253,20 @@ def test_random_calls_match_reference(c):
     saved_q, saved_k = q.clone(), (k.clone() if k is not None else None)
     saved_bases = [b.clone() for b in bases]
 
-    kw = dict(positions=positions, inverse=c["inverse"], cu_seqlens=cu, inv_freq=inv_freq, layout=layout)
+    pos_kw = op_positions(c["start"], positions, packed=c["varlen"])
+    kw = dict(inverse=c["inverse"], cu_seqlens=cu, inv_freq=inv_freq, layout=layout, **pos_kw)
     entry = c["entry"]
     if entry in ("module", "cpp_module"):
         make = rotary.RotaryEmbedding if entry == "module" else rotary.CppRotaryEmbedding
         rope = make(r, rows, c["theta"], c["interleaved"])
-        outs = rope(q, k, c["start"], positions=positions) if k is not None else (
-            rope(q, c["start"], positions=positions),)
+        outs = rope(q, k, **pos_kw) if k is not None else (rope(q, **pos_kw),)
     else:
-        freqs = rotary.rope_freqs(r, rows, c["theta"])
+        freqs = rotary.freqs_table(r, rows, c["theta"])
         fn = getattr(rotary, entry)
         if k is not None:
-            outs = fn(q, k, freqs, c["start"], c["interleaved"], **kw)
+            outs = fn(q, k, freqs, interleaved=c["interleaved"], **kw)
         else:
-            outs = (fn(q, freqs, c["start"], c["interleaved"], **kw),)
+            outs = (fn(q, freqs, interleaved=c["interleaved"], **kw),)
     outs = tuple(outs)
     inputs = (q, k) if k is not None else (q,)
     wants = (want_q, want_k) if k is not None else (want_q,)

@@ -166,7 +166,7 @@ CASES = _random_cases(seed=20240611)
 
 @pytest.mark.parametrize("d,theta,p,seq_len", CASES)
 def test_inv_freq_matches_formula(d, theta, p, seq_len):
-    inv, att = rotary.rope_frequencies(d, theta, p, seq_len)
+    inv, att = rotary.inv_frequencies(d, theta, p, seq_len)
     ref_inv, ref_att = ref_frequencies(d, theta, p, seq_len)
     assert inv.dtype == torch.float64 and inv.shape == (d // 2,)
     ref = torch.tensor(ref_inv, dtype=torch.float64)
@@ -175,20 +175,20 @@ def test_inv_freq_matches_formula(d, theta, p, seq_len):
 
 
 def test_default_rule_is_plain_rope():
-    a = rotary.rope_freqs(64, 300, 5000.0)
+    a = rotary.freqs_table(64, 300, 5000.0)
     for scaling in ({"rope_type": "default"}, {"type": "default"}, {}):
-        assert torch.equal(rotary.rope_freqs(64, 300, 5000.0, scaling), a)
+        assert torch.equal(rotary.freqs_table(64, 300, 5000.0, scaling), a)
     # linear with factor 1 and ntk with factor 1 change nothing either
-    assert torch.equal(rotary.rope_freqs(64, 300, 5000.0, {"rope_type": "linear", "factor": 1.0}), a)
+    assert torch.equal(rotary.freqs_table(64, 300, 5000.0, {"rope_type": "linear", "factor": 1.0}), a)
     assert torch.allclose(
-        torch.view_as_real(rotary.rope_freqs(64, 300, 5000.0, {"rope_type": "ntk", "factor": 1.0})),
+        torch.view_as_real(rotary.freqs_table(64, 300, 5000.0, {"rope_type": "ntk", "factor": 1.0})),
         torch.view_as_real(a), rtol=0, atol=1e-7)
 
 
 @pytest.mark.parametrize("d,theta,p,seq_len", CASES[::3])
 def test_table_entries(d, theta, p, seq_len):
     rows = 65536 if d <= 16 else 4096
-    table = rotary.rope_freqs(d, rows, theta, p, seq_len)
+    table = rotary.freqs_table(d, rows, theta, p, seq_len)
     assert table.dtype == torch.complex64 and table.shape == (rows, d // 2)
     ref_inv, att = ref_frequencies(d, theta, p, seq_len)
     rng = random.Random(d * 7 + rows)
@@ -210,14 +210,14 @@ def test_modules_register_the_rule(d, theta, p, seq_len):
     py = rotary.RotaryEmbedding(d, rows, theta, False, scaling=p)
     cpp = rotary.CppRotaryEmbedding(d, rows, theta, False, scaling=p)
     scaling0 = dict(p)
-    inv0, att0 = rotary.rope_frequencies(d, theta, scaling0, 0)
+    inv0, att0 = rotary.inv_frequencies(d, theta, scaling0, 0)
     for m in (py, cpp):
         assert [n for n, _ in m.named_buffers()] == ["freqs", "inv_freq"]
         assert list(m.state_dict()) == ["freqs", "inv_freq"]
         assert m.freqs.dtype == torch.complex64 and m.freqs.shape == (rows, d // 2)
         assert m.inv_freq.dtype == torch.float64 and torch.equal(m.inv_freq, inv0)
         assert m.attention_scaling == att0
-        assert torch.equal(m.freqs, rotary.rope_freqs(d, rows, theta, scaling0))
+        assert torch.equal(m.freqs, rotary.freqs_table(d, rows, theta, scaling0))
     assert torch.equal(py.freqs, cpp.freqs)
 
 
@@ -374,7 +374,7 @@ def test_transformers_parity_head_dim_128_llama3():
 
 def _op_supports_partial_rotary():
     try:
-        rotary.apply_rope(torch.zeros(1, 1, 2, 16), rotary.rope_freqs(8, 4))
+        rotary.apply_rope(torch.zeros(1, 1, 2, 16), rotary.freqs_table(8, 4))
         return True
     except (ValueError, RuntimeError):
         return False
@@ -448,10 +448,10 @@ def test_dynamic_state_machine(kind):
     m = cls(8, 48, 10000.0, True, scaling=p)
 
     def expect(seq_len, rows):
-        inv, _ = rotary.rope_frequencies(8, 10000.0, p, seq_len)
+        inv, _ = rotary.inv_frequencies(8, 10000.0, p, seq_len)
         assert torch.equal(m.inv_freq, inv), (seq_len, m.inv_freq, inv)
         assert m.freqs.shape == (rows, 4)
-        assert torch.equal(m.freqs, rotary.rope_freqs(8, rows, 10000.0, p, seq_len))
+        assert torch.equal(m.freqs, rotary.freqs_table(8, rows, 10000.0, p, seq_len))
 
     x = torch.randn(1, 1, 4, 8)
     expect(0, 48)
@@ -463,7 +463,7 @@ def test_dynamic_state_machine(kind):
     expect(64, 64)
     y = m(x, start_pos=40)      # reach 44 (between 32 and 64): kept
     expect(64, 64)
-    ref = rotary.apply_rope(x, rotary.rope_freqs(8, 64, 10000.0, p, 64), 40, True)
+    ref = rotary.apply_rope(x, rotary.freqs_table(8, 64, 10000.0, p, 64), 40, True)
     assert torch.equal(y, ref)
     m(x, start_pos=32)          # reach 36: still kept (not under 32)
     expect(64, 64)
@@ -480,16 +480,16 @@ def test_longrope_switches(kind):
          "original_max_position_embeddings": 16, "factor": 4.0}
     cls = rotary.RotaryEmbedding if kind == "py" else rotary.CppRotaryEmbedding
     m = cls(8, 64, 10000.0, False, scaling=p)
-    short, att = rotary.rope_frequencies(8, 10000.0, p, 0)
-    long, att_long = rotary.rope_frequencies(8, 10000.0, p, 17)
+    short, att = rotary.inv_frequencies(8, 10000.0, p, 0)
+    long, att_long = rotary.inv_frequencies(8, 10000.0, p, 17)
     assert att == att_long == pytest.approx(math.sqrt(1 + math.log(4.0) / math.log(16)))
     x = torch.randn(2, 2, 4, 8)
     for start, want in [(0, short), (12, short), (13, long), (40, long), (11, short)]:
         m(x, start_pos=start)
         assert torch.equal(m.inv_freq, want), start
-        assert torch.equal(m.freqs, rotary.rope_freqs(8, 64, 10000.0, p, 17 if want is long else 0))
+        assert torch.equal(m.freqs, rotary.freqs_table(8, 64, 10000.0, p, 17 if want is long else 0))
     # offsets [batch] count: start_pos + offset + seq
-    m(x, positions=torch.tensor([0, 13]))
+    m(x, offsets=torch.tensor([0, 13]))
     assert torch.equal(m.inv_freq, long)
 
 
@@ -574,10 +574,11 @@ def test_position_ids(kind):
     q, k = _qk(2, 6, 16, torch.float32, seed=4)
     pid = torch.tensor([[5, 9, 3, 0, 60, 63], [1, 2, 3, 4, 5, 6]])
     qo, ko = m(q, k, position_ids=pid)
-    qr, kr = rotary.apply_rope_qk(q, k, m.freqs, 0, False, positions=pid)
+    qr, kr = rotary.apply_rope_qk(q, k, m.freqs, 0, False, position_ids=pid)
     assert torch.equal(qo, qr) and torch.equal(ko, kr)
-    assert torch.equal(m(q, position_ids=pid), m(q, positions=pid))
-    with pytest.raises(ValueError, match="positions or position_ids"):
+    with pytest.warns(DeprecationWarning, match="positions= is deprecated"):
+        assert torch.equal(m(q, position_ids=pid), m(q, positions=pid))
+    with pytest.raises(ValueError, match="pass offsets= or position_ids= alone|pass offsets or position_ids alone"):
         m(q, k, positions=pid, position_ids=pid)
 
 
@@ -633,7 +634,7 @@ BAD = [
 @pytest.mark.parametrize("entry", ["rope_freqs", "py", "cpp"])
 def test_bad_scaling(p, match, entry):
     build = {
-        "rope_freqs": lambda: rotary.rope_freqs(8, 16, 10000.0, p),
+        "rope_freqs": lambda: rotary.freqs_table(8, 16, 10000.0, p),
         "py": lambda: rotary.RotaryEmbedding(8, 16, scaling=p),
         "cpp": lambda: rotary.CppRotaryEmbedding(8, 16, scaling=p),
     }[entry]
@@ -673,3 +674,74 @@ def test_rule_specific_dim_checks():
 def test_from_hf_config_errors(config, match):
     with pytest.raises(ValueError, match=match):
         rotary.RotaryEmbedding.from_hf_config(config)
+
+
+# ---------------------------------------------------------------------------
+# Every table a constructor builds is finite; fields of other rules refused
+# ---------------------------------------------------------------------------
+YARN64 = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+NON_FINITE = [
+    (dict(scaling={**YARN64, "mscale": -20.0, "mscale_all_dim": 1.0}),
+     r"mscale = -20 and mscale_all_dim = 1 give the attention scaling"),
+    (dict(scaling={**YARN64, "mscale": 1e308, "mscale_all_dim": 1.0}), r"attention scaling"),
+    (dict(scaling={"rope_type": "yarn", "factor": math.e, "original_max_position_embeddings": 64,
+                   "mscale": 1.0, "mscale_all_dim": -10.0}), r"attention scaling"),
+    (dict(scaling={"rope_type": "linear", "factor": 1e-320}), r"factor = .* give inv_freq\[0\] = inf"),
+    (dict(scaling={"rope_type": "dynamic", "factor": 2.0**62}), r"factor = 4.61169e\+18 give inv_freq\[1\] = inf"),
+    (dict(theta=1e-300, angle_dtype="float32"), r"theta=1e-300.*for float32 angles"),
+    (dict(scaling={"rope_type": "default", "factor": -1}), r"factor is not a field of this rule"),
+    (dict(scaling={"rope_type": "linear", "factor": 2.0, "beta_fast": float("nan")}),
+     r"'linear'\): beta_fast is not a field of this rule \(it would be ignored\); its fields: factor"),
+]
+
+
+@pytest.mark.parametrize("kwargs,match", NON_FINITE, ids=[f"case{i}" for i in range(len(NON_FINITE))])
+@pytest.mark.parametrize("kind", ["py", "cpp"])
+def test_constructor_refuses_non_finite_tables(kind, kwargs, match):
+    cls = rotary.RotaryEmbedding if kind == "py" else rotary.CppRotaryEmbedding
+    kwargs = dict(kwargs)
+    theta = kwargs.pop("theta", 10000.0)
+    with pytest.raises(ValueError, match=match):
+        cls(8, 4096, theta, True, **kwargs)
+
+
+def test_accepted_extremes_build_finite_tables():
+    for m in (rotary.RotaryEmbedding(8, 64, 1e-300), rotary.RotaryEmbedding(8, 64, 1e300, angle_dtype="float32")):
+        assert torch.isfinite(torch.view_as_real(m.freqs)).all() and torch.isfinite(m.inv_freq).all()
+
+
+def test_host_driven_is_public():
+    for cls in (rotary.RotaryEmbedding, rotary.CppRotaryEmbedding):
+        assert cls(8, 64, scaling={"rope_type": "dynamic", "factor": 2.0}).host_driven
+        assert not cls(8, 64, scaling=YARN64).host_driven
+        assert not cls(8, 64).host_driven
+    assert rotary._C.RopeTables(8, 64, scaling={"rope_type": "longrope", "short_factor": [1.0] * 4,
+                                                "long_factor": [2.0] * 4, "original_max_position_embeddings": 8,
+                                                "factor": 2.0}).host_driven
+
+
+HF = {"hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": 64}
+
+
+@pytest.mark.parametrize(
+    "config,match",
+    [
+        ({**HF, "rope_theta": 0}, r"rope_theta must be a finite number > 0, got 0"),
+        ({**HF, "rope_parameters": {"rope_type": "default", "rope_theta": 0.0}}, r"rope_theta .* got 0.0"),
+        ({**HF, "partial_rotary_factor": 0.0}, r"partial_rotary_factor must be a number in \(0, 1\].*got 0.0"),
+        ({**HF, "partial_rotary_factor": 2.0}, r"partial_rotary_factor .* got 2.0"),
+        ({**HF, "partial_rotary_factor": 1e308}, r"partial_rotary_factor .* got 1e\+308"),
+        ({**HF, "max_position_embeddings": 0}, r"max_position_embeddings must be an int > 0, got 0"),
+    ],
+)
+def test_from_hf_config_refuses_zero_and_out_of_range(config, match):
+    with pytest.raises(ValueError, match=match):
+        rotary.RotaryEmbedding.from_hf_config(config)
+
+
+def test_from_hf_config_drops_fields_other_rules_use():
+    # transformers ignores them; the strict dict form refuses them.
+    cfg = {**HF, "rope_parameters": {"rope_type": "linear", "factor": 2.0, "beta_fast": 32, "low_freq_factor": 1}}
+    assert rotary.RotaryEmbedding.from_hf_config(cfg).scaling == {"rope_type": "linear", "factor": 2.0}
+    with pytest.raises(ValueError, match="low_freq_factor is not a field of this rule"):
+        rotary.RotaryEmbedding(16, 64, scaling={"rope_type": "linear", "factor": 2.0, "low_freq_factor": 2})

@@ -102,7 +102,7 @@ def test_sinusoidal_table_shares_rope_frequencies():
     """Same tick rates as RoPE: (sin, cos) of the table are (imag, real) of rope_freqs."""
     n, d = 100, 32
     pe = rotary.sinusoidal_table(n, d).view(n, d // 2, 2)
-    f = torch.view_as_real(rotary.rope_freqs(d, n))  # [n, d/2, (cos, sin)]
+    f = torch.view_as_real(rotary.freqs_table(d, n))  # [n, d/2, (cos, sin)]
     torch.testing.assert_close(pe, f.flip(-1), rtol=0, atol=1e-6)
 
 
@@ -185,3 +185,13 @@ def test_invalid_arguments(call, pattern):
 def test_exported():
     for name in ("sinusoidal_table", "alibi_slopes", "alibi_bias"):
         assert name in rotary.__all__ and callable(getattr(rotary, name))
+
+
+def test_flags_and_bases_are_checked():
+    with pytest.raises(TypeError, match=r"alibi_bias: causal must be a bool, got None"):
+        rotary.alibi_bias(2, 3, None)
+    with pytest.raises(TypeError, match=r"causal must be a bool, got 'yes'"):
+        rotary.alibi_bias(2, 3, "yes")
+    with pytest.raises(ValueError, match=r"sinusoidal_table: base = 4.94066e-324 gives the divisor"):
+        rotary.sinusoidal_table(64, 64, 5e-324)
+    assert torch.isfinite(rotary.sinusoidal_table(64, 64, 1e-300)).all()  # small but representable: finite

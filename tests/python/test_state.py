@@ -99,12 +99,133 @@ def test_host_driven_rule_many_threads(kind):
     assert all(run_threads(call, 8))
 
 
-def test_python_module_with_lock_copies_and_pickles():
+def test_python_module_copies_and_pickles_with_its_state():
     m = rotary.RotaryEmbedding(16, 64, scaling=DYNAMIC)
     x = torch.randn(1, 1, 4, 16)
+    m(x, 196)  # grown to 200
     for c in (copy.deepcopy(m), pickle.loads(pickle.dumps(m))):
+        assert c.rope_state == 200 and torch.equal(c.freqs, m.freqs) and torch.equal(c.inv_freq, m.inv_freq)
         assert torch.equal(c(x, 100), m(x, 100))
-        assert c._lock is not None and c._lock is not m._lock
+        c(x, 0)  # the copy shrinks back; the original keeps its own state
+        assert c.rope_state == 0 and m.rope_state == 200
+
+
+# ---------------------------------------------------------------------------
+# One state machine: both modules delegate every decision to RopeTables
+# ---------------------------------------------------------------------------
+def _same_state(a, b):
+    assert a.host_driven == b.host_driven
+    assert a.rope_state == b.rope_state
+    assert a.attention_scaling == b.attention_scaling
+    assert a.freqs.shape == b.freqs.shape and torch.equal(a.freqs, b.freqs)
+    assert torch.equal(a.inv_freq, b.inv_freq)
+
+
+@pytest.mark.parametrize("scaling", [DYNAMIC, LONGROPE, YARN], ids=["dynamic", "longrope", "yarn"])
+def test_modules_share_one_state_machine(scaling):
+    py = rotary.RotaryEmbedding(8, 64, 500.0, False, scaling)
+    cpp = rotary.CppRotaryEmbedding(8, 64, 500.0, False, scaling)
+    assert py.host_driven == (scaling is not YARN)
+    _same_state(py, cpp)
+    x = torch.randn(2, 2, 8, 8, generator=gen(11))
+    k = torch.randn(2, 1, 8, 8, generator=gen(12))
+    odd = torch.randn(2, 2, 8, 7, generator=gen(13))
+    calls = [
+        lambda m: m(x, 10),  # reach 18
+        lambda m: m(x, k, 80),  # reach 88: grows / long factors
+        lambda m: m(x, 40),  # kept
+        lambda m: m(x, position_ids=torch.tensor([[0, 1, 2, 3, 4, 5, 6, 150]] * 2)),  # reach 151
+        lambda m: m(x, k, positions=torch.tensor([3, 120])),  # offsets: reach 128
+        lambda m: m(odd, 500),  # refused: no change
+        lambda m: m(x, 2**40),  # dynamic: the allocation fails; others: computed past the table
+        lambda m: m(x, 0),  # back to the initial state
+        lambda m: m(x, k, 300),
+    ]
+    for i, call in enumerate(calls):
+        outs = []
+        for m in (py, cpp):
+            try:
+                outs.append(call(m))
+            except (ValueError, RuntimeError) as e:
+                outs.append(type(e))
+        _same_state(py, cpp)
+        a, b = outs
+        if isinstance(a, tuple):
+            assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), i
+        elif isinstance(a, torch.Tensor):
+            assert torch.equal(a, b), i
+        else:
+            assert a is b, (i, a, b)
+
+
+def test_modules_share_one_state_machine_from_many_threads():
+    """Grow-only calls (every reach > 64) from 8 threads: whatever the order,
+    both modules end grown to the largest reach, bit for bit as a fresh
+    module grown by that one call."""
+    x = torch.randn(1, 2, 4, 16, generator=gen(21))
+    starts = [100 + 37 * i for i in range(16)]
+    mods = [MODULES[kind](16, 64, 10000.0, False, DYNAMIC) for kind in ("py", "cpp")]
+
+    def call(i):
+        for m in mods:
+            for r in range(6):
+                m(x, starts[(i + 5 * r) % len(starts)])
+        return True
+
+    assert all(run_threads(call, 8))
+    fresh = rotary.RotaryEmbedding(16, 64, 10000.0, False, DYNAMIC)
+    fresh(x, max(starts))
+    assert fresh.rope_state == max(starts) + 4
+    for m in mods:
+        _same_state(m, fresh)
+
+
+# ---------------------------------------------------------------------------
+# A call that raises leaves the module as it was
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", list(MODULES))
+def test_refused_call_leaves_the_module_as_it_was(kind):
+    m = MODULES[kind](8, 64, scaling=DYNAMIC)
+    before = (m.freqs.clone(), m.inv_freq.clone())
+    fresh = MODULES[kind](8, 64, scaling=DYNAMIC)
+
+    def unchanged():
+        assert m.rope_state == 0 and m.freqs.shape == (64, 4)
+        assert torch.equal(m.freqs, before[0]) and torch.equal(m.inv_freq, before[1])
+
+    with pytest.raises(ValueError, match="head_dim"):
+        m(torch.randn(1, 1, 4, 7), 996)  # odd head_dim: the reach 1000 must not grow the table
+    unchanged()
+    with pytest.raises(RuntimeError):
+        m(torch.randn(1, 1, 4, 8), 2**40)  # 2^40 rows cannot be allocated
+    unchanged()
+    x = torch.randn(1, 1, 4, 8)
+    assert torch.equal(m(x, 300), fresh(x, 300))
+    assert torch.equal(m(x, 3), fresh(x, 3))
+
+
+@pytest.mark.parametrize("kind", list(MODULES))
+def test_load_meta_or_non_tensor_is_a_load_error(kind):
+    m = MODULES[kind](8, 32)
+    sd = m.state_dict()
+    with pytest.raises(RuntimeError, match=r"'freqs' is a meta tensor"):
+        m.load_state_dict({"freqs": sd["freqs"].to("meta"), "inv_freq": sd["inv_freq"]})
+    with pytest.raises(RuntimeError, match=r"'inv_freq' must be a tensor.*got \[1.0, 2.0\]"):
+        m.load_state_dict({"freqs": sd["freqs"], "inv_freq": [1.0, 2.0]})
+
+
+@pytest.mark.parametrize("src,dst", [("py", "py"), ("cpp", "cpp"), ("py", "cpp"), ("cpp", "py")])
+def test_load_other_angle_dtype_short_table(src, dst):
+    """A 32-row table differs between the angle dtypes by less than the
+    entry tolerance (2^-22); it is still refused (it is the other one's table)."""
+    a = MODULES[src](8, 32)
+    b = MODULES[dst](8, 32, angle_dtype="float32")
+    assert 0 < (a.freqs - b.freqs).abs().max() < 2**-22
+    assert not torch.equal(a.freqs, b.freqs)
+    with pytest.raises(RuntimeError, match=r"'freqs' is the table of angle_dtype=float64"):
+        b.load_state_dict(a.state_dict())
+    with pytest.raises(RuntimeError, match=r"'freqs' is the table of angle_dtype=float32"):
+        a.load_state_dict(b.state_dict())
 
 
 # ---------------------------------------------------------------------------
@@ -261,7 +382,7 @@ _TWICE = textwrap.dedent(
     again = importlib.import_module("rotary._C")
     importlib.reload(rotary)
     x = torch.randn(1, 2, 3, 8)
-    f = rotary.rope_freqs(8, 16)
+    f = rotary.freqs_table(8, 16)
     a = torch.ops.rotary.apply_rope(x, f, 2)
     b = rotary.apply_rope(x, f, 2)
     c = rotary.RotaryEmbedding(8, 16)(x, 2)

@@ -149,7 +149,7 @@ class _RopeState:
     def prepare(self, position_ids: torch.Tensor) -> None:
         """Host-driven rules (dynamic, longrope): rebuild the table for the
         reach of this forward pass, as dynamic_rope_update does."""
-        if self.rope._host_driven and position_ids.numel() > 0:
+        if self.rope.host_driven and position_ids.numel() > 0:
             self.rope.update_for_reach(int(position_ids.max()) + 1)
 
 
@@ -182,7 +182,7 @@ class RotaryPositions:
         pos = self.position_ids
         if pos.device != q.device:
             pos = pos.to(q.device)
-        return _apply_qk(q, k, freqs, 0, False, positions=pos, inv_freq=inv_freq, layout=layout)
+        return _apply_qk(q, k, freqs, 0, False, position_ids=pos, inv_freq=inv_freq, layout=layout)
 
     def __repr__(self) -> str:
         return f"RotaryPositions(position_ids={tuple(self.position_ids.shape)}, rope={self.rope.extra_repr()})"
@@ -292,8 +292,6 @@ def _make_forward(state: _RopeState) -> Callable:
                 f"rotary: position_ids must be [batch, seq], got shape {tuple(position_ids.shape)} "
                 "(multimodal 3-D position ids are not supported)"
             )
-        if position_ids.dtype != torch.int64:
-            position_ids = position_ids.long()
         state.prepare(position_ids)
         handle = RotaryPositions(position_ids, state)
         return handle, handle

@@ -1,0 +1,167 @@
+// The CPU kernel, compiled once per capability (CMake: DEFAULT, AVX2, AVX512
+// with ATen's -m flags and -ffp-contract=off) on at::vec::Vectorized<acc_t>.
+// Heads-major runs walk a block of heads over the tile's tokens, so reads and
+// writes are long sequential streams; token-major runs walk token by token
+// over the heads. The coefficients of one token are loaded once per block of
+// heads. Math in acc_t (fp32 for fp32/fp16/bf16, fp64 for fp64), one rounding
+// to the storage type at the end.
+#include "rope_kernel.h"
+#include "vec_isa.h"
+
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <type_traits>
+
+namespace rotary {
+namespace cpu {
+namespace CPU_CAPABILITY {
+namespace {
+
+// Heads that share one load of the coefficients.
+constexpr int kHeadBlock = 4;
+// Software prefetch distance, in tokens, along a heads-major stream.
+constexpr int64_t kPrefetchTokens = 8;
+
+template <typename scalar_t, typename acc_t>
+inline Vectorized<acc_t> load(const scalar_t* p) {
+  if constexpr (std::is_same_v<scalar_t, acc_t>) {
+    return Vectorized<acc_t>::loadu(p);
+  } else {
+    Vectorized<float> v;
+    at::vec::load_to_float(p, v);
+    return v;
+  }
+}
+
+// Scalar rotation of one vector from element `from` (interleaved) or pair
+// `from` (half) on: strided vectors, and the tail after the vector loop.
+template <typename scalar_t, typename acc_t>
+void rotate_scalar(
+    const scalar_t* in, int64_t is, scalar_t* out, int64_t os, const acc_t* c, int64_t dim, bool interleaved,
+    int64_t from) {
+  if (interleaved) {
+    const acc_t* s = c + dim;
+    for (int64_t i = from; i < dim; i += 2) {
+      const acc_t x0 = static_cast<acc_t>(in[i * is]);
+      const acc_t x1 = static_cast<acc_t>(in[(i + 1) * is]);
+      out[i * os] = to_storage<scalar_t>(x0 * c[i] + x1 * s[i]);
+      out[(i + 1) * os] = to_storage<scalar_t>(x1 * c[i + 1] + x0 * s[i + 1]);
+    }
+  } else {
+    const int64_t half = dim / 2;
+    const acc_t* s = c + half;
+    for (int64_t j = from; j < half; ++j) {
+      const acc_t x0 = static_cast<acc_t>(in[j * is]);
+      const acc_t x1 = static_cast<acc_t>(in[(j + half) * is]);
+      out[j * os] = to_storage<scalar_t>(x0 * c[j] - x1 * s[j]);
+      out[(j + half) * os] = to_storage<scalar_t>(x0 * s[j] + x1 * c[j]);
+    }
+  }
+}
+
+// Token t of heads [h0, h0 + M), contiguous vectors.
+template <bool NT, int M, typename scalar_t>
+inline void rotate_block(const Run<scalar_t>& r, int64_t t, int64_t h0, int64_t dim, bool interleaved) {
+  using acc_t = typename Run<scalar_t>::acc_t;
+  using Vec = Vectorized<acc_t>;
+  constexpr int64_t L = Vec::size();
+  const scalar_t* in[M];
+  scalar_t* out[M];
+  for (int h = 0; h < M; ++h) {
+    in[h] = r.in + t * r.in_tok + (h0 + h) * r.in_head;
+    out[h] = r.out + t * r.out_tok + (h0 + h) * r.out_head;
+  }
+  const acc_t* c = r.coef + t * r.coef_tok;
+  const int64_t half = dim / 2;
+  const int64_t len = interleaved ? dim : half;  // elements (interleaved) or pairs (half)
+  const int64_t end = len - len % L;
+  int64_t i = 0;
+  if (interleaved) {
+    const acc_t* s = c + dim;
+    for (; i < end; i += L) {
+      const Vec ci = Vec::loadu(c + i), si = Vec::loadu(s + i);
+      for (int h = 0; h < M; ++h) {
+        const Vec x = load<scalar_t, acc_t>(in[h] + i);
+        store<NT>(out[h] + i, x * ci + swap_pairs(x) * si);
+      }
+    }
+  } else {
+    const acc_t* s = c + half;
+    for (; i < end; i += L) {
+      const Vec ci = Vec::loadu(c + i), si = Vec::loadu(s + i);
+      for (int h = 0; h < M; ++h) {
+        const Vec x0 = load<scalar_t, acc_t>(in[h] + i);
+        const Vec x1 = load<scalar_t, acc_t>(in[h] + half + i);
+        store<NT>(out[h] + i, x0 * ci - x1 * si);
+        store<NT>(out[h] + half + i, x0 * si + x1 * ci);
+      }
+    }
+  }
+  if (i < len) {
+    for (int h = 0; h < M; ++h) rotate_scalar(in[h], 1, out[h], 1, c, dim, interleaved, i);
+  }
+}
+
+// Heads-major: each head of the block is one sequential stream over the
+// tokens, prefetched a few tokens ahead.
+template <bool NT, int M, typename scalar_t>
+void rotate_heads_major(const Run<scalar_t>& r, int64_t h0, int64_t dim, bool interleaved) {
+  const int64_t vec_bytes = dim * int64_t(sizeof(scalar_t));
+  for (int64_t t = 0; t < r.tokens; ++t) {
+    if (t + kPrefetchTokens < r.tokens) {
+      for (int h = 0; h < M; ++h) {
+        const char* p = reinterpret_cast<const char*>(r.in + (t + kPrefetchTokens) * r.in_tok + (h0 + h) * r.in_head);
+        for (int64_t o = 0; o < vec_bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
+      }
+    }
+    rotate_block<NT, M>(r, t, h0, dim, interleaved);
+  }
+}
+
+template <bool NT, typename scalar_t>
+void rotate_contiguous(const Run<scalar_t>& r, int64_t dim, bool interleaved) {
+  const int64_t blocked = r.heads - r.heads % kHeadBlock;
+  if (r.tokens_outer) {
+    for (int64_t t = 0; t < r.tokens; ++t) {
+      for (int64_t h = 0; h < blocked; h += kHeadBlock) rotate_block<NT, kHeadBlock>(r, t, h, dim, interleaved);
+      for (int64_t h = blocked; h < r.heads; ++h) rotate_block<NT, 1>(r, t, h, dim, interleaved);
+    }
+  } else {
+    for (int64_t h = 0; h < blocked; h += kHeadBlock) rotate_heads_major<NT, kHeadBlock>(r, h, dim, interleaved);
+    for (int64_t h = blocked; h < r.heads; ++h) rotate_heads_major<NT, 1>(r, h, dim, interleaved);
+  }
+}
+
+}  // namespace
+
+template <typename scalar_t>
+void rotate_run(const Run<scalar_t>& r, int64_t dim, bool interleaved, bool nt) {
+  if (r.in_inner != 1 || r.out_inner != 1) {
+    for (int64_t t = 0; t < r.tokens; ++t) {
+      for (int64_t h = 0; h < r.heads; ++h) {
+        rotate_scalar(
+            r.in + t * r.in_tok + h * r.in_head, r.in_inner, r.out + t * r.out_tok + h * r.out_head, r.out_inner,
+            r.coef + t * r.coef_tok, dim, interleaved, 0);
+      }
+    }
+    return;
+  }
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+  if (nt) {
+    rotate_contiguous<true>(r, dim, interleaved);
+    stream_fence();
+    return;
+  }
+#endif
+  rotate_contiguous<false>(r, dim, interleaved);
+}
+
+template void rotate_run<float>(const Run<float>&, int64_t, bool, bool);
+template void rotate_run<double>(const Run<double>&, int64_t, bool, bool);
+template void rotate_run<c10::Half>(const Run<c10::Half>&, int64_t, bool, bool);
+template void rotate_run<c10::BFloat16>(const Run<c10::BFloat16>&, int64_t, bool, bool);
+
+}  // namespace CPU_CAPABILITY
+}  // namespace cpu
+}  // namespace rotary

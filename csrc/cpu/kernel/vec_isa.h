@@ -1,0 +1,172 @@
+// The few operations at::vec does not offer, one definition per CPU
+// capability (the translation unit's CPU_CAPABILITY_* macro picks it):
+//   swap_pairs   (x0, x1, x2, x3, ...) -> (x1, x0, x3, x2, ...)
+//   store<NT>    one vector to storage type T; NT: a streaming (non-temporal)
+//                store, whose address the caller aligns to the vector width
+//   stream_fence orders streaming stores before the task returns
+// Conversions to 16-bit types round to nearest even with canonical NaNs, the
+// bits of c10::BFloat16(float) and of c10::Half(float) on the DEFAULT build
+// (0x7FC0; sign | 0x7E00), so every capability writes the same bits.
+// at::vec's own conversions differ there (0xFFFF for a bf16 NaN, payloads
+// kept for fp16) and so are not used.
+#pragma once
+
+#include <ATen/cpu/vec/vec.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+#include <immintrin.h>
+#endif
+
+namespace rotary {
+namespace cpu {
+namespace CPU_CAPABILITY {
+
+using at::vec::Vectorized;
+
+// Scalar conversion with the same rules (tails, strided vectors); acc_t is
+// float or double.
+template <typename T, typename acc_t>
+inline T to_storage(acc_t v) {
+  return static_cast<T>(v);
+}
+template <>
+inline c10::Half to_storage<c10::Half>(float v) {
+  if (std::isnan(v)) {
+    uint32_t u;
+    std::memcpy(&u, &v, sizeof(u));
+    return c10::Half(static_cast<uint16_t>((u >> 16 & 0x8000u) | 0x7E00u), c10::Half::from_bits());
+  }
+  return c10::Half(v);
+}
+template <>
+inline c10::BFloat16 to_storage<c10::BFloat16>(float v) {
+  return c10::BFloat16(c10::detail::round_to_nearest_even(v), c10::BFloat16::from_bits());
+}
+
+#if defined(CPU_CAPABILITY_AVX512)
+
+inline Vectorized<float> swap_pairs(const Vectorized<float>& x) {
+  return _mm512_permute_ps(x, 0xB1);
+}
+inline Vectorized<double> swap_pairs(const Vectorized<double>& x) {
+  return _mm512_permute_pd(x, 0x55);
+}
+inline __m256i bf16_bits(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, lsb), _mm512_set1_epi32(0x7FFF)), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC0)));
+}
+inline __m256i half_bits(__m512 v) {
+  const __m256i h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512i sign = _mm512_srli_epi32(_mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(INT32_MIN)), 16);
+  const __m256i canon = _mm512_cvtepi32_epi16(_mm512_or_si512(sign, _mm512_set1_epi32(0x7E00)));
+  return _mm256_mask_mov_epi16(h, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), canon);
+}
+template <bool NT>
+inline void put(void* p, __m256i v) {
+  NT ? _mm256_stream_si256(static_cast<__m256i*>(p), v) : _mm256_storeu_si256(static_cast<__m256i*>(p), v);
+}
+template <bool NT>
+inline void store(float* p, const Vectorized<float>& v) {
+  NT ? _mm512_stream_ps(p, v) : v.store(p);
+}
+template <bool NT>
+inline void store(double* p, const Vectorized<double>& v) {
+  NT ? _mm512_stream_pd(p, v) : v.store(p);
+}
+template <bool NT>
+inline void store(c10::BFloat16* p, const Vectorized<float>& v) {
+  put<NT>(p, bf16_bits(v));
+}
+template <bool NT>
+inline void store(c10::Half* p, const Vectorized<float>& v) {
+  put<NT>(p, half_bits(v));
+}
+inline void stream_fence() {
+  _mm_sfence();
+}
+
+#elif defined(CPU_CAPABILITY_AVX2)
+
+inline Vectorized<float> swap_pairs(const Vectorized<float>& x) {
+  return _mm256_permute_ps(x, 0xB1);
+}
+inline Vectorized<double> swap_pairs(const Vectorized<double>& x) {
+  return _mm256_permute_pd(x, 0x5);
+}
+// 16-bit results in the low half of each 32-bit lane, packed to 8 x u16.
+inline __m128i pack_low16(__m256i r) {
+  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+inline __m128i bf16_bits(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, lsb), _mm256_set1_epi32(0x7FFF)), 16);
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  return pack_low16(_mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), nan));
+}
+inline __m128i half_bits(__m256 v) {
+  const __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256i sign = _mm256_srli_epi32(_mm256_and_si256(_mm256_castps_si256(v), _mm256_set1_epi32(INT32_MIN)), 16);
+  const __m128i canon = pack_low16(_mm256_or_si256(sign, _mm256_set1_epi32(0x7E00)));
+  const __m128i nan = pack_low16(_mm256_srli_epi32(_mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)), 16));
+  return _mm_blendv_epi8(h, canon, nan);
+}
+template <bool NT>
+inline void put(void* p, __m128i v) {
+  NT ? _mm_stream_si128(static_cast<__m128i*>(p), v) : _mm_storeu_si128(static_cast<__m128i*>(p), v);
+}
+template <bool NT>
+inline void store(float* p, const Vectorized<float>& v) {
+  NT ? _mm256_stream_ps(p, v) : v.store(p);
+}
+template <bool NT>
+inline void store(double* p, const Vectorized<double>& v) {
+  NT ? _mm256_stream_pd(p, v) : v.store(p);
+}
+template <bool NT>
+inline void store(c10::BFloat16* p, const Vectorized<float>& v) {
+  put<NT>(p, bf16_bits(v));
+}
+template <bool NT>
+inline void store(c10::Half* p, const Vectorized<float>& v) {
+  put<NT>(p, half_bits(v));
+}
+inline void stream_fence() {
+  _mm_sfence();
+}
+
+#else  // DEFAULT: at::vec's portable arrays; no streaming stores.
+
+template <typename acc_t>
+inline Vectorized<acc_t> swap_pairs(const Vectorized<acc_t>& x) {
+  __at_align__ acc_t a[Vectorized<acc_t>::size()];
+  x.store(a);
+  for (int i = 0; i < Vectorized<acc_t>::size(); i += 2) std::swap(a[i], a[i + 1]);
+  return Vectorized<acc_t>::loadu(a);
+}
+template <bool NT, typename T, typename acc_t>
+inline void store(T* p, const Vectorized<acc_t>& v) {
+  if constexpr (std::is_same_v<T, acc_t>) {
+    v.store(p);
+  } else {
+    __at_align__ acc_t a[Vectorized<acc_t>::size()];
+    v.store(a);
+    for (int i = 0; i < Vectorized<acc_t>::size(); ++i) p[i] = to_storage<T>(a[i]);
+  }
+}
+inline void stream_fence() {}
+
+#endif
+
+}  // namespace CPU_CAPABILITY
+}  // namespace cpu
+}  // namespace rotary

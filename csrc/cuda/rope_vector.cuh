@@ -1,0 +1,126 @@
+// Element types of the CUDA kernel: the accumulate type of each storage type
+// and 16-byte vectors read and written as packed pairs. No torch headers, so
+// the host-emulation test compiles it with g++.
+#pragma once
+
+#include "../rope_params.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace rotary {
+namespace kernel {
+
+// fp32 math for every storage type except fp64; one rounding on the store.
+template <typename T>
+struct Acc {
+  using type = float;
+};
+template <>
+struct Acc<double> {
+  using type = double;
+};
+
+ROTARY_HOST_DEVICE float to_acc(float v) { return v; }
+ROTARY_HOST_DEVICE double to_acc(double v) { return v; }
+ROTARY_HOST_DEVICE float to_acc(__half v) { return __half2float(v); }
+ROTARY_HOST_DEVICE float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+ROTARY_HOST_DEVICE T from_acc(typename Acc<T>::type v);
+template <>
+ROTARY_HOST_DEVICE float from_acc<float>(float v) { return v; }
+template <>
+ROTARY_HOST_DEVICE double from_acc<double>(double v) { return v; }
+template <>
+ROTARY_HOST_DEVICE __half from_acc<__half>(float v) { return __float2half_rn(v); }
+template <>
+ROTARY_HOST_DEVICE __nv_bfloat16 from_acc<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+constexpr int kVectorBytes = 16;
+
+// 16 bytes of any element type, as 32-bit words: a 16-bit pair is one word,
+// so conversions work on packed pairs (one instruction each on the device).
+struct alignas(kVectorBytes) Vector {
+  uint32_t w[4];
+};
+
+ROTARY_HOST_DEVICE float word_to_float(uint32_t w) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(w);
+#else
+  float f;
+  std::memcpy(&f, &w, sizeof f);
+  return f;
+#endif
+}
+ROTARY_HOST_DEVICE uint32_t float_to_word(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t w;
+  std::memcpy(&w, &f, sizeof w);
+  return w;
+#endif
+}
+template <typename P>
+ROTARY_HOST_DEVICE uint32_t pack_word(P pair) {
+  uint32_t w;
+  std::memcpy(&w, &pair, sizeof w);
+  return w;
+}
+
+// Elements 2k and 2k+1 of a vector, read and written in the accumulate type.
+template <typename T>
+struct Pairs;
+template <>
+struct Pairs<float> {
+  ROTARY_HOST_DEVICE static void get(const Vector& v, int k, float& a, float& b) {
+    a = word_to_float(v.w[2 * k]);
+    b = word_to_float(v.w[2 * k + 1]);
+  }
+  ROTARY_HOST_DEVICE static void put(Vector& v, int k, float a, float b) {
+    v.w[2 * k] = float_to_word(a);
+    v.w[2 * k + 1] = float_to_word(b);
+  }
+};
+template <>
+struct Pairs<double> {
+  ROTARY_HOST_DEVICE static void get(const Vector& v, int k, double& a, double& b) {
+    std::memcpy(&a, &v.w[4 * k], sizeof a);
+    std::memcpy(&b, &v.w[4 * k + 2], sizeof b);
+  }
+  ROTARY_HOST_DEVICE static void put(Vector& v, int k, double a, double b) {
+    std::memcpy(&v.w[4 * k], &a, sizeof a);
+    std::memcpy(&v.w[4 * k + 2], &b, sizeof b);
+  }
+};
+template <>
+struct Pairs<__nv_bfloat16> {  // bf16 is the top half of a float
+  ROTARY_HOST_DEVICE static void get(const Vector& v, int k, float& a, float& b) {
+    a = word_to_float(v.w[k] << 16);
+    b = word_to_float(v.w[k] & 0xffff0000u);
+  }
+  ROTARY_HOST_DEVICE static void put(Vector& v, int k, float a, float b) {
+    v.w[k] = pack_word(__floats2bfloat162_rn(a, b));
+  }
+};
+template <>
+struct Pairs<__half> {
+  ROTARY_HOST_DEVICE static void get(const Vector& v, int k, float& a, float& b) {
+    __half_raw lo, hi;
+    lo.x = static_cast<unsigned short>(v.w[k] & 0xffffu);
+    hi.x = static_cast<unsigned short>(v.w[k] >> 16);
+    a = __half2float(__half(lo));
+    b = __half2float(__half(hi));
+  }
+  ROTARY_HOST_DEVICE static void put(Vector& v, int k, float a, float b) {
+    v.w[k] = pack_word(__floats2half2_rn(a, b));
+  }
+};
+
+}  // namespace kernel
+}  // namespace rotary

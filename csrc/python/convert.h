@@ -1,0 +1,47 @@
+// Python argument conversion for the _C module: dicts to RopeScaling and
+// back, type-checked module options and call arguments. Every TypeError and
+// ValueError names the user's argument.
+#pragma once
+
+#include <rotary/rotary.h>
+
+#include <torch/python.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace rotary {
+namespace python {
+
+namespace py = pybind11;
+using OptTensor = std::optional<torch::Tensor>;
+
+std::string repr_of(py::handle v);
+rotary::RopeScaling scaling_from_dict(const py::dict& d, bool strict);
+py::dict scaling_to_dict(const rotary::RopeScaling& s);
+rotary::RopeScaling to_scaling(const py::object& obj);
+at::ScalarType angle_dtype_of(const py::object& obj, const char* who);
+int64_t int_arg(const py::handle& v, const char* who, const char* name);
+rotary::RotaryEmbeddingOptions options_from_py(
+    const py::object& dim,
+    const py::object& max_seq_len,
+    const py::object& theta,
+    const py::object& interleaved,
+    const py::object& scaling,
+    const py::object& angle_dtype);
+int64_t start_pos_arg(const py::handle& v);
+std::optional<torch::Tensor> tensor_arg(const py::handle& v, const std::string& who, const char* name);
+std::tuple<torch::Tensor, OptTensor, int64_t, OptTensor, OptTensor> call_args(
+    const py::object& q,
+    const py::object& k,
+    const py::object& start_pos,
+    const py::object& offsets,
+    const py::object& position_ids,
+    const py::object& positions);
+py::tuple options_to_tuple(const rotary::RopeTables& t);
+py::object scaling_or_none(const rotary::RopeScaling& s);
+
+}  // namespace python
+}  // namespace rotary

@@ -1,0 +1,165 @@
+// The state machine behind both RotaryEmbedding modules (C++ and Python):
+// the options, which tables they build, when a host-driven rule rebuilds
+// them, how saved tables are checked and restored, and the lock.
+#pragma once
+
+#include <rotary/options.h>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+
+namespace rotary {
+
+// What one state of the rule builds; a module registers freqs and inv_freq
+// as its buffers.
+struct RopeTableSet {
+  at::Tensor freqs;     // complex64 [rows, dim / 2], rows >= max_seq_len
+  at::Tensor inv_freq;  // float64 [dim / 2]
+  double attention_scaling = 1.0;
+  int64_t state = 0;  // the seq_len the rule was evaluated at (0: the initial state)
+};
+
+// Positions must stay below this (the op's bound as well).
+constexpr int64_t kMaxStartPos = int64_t{1} << 60;
+
+// "dynamic" and "longrope" are host-driven: they depend on how far a call
+// reaches (one past its largest position, like HF's max(position_ids) + 1),
+// and the tables are rebuilt on the host when that crosses the rule's
+// threshold, as Hugging Face's dynamic_rope_update does:
+//   dynamic   grows when the reach exceeds the length the table was last
+//             built for (the table gains rows to cover it), and returns to
+//             the original frequencies when the reach drops back under
+//             max_position_embeddings;
+//   longrope  uses long_factor while the reach exceeds
+//             original_max_position_embeddings, short_factor otherwise.
+// The other rules have one state and never rebuild.
+//
+// Transitions are transactional: run() and restore() build the new tables
+// into locals, hand them to the caller, and record the new state only when
+// the caller returned. A call that throws (a refused input, a failed
+// allocation) leaves the state, and so the module, as it was.
+//
+// Threads: run() and restore() of a host-driven rule hold a lock for the
+// whole transition, so each call sees the tables of its own reach. A copy
+// gets a fresh lock and the same state.
+class RopeTables {
+ public:
+  // Validates the options and the rule (c10::ValueError naming the field).
+  // `state` is kept for host-driven rules only. build() refuses tables that
+  // would not be finite; both modules build theirs at construction.
+  explicit RopeTables(RotaryEmbeddingOptions options, int64_t state = 0);
+  RopeTables(const RopeTables& other);
+  RopeTables& operator=(const RopeTables& other);
+
+  const RotaryEmbeddingOptions& options() const { return options_; }
+  bool host_driven() const { return host_driven_; }
+  // The seq_len the rule was last evaluated at (0: the initial state).
+  int64_t state() const { return state_; }
+  double attention_scaling() const { return attention_scaling_; }
+  // Whether the op gets inv_freq, so positions past the table are computed
+  // exactly (float64 angles only: that path is float64).
+  bool extends_past_table() const { return options_.angle_dtype() == at::kDouble; }
+
+  // The tables of `state` (not necessarily the current one) on `device`;
+  // c10::ValueError naming the options when an entry would not be finite.
+  RopeTableSet build(int64_t state, c10::Device device = c10::kCPU) const;
+  // The state a call reaching `reach` needs (state() when none is rebuilt).
+  int64_t state_for_reach(int64_t reach) const;
+
+  // The reach of a call: one past its largest position. seq_len rows from
+  // start_pos (+ offsets [] / [batch]), or the largest of the absolute
+  // position_ids + 1 (their maximum is read on the host).
+  static int64_t reach_of(
+      int64_t seq_len,
+      int64_t start_pos,
+      const std::optional<at::Tensor>& offsets,
+      const std::optional<at::Tensor>& position_ids);
+  // Host-side checks of a module call: start_pos in [0, 2^60)
+  // (c10::ValueError / c10::IndexError), and, with float32 angles (no
+  // on-the-fly path), rows start_pos .. start_pos + seq_len - 1 inside a
+  // table of `rows` rows (c10::IndexError).
+  static void check_start_pos(int64_t start_pos);
+  void check_rows(int64_t seq_len, int64_t start_pos, bool has_positions, int64_t rows) const;
+
+  // Runs op(fresh) with the tables right for a call reaching `reach`
+  // (reach <= 0: the current state). fresh is nullptr when the current
+  // tables are right, else the new ones (on `device`), which op must
+  // install when it succeeds. The new state is recorded after op returned.
+  template <typename Op>
+  auto run(int64_t reach, c10::Device device, Op&& op) -> decltype(op(nullptr)) {
+    if (!host_driven_) return op(nullptr);
+    std::lock_guard<std::mutex> lock(lock_.mutex);
+    const int64_t next = reach > 0 ? state_for_reach(reach) : state_;
+    if (next == state_) return op(nullptr);
+    const RopeTableSet fresh = build(next, device);
+    auto out = op(&fresh);
+    commit(fresh);
+    return out;
+  }
+
+  // Checks saved buffers (either may be absent) against these options
+  // (check_saved_tables) and calls install(tables) with the tables of the
+  // state they match, rebuilt from the options on `device`; the state is
+  // recorded after install returned. Throws c10::ValueError (nothing
+  // installed) when they do not match. `who` starts the message.
+  template <typename Install>
+  void restore(
+      const std::optional<at::Tensor>& freqs,
+      const std::optional<at::Tensor>& inv_freq,
+      const std::string& who,
+      c10::Device device,
+      Install&& install) {
+    std::unique_lock<std::mutex> lock(lock_.mutex, std::defer_lock);
+    if (host_driven_) lock.lock();
+    const RopeTableSet fresh = build(saved_state(freqs, inv_freq, who), device);
+    install(fresh);
+    commit(fresh);
+  }
+
+  // One line for messages: dim, max_seq_len, theta, rope_type, angle_dtype.
+  std::string describe() const;
+
+ private:
+  int64_t saved_state(
+      const std::optional<at::Tensor>& freqs,
+      const std::optional<at::Tensor>& inv_freq,
+      const std::string& who) const;
+  void commit(const RopeTableSet& tables) noexcept {
+    state_ = tables.state;
+    attention_scaling_ = tables.attention_scaling;
+  }
+
+  RotaryEmbeddingOptions options_;  // scaling() with its defaults filled in
+  bool host_driven_ = false;
+  int64_t state_ = 0;
+  double attention_scaling_ = 1.0;
+  struct Lock {
+    std::mutex mutex;
+  };
+  Lock lock_;
+};
+
+// Checks tables saved from a RotaryEmbedding (its `freqs` complex64 [rows,
+// dim / 2] and `inv_freq` float64 [dim / 2]; either may be absent) against
+// what a module with `options` builds: dtype, device (not meta) and shape,
+// row count (max_seq_len; more for a grown "dynamic" rule), inv_freq to
+// 1e-12 relative, and every table entry to 2^-22 (times the attention
+// scaling), which tells another theta, rule, factor or angle_dtype apart (a
+// table nearer to the other angle_dtype's than to its own is refused too).
+// The host-driven rules may have been saved in any of their states. Returns
+// the sequence length of the state that matches (0: the initial one).
+// Throws c10::ValueError naming the buffer, the options and the first
+// mismatch. `who` starts the message.
+int64_t check_saved_tables(
+    const RotaryEmbeddingOptions& options,
+    const std::optional<at::Tensor>& freqs,
+    const std::optional<at::Tensor>& inv_freq,
+    const std::string& who = "RotaryEmbedding.load");
+
+}  // namespace rotary

@@ -1,0 +1,368 @@
+// The frequency rules (rotary/scaling.h): their names, the fields each one
+// reads, their checks, and one function per rule computing its frequencies.
+#include <rotary/freqs.h>
+#include <rotary/scaling.h>
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace rotary {
+
+namespace {
+
+constexpr double kPi = 3.14159265358979323846;
+
+bool positive(double v) {
+  return std::isfinite(v) && v > 0.0;
+}
+
+// theta^(-2j/d) for j = 0 .. d/2 - 1: the frequencies every rule starts from.
+std::vector<double> base_inv_freq(int64_t rotary_dim, double base) {
+  const int64_t pairs = rotary_dim / 2;
+  std::vector<double> inv(pairs);
+  for (int64_t j = 0; j < pairs; ++j) {
+    inv[j] = std::pow(base, -2.0 * static_cast<double>(j) / static_cast<double>(rotary_dim));
+  }
+  return inv;
+}
+
+// yarn and longrope: factor as given, else max_position_embeddings / original.
+double effective_factor(const RopeScaling& s) {
+  if (s.factor()) return *s.factor();
+  return static_cast<double>(*s.max_position_embeddings()) / static_cast<double>(*s.original_max_position_embeddings());
+}
+
+// YaRN's attention temperature: 0.1 * m * ln(scale) + 1, or 1 without scaling.
+double yarn_mscale(double scale, double m) {
+  return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
+}
+
+// ---- one function per rule: (scaling, theta, rotary_dim, seq_len) -> frequencies
+
+RopeFrequencies default_rule(const RopeScaling&, double theta, int64_t d, int64_t) {
+  return {base_inv_freq(d, theta), 1.0};
+}
+
+RopeFrequencies linear_rule(const RopeScaling& s, double theta, int64_t d, int64_t) {
+  RopeFrequencies out{base_inv_freq(d, theta), 1.0};
+  for (double& f : out.inv_freq) f /= *s.factor();
+  return out;
+}
+
+RopeFrequencies ntk_rule(const RopeScaling& s, double theta, int64_t d, int64_t) {
+  const double dd = static_cast<double>(d);
+  return {base_inv_freq(d, theta * std::pow(*s.factor(), dd / (dd - 2.0))), 1.0};
+}
+
+RopeFrequencies dynamic_rule(const RopeScaling& s, double theta, int64_t d, int64_t seq_len) {
+  const double dd = static_cast<double>(d);
+  const double factor = *s.factor();
+  const double max_pos = static_cast<double>(*s.max_position_embeddings());
+  const double len = std::max(static_cast<double>(seq_len), max_pos);
+  const double base = theta * std::pow(factor * len / max_pos - (factor - 1.0), dd / (dd - 2.0));
+  return {base_inv_freq(d, base), 1.0};
+}
+
+RopeFrequencies yarn_rule(const RopeScaling& s, double theta, int64_t d, int64_t) {
+  TORCH_CHECK_VALUE(theta != 1.0, "RopeScaling(type='yarn'): theta must not be 1 (its log is a divisor)");
+  const double dd = static_cast<double>(d);
+  const double factor = effective_factor(s);
+  const double original = static_cast<double>(*s.original_max_position_embeddings());
+  RopeFrequencies out;
+  if (s.attention_factor()) {
+    out.attention_scaling = *s.attention_factor();
+  } else if (s.mscale() && s.mscale_all_dim() && *s.mscale() != 0.0 && *s.mscale_all_dim() != 0.0) {
+    out.attention_scaling = yarn_mscale(factor, *s.mscale()) / yarn_mscale(factor, *s.mscale_all_dim());
+    TORCH_CHECK_VALUE(
+        positive(out.attention_scaling), "RopeScaling(type='yarn'): mscale = ", *s.mscale(),
+        " and mscale_all_dim = ", *s.mscale_all_dim(), " give the attention scaling ", out.attention_scaling,
+        " (with factor ", factor, "); it must be finite and > 0");
+  } else {
+    out.attention_scaling = yarn_mscale(factor, 1.0);
+  }
+  // The (fractional) dim whose pair makes `turns` full turns over the
+  // original context: d * ln(original / (turns * 2 pi)) / (2 ln theta).
+  auto correction_dim = [&](double turns) {
+    return dd * std::log(original / (turns * 2.0 * kPi)) / (2.0 * std::log(theta));
+  };
+  double low = correction_dim(s.beta_fast());
+  double high = correction_dim(s.beta_slow());
+  if (s.truncate()) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, dd - 1.0);
+  if (low == high) high += 0.001;  // no zero-width ramp
+  out.inv_freq = base_inv_freq(d, theta);
+  for (size_t j = 0; j < out.inv_freq.size(); ++j) {
+    // ramp 0: keep the original frequency (extrapolate); 1: divide by factor (interpolate).
+    const double ramp = std::clamp((static_cast<double>(j) - low) / (high - low), 0.0, 1.0);
+    const double extrapolated = out.inv_freq[j];
+    out.inv_freq[j] = extrapolated / factor * ramp + extrapolated * (1.0 - ramp);
+  }
+  return out;
+}
+
+RopeFrequencies llama3_rule(const RopeScaling& s, double theta, int64_t d, int64_t) {
+  const double factor = *s.factor();
+  const double original = static_cast<double>(*s.original_max_position_embeddings());
+  const double lo = s.low_freq_factor();
+  const double hi = s.high_freq_factor();
+  const double low_freq_wavelen = original / lo;   // longer than this: divide by factor
+  const double high_freq_wavelen = original / hi;  // shorter than this: keep
+  RopeFrequencies out{base_inv_freq(d, theta), 1.0};
+  for (double& f : out.inv_freq) {
+    const double wavelen = 2.0 * kPi / f;
+    if (wavelen > low_freq_wavelen) {
+      f = f / factor;
+    } else if (wavelen >= high_freq_wavelen) {
+      const double smooth = (original / wavelen - lo) / (hi - lo);
+      f = (1.0 - smooth) * f / factor + smooth * f;
+    }
+  }
+  return out;
+}
+
+RopeFrequencies longrope_rule(const RopeScaling& s, double theta, int64_t d, int64_t seq_len) {
+  const double original = static_cast<double>(*s.original_max_position_embeddings());
+  RopeFrequencies out{base_inv_freq(d, theta), 1.0};
+  if (s.attention_factor()) {
+    out.attention_scaling = *s.attention_factor();
+  } else {
+    const double factor = effective_factor(s);
+    out.attention_scaling = factor <= 1.0 ? 1.0 : std::sqrt(1.0 + std::log(factor) / std::log(original));
+  }
+  const auto& ext = static_cast<double>(seq_len) > original ? s.long_factor() : s.short_factor();
+  for (size_t j = 0; j < out.inv_freq.size(); ++j) out.inv_freq[j] /= ext[j];
+  return out;
+}
+
+// ---- the fields, and which rule reads which
+
+struct Field {
+  const char* name;
+  bool (*is_set)(const RopeScaling&);
+};
+
+const RopeScaling kDefaults;
+const std::array<Field, 13> kFields = {{
+    {"factor", [](const RopeScaling& s) { return s.factor().has_value(); }},
+    {"original_max_position_embeddings",
+     [](const RopeScaling& s) { return s.original_max_position_embeddings().has_value(); }},
+    {"max_position_embeddings", [](const RopeScaling& s) { return s.max_position_embeddings().has_value(); }},
+    // NaN differs from every default, so it counts as set.
+    {"beta_fast", [](const RopeScaling& s) { return !(s.beta_fast() == kDefaults.beta_fast()); }},
+    {"beta_slow", [](const RopeScaling& s) { return !(s.beta_slow() == kDefaults.beta_slow()); }},
+    {"mscale", [](const RopeScaling& s) { return s.mscale().has_value(); }},
+    {"mscale_all_dim", [](const RopeScaling& s) { return s.mscale_all_dim().has_value(); }},
+    {"attention_factor", [](const RopeScaling& s) { return s.attention_factor().has_value(); }},
+    {"truncate", [](const RopeScaling& s) { return s.truncate() != kDefaults.truncate(); }},
+    {"low_freq_factor", [](const RopeScaling& s) { return !(s.low_freq_factor() == kDefaults.low_freq_factor()); }},
+    {"high_freq_factor",
+     [](const RopeScaling& s) { return !(s.high_freq_factor() == kDefaults.high_freq_factor()); }},
+    {"short_factor", [](const RopeScaling& s) { return !s.short_factor().empty(); }},
+    {"long_factor", [](const RopeScaling& s) { return !s.long_factor().empty(); }},
+}};
+
+struct Rule {
+  RopeType type;
+  const char* name;
+  std::vector<std::string> fields;  // the fields it reads
+  RopeFrequencies (*compute)(const RopeScaling&, double, int64_t, int64_t);
+};
+
+const std::array<Rule, 7>& rules() {
+  static const std::array<Rule, 7> table = {{
+      {RopeType::Default, "default", {}, &default_rule},
+      {RopeType::Linear, "linear", {"factor"}, &linear_rule},
+      {RopeType::Ntk, "ntk", {"factor"}, &ntk_rule},
+      {RopeType::Dynamic, "dynamic", {"factor", "max_position_embeddings"}, &dynamic_rule},
+      {RopeType::Yarn,
+       "yarn",
+       {"factor", "original_max_position_embeddings", "max_position_embeddings", "beta_fast", "beta_slow", "mscale",
+        "mscale_all_dim", "attention_factor", "truncate"},
+       &yarn_rule},
+      {RopeType::Llama3,
+       "llama3",
+       {"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"},
+       &llama3_rule},
+      {RopeType::LongRope,
+       "longrope",
+       {"factor", "original_max_position_embeddings", "max_position_embeddings", "attention_factor", "short_factor",
+        "long_factor"},
+       &longrope_rule},
+  }};
+  return table;
+}
+
+const Rule& rule_of(RopeType type) {
+  return rules()[static_cast<size_t>(type)];
+}
+
+std::string fields_of(RopeType type) {
+  std::string out;
+  for (const auto& name : rule_of(type).fields) out += (out.empty() ? "" : ", ") + name;
+  return out.empty() ? "none" : out;
+}
+
+void check_factor_list(const RopeScaling& s, const char* name, const std::vector<double>& v, int64_t rotary_dim) {
+  TORCH_CHECK_VALUE(
+      static_cast<int64_t>(v.size()) == rotary_dim / 2, "RopeScaling(type='", s.type(), "'): ", name,
+      " must have rotary_dim / 2 = ", rotary_dim / 2, " entries (one per rotated pair), got ", v.size());
+  for (size_t j = 0; j < v.size(); ++j) {
+    TORCH_CHECK_VALUE(
+        positive(v[j]), "RopeScaling(type='", s.type(), "'): ", name, "[", j, "] must be finite and > 0, got ",
+        v[j]);
+  }
+}
+
+}  // namespace
+
+std::optional<RopeType> rope_type_from_string(const std::string& name) {
+  for (const Rule& r : rules()) {
+    if (name == r.name) return r.type;
+  }
+  return std::nullopt;
+}
+
+const char* to_string(RopeType type) {
+  return rule_of(type).name;
+}
+
+const std::string& rope_type_names() {
+  static const std::string names = [] {
+    std::string out;
+    for (const Rule& r : rules()) out += (out.empty() ? "" : ", ") + std::string(r.name);
+    return out;
+  }();
+  return names;
+}
+
+RopeType rope_type_of(const RopeScaling& s) {
+  const auto t = rope_type_from_string(s.type());
+  TORCH_CHECK_VALUE(
+      t.has_value(), "RopeScaling: unknown type (rope_type) '", s.type(), "'; expected one of ", rope_type_names());
+  return *t;
+}
+
+bool rule_uses_field(RopeType type, const std::string& field) {
+  const auto& fields = rule_of(type).fields;
+  return std::find(fields.begin(), fields.end(), field) != fields.end();
+}
+
+bool depends_on_seq_len(const RopeScaling& scaling) {
+  const auto t = rope_type_from_string(scaling.type());
+  return t == RopeType::Dynamic || t == RopeType::LongRope;
+}
+
+void validate(const RopeScaling& s, int64_t rotary_dim) {
+  const RopeType type = rope_type_of(s);
+  const std::string& t = s.type();
+#define ROTARY_SCALING_CHECK(cond, ...) TORCH_CHECK_VALUE(cond, "RopeScaling(type='", t, "'): ", __VA_ARGS__)
+  for (const Field& f : kFields) {
+    ROTARY_SCALING_CHECK(
+        !f.is_set(s) || rule_uses_field(type, f.name), f.name, " is not a field of this rule (it would be ignored); ",
+        "its fields: ", fields_of(type));
+  }
+  if (type == RopeType::Default) return;
+
+  if (s.factor()) {
+    ROTARY_SCALING_CHECK(positive(*s.factor()), "factor must be finite and > 0, got ", *s.factor());
+  }
+  if (s.max_position_embeddings()) {
+    ROTARY_SCALING_CHECK(
+        *s.max_position_embeddings() > 0, "max_position_embeddings must be > 0, got ",
+        *s.max_position_embeddings());
+  }
+  if (s.original_max_position_embeddings()) {
+    ROTARY_SCALING_CHECK(
+        *s.original_max_position_embeddings() > 0, "original_max_position_embeddings must be > 0, got ",
+        *s.original_max_position_embeddings());
+  }
+  if (s.attention_factor()) {
+    ROTARY_SCALING_CHECK(
+        positive(*s.attention_factor()), "attention_factor must be finite and > 0, got ", *s.attention_factor());
+  }
+
+  if (type == RopeType::Linear || type == RopeType::Ntk || type == RopeType::Dynamic || type == RopeType::Llama3) {
+    ROTARY_SCALING_CHECK(s.factor().has_value(), "factor is required");
+  }
+  if (type == RopeType::Ntk || type == RopeType::Dynamic) {
+    // The base change has exponent d / (d - 2).
+    ROTARY_SCALING_CHECK(rotary_dim > 2, "rotary_dim must be > 2, got ", rotary_dim);
+  }
+  if (type == RopeType::Dynamic) {
+    ROTARY_SCALING_CHECK(
+        s.max_position_embeddings().has_value(),
+        "max_position_embeddings is required (the length past which the base grows)");
+  }
+  if (type == RopeType::Yarn || type == RopeType::Llama3 || type == RopeType::LongRope) {
+    ROTARY_SCALING_CHECK(
+        s.original_max_position_embeddings().has_value(),
+        "original_max_position_embeddings is required (the pre-training context length)");
+  }
+  if (type == RopeType::Yarn) {
+    ROTARY_SCALING_CHECK(
+        s.factor() || s.max_position_embeddings(),
+        "factor is required (or max_position_embeddings, to derive it as max_position_embeddings / "
+        "original_max_position_embeddings)");
+    ROTARY_SCALING_CHECK(positive(s.beta_fast()), "beta_fast must be finite and > 0, got ", s.beta_fast());
+    ROTARY_SCALING_CHECK(positive(s.beta_slow()), "beta_slow must be finite and > 0, got ", s.beta_slow());
+    if (s.mscale()) ROTARY_SCALING_CHECK(std::isfinite(*s.mscale()), "mscale must be finite, got ", *s.mscale());
+    if (s.mscale_all_dim()) {
+      ROTARY_SCALING_CHECK(
+          std::isfinite(*s.mscale_all_dim()), "mscale_all_dim must be finite, got ", *s.mscale_all_dim());
+    }
+  }
+  if (type == RopeType::Llama3) {
+    ROTARY_SCALING_CHECK(
+        positive(s.low_freq_factor()), "low_freq_factor must be finite and > 0, got ", s.low_freq_factor());
+    ROTARY_SCALING_CHECK(
+        std::isfinite(s.high_freq_factor()) && s.high_freq_factor() > s.low_freq_factor(),
+        "high_freq_factor must be finite and > low_freq_factor = ", s.low_freq_factor(), ", got ",
+        s.high_freq_factor());
+  }
+  if (type == RopeType::LongRope) {
+    check_factor_list(s, "short_factor", s.short_factor(), rotary_dim);
+    check_factor_list(s, "long_factor", s.long_factor(), rotary_dim);
+    ROTARY_SCALING_CHECK(
+        s.factor() || s.max_position_embeddings() || s.attention_factor(),
+        "factor is required to derive the attention scaling (or max_position_embeddings, or attention_factor)");
+  }
+#undef ROTARY_SCALING_CHECK
+}
+
+RopeFrequencies compute_frequencies(int64_t rotary_dim, double theta, const RopeScaling& s, int64_t seq_len) {
+  TORCH_CHECK_VALUE(
+      rotary_dim > 0 && rotary_dim % 2 == 0, "compute_frequencies: rotary_dim must be even and > 0, got ",
+      rotary_dim);
+  TORCH_CHECK_VALUE(
+      std::isfinite(theta) && theta > 0.0, "compute_frequencies: theta must be finite and > 0, got ", theta);
+  TORCH_CHECK_VALUE(seq_len >= 0, "compute_frequencies: seq_len must be >= 0, got ", seq_len);
+  validate(s, rotary_dim);
+  const Rule& rule = rule_of(rope_type_of(s));
+  RopeFrequencies out = rule.compute(s, theta, rotary_dim, seq_len);
+  // Every table is built from these: a non-finite one would give NaN rows.
+  for (size_t j = 0; j < out.inv_freq.size(); ++j) {
+    if (std::isfinite(out.inv_freq[j])) continue;
+    std::ostringstream with;
+    if (s.factor()) with << " and factor = " << *s.factor();
+    if (seq_len > 0) with << " at seq_len " << seq_len;
+    TORCH_CHECK_VALUE(
+        false, "RopeScaling(type='", s.type(), "'): theta = ", theta, with.str(), " give inv_freq[", j,
+        "] = ", out.inv_freq[j], "; every frequency must be finite (a factor or theta out of range)");
+  }
+  TORCH_CHECK_VALUE(
+      positive(out.attention_scaling), "RopeScaling(type='", s.type(), "'): the attention scaling is ",
+      out.attention_scaling, "; it must be finite and > 0");
+  return out;
+}
+
+}  // namespace rotary

@@ -1,0 +1,292 @@
+#include <rotary/freqs.h>
+#include <rotary/tables.h>
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+namespace rotary {
+
+namespace {
+
+// The options with the rule's defaults filled in: an unset
+// max_position_embeddings of "dynamic" is max_seq_len.
+RotaryEmbeddingOptions with_defaults(RotaryEmbeddingOptions o) {
+  RopeScaling s = o.scaling();
+  if (rope_type_of(s) == RopeType::Dynamic && !s.max_position_embeddings()) {
+    s.max_position_embeddings(o.max_seq_len());
+  }
+  return o.scaling(s);
+}
+
+std::string describe_options(const RotaryEmbeddingOptions& o) {
+  std::ostringstream os;
+  os << "dim=" << o.dim() << ", max_seq_len=" << o.max_seq_len() << ", theta=" << o.theta()
+     << ", rope_type=" << o.scaling().type() << ", angle_dtype=" << angle_dtype_name(o.angle_dtype());
+  return os.str();
+}
+
+void check_options(const RotaryEmbeddingOptions& options) {
+  TORCH_CHECK_VALUE(
+      options.dim() > 0 && options.dim() % 2 == 0, "RotaryEmbedding: dim must be even and > 0, got ",
+      options.dim());
+  TORCH_CHECK_VALUE(
+      options.max_seq_len() > 0, "RotaryEmbedding: max_seq_len must be > 0, got ", options.max_seq_len());
+  TORCH_CHECK_VALUE(
+      std::isfinite(options.theta()) && options.theta() > 0.0,
+      "RotaryEmbedding: theta must be finite and > 0, got ", options.theta());
+  check_angle_dtype(options.angle_dtype(), "RotaryEmbedding");
+}
+
+// Rows a module with these options holds in the state reached with seq_len.
+int64_t rows_for(const RotaryEmbeddingOptions& o, int64_t seq_len) {
+  const RopeScaling& s = o.scaling();
+  if (rope_type_of(s) == RopeType::Dynamic && seq_len > *s.max_position_embeddings()) {
+    return std::max(o.max_seq_len(), seq_len);
+  }
+  return o.max_seq_len();
+}
+
+}  // namespace
+
+RopeTables::RopeTables(RotaryEmbeddingOptions options, int64_t state) : options_(std::move(options)) {
+  check_options(options_);
+  options_ = with_defaults(options_);
+  validate(options_.scaling(), options_.dim());
+  host_driven_ = depends_on_seq_len(options_.scaling());
+  state_ = host_driven_ ? std::max<int64_t>(state, 0) : 0;
+  attention_scaling_ =
+      compute_frequencies(options_.dim(), options_.theta(), options_.scaling(), state_).attention_scaling;
+}
+
+RopeTables::RopeTables(const RopeTables& other)
+    : options_(other.options_),
+      host_driven_(other.host_driven_),
+      state_(other.state_),
+      attention_scaling_(other.attention_scaling_) {}
+
+RopeTables& RopeTables::operator=(const RopeTables& other) {
+  if (this != &other) {
+    options_ = other.options_;
+    host_driven_ = other.host_driven_;
+    state_ = other.state_;
+    attention_scaling_ = other.attention_scaling_;
+  }
+  return *this;
+}
+
+std::string RopeTables::describe() const {
+  return describe_options(options_);
+}
+
+RopeTableSet RopeTables::build(int64_t state, c10::Device device) const {
+  RopeTableSet out;
+  try {
+    const RopeFrequencies f = compute_frequencies(options_.dim(), options_.theta(), options_.scaling(), state);
+    out.freqs = freqs_table(f, rows_for(options_, state), options_.angle_dtype());
+    out.inv_freq = inv_freq_tensor(f);
+    out.attention_scaling = f.attention_scaling;
+  } catch (const c10::ValueError& e) {
+    // Name the options: the field at fault may be theta or angle_dtype.
+    TORCH_CHECK_VALUE(false, "RotaryEmbedding(", describe(), "): ", e.what_without_backtrace());
+  }
+  out.state = state;
+  if (device != out.freqs.device()) {
+    out.freqs = out.freqs.to(device);
+    out.inv_freq = out.inv_freq.to(device);
+  }
+  return out;
+}
+
+int64_t RopeTables::state_for_reach(int64_t reach) const {
+  const RopeScaling& s = options_.scaling();
+  switch (rope_type_of(s)) {
+    case RopeType::Dynamic: {
+      const int64_t original = *s.max_position_embeddings();
+      const int64_t cached = state_ > 0 ? state_ : original;
+      if (reach > cached) return reach;                             // grow
+      if (reach < original && cached > original) return 0;          // back to the original frequencies
+      return state_;
+    }
+    case RopeType::LongRope: {
+      const int64_t original = *s.original_max_position_embeddings();
+      return reach > original ? original + 1 : 0;
+    }
+    default:
+      return state_;
+  }
+}
+
+int64_t RopeTables::reach_of(
+    int64_t seq_len,
+    int64_t start_pos,
+    const std::optional<at::Tensor>& offsets,
+    const std::optional<at::Tensor>& position_ids) {
+  if (seq_len <= 0) return 0;
+  const bool ids = position_ids && position_ids->defined();
+  const std::optional<at::Tensor>& given = ids ? position_ids : offsets;
+  if (!given || !given->defined() || given->numel() == 0) return start_pos + seq_len;
+  const int64_t top = given->max().item<int64_t>();
+  // Out of range: the op refuses these positions; nothing is rebuilt for them.
+  if (top <= -kMaxStartPos || top >= kMaxStartPos) return 0;
+  return ids ? start_pos + top + 1 : start_pos + top + seq_len;
+}
+
+void RopeTables::check_start_pos(int64_t start_pos) {
+  TORCH_CHECK_VALUE(start_pos >= 0, "RotaryEmbedding: start_pos must be >= 0, got ", start_pos);
+  TORCH_CHECK_INDEX(start_pos < kMaxStartPos, "RotaryEmbedding: start_pos must be < 2^60, got ", start_pos);
+}
+
+void RopeTables::check_rows(int64_t seq_len, int64_t start_pos, bool has_positions, int64_t rows) const {
+  if (!extends_past_table() && !has_positions && seq_len > 0) {
+    TORCH_CHECK_INDEX(
+        seq_len <= rows - start_pos, "RotaryEmbedding(angle_dtype=float32): start_pos + seq_len = ", start_pos,
+        " + ", seq_len, " = ", start_pos + seq_len, " exceeds max_seq_len ", rows,
+        "; float32-angle tables are not extended on the fly (that path is float64): build the module with a "
+        "larger max_seq_len");
+  }
+}
+
+int64_t RopeTables::saved_state(
+    const std::optional<at::Tensor>& freqs,
+    const std::optional<at::Tensor>& inv_freq,
+    const std::string& who) const {
+  const int64_t seq_len = check_saved_tables(options_, freqs, inv_freq, who);
+  return host_driven_ ? seq_len : 0;
+}
+
+int64_t check_saved_tables(
+    const RotaryEmbeddingOptions& options,
+    const std::optional<at::Tensor>& freqs,
+    const std::optional<at::Tensor>& inv_freq,
+    const std::string& who) {
+  check_options(options);
+  const bool has_freqs = freqs && freqs->defined();
+  const bool has_inv = inv_freq && inv_freq->defined();
+  for (const auto& [name, t] : {std::make_pair("freqs", freqs), std::make_pair("inv_freq", inv_freq)}) {
+    TORCH_CHECK_VALUE(
+        !(t && t->defined() && t->is_meta()), who, ": the saved '", name,
+        "' is a meta tensor (it has no values to check); load a state_dict with real tensors");
+  }
+  const RotaryEmbeddingOptions full = with_defaults(options);
+  const RopeScaling& s = full.scaling();
+  const RopeType type = rope_type_of(s);
+  validate(s, options.dim());
+  const int64_t pairs = options.dim() / 2;
+  const std::string desc = describe_options(options);
+  const std::string hint =
+      "; it was saved from a module with other options: build this one with those (theta, max_seq_len, "
+      "scaling, angle_dtype), or leave 'freqs' and 'inv_freq' out of what you load";
+
+  at::Tensor f_saved, inv_saved;
+  int64_t rows = 0;
+  if (has_freqs) {
+    TORCH_CHECK_VALUE(
+        freqs->scalar_type() == at::kComplexFloat && freqs->dim() == 2 && freqs->size(1) == pairs, who,
+        ": the saved 'freqs' must be complex64 [rows, dim / 2] = [*, ", pairs, "], got ", freqs->scalar_type(), " ",
+        freqs->sizes(), " (module: ", desc, ")");
+    rows = freqs->size(0);
+    const bool grows = type == RopeType::Dynamic;
+    TORCH_CHECK_VALUE(
+        grows ? rows >= options.max_seq_len() : rows == options.max_seq_len(), who, ": the saved 'freqs' has ",
+        rows, " rows but this module's max_seq_len is ", options.max_seq_len(), " (", desc, ")", hint);
+    f_saved = freqs->detach().to(at::kCPU).resolve_conj().contiguous();
+  }
+  if (has_inv) {
+    TORCH_CHECK_VALUE(
+        inv_freq->scalar_type() == at::kDouble && inv_freq->dim() == 1 && inv_freq->size(0) == pairs, who,
+        ": the saved 'inv_freq' must be float64 [dim / 2] = [", pairs, "], got ", inv_freq->scalar_type(), " ",
+        inv_freq->sizes(), " (module: ", desc, ")");
+    inv_saved = inv_freq->detach().to(at::kCPU).contiguous();
+  }
+  if (!has_freqs && !has_inv) return 0;
+
+  // The states the saved tables may be in: the initial one, longrope's long
+  // factors, a grown dynamic base (its length recovered from inv_freq[1] or
+  // from the table's row count).
+  std::vector<int64_t> states = {0};
+  if (type == RopeType::LongRope) states.push_back(*s.original_max_position_embeddings() + 1);
+  if (type == RopeType::Dynamic) {
+    const int64_t m = *s.max_position_embeddings();
+    if (has_freqs && rows > options.max_seq_len()) states.push_back(rows);
+    const double* inv = has_inv ? inv_saved.const_data_ptr<double>() : nullptr;
+    if (inv && pairs >= 2 && std::isfinite(inv[1]) && inv[1] > 0.0) {
+      // inv[1] = base^(-2/d), base = theta * (factor * L / m - (factor - 1))^(d / (d - 2)).
+      const double d = static_cast<double>(options.dim());
+      const double base = std::pow(inv[1], -d / 2.0);
+      const double factor = *s.factor();
+      const double ratio = std::pow(base / options.theta(), (d - 2.0) / d);
+      const double len = static_cast<double>(m) * (ratio + factor - 1.0) / factor;
+      if (std::isfinite(len) && len > static_cast<double>(m) && len < 9.0e15) {
+        const auto l = static_cast<int64_t>(std::llround(len));
+        for (int64_t c = l - 1; c <= l + 1; ++c) {
+          if (c > m) states.push_back(c);
+        }
+      }
+    }
+  }
+
+  std::string first_mismatch;
+  for (const int64_t seq_len : states) {
+    const RopeFrequencies f = compute_frequencies(options.dim(), options.theta(), s, seq_len);
+    std::ostringstream why;
+    bool ok = true;
+    if (has_inv) {
+      const double* a = inv_saved.const_data_ptr<double>();
+      for (int64_t j = 0; j < pairs && ok; ++j) {
+        const double b = f.inv_freq[j];
+        if (!(std::abs(a[j] - b) <= 1e-12 * std::abs(b))) {
+          ok = false;
+          why.precision(17);
+          why << "'inv_freq'[" << j << "] = " << a[j] << " but these options give " << b;
+        }
+      }
+    }
+    if (ok && has_freqs) {
+      if (rows_for(full, seq_len) != rows) {
+        ok = false;
+        why << "'freqs' has " << rows << " rows, this state of the rule has " << rows_for(full, seq_len);
+      } else {
+        const at::Tensor expected = freqs_table(f, rows, options.angle_dtype());
+        const at::Tensor diff = at::nan_to_num((f_saved - expected).abs(), std::numeric_limits<double>::infinity());
+        const double tol = std::ldexp(1.0, -22) * std::max(1.0, std::abs(f.attention_scaling));
+        if (diff.numel() > 0) {
+          const int64_t worst = diff.flatten().argmax().item<int64_t>();
+          const double err = diff.flatten()[worst].item<double>();
+          // Within the tolerance but nearer to the other angle_dtype's table:
+          // saved from a module with the other angle_dtype.
+          double err_other = std::numeric_limits<double>::infinity();
+          const auto other = options.angle_dtype() == at::kFloat ? at::kDouble : at::kFloat;
+          if (err > 0.0 && err <= tol) {
+            err_other = (f_saved - freqs_table(f, rows, other)).abs().max().item<double>();
+          }
+          if (err_other < err) {
+            ok = false;
+            why << "'freqs' is the table of angle_dtype=" << angle_dtype_name(other) << " (it differs by "
+                << err_other << " from that one, by " << err << " from what these options build)";
+          } else if (!(err <= tol)) {
+            ok = false;
+            const auto got = f_saved.flatten()[worst].item<c10::complex<float>>();
+            const auto want = expected.flatten()[worst].item<c10::complex<float>>();
+            why << "'freqs' row " << worst / pairs << ", pair " << worst % pairs << " differs by " << err
+                << " from what these options build (saved " << got.real() << (got.imag() < 0 ? "" : "+")
+                << got.imag() << "i, expected " << want.real() << (want.imag() < 0 ? "" : "+") << want.imag()
+                << "i)";
+          }
+        }
+      }
+    }
+    if (ok) return seq_len;
+    if (first_mismatch.empty()) first_mismatch = why.str();
+  }
+  TORCH_CHECK_VALUE(false, who, ": the saved tables do not match this module (", desc, "): ", first_mismatch, hint);
+  return 0;
+}
+
+}  // namespace rotary

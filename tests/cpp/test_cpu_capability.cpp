@@ -1,0 +1,175 @@
+// The CPU kernel is built once per capability (DEFAULT, AVX2, AVX512). Each
+// build this CPU can run is forced in turn on the same launch: every one must
+// match the float64 reference and give exactly the bits of DEFAULT (portable
+// at::vec arrays), on finite inputs and on NaN, Inf and denormals alike.
+#include "helpers.h"
+#include "reference.h"
+
+#include <rotary/freqs.h>
+
+#include "checks.h"
+#include "cpu/rope_cpu.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Version.h>
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace {
+
+using rotary::cpu::Capability;
+using rotary_test::AllClose;
+using rotary_test::dtype_name;
+using rotary_test::tolerance_for;
+
+std::vector<Capability> runnable_capabilities() {
+  std::vector<Capability> caps;
+  for (int c = 0; c <= static_cast<int>(rotary::cpu::capability_from_aten()); ++c) {
+    caps.push_back(static_cast<Capability>(c));
+  }
+  return caps;
+}
+
+struct Case {
+  const char* name;
+  std::vector<int64_t> q_shape, k_shape;  // in `layout`
+  const char* layout;
+  int64_t rotary_dim;
+  bool interleaved, inverse, in_place;
+  bool strided_last_dim = false;  // every other element of a 2x wider tensor
+};
+
+// Heads-major (blocks of 4 heads plus a remainder), token-major, decode,
+// partial rotary, head_dim with a tail past the last full vector, strided
+// elements, in place, and one case big enough for the streaming stores.
+std::vector<Case> cases() {
+  return {
+      {"bhsd", {2, 5, 33, 64}, {2, 3, 33, 64}, "BHSD", 64, true, false, false},
+      {"bhsd_half", {2, 5, 33, 64}, {2, 3, 33, 64}, "BHSD", 64, false, false, false},
+      {"bshd_inverse", {2, 17, 6, 128}, {2, 17, 2, 128}, "BSHD", 128, true, true, false},
+      {"sbhd_half", {9, 2, 4, 128}, {9, 2, 1, 128}, "SBHD", 128, false, false, false},
+      {"decode", {8, 1, 32, 128}, {8, 1, 8, 128}, "BSHD", 128, true, false, false},
+      {"tail", {1, 3, 21, 36}, {1, 2, 21, 36}, "BHSD", 36, true, false, false},
+      {"tail_half", {1, 3, 21, 52}, {1, 2, 21, 52}, "BHSD", 52, false, false, false},
+      {"partial", {1, 4, 19, 96}, {1, 2, 19, 96}, "BHSD", 32, false, false, false},
+      {"in_place", {2, 6, 25, 64}, {2, 2, 25, 64}, "BHSD", 64, true, false, true},
+      {"strided", {1, 3, 11, 32}, {1, 2, 11, 32}, "BHSD", 32, true, false, false, true},
+      {"streaming", {1, 32, 2048, 128}, {1, 8, 2048, 128}, "BHSD", 128, false, false, false},
+  };
+}
+
+at::Tensor make_input(const std::vector<int64_t>& shape, at::ScalarType dtype, bool strided, bool specials) {
+  std::vector<int64_t> full = shape;
+  if (strided) full.back() *= 2;
+  at::Tensor x = at::randn(full, at::kDouble);
+  if (specials) {
+    // Every fifth element special: NaN, +-Inf, fp32 denormals, huge values,
+    // and values whose 16-bit rounding is a tie.
+    const double vals[] = {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(),
+                           -std::numeric_limits<double>::infinity(), 1e-40, -3e-39, 3e38, 1.0 + 1.0 / 256};
+    auto flat = x.view({-1});
+    for (int64_t i = 0; i < flat.numel(); i += 5) flat[i] = vals[(i / 5) % 7];
+  }
+  x = x.to(dtype);
+  return strided ? x.slice(-1, 0, x.size(-1), 2) : x;
+}
+
+// The launch of one case under one capability; returns (out_q, out_k).
+std::pair<at::Tensor, at::Tensor> run(
+    const Case& c, const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs, Capability cap) {
+  const std::optional<at::Tensor> none;
+  const rotary::detail::RopeArgs args{3, c.interleaved, none, none, c.inverse, none, none, c.layout};
+  const at::Tensor qi = c.in_place ? q.clone() : q;
+  const at::Tensor ki = c.in_place ? k.clone() : k;
+  auto prepared = rotary::detail::prepare_rope("test", qi, &ki, freqs, args, c.in_place);
+  if (!c.in_place) {  // poison: an unwritten element shows up as NaN
+    prepared.out_q.fill_(std::numeric_limits<double>::quiet_NaN());
+    prepared.out_k.fill_(std::numeric_limits<double>::quiet_NaN());
+  }
+  rotary::cpu::rope_cpu(prepared.params, q.scalar_type(), cap);
+  return {prepared.out_q, prepared.out_k};
+}
+
+// Bitwise equality through an integer view of the same width.
+::testing::AssertionResult SameBits(const at::Tensor& a, const at::Tensor& b) {
+  const auto int_type = a.element_size() == 8 ? at::kLong : a.element_size() == 4 ? at::kInt : at::kShort;
+  const at::Tensor ia = a.contiguous().view(int_type), ib = b.contiguous().view(int_type);
+  const at::Tensor diff = ia.ne(ib);
+  const int64_t n = diff.sum().item<int64_t>();
+  if (n == 0) return ::testing::AssertionSuccess();
+  const int64_t at_ = diff.flatten().nonzero()[0][0].item<int64_t>();
+  return ::testing::AssertionFailure() << n << " of " << a.numel() << " elements differ; first at flat index "
+                                       << at_ << ": " << ia.flatten()[at_].item<int64_t>() << " vs "
+                                       << ib.flatten()[at_].item<int64_t>();
+}
+
+// The BHSD view of a tensor given in `layout`, as float64, for the reference.
+at::Tensor to_bhsd(const at::Tensor& x, const std::string& layout) {
+  if (layout == "BSHD") return x.transpose(1, 2);
+  if (layout == "SBHD") return x.permute({1, 2, 0, 3});
+  return x;
+}
+
+at::Tensor reference(const Case& c, const at::Tensor& x) {
+  const at::Tensor v = to_bhsd(x, c.layout).to(at::kDouble);
+  at::Tensor out = v.clone();
+  out.narrow(3, 0, c.rotary_dim).copy_(rotary_test::ref_rope(
+      v.narrow(3, 0, c.rotary_dim).contiguous(), 3, c.interleaved, std::nullopt, c.inverse));
+  return out;
+}
+
+TEST(CpuCapability, MatchesAtenPick) {
+  const std::string aten = at::get_cpu_capability();
+  const Capability ours = rotary::cpu::capability_from_aten();
+  std::cout << "[ capability ] ATen " << aten << ", kernel build " << rotary::cpu::capability_name(ours) << "\n";
+  if (aten == "AVX512" || aten == "AVX2") {
+#if defined(__x86_64__)
+    EXPECT_NE(ours, Capability::kDefault);
+#endif
+  } else {
+    EXPECT_EQ(ours, Capability::kDefault);
+  }
+}
+
+TEST(CpuCapability, EveryBuildGivesTheBitsOfDefault) {
+  const auto caps = runnable_capabilities();
+  std::string names;
+  for (auto cap : caps) names += std::string(" ") + rotary::cpu::capability_name(cap);
+  std::cout << "[ capability ] compared:" << names << "\n";
+  at::manual_seed(11);
+  for (const auto dtype : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16}) {
+    for (const auto& c : cases()) {
+      const auto freqs = rotary::rope_freqs(c.rotary_dim, 4096);
+      for (const bool specials : {false, true}) {
+        const at::Tensor q = make_input(c.q_shape, dtype, c.strided_last_dim, specials);
+        const at::Tensor k = make_input(c.k_shape, dtype, c.strided_last_dim, specials);
+        const auto base = run(c, q, k, freqs, Capability::kDefault);
+        const std::string where =
+            std::string(c.name) + " " + dtype_name(dtype) + (specials ? " specials" : " finite");
+        if (!specials) {
+          EXPECT_TRUE(AllClose(to_bhsd(base.first, c.layout), reference(c, q), tolerance_for(dtype))) << where;
+          EXPECT_TRUE(AllClose(to_bhsd(base.second, c.layout), reference(c, k), tolerance_for(dtype))) << where;
+        }
+        if (c.strided_last_dim) {  // the scalar path against the vector one
+          Case dense = c;
+          dense.strided_last_dim = false;
+          const auto d = run(dense, q.contiguous(), k.contiguous(), freqs, Capability::kDefault);
+          EXPECT_TRUE(SameBits(base.first, d.first)) << where << " q strided vs contiguous";
+          EXPECT_TRUE(SameBits(base.second, d.second)) << where << " k strided vs contiguous";
+        }
+        for (const auto cap : caps) {
+          if (cap == Capability::kDefault) continue;
+          const auto got = run(c, q, k, freqs, cap);
+          EXPECT_TRUE(SameBits(got.first, base.first)) << where << " q " << rotary::cpu::capability_name(cap);
+          EXPECT_TRUE(SameBits(got.second, base.second)) << where << " k " << rotary::cpu::capability_name(cap);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace

@@ -1,0 +1,85 @@
+"""Outcomes, bitwise snapshots and tolerances shared by the case families."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+from rope_testing import TOL  # noqa: F401 - (rtol, atol) per dtype, from tests/tolerances.txt (both suites)
+
+# Where the op cases put q, k and the tables ("cuda" on a GPU machine).
+DEVICE = os.environ.get("ROTARY_FUZZ_DEVICE", "cpu")
+
+# The exception types rotary documents for bad input (TORCH_CHECK_VALUE /
+# _TYPE / _INDEX in C++). Anything else escaping a call is a finding.
+DOCUMENTED = (ValueError, TypeError, IndexError)
+
+FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+
+
+# The category of the case running now, so a Finding can be counted under it.
+current = {"kind": "?"}
+
+
+def set_kind(kind: str) -> str:
+    current["kind"] = kind
+    return kind
+
+
+class Finding(Exception):
+    """A wrong result, an undocumented exception, garbage accepted, a valid
+    input refused, or state changed by a refused call."""
+
+
+class Refused(Exception):
+    """A documented refusal (the expected outcome of a bad input)."""
+
+
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """A bitwise copy (NaN-safe: compared as integers)."""
+    t = t.detach()
+    if t.device.type == "meta":
+        return t
+    if t.is_complex():
+        t = torch.view_as_real(t.resolve_conj())
+    return t.clone().view(_BITS[t.element_size()])
+
+
+def same_bits(a: torch.Tensor, saved: torch.Tensor) -> bool:
+    now = bits(a)
+    return now.shape == saved.shape and now.dtype == saved.dtype and bool(torch.equal(now, saved))
+
+
+def expect_refusal(call, allowed=DOCUMENTED, what="call"):
+    """Run call; a documented refusal raises Refused, anything else Finding."""
+    try:
+        call()
+    except allowed as e:
+        raise Refused(f"{type(e).__name__}: {str(e).splitlines()[0][:160]}") from None
+    except Finding:
+        raise
+    except Exception as e:  # noqa: BLE001 - every other type is the finding
+        raise Finding(f"{what}: undocumented {type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
+
+
+def check_close(actual: torch.Tensor, expected: torch.Tensor, dtype, what: str, scale: float = 1.0, atol_extra=0.0):
+    rtol, atol = TOL[dtype]
+    a = actual.detach().to("cpu", torch.float64)
+    if a.shape != expected.shape:
+        raise Finding(f"{what}: shape {tuple(a.shape)}, reference {tuple(expected.shape)}")
+    if a.numel() == 0:
+        return
+    if not bool(torch.isfinite(a).all()):
+        raise Finding(f"{what}: {int((~torch.isfinite(a)).sum())} non-finite outputs from finite inputs")
+    err = (a - expected).abs()
+    bound = atol * max(scale, 1.0) + atol_extra + rtol * expected.abs()
+    if bool((err > bound).any()):
+        raise Finding(f"{what}: off the float64 reference by up to {float(err.max()):.3g}")
+
+
+def finite_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)

@@ -1,0 +1,108 @@
+"""Deployment: rotary.library_path() for processes that load a saved program
+without importing rotary, the C++ module under pickle / deepcopy / repr, and
+the TorchScript refusal."""
+
+import copy
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import rotary
+from reference import rope_reference
+from rope_testing import assert_close_ref, make_heads
+
+
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 16)
+        self.rope = rotary.RotaryEmbedding(16, 32, interleaved=False)
+
+    def forward(self, x, position_ids):
+        q, k = self.rope(self.proj(x), x, position_ids=position_ids)
+        return q @ k.transpose(-1, -2)
+
+
+def test_library_path_is_librotary():
+    path = rotary.library_path()
+    assert os.path.isabs(path) and os.path.isfile(path)
+    assert os.path.basename(path).startswith("librotary")
+
+
+_LOAD_SCRIPT = textwrap.dedent(
+    """
+    import sys, torch
+    lib, program, data = sys.argv[1:4]
+    torch.ops.load_library(lib)
+    ep = torch.export.load(program)
+    x, ids, want = torch.load(data)
+    got = ep.module()(x, ids)
+    assert "rotary" not in sys.modules, "the package was imported"
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    print("loaded and ran without importing rotary")
+    """
+)
+
+
+def test_exported_program_runs_in_a_process_without_rotary(tmp_path):
+    torch.manual_seed(0)
+    block = _Block().eval()
+    x = make_heads(2, 2, 6, 16, seed=11)
+    ids = torch.tensor([[0, 1, 2, 3, 4, 5], [7, 8, 9, 20, 21, 22]], dtype=torch.int32)
+    with torch.no_grad():
+        want = block(x, ids)
+        ep = torch.export.export(block, (x, ids))
+    torch.export.save(ep, str(tmp_path / "block.pt2"))
+    torch.save((x, ids, want), str(tmp_path / "data.pt"))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # rotary is not importable there
+    run = subprocess.run(
+        [sys.executable, "-c", _LOAD_SCRIPT, rotary.library_path(), str(tmp_path / "block.pt2"), str(tmp_path / "data.pt")],
+        capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "without importing rotary" in run.stdout
+    # Without the library the same program does not load: the path is what matters.
+    bare = subprocess.run(
+        [sys.executable, "-c", "import sys, torch; torch.export.load(sys.argv[1]).module()", str(tmp_path / "block.pt2")],
+        capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=300,
+    )
+    assert bare.returncode != 0 and "rotary" in bare.stderr
+
+
+@pytest.mark.parametrize("scaling", [None, {"rope_type": "dynamic", "factor": 2.0}], ids=["default", "dynamic"])
+def test_cpp_module_pickle_and_deepcopy(scaling):
+    m = rotary.CppRotaryEmbedding(16, 32, 500.0, False, scaling=scaling)
+    x = make_heads(2, 2, 5, 16, seed=12)
+    m.eval()
+    for make in (lambda m: pickle.loads(pickle.dumps(m)), copy.deepcopy):
+        if scaling:  # grow the dynamic table: the copy must keep that state
+            m(x, 40)
+            assert m.freqs.shape[0] == 45
+        twin = make(m)
+        assert type(twin) is rotary.CppRotaryEmbedding and twin is not m
+        assert (twin.dim, twin.max_seq_len, twin.theta, twin.interleaved, twin.scaling) == (
+            m.dim, m.max_seq_len, m.theta, m.interleaved, m.scaling)
+        assert twin.training is False
+        assert torch.equal(twin.freqs, m.freqs) and torch.equal(twin.inv_freq, m.inv_freq)
+        assert twin.freqs.data_ptr() != m.freqs.data_ptr()
+        assert torch.equal(twin(x, 3), m(x, 3))
+    assert_close_ref(pickle.loads(pickle.dumps(rotary.CppRotaryEmbedding(16, 32)))(x, 3), rope_reference(x, 3),
+                     torch.float32)
+
+
+def test_cpp_module_names_and_repr():
+    m = rotary.CppRotaryEmbedding(16, 32, 500.0, False, scaling={"rope_type": "linear", "factor": 2.0})
+    assert type(m).__module__ == "rotary" and type(m).__name__ == "CppRotaryEmbedding"
+    assert repr(m) == "rotary::RotaryEmbedding(dim=16, max_seq_len=32, theta=500, interleaved=false, scaling=linear(factor=2))"
+    holder = torch.nn.Sequential(m)
+    assert "theta=500" in repr(holder)
+
+
+def test_torchscript_is_refused_with_a_clear_error():
+    with pytest.raises(RuntimeError, match=r"does not support TorchScript .*deprecated.*torch\.compile, torch\.export"):
+        torch.jit.script(_Block())
