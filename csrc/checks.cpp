@@ -147,12 +147,24 @@ void check_rope_inputs(
     check_same_device(op, "k", *k, q);
   }
 
-  TORCH_CHECK_TYPE(
-      freqs.scalar_type() == at::kComplexFloat, op,
-      ": freqs must be complex64 (the table from rotary.rope_freqs or RotaryEmbedding.freqs), got ",
-      freqs.scalar_type());
+  // torch.view_as_real(freqs) is the same table: the inductor cannot
+  // decompose an in-place custom op with a complex input, so compiled
+  // in-place calls pass this view (the Python wrappers do).
+  const bool real_view = freqs.scalar_type() == at::kFloat && freqs.dim() == 3;
+  if (real_view) {
+    TORCH_CHECK_VALUE(
+        freqs.sym_size(2) == 2 && freqs.sym_stride(2) == 1 && freqs.sym_stride(0) % 2 == 0 &&
+            freqs.sym_stride(1) % 2 == 0 && freqs.sym_storage_offset() % 2 == 0,
+        op, ": a float32 freqs must be torch.view_as_real of the complex64 table, [max_seq_len, rotary_dim / 2, 2] ",
+        "with its last dim contiguous; got shape ", freqs.sym_sizes(), " and strides ", freqs.sym_strides());
+  } else {
+    TORCH_CHECK_TYPE(
+        freqs.scalar_type() == at::kComplexFloat, op,
+        ": freqs must be complex64 (the table from rotary.freqs_table or RotaryEmbedding.freqs) or its ",
+        "torch.view_as_real view, got ", freqs.scalar_type());
+  }
   TORCH_CHECK_VALUE(
-      freqs.dim() == 2 && freqs.sym_size(1) > 0 && freqs.sym_size(1) * 2 <= head_dim, op,
+      freqs.dim() == (real_view ? 3 : 2) && freqs.sym_size(1) > 0 && freqs.sym_size(1) * 2 <= head_dim, op,
       ": freqs must have shape [max_seq_len, rotary_dim / 2] with 0 < rotary_dim <= head_dim = ", head_dim,
       " (full rotation: [*, ", head_dim / 2, "]), got ", freqs.sym_sizes());
   check_same_device(op, "freqs", freqs, q);
@@ -301,10 +313,11 @@ PreparedRope prepare_rope(
   p.head_dim = qv.size(3);
   p.rotary_dim = 2 * freqs.size(1);
   p.in_place = in_place;
-  p.freqs = reinterpret_cast<const float*>(freqs.data_ptr());
-  p.freqs_len = freqs.size(0);
-  p.freqs_stride_pos = freqs.stride(0);
-  p.freqs_stride_pair = freqs.stride(1);
+  const at::Tensor table = freqs.is_complex() ? freqs : at::view_as_complex(freqs);
+  p.freqs = reinterpret_cast<const float*>(table.data_ptr());
+  p.freqs_len = table.size(0);
+  p.freqs_stride_pos = table.stride(0);
+  p.freqs_stride_pair = table.stride(1);
   p.start_pos = args.start_pos;
   p.interleaved = args.interleaved;
   // A lazily conjugated table (freqs.conj()) holds e^{-i angle}: the same

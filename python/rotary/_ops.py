@@ -77,6 +77,14 @@ def rope_frequencies(*args, **kwargs) -> Tuple[torch.Tensor, float]:
     return inv_frequencies(*args, **kwargs)
 
 
+def _compiled_table(freqs: torch.Tensor) -> torch.Tensor:
+    """The table as its ``view_as_real`` view while compiling: the inductor
+    cannot decompose an in-place custom op that has a complex input."""
+    if torch.compiler.is_compiling() and freqs.dtype == torch.complex64:
+        return torch.view_as_real(freqs.resolve_conj())
+    return freqs
+
+
 def _legacy_positions(positions: torch.Tensor, start_pos, varlen: bool, who: str):
     """``(start_pos, offsets, position_ids)`` for the deprecated ``positions=``
     argument, with its old meaning decided by rank alone: ``[]`` / ``[batch]``
@@ -205,7 +213,7 @@ def apply_rope_(
     grad mode on) is refused."""
     start_pos, offsets, position_ids = _route(positions, offsets, position_ids, start_pos, cu_seqlens, "apply_rope_")
     torch.ops.rotary.apply_rope_(
-        x, freqs, _start_pos("apply_rope_", start_pos), interleaved, offsets=offsets, position_ids=position_ids, inverse=inverse,
+        x, _compiled_table(freqs), _start_pos("apply_rope_", start_pos), interleaved, offsets=offsets, position_ids=position_ids, inverse=inverse,
         cu_seqlens=cu_seqlens, inv_freq=inv_freq, layout=layout,
     )
     return x
@@ -232,7 +240,7 @@ def apply_rope_qk_(
         positions, offsets, position_ids, start_pos, cu_seqlens, "apply_rope_qk_"
     )
     torch.ops.rotary.apply_rope_qk_(
-        q, k, freqs, _start_pos("apply_rope_qk_", start_pos), interleaved, offsets=offsets, position_ids=position_ids, inverse=inverse,
+        q, k, _compiled_table(freqs), _start_pos("apply_rope_qk_", start_pos), interleaved, offsets=offsets, position_ids=position_ids, inverse=inverse,
         cu_seqlens=cu_seqlens, inv_freq=inv_freq, layout=layout,
     )
     return q, k

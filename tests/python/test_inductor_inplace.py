@@ -1,0 +1,90 @@
+"""The in-place ops under the default inductor backend, and the real view of
+the table (``torch.view_as_real(freqs)``) they take there: the inductor cannot
+decompose an in-place custom op with a complex input, so the Python wrappers
+pass that view while compiling."""
+
+import pytest
+import torch
+
+import rotary
+from rope_testing import assert_close_ref, randn, ref_rope4
+
+pytestmark = pytest.mark.usefixtures("reset_dynamo")
+
+
+@pytest.mark.parametrize("conj", [False, True])
+def test_inductor_inplace_qk_fresh_and_graph_inputs(tables, conj):
+    f = tables(16, 32)
+    table = f.conj() if conj else f
+
+    def fresh(q, k):
+        q, k = q * 1.0, k * 1.0
+        rotary.apply_rope_qk_(q, k, table, 3)
+        return q + 0.5, k
+
+    def inputs(q, k):
+        rotary.apply_rope_qk_(q, k, table, 3, interleaved=False)
+        return q, k
+
+    q, k = randn((2, 4, 5, 16), seed=301), randn((2, 2, 5, 16), seed=302)
+    got = torch.compile(fresh, fullgraph=True)(q, k)
+    assert_close_ref(got[0] - 0.5, ref_rope4(q, None, 3, True, inverse=conj), torch.float32)
+    assert_close_ref(got[1], ref_rope4(k, None, 3, True, inverse=conj), torch.float32)
+
+    q2, k2 = q.clone(), k.clone()
+    torch.compile(inputs, fullgraph=True)(q2, k2)  # the graph inputs themselves are rotated
+    assert_close_ref(q2, ref_rope4(q, None, 3, False, inverse=conj), torch.float32)
+    assert_close_ref(k2, ref_rope4(k, None, 3, False, inverse=conj), torch.float32)
+
+
+def test_inductor_inplace_single_bf16_position_ids(tables):
+    f = tables(8, 32)
+    ids = torch.tensor([[4, 0, 9], [1, 2, 3]])
+
+    def fn(x):
+        rotary.apply_rope_(x, f, position_ids=ids)
+        return x
+
+    x = randn((2, 3, 3, 12), torch.bfloat16, seed=303)
+    want = rotary.apply_rope(x, f, position_ids=ids)
+    got = torch.compile(fn, fullgraph=True)(x.clone())
+    assert torch.equal(got, want)
+    assert_close_ref(got, ref_rope4(x, 8, 0, True, ids), torch.bfloat16)
+
+
+@pytest.mark.parametrize("op", ["apply_rope", "apply_rope_", "apply_rope_qk", "apply_rope_qk_"])
+@pytest.mark.parametrize("conj", [False, True])
+def test_real_view_of_the_table_gives_the_same_bits(tables, op, conj):
+    f = tables(16, 32).conj() if conj else tables(16, 32)
+    real = torch.view_as_real(f.resolve_conj())
+    q, k = randn((1, 3, 6, 16), seed=304), randn((1, 1, 6, 16), seed=305)
+    fn = getattr(torch.ops.rotary, op)
+    args = (q.clone(), k.clone()) if "qk" in op else (q.clone(),)
+    ref_args = tuple(a.clone() for a in args)
+    got = fn(*args, real, 2, True, inv_freq=rotary.inv_frequencies(16)[0])
+    want = fn(*ref_args, f, 2, True, inv_freq=rotary.inv_frequencies(16)[0])
+    if op.endswith("_"):
+        got, want = args, ref_args
+    for a, b in zip(got if isinstance(got, (tuple, list)) else [got], want if isinstance(want, (tuple, list)) else [want]):
+        assert torch.equal(a, b)
+
+
+def test_real_view_opcheck(tables):
+    real = torch.view_as_real(tables(8, 16))
+    torch.library.opcheck(torch.ops.rotary.apply_rope_qk_.default, (randn((1, 2, 4, 8)), randn((1, 1, 4, 8)), real, 1))
+    torch.library.opcheck(torch.ops.rotary.apply_rope.default, (randn((1, 2, 4, 8), torch.float64).requires_grad_(), real))
+
+
+def test_a_real_table_that_is_not_a_view_as_real_is_refused(tables):
+    real = torch.view_as_real(tables(8, 16))
+    x = randn((1, 2, 3, 8))
+    before = x.clone()
+    with pytest.raises(ValueError, match=r"apply_rope_: a float32 freqs must be torch.view_as_real of the complex64 "
+                                         r"table, \[max_seq_len, rotary_dim / 2, 2\] with its last dim contiguous; "
+                                         r"got shape \[16, 4, 2\] and strides \[1, 16, 64\]"):
+        rotary.apply_rope_(x, real.permute(2, 1, 0).contiguous().permute(2, 1, 0))
+    with pytest.raises(ValueError, match=r"freqs must have shape \[max_seq_len, rotary_dim / 2\]"):
+        rotary.apply_rope_(x, torch.view_as_real(tables(16, 16)))  # wider than the head
+    with pytest.raises(TypeError, match=r"freqs must be complex64 .* or its torch.view_as_real view, got Double"):
+        rotary.apply_rope_(x, real.double())
+    assert torch.equal(x, before)
