@@ -7,6 +7,7 @@
 #include <torch/python.h>
 
 #include <memory>
+#include <sstream>
 #include <string>
 
 namespace rotary {
@@ -27,7 +28,7 @@ void bind_kv_cache(py::module_& m) {
           py::arg("batch"), py::arg("kv_heads"), py::arg("capacity"), py::arg("head_dim"), py::kw_only(),
           py::arg("layout") = "BHSD", py::arg("dtype") = py::module_::import("torch").attr("float32"),
           py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0)
-      .def_property_readonly("length", &Impl::length)
+      .def_property_readonly("_length", &Impl::length)
       .def_property_readonly("capacity", [](const Impl& self) { return self.options.capacity(); })
       .def_property_readonly("layout", [](const Impl& self) { return self.options.layout(); })
       .def("truncate", &Impl::truncate, py::arg("length"))
@@ -38,6 +39,18 @@ void bind_kv_cache(py::module_& m) {
           },
           py::arg("dtype") = py::module_::import("torch").attr("float32"),
           "The filled part as [batch, kv_heads, length, head_dim] (float8 caches dequantised into dtype).");
+  // torch's ModuleWrapper copies attributes once, at construction; length
+  // changes with every append, so the wrapper reads it from the C++ module.
+  py::object wrapper = m.attr("KVCache");
+  wrapper.attr("length") = py::module_::import("builtins").attr("property")(py::cpp_function(
+      [](py::object self) { return self.attr("cpp_module").attr("_length"); }, py::is_method(wrapper)));
+  wrapper.attr("__repr__") = py::cpp_function(
+      [](py::object self) {
+        std::ostringstream os;
+        self.attr("cpp_module").cast<std::shared_ptr<Impl>>()->pretty_print(os);
+        return os.str();
+      },
+      py::is_method(wrapper));
 }
 
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> forward_with_cache(
