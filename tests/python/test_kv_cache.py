@@ -75,6 +75,8 @@ VARIANTS = {
     "varlen-ids": dict(lens=[3, 2, 0, 4], pos="ids"),
     "past-table": dict(inv_freq=True, start=30, table=32),
     "start0": dict(start=0),
+    # several token tiles and head groups of the CPU kernel, each writing its own rows
+    "long": dict(B=2, S=1100, Hq=3, Hk=2, table=1200, smax=1200, start=50),
 }
 
 
