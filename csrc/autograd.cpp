@@ -177,9 +177,30 @@ void apply_rope_qk_inplace_autograd(
   torch::autograd::impl::bump_version(k);
 }
 
+void apply_rope_with_kv_cache_autograd(
+    at::Tensor& q, at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& freqs,
+    c10::SymInt start_pos, bool interleaved, const OptTensor& offsets, const OptTensor& position_ids,
+    const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout, const OptTensor& cache_positions,
+    const OptTensor& slot_mapping, c10::string_view kv_layout, const OptTensor& k_scale, const OptTensor& v_scale) {
+  const char* op = "apply_rope_with_kv_cache_";
+  check_no_grad(op, "q", q);
+  check_no_grad(op, "k", k);
+  check_no_grad(op, "k_cache", k_cache);
+  check_no_grad(op, "v_cache", v_cache);
+  check_no_grad_freqs(freqs);
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    apply_rope_with_kv_cache_(
+        q, k, v, k_cache, v_cache, freqs, std::move(start_pos), interleaved, offsets, position_ids, cu_seqlens, inv_freq,
+        layout, cache_positions, slot_mapping, kv_layout, k_scale, v_scale);
+  }
+  for (at::Tensor* t : {&q, &k, &k_cache, &v_cache}) torch::autograd::impl::bump_version(*t);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(rotary, Autograd, m) {
+  m.impl("apply_rope_with_kv_cache_", &apply_rope_with_kv_cache_autograd);
   m.impl("apply_rope", &apply_rope_autograd);
   m.impl("apply_rope_qk", &apply_rope_qk_autograd);
   m.impl("apply_rope_", &apply_rope_inplace_autograd);

@@ -23,8 +23,8 @@ bool is_varlen(const RopeArgs& args) {
   return args.cu_seqlens.has_value();
 }
 
-// The [batch, heads, seq, head_dim] view the kernels index; never a copy.
-// Packed varlen input [T, H, D] becomes [1, H, T, D].
+}  // namespace
+
 at::Tensor canonical_view(const char* op, const char* name, const at::Tensor& x, const RopeArgs& args) {
   if (is_varlen(args)) {
     TORCH_CHECK_VALUE(
@@ -47,6 +47,8 @@ at::Tensor canonical_view(const char* op, const char* name, const at::Tensor& x,
   if (args.layout == "SBHD") return x.permute({1, 2, 0, 3});
   return x;
 }
+
+namespace {
 
 // Returns the canonical view after checking dtype, rank and head_dim.
 at::Tensor check_head_tensor(const char* op, const char* name, const at::Tensor& x, const RopeArgs& args) {
@@ -245,6 +247,8 @@ void check_start_pos_bound(const char* op, int64_t start_pos) {
   TORCH_CHECK_INDEX(start_pos < kMaxPosition, op, ": start_pos must be < 2^60, got ", start_pos);
 }
 
+}  // namespace
+
 void check_distinct(const char* op, const char* name, const at::Tensor& x) {
   const Overlap o = self_overlap(x);
   TORCH_CHECK_VALUE(
@@ -258,13 +262,15 @@ void check_distinct(const char* op, const char* name, const at::Tensor& x) {
 
 void check_disjoint(
     const char* op, const char* written, const at::Tensor& w, const char* other, const at::Tensor& t,
-    const char* why = "the rotation would overwrite an input it reads") {
+    const char* why) {
   const Overlap o = mutual_overlap(w, t);
   TORCH_CHECK_VALUE(o != Overlap::Yes, op, ": ", written, " and ", other, " overlap in memory; in place, ", why);
   TORCH_CHECK_VALUE(
       o != Overlap::Unknown, op, ": could not prove that ", written, " and ", other,
       " do not overlap in memory (their strides are too irregular to check exactly); pass a clone of one of them");
 }
+
+namespace {
 
 // Exact for any strides (overlap.h): packed qkv slices are accepted, any
 // shared element between the written tensors or with a read-only input is not.

@@ -28,6 +28,17 @@ struct RopeArgs {
 void check_rope_inputs(
     const char* op, const at::Tensor& q, const at::Tensor* k, const at::Tensor& freqs, const RopeArgs& args);
 
+// The [batch, heads, seq, head_dim] view the kernels index; never a copy.
+// Packed varlen input [T, H, D] becomes [1, H, T, D].
+at::Tensor canonical_view(const char* op, const char* name, const at::Tensor& x, const RopeArgs& args);
+
+// In-place targets: no two elements of x share memory; w shares none with t
+// (exact for any strides, overlap.h). `why` ends the message.
+void check_distinct(const char* op, const char* name, const at::Tensor& x);
+void check_disjoint(
+    const char* op, const char* written, const at::Tensor& w, const char* other, const at::Tensor& t,
+    const char* why = "the rotation would overwrite an input it reads");
+
 // Where an out-of-place kernel writes: same dtype, shape and (for dense
 // inputs) layout as the input. Meta calls this too, so strides agree.
 at::Tensor make_output(const at::Tensor& x);

@@ -1,6 +1,7 @@
 // Meta kernels: shapes and dtypes only, so torch.compile and export trace the
 // ops without running them and without a Python fake implementation.
 #include "checks.h"
+#include "kv_checks.h"
 
 #include <torch/library.h>
 
@@ -43,9 +44,21 @@ void apply_rope_qk_inplace_meta(
   detail::check_rope_inputs("apply_rope_qk_", q, &k, freqs, {known(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout});
 }
 
+void apply_rope_with_kv_cache_meta(
+    at::Tensor& q, at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& freqs,
+    c10::SymInt start_pos, bool interleaved, const OptTensor& offsets, const OptTensor& position_ids,
+    const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout, const OptTensor& cache_positions,
+    const OptTensor& slot_mapping, c10::string_view kv_layout, const OptTensor& k_scale, const OptTensor& v_scale) {
+  detail::check_kv_inputs(
+      "apply_rope_with_kv_cache_", q, k, v, k_cache, v_cache, freqs,
+      {known(start_pos), interleaved, offsets, position_ids, false, cu_seqlens, inv_freq, layout},
+      {cache_positions, slot_mapping, kv_layout, k_scale, v_scale});
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(rotary, Meta, m) {
+  m.impl("apply_rope_with_kv_cache_", &apply_rope_with_kv_cache_meta);
   m.impl("apply_rope", &apply_rope_meta);
   m.impl("apply_rope_qk", &apply_rope_qk_meta);
   m.impl("apply_rope_", &apply_rope_inplace_meta);

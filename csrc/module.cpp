@@ -124,6 +124,31 @@ std::tuple<torch::Tensor, torch::Tensor> RotaryEmbeddingImpl::forward(
   });
 }
 
+// The fused op writes the rows; the cache only learns its new length.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> RotaryEmbeddingImpl::forward_with_cache(
+    torch::Tensor& q, torch::Tensor& k, const torch::Tensor& v, KVCache& cache, std::optional<int64_t> start_pos) {
+  auto& c = *cache;
+  TORCH_CHECK_VALUE(q.dim() == 4, "RotaryEmbedding.forward_with_cache: q must be 4-D [batch, heads, seq, head_dim], got ",
+                    q.sizes());
+  const int64_t seq = q.size(2), filled = c.length();
+  TORCH_CHECK_INDEX(filled + seq <= c.options.capacity(), "RotaryEmbedding.forward_with_cache: appending ", seq,
+                    " positions to a cache holding ", filled, " exceeds its capacity ", c.options.capacity());
+  const int64_t pos = start_pos.value_or(filled);
+  // Rows go at length() .. even when the rotation is elsewhere (start_pos).
+  std::optional<torch::Tensor> rows;
+  if (pos != filled) rows = torch::arange(filled, filled + seq, torch::dtype(torch::kLong).device(q.device())).expand({q.size(0), seq});
+  run(q, pos, std::nullopt, std::nullopt, [&](const torch::Tensor& f, const std::optional<torch::Tensor>& inv) {
+    apply_rope_with_kv_cache_(q, k, v, c.k, c.v, f, pos, options.interleaved(), std::nullopt, std::nullopt, std::nullopt,
+                              inv, "BHSD", rows, std::nullopt, c.options.layout(),
+                              c.k_scale.defined() ? std::optional<torch::Tensor>(c.k_scale) : std::nullopt,
+                              c.v_scale.defined() ? std::optional<torch::Tensor>(c.v_scale) : std::nullopt);
+    return 0;
+  });
+  c.advance(seq);
+  auto [keys, values] = c.keys_values(q.scalar_type());
+  return {q, keys, values};
+}
+
 // Only the device changes: the table stays complex64 and inv_freq float64
 // whatever dtype the rest of the model is cast to.
 void RotaryEmbeddingImpl::to(torch::Device device, torch::Dtype /*dtype*/, bool non_blocking) {

@@ -75,9 +75,9 @@ ROTARY_HOST_DEVICE int64_t cu_seqlen(const RopeParams& p, int64_t n) {
                             : static_cast<const int64_t*>(p.cu_seqlens)[i];
 }
 
-// Index of token s inside its own sequence.
-ROTARY_HOST_DEVICE int64_t local_index(const RopeParams& p, int64_t s) {
-  if (p.cu_seqlens == nullptr) return s;
+// The packed sequence token s belongs to (0 without cu_seqlens).
+ROTARY_HOST_DEVICE int64_t sequence_of(const RopeParams& p, int64_t s) {
+  if (p.cu_seqlens == nullptr) return 0;
   int64_t lo = 0, hi = p.num_seqs - 1;  // binary search, never leaves [0, num_seqs)
   while (lo < hi) {
     const int64_t mid = (lo + hi + 1) / 2;
@@ -87,7 +87,13 @@ ROTARY_HOST_DEVICE int64_t local_index(const RopeParams& p, int64_t s) {
       hi = mid - 1;
     }
   }
-  return s - cu_seqlen(p, lo);
+  return lo;
+}
+
+// Index of token s inside its own sequence.
+ROTARY_HOST_DEVICE int64_t local_index(const RopeParams& p, int64_t s) {
+  if (p.cu_seqlens == nullptr) return s;
+  return s - cu_seqlen(p, sequence_of(p, s));
 }
 
 // The entry of the positions tensor (offset or id) for token (b, s).

@@ -206,7 +206,7 @@ void rotate_tensor_tile(
 // faulting the same page tables in turn made the call ~1.3x a clone. Each
 // group fills the coefficients of its tiles itself.
 template <typename scalar_t>
-void rope_cpu_kernel(const RopeParams& p, Capability cap) {
+void rope_cpu_kernel(const RopeParams& p, Capability cap, const TileHook* hook) {
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t coef_per_token = 2 * p.rotary_dim;
   const int64_t tile =
@@ -240,8 +240,9 @@ void rope_cpu_kernel(const RopeParams& p, Capability cap) {
       const int64_t qh = p.q.heads;
       rotate_tensor_tile<scalar_t>(p, p.q, b, s0, n, h0, std::min(h1, qh), coef.get(), cap, nt_q);
       if (p.k.heads > 0) {
-        rotate_tensor_tile<scalar_t>(
-            p, p.k, b, s0, n, std::max<int64_t>(h0 - qh, 0), std::max<int64_t>(h1 - qh, 0), coef.get(), cap, nt_k);
+        const int64_t k0 = std::max<int64_t>(h0 - qh, 0), k1 = std::max<int64_t>(h1 - qh, 0);
+        rotate_tensor_tile<scalar_t>(p, p.k, b, s0, n, k0, k1, coef.get(), cap, nt_k);
+        if (hook != nullptr && k1 > k0) hook->fn(hook->ctx, b, s0, n, k0, k1);
       }
     }
   });
@@ -252,7 +253,15 @@ void rope_cpu_kernel(const RopeParams& p, Capability cap) {
 void rope_cpu(const RopeParams& p, at::ScalarType dtype, Capability cap) {
   if (p.batch * p.seq == 0) return;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "rotary_cpu", [&] {
-    rope_cpu_kernel<scalar_t>(p, cap);
+    rope_cpu_kernel<scalar_t>(p, cap, nullptr);
+  });
+}
+
+void rope_cpu(const RopeParams& p, at::ScalarType dtype, const TileHook& hook) {
+  static const Capability cap = capability_from_aten();
+  if (p.batch * p.seq == 0) return;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "rotary_cpu", [&] {
+    rope_cpu_kernel<scalar_t>(p, cap, &hook);
   });
 }
 

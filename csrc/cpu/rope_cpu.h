@@ -20,6 +20,16 @@ enum class Capability { kDefault = 0, kAvx2 = 1, kAvx512 = 2 };
 Capability capability_from_aten();
 const char* capability_name(Capability cap);
 
+// Called by each task right after it rotated k heads [h0, h1) of tokens
+// [s0, s0 + n) of batch b, while those rows are still in cache: the KV-cache
+// op (kv_cache_cpu.cpp) copies them into the cache there. Every (token, k
+// head) is handed over exactly once.
+struct TileHook {
+  void (*fn)(const void* ctx, int64_t b, int64_t s0, int64_t n, int64_t h0, int64_t h1) = nullptr;
+  const void* ctx = nullptr;
+};
+void rope_cpu(const kernel::RopeParams& p, at::ScalarType dtype, const TileHook& hook);
+
 // Rotates p.q (and p.k when p.k.heads > 0) as described by p. dtype is the
 // element type of the q/k tensors: float, double, half or bfloat16. The caller
 // guarantees valid pointers, strides and in-range positions.

@@ -1,36 +1,21 @@
 // Thin glue between the dispatcher and the framework-free CUDA kernel: current
 // stream, dtype dispatch, launch check. Nothing else.
 #include "../backend_ops.h"
+#include "cuda_types.h"
 #include "rope_launch.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <torch/library.h>
 
 namespace rotary {
 namespace {
 
-// torch's 16-bit types share their bit layout with CUDA's.
-template <typename scalar_t>
-struct CudaType {
-  using type = scalar_t;
-};
-template <>
-struct CudaType<at::Half> {
-  using type = __half;
-};
-template <>
-struct CudaType<at::BFloat16> {
-  using type = __nv_bfloat16;
-};
-
 void run_cuda(const detail::PreparedRope& prepared, at::ScalarType dtype) {
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "rotary_cuda", [&] {
-    cuda::launch_rope<typename CudaType<scalar_t>::type>(prepared.params, stream);
+    cuda::launch_rope<typename cuda::CudaType<scalar_t>::type>(prepared.params, stream);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }

@@ -167,6 +167,7 @@ PYBIND11_MODULE(_C, m) {
       "check_start_pos", [](const py::object& start_pos) { return start_pos_arg(start_pos); }, py::arg("start_pos"),
       "Raises the module's error for a start_pos outside [0, 2^60) or not an int.");
 
+  bind_kv_cache(m);
   using Impl = rotary::RotaryEmbeddingImpl;
   // force_enable: bind forward ourselves (it is overloaded).
   torch::python::bind_module<Impl, /*force_enable=*/true>(m, "CppRotaryEmbedding")
@@ -191,6 +192,10 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("q"), py::arg("k") = py::none(), py::arg("start_pos") = 0, py::kw_only(),
           py::arg("offsets") = py::none(), py::arg("position_ids") = py::none(), py::arg("positions") = py::none())
+      .def("forward_with_cache", &forward_with_cache, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("cache"),
+           py::arg("start_pos") = py::none(),
+           "Rotate q and k in place at start_pos (default: cache.length) and append k and v to the KVCache, in one "
+           "op; returns (q, keys, values) with the filled cache as [batch, kv_heads, length, head_dim].")
       // The buffers (module.freqs, module.inv_freq, state_dict()) are reached
       // through torch.nn.cpp.ModuleWrapper, with the same names as in the
       // Python module.

@@ -43,5 +43,12 @@ std::tuple<torch::Tensor, OptTensor, int64_t, OptTensor, OptTensor> call_args(
 py::tuple options_to_tuple(const rotary::RopeTables& t);
 py::object scaling_or_none(const rotary::RopeScaling& s);
 
+// bind_kv_cache.cpp: rotary._C.KVCache, and the body of
+// CppRotaryEmbedding.forward_with_cache (cache: a bound KVCache).
+void bind_kv_cache(py::module_& m);
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> forward_with_cache(
+    rotary::RotaryEmbeddingImpl& rope, torch::Tensor q, torch::Tensor k, const torch::Tensor& v, const py::object& cache,
+    std::optional<int64_t> start_pos);
+
 }  // namespace python
 }  // namespace rotary

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <rotary/kv_cache.h>
 #include <rotary/options.h>
 #include <rotary/tables.h>
 
@@ -63,6 +64,18 @@ class RotaryEmbeddingImpl : public torch::nn::Cloneable<RotaryEmbeddingImpl> {
       int64_t start_pos = 0,
       const std::optional<torch::Tensor>& offsets = std::nullopt,
       const std::optional<torch::Tensor>& position_ids = std::nullopt);
+
+  // Decode with a cache: rotates q and k ([batch, heads, seq, head_dim]) in
+  // place at positions start_pos .. (default: cache->length()) and appends
+  // the rotated k and v at cache->length(), in one op
+  // (rotary::apply_rope_with_kv_cache_). Returns (q, keys, values), keys and
+  // values the filled cache as [batch, kv_heads, length, head_dim].
+  std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> forward_with_cache(
+      torch::Tensor& q,
+      torch::Tensor& k,
+      const torch::Tensor& v,
+      KVCache& cache,
+      std::optional<int64_t> start_pos = std::nullopt);
 
   // Host-driven rules: make the tables right for a call whose largest
   // position is reach - 1. A no-op for the other rules.

@@ -80,4 +80,41 @@ void apply_rope_qk_(
     const std::optional<at::Tensor>& inv_freq = std::nullopt,
     c10::string_view layout = "BHSD");
 
+// Rotates q and k in place (as apply_rope_qk_) and writes the rotated k and
+// the raw v of every token into the caches, in one call. Positions and the
+// layout of q/k/v follow apply_rope. The caches:
+//   kv_layout        "BHSD" [batch, kv_heads, max_seq_len, head_dim] or "BSHD"
+//                    [batch, max_seq_len, kv_heads, head_dim] (with cu_seqlens
+//                    one row per sequence); paged "NHD" [num_blocks,
+//                    block_size, kv_heads, head_dim] or "HND" [num_blocks,
+//                    kv_heads, block_size, head_dim].
+//   cache_positions  contiguous caches: the row of each token, int32/int64
+//                    [batch, seq] or [batch * seq]; default: its position.
+//   slot_mapping     paged caches (required): flat slot block * block_size +
+//                    offset of each token, same shapes; -1 skips the token.
+//   k_scale/v_scale  float8_e4m3fn caches: float32 [] / [1] / [kv_heads];
+//                    the cache gets (x / scale) clamped to +-448, rounded to
+//                    nearest even (default scale 1).
+// Slots and positions known on the host are range-checked before anything is
+// written; out-of-range ones on the device are skipped, never written.
+void apply_rope_with_kv_cache_(
+    at::Tensor& q,
+    at::Tensor& k,
+    const at::Tensor& v,
+    at::Tensor& k_cache,
+    at::Tensor& v_cache,
+    const at::Tensor& freqs,
+    c10::SymInt start_pos = 0,
+    bool interleaved = true,
+    const std::optional<at::Tensor>& offsets = std::nullopt,
+    const std::optional<at::Tensor>& position_ids = std::nullopt,
+    const std::optional<at::Tensor>& cu_seqlens = std::nullopt,
+    const std::optional<at::Tensor>& inv_freq = std::nullopt,
+    c10::string_view layout = "BHSD",
+    const std::optional<at::Tensor>& cache_positions = std::nullopt,
+    const std::optional<at::Tensor>& slot_mapping = std::nullopt,
+    c10::string_view kv_layout = "BHSD",
+    const std::optional<at::Tensor>& k_scale = std::nullopt,
+    const std::optional<at::Tensor>& v_scale = std::nullopt);
+
 }  // namespace rotary

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <rotary/freqs.h>
+#include <rotary/kv_cache.h>
 #include <rotary/module.h>
 #include <rotary/ops.h>
 #include <rotary/options.h>

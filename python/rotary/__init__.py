@@ -12,7 +12,8 @@ import os
 import torch  # noqa: F401  (loads libtorch before our extension)
 
 from . import _C  # registers torch.ops.rotary via librotary
-from ._ops import apply_rope, apply_rope_, apply_rope_qk, apply_rope_qk_, freqs_table, inv_frequencies
+from ._ops import apply_rope, apply_rope_, apply_rope_qk, apply_rope_qk_, apply_rope_with_kv_cache_
+from ._ops import freqs_table, inv_frequencies
 from ._ops import rope_freqs, rope_frequencies  # deprecated aliases, removed in the next release
 from ._C import alibi_bias, alibi_slopes, sinusoidal_table  # the older position schemes, for comparison
 from .hf import rope_kwargs_from_hf_config
@@ -24,6 +25,7 @@ if torch.distributed.is_available():  # DTensor rules, installed when DTensor is
     _distributed._install()
 
 CppRotaryEmbedding = _C.CppRotaryEmbedding
+KVCache = _C.KVCache  # the C++ rotary::KVCache; filled by CppRotaryEmbedding.forward_with_cache
 RopeScaling = _C.RopeScaling
 
 
@@ -44,6 +46,7 @@ __all__ = [
     "apply_rope_",
     "apply_rope_qk",
     "apply_rope_qk_",
+    "apply_rope_with_kv_cache_",
     "freqs_table",
     "inv_frequencies",
     "library_path",
@@ -53,6 +56,7 @@ __all__ = [
     "RopeScaling",
     "RotaryEmbedding",
     "CppRotaryEmbedding",
+    "KVCache",
     "sinusoidal_table",
     "alibi_slopes",
     "alibi_bias",

@@ -248,3 +248,58 @@ def apply_rope_qk_(
 
 for _fn in (apply_rope, apply_rope_qk, apply_rope_, apply_rope_qk_):
     _fn.__doc__ += _ARGS_DOC
+
+
+def apply_rope_with_kv_cache_(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    freqs: torch.Tensor,
+    start_pos: int = 0,
+    interleaved: bool = True,
+    *,
+    offsets: Optional[torch.Tensor] = None,
+    position_ids: Optional[torch.Tensor] = None,
+    cu_seqlens: Optional[torch.Tensor] = None,
+    inv_freq: Optional[torch.Tensor] = None,
+    layout: str = "BHSD",
+    cache_positions: Optional[torch.Tensor] = None,
+    slot_mapping: Optional[torch.Tensor] = None,
+    kv_layout: str = "BHSD",
+    k_scale: Optional[torch.Tensor] = None,
+    v_scale: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Rotate q and k in place, as :func:`apply_rope_qk_` does, and write the
+    rotated k and the raw v of every token into ``k_cache`` / ``v_cache``, in
+    one call. Returns ``(q, k)``. Positions and the q/k/v layout are those of
+    :func:`apply_rope_qk_`; v has the shape of k.
+
+    ``kv_layout``: contiguous per sequence ``"BHSD"`` ``[batch, kv_heads,
+    max_seq_len, head_dim]`` or ``"BSHD"`` ``[batch, max_seq_len, kv_heads,
+    head_dim]`` (packed input: one row per sequence of ``cu_seqlens``), or
+    paged ``"NHD"`` ``[num_blocks, block_size, kv_heads, head_dim]`` or
+    ``"HND"`` ``[num_blocks, kv_heads, block_size, head_dim]``.
+    A contiguous cache takes token ``(b, s)`` at row ``cache_positions[b, s]``
+    (default: its rotary position); a paged one at flat slot
+    ``slot_mapping[b, s]`` (required; ``-1`` skips the token). Both are int32
+    or int64, ``[batch, seq]`` or flat ``[batch * seq]`` (packed:
+    ``[total_tokens]``).
+
+    Caches have the dtype of k, or ``torch.float8_e4m3fn`` with float32
+    ``k_scale`` / ``v_scale`` of shape ``[]``, ``[1]`` or ``[kv_heads]``
+    (default 1): the cache holds ``(x / scale).clamp(-448, 448)`` rounded to
+    nearest even, the division done once in float32 (float64 for float64 k).
+
+    Every argument, and every slot or cache position on the host, is checked
+    before anything is written. Slots and positions on the device are not
+    checked (that would sync): out-of-range ones are skipped, never written
+    out of bounds."""
+    start_pos = _start_pos("apply_rope_with_kv_cache_", start_pos)
+    torch.ops.rotary.apply_rope_with_kv_cache_(
+        q, k, v, k_cache, v_cache, freqs, start_pos, interleaved, offsets=offsets, position_ids=position_ids,
+        cu_seqlens=cu_seqlens, inv_freq=inv_freq, layout=layout, cache_positions=cache_positions,
+        slot_mapping=slot_mapping, kv_layout=kv_layout, k_scale=k_scale, v_scale=v_scale,
+    )
+    return q, k

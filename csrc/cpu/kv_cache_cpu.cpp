@@ -1,0 +1,67 @@
+// CPU apply_rope_with_kv_cache_: the RoPE kernel (rope_cpu.cpp) rotates q
+// and k in place and hands each task's freshly rotated k rows to the cache
+// write below, so k is read from memory once. The rotation is the one
+// apply_rope_qk_ runs: the cache holds the same bits as the unfused sequence.
+#include "rope_cpu.h"
+
+#include "../kv_backend.h"
+
+#include <ATen/Dispatch.h>
+#include <torch/library.h>
+
+#include <cstring>
+
+namespace rotary {
+namespace {
+
+using kernel::KVCacheParams;
+
+// A head row moves with one memcpy when both sides are dense along head_dim
+// and the cache has the input's dtype; anything else goes element by element.
+template <typename T, typename Cache>
+void write_rows(const KVCacheParams& p, int64_t b, int64_t s0, int64_t n, int64_t h0, int64_t h1) {
+  const auto& r = p.rope;
+  const int64_t dim = r.head_dim;
+  const bool rows = std::is_same<T, Cache>::value && r.k.out_stride[3] == 1 && p.v_stride[3] == 1 &&
+      p.kc_stride[3] == 1 && p.vc_stride[3] == 1;
+  for (int64_t s = s0; s < s0 + n; ++s) {
+    int64_t outer = 0, inner = 0;
+    if (!kernel::cache_row(p, b, s, outer, inner)) continue;  // slot -1
+    for (int64_t h = h0; h < h1; ++h) {
+      if (!rows) {
+        for (int64_t d = 0; d < dim; ++d) kernel::write_kv_element<T, Cache>(p, b, s, h, d, outer, inner);
+        continue;
+      }
+      const T* k = static_cast<const T*>(r.k.out) + b * r.k.out_stride[0] + h * r.k.out_stride[1] + s * r.k.out_stride[2];
+      const T* v = static_cast<const T*>(p.v) + b * p.v_stride[0] + h * p.v_stride[1] + s * p.v_stride[2];
+      T* kc = static_cast<T*>(p.k_cache) + outer * p.kc_stride[0] + h * p.kc_stride[1] + inner * p.kc_stride[2];
+      T* vc = static_cast<T*>(p.v_cache) + outer * p.vc_stride[0] + h * p.vc_stride[1] + inner * p.vc_stride[2];
+      std::memcpy(kc, k, dim * sizeof(T));
+      std::memcpy(vc, v, dim * sizeof(T));
+    }
+  }
+}
+
+template <typename T, typename Cache>
+void write_tile(const void* ctx, int64_t b, int64_t s0, int64_t n, int64_t h0, int64_t h1) {
+  write_rows<T, Cache>(*static_cast<const KVCacheParams*>(ctx), b, s0, n, h0, h1);
+}
+
+// One pass: each rotation task of the RoPE kernel writes the k rows it has
+// just rotated, and the matching v rows, into the cache.
+void run_cpu(const detail::PreparedKV& prepared, at::ScalarType dtype) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "rotary_kv_cache_cpu", [&] {
+    cpu::TileHook hook;
+    hook.fn = prepared.params.fp8 ? &write_tile<scalar_t, uint8_t> : &write_tile<scalar_t, scalar_t>;
+    hook.ctx = &prepared.params;
+    cpu::rope_cpu(prepared.params.rope, dtype, hook);
+  });
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(rotary, CPU, m) {
+  m.impl("apply_rope_with_kv_cache_", &detail::apply_rope_with_kv_cache_impl<&run_cpu>);
+}
+
+}  // namespace rotary

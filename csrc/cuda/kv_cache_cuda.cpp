@@ -1,0 +1,39 @@
+// CUDA apply_rope_with_kv_cache_ glue: the RoPE kernel rotates q and k in
+// place, then the cache kernel writes k and v, on the current stream. No
+// host sync anywhere, so it captures in a CUDA graph with device-side
+// positions and slot_mapping.
+#include "../kv_backend.h"
+#include "cuda_types.h"
+#include "kv_cache_launch.h"
+#include "rope_launch.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <torch/library.h>
+
+namespace rotary {
+namespace {
+
+void run_cuda(const detail::PreparedKV& prepared, at::ScalarType dtype) {
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "rotary_kv_cache_cuda", [&] {
+    using T = typename cuda::CudaType<scalar_t>::type;
+    cuda::launch_rope<T>(prepared.params.rope, stream);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    if (prepared.params.fp8) {
+      cuda::launch_kv_cache<T, uint8_t>(prepared.params, stream);
+    } else {
+      cuda::launch_kv_cache<T, T>(prepared.params, stream);
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(rotary, CUDA, m) {
+  m.impl("apply_rope_with_kv_cache_", &detail::apply_rope_with_kv_cache_impl<&run_cuda>);
+}
+
+}  // namespace rotary

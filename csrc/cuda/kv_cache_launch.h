@@ -1,0 +1,17 @@
+// Host entry into the KV-cache write kernel (kv_cache_kernel.cuh).
+#pragma once
+
+#include "../kv_params.h"
+
+#include <cuda_runtime_api.h>
+
+namespace rotary {
+namespace cuda {
+
+// Enqueues the cache write of p on `stream`. T is float, double, __half or
+// __nv_bfloat16; Cache is T, or uint8_t for float8_e4m3fn caches.
+template <typename T, typename Cache>
+void launch_kv_cache(const kernel::KVCacheParams& p, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace rotary

@@ -1,0 +1,65 @@
+#include <rotary/kv_cache.h>
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+namespace rotary {
+
+KVCacheImpl::KVCacheImpl(const KVCacheOptions& options_) : options(options_) {
+  reset();
+}
+
+void KVCacheImpl::reset() {
+  const auto& o = options;
+  TORCH_CHECK_VALUE(
+      o.batch() >= 0 && o.kv_heads() > 0 && o.capacity() > 0 && o.head_dim() > 0, "KVCache: batch must be >= 0 and ",
+      "kv_heads, capacity, head_dim > 0, got batch ", o.batch(), ", kv_heads ", o.kv_heads(), ", capacity ",
+      o.capacity(), ", head_dim ", o.head_dim());
+  TORCH_CHECK_VALUE(o.layout() == "BHSD" || o.layout() == "BSHD", "KVCache: layout must be 'BHSD' or 'BSHD', got '",
+                    o.layout(), "'");
+  const auto dt = o.dtype();
+  TORCH_CHECK_TYPE(
+      dt == torch::kFloat || dt == torch::kDouble || dt == torch::kHalf || dt == torch::kBFloat16 ||
+          dt == torch::kFloat8_e4m3fn,
+      "KVCache: dtype must be float32, float64, float16, bfloat16 or float8_e4m3fn, got ", dt);
+  const auto device = k.defined() ? k.device() : torch::Device(torch::kCPU);
+  const std::vector<int64_t> shape = o.layout() == "BHSD"
+      ? std::vector<int64_t>{o.batch(), o.kv_heads(), o.capacity(), o.head_dim()}
+      : std::vector<int64_t>{o.batch(), o.capacity(), o.kv_heads(), o.head_dim()};
+  const auto opts = torch::TensorOptions().dtype(dt).device(device);
+  k = register_buffer("k", torch::zeros(shape, opts));
+  v = register_buffer("v", torch::zeros(shape, opts));
+  if (dt == torch::kFloat8_e4m3fn) {
+    k_scale = register_buffer("k_scale", torch::tensor(static_cast<float>(o.k_scale()), torch::device(device)));
+    v_scale = register_buffer("v_scale", torch::tensor(static_cast<float>(o.v_scale()), torch::device(device)));
+  }
+}
+
+void KVCacheImpl::pretty_print(std::ostream& stream) const {
+  stream << "rotary::KVCache(batch=" << options.batch() << ", kv_heads=" << options.kv_heads()
+         << ", capacity=" << options.capacity() << ", head_dim=" << options.head_dim() << ", layout="
+         << options.layout() << ", dtype=" << options.dtype() << ", length=" << length_ << ")";
+}
+
+void KVCacheImpl::truncate(int64_t length) {
+  TORCH_CHECK_VALUE(length >= 0 && length <= length_, "KVCache.truncate: length must be in [0, ", length_, "], got ",
+                    length);
+  length_ = length;
+}
+
+void KVCacheImpl::advance(int64_t tokens) {
+  TORCH_CHECK_INDEX(tokens >= 0 && length_ + tokens <= options.capacity(), "KVCache: appending ", tokens,
+                    " positions to ", length_, " exceeds the capacity ", options.capacity());
+  length_ += tokens;
+}
+
+std::pair<torch::Tensor, torch::Tensor> KVCacheImpl::keys_values(torch::Dtype dtype) const {
+  const bool bshd = options.layout() == "BSHD";
+  auto view = [&](const torch::Tensor& t, const torch::Tensor& scale) {
+    auto filled = (bshd ? t.transpose(1, 2) : t).narrow(2, 0, length_);
+    return scale.defined() ? filled.to(torch::kFloat).mul(scale).to(dtype) : filled;
+  };
+  return {view(k, k_scale), view(v, v_scale)};
+}
+
+}  // namespace rotary

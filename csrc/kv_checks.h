@@ -1,0 +1,38 @@
+// Validation and launch description of apply_rope_with_kv_cache_, on top of
+// the RoPE ones (checks.h): every backend and Meta share the messages.
+#pragma once
+
+#include "checks.h"
+#include "kv_params.h"
+
+namespace rotary {
+namespace detail {
+
+// The cache arguments, in schema order.
+struct KVArgs {
+  const std::optional<at::Tensor>& cache_positions;  // contiguous caches: row of each token
+  const std::optional<at::Tensor>& slot_mapping;     // paged caches: flat slot of each token, -1 skips
+  c10::string_view kv_layout;                         // "BHSD", "BSHD" (contiguous), "NHD", "HND" (paged)
+  const std::optional<at::Tensor>& k_scale;           // float8_e4m3fn caches: float32 [] / [1] / [heads]
+  const std::optional<at::Tensor>& v_scale;
+};
+
+// Shape, dtype and device checks that need no tensor values (Meta-safe).
+void check_kv_inputs(
+    const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
+    const at::Tensor& v_cache, const at::Tensor& freqs, const RopeArgs& args, const KVArgs& kv);
+
+struct PreparedKV {
+  PreparedRope rope;  // q and k in place
+  at::Tensor dest;    // slot_mapping / cache_positions as read (int32 or int64)
+  kernel::KVCacheParams params;
+};
+
+// Everything check_kv_inputs checks, plus aliasing, and by value every slot
+// and cache position known on the host. Nothing is written before it returns.
+PreparedKV prepare_kv(
+    const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
+    const at::Tensor& v_cache, const at::Tensor& freqs, const RopeArgs& args, const KVArgs& kv);
+
+}  // namespace detail
+}  // namespace rotary

@@ -1,0 +1,138 @@
+// Framework-free description of the KV-cache write that follows the rotation
+// in rotary::apply_rope_with_kv_cache_. No torch headers: the CUDA kernel
+// and its host-emulation test include this file.
+#pragma once
+
+#include "rope_params.h"
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+namespace rotary {
+namespace kernel {
+
+struct KVCacheParams {
+  // Token positions, varlen boundaries and the head counts of the call;
+  // rope.k describes k after its in-place rotation.
+  RopeParams rope;
+  // v read as [batch, heads, seq, head_dim], like k.
+  const void* v = nullptr;
+  int64_t v_stride[4] = {0, 0, 0, 0};
+  // Caches seen as [outer, heads, inner, head_dim]: contiguous caches are
+  // [batch, heads, S_max, D] (outer = sequence, inner = position), paged ones
+  // [num_blocks, heads, block_size, D] (slot = outer * block_size + inner).
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
+  int64_t kc_stride[4] = {0, 0, 0, 0};
+  int64_t vc_stride[4] = {0, 0, 0, 0};
+  int64_t outer = 0;
+  int64_t inner = 0;
+  bool paged = false;
+
+  // Where token (b, s) goes: slot_mapping (paged) or cache_positions
+  // (contiguous), int32 or int64, read at b * stride_b + s * stride_s.
+  // Without one, a contiguous cache takes the token's rotary position.
+  const void* dest = nullptr;
+  bool dest_int32 = false;
+  int64_t dest_stride_b = 0;
+  int64_t dest_stride_s = 0;
+
+  // float8_e4m3fn caches hold round_to_fp8(x / scale); scales are float32,
+  // one per tensor (stride 0) or one per head; null: 1.
+  bool fp8 = false;
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
+  int64_t k_scale_stride = 0;
+  int64_t v_scale_stride = 0;
+};
+
+ROTARY_HOST_DEVICE int64_t dest_entry(const KVCacheParams& p, int64_t b, int64_t s) {
+  const int64_t i = b * p.dest_stride_b + s * p.dest_stride_s;
+  return p.dest_int32 ? static_cast<const int32_t*>(p.dest)[i] : static_cast<const int64_t*>(p.dest)[i];
+}
+
+// The cache row of token (b, s). False when the token is not written: slot
+// -1, or a device-side slot or position outside the cache (those raise on
+// the host before the launch; on the device they are skipped, never written
+// out of bounds).
+ROTARY_HOST_DEVICE bool cache_row(const KVCacheParams& p, int64_t b, int64_t s, int64_t& outer, int64_t& inner) {
+  if (p.paged) {
+    const int64_t slot = dest_entry(p, b, s);
+    if (slot < 0 || slot >= p.outer * p.inner) return false;
+    outer = slot / p.inner;
+    inner = slot % p.inner;
+    return true;
+  }
+  outer = p.rope.cu_seqlens != nullptr ? sequence_of(p.rope, s) : b;
+  inner = p.dest != nullptr ? dest_entry(p, b, s) : position_of(p.rope, b, s);
+  return outer < p.outer && inner >= 0 && inner < p.inner;
+}
+
+// float -> float8_e4m3fn bits, round to nearest even; |f| >= 480 and NaN give
+// NaN (0x7f). The same arithmetic as c10's fp8e4m3fn_from_fp32_value, so the
+// cache holds the bits torch's .to(torch.float8_e4m3fn) gives.
+ROTARY_HOST_DEVICE uint8_t fp8_e4m3fn_bits(float f) {
+  uint32_t bits;
+  memcpy(&bits, &f, sizeof(bits));
+  const uint32_t sign = bits & 0x80000000u;
+  bits ^= sign;
+  uint8_t result;
+  if (bits >= (1087u << 20)) {
+    result = 0x7f;
+  } else if (bits < (121u << 23)) {  // below 2^-6: subnormal, rounded by a float add
+    constexpr uint32_t denorm_bits = 141u << 23;
+    float x, denorm;
+    memcpy(&x, &bits, sizeof(x));
+    memcpy(&denorm, &denorm_bits, sizeof(denorm));
+    const float summed = x + denorm;
+    uint32_t out;
+    memcpy(&out, &summed, sizeof(out));
+    result = static_cast<uint8_t>(out - denorm_bits);
+  } else {
+    const uint32_t mant_odd = (bits >> 20) & 1u;
+    bits += (static_cast<uint32_t>(7 - 127) << 23) + 0x7FFFFu + mant_odd;
+    result = static_cast<uint8_t>(bits >> 20);
+  }
+  return static_cast<uint8_t>(result | (sign >> 24));
+}
+
+// One element into the cache: a copy in the same dtype, or x / scale clamped
+// to +-448 and rounded to float8_e4m3fn. The division runs in float32
+// (float64 for double input), once: 16-bit inputs are not rounded to their
+// own dtype first.
+template <typename T, typename Cache>
+ROTARY_HOST_DEVICE void store_cache(Cache* dst, const T& x, const float* scale) {
+  if constexpr (sizeof(Cache) == 1 && sizeof(T) != 1) {
+    using acc_t = typename std::conditional<sizeof(T) == 8, double, float>::type;
+    acc_t v = static_cast<acc_t>(x);
+    if (scale != nullptr) v = v / static_cast<acc_t>(*scale);
+    v = v > acc_t(448) ? acc_t(448) : (v < acc_t(-448) ? acc_t(-448) : v);  // NaN stays NaN
+    *dst = fp8_e4m3fn_bits(static_cast<float>(v));
+  } else {
+    *dst = x;
+  }
+}
+
+// Element d of head h of token (b, s): k (already rotated) and v into their
+// caches. The CPU loop and the CUDA kernel both call this.
+template <typename T, typename Cache>
+ROTARY_HOST_DEVICE void write_kv_element(
+    const KVCacheParams& p, int64_t b, int64_t s, int64_t h, int64_t d, int64_t outer, int64_t inner) {
+  const RopeParams& r = p.rope;
+  const T* k = static_cast<const T*>(r.k.out);
+  const T* v = static_cast<const T*>(p.v);
+  const int64_t kc = outer * p.kc_stride[0] + h * p.kc_stride[1] + inner * p.kc_stride[2] + d * p.kc_stride[3];
+  const int64_t vc = outer * p.vc_stride[0] + h * p.vc_stride[1] + inner * p.vc_stride[2] + d * p.vc_stride[3];
+  store_cache<T, Cache>(
+      static_cast<Cache*>(p.k_cache) + kc,
+      k[b * r.k.out_stride[0] + h * r.k.out_stride[1] + s * r.k.out_stride[2] + d * r.k.out_stride[3]],
+      p.k_scale ? p.k_scale + h * p.k_scale_stride : nullptr);
+  store_cache<T, Cache>(
+      static_cast<Cache*>(p.v_cache) + vc,
+      v[b * p.v_stride[0] + h * p.v_stride[1] + s * p.v_stride[2] + d * p.v_stride[3]],
+      p.v_scale ? p.v_scale + h * p.v_scale_stride : nullptr);
+}
+
+}  // namespace kernel
+}  // namespace rotary

@@ -1,0 +1,64 @@
+// rotary::KVCache: the k and v buffers of one attention layer, written by
+// RotaryEmbedding::forward_with_cache (rotate q and k, append k and v, one op).
+#pragma once
+
+#include <torch/arg.h>
+#include <torch/nn/cloneable.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
+
+#include <ostream>
+#include <string>
+#include <utility>
+
+namespace rotary {
+
+struct KVCacheOptions {
+  KVCacheOptions(int64_t batch, int64_t kv_heads, int64_t capacity, int64_t head_dim)
+      : batch_(batch), kv_heads_(kv_heads), capacity_(capacity), head_dim_(head_dim) {}
+  TORCH_ARG(int64_t, batch);
+  TORCH_ARG(int64_t, kv_heads);
+  TORCH_ARG(int64_t, capacity);  // max_seq_len: positions 0 .. capacity - 1
+  TORCH_ARG(int64_t, head_dim);
+  // "BHSD" [batch, kv_heads, capacity, head_dim] or "BSHD" (flash-attn's
+  // k_cache layout) [batch, capacity, kv_heads, head_dim].
+  TORCH_ARG(std::string, layout) = "BHSD";
+  // The dtype of k and v, or torch::kFloat8_e4m3fn (stored as x / scale).
+  TORCH_ARG(torch::Dtype, dtype) = torch::kFloat32;
+  TORCH_ARG(double, k_scale) = 1.0;  // float8_e4m3fn only
+  TORCH_ARG(double, v_scale) = 1.0;
+};
+
+// Buffers `k` and `v` (registered, so they move with ->to(device) and are
+// saved), plus the number of positions filled. Every sequence of the batch
+// has the same length.
+class KVCacheImpl : public torch::nn::Cloneable<KVCacheImpl> {
+ public:
+  explicit KVCacheImpl(const KVCacheOptions& options_);
+
+  // Fresh zero buffers; length() is kept, so clone() (which calls reset()
+  // and then copies the buffers) keeps it too. truncate(0) empties the cache.
+  void reset() override;
+  void pretty_print(std::ostream& stream) const override;
+
+  int64_t length() const { return length_; }
+  // Forget the contents past `length` (0 empties the cache); nothing is freed.
+  void truncate(int64_t length);
+  // Called by forward_with_cache after it wrote `tokens` rows at length().
+  void advance(int64_t tokens);
+
+  // The filled part, [batch, kv_heads, length, head_dim] views whatever the
+  // layout; float8 caches are dequantised into new tensors of `dtype`.
+  std::pair<torch::Tensor, torch::Tensor> keys_values(torch::Dtype dtype = torch::kFloat32) const;
+
+  KVCacheOptions options;
+  torch::Tensor k, v;
+  torch::Tensor k_scale, v_scale;  // float32 [], for float8 caches (else undefined)
+
+ private:
+  int64_t length_ = 0;
+};
+
+TORCH_MODULE(KVCache);
+
+}  // namespace rotary
