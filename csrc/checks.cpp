@@ -85,6 +85,7 @@ void check_positions_shape(const char* op, const at::Tensor& q_view, const RopeA
   TORCH_CHECK_TYPE(
       at::isIntegralType(p.scalar_type(), /*includeBool=*/false), op, ": ", name, " must have an integer dtype (int64 or int32 are read ",
       "without a copy), got ", p.scalar_type());
+  if (args.pair_axes) return;  // N-D shapes: check_axes_positions
   const auto batch = q_view.sym_size(0);
   const auto seq = q_view.sym_size(2);
   if (is_varlen(args)) {
@@ -108,7 +109,8 @@ void check_positions_shape(const char* op, const at::Tensor& q_view, const RopeA
         ok, op, ": position_ids must have shape [seq_len] or [batch, seq_len] (absolute positions, as in Hugging ",
         "Face) with batch = ", batch, ", seq_len = ", seq, "; got ", p.sym_sizes(),
         p.dim() == 0 ? "; for one offset added to start_pos + s pass offsets" : "",
-        p.dim() == 1 ? "; for per-batch offsets [batch] pass offsets" : "");
+        p.dim() == 1 ? "; for per-batch offsets [batch] pass offsets" : "",
+        p.dim() == 3 ? "; for N-D positions [n_axes, batch, seq_len] pass pair_axes" : "");
     return;
   }
   const bool ok = p.dim() == 0 || (p.dim() == 1 && (p.sym_size(0) == batch || p.sym_size(0) == 1));
@@ -156,6 +158,7 @@ void check_rope_inputs(
       ": freqs must have shape [max_seq_len, rotary_dim / 2] with 0 < rotary_dim <= head_dim = ", head_dim,
       " (full rotation: [*, ", head_dim / 2, "]), got ", freqs.sym_sizes());
   check_same_device(op, "freqs", freqs, q);
+  check_rotary_span(op, head_dim, freqs, args);
 
   if (args.inv_freq) {
     const auto& inv = *args.inv_freq;
@@ -166,6 +169,7 @@ void check_rope_inputs(
         inv.sym_sizes());
     check_same_device(op, "inv_freq", inv, q);
   }
+  if (args.pair_axes) check_axes_positions(op, qv, freqs, args);
   if (args.offsets || args.position_ids) {
     check_positions_shape(op, qv, args);
     check_same_device(op, args.position_ids ? "position_ids" : "offsets",
@@ -300,6 +304,7 @@ PreparedRope prepare_rope(
   p.seq = qv.size(2);
   p.head_dim = qv.size(3);
   p.rotary_dim = 2 * freqs.size(1);
+  p.rotary_offset = args.rotary_offset;
   p.in_place = in_place;
   p.freqs = reinterpret_cast<const float*>(freqs.data_ptr());
   p.freqs_len = freqs.size(0);
@@ -332,7 +337,9 @@ PreparedRope prepare_rope(
     p.positions = pos.data_ptr();
     p.positions_int32 = pos.scalar_type() == at::kInt;
     p.positions_are_offsets = !args.position_ids;
-    if (args.position_ids && pos.dim() == 1) {  // [seq] or packed [total_tokens]
+    if (args.pair_axes) {
+      fill_axes(p, pos, args);
+    } else if (args.position_ids && pos.dim() == 1) {  // [seq] or packed [total_tokens]
       if (pos.size(0) > 1) p.pos_stride_s = pos.stride(0);
     } else {
       if (pos.dim() >= 1 && pos.size(0) > 1) p.pos_stride_b = pos.stride(0);
@@ -351,6 +358,8 @@ PreparedRope prepare_rope(
           args.start_pos, " + ", p.seq, " = ", args.start_pos + p.seq,
           " exceeds the freqs table length (max_seq_len) ", p.freqs_len,
           "; pass inv_freq or build a longer table (max_seq_len > ", args.start_pos + p.seq - 1, ")");
+    } else if (p.num_axes > 0) {
+      check_axes_in_table(op, p);
     } else {
       check_positions_in_table(op, p);
     }
