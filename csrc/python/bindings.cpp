@@ -65,6 +65,12 @@ PYBIND11_MODULE(_C, m) {
       "The rows of rope_freqs(dim, n, ...) at the given int64 positions (1-D, >= 0), bit for bit, without "
       "building the rows in between: complex64 [len(positions), dim // 2].");
 
+  m.def(
+      "mrope_pair_axes", &rotary::mrope_pair_axes, py::arg("sections"), py::arg("rotary_dim"),
+      py::arg("interleaved") = false,
+      "The pair -> axis map of multimodal RoPE (rotary/axes.h): contiguous sections (Qwen2-VL) or "
+      "interleaved (Qwen3-VL); the pair_axes argument of the ops.");
+
   // The older position schemes (rotary/schemes.h), for comparison.
   m.def("sinusoidal_table", &rotary::sinusoidal_table, py::arg("n"), py::arg("d"), py::arg("base") = 10000.0,
         "float32 [n, d] additive table: pe[pos, 2i] = sin(pos / base^(2i/d)), pe[pos, 2i+1] = cos(...), in float64.");

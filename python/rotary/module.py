@@ -1,6 +1,6 @@
 """``rotary.RotaryEmbedding``: an ``nn.Module`` over ``torch.ops.rotary``."""
 
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -91,6 +91,9 @@ class RotaryEmbedding(nn.Module):
         scaling: ScalingSpec = None,
         *,
         angle_dtype: AngleDtype = "float64",
+        rotary_offset: int = 0,
+        mrope_section: Optional[Sequence[int]] = None,
+        mrope_interleaved: bool = False,
     ) -> None:
         """Build the tables for one rule.
 
@@ -106,6 +109,17 @@ class RotaryEmbedding(nn.Module):
                 ``rope_parameters`` or a :class:`rotary.RopeScaling`.
             angle_dtype: ``"float64"`` (exact angles) or ``"float32"``
                 (Hugging Face / Meta fp32-angle tables).
+            rotary_offset: the rotated span is dims ``[rotary_offset,
+                rotary_offset + dim)`` of each head; the rest pass through
+                (DeepSeek's ``[nope | rope]`` heads).
+            mrope_section: multimodal RoPE, pairs per position axis summing
+                to ``dim // 2`` (Qwen2-VL ``[16, 24, 24]`` for t, h, w);
+                ``position_ids`` ``[n_axes, batch, seq]`` then give each
+                pair its axis's position (other positions: one per token,
+                which is exactly a text token's rotation).
+            mrope_interleaved: Qwen3-VL's interleaved layout of the sections
+                (pair ``j`` with ``j % n = a > 0`` below ``n * section[a]``
+                takes axis ``a``, the rest axis 0).
 
         Raises ``ValueError`` (a bad ``max_seq_len``, ``angle_dtype``, or
         scaling field) or ``TypeError`` (a ``scaling`` of another type).
@@ -118,6 +132,14 @@ class RotaryEmbedding(nn.Module):
         self._opts = (t.dim, t.max_seq_len, t.theta, t.interleaved, t.scaling, t.angle_dtype)
         self._host_driven = t.host_driven
         self._extends = t.extends_past_table  # float64 angles: positions past the table computed exactly
+        if isinstance(rotary_offset, bool) or not isinstance(rotary_offset, int) or rotary_offset < 0:
+            raise ValueError(f"RotaryEmbedding: rotary_offset must be an int >= 0, got {rotary_offset!r}")
+        self.rotary_offset = rotary_offset
+        self.mrope_section = None if mrope_section is None else [int(v) for v in mrope_section]
+        self.mrope_interleaved = bool(mrope_interleaved)
+        # The pair -> axis map comes from C++ (rotary/axes.h), which checks the sections.
+        self.pair_axes = None if mrope_section is None else _C.mrope_pair_axes(
+            self.mrope_section, t.dim, self.mrope_interleaved)
         freqs, inv_freq = t.build()
         self.register_buffer("freqs", freqs)
         self.register_buffer("inv_freq", inv_freq)
@@ -180,6 +202,11 @@ class RotaryEmbedding(nn.Module):
             s += f", scaling={self.scaling}"
         if self.angle_dtype != "float64":
             s += f", angle_dtype={self.angle_dtype!r}"
+        if self.rotary_offset:
+            s += f", rotary_offset={self.rotary_offset}"
+        if self.mrope_section is not None:
+            s += f", mrope_section={self.mrope_section}"
+            s += ", mrope_interleaved=True" if self.mrope_interleaved else ""
         return s
 
     # ------------------------------------------------------------ state_dict
@@ -248,6 +275,7 @@ class RotaryEmbedding(nn.Module):
             and position_ids is None
             and positions is None
             and not self._host_driven
+            and self.rotary_offset == 0
             and q.dim() == 4
             and (k is None or (isinstance(k, torch.Tensor) and k.dim() != 0))
         ):
@@ -277,10 +305,12 @@ class RotaryEmbedding(nn.Module):
             if offsets is not None or position_ids is not None:
                 raise ValueError("RotaryEmbedding: positions= is deprecated; pass offsets= or position_ids= alone")
             start_pos, offsets, position_ids = _legacy_positions(positions, start_pos, False, "RotaryEmbedding")
-        if q.dim() == 4 and q.shape[-1] < self.dim:
+        if q.dim() == 4 and q.shape[-1] < self.rotary_offset + self.dim:
+            need = (f"rotary_offset + dim = {self.rotary_offset + self.dim} (the rotated span)" if self.rotary_offset
+                    else "dim (the rotated width)")
             raise ValueError(
-                f"RotaryEmbedding(dim={self.dim}): head_dim must be >= dim (the rotated width), got head_dim "
-                f"{q.shape[-1]} (shape {tuple(q.shape)})"
+                f"RotaryEmbedding(dim={self.dim}): head_dim must be >= {need}, got head_dim {q.shape[-1]} "
+                f"(shape {tuple(q.shape)})"
             )
         if self._host_driven:
             return self._forward_host_driven(q, k, start_pos, offsets, position_ids)
@@ -308,7 +338,9 @@ class RotaryEmbedding(nn.Module):
         if inv is None and not given and q.dim() == 4 and isinstance(start_pos, int):
             if q.shape[2] > 0 and start_pos + q.shape[2] > freqs.shape[0]:
                 self._tables.check_rows(q.shape[2], start_pos, False, freqs.shape[0])
-        kw = dict(offsets=offsets, position_ids=position_ids, inv_freq=inv)
+        kw = dict(offsets=offsets, position_ids=position_ids, inv_freq=inv, rotary_offset=self.rotary_offset)
+        if self.pair_axes is not None and position_ids is not None and position_ids.dim() == 3:
+            kw["pair_axes"] = self.pair_axes  # [n_axes, batch, seq]; else a text token's rotation
         if k is None:
             return apply_rope(q, freqs, start_pos, self._opts[3], **kw)
         return apply_rope_qk(q, k, freqs, start_pos, self._opts[3], **kw)
