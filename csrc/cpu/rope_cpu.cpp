@@ -80,13 +80,31 @@ void fill_coefficients(const RopeParams& p, int64_t b, int64_t s_idx, acc_t* coe
       s[j] = sj;
     }
   };
+  const acc_t sign = p.inverse ? acc_t(-1) : acc_t(1);  // exact
   if (p.num_axes == 0 && pos >= 0 && pos < p.freqs_len && p.freqs_stride_pair == 1) {
     const float* row = p.freqs + 2 * pos * p.freqs_stride_pos;
-    const acc_t sign = p.inverse ? acc_t(-1) : acc_t(1);  // exact
     for (int64_t j = 0; j < pairs; ++j) {
       put(j, static_cast<acc_t>(row[2 * j]), sign * static_cast<acc_t>(row[2 * j + 1]));
     }
     return;
+  }
+  if (p.num_axes > 0 && p.freqs_stride_pair == 1) {
+    // N-D: one table row per axis, read once; pair j takes its axis's row.
+    const float* rows[kernel::kMaxAxes];
+    bool in_table = true;
+    for (int64_t a = 0; a < p.num_axes; ++a) {
+      const int64_t pa = p.start_pos + kernel::given_position(p, b, s_idx, a);
+      const bool in = pa >= 0 && pa < p.freqs_len;
+      in_table = in_table && in;
+      rows[a] = p.freqs + (in ? 2 * pa * p.freqs_stride_pos : 0);
+    }
+    if (in_table) {
+      for (int64_t j = 0; j < pairs; ++j) {
+        const float* e = rows[p.pair_axis[j]] + 2 * j;
+        put(j, static_cast<acc_t>(e[0]), sign * static_cast<acc_t>(e[1]));
+      }
+      return;
+    }
   }
   for (int64_t j = 0; j < pairs; ++j) {
     acc_t cj, sj;
