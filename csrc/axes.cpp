@@ -8,6 +8,8 @@
 #include <c10/util/ArrayRef.h>
 #include <c10/util/irange.h>
 
+#include <cmath>
+#include <algorithm>
 #include <numeric>
 
 namespace rotary {
@@ -38,6 +40,42 @@ std::vector<int64_t> mrope_pair_axes(const std::vector<int64_t>& sections, int64
     }
   }
   return axes;
+}
+
+AxialRope axial_rope(const std::vector<int64_t>& axes_dim, const std::vector<double>& thetas, bool shared_spectrum) {
+  const int64_t n = static_cast<int64_t>(axes_dim.size());
+  TORCH_CHECK_VALUE(
+      n >= 1 && n <= kernel::kMaxAxes, "axes_dim must have 1 to ", kernel::kMaxAxes, " entries (dims per axis), got ", n);
+  for (const auto a : c10::irange(n)) {
+    TORCH_CHECK_VALUE(
+        axes_dim[a] > 0 && axes_dim[a] % 2 == 0, "axes_dim[", a, "] must be even and > 0, got ", axes_dim[a]);
+  }
+  const int64_t nt = static_cast<int64_t>(thetas.size());
+  TORCH_CHECK_VALUE(
+      nt == 1 || nt == n, "axes_theta must hold one theta, or one per axis (", n, "), got ", nt, " values");
+  for (const auto i : c10::irange(nt)) {
+    TORCH_CHECK_VALUE(
+        std::isfinite(thetas[i]) && thetas[i] > 0.0, "axes_theta[", i, "] must be finite and > 0, got ", thetas[i]);
+  }
+  const int64_t dim = std::accumulate(axes_dim.begin(), axes_dim.end(), int64_t{0});
+  if (shared_spectrum) {
+    TORCH_CHECK_VALUE(
+        nt == 1 && std::all_of(axes_dim.begin(), axes_dim.end(), [&](int64_t d) { return d == axes_dim[0]; }),
+        "a shared spectrum (Pixtral) needs equal axes_dim and one theta, got axes_dim ",
+        c10::ArrayRef<int64_t>(axes_dim), " and ", nt, " thetas");
+  }
+  AxialRope out;
+  for (const auto a : c10::irange(n)) {
+    const double theta = thetas[nt == 1 ? 0 : a];
+    for (int64_t i = 0; i < axes_dim[a] / 2; ++i) {
+      out.pair_axes.push_back(a);
+      // Own spectrum: pair i of a head of axes_dim[a]; shared: entry a + n i of one head of dim.
+      const double k = shared_spectrum ? static_cast<double>(a + n * i) : static_cast<double>(i);
+      const double d = shared_spectrum ? static_cast<double>(dim) : static_cast<double>(axes_dim[a]);
+      out.freqs.inv_freq.push_back(std::pow(theta, -2.0 * k / d));
+    }
+  }
+  return out;
 }
 
 }  // namespace rotary

@@ -1,5 +1,6 @@
 #include "checks.h"
 
+#include "checks_positions.h"
 #include "overlap.h"
 
 #include <ATen/ATen.h>
@@ -206,31 +207,6 @@ void check_cu_seqlens_values(const char* op, const at::Tensor& cu, int64_t total
   TORCH_CHECK_VALUE(
       false, op, ": cu_seqlens must start at 0, never decrease, and end at total_tokens = ", total_tokens,
       "; got ", shown);
-}
-
-void check_positions_in_table(const char* op, const kernel::RopeParams& p) {
-  const char* name = p.positions_are_offsets ? "offsets" : "position_ids";
-  const std::string from = p.positions == nullptr ? std::string(" (start_pos ") + std::to_string(p.start_pos) + " + s)"
-      : p.positions_are_offsets ? std::string(" (start_pos ") + std::to_string(p.start_pos) + " + offsets + s)"
-                                : std::string(" (position_ids)");
-  for (int64_t b = 0; b < p.batch; ++b) {
-    for (int64_t s = 0; s < p.seq; ++s) {
-      if (p.positions) {
-        // Bounded so that start_pos + position + local index cannot overflow.
-        const int64_t given = kernel::given_position(p, b, s);
-        TORCH_CHECK_INDEX(
-            given > -kMaxPosition && given < kMaxPosition, op, ": ", name, " must lie in (-2^60, 2^60), got ",
-            given);
-      }
-      const int64_t pos = kernel::position_of(p, b, s);
-      TORCH_CHECK_VALUE(
-          pos >= 0, op, ": token (batch ", b, ", seq ", s, ") has negative position ", pos, from);
-      TORCH_CHECK_INDEX(
-          p.inv_freq != nullptr || pos < p.freqs_len, op, ": token (batch ", b, ", seq ", s, ") has position ",
-          pos, from, ", outside the freqs table [0, ", p.freqs_len, "); pass inv_freq or build a longer table ",
-          "(max_seq_len > ", pos, ")");
-    }
-  }
 }
 
 void check_start_pos_bound(const char* op, int64_t start_pos) {

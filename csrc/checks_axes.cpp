@@ -1,10 +1,13 @@
 // The checks and launch fields of rotary_offset and of N-D positions
-// (pair_axes), next to the shared validator in checks.cpp.
+// (pair_axes), and the by-value checks of host positions, next to the shared
+// validator in checks.cpp.
 #include "checks.h"
+#include "checks_positions.h"
 
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <string>
 
 namespace rotary {
 namespace detail {
@@ -69,8 +72,37 @@ void fill_axes(kernel::RopeParams& p, const at::Tensor& pos, const RopeArgs& arg
   for (size_t j = 0; j < axes.size(); ++j) p.pair_axis[j] = static_cast<uint8_t>(axes[j]);
 }
 
+namespace {
+// Positions and start_pos stay below this, so their sums never overflow int64.
+constexpr int64_t kMaxPosition = int64_t{1} << 60;
+}  // namespace
+
+void check_positions_in_table(const char* op, const kernel::RopeParams& p) {
+  const char* name = p.positions_are_offsets ? "offsets" : "position_ids";
+  const std::string from = p.positions == nullptr ? std::string(" (start_pos ") + std::to_string(p.start_pos) + " + s)"
+      : p.positions_are_offsets ? std::string(" (start_pos ") + std::to_string(p.start_pos) + " + offsets + s)"
+                                : std::string(" (position_ids)");
+  for (int64_t b = 0; b < p.batch; ++b) {
+    for (int64_t s = 0; s < p.seq; ++s) {
+      if (p.positions) {
+        // Bounded so that start_pos + position + local index cannot overflow.
+        const int64_t given = kernel::given_position(p, b, s);
+        TORCH_CHECK_INDEX(
+            given > -kMaxPosition && given < kMaxPosition, op, ": ", name, " must lie in (-2^60, 2^60), got ",
+            given);
+      }
+      const int64_t pos = kernel::position_of(p, b, s);
+      TORCH_CHECK_VALUE(
+          pos >= 0, op, ": token (batch ", b, ", seq ", s, ") has negative position ", pos, from);
+      TORCH_CHECK_INDEX(
+          p.inv_freq != nullptr || pos < p.freqs_len, op, ": token (batch ", b, ", seq ", s, ") has position ",
+          pos, from, ", outside the freqs table [0, ", p.freqs_len, "); pass inv_freq or build a longer table ",
+          "(max_seq_len > ", pos, ")");
+    }
+  }
+}
+
 void check_axes_in_table(const char* op, const kernel::RopeParams& p) {
-  constexpr int64_t kMaxPosition = int64_t{1} << 60;
   for (int64_t a = 0; a < p.num_axes; ++a) {
     for (int64_t b = 0; b < p.batch; ++b) {
       for (int64_t s = 0; s < p.seq; ++s) {

@@ -39,6 +39,9 @@ void RotaryEmbeddingImpl::reset() {
   std::vector<int64_t> axes;
   if (!options.mrope_section().empty()) {
     axes = mrope_pair_axes(options.mrope_section(), options.dim(), options.mrope_interleaved());
+  } else if (!options.axes_dim().empty()) {
+    const auto thetas = options.axes_theta().empty() ? std::vector<double>{options.theta()} : options.axes_theta();
+    axes = axial_rope(options.axes_dim(), thetas, options.axes_shared_spectrum()).pair_axes;
   }
   tables_ = next;
   install(built);
@@ -88,6 +91,7 @@ void RotaryEmbeddingImpl::pretty_print(std::ostream& stream) const {
     stream << ", mrope_section=" << c10::ArrayRef<int64_t>(options.mrope_section())
            << (options.mrope_interleaved() ? ", mrope_interleaved=true" : "");
   }
+  if (!options.axes_dim().empty()) stream << ", axes_dim=" << c10::ArrayRef<int64_t>(options.axes_dim());
   stream << ")";
 }
 

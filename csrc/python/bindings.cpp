@@ -71,6 +71,15 @@ PYBIND11_MODULE(_C, m) {
       "The pair -> axis map of multimodal RoPE (rotary/axes.h): contiguous sections (Qwen2-VL) or "
       "interleaved (Qwen3-VL); the pair_axes argument of the ops.");
 
+  m.def(
+      "axial_rope",
+      [](const std::vector<int64_t>& axes_dim, const std::vector<double>& thetas, bool shared_spectrum) {
+        auto r = rotary::axial_rope(axes_dim, thetas, shared_spectrum);
+        return std::make_pair(r.pair_axes, r.freqs.inv_freq);
+      },
+      py::arg("axes_dim"), py::arg("thetas"), py::arg("shared_spectrum") = false,
+      "(pair_axes, inv_freq) of axial RoPE (rotary/axes.h): FLUX's per-axis spectra, or Pixtral's shared one.");
+
   // The older position schemes (rotary/schemes.h), for comparison.
   m.def("sinusoidal_table", &rotary::sinusoidal_table, py::arg("n"), py::arg("d"), py::arg("base") = 10000.0,
         "float32 [n, d] additive table: pe[pos, 2i] = sin(pos / base^(2i/d)), pe[pos, 2i+1] = cos(...), in float64.");
@@ -101,11 +110,18 @@ PYBIND11_MODULE(_C, m) {
       "when the host-driven rules rebuild them, the checks of saved tables, and the lock.")
       .def(
           py::init([](const py::object& dim, const py::object& max_seq_len, const py::object& theta,
-                      const py::object& interleaved, const py::object& scaling, const py::object& angle_dtype) {
-            return RopeTables(options_from_py(dim, max_seq_len, theta, interleaved, scaling, angle_dtype));
+                      const py::object& interleaved, const py::object& scaling, const py::object& angle_dtype,
+                      const std::vector<int64_t>& axes_dim, const std::vector<double>& axes_theta,
+                      bool axes_shared_spectrum) {
+            return RopeTables(options_from_py(dim, max_seq_len, theta, interleaved, scaling, angle_dtype)
+                                  .axes_dim(axes_dim)
+                                  .axes_theta(axes_theta)
+                                  .axes_shared_spectrum(axes_shared_spectrum));
           }),
           py::arg("dim"), py::arg("max_seq_len") = 4096, py::arg("theta") = 10000.0, py::arg("interleaved") = true,
-          py::arg("scaling") = py::none(), py::kw_only(), py::arg("angle_dtype") = "float64")
+          py::arg("scaling") = py::none(), py::kw_only(), py::arg("angle_dtype") = "float64",
+          py::arg("axes_dim") = std::vector<int64_t>{}, py::arg("axes_theta") = std::vector<double>{},
+          py::arg("axes_shared_spectrum") = false)
       .def_property_readonly("dim", [](const RopeTables& t) { return t.options().dim(); })
       .def_property_readonly("max_seq_len", [](const RopeTables& t) { return t.options().max_seq_len(); })
       .def_property_readonly("theta", [](const RopeTables& t) { return t.options().theta(); })

@@ -2,6 +2,8 @@
 // a head turns by (the `pair_axes` argument of the ops).
 #pragma once
 
+#include <rotary/freqs.h>
+
 #include <cstdint>
 #include <vector>
 
@@ -15,5 +17,20 @@ namespace rotary {
 //     j < n * sections[a] takes axis a; every other pair axis 0 (n axes).
 // Throws c10::ValueError naming mrope_section.
 std::vector<int64_t> mrope_pair_axes(const std::vector<int64_t>& sections, int64_t rotary_dim, bool interleaved);
+
+// Axial RoPE over axes_dim.size() position axes: axis a owns the next
+// axes_dim[a] / 2 pairs (contiguous blocks, in order).
+//   shared_spectrum false (FLUX, axes_dim {16, 56, 56}): axis a turns at
+//     theta_a^(-2i / axes_dim[a]), its own spectrum; thetas holds one theta
+//     per axis, or one for all.
+//   shared_spectrum true (Pixtral 2-D): one spectrum theta^(-2k / dim) over
+//     dim = sum(axes_dim) is dealt out, axis a taking k = a, a + n, ...; the
+//     axes_dim must be equal and thetas a single value.
+// Throws c10::ValueError naming axes_dim / axes_theta.
+struct AxialRope {
+  std::vector<int64_t> pair_axes;
+  RopeFrequencies freqs;
+};
+AxialRope axial_rope(const std::vector<int64_t>& axes_dim, const std::vector<double>& thetas, bool shared_spectrum);
 
 }  // namespace rotary

@@ -48,6 +48,15 @@ struct RotaryEmbeddingOptions {
   // [n_axes, seq]). mrope_interleaved: Qwen3-VL's interleaved layout.
   TORCH_ARG(std::vector<int64_t>, mrope_section) = {};
   TORCH_ARG(bool, mrope_interleaved) = false;
+  // Axial RoPE (rotary/axes.h, rotary::axial_rope): dims per position axis,
+  // summing to dim (FLUX {16, 56, 56}); each axis turns at its own theta from
+  // axes_theta (one per axis, or empty: theta for all). Replaces the
+  // frequency rule (which must be the default). axes_shared_spectrum: one
+  // spectrum dealt out to equal axes (Pixtral 2-D). forward() takes
+  // position_ids [n_axes, batch, seq].
+  TORCH_ARG(std::vector<int64_t>, axes_dim) = {};
+  TORCH_ARG(std::vector<double>, axes_theta) = {};
+  TORCH_ARG(bool, axes_shared_spectrum) = false;
 };
 
 }  // namespace rotary

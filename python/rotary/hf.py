@@ -52,7 +52,8 @@ def rope_kwargs_from_hf_config(config: Any, max_seq_len: Optional[int] = None) -
 
     - ``mrope_section`` / ``mrope_interleaved`` for multimodal RoPE
       (``rope_parameters["mrope_section"]``; Qwen2-VL / Qwen2.5-VL sections
-      are contiguous, Qwen3-VL's interleaved), only when the config has them.
+      are contiguous, Qwen3-VL's interleaved), only when the config has them;
+    - ``axes_dim`` / ``axes_shared_spectrum`` for Pixtral's ``"axial"`` rule.
 
     Raises ``ValueError`` for what it cannot represent (per-layer-type rope
     parameters, an odd rotary dim, an unknown ``rope_type``, sections that do
@@ -94,6 +95,11 @@ def rope_kwargs_from_hf_config(config: Any, max_seq_len: Optional[int] = None) -
     if mrope is None:
         mrope = _MROPE_DEFAULTS.get(model_type.replace("_text", ""))
     if params.get("rope_type", params.get("type")) == "mrope":
+        params["rope_type"] = "default"
+        params.pop("type", None)
+    # Pixtral's 2-D "axial" rule: one spectrum dealt to the h and w axes.
+    axial = params.get("rope_type", params.get("type")) == "axial"
+    if axial:
         params["rope_type"] = "default"
         params.pop("type", None)
 
@@ -143,6 +149,8 @@ def rope_kwargs_from_hf_config(config: Any, max_seq_len: Optional[int] = None) -
         "interleaved": False,
         "scaling": spec.to_dict(),
     }
+    if axial:
+        kwargs.update(axes_dim=[rotary_dim // 2, rotary_dim // 2], axes_shared_spectrum=True)
     if mrope is not None:
         if isinstance(mrope, (str, bytes)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in mrope):
             raise ValueError(f"from_hf_config: mrope_section must be a list of ints, got {mrope!r}")

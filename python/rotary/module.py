@@ -94,6 +94,9 @@ class RotaryEmbedding(nn.Module):
         rotary_offset: int = 0,
         mrope_section: Optional[Sequence[int]] = None,
         mrope_interleaved: bool = False,
+        axes_dim: Optional[Sequence[int]] = None,
+        axes_theta: Optional[Sequence[float]] = None,
+        axes_shared_spectrum: bool = False,
     ) -> None:
         """Build the tables for one rule.
 
@@ -120,13 +123,22 @@ class RotaryEmbedding(nn.Module):
             mrope_interleaved: Qwen3-VL's interleaved layout of the sections
                 (pair ``j`` with ``j % n = a > 0`` below ``n * section[a]``
                 takes axis ``a``, the rest axis 0).
+            axes_dim: axial RoPE, dims per position axis summing to ``dim``
+                (FLUX ``[16, 56, 56]``); axis ``a`` owns the next
+                ``axes_dim[a] // 2`` pairs at its own theta from
+                ``axes_theta`` (one per axis; default ``theta``).
+                ``axes_shared_spectrum=True``: one spectrum of ``dim`` dealt
+                out to equal axes (Pixtral 2-D). Takes ``position_ids``
+                ``[n_axes, batch, seq]``.
 
         Raises ``ValueError`` (a bad ``max_seq_len``, ``angle_dtype``, or
         scaling field) or ``TypeError`` (a ``scaling`` of another type).
         """
         super().__init__()
         # Validates every argument (TypeError / ValueError naming it) and the rule.
-        self._tables = _C.RopeTables(dim, max_seq_len, theta, interleaved, scaling, angle_dtype=angle_dtype)
+        axial = dict(axes_dim=list(axes_dim or []), axes_theta=[float(v) for v in axes_theta or []],
+                     axes_shared_spectrum=bool(axes_shared_spectrum))
+        self._tables = _C.RopeTables(dim, max_seq_len, theta, interleaved, scaling, angle_dtype=angle_dtype, **axial)
         # Plain copies for forward: reading them costs nothing and traces.
         t = self._tables
         self._opts = (t.dim, t.max_seq_len, t.theta, t.interleaved, t.scaling, t.angle_dtype)
@@ -140,6 +152,9 @@ class RotaryEmbedding(nn.Module):
         # The pair -> axis map comes from C++ (rotary/axes.h), which checks the sections.
         self.pair_axes = None if mrope_section is None else _C.mrope_pair_axes(
             self.mrope_section, t.dim, self.mrope_interleaved)
+        self.axes_dim = axial["axes_dim"] or None
+        if self.axes_dim is not None:
+            self.pair_axes = _C.axial_rope(self.axes_dim, axial["axes_theta"] or [t.theta], axial["axes_shared_spectrum"])[0]
         freqs, inv_freq = t.build()
         self.register_buffer("freqs", freqs)
         self.register_buffer("inv_freq", inv_freq)
@@ -207,6 +222,8 @@ class RotaryEmbedding(nn.Module):
         if self.mrope_section is not None:
             s += f", mrope_section={self.mrope_section}"
             s += ", mrope_interleaved=True" if self.mrope_interleaved else ""
+        if self.axes_dim is not None:
+            s += f", axes_dim={self.axes_dim}"
         return s
 
     # ------------------------------------------------------------ state_dict

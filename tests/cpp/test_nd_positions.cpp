@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <vector>
 
 namespace {
@@ -45,6 +46,29 @@ TEST(NdPositions, ModuleMropeAndOffset) {
   ExpectError<c10::ValueError>(
       [] { RotaryEmbedding(RotaryEmbeddingOptions(16).mrope_section({2, 3, 2})); },
       {"mrope_section [2, 3, 2] must sum to rotary_dim / 2 = 8"});
+}
+
+TEST(NdPositions, ModuleAxialPerAxisTheta) {
+  RotaryEmbedding rope(RotaryEmbeddingOptions(16).max_seq_len(32).axes_dim({4, 6, 6}).axes_theta({1e4, 100.0, 1e3}));
+  const auto axial = rotary::axial_rope({4, 6, 6}, {1e4, 100.0, 1e3}, false);
+  EXPECT_EQ(rope->pair_axes, axial.pair_axes);
+  EXPECT_EQ(rope->pair_axes, (std::vector<int64_t>{0, 0, 1, 1, 1, 2, 2, 2}));
+  const auto inv = rope->inv_freq;
+  for (int64_t j = 0; j < 8; ++j) EXPECT_EQ(inv[j].item<double>(), axial.freqs.inv_freq[j]);
+  EXPECT_DOUBLE_EQ(axial.freqs.inv_freq[3], std::pow(100.0, -2.0 / 6.0));
+  const auto x = torch::randn({1, 2, 4, 16});
+  const auto pos = torch::randint(0, 32, {3, 1, 4}, torch::kLong);
+  EXPECT_TRUE(torch::equal(
+      rope->forward(x, 0, std::nullopt, pos),
+      rotary::apply_rope(x, rope->freqs, 0, true, std::nullopt, pos, false, std::nullopt, std::nullopt, "BHSD", 0,
+                         rope->pair_axes)));
+  // Pixtral: one spectrum of 16 dims dealt to h (even entries) and w (odd).
+  const auto pix = rotary::axial_rope({8, 8}, {1e4}, true);
+  EXPECT_DOUBLE_EQ(pix.freqs.inv_freq[1], std::pow(1e4, -4.0 / 16.0));
+  EXPECT_DOUBLE_EQ(pix.freqs.inv_freq[4], std::pow(1e4, -2.0 / 16.0));
+  ExpectError<c10::ValueError>(
+      [] { RotaryEmbedding(RotaryEmbeddingOptions(16).axes_dim({4, 6, 4})); },
+      {"axes_dim [4, 6, 4] must sum to dim = 16, got 14"});
 }
 
 TEST(NdPositions, RefusedInPlaceWritesNothing) {

@@ -131,3 +131,50 @@ def test_tiny_vl_model_patched(family):
             tokens = model.generate(**inputs, max_new_tokens=6, do_sample=False)
     torch.testing.assert_close(logits, ref_logits, rtol=0, atol=2e-5)
     assert torch.equal(tokens, ref_tokens)
+
+
+# ---------------------------------------------------------------------- axial
+def test_axial_flux_per_axis_theta():
+    """FLUX-style axes_dim with a theta per axis (interleaved pairs) against
+    the float64 reference; one axis at the module's theta is the 1-D op."""
+    import numpy as np
+
+    dims, thetas = [4, 6, 6], [10000.0, 100.0, 1000.0]
+    rope = rotary.RotaryEmbedding(16, 64, axes_dim=dims, axes_theta=thetas)
+    assert rope.pair_axes == [0, 0, 1, 1, 1, 2, 2, 2] and "axes_dim=[4, 6, 6]" in repr(rope)
+    inv = np.concatenate([t ** (-np.arange(0, d, 2) / d) for d, t in zip(dims, thetas)])
+    torch.testing.assert_close(rope.inv_freq, torch.from_numpy(inv), rtol=1e-15, atol=0)
+    x = randn((2, 3, 5, 16), torch.float64, seed=7)
+    pos = torch.randint(0, 64, (3, 2, 5), generator=gen(8))
+    out = rope(x, position_ids=pos)
+    assert_close_ref(out, rope_reference_nd(x, pos.numpy(), rope.pair_axes, 16, 0, True, inv=inv), torch.float64)
+    one = rotary.RotaryEmbedding(16, 64, axes_dim=[16])
+    ids = pos[:1]
+    assert torch.equal(one(x, position_ids=ids), rotary.RotaryEmbedding(16, 64)(x, position_ids=ids[0]))
+    with pytest.raises(ValueError, match=r"axes_dim \[4, 6, 4\] must sum to dim = 16, got 14"):
+        rotary.RotaryEmbedding(16, axes_dim=[4, 6, 4])
+    with pytest.raises(ValueError, match=r"axes_theta must hold one theta, or one per axis \(3\), got 2 values"):
+        rotary.RotaryEmbedding(16, axes_dim=dims, axes_theta=[1.0, 2.0])
+    with pytest.raises(ValueError, match=r"takes no scaling rule \(got 'linear'\)"):
+        rotary.RotaryEmbedding(16, axes_dim=dims, scaling={"rope_type": "linear", "factor": 2.0})
+
+
+def test_axial_pixtral_parity():
+    """Pixtral 2-D (one spectrum dealt to h and w) against transformers'
+    PixtralVisionRotaryEmbedding + rotate_half, on a patch grid."""
+    from transformers.models.pixtral import modeling_pixtral as pixtral
+
+    cfg = transformers.PixtralVisionConfig(hidden_size=64, num_attention_heads=4, head_dim=16, image_size=16,
+                                           patch_size=2, rope_parameters={"rope_type": "axial", "rope_theta": 10000.0})
+    emb = pixtral.PixtralVisionRotaryEmbedding(cfg)
+    rope = rotary.RotaryEmbedding(16, 64, interleaved=False, axes_dim=[8, 8], axes_shared_spectrum=True)
+    h, w = torch.meshgrid(torch.arange(3), torch.arange(5), indexing="ij")
+    hw = torch.stack([h.flatten(), w.flatten()], dim=-1)  # [P, 2], as Pixtral builds them
+    q = randn((1, 4, hw.shape[0], 16), seed=9)
+    cos, sin = emb(q, hw)
+    expect = q * cos + pixtral.rotate_half(q) * sin
+    out = rope(q, position_ids=hw.T[:, None])  # [2, 1, P]
+    torch.testing.assert_close(out, expect, rtol=0, atol=2e-5)
+    from_cfg = rotary.RotaryEmbedding.from_hf_config(cfg)
+    assert from_cfg.axes_dim == [8, 8] and torch.equal(from_cfg.inv_freq, rope.inv_freq)
+    assert torch.equal(from_cfg(q, position_ids=hw.T[:, None]), out)
