@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """M-RoPE (Qwen2-VL sections, N-D positions) against our 1-D op on the same
 tensors, and against the eager transformers path and torch.compile of it,
-all timed in one run, round-robin, medians:
+all timed in one run, round-robin in a shuffled order, medians:
 
   clone      q.clone() + k.clone(): the memory floor
   ours_1d    rotary.apply_rope_qk with [batch, seq] position ids
@@ -21,6 +21,7 @@ Usage: PYTHONPATH=python python benchmarks/bench_mrope.py [--device cpu|cuda]
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import time
 
@@ -110,9 +111,12 @@ def main() -> None:
     for fn in cases.values():  # warm up (and compile)
         fn(), fn()
     times = {name: [] for name in cases}
+    order = random.Random(0)
     for _ in range(args.repeat):
-        for name, fn in cases.items():
-            times[name].append(timed(fn, device))
+        names = list(cases)
+        order.shuffle(names)  # no case always follows the same one
+        for name in names:
+            times[name].append(timed(cases[name], device))
     med = {name: statistics.median(v) for name, v in times.items()}
     nbytes = 2 * (q.numel() + k.numel()) * q.element_size()
     print(f"# M-RoPE, {device.type}, {args.dtype}, S={S}, heads {hq}/{hk}, D={D}, sections {sections}, "

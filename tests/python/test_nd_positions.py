@@ -197,3 +197,33 @@ def test_pair_axes_opcheck_and_compile(tables):
     eq, ek = rotary.apply_rope_qk(q, k, f, **kw)
     cq, ck = step(q, k, pos)
     assert torch.equal(cq, eq) and torch.equal(ck, ek)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_cuda_nd_and_graph_replay(tables, dtype):
+    """The CUDA kernel against the CPU one (N-D ids, offset span, vector and
+    strided paths), and a CUDA graph replayed with new device positions."""
+    f = tables(16, 64)
+    axes = MROPE_AXES
+    for D, off in ((32, 8), (26, 5)):
+        q, k = randn((2, 4, 7, D), dtype, seed=20), randn((2, 2, 7, D), dtype, seed=21)
+        pos = grid(3, 2, 7, 64, seed=22)
+        kw = dict(position_ids=pos, pair_axes=axes, rotary_offset=off, interleaved=False)
+        cq, ck = rotary.apply_rope_qk(q, k, f, **kw)
+        gq, gk = rotary.apply_rope_qk(q.cuda(), k.cuda(), f.cuda(), **{**kw, "position_ids": pos.cuda()})
+        assert_close_ref(gq, ref(q, pos, axes, 16, off, False), dtype)
+        torch.testing.assert_close(gk.cpu(), ck, rtol=0, atol=TOL_GRAPH[dtype])
+    x = randn((1, 2, 5, 16), dtype, seed=23).cuda()
+    dev_pos = grid(3, 1, 5, 64, seed=24).cuda()
+    out = torch.empty_like(x)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out.copy_(rotary.apply_rope(x, f.cuda(), position_ids=dev_pos, pair_axes=axes))
+    new = grid(3, 1, 5, 64, seed=25)
+    dev_pos.copy_(new)
+    g.replay()
+    assert_close_ref(out, ref(x, new, axes, 16), dtype)
+
+
+TOL_GRAPH = {torch.float32: 1e-6, torch.float64: 1e-12, torch.float16: 1e-3, torch.bfloat16: 8e-3}
