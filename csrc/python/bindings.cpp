@@ -182,7 +182,12 @@ PYBIND11_MODULE(_C, m) {
       .def(py::pickle(
           [](const RopeTables& t) { return options_to_tuple(t); },
           [](const py::tuple& st) {
-            const auto options = options_from_py(st[0], st[1], st[2], st[3], st[4], st[5]);
+            auto options = options_from_py(st[0], st[1], st[2], st[3], st[4], st[5]);
+            if (st.size() >= 10) {  // axial options (older pickles have none)
+              options.axes_dim(st[7].cast<std::vector<int64_t>>())
+                  .axes_theta(st[8].cast<std::vector<double>>())
+                  .axes_shared_spectrum(st[9].cast<bool>());
+            }
             return RopeTables(options, st[6].cast<int64_t>());
           }));
   m.def(

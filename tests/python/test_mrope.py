@@ -178,3 +178,25 @@ def test_axial_pixtral_parity():
     from_cfg = rotary.RotaryEmbedding.from_hf_config(cfg)
     assert from_cfg.axes_dim == [8, 8] and torch.equal(from_cfg.inv_freq, rope.inv_freq)
     assert torch.equal(from_cfg(q, position_ids=hw.T[:, None]), out)
+
+
+def test_nd_modules_copy_pickle_and_load():
+    """deepcopy, pickle and load_state_dict keep the N-D options (the axial
+    frequencies come from the C++ state machine)."""
+    import copy
+    import pickle
+
+    for kw in (dict(axes_dim=[4, 6, 6], axes_theta=[1e4, 100.0, 1e3]), dict(mrope_section=[2, 3, 3], rotary_offset=2)):
+        m = rotary.RotaryEmbedding(16, 32, **kw)
+        x = randn((1, 2, 4, 18), seed=10)
+        pos = torch.randint(0, 32, (3, 1, 4), generator=gen(11))
+        want = m(x, position_ids=pos)
+        for c in (copy.deepcopy(m), pickle.loads(pickle.dumps(m))):
+            assert torch.equal(c(x, position_ids=pos), want)
+            assert c.pair_axes == m.pair_axes and torch.equal(c.inv_freq, m.inv_freq)
+            c.load_state_dict(m.state_dict())  # the copy's state machine still builds these tables
+        fresh = rotary.RotaryEmbedding(16, 32, **kw)
+        fresh.load_state_dict(m.state_dict())
+        assert torch.equal(fresh(x, position_ids=pos), want)
+    with pytest.raises(RuntimeError, match="inv_freq"):  # tables of another spectrum are refused
+        rotary.RotaryEmbedding(16, 32).load_state_dict(rotary.RotaryEmbedding(16, 32, axes_dim=[8, 8]).state_dict())
