@@ -199,13 +199,25 @@ PYBIND11_MODULE(_C, m) {
   torch::python::bind_module<Impl, /*force_enable=*/true>(m, "CppRotaryEmbedding")
       .def(
           py::init([](const py::object& dim, const py::object& max_seq_len, const py::object& theta,
-                      const py::object& interleaved, const py::object& scaling, const py::object& angle_dtype) {
-            return std::make_shared<Impl>(
-                options_from_py(dim, max_seq_len, theta, interleaved, scaling, angle_dtype));
+                      const py::object& interleaved, const py::object& scaling, const py::object& angle_dtype,
+                      int64_t rotary_offset, const std::vector<int64_t>& mrope_section, bool mrope_interleaved,
+                      const std::vector<int64_t>& axes_dim, const std::vector<double>& axes_theta,
+                      bool axes_shared_spectrum) {
+            return std::make_shared<Impl>(options_from_py(dim, max_seq_len, theta, interleaved, scaling, angle_dtype)
+                                              .rotary_offset(rotary_offset)
+                                              .mrope_section(mrope_section)
+                                              .mrope_interleaved(mrope_interleaved)
+                                              .axes_dim(axes_dim)
+                                              .axes_theta(axes_theta)
+                                              .axes_shared_spectrum(axes_shared_spectrum));
           }),
           py::arg("dim"), py::arg("max_seq_len") = 4096, py::arg("theta") = 10000.0,
           py::arg("interleaved") = true, py::arg("scaling") = py::none(), py::kw_only(),
-          py::arg("angle_dtype") = "float64")
+          py::arg("angle_dtype") = "float64", py::arg("rotary_offset") = 0,
+          py::arg("mrope_section") = std::vector<int64_t>{}, py::arg("mrope_interleaved") = false,
+          py::arg("axes_dim") = std::vector<int64_t>{}, py::arg("axes_theta") = std::vector<double>{},
+          py::arg("axes_shared_spectrum") = false)
+      .def_property_readonly("pair_axes", [](const Impl& self) { return self.pair_axes; })
       // rope(x, start_pos=0) or rope(q, k, start_pos=0); offsets= or
       // position_ids= (positions= deprecated), as in the Python module.
       .def(
@@ -321,14 +333,20 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "_cpp_rope_from_state",
       [wrapper](const py::tuple& st) {
-        TORCH_CHECK_VALUE(st.size() == 9, "CppRotaryEmbedding: unexpected pickled state of size ", st.size());
+        TORCH_CHECK_VALUE(st.size() == 15, "CppRotaryEmbedding: unexpected pickled state of size ", st.size());
         auto impl = std::make_shared<Impl>(
             rotary::RotaryEmbeddingOptions(st[0].cast<int64_t>())
                 .max_seq_len(st[1].cast<int64_t>())
                 .theta(st[2].cast<double>())
                 .interleaved(st[3].cast<bool>())
                 .scaling(to_scaling(st[4]))
-                .angle_dtype(angle_dtype_of(st[5], "CppRotaryEmbedding")));
+                .angle_dtype(angle_dtype_of(st[5], "CppRotaryEmbedding"))
+                .rotary_offset(st[9].cast<int64_t>())
+                .mrope_section(st[10].cast<std::vector<int64_t>>())
+                .mrope_interleaved(st[11].cast<bool>())
+                .axes_dim(st[12].cast<std::vector<int64_t>>())
+                .axes_theta(st[13].cast<std::vector<double>>())
+                .axes_shared_spectrum(st[14].cast<bool>()));
         impl->load_tables(st[6].cast<torch::Tensor>(), st[7].cast<torch::Tensor>(), "CppRotaryEmbedding (unpickle)");
         impl->to(st[6].cast<torch::Tensor>().device());
         py::object obj = wrapper.attr("__new__")(wrapper);
@@ -344,7 +362,8 @@ PYBIND11_MODULE(_C, m) {
         py::object scaling = o.scaling().type() == "default" ? py::object(py::none()) : py::object(scaling_to_dict(o.scaling()));
         py::tuple state = py::make_tuple(
             o.dim(), o.max_seq_len(), o.theta(), o.interleaved(), scaling, rotary::angle_dtype_name(o.angle_dtype()),
-            impl->freqs, impl->inv_freq, impl->is_training());
+            impl->freqs, impl->inv_freq, impl->is_training(), o.rotary_offset(), o.mrope_section(),
+            o.mrope_interleaved(), o.axes_dim(), o.axes_theta(), o.axes_shared_spectrum());
         return py::make_tuple(m.attr("_cpp_rope_from_state"), py::make_tuple(state));
       },
       py::is_method(wrapper));

@@ -200,3 +200,23 @@ def test_nd_modules_copy_pickle_and_load():
         assert torch.equal(fresh(x, position_ids=pos), want)
     with pytest.raises(RuntimeError, match="inv_freq"):  # tables of another spectrum are refused
         rotary.RotaryEmbedding(16, 32).load_state_dict(rotary.RotaryEmbedding(16, 32, axes_dim=[8, 8]).state_dict())
+
+
+def test_cpp_module_matches_python():
+    """rotary.CppRotaryEmbedding (the C++ module) takes the same N-D options,
+    from the same from_hf_config kwargs, and pickles them."""
+    import pickle
+
+    from rotary.hf import rope_kwargs_from_hf_config
+
+    cfg = _text_config(transformers.Qwen3VLTextConfig, [4, 2, 2], mrope_interleaved=True)
+    cases = [rope_kwargs_from_hf_config(cfg), dict(dim=16, axes_dim=[4, 6, 6], axes_theta=[1e4, 100.0, 1e3]),
+             dict(dim=16, axes_dim=[8, 8], axes_shared_spectrum=True, interleaved=False), dict(dim=16, rotary_offset=4)]
+    q, k = randn((1, 2, 5, 20), seed=12), randn((1, 1, 5, 20), seed=13)
+    pos = torch.randint(0, 32, (3, 1, 5), generator=gen(14))
+    for kw in cases:
+        py, cpp = rotary.RotaryEmbedding(**kw), rotary.CppRotaryEmbedding(**kw)
+        ids = pos[: max(py.pair_axes) + 1] if py.pair_axes else pos[0]
+        assert cpp.pair_axes == (py.pair_axes or [])
+        for a, b in zip(py(q, k, position_ids=ids), pickle.loads(pickle.dumps(cpp))(q, k, position_ids=ids)):
+            assert torch.equal(a, b)
