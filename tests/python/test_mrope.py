@@ -220,3 +220,12 @@ def test_cpp_module_matches_python():
         assert cpp.pair_axes == (py.pair_axes or [])
         for a, b in zip(py(q, k, position_ids=ids), pickle.loads(pickle.dumps(cpp))(q, k, position_ids=ids)):
             assert torch.equal(a, b)
+
+
+def test_module_compiles_fullgraph():
+    rope = rotary.RotaryEmbedding(16, 64, interleaved=False, mrope_section=[4, 2, 2], rotary_offset=2)
+    q, k = randn((1, 2, 5, 20), seed=15), randn((1, 1, 5, 20), seed=16)
+    pos = torch.randint(0, 64, (3, 1, 5), generator=gen(17))
+    step = torch.compile(lambda q, k, p: rope(q, k, position_ids=p), fullgraph=True)
+    for a, b in zip(step(q, k, pos), rope(q, k, position_ids=pos)):
+        assert torch.equal(a, b)
