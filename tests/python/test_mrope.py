@@ -94,6 +94,15 @@ def _tiny_vl(family):
                                                  spatial_merge_size=2, temporal_patch_size=2, in_channels=3, mlp_ratio=2),
             image_token_id=100, video_token_id=101, vision_start_token_id=102, vision_end_token_id=103)
         model = transformers.Qwen2VLForConditionalGeneration(cfg)
+    elif family == "qwen2_5_vl":
+        text["rope_parameters"] = {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0}
+        cfg = transformers.Qwen2_5_VLConfig(
+            text_config=text, vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                                                 patch_size=2, spatial_merge_size=2, temporal_patch_size=2,
+                                                 in_channels=3, out_hidden_size=64, window_size=8,
+                                                 fullatt_block_indexes=[0]),
+            image_token_id=100, video_token_id=101, vision_start_token_id=102, vision_end_token_id=103)
+        model = transformers.Qwen2_5_VLForConditionalGeneration(cfg)
     else:
         text["rope_parameters"] = {"rope_type": "default", "mrope_section": [4, 2, 2], "mrope_interleaved": True,
                                    "rope_theta": 10000.0}
@@ -111,7 +120,7 @@ def _tiny_vl(family):
     return model.eval(), inputs
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def test_tiny_vl_model_patched(family):
     """A random-weight model with an image (so get_rope_index builds
     image-grid positions): logits within 2e-5 in fp32 and the same greedy

@@ -75,7 +75,7 @@ Limits
   graph under ``torch.compile(fullgraph=True)``.
 - Refused by ``from_hf_config``: per-layer-type ``rope_parameters`` (e.g.
   Gemma 3, ModernBERT), odd rotary dims.
-- Multimodal RoPE (``qwen2_vl``, ``qwen3_vl``): the text model's
+- Multimodal RoPE (``qwen2_vl``, ``qwen2_5_vl``, ``qwen3_vl``): the text model's
   ``[3, batch, seq]`` position ids travel in the handle and each frequency
   pair turns by its axis (``mrope_section``, contiguous or interleaved); the
   vision tower's own rotary (``apply_rotary_pos_emb_vision``) is untouched.
@@ -123,7 +123,7 @@ __all__ = [
 # model_type values whose attention rotates with apply_rotary_pos_emb(q, k,
 # cos, sin) on the pair from the base model's rotary_emb, and that the tests
 # check against transformers.
-SUPPORTED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "qwen2_vl", "qwen3_vl"})
+SUPPORTED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"})
 
 _FUNC_NAME = "apply_rotary_pos_emb"
 _STATE_ATTR = "_rotary_integration_state"
