@@ -27,12 +27,18 @@ struct RopeState {
   bool interleaved;
   bool inverse;
   std::string layout;
+  int64_t rotary_offset;
+  std::optional<std::vector<int64_t>> pair_axes;
+
+  at::OptionalIntArrayRef axes() const {
+    return pair_axes ? at::OptionalIntArrayRef(*pair_axes) : at::OptionalIntArrayRef();
+  }
 
   at::Tensor backward(const at::Tensor& grad) const {
-    return apply_rope(grad, freqs, start_pos, interleaved, offsets, position_ids, !inverse, cu_seqlens, inv_freq, layout);
+    return apply_rope(grad, freqs, start_pos, interleaved, offsets, position_ids, !inverse, cu_seqlens, inv_freq, layout, rotary_offset, axes());
   }
   std::tuple<at::Tensor, at::Tensor> backward(const at::Tensor& gq, const at::Tensor& gk) const {
-    return apply_rope_qk(gq, gk, freqs, start_pos, interleaved, offsets, position_ids, !inverse, cu_seqlens, inv_freq, layout);
+    return apply_rope_qk(gq, gk, freqs, start_pos, interleaved, offsets, position_ids, !inverse, cu_seqlens, inv_freq, layout, rotary_offset, axes());
   }
 };
 
@@ -55,6 +61,8 @@ void save_state(AutogradContext* ctx, const RopeState& s) {
   ctx->saved_data["interleaved"] = s.interleaved;
   ctx->saved_data["inverse"] = s.inverse;
   ctx->saved_data["layout"] = s.layout;
+  ctx->saved_data["rotary_offset"] = s.rotary_offset;
+  if (s.pair_axes) ctx->saved_data["pair_axes"] = *s.pair_axes;
 }
 
 RopeState load_state(AutogradContext* ctx) {
@@ -67,7 +75,10 @@ RopeState load_state(AutogradContext* ctx) {
           ctx->saved_data["start_pos"].toSymInt(),
           ctx->saved_data["interleaved"].toBool(),
           ctx->saved_data["inverse"].toBool(),
-          ctx->saved_data["layout"].toStringRef()};
+          ctx->saved_data["layout"].toStringRef(),
+          ctx->saved_data["rotary_offset"].toInt(),
+          ctx->saved_data.count("pair_axes") ? std::optional<std::vector<int64_t>>(ctx->saved_data["pair_axes"].toIntVector())
+                                             : std::nullopt};
 }
 
 class RopeFunction : public torch::autograd::Function<RopeFunction> {
@@ -75,7 +86,7 @@ class RopeFunction : public torch::autograd::Function<RopeFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const RopeState& s) {
     save_state(ctx, s);
     at::AutoDispatchBelowADInplaceOrView guard;
-    return apply_rope(x, s.freqs, s.start_pos, s.interleaved, s.offsets, s.position_ids, s.inverse, s.cu_seqlens, s.inv_freq, s.layout);
+    return apply_rope(x, s.freqs, s.start_pos, s.interleaved, s.offsets, s.position_ids, s.inverse, s.cu_seqlens, s.inv_freq, s.layout, s.rotary_offset, s.axes());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -89,7 +100,7 @@ class RopeQKFunction : public torch::autograd::Function<RopeQKFunction> {
     save_state(ctx, s);
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [out_q, out_k] = apply_rope_qk(
-        q, k, s.freqs, s.start_pos, s.interleaved, s.offsets, s.position_ids, s.inverse, s.cu_seqlens, s.inv_freq, s.layout);
+        q, k, s.freqs, s.start_pos, s.interleaved, s.offsets, s.position_ids, s.inverse, s.cu_seqlens, s.inv_freq, s.layout, s.rotary_offset, s.axes());
     return {out_q, out_k};
   }
 
@@ -111,12 +122,14 @@ class RopeQKFunction : public torch::autograd::Function<RopeQKFunction> {
 
 at::Tensor apply_rope_autograd(
     const at::Tensor& x, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved, const OptTensor& offsets,
-    const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout) {
+    const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout, int64_t rotary_offset,
+    at::OptionalIntArrayRef pair_axes) {
   if (!torch::autograd::compute_requires_grad(x, freqs)) {  // inference and decode: no graph to record
     at::AutoDispatchBelowADInplaceOrView guard;
-    return apply_rope(x, freqs, std::move(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout);
+    return apply_rope(x, freqs, std::move(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes);
   }
-  const RopeState s{freqs, offsets, position_ids, cu_seqlens, inv_freq, std::move(start_pos), interleaved, inverse, std::string(layout)};
+  const RopeState s{freqs, offsets, position_ids, cu_seqlens, inv_freq, std::move(start_pos), interleaved, inverse, std::string(layout),
+                    rotary_offset, pair_axes ? std::optional<std::vector<int64_t>>(pair_axes->vec()) : std::nullopt};
   return RopeFunction::apply(x, s);
 }
 
@@ -124,12 +137,14 @@ std::tuple<at::Tensor, at::Tensor> apply_rope_qk_autograd(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved,
     const OptTensor& offsets, const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens,
     const OptTensor& inv_freq,
-    c10::string_view layout) {
+    c10::string_view layout, int64_t rotary_offset,
+    at::OptionalIntArrayRef pair_axes) {
   if (!torch::autograd::compute_requires_grad(q, k, freqs)) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    return apply_rope_qk(q, k, freqs, std::move(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout);
+    return apply_rope_qk(q, k, freqs, std::move(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes);
   }
-  const RopeState s{freqs, offsets, position_ids, cu_seqlens, inv_freq, std::move(start_pos), interleaved, inverse, std::string(layout)};
+  const RopeState s{freqs, offsets, position_ids, cu_seqlens, inv_freq, std::move(start_pos), interleaved, inverse, std::string(layout),
+                    rotary_offset, pair_axes ? std::optional<std::vector<int64_t>>(pair_axes->vec()) : std::nullopt};
   auto out = RopeQKFunction::apply(q, k, s);
   return {out[0], out[1]};
 }
@@ -151,12 +166,13 @@ void check_no_grad_freqs(const at::Tensor& freqs) {
 
 void apply_rope_inplace_autograd(
     at::Tensor& x, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved, const OptTensor& offsets,
-    const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout) {
+    const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout, int64_t rotary_offset,
+    at::OptionalIntArrayRef pair_axes) {
   check_no_grad("apply_rope_", "x", x);
   check_no_grad_freqs(freqs);
   {
     at::AutoDispatchBelowADInplaceOrView guard;
-    apply_rope_(x, freqs, std::move(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout);
+    apply_rope_(x, freqs, std::move(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes);
   }
   torch::autograd::impl::bump_version(x);
 }
@@ -165,13 +181,14 @@ void apply_rope_qk_inplace_autograd(
     at::Tensor& q, at::Tensor& k, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved,
     const OptTensor& offsets, const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens,
     const OptTensor& inv_freq,
-    c10::string_view layout) {
+    c10::string_view layout, int64_t rotary_offset,
+    at::OptionalIntArrayRef pair_axes) {
   check_no_grad("apply_rope_qk_", "q", q);
   check_no_grad("apply_rope_qk_", "k", k);
   check_no_grad_freqs(freqs);
   {
     at::AutoDispatchBelowADInplaceOrView guard;
-    apply_rope_qk_(q, k, freqs, std::move(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout);
+    apply_rope_qk_(q, k, freqs, std::move(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes);
   }
   torch::autograd::impl::bump_version(q);
   torch::autograd::impl::bump_version(k);

@@ -20,8 +20,9 @@ template <RunKernel Run>
 struct BackendOps {
   static at::Tensor apply_rope(
       const at::Tensor& x, const at::Tensor& freqs, int64_t start_pos, bool interleaved, const OptTensor& offsets,
-      const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout) {
-    const RopeArgs args{start_pos, interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout};
+      const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout, int64_t rotary_offset,
+    at::OptionalIntArrayRef pair_axes) {
+    const RopeArgs args{start_pos, interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes};
     return launch("apply_rope", x, nullptr, freqs, args, /*in_place=*/false).out_q;
   }
 
@@ -29,16 +30,18 @@ struct BackendOps {
       const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs, int64_t start_pos, bool interleaved,
       const OptTensor& offsets, const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens,
       const OptTensor& inv_freq,
-      c10::string_view layout) {
-    const RopeArgs args{start_pos, interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout};
+      c10::string_view layout, int64_t rotary_offset,
+    at::OptionalIntArrayRef pair_axes) {
+    const RopeArgs args{start_pos, interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes};
     auto r = launch("apply_rope_qk", q, &k, freqs, args, /*in_place=*/false);
     return {r.out_q, r.out_k};
   }
 
   static void apply_rope_(
       at::Tensor& x, const at::Tensor& freqs, int64_t start_pos, bool interleaved, const OptTensor& offsets,
-      const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout) {
-    const RopeArgs args{start_pos, interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout};
+      const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout, int64_t rotary_offset,
+    at::OptionalIntArrayRef pair_axes) {
+    const RopeArgs args{start_pos, interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes};
     launch("apply_rope_", x, nullptr, freqs, args, /*in_place=*/true);
   }
 
@@ -46,8 +49,9 @@ struct BackendOps {
       at::Tensor& q, at::Tensor& k, const at::Tensor& freqs, int64_t start_pos, bool interleaved,
       const OptTensor& offsets, const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens,
       const OptTensor& inv_freq,
-      c10::string_view layout) {
-    const RopeArgs args{start_pos, interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout};
+      c10::string_view layout, int64_t rotary_offset,
+    at::OptionalIntArrayRef pair_axes) {
+    const RopeArgs args{start_pos, interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes};
     launch("apply_rope_qk_", q, &k, freqs, args, /*in_place=*/true);
   }
 

@@ -1,5 +1,6 @@
 #include "checks.h"
 
+#include "checks_positions.h"
 #include "overlap.h"
 
 #include <ATen/ATen.h>
@@ -87,6 +88,7 @@ void check_positions_shape(const char* op, const at::Tensor& q_view, const RopeA
   TORCH_CHECK_TYPE(
       at::isIntegralType(p.scalar_type(), /*includeBool=*/false), op, ": ", name, " must have an integer dtype (int64 or int32 are read ",
       "without a copy), got ", p.scalar_type());
+  if (args.pair_axes) return;  // N-D shapes: check_axes_positions
   const auto batch = q_view.sym_size(0);
   const auto seq = q_view.sym_size(2);
   if (is_varlen(args)) {
@@ -110,7 +112,8 @@ void check_positions_shape(const char* op, const at::Tensor& q_view, const RopeA
         ok, op, ": position_ids must have shape [seq_len] or [batch, seq_len] (absolute positions, as in Hugging ",
         "Face) with batch = ", batch, ", seq_len = ", seq, "; got ", p.sym_sizes(),
         p.dim() == 0 ? "; for one offset added to start_pos + s pass offsets" : "",
-        p.dim() == 1 ? "; for per-batch offsets [batch] pass offsets" : "");
+        p.dim() == 1 ? "; for per-batch offsets [batch] pass offsets" : "",
+        p.dim() == 3 ? "; for N-D positions [n_axes, batch, seq_len] pass pair_axes" : "");
     return;
   }
   const bool ok = p.dim() == 0 || (p.dim() == 1 && (p.sym_size(0) == batch || p.sym_size(0) == 1));
@@ -170,6 +173,7 @@ void check_rope_inputs(
       ": freqs must have shape [max_seq_len, rotary_dim / 2] with 0 < rotary_dim <= head_dim = ", head_dim,
       " (full rotation: [*, ", head_dim / 2, "]), got ", freqs.sym_sizes());
   check_same_device(op, "freqs", freqs, q);
+  check_rotary_span(op, head_dim, freqs, args);
 
   if (args.inv_freq) {
     const auto& inv = *args.inv_freq;
@@ -180,6 +184,7 @@ void check_rope_inputs(
         inv.sym_sizes());
     check_same_device(op, "inv_freq", inv, q);
   }
+  if (args.pair_axes) check_axes_positions(op, qv, freqs, args);
   if (args.offsets || args.position_ids) {
     check_positions_shape(op, qv, args);
     check_same_device(op, args.position_ids ? "position_ids" : "offsets",
@@ -216,31 +221,6 @@ void check_cu_seqlens_values(const char* op, const at::Tensor& cu, int64_t total
   TORCH_CHECK_VALUE(
       false, op, ": cu_seqlens must start at 0, never decrease, and end at total_tokens = ", total_tokens,
       "; got ", shown);
-}
-
-void check_positions_in_table(const char* op, const kernel::RopeParams& p) {
-  const char* name = p.positions_are_offsets ? "offsets" : "position_ids";
-  const std::string from = p.positions == nullptr ? std::string(" (start_pos ") + std::to_string(p.start_pos) + " + s)"
-      : p.positions_are_offsets ? std::string(" (start_pos ") + std::to_string(p.start_pos) + " + offsets + s)"
-                                : std::string(" (position_ids)");
-  for (int64_t b = 0; b < p.batch; ++b) {
-    for (int64_t s = 0; s < p.seq; ++s) {
-      if (p.positions) {
-        // Bounded so that start_pos + position + local index cannot overflow.
-        const int64_t given = kernel::given_position(p, b, s);
-        TORCH_CHECK_INDEX(
-            given > -kMaxPosition && given < kMaxPosition, op, ": ", name, " must lie in (-2^60, 2^60), got ",
-            given);
-      }
-      const int64_t pos = kernel::position_of(p, b, s);
-      TORCH_CHECK_VALUE(
-          pos >= 0, op, ": token (batch ", b, ", seq ", s, ") has negative position ", pos, from);
-      TORCH_CHECK_INDEX(
-          p.inv_freq != nullptr || pos < p.freqs_len, op, ": token (batch ", b, ", seq ", s, ") has position ",
-          pos, from, ", outside the freqs table [0, ", p.freqs_len, "); pass inv_freq or build a longer table ",
-          "(max_seq_len > ", pos, ")");
-    }
-  }
 }
 
 void check_start_pos_bound(const char* op, int64_t start_pos) {
@@ -318,6 +298,7 @@ PreparedRope prepare_rope(
   p.seq = qv.size(2);
   p.head_dim = qv.size(3);
   p.rotary_dim = 2 * freqs.size(1);
+  p.rotary_offset = args.rotary_offset;
   p.in_place = in_place;
   const at::Tensor table = freqs.is_complex() ? freqs : at::view_as_complex(freqs);
   p.freqs = reinterpret_cast<const float*>(table.data_ptr());
@@ -351,7 +332,9 @@ PreparedRope prepare_rope(
     p.positions = pos.data_ptr();
     p.positions_int32 = pos.scalar_type() == at::kInt;
     p.positions_are_offsets = !args.position_ids;
-    if (args.position_ids && pos.dim() == 1) {  // [seq] or packed [total_tokens]
+    if (args.pair_axes) {
+      fill_axes(p, pos, args);
+    } else if (args.position_ids && pos.dim() == 1) {  // [seq] or packed [total_tokens]
       if (pos.size(0) > 1) p.pos_stride_s = pos.stride(0);
     } else {
       if (pos.dim() >= 1 && pos.size(0) > 1) p.pos_stride_b = pos.stride(0);
@@ -370,6 +353,8 @@ PreparedRope prepare_rope(
           args.start_pos, " + ", p.seq, " = ", args.start_pos + p.seq,
           " exceeds the freqs table length (max_seq_len) ", p.freqs_len,
           "; pass inv_freq or build a longer table (max_seq_len > ", args.start_pos + p.seq - 1, ")");
+    } else if (p.num_axes > 0) {
+      check_axes_in_table(op, p);
     } else {
       check_positions_in_table(op, p);
     }

@@ -6,6 +6,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
+#include <c10/util/OptionalArrayRef.h>
 #include <c10/util/string_view.h>
 
 namespace rotary {
@@ -21,6 +22,8 @@ struct RopeArgs {
   const std::optional<at::Tensor>& cu_seqlens;
   const std::optional<at::Tensor>& inv_freq;
   c10::string_view layout;
+  int64_t rotary_offset = 0;           // rotated dims [offset, offset + rotary_dim)
+  at::OptionalIntArrayRef pair_axes;   // N-D positions: pair j reads axis pair_axes[j]
 };
 
 // Shape, dtype and device checks that need no tensor values (Meta-safe).
@@ -42,6 +45,14 @@ void check_disjoint(
 // Where an out-of-place kernel writes: same dtype, shape and (for dense
 // inputs) layout as the input. Meta calls this too, so strides agree.
 at::Tensor make_output(const at::Tensor& x);
+
+// checks_axes.cpp: the rotated span, and N-D positions (pair_axes with a
+// leading axis dim on position_ids): shapes and values of pair_axes here, the
+// launch fields and the by-value table check in prepare_rope.
+void check_rotary_span(const char* op, const c10::SymInt& head_dim, const at::Tensor& freqs, const RopeArgs& args);
+void check_axes_positions(const char* op, const at::Tensor& q_view, const at::Tensor& freqs, const RopeArgs& args);
+void fill_axes(kernel::RopeParams& p, const at::Tensor& positions, const RopeArgs& args);
+void check_axes_in_table(const char* op, const kernel::RopeParams& p);
 
 struct PreparedRope {
   at::Tensor out_q;

@@ -18,8 +18,9 @@ int64_t known(const c10::SymInt& start_pos) {
 
 at::Tensor apply_rope_meta(
     const at::Tensor& x, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved, const OptTensor& offsets,
-    const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout) {
-  detail::check_rope_inputs("apply_rope", x, nullptr, freqs, {known(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout});
+    const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout, int64_t rotary_offset,
+    at::OptionalIntArrayRef pair_axes) {
+  detail::check_rope_inputs("apply_rope", x, nullptr, freqs, {known(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes});
   return detail::make_output(x);
 }
 
@@ -27,21 +28,24 @@ std::tuple<at::Tensor, at::Tensor> apply_rope_qk_meta(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved,
     const OptTensor& offsets, const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens,
     const OptTensor& inv_freq,
-    c10::string_view layout) {
-  detail::check_rope_inputs("apply_rope_qk", q, &k, freqs, {known(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout});
+    c10::string_view layout, int64_t rotary_offset,
+    at::OptionalIntArrayRef pair_axes) {
+  detail::check_rope_inputs("apply_rope_qk", q, &k, freqs, {known(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes});
   return {detail::make_output(q), detail::make_output(k)};
 }
 
 void apply_rope_inplace_meta(
     at::Tensor& x, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved, const OptTensor& offsets,
-    const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout) {
-  detail::check_rope_inputs("apply_rope_", x, nullptr, freqs, {known(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout});
+    const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout, int64_t rotary_offset,
+    at::OptionalIntArrayRef pair_axes) {
+  detail::check_rope_inputs("apply_rope_", x, nullptr, freqs, {known(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes});
 }
 
 void apply_rope_qk_inplace_meta(
     at::Tensor& q, at::Tensor& k, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved, const OptTensor& offsets,
-    const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout) {
-  detail::check_rope_inputs("apply_rope_qk_", q, &k, freqs, {known(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout});
+    const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout, int64_t rotary_offset,
+    at::OptionalIntArrayRef pair_axes) {
+  detail::check_rope_inputs("apply_rope_qk_", q, &k, freqs, {known(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes});
 }
 
 void apply_rope_with_kv_cache_meta(

@@ -1,3 +1,4 @@
+#include <rotary/axes.h>
 #include <rotary/freqs.h>
 #include <rotary/module.h>
 #include <rotary/ops.h>
@@ -33,8 +34,18 @@ void RotaryEmbeddingImpl::reset() {
   const bool same_rule = tables_.options().scaling().type() == options.scaling().type();
   RopeTables next(options, same_rule ? tables_.state() : 0);
   const RopeTableSet built = next.build(next.state(), freqs.defined() ? freqs.device() : torch::Device(torch::kCPU));
+  TORCH_CHECK_VALUE(options.rotary_offset() >= 0, "RotaryEmbedding: rotary_offset must be >= 0, got ",
+                    options.rotary_offset());
+  std::vector<int64_t> axes;
+  if (!options.mrope_section().empty()) {
+    axes = mrope_pair_axes(options.mrope_section(), options.dim(), options.mrope_interleaved());
+  } else if (!options.axes_dim().empty()) {
+    const auto thetas = options.axes_theta().empty() ? std::vector<double>{options.theta()} : options.axes_theta();
+    axes = axial_rope(options.axes_dim(), thetas, options.axes_shared_spectrum()).pair_axes;
+  }
   tables_ = next;
   install(built);
+  pair_axes = std::move(axes);
 }
 
 void RotaryEmbeddingImpl::load(torch::serialize::InputArchive& archive) {
@@ -60,6 +71,13 @@ void RotaryEmbeddingImpl::update_for_reach(int64_t reach) {
   });
 }
 
+// N-D positions come as [n_axes, batch, seq]; anything else is one position
+// per token, which for M-RoPE is exactly the text-token rotation.
+at::OptionalIntArrayRef RotaryEmbeddingImpl::axes_for(const std::optional<torch::Tensor>& position_ids) const {
+  const bool nd = position_ids && position_ids->defined() && position_ids->dim() == 3;
+  return pair_axes.empty() || !nd ? at::OptionalIntArrayRef() : at::OptionalIntArrayRef(pair_axes);
+}
+
 void RotaryEmbeddingImpl::pretty_print(std::ostream& stream) const {
   stream << "rotary::RotaryEmbedding(dim=" << options.dim() << ", max_seq_len=" << options.max_seq_len()
          << ", theta=" << options.theta() << ", interleaved=" << (options.interleaved() ? "true" : "false");
@@ -68,6 +86,12 @@ void RotaryEmbeddingImpl::pretty_print(std::ostream& stream) const {
     if (options.scaling().factor()) stream << "(factor=" << *options.scaling().factor() << ")";
   }
   if (options.angle_dtype() != torch::kFloat64) stream << ", angle_dtype=" << angle_dtype_name(options.angle_dtype());
+  if (options.rotary_offset() != 0) stream << ", rotary_offset=" << options.rotary_offset();
+  if (!options.mrope_section().empty()) {
+    stream << ", mrope_section=" << c10::ArrayRef<int64_t>(options.mrope_section())
+           << (options.mrope_interleaved() ? ", mrope_interleaved=true" : "");
+  }
+  if (!options.axes_dim().empty()) stream << ", axes_dim=" << c10::ArrayRef<int64_t>(options.axes_dim());
   stream << ")";
 }
 
@@ -82,9 +106,12 @@ auto RotaryEmbeddingImpl::run(
     Op&& op) {
   const bool has_positions = (offsets && offsets->defined()) || (position_ids && position_ids->defined());
   const int64_t seq_len = q.dim() == 4 ? q.size(2) : 0;  // the op reports a wrong shape
+  const int64_t span = options.rotary_offset() + options.dim();
   TORCH_CHECK_VALUE(
-      q.dim() != 4 || q.size(3) >= options.dim(), "RotaryEmbedding(dim=", options.dim(),
-      "): head_dim must be >= dim (the rotated width), got head_dim ", q.size(3), " (shape ", q.sizes(), ")");
+      q.dim() != 4 || q.size(3) >= span, "RotaryEmbedding(dim=", options.dim(), "): head_dim must be >= ",
+      options.rotary_offset() ? "rotary_offset + dim = " + std::to_string(span) + " (the rotated span)"
+                              : std::string("dim (the rotated width)"),
+      ", got head_dim ", q.size(3), " (shape ", q.sizes(), ")");
   RopeTables::check_start_pos(start_pos);
   const int64_t reach =
       tables_.host_driven() ? RopeTables::reach_of(seq_len, start_pos, offsets, position_ids) : 0;
@@ -109,7 +136,9 @@ torch::Tensor RotaryEmbeddingImpl::forward(
     const std::optional<torch::Tensor>& offsets,
     const std::optional<torch::Tensor>& position_ids) {
   return run(x, start_pos, offsets, position_ids, [&](const torch::Tensor& f, const std::optional<torch::Tensor>& inv) {
-    return apply_rope(x, f, start_pos, options.interleaved(), offsets, position_ids, false, std::nullopt, inv);
+    return apply_rope(
+        x, f, start_pos, options.interleaved(), offsets, position_ids, false, std::nullopt, inv, "BHSD",
+        options.rotary_offset(), axes_for(position_ids));
   });
 }
 
@@ -120,7 +149,9 @@ std::tuple<torch::Tensor, torch::Tensor> RotaryEmbeddingImpl::forward(
     const std::optional<torch::Tensor>& offsets,
     const std::optional<torch::Tensor>& position_ids) {
   return run(q, start_pos, offsets, position_ids, [&](const torch::Tensor& f, const std::optional<torch::Tensor>& inv) {
-    return apply_rope_qk(q, k, f, start_pos, options.interleaved(), offsets, position_ids, false, std::nullopt, inv);
+    return apply_rope_qk(
+        q, k, f, start_pos, options.interleaved(), offsets, position_ids, false, std::nullopt, inv, "BHSD",
+        options.rotary_offset(), axes_for(position_ids));
   });
 }
 

@@ -14,6 +14,10 @@
 namespace rotary {
 namespace kernel {
 
+// Most pairs (rotary_dim / 2) and position axes an N-D call may have.
+constexpr int64_t kMaxPairs = 512;
+constexpr int64_t kMaxAxes = 16;
+
 // One of q or k, viewed as [batch, heads, seq, head_dim]. Strides are in
 // elements and are read as given: transposed views and slices of a packed qkv
 // tensor run without a copy.
@@ -31,9 +35,11 @@ struct RopeParams {
   int64_t batch = 0;
   int64_t seq = 0;
   int64_t head_dim = 0;
-  // Dims [0, rotary_dim) are rotated; [rotary_dim, head_dim) pass through
-  // (copied out of place, untouched in place). Even, <= head_dim.
+  // Dims [rotary_offset, rotary_offset + rotary_dim) are rotated; the others
+  // pass through (copied out of place, untouched in place). rotary_dim is even
+  // and the span fits in head_dim.
   int64_t rotary_dim = 0;
+  int64_t rotary_offset = 0;
   bool in_place = false;  // out == in for q and k
 
   // complex64 table [freqs_len, rotary_dim / 2], read as (cos, sin) floats.
@@ -56,6 +62,11 @@ struct RopeParams {
   int64_t pos_stride_b = 0;
   int64_t pos_stride_s = 0;
   bool positions_are_offsets = true;
+  // N-D positions: position_ids has a leading axis dim of num_axes, and pair j
+  // reads axis pair_axis[j] (absolute ids). num_axes 0: one position per token.
+  int64_t num_axes = 0;
+  int64_t pos_stride_axis = 0;
+  uint8_t pair_axis[kMaxPairs] = {};
 
   // Packed variable-length batch ([T, H, D] seen as batch 1, seq T): token s
   // belongs to the last sequence n with cu_seqlens[n] <= s, and its local
@@ -96,9 +107,9 @@ ROTARY_HOST_DEVICE int64_t local_index(const RopeParams& p, int64_t s) {
   return s - cu_seqlen(p, sequence_of(p, s));
 }
 
-// The entry of the positions tensor (offset or id) for token (b, s).
-ROTARY_HOST_DEVICE int64_t given_position(const RopeParams& p, int64_t b, int64_t s) {
-  const int64_t i = b * p.pos_stride_b + s * p.pos_stride_s;
+// The entry of the positions tensor (offset or id) for token (b, s) on `axis`.
+ROTARY_HOST_DEVICE int64_t given_position(const RopeParams& p, int64_t b, int64_t s, int64_t axis = 0) {
+  const int64_t i = axis * p.pos_stride_axis + b * p.pos_stride_b + s * p.pos_stride_s;
   return p.positions_int32 ? static_cast<const int32_t*>(p.positions)[i]
                            : static_cast<const int64_t*>(p.positions)[i];
 }
@@ -107,6 +118,12 @@ ROTARY_HOST_DEVICE int64_t position_of(const RopeParams& p, int64_t b, int64_t s
   const int64_t local = local_index(p, s);
   if (p.positions == nullptr) return p.start_pos + local;
   return p.start_pos + given_position(p, b, s) + (p.positions_are_offsets ? local : 0);
+}
+
+// The position pair j of token (b, s) turns by; `pos` is position_of(p, b, s).
+// N-D ids are absolute, so a token whose axes agree gets the 1-D rotation.
+ROTARY_HOST_DEVICE int64_t pair_position(const RopeParams& p, int64_t b, int64_t s, int64_t pos, int64_t j) {
+  return p.num_axes == 0 ? pos : p.start_pos + given_position(p, b, s, p.pair_axis[j]);
 }
 
 // Element offsets of the two members of pair j inside one head vector.

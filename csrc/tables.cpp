@@ -1,3 +1,4 @@
+#include <rotary/axes.h>
 #include <rotary/freqs.h>
 #include <rotary/tables.h>
 
@@ -7,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -32,6 +34,14 @@ std::string describe_options(const RotaryEmbeddingOptions& o) {
   return os.str();
 }
 
+// The frequencies of the options: the axial ones when axes_dim is set, else
+// those of the rule.
+RopeFrequencies frequencies_of(const RotaryEmbeddingOptions& o, const RopeScaling& s, int64_t seq_len) {
+  if (o.axes_dim().empty()) return compute_frequencies(o.dim(), o.theta(), s, seq_len);
+  const std::vector<double> thetas = o.axes_theta().empty() ? std::vector<double>{o.theta()} : o.axes_theta();
+  return axial_rope(o.axes_dim(), thetas, o.axes_shared_spectrum()).freqs;
+}
+
 void check_options(const RotaryEmbeddingOptions& options) {
   TORCH_CHECK_VALUE(
       options.dim() > 0 && options.dim() % 2 == 0, "RotaryEmbedding: dim must be even and > 0, got ",
@@ -42,6 +52,17 @@ void check_options(const RotaryEmbeddingOptions& options) {
       std::isfinite(options.theta()) && options.theta() > 0.0,
       "RotaryEmbedding: theta must be finite and > 0, got ", options.theta());
   check_angle_dtype(options.angle_dtype(), "RotaryEmbedding");
+  if (!options.axes_dim().empty()) {
+    const auto& d = options.axes_dim();
+    const int64_t sum = std::accumulate(d.begin(), d.end(), int64_t{0});
+    TORCH_CHECK_VALUE(
+        sum == options.dim(), "RotaryEmbedding: axes_dim ", c10::ArrayRef<int64_t>(d), " must sum to dim = ",
+        options.dim(), ", got ", sum);
+    TORCH_CHECK_VALUE(
+        options.scaling().type() == "default" && options.mrope_section().empty(),
+        "RotaryEmbedding: axes_dim (axial RoPE) sets the frequencies; it takes no scaling rule (got '",
+        options.scaling().type(), "') and no mrope_section");
+  }
 }
 
 // Rows a module with these options holds in the state reached with seq_len.
@@ -61,8 +82,7 @@ RopeTables::RopeTables(RotaryEmbeddingOptions options, int64_t state) : options_
   validate(options_.scaling(), options_.dim());
   host_driven_ = depends_on_seq_len(options_.scaling());
   state_ = host_driven_ ? std::max<int64_t>(state, 0) : 0;
-  attention_scaling_ =
-      compute_frequencies(options_.dim(), options_.theta(), options_.scaling(), state_).attention_scaling;
+  attention_scaling_ = frequencies_of(options_, options_.scaling(), state_).attention_scaling;
 }
 
 RopeTables::RopeTables(const RopeTables& other)
@@ -88,7 +108,7 @@ std::string RopeTables::describe() const {
 RopeTableSet RopeTables::build(int64_t state, c10::Device device) const {
   RopeTableSet out;
   try {
-    const RopeFrequencies f = compute_frequencies(options_.dim(), options_.theta(), options_.scaling(), state);
+    const RopeFrequencies f = frequencies_of(options_, options_.scaling(), state);
     out.freqs = freqs_table(f, rows_for(options_, state), options_.angle_dtype());
     out.inv_freq = inv_freq_tensor(f);
     out.attention_scaling = f.attention_scaling;
@@ -234,7 +254,7 @@ int64_t check_saved_tables(
 
   std::string first_mismatch;
   for (const int64_t seq_len : states) {
-    const RopeFrequencies f = compute_frequencies(options.dim(), options.theta(), s, seq_len);
+    const RopeFrequencies f = frequencies_of(options, s, seq_len);
     std::ostringstream why;
     bool ok = true;
     if (has_inv) {

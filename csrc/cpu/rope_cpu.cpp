@@ -57,11 +57,13 @@ const char* capability_name(Capability cap) {
 
 namespace {
 
-// Coefficients of one token (layout: kernel/rope_kernel.h). In-table rows
-// with contiguous pairs are read straight; anything else (positions past
-// the table, strided tables) goes through rotation_of.
+// Coefficients of token (b, s) (layout: kernel/rope_kernel.h). In-table rows
+// with contiguous pairs and one position per token are read straight;
+// anything else (N-D positions, positions past the table, strided tables)
+// goes through rotation_of pair by pair.
 template <typename acc_t>
-void fill_coefficients(const RopeParams& p, int64_t pos, acc_t* coef) {
+void fill_coefficients(const RopeParams& p, int64_t b, int64_t s_idx, acc_t* coef) {
+  const int64_t pos = kernel::position_of(p, b, s_idx);
   const int64_t dim = p.rotary_dim;
   const int64_t pairs = dim / 2;
   acc_t* c = coef;
@@ -78,17 +80,35 @@ void fill_coefficients(const RopeParams& p, int64_t pos, acc_t* coef) {
       s[j] = sj;
     }
   };
-  if (pos >= 0 && pos < p.freqs_len && p.freqs_stride_pair == 1) {
+  const acc_t sign = p.inverse ? acc_t(-1) : acc_t(1);  // exact
+  if (p.num_axes == 0 && pos >= 0 && pos < p.freqs_len && p.freqs_stride_pair == 1) {
     const float* row = p.freqs + 2 * pos * p.freqs_stride_pos;
-    const acc_t sign = p.inverse ? acc_t(-1) : acc_t(1);  // exact
     for (int64_t j = 0; j < pairs; ++j) {
       put(j, static_cast<acc_t>(row[2 * j]), sign * static_cast<acc_t>(row[2 * j + 1]));
     }
     return;
   }
+  if (p.num_axes > 0 && p.freqs_stride_pair == 1) {
+    // N-D: one table row per axis, read once; pair j takes its axis's row.
+    const float* rows[kernel::kMaxAxes];
+    bool in_table = true;
+    for (int64_t a = 0; a < p.num_axes; ++a) {
+      const int64_t pa = p.start_pos + kernel::given_position(p, b, s_idx, a);
+      const bool in = pa >= 0 && pa < p.freqs_len;
+      in_table = in_table && in;
+      rows[a] = p.freqs + (in ? 2 * pa * p.freqs_stride_pos : 0);
+    }
+    if (in_table) {
+      for (int64_t j = 0; j < pairs; ++j) {
+        const float* e = rows[p.pair_axis[j]] + 2 * j;
+        put(j, static_cast<acc_t>(e[0]), sign * static_cast<acc_t>(e[1]));
+      }
+      return;
+    }
+  }
   for (int64_t j = 0; j < pairs; ++j) {
     acc_t cj, sj;
-    kernel::rotation_of<acc_t>(p, pos, j, cj, sj);
+    kernel::rotation_of<acc_t>(p, kernel::pair_position(p, b, s_idx, pos, j), j, cj, sj);
     put(j, cj, sj);
   }
 }
@@ -133,7 +153,7 @@ bool pages_mapped(const void* p, int64_t bytes) {
 template <typename scalar_t>
 bool can_stream(const RopeParams& p, const HeadTensor& t) {
   const int64_t elem = sizeof(scalar_t);
-  if (p.in_place || p.rotary_dim != p.head_dim || t.out_stride[3] != 1) return false;
+  if (p.in_place || p.rotary_dim != p.head_dim || p.rotary_offset != 0 || t.out_stride[3] != 1) return false;
   if (reinterpret_cast<uintptr_t>(t.out) % 64 != 0 || (p.rotary_dim / 2 * elem) % 64 != 0) return false;
   for (int d = 0; d < 3; ++d) {
     if ((t.out_stride[d] * elem) % 64 != 0) return false;
@@ -158,18 +178,19 @@ void rotate_run(const Run<scalar_t>& r, int64_t dim, bool interleaved, Capabilit
   }
 }
 
-// Out of place, dims [rotary_dim, head_dim) of every vector of the run are
-// copied unchanged (partial rotary).
+// Out of place, dims [from, to) of every vector of the run (whose pointers
+// start at dim 0) are copied unchanged: the dims around the rotated span.
 template <typename scalar_t>
-void copy_pass_through(const Run<scalar_t>& r, int64_t rotary_dim, int64_t head_dim) {
+void copy_dims(const Run<scalar_t>& r, int64_t from, int64_t to) {
+  if (to <= from) return;
   for (int64_t t = 0; t < r.tokens; ++t) {
     for (int64_t h = 0; h < r.heads; ++h) {
       const scalar_t* in = r.in + t * r.in_tok + h * r.in_head;
       scalar_t* out = r.out + t * r.out_tok + h * r.out_head;
       if (r.in_inner == 1 && r.out_inner == 1) {
-        std::memcpy(out + rotary_dim, in + rotary_dim, (head_dim - rotary_dim) * sizeof(scalar_t));
+        std::memcpy(out + from, in + from, (to - from) * sizeof(scalar_t));
       } else {
-        for (int64_t i = rotary_dim; i < head_dim; ++i) out[i * r.out_inner] = in[i * r.in_inner];
+        for (int64_t i = from; i < to; ++i) out[i * r.out_inner] = in[i * r.in_inner];
       }
     }
   }
@@ -187,16 +208,26 @@ void rotate_tensor_tile(
     const at::opmath_type<scalar_t>* coef, Capability cap, bool nt) {
   if (h1 <= h0) return;
   const int64_t dim = p.rotary_dim;
+  // The run starts at dim rotary_offset: the kernel rotates its dims [0, dim).
+  const int64_t off = p.rotary_offset;
   const Run<scalar_t> r{
-      static_cast<const scalar_t*>(t.in) + b * t.in_stride[0] + s0 * t.in_stride[2] + h0 * t.in_stride[1],
-      static_cast<scalar_t*>(t.out) + b * t.out_stride[0] + s0 * t.out_stride[2] + h0 * t.out_stride[1],
+      static_cast<const scalar_t*>(t.in) + b * t.in_stride[0] + s0 * t.in_stride[2] + h0 * t.in_stride[1] +
+          off * t.in_stride[3],
+      static_cast<scalar_t*>(t.out) + b * t.out_stride[0] + s0 * t.out_stride[2] + h0 * t.out_stride[1] +
+          off * t.out_stride[3],
       tile, t.in_stride[2], t.out_stride[2], 2 * dim,
       h1 - h0, t.in_stride[1], t.out_stride[1],
       t.in_stride[3], t.out_stride[3],
       coef,
       /*tokens_outer=*/tile == 1 || !heads_major(t)};
   rotate_run(r, dim, p.interleaved, cap, nt);
-  if (!p.in_place && p.head_dim > dim) copy_pass_through(r, dim, p.head_dim);
+  if (!p.in_place && p.head_dim > dim) {
+    Run<scalar_t> whole = r;
+    whole.in -= off * t.in_stride[3];
+    whole.out -= off * t.out_stride[3];
+    copy_dims(whole, 0, off);
+    copy_dims(whole, off + dim, p.head_dim);
+  }
 }
 
 // Tasks are (batch, group of heads, tile of tokens), in that order. With
@@ -233,7 +264,7 @@ void rope_cpu_kernel(const RopeParams& p, Capability cap, const TileHook* hook) 
       const int64_t s0 = (task % tiles_per_batch) * tile;
       const int64_t n = std::min(tile, p.seq - s0);
       for (int64_t s = 0; s < n; ++s) {
-        fill_coefficients(p, kernel::position_of(p, b, s0 + s), coef.get() + s * coef_per_token);
+        fill_coefficients(p, b, s0 + s, coef.get() + s * coef_per_token);
       }
       // Heads [h0, h1) of the q heads followed by the k heads.
       const int64_t h0 = g * group_heads, h1 = std::min(all_heads, h0 + group_heads);

@@ -43,7 +43,8 @@ struct DirectStore {
 // Launch shape, computed once on the host. Threads of a row: `group_threads`
 // across pair groups (fastest, so neighbours touch neighbouring bytes) times
 // `chunks` across heads. Groups [0, rotary_groups) rotate; the rest copy the
-// pass-through dims [rotary_dim, head_dim) (none in place).
+// pass-through dims around [rotary_offset, rotary_offset + rotary_dim) (none
+// in place).
 struct Grid {
   int32_t rotary_groups = 0;
   int32_t groups = 0;
@@ -113,13 +114,15 @@ inline bool fits_int32(const RopeParams& p, const Grid& g) {
   return g.rows < kMax / 2;
 }
 
-// cos/sin of pairs [j0, j0 + kPairs) at position pos: one aligned row read
-// of the table when possible, else rotation_of pair by pair.
+// cos/sin of pairs [j0, j0 + kPairs) of token (b, s) at position pos: one
+// aligned row read of the table when possible, else rotation_of pair by pair
+// (N-D positions: each pair at its own axis's position).
 template <typename acc_t, int kPairs>
 ROTARY_HOST_DEVICE void load_rotations(
-    const RopeParams& p, const Grid& g, int64_t pos, int64_t j0, acc_t (&c)[kPairs], acc_t (&s)[kPairs]) {
+    const RopeParams& p, const Grid& g, int64_t b, int64_t s_idx, int64_t pos, int64_t j0, acc_t (&c)[kPairs],
+    acc_t (&s)[kPairs]) {
   if constexpr (kPairs % 2 == 0) {
-    if (g.table_vector && pos >= 0 && pos < p.freqs_len) {
+    if (g.table_vector && p.num_axes == 0 && pos >= 0 && pos < p.freqs_len) {
       const float4* f = reinterpret_cast<const float4*>(p.freqs + 2 * (pos * p.freqs_stride_pos + j0));
 #pragma unroll
       for (int j = 0; j < kPairs / 2; ++j) {
@@ -133,7 +136,7 @@ ROTARY_HOST_DEVICE void load_rotations(
     }
   }
 #pragma unroll
-  for (int j = 0; j < kPairs; ++j) rotation_of<acc_t>(p, pos, j0 + j, c[j], s[j]);
+  for (int j = 0; j < kPairs; ++j) rotation_of<acc_t>(p, pair_position(p, b, s_idx, pos, j0 + j), j0 + j, c[j], s[j]);
 }
 
 // Base pointers of one row (b, s) of q and k; head h adds h * stride[1].
@@ -173,10 +176,11 @@ struct RowPointers {
 };
 
 // Rotates pair group j0 of heads h0, h0 + step, ... (up to kHeads of them,
-// below `heads`): every load first, then the math and every store.
+// below `heads`): every load first, then the math and every store. The
+// rotated span starts at element `off` of each head (rotary_offset).
 template <typename T, bool kInterleaved, bool kVectorized, typename Index, typename Store>
 ROTARY_HOST_DEVICE void rotate_heads(
-    const RowPointers<T, Index>& row, Index h0, Index step, Index heads, Index j0, Index half,
+    const RowPointers<T, Index>& row, Index h0, Index step, Index heads, Index j0, Index half, Index off,
     const typename Acc<T>::type (&c)[Tile<T, kInterleaved, kVectorized>::kPairs],
     const typename Acc<T>::type (&sn)[Tile<T, kInterleaved, kVectorized>::kPairs]) {
   using acc_t = typename Acc<T>::type;
@@ -184,8 +188,8 @@ ROTARY_HOST_DEVICE void rotate_heads(
   constexpr int kPairs = Tile<T, kInterleaved, kVectorized>::kPairs;
   constexpr int kHeads = Tile<T, kInterleaved, kVectorized>::kHeads;
   // Operand offsets (elements) of the tile: first and second member.
-  const Index a0 = kInterleaved ? 2 * j0 : j0;
-  const Index a1 = kInterleaved ? 2 * j0 + 1 : j0 + half;
+  const Index a0 = off + (kInterleaved ? 2 * j0 : j0);
+  const Index a1 = off + (kInterleaved ? 2 * j0 + 1 : j0 + half);
   if constexpr (kVectorized) {
     constexpr int kLoads = kInterleaved ? 1 : 2;
     V x[kHeads][kLoads];
@@ -289,6 +293,7 @@ ROTARY_HOST_DEVICE void rope_thread(const RopeParams& p, const Grid& g, int64_t 
   const Index heads = g.heads;
   const Index chunks = g.chunks;
   const Index half = static_cast<Index>(p.rotary_dim / 2);
+  const Index off = static_cast<Index>(p.rotary_offset);
   const Index seq = static_cast<Index>(p.seq);
 
 #pragma unroll 1
@@ -305,13 +310,15 @@ ROTARY_HOST_DEVICE void rope_thread(const RopeParams& p, const Grid& g, int64_t 
         // cos/sin read once per (row, pair group) and used for every head.
         const Index j0 = static_cast<Index>(group) * TileT::kPairs;
         acc_t c[TileT::kPairs], sn[TileT::kPairs];
-        load_rotations<acc_t, TileT::kPairs>(p, g, pos, j0, c, sn);
+        load_rotations<acc_t, TileT::kPairs>(p, g, b, s, pos, j0, c, sn);
 #pragma unroll 1
         for (Index h0 = chunk; h0 < heads; h0 += TileT::kHeads * chunks) {
-          rotate_heads<T, kInterleaved, kVectorized, Index, Store>(row, h0, chunks, heads, j0, half, c, sn);
+          rotate_heads<T, kInterleaved, kVectorized, Index, Store>(row, h0, chunks, heads, j0, half, off, c, sn);
         }
       } else {
-        const Index at = static_cast<Index>(p.rotary_dim) + (group - g.rotary_groups) * TileT::kCopyElems;
+        // Pass-through dims: [0, off), then [off + rotary_dim, head_dim).
+        const Index from = (group - g.rotary_groups) * TileT::kCopyElems;
+        const Index at = from < off ? from : from + static_cast<Index>(p.rotary_dim);
 #pragma unroll 1
         for (Index h0 = chunk; h0 < heads; h0 += TileT::kHeads * chunks) {
           copy_heads<T, kVectorized, TileT::kHeads, Index, Store>(row, h0, chunks, heads, at);
@@ -326,7 +333,7 @@ template <typename T>
 inline bool can_vectorize(const RopeParams& p) {
   constexpr int64_t kElems = kVectorBytes / sizeof(T);
   const int64_t span = p.interleaved ? p.rotary_dim : p.rotary_dim / 2;
-  if (span % kElems != 0 || (p.head_dim - p.rotary_dim) % kElems != 0) return false;
+  if (span % kElems != 0 || (p.head_dim - p.rotary_dim) % kElems != 0 || p.rotary_offset % kElems != 0) return false;
   auto aligned = [](const HeadTensor& t) {
     if (t.heads == 0) return true;
     if (t.in_stride[3] != 1 || t.out_stride[3] != 1) return false;
@@ -342,12 +349,14 @@ inline bool can_vectorize(const RopeParams& p) {
 }
 
 #if defined(__CUDACC__)
+// __grid_constant__: p.pair_axis[j] is indexed at run time; it is read from
+// the parameter space instead of copying the struct to local memory.
 // Two resident blocks per SM caps registers at 128: the vector paths keep
 // 128 bytes of loads in flight per thread without spilling (ptxas -v).
 constexpr int kMinBlocks = 2;
 
 template <typename T, bool kInterleaved, bool kVectorized, typename Index>
-__global__ void __launch_bounds__(kMaxBlockThreads, kMinBlocks) rope_kernel(const RopeParams p, const Grid g) {
+__global__ void __launch_bounds__(kMaxBlockThreads, kMinBlocks) rope_kernel(const __grid_constant__ RopeParams p, const Grid g) {
   rope_thread<T, kInterleaved, kVectorized, Index>(p, g, blockIdx.x, gridDim.x, static_cast<int32_t>(threadIdx.x));
 }
 #endif

@@ -65,6 +65,21 @@ PYBIND11_MODULE(_C, m) {
       "The rows of rope_freqs(dim, n, ...) at the given int64 positions (1-D, >= 0), bit for bit, without "
       "building the rows in between: complex64 [len(positions), dim // 2].");
 
+  m.def(
+      "mrope_pair_axes", &rotary::mrope_pair_axes, py::arg("sections"), py::arg("rotary_dim"),
+      py::arg("interleaved") = false,
+      "The pair -> axis map of multimodal RoPE (rotary/axes.h): contiguous sections (Qwen2-VL) or "
+      "interleaved (Qwen3-VL); the pair_axes argument of the ops.");
+
+  m.def(
+      "axial_rope",
+      [](const std::vector<int64_t>& axes_dim, const std::vector<double>& thetas, bool shared_spectrum) {
+        auto r = rotary::axial_rope(axes_dim, thetas, shared_spectrum);
+        return std::make_pair(r.pair_axes, r.freqs.inv_freq);
+      },
+      py::arg("axes_dim"), py::arg("thetas"), py::arg("shared_spectrum") = false,
+      "(pair_axes, inv_freq) of axial RoPE (rotary/axes.h): FLUX's per-axis spectra, or Pixtral's shared one.");
+
   // The older position schemes (rotary/schemes.h), for comparison.
   m.def("sinusoidal_table", &rotary::sinusoidal_table, py::arg("n"), py::arg("d"), py::arg("base") = 10000.0,
         "float32 [n, d] additive table: pe[pos, 2i] = sin(pos / base^(2i/d)), pe[pos, 2i+1] = cos(...), in float64.");
@@ -95,11 +110,18 @@ PYBIND11_MODULE(_C, m) {
       "when the host-driven rules rebuild them, the checks of saved tables, and the lock.")
       .def(
           py::init([](const py::object& dim, const py::object& max_seq_len, const py::object& theta,
-                      const py::object& interleaved, const py::object& scaling, const py::object& angle_dtype) {
-            return RopeTables(options_from_py(dim, max_seq_len, theta, interleaved, scaling, angle_dtype));
+                      const py::object& interleaved, const py::object& scaling, const py::object& angle_dtype,
+                      const std::vector<int64_t>& axes_dim, const std::vector<double>& axes_theta,
+                      bool axes_shared_spectrum) {
+            return RopeTables(options_from_py(dim, max_seq_len, theta, interleaved, scaling, angle_dtype)
+                                  .axes_dim(axes_dim)
+                                  .axes_theta(axes_theta)
+                                  .axes_shared_spectrum(axes_shared_spectrum));
           }),
           py::arg("dim"), py::arg("max_seq_len") = 4096, py::arg("theta") = 10000.0, py::arg("interleaved") = true,
-          py::arg("scaling") = py::none(), py::kw_only(), py::arg("angle_dtype") = "float64")
+          py::arg("scaling") = py::none(), py::kw_only(), py::arg("angle_dtype") = "float64",
+          py::arg("axes_dim") = std::vector<int64_t>{}, py::arg("axes_theta") = std::vector<double>{},
+          py::arg("axes_shared_spectrum") = false)
       .def_property_readonly("dim", [](const RopeTables& t) { return t.options().dim(); })
       .def_property_readonly("max_seq_len", [](const RopeTables& t) { return t.options().max_seq_len(); })
       .def_property_readonly("theta", [](const RopeTables& t) { return t.options().theta(); })
@@ -160,7 +182,12 @@ PYBIND11_MODULE(_C, m) {
       .def(py::pickle(
           [](const RopeTables& t) { return options_to_tuple(t); },
           [](const py::tuple& st) {
-            const auto options = options_from_py(st[0], st[1], st[2], st[3], st[4], st[5]);
+            auto options = options_from_py(st[0], st[1], st[2], st[3], st[4], st[5]);
+            if (st.size() >= 10) {  // axial options (older pickles have none)
+              options.axes_dim(st[7].cast<std::vector<int64_t>>())
+                  .axes_theta(st[8].cast<std::vector<double>>())
+                  .axes_shared_spectrum(st[9].cast<bool>());
+            }
             return RopeTables(options, st[6].cast<int64_t>());
           }));
   m.def(
@@ -173,13 +200,25 @@ PYBIND11_MODULE(_C, m) {
   torch::python::bind_module<Impl, /*force_enable=*/true>(m, "CppRotaryEmbedding")
       .def(
           py::init([](const py::object& dim, const py::object& max_seq_len, const py::object& theta,
-                      const py::object& interleaved, const py::object& scaling, const py::object& angle_dtype) {
-            return std::make_shared<Impl>(
-                options_from_py(dim, max_seq_len, theta, interleaved, scaling, angle_dtype));
+                      const py::object& interleaved, const py::object& scaling, const py::object& angle_dtype,
+                      int64_t rotary_offset, const std::vector<int64_t>& mrope_section, bool mrope_interleaved,
+                      const std::vector<int64_t>& axes_dim, const std::vector<double>& axes_theta,
+                      bool axes_shared_spectrum) {
+            return std::make_shared<Impl>(options_from_py(dim, max_seq_len, theta, interleaved, scaling, angle_dtype)
+                                              .rotary_offset(rotary_offset)
+                                              .mrope_section(mrope_section)
+                                              .mrope_interleaved(mrope_interleaved)
+                                              .axes_dim(axes_dim)
+                                              .axes_theta(axes_theta)
+                                              .axes_shared_spectrum(axes_shared_spectrum));
           }),
           py::arg("dim"), py::arg("max_seq_len") = 4096, py::arg("theta") = 10000.0,
           py::arg("interleaved") = true, py::arg("scaling") = py::none(), py::kw_only(),
-          py::arg("angle_dtype") = "float64")
+          py::arg("angle_dtype") = "float64", py::arg("rotary_offset") = 0,
+          py::arg("mrope_section") = std::vector<int64_t>{}, py::arg("mrope_interleaved") = false,
+          py::arg("axes_dim") = std::vector<int64_t>{}, py::arg("axes_theta") = std::vector<double>{},
+          py::arg("axes_shared_spectrum") = false)
+      .def_property_readonly("pair_axes", [](const Impl& self) { return self.pair_axes; })
       // rope(x, start_pos=0) or rope(q, k, start_pos=0); offsets= or
       // position_ids= (positions= deprecated), as in the Python module.
       .def(
@@ -299,14 +338,20 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "_cpp_rope_from_state",
       [wrapper](const py::tuple& st) {
-        TORCH_CHECK_VALUE(st.size() == 9, "CppRotaryEmbedding: unexpected pickled state of size ", st.size());
+        TORCH_CHECK_VALUE(st.size() == 15, "CppRotaryEmbedding: unexpected pickled state of size ", st.size());
         auto impl = std::make_shared<Impl>(
             rotary::RotaryEmbeddingOptions(st[0].cast<int64_t>())
                 .max_seq_len(st[1].cast<int64_t>())
                 .theta(st[2].cast<double>())
                 .interleaved(st[3].cast<bool>())
                 .scaling(to_scaling(st[4]))
-                .angle_dtype(angle_dtype_of(st[5], "CppRotaryEmbedding")));
+                .angle_dtype(angle_dtype_of(st[5], "CppRotaryEmbedding"))
+                .rotary_offset(st[9].cast<int64_t>())
+                .mrope_section(st[10].cast<std::vector<int64_t>>())
+                .mrope_interleaved(st[11].cast<bool>())
+                .axes_dim(st[12].cast<std::vector<int64_t>>())
+                .axes_theta(st[13].cast<std::vector<double>>())
+                .axes_shared_spectrum(st[14].cast<bool>()));
         impl->load_tables(st[6].cast<torch::Tensor>(), st[7].cast<torch::Tensor>(), "CppRotaryEmbedding (unpickle)");
         impl->to(st[6].cast<torch::Tensor>().device());
         py::object obj = wrapper.attr("__new__")(wrapper);
@@ -322,7 +367,8 @@ PYBIND11_MODULE(_C, m) {
         py::object scaling = o.scaling().type() == "default" ? py::object(py::none()) : py::object(scaling_to_dict(o.scaling()));
         py::tuple state = py::make_tuple(
             o.dim(), o.max_seq_len(), o.theta(), o.interleaved(), scaling, rotary::angle_dtype_name(o.angle_dtype()),
-            impl->freqs, impl->inv_freq, impl->is_training());
+            impl->freqs, impl->inv_freq, impl->is_training(), o.rotary_offset(), o.mrope_section(),
+            o.mrope_interleaved(), o.axes_dim(), o.axes_theta(), o.axes_shared_spectrum());
         return py::make_tuple(m.attr("_cpp_rope_from_state"), py::make_tuple(state));
       },
       py::is_method(wrapper));

@@ -285,7 +285,7 @@ py::tuple options_to_tuple(const rotary::RopeTables& t) {
   const auto& o = t.options();
   return py::make_tuple(
       o.dim(), o.max_seq_len(), o.theta(), o.interleaved(), scaling_to_dict(o.scaling()),
-      rotary::angle_dtype_name(o.angle_dtype()), t.state());
+      rotary::angle_dtype_name(o.angle_dtype()), t.state(), o.axes_dim(), o.axes_theta(), o.axes_shared_spectrum());
 }
 
 py::object scaling_or_none(const RopeScaling& s) {

@@ -4,6 +4,8 @@
 #include <rotary/options.h>
 #include <rotary/tables.h>
 
+#include <c10/util/OptionalArrayRef.h>
+
 #include <torch/detail/static.h>
 #include <torch/nn/cloneable.h>
 #include <torch/nn/pimpl.h>
@@ -13,6 +15,7 @@
 #include <ostream>
 #include <string>
 #include <tuple>
+#include <vector>
 
 namespace rotary {
 
@@ -109,9 +112,14 @@ class RotaryEmbeddingImpl : public torch::nn::Cloneable<RotaryEmbeddingImpl> {
   torch::Tensor inv_freq;  // float64 [dim / 2]
   // The factor folded into every table entry (YaRN / LongRoPE; else 1).
   double attention_scaling = 1.0;
+  // The pair -> axis map of options.mrope_section (rotary/axes.h); empty
+  // for one position per token. Used when position_ids is 3-D [n_axes,
+  // batch, seq]; other positions turn every pair by the one position.
+  std::vector<int64_t> pair_axes;
 
  private:
   void install(const RopeTableSet& tables);
+  at::OptionalIntArrayRef axes_for(const std::optional<torch::Tensor>& position_ids) const;
   template <typename Op>
   auto run(
       const torch::Tensor& q,

@@ -4,6 +4,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/SymInt.h>
+#include <c10/util/OptionalArrayRef.h>
 #include <c10/util/Optional.h>
 #include <c10/util/string_view.h>
 
@@ -27,6 +28,12 @@ namespace rotary {
 //   cu_seqlens   int32/int64 [num_seqs + 1] boundaries of a packed batch.
 //   inv_freq     float64 [rotary_dim / 2]: positions past the table are then
 //                computed exactly instead of being an error.
+//   rotary_offset  dims [rotary_offset, rotary_offset + rotary_dim) rotate,
+//                the rest pass through (DeepSeek's [nope | rope] split).
+//   pair_axes    N-D positions (M-RoPE, axial): rotary_dim / 2 axis indices;
+//                pair j turns by position_ids[pair_axes[j], ...], and
+//                position_ids gains a leading axis dim: [n_axes, seq],
+//                [n_axes, batch, seq] or, packed, [n_axes, total_tokens].
 at::Tensor apply_rope(
     const at::Tensor& x,
     const at::Tensor& freqs,
@@ -37,7 +44,9 @@ at::Tensor apply_rope(
     bool inverse = false,
     const std::optional<at::Tensor>& cu_seqlens = std::nullopt,
     const std::optional<at::Tensor>& inv_freq = std::nullopt,
-    c10::string_view layout = "BHSD");
+    c10::string_view layout = "BHSD",
+    int64_t rotary_offset = 0,
+    at::OptionalIntArrayRef pair_axes = std::nullopt);
 
 // q and k in one kernel launch; their head counts may differ (GQA / MQA).
 std::tuple<at::Tensor, at::Tensor> apply_rope_qk(
@@ -51,7 +60,9 @@ std::tuple<at::Tensor, at::Tensor> apply_rope_qk(
     bool inverse = false,
     const std::optional<at::Tensor>& cu_seqlens = std::nullopt,
     const std::optional<at::Tensor>& inv_freq = std::nullopt,
-    c10::string_view layout = "BHSD");
+    c10::string_view layout = "BHSD",
+    int64_t rotary_offset = 0,
+    at::OptionalIntArrayRef pair_axes = std::nullopt);
 
 // In place: every input is validated before anything is written. q and k may
 // be views into one packed qkv tensor. Not differentiable.
@@ -65,7 +76,9 @@ at::Tensor& apply_rope_(
     bool inverse = false,
     const std::optional<at::Tensor>& cu_seqlens = std::nullopt,
     const std::optional<at::Tensor>& inv_freq = std::nullopt,
-    c10::string_view layout = "BHSD");
+    c10::string_view layout = "BHSD",
+    int64_t rotary_offset = 0,
+    at::OptionalIntArrayRef pair_axes = std::nullopt);
 
 void apply_rope_qk_(
     at::Tensor& q,
@@ -78,7 +91,9 @@ void apply_rope_qk_(
     bool inverse = false,
     const std::optional<at::Tensor>& cu_seqlens = std::nullopt,
     const std::optional<at::Tensor>& inv_freq = std::nullopt,
-    c10::string_view layout = "BHSD");
+    c10::string_view layout = "BHSD",
+    int64_t rotary_offset = 0,
+    at::OptionalIntArrayRef pair_axes = std::nullopt);
 
 // Rotates q and k in place (as apply_rope_qk_) and writes the rotated k and
 // the raw v of every token into the caches, in one call. Positions and the

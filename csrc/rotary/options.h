@@ -6,6 +6,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace rotary {
 
@@ -38,6 +39,24 @@ struct RotaryEmbeddingOptions {
   // host, NaN for device-side positions on CUDA, unless the rule grows the
   // table ("dynamic"). Give it max_seq_len >= the longest context.
   TORCH_ARG(torch::Dtype, angle_dtype) = torch::kFloat64;
+  // Dims [rotary_offset, rotary_offset + dim) of each head rotate; the rest
+  // pass through (DeepSeek's [nope | rope] heads: offset = nope dim).
+  TORCH_ARG(int64_t, rotary_offset) = 0;
+  // Multimodal RoPE (rotary/axes.h): pairs per position axis, summing to
+  // dim / 2, e.g. {16, 24, 24} (Qwen2-VL t, h, w). Empty: one position per
+  // token. forward() then takes position_ids [n_axes, batch, seq] (or
+  // [n_axes, seq]). mrope_interleaved: Qwen3-VL's interleaved layout.
+  TORCH_ARG(std::vector<int64_t>, mrope_section) = {};
+  TORCH_ARG(bool, mrope_interleaved) = false;
+  // Axial RoPE (rotary/axes.h, rotary::axial_rope): dims per position axis,
+  // summing to dim (FLUX {16, 56, 56}); each axis turns at its own theta from
+  // axes_theta (one per axis, or empty: theta for all). Replaces the
+  // frequency rule (which must be the default). axes_shared_spectrum: one
+  // spectrum dealt out to equal axes (Pixtral 2-D). forward() takes
+  // position_ids [n_axes, batch, seq].
+  TORCH_ARG(std::vector<int64_t>, axes_dim) = {};
+  TORCH_ARG(std::vector<double>, axes_theta) = {};
+  TORCH_ARG(bool, axes_shared_spectrum) = false;
 };
 
 }  // namespace rotary

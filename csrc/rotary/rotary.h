@@ -1,6 +1,7 @@
 // Umbrella header: everything a C++ user of rotary needs.
 #pragma once
 
+#include <rotary/axes.h>
 #include <rotary/freqs.h>
 #include <rotary/kv_cache.h>
 #include <rotary/module.h>

@@ -2,7 +2,7 @@
 and every kernel lives in C++ behind the dispatcher."""
 
 import warnings
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -145,6 +145,15 @@ _ARGS_DOC = """
     ``inverse=True`` rotates by the negative angle. With ``inv_freq``
     (float64 ``[rotary_dim // 2]``), positions past the table are computed
     exactly instead of raising.
+
+    ``rotary_offset`` moves the rotated span to dims ``[rotary_offset,
+    rotary_offset + rotary_dim)``; the rest pass through (DeepSeek's
+    ``[nope | rope]`` heads, no copies). ``pair_axes`` (``rotary_dim // 2``
+    ints) turns on N-D positions (M-RoPE, axial): ``position_ids`` then has a
+    leading axis dim, ``[n_axes, seq]``, ``[n_axes, batch, seq]`` or packed
+    ``[n_axes, total_tokens]``, and pair ``j`` turns by
+    ``position_ids[pair_axes[j], ...]``. A token whose axes agree gets the
+    1-D rotation exactly.
 """
 
 
@@ -161,12 +170,15 @@ def apply_rope(
     inv_freq: Optional[torch.Tensor] = None,
     layout: str = "BHSD",
     positions: Optional[torch.Tensor] = None,
+    rotary_offset: int = 0,
+    pair_axes: Optional[Sequence[int]] = None,
 ) -> torch.Tensor:
     """Rotate ``x`` and return a new tensor."""
     start_pos, offsets, position_ids = _route(positions, offsets, position_ids, start_pos, cu_seqlens, "apply_rope")
     return torch.ops.rotary.apply_rope(
         x, freqs, _start_pos("apply_rope", start_pos), interleaved, offsets=offsets, position_ids=position_ids, inverse=inverse,
         cu_seqlens=cu_seqlens, inv_freq=inv_freq, layout=layout,
+        rotary_offset=rotary_offset, pair_axes=pair_axes,
     )
 
 
@@ -184,6 +196,8 @@ def apply_rope_qk(
     inv_freq: Optional[torch.Tensor] = None,
     layout: str = "BHSD",
     positions: Optional[torch.Tensor] = None,
+    rotary_offset: int = 0,
+    pair_axes: Optional[Sequence[int]] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Rotate q and k in one kernel call (head counts may differ; batch, seq
     and head_dim must match). Returns ``(q_rotated, k_rotated)``."""
@@ -191,6 +205,7 @@ def apply_rope_qk(
     return torch.ops.rotary.apply_rope_qk(
         q, k, freqs, _start_pos("apply_rope_qk", start_pos), interleaved, offsets=offsets, position_ids=position_ids, inverse=inverse,
         cu_seqlens=cu_seqlens, inv_freq=inv_freq, layout=layout,
+        rotary_offset=rotary_offset, pair_axes=pair_axes,
     )
 
 
@@ -207,6 +222,8 @@ def apply_rope_(
     inv_freq: Optional[torch.Tensor] = None,
     layout: str = "BHSD",
     positions: Optional[torch.Tensor] = None,
+    rotary_offset: int = 0,
+    pair_axes: Optional[Sequence[int]] = None,
 ) -> torch.Tensor:
     """Rotate ``x`` in place and return it. Every input is validated before
     anything is written. Not differentiable: a tensor that requires grad (with
@@ -215,6 +232,7 @@ def apply_rope_(
     torch.ops.rotary.apply_rope_(
         x, _compiled_table(freqs), _start_pos("apply_rope_", start_pos), interleaved, offsets=offsets, position_ids=position_ids, inverse=inverse,
         cu_seqlens=cu_seqlens, inv_freq=inv_freq, layout=layout,
+        rotary_offset=rotary_offset, pair_axes=pair_axes,
     )
     return x
 
@@ -233,6 +251,8 @@ def apply_rope_qk_(
     inv_freq: Optional[torch.Tensor] = None,
     layout: str = "BHSD",
     positions: Optional[torch.Tensor] = None,
+    rotary_offset: int = 0,
+    pair_axes: Optional[Sequence[int]] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Rotate q and k in place (they may be views into one packed qkv tensor)
     and return them. Not differentiable, like :func:`apply_rope_`."""
@@ -242,6 +262,7 @@ def apply_rope_qk_(
     torch.ops.rotary.apply_rope_qk_(
         q, k, _compiled_table(freqs), _start_pos("apply_rope_qk_", start_pos), interleaved, offsets=offsets, position_ids=position_ids, inverse=inverse,
         cu_seqlens=cu_seqlens, inv_freq=inv_freq, layout=layout,
+        rotary_offset=rotary_offset, pair_axes=pair_axes,
     )
     return q, k
 

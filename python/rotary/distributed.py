@@ -360,6 +360,8 @@ def _handler(op, args, kwargs):
         if n == data[0]:
             x_offset, x_local = offset, local[n]
 
+    if sharded and bound.get("pair_axes") is not None:
+        _refuse(op, "pair_axes (N-D positions) with sharded DTensor inputs is not supported; replicate q and k")
     if dims is not None:
         batch, _, seq, _ = dims
         seq_sharded = local[data[0]].shape[seq] != x.shape[seq]

@@ -17,6 +17,7 @@ __all__ = ["rope_kwargs_from_hf_config"]
 # Keys of rope_parameters that describe the model rather than the rule.
 _MODEL_KEYS = ("rope_theta", "partial_rotary_factor")
 _DEFAULT_THETA = 10000.0
+_MROPE_DEFAULTS = {"qwen2_vl": [16, 24, 24], "qwen2_5_vl": [16, 24, 24], "qwen3_vl": [24, 20, 20]}
 
 
 def _get(config: Any, name: str, default: Any = None) -> Any:
@@ -49,9 +50,14 @@ def rope_kwargs_from_hf_config(config: Any, max_seq_len: Optional[int] = None) -
       (``rotate_half``);
     - ``max_seq_len``: the argument, else ``max_position_embeddings``.
 
+    - ``mrope_section`` / ``mrope_interleaved`` for multimodal RoPE
+      (``rope_parameters["mrope_section"]``; Qwen2-VL / Qwen2.5-VL sections
+      are contiguous, Qwen3-VL's interleaved), only when the config has them;
+    - ``axes_dim`` / ``axes_shared_spectrum`` for Pixtral's ``"axial"`` rule.
+
     Raises ``ValueError`` for what it cannot represent (per-layer-type rope
-    parameters, multimodal ``mrope_section``, an odd rotary dim, an unknown
-    ``rope_type``) and for missing or invalid fields, naming them.
+    parameters, an odd rotary dim, an unknown ``rope_type``, sections that do
+    not sum to ``dim / 2``) and for missing or invalid fields, naming them.
     """
     head_dim = _get(config, "head_dim")
     if not head_dim:
@@ -80,8 +86,22 @@ def rope_kwargs_from_hf_config(config: Any, max_seq_len: Optional[int] = None) -
             f"from_hf_config: rope_parameters is nested by layer type ({', '.join(nested)}); build one "
             "RotaryEmbedding per layer type from that type's dict instead"
         )
-    if params.get("mrope_section") is not None:
-        raise ValueError("from_hf_config: multimodal RoPE (rope_parameters['mrope_section']) is not supported")
+    # Multimodal RoPE: the sections go to the module (the frequencies are the
+    # plain rule's); the vision-language text models default them as
+    # transformers' rotary classes do, and Qwen3-VL always interleaves.
+    model_type = str(_get(config, "model_type", ""))
+    mrope = params.pop("mrope_section", None)
+    interleaved = bool(params.pop("mrope_interleaved", False)) or model_type.startswith("qwen3_vl")
+    if mrope is None:
+        mrope = _MROPE_DEFAULTS.get(model_type.replace("_text", ""))
+    if params.get("rope_type", params.get("type")) == "mrope":
+        params["rope_type"] = "default"
+        params.pop("type", None)
+    # Pixtral's 2-D "axial" rule: one spectrum dealt to the h and w axes.
+    axial = params.get("rope_type", params.get("type")) == "axial"
+    if axial:
+        params["rope_type"] = "default"
+        params.pop("type", None)
 
     theta = _first(
         params.get("rope_theta"), _get(config, "rope_theta"), _get(config, "rotary_emb_base"),
@@ -122,10 +142,19 @@ def rope_kwargs_from_hf_config(config: Any, max_seq_len: Optional[int] = None) -
     spec.validate(rotary_dim)
 
     rows = _first(max_seq_len, max_pos, 4096)
-    return {
+    kwargs = {
         "dim": rotary_dim,
         "max_seq_len": int(rows),
         "theta": float(theta),
         "interleaved": False,
         "scaling": spec.to_dict(),
     }
+    if axial:
+        kwargs.update(axes_dim=[rotary_dim // 2, rotary_dim // 2], axes_shared_spectrum=True)
+    if mrope is not None:
+        if isinstance(mrope, (str, bytes)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in mrope):
+            raise ValueError(f"from_hf_config: mrope_section must be a list of ints, got {mrope!r}")
+        _C.mrope_pair_axes(list(mrope), rotary_dim, interleaved)  # the C++ check: sections sum to dim / 2
+        kwargs["mrope_section"] = list(mrope)
+        kwargs["mrope_interleaved"] = interleaved
+    return kwargs

@@ -1,6 +1,6 @@
 """``rotary.RotaryEmbedding``: an ``nn.Module`` over ``torch.ops.rotary``."""
 
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -91,6 +91,12 @@ class RotaryEmbedding(nn.Module):
         scaling: ScalingSpec = None,
         *,
         angle_dtype: AngleDtype = "float64",
+        rotary_offset: int = 0,
+        mrope_section: Optional[Sequence[int]] = None,
+        mrope_interleaved: bool = False,
+        axes_dim: Optional[Sequence[int]] = None,
+        axes_theta: Optional[Sequence[float]] = None,
+        axes_shared_spectrum: bool = False,
     ) -> None:
         """Build the tables for one rule.
 
@@ -106,18 +112,49 @@ class RotaryEmbedding(nn.Module):
                 ``rope_parameters`` or a :class:`rotary.RopeScaling`.
             angle_dtype: ``"float64"`` (exact angles) or ``"float32"``
                 (Hugging Face / Meta fp32-angle tables).
+            rotary_offset: the rotated span is dims ``[rotary_offset,
+                rotary_offset + dim)`` of each head; the rest pass through
+                (DeepSeek's ``[nope | rope]`` heads).
+            mrope_section: multimodal RoPE, pairs per position axis summing
+                to ``dim // 2`` (Qwen2-VL ``[16, 24, 24]`` for t, h, w);
+                ``position_ids`` ``[n_axes, batch, seq]`` then give each
+                pair its axis's position (other positions: one per token,
+                which is exactly a text token's rotation).
+            mrope_interleaved: Qwen3-VL's interleaved layout of the sections
+                (pair ``j`` with ``j % n = a > 0`` below ``n * section[a]``
+                takes axis ``a``, the rest axis 0).
+            axes_dim: axial RoPE, dims per position axis summing to ``dim``
+                (FLUX ``[16, 56, 56]``); axis ``a`` owns the next
+                ``axes_dim[a] // 2`` pairs at its own theta from
+                ``axes_theta`` (one per axis; default ``theta``).
+                ``axes_shared_spectrum=True``: one spectrum of ``dim`` dealt
+                out to equal axes (Pixtral 2-D). Takes ``position_ids``
+                ``[n_axes, batch, seq]``.
 
         Raises ``ValueError`` (a bad ``max_seq_len``, ``angle_dtype``, or
         scaling field) or ``TypeError`` (a ``scaling`` of another type).
         """
         super().__init__()
         # Validates every argument (TypeError / ValueError naming it) and the rule.
-        self._tables = _C.RopeTables(dim, max_seq_len, theta, interleaved, scaling, angle_dtype=angle_dtype)
+        axial = dict(axes_dim=list(axes_dim or []), axes_theta=[float(v) for v in axes_theta or []],
+                     axes_shared_spectrum=bool(axes_shared_spectrum))
+        self._tables = _C.RopeTables(dim, max_seq_len, theta, interleaved, scaling, angle_dtype=angle_dtype, **axial)
         # Plain copies for forward: reading them costs nothing and traces.
         t = self._tables
         self._opts = (t.dim, t.max_seq_len, t.theta, t.interleaved, t.scaling, t.angle_dtype)
         self._host_driven = t.host_driven
         self._extends = t.extends_past_table  # float64 angles: positions past the table computed exactly
+        if isinstance(rotary_offset, bool) or not isinstance(rotary_offset, int) or rotary_offset < 0:
+            raise ValueError(f"RotaryEmbedding: rotary_offset must be an int >= 0, got {rotary_offset!r}")
+        self.rotary_offset = rotary_offset
+        self.mrope_section = None if mrope_section is None else [int(v) for v in mrope_section]
+        self.mrope_interleaved = bool(mrope_interleaved)
+        # The pair -> axis map comes from C++ (rotary/axes.h), which checks the sections.
+        self.pair_axes = None if mrope_section is None else _C.mrope_pair_axes(
+            self.mrope_section, t.dim, self.mrope_interleaved)
+        self.axes_dim = axial["axes_dim"] or None
+        if self.axes_dim is not None:
+            self.pair_axes = _C.axial_rope(self.axes_dim, axial["axes_theta"] or [t.theta], axial["axes_shared_spectrum"])[0]
         freqs, inv_freq = t.build()
         self.register_buffer("freqs", freqs)
         self.register_buffer("inv_freq", inv_freq)
@@ -180,6 +217,13 @@ class RotaryEmbedding(nn.Module):
             s += f", scaling={self.scaling}"
         if self.angle_dtype != "float64":
             s += f", angle_dtype={self.angle_dtype!r}"
+        if self.rotary_offset:
+            s += f", rotary_offset={self.rotary_offset}"
+        if self.mrope_section is not None:
+            s += f", mrope_section={self.mrope_section}"
+            s += ", mrope_interleaved=True" if self.mrope_interleaved else ""
+        if self.axes_dim is not None:
+            s += f", axes_dim={self.axes_dim}"
         return s
 
     # ------------------------------------------------------------ state_dict
@@ -248,6 +292,7 @@ class RotaryEmbedding(nn.Module):
             and position_ids is None
             and positions is None
             and not self._host_driven
+            and self.rotary_offset == 0
             and q.dim() == 4
             and (k is None or (isinstance(k, torch.Tensor) and k.dim() != 0))
         ):
@@ -277,10 +322,12 @@ class RotaryEmbedding(nn.Module):
             if offsets is not None or position_ids is not None:
                 raise ValueError("RotaryEmbedding: positions= is deprecated; pass offsets= or position_ids= alone")
             start_pos, offsets, position_ids = _legacy_positions(positions, start_pos, False, "RotaryEmbedding")
-        if q.dim() == 4 and q.shape[-1] < self.dim:
+        if q.dim() == 4 and q.shape[-1] < self.rotary_offset + self.dim:
+            need = (f"rotary_offset + dim = {self.rotary_offset + self.dim} (the rotated span)" if self.rotary_offset
+                    else "dim (the rotated width)")
             raise ValueError(
-                f"RotaryEmbedding(dim={self.dim}): head_dim must be >= dim (the rotated width), got head_dim "
-                f"{q.shape[-1]} (shape {tuple(q.shape)})"
+                f"RotaryEmbedding(dim={self.dim}): head_dim must be >= {need}, got head_dim {q.shape[-1]} "
+                f"(shape {tuple(q.shape)})"
             )
         if self._host_driven:
             return self._forward_host_driven(q, k, start_pos, offsets, position_ids)
@@ -308,7 +355,9 @@ class RotaryEmbedding(nn.Module):
         if inv is None and not given and q.dim() == 4 and isinstance(start_pos, int):
             if q.shape[2] > 0 and start_pos + q.shape[2] > freqs.shape[0]:
                 self._tables.check_rows(q.shape[2], start_pos, False, freqs.shape[0])
-        kw = dict(offsets=offsets, position_ids=position_ids, inv_freq=inv)
+        kw = dict(offsets=offsets, position_ids=position_ids, inv_freq=inv, rotary_offset=self.rotary_offset)
+        if self.pair_axes is not None and position_ids is not None and position_ids.dim() == 3:
+            kw["pair_axes"] = self.pair_axes  # [n_axes, batch, seq]; else a text token's rotation
         if k is None:
             return apply_rope(q, freqs, start_pos, self._opts[3], **kw)
         return apply_rope_qk(q, k, freqs, start_pos, self._opts[3], **kw)

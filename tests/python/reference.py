@@ -189,3 +189,33 @@ def sinusoidal_pe(pos: int, d: int, base: float = DEFAULT_BASE) -> np.ndarray:
     pe[0::2] = np.sin(angles)
     pe[1::2] = np.cos(angles)
     return pe
+
+
+# ---------------------------------------------------------------------------
+# N-D positions and an offset rotated span (float64)
+# ---------------------------------------------------------------------------
+def rope_reference_nd(
+    x: torch.Tensor,
+    pos: np.ndarray,
+    pair_axes,
+    rotary_dim: int,
+    offset: int = 0,
+    interleaved: bool = True,
+    inverse: bool = False,
+    inv: Optional[np.ndarray] = None,
+) -> torch.Tensor:
+    """Exact float64 RoPE of ``x`` [B, H, S, D] whose pair ``j`` turns by
+    ``pos[pair_axes[j], b, s] * inv[j]`` (``pos`` int [n_axes, B, S];
+    ``inv`` defaults to the plain frequencies of ``rotary_dim``); dims
+    ``[offset, offset + rotary_dim)`` rotate, the rest are copied."""
+    X = x.detach().to("cpu", torch.float64).numpy().copy()
+    inv = inv_freq(rotary_dim) if inv is None else inv
+    P = np.asarray(pos, dtype=np.float64)
+    axes = np.asarray(pair_axes, dtype=np.int64)
+    angle = P[axes] * inv[:, None, None]  # [pairs, B, S]
+    angle = np.transpose(angle, (1, 2, 0))[:, None]  # [B, 1, S, pairs]
+    if inverse:
+        angle = -angle
+    span = X[..., offset : offset + rotary_dim]
+    X[..., offset : offset + rotary_dim] = rotate_pairs_nd(span, angle, interleaved)
+    return torch.from_numpy(X)

@@ -668,7 +668,8 @@ def test_rule_specific_dim_checks():
         ({"hidden_size": 64, "num_attention_heads": 4, "layer_types": ["full_attention"],
           "rope_parameters": {"full_attention": {"rope_type": "default"}}}, r"nested by layer type"),
         ({"hidden_size": 64, "num_attention_heads": 4,
-          "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3]}}, r"mrope_section"),
+          "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 2]}},
+         r"mrope_section \[2, 3, 2\] must sum to rotary_dim / 2 = 8 \(one entry per frequency pair\), got 7"),
     ],
 )
 def test_from_hf_config_errors(config, match):

@@ -74,8 +74,11 @@ Limits
   rebuild and read nothing on the host: a patched model traces into one
   graph under ``torch.compile(fullgraph=True)``.
 - Refused by ``from_hf_config``: per-layer-type ``rope_parameters`` (e.g.
-  Gemma 3, ModernBERT), multimodal ``mrope_section`` (Qwen2-VL), odd rotary
-  dims. 3-D (multimodal) ``position_ids`` are not supported.
+  Gemma 3, ModernBERT), odd rotary dims.
+- Multimodal RoPE (``qwen2_vl``, ``qwen2_5_vl``, ``qwen3_vl``): the text model's
+  ``[3, batch, seq]`` position ids travel in the handle and each frequency
+  pair turns by its axis (``mrope_section``, contiguous or interleaved); the
+  vision tower's own rotary (``apply_rotary_pos_emb_vision``) is untouched.
 - The table has ``max_seq_len`` rows (default ``max_position_embeddings``;
   8 bytes per row and pair, e.g. 64 MiB for 131072 positions at head dim
   128). Positions past it are computed exactly from ``inv_freq`` on the fly.
@@ -120,7 +123,7 @@ __all__ = [
 # model_type values whose attention rotates with apply_rotary_pos_emb(q, k,
 # cos, sin) on the pair from the base model's rotary_emb, and that the tests
 # check against transformers.
-SUPPORTED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3"})
+SUPPORTED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"})
 
 _FUNC_NAME = "apply_rotary_pos_emb"
 _STATE_ATTR = "_rotary_integration_state"
@@ -182,7 +185,9 @@ class RotaryPositions:
         pos = self.position_ids
         if pos.device != q.device:
             pos = pos.to(q.device)
-        return _apply_qk(q, k, freqs, 0, False, position_ids=pos, inv_freq=inv_freq, layout=layout)
+        # Multimodal [3, batch, seq] ids: each pair at its axis (rope.pair_axes).
+        axes = self.rope.pair_axes if pos.dim() == 3 else None
+        return _apply_qk(q, k, freqs, 0, False, position_ids=pos, inv_freq=inv_freq, layout=layout, pair_axes=axes)
 
     def __repr__(self) -> str:
         return f"RotaryPositions(position_ids={tuple(self.position_ids.shape)}, rope={self.rope.extra_repr()})"
@@ -287,10 +292,15 @@ def _make_forward(state: _RopeState) -> Callable:
             raise ValueError("rotary: the patched rotary embedding needs position_ids")
         if position_ids.dim() == 1:
             position_ids = position_ids.unsqueeze(0)
-        if position_ids.dim() != 2:
+        axes = state.rope.pair_axes
+        if position_ids.dim() == 3 and axes is not None:
+            # Multimodal [n_axes, batch, seq] (transformers expands a [1, ...] one too).
+            position_ids = position_ids.expand(max(axes) + 1, -1, -1)
+        elif position_ids.dim() != 2:
             raise ValueError(
-                f"rotary: position_ids must be [batch, seq], got shape {tuple(position_ids.shape)} "
-                "(multimodal 3-D position ids are not supported)"
+                f"rotary: position_ids must be [batch, seq]{' or [n_axes, batch, seq]' if axes else ''}, got shape "
+                f"{tuple(position_ids.shape)}"
+                + ("" if axes else " (3-D multimodal ids need a config with mrope_section)")
             )
         state.prepare(position_ids)
         handle = RotaryPositions(position_ids, state)

@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""M-RoPE (Qwen2-VL sections, N-D positions) against our 1-D op on the same
+tensors, and against the eager transformers path and torch.compile of it,
+all timed in one run, round-robin in a shuffled order, medians:
+
+  clone      q.clone() + k.clone(): the memory floor
+  ours_1d    rotary.apply_rope_qk with [batch, seq] position ids
+  ours_mrope the same call with [3, batch, seq] ids and pair_axes
+  hf_eager   Qwen2VLRotaryEmbedding (cos/sin from the 3-D ids, sections
+             recomposed) + apply_rotary_pos_emb, as the model runs it
+  hf_compile torch.compile(fullgraph=True) of hf_eager
+
+Tensors are Qwen2-VL's: q/k projected as [batch, seq, heads, head_dim] and
+viewed as [batch, heads, seq, head_dim] (as the attention does), rotate_half
+pairing, positions an image grid inside text.
+
+Usage: PYTHONPATH=python python benchmarks/bench_mrope.py [--device cpu|cuda]
+       [--seq 8192] [--heads 28,4] [--dim 128] [--dtype bf16] [--repeat 20] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+import torch
+
+import rotary
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+SECTIONS = [16, 24, 24]
+
+
+def grid_positions(seq: int, device) -> torch.Tensor:
+    """[3, 1, seq]: text, then a square image grid, then text (get_rope_index's pattern)."""
+    side = max(1, int((seq // 2) ** 0.5))
+    n_img, n_pre = side * side, (seq - side * side) // 2
+    t, h, w = [], [], []
+    for i in range(n_pre):
+        t.append(i), h.append(i), w.append(i)
+    for i in range(n_img):
+        t.append(n_pre), h.append(n_pre + i // side), w.append(n_pre + i % side)
+    nxt = n_pre + side
+    for i in range(seq - n_pre - n_img):
+        t.append(nxt + i), h.append(nxt + i), w.append(nxt + i)
+    return torch.tensor([t, h, w], dtype=torch.long, device=device)[:, None]
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn, device) -> float:
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--seq", type=int, default=8192)
+    ap.add_argument("--heads", default="28,4")
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--quick", action="store_true", help="one tiny case, no timing claims")
+    args = ap.parse_args()
+    if args.quick:
+        args.seq, args.heads, args.dim, args.repeat = 64, "4,2", 32, 2
+    from transformers import Qwen2VLTextConfig
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLRotaryEmbedding, apply_rotary_pos_emb
+
+    device, dtype = torch.device(args.device), DTYPES[args.dtype]
+    hq, hk = (int(v) for v in args.heads.split(","))
+    S, D = args.seq, args.dim
+    sections = SECTIONS if D == 128 else [D // 8, 3 * D // 16, D // 2 - D // 8 - 3 * D // 16]
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, S, hq, D, generator=gen).to(device, dtype).transpose(1, 2)
+    k = torch.randn(1, S, hk, D, generator=gen).to(device, dtype).transpose(1, 2)
+    pos3 = grid_positions(S, device)
+    pos1 = pos3[0]
+    cfg = Qwen2VLTextConfig(hidden_size=hq * D, num_attention_heads=hq, num_key_value_heads=hk, head_dim=D,
+                            max_position_embeddings=max(2 * S, 4096),
+                            rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": sections})
+    rope = rotary.RotaryEmbedding.from_hf_config(cfg).to(device)
+    hf_emb = Qwen2VLRotaryEmbedding(cfg).to(device)
+
+    def hf_eager():
+        cos, sin = hf_emb(q, pos3)
+        return apply_rotary_pos_emb(q, k, cos, sin)
+
+    hf_compiled = torch.compile(hf_eager, fullgraph=True)
+    cases = {
+        "clone": lambda: (q.clone(), k.clone()),
+        "ours_1d": lambda: rope(q, k, position_ids=pos1),
+        "ours_mrope": lambda: rope(q, k, position_ids=pos3),
+        "hf_eager": hf_eager,
+        "hf_compile": hf_compiled,
+    }
+    # Same results first (the speed of a wrong answer is not a number).
+    oq, ok = cases["ours_mrope"]()
+    hq_, hk_ = hf_eager()
+    tol = 2e-2 if dtype != torch.float32 else 1e-4
+    torch.testing.assert_close(oq.float(), hq_.float(), rtol=tol, atol=tol)
+    for fn in cases.values():  # warm up (and compile)
+        fn(), fn()
+    times = {name: [] for name in cases}
+    order = random.Random(0)
+    for _ in range(args.repeat):
+        names = list(cases)
+        order.shuffle(names)  # no case always follows the same one
+        for name in names:
+            times[name].append(timed(cases[name], device))
+    med = {name: statistics.median(v) for name, v in times.items()}
+    nbytes = 2 * (q.numel() + k.numel()) * q.element_size()
+    print(f"# M-RoPE, {device.type}, {args.dtype}, S={S}, heads {hq}/{hk}, D={D}, sections {sections}, "
+          f"threads {torch.get_num_threads()}, {args.repeat} rounds, torch {torch.__version__}")
+    print(f"{'case':<12}{'median ms':>12}{'GB/s':>10}{'x clone':>10}{'x ours_1d':>11}")
+    for name in cases:
+        print(f"{name:<12}{med[name] * 1e3:>12.3f}{nbytes / med[name] / 1e9:>10.1f}"
+              f"{med[name] / med['clone']:>10.2f}{med[name] / med['ours_1d']:>11.2f}")
+    print(f"mrope / 1d = {med['ours_mrope'] / med['ours_1d']:.3f}; hf_eager / mrope = "
+          f"{med['hf_eager'] / med['ours_mrope']:.2f}; hf_compile / mrope = {med['hf_compile'] / med['ours_mrope']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

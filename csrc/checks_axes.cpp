@@ -1,0 +1,125 @@
+// The checks and launch fields of rotary_offset and of N-D positions
+// (pair_axes), and the by-value checks of host positions, next to the shared
+// validator in checks.cpp.
+#include "checks.h"
+#include "checks_positions.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <string>
+
+namespace rotary {
+namespace detail {
+
+void check_rotary_span(const char* op, const c10::SymInt& head_dim, const at::Tensor& freqs, const RopeArgs& args) {
+  const int64_t offset = args.rotary_offset;
+  const auto rotary_dim = freqs.sym_size(1) * 2;
+  TORCH_CHECK_VALUE(
+      offset >= 0 && offset + rotary_dim <= head_dim, op, ": rotary_offset + rotary_dim must fit in head_dim = ",
+      head_dim, " (the rotated dims are [rotary_offset, rotary_offset + rotary_dim)), got rotary_offset = ", offset,
+      " and rotary_dim = ", rotary_dim, " (from freqs ", freqs.sym_sizes(), ")");
+}
+
+void check_axes_positions(const char* op, const at::Tensor& q_view, const at::Tensor& freqs, const RopeArgs& args) {
+  const auto axes = *args.pair_axes;
+  const bool varlen = args.cu_seqlens.has_value();
+  const char* shapes = varlen ? "[n_axes, total_tokens]" : "[n_axes, seq_len] or [n_axes, batch, seq_len]";
+  TORCH_CHECK_VALUE(
+      args.position_ids.has_value(), op, ": pair_axes needs position_ids with a leading axis dim ", shapes,
+      args.offsets ? "; offsets carry no axes" : "");
+  const auto pairs = freqs.sym_size(1);
+  TORCH_CHECK_VALUE(
+      pairs == static_cast<int64_t>(axes.size()), op, ": pair_axes must have one axis per pair, rotary_dim / 2 = ",
+      pairs, " entries, got ", axes.size());
+  TORCH_CHECK_VALUE(
+      static_cast<int64_t>(axes.size()) <= kernel::kMaxPairs, op, ": pair_axes supports at most ",
+      kernel::kMaxPairs, " pairs (rotary_dim <= ", 2 * kernel::kMaxPairs, "), got ", axes.size());
+  const at::Tensor& p = *args.position_ids;
+  TORCH_CHECK_VALUE(
+      p.dim() == 2 || (!varlen && p.dim() == 3), op, ": with pair_axes, position_ids must have shape ", shapes,
+      " (a leading axis dim), got ", p.sym_sizes());
+  int64_t top = 0;
+  for (size_t j = 0; j < axes.size(); ++j) {
+    TORCH_CHECK_VALUE(
+        axes[j] >= 0 && axes[j] < kernel::kMaxAxes, op, ": pair_axes[", j, "] = ", axes[j],
+        " is not an axis index; pair_axes values must lie in [0, ", kernel::kMaxAxes, ")");
+    top = std::max(top, axes[j]);
+  }
+  TORCH_CHECK_VALUE(
+      p.sym_size(0) == top + 1, op, ": position_ids has ", p.sym_size(0), " axes (its leading dim, shape ",
+      p.sym_sizes(), ") but pair_axes uses axes 0..", top, "; the axis counts must match (n_axes = ", top + 1, ")");
+  const auto batch = q_view.sym_size(0);
+  const auto seq = q_view.sym_size(2);
+  if (p.dim() == 2) {
+    TORCH_CHECK_VALUE(
+        p.sym_size(1) == seq, op, ": with pair_axes, position_ids must have shape ", shapes, " with n_axes = ",
+        top + 1, " and ", varlen ? "total_tokens" : "seq_len", " = ", seq, "; got ", p.sym_sizes());
+  } else {
+    TORCH_CHECK_VALUE(
+        (p.sym_size(1) == batch || p.sym_size(1) == 1) && (p.sym_size(2) == seq || p.sym_size(2) == 1), op,
+        ": with pair_axes, position_ids must have shape ", shapes, " with n_axes = ", top + 1, ", batch = ", batch,
+        " and seq_len = ", seq, "; got ", p.sym_sizes());
+  }
+}
+
+void fill_axes(kernel::RopeParams& p, const at::Tensor& pos, const RopeArgs& args) {
+  const auto axes = *args.pair_axes;
+  p.num_axes = pos.size(0);
+  p.pos_stride_axis = pos.size(0) > 1 ? pos.stride(0) : 0;
+  p.pos_stride_b = pos.dim() == 3 && pos.size(1) > 1 ? pos.stride(1) : 0;
+  p.pos_stride_s = pos.size(-1) > 1 ? pos.stride(-1) : 0;
+  for (size_t j = 0; j < axes.size(); ++j) p.pair_axis[j] = static_cast<uint8_t>(axes[j]);
+}
+
+namespace {
+// Positions and start_pos stay below this, so their sums never overflow int64.
+constexpr int64_t kMaxPosition = int64_t{1} << 60;
+}  // namespace
+
+void check_positions_in_table(const char* op, const kernel::RopeParams& p) {
+  const char* name = p.positions_are_offsets ? "offsets" : "position_ids";
+  const std::string from = p.positions == nullptr ? std::string(" (start_pos ") + std::to_string(p.start_pos) + " + s)"
+      : p.positions_are_offsets ? std::string(" (start_pos ") + std::to_string(p.start_pos) + " + offsets + s)"
+                                : std::string(" (position_ids)");
+  for (int64_t b = 0; b < p.batch; ++b) {
+    for (int64_t s = 0; s < p.seq; ++s) {
+      if (p.positions) {
+        // Bounded so that start_pos + position + local index cannot overflow.
+        const int64_t given = kernel::given_position(p, b, s);
+        TORCH_CHECK_INDEX(
+            given > -kMaxPosition && given < kMaxPosition, op, ": ", name, " must lie in (-2^60, 2^60), got ",
+            given);
+      }
+      const int64_t pos = kernel::position_of(p, b, s);
+      TORCH_CHECK_VALUE(
+          pos >= 0, op, ": token (batch ", b, ", seq ", s, ") has negative position ", pos, from);
+      TORCH_CHECK_INDEX(
+          p.inv_freq != nullptr || pos < p.freqs_len, op, ": token (batch ", b, ", seq ", s, ") has position ",
+          pos, from, ", outside the freqs table [0, ", p.freqs_len, "); pass inv_freq or build a longer table ",
+          "(max_seq_len > ", pos, ")");
+    }
+  }
+}
+
+void check_axes_in_table(const char* op, const kernel::RopeParams& p) {
+  for (int64_t a = 0; a < p.num_axes; ++a) {
+    for (int64_t b = 0; b < p.batch; ++b) {
+      for (int64_t s = 0; s < p.seq; ++s) {
+        const int64_t pos = kernel::given_position(p, b, s, a);
+        TORCH_CHECK_INDEX(
+            pos > -kMaxPosition && pos < kMaxPosition, op, ": position_ids must lie in (-2^60, 2^60), got ", pos);
+        TORCH_CHECK_VALUE(
+            pos >= 0, op, ": token (batch ", b, ", seq ", s, ") has negative position ", pos, " on axis ", a,
+            " (position_ids)");
+        TORCH_CHECK_INDEX(
+            p.inv_freq != nullptr || pos < p.freqs_len, op, ": token (batch ", b, ", seq ", s, ") has position ", pos,
+            " on axis ", a, " (position_ids), outside the freqs table [0, ", p.freqs_len,
+            "); pass inv_freq or build a longer table (max_seq_len > ", pos, ")");
+      }
+    }
+  }
+}
+
+}  // namespace detail
+}  // namespace rotary
