@@ -161,6 +161,9 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> RotaryEmbeddingImpl::for
   auto& c = *cache;
   TORCH_CHECK_VALUE(q.dim() == 4, "RotaryEmbedding.forward_with_cache: q must be 4-D [batch, heads, seq, head_dim], got ",
                     q.sizes());
+  // The fused op rotates dims [0, dim): a span elsewhere would go unrotated.
+  TORCH_CHECK_VALUE(options.rotary_offset() == 0, "RotaryEmbedding.forward_with_cache: rotary_offset must be 0 for the ",
+                    "fused KV-cache write, got ", options.rotary_offset(), "; call forward(q, k) and write the cache");
   const int64_t seq = q.size(2), filled = c.length();
   TORCH_CHECK_INDEX(filled + seq <= c.options.capacity(), "RotaryEmbedding.forward_with_cache: appending ", seq,
                     " positions to a cache holding ", filled, " exceeds its capacity ", c.options.capacity());

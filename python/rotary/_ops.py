@@ -319,7 +319,7 @@ def apply_rope_with_kv_cache_(
     out of bounds."""
     start_pos = _start_pos("apply_rope_with_kv_cache_", start_pos)
     torch.ops.rotary.apply_rope_with_kv_cache_(
-        q, k, v, k_cache, v_cache, freqs, start_pos, interleaved, offsets=offsets, position_ids=position_ids,
+        q, k, v, k_cache, v_cache, _compiled_table(freqs), start_pos, interleaved, offsets=offsets, position_ids=position_ids,
         cu_seqlens=cu_seqlens, inv_freq=inv_freq, layout=layout, cache_positions=cache_positions,
         slot_mapping=slot_mapping, kv_layout=kv_layout, k_scale=k_scale, v_scale=v_scale,
     )

@@ -236,8 +236,9 @@ def test_opcheck(case):
     torch.library.opcheck(torch.ops.rotary.apply_rope_with_kv_cache_, tuple(args), kw, **extra)
 
 
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("kv_layout,fp8", [("BHSD", None), ("NHD", None), ("HND", "tensor")])
-def test_compile_fullgraph(kv_layout, fp8):
+def test_compile_fullgraph(kv_layout, fp8, backend):
     c = KVCase(kv_layout=kv_layout, fp8=fp8, block=16, S=1, B=3, start=7)
 
     def step(q, k, v, kc, vc, f, kw):
@@ -247,9 +248,9 @@ def test_compile_fullgraph(kv_layout, fp8):
     eager_args, kw, _, _ = build(c)
     out_e = step(*eager_args, kw)
     comp_args, _, _, _ = build(c)
-    # aot_eager, as test_variant_compile.py does for the other in-place ops
-    # (Inductor's post-grad pass leaves their auto_functionalized_v2 in place).
-    out_c = torch.compile(step, backend="aot_eager", fullgraph=True)(*comp_args, kw)
+    # Under the inductor the wrapper passes torch.view_as_real(freqs)
+    # (test_inductor_inplace.py says why).
+    out_c = torch.compile(step, backend=backend, fullgraph=True)(*comp_args, kw)
     for a, b in zip(out_e + tuple(eager_args), out_c + tuple(comp_args)):
         same_bits(a, b, "compiled")
 
@@ -287,3 +288,15 @@ def test_cpp_module_forward_with_cache(layout, dtype):
     assert cache.length == full and all(torch.equal(a.float(), b.float()) for a, b in zip(cache.buffers(), before))
     cache.truncate(3)
     assert cache.length == 3
+
+
+def test_cpp_module_forward_with_cache_refuses_a_rotary_offset():
+    from rope_testing import randn
+
+    rope = rotary.CppRotaryEmbedding(16, 64, rotary_offset=8)
+    cache = rotary.KVCache(1, 1, 8, 32)
+    q, k, v = (randn((1, h, 2, 32), torch.float32, 20 + h) for h in (2, 1, 1))
+    before = [t.clone() for t in (q, k, *cache.buffers())]
+    with pytest.raises(ValueError, match=r"forward_with_cache: rotary_offset must be 0 .* got 8"):
+        rope.forward_with_cache(q, k, v, cache)
+    assert cache.length == 0 and all(torch.equal(a, b) for a, b in zip((q, k, *cache.buffers()), before))
