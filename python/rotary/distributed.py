@@ -20,6 +20,9 @@ sharded unlike the sequence, sequence sharding of packed tokens, _StridedShard,
 shards whose global offset the spec cannot give) raises ``ValueError`` naming the
 placement and what would make it valid; nothing is computed.
 
+``apply_rope_with_kv_cache_`` has its own rule, tensor parallel only
+(``_distributed_kv.py``).
+
 Importing ``rotary`` installs these rules as soon as
 ``torch.distributed.tensor`` is imported (a one-shot import hook), so
 ``import rotary`` does not pay for importing DTensor.
@@ -61,9 +64,12 @@ def register():
         return
     from torch.distributed.tensor import DTensor
 
+    from ._distributed_kv import kv_handler
+
     handlers = DTensor._op_dispatcher._custom_op_handlers
     for op in _ops():
         handlers[op] = _handler
+    handlers[torch.ops.rotary.apply_rope_with_kv_cache_.default] = kv_handler
     _registered = True
 
 

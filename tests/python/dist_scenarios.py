@@ -409,5 +409,7 @@ def scenarios(world):
         out += [("llama_tp2", llama_tp), ("llama_cp2", llama_cp), ("refusals", refusals)]
     if world == 4:
         out += [("mesh_2d", mesh_2d)]
-    return out
+    from dist_kv_scenarios import scenarios as kv_scenarios  # it imports this module
+
+    return out + kv_scenarios()
 

@@ -1,0 +1,102 @@
+"""The DTensor rule of ``apply_rope_with_kv_cache_``: tensor parallel only.
+
+q, k, v and both caches are Replicate or Shard(heads) on every mesh dim, the
+caches sharded on their own heads dim (kv_layout BHSD / HND: 1, BSHD / NHD:
+2) wherever q is. Each rank rotates its heads and writes them into its cache
+shard: slots and cache positions name tokens, not heads, so they stay whole.
+A per-head scale is cut to the rank's heads. Other placements (batch or
+sequence shards, which would need slots renumbered per rank) are refused;
+positions, slots, scales and tables are plain tensors or replicated DTensors.
+"""
+
+from .distributed import _DIMS, _bind, _call, _fmt, _local_range, _refuse
+
+_DATA = ("q", "k", "v")
+_CACHES = ("k_cache", "v_cache")
+_WHOLE = ("freqs", "inv_freq", "cu_seqlens", "offsets", "position_ids", "cache_positions", "slot_mapping")
+_CACHE_HEADS = {"BHSD": 1, "HND": 1, "BSHD": 2, "NHD": 2}
+
+
+def _replicated(op, name, t, mesh):
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(t, DTensor):
+        return t
+    if t.device_mesh != mesh or not all(p.is_replicate() for p in t.placements):
+        _refuse(
+            op,
+            f"{name} has placements {_fmt(t.placements)}; tensor-parallel cache writes need all of it on "
+            "every rank: replicate it or pass a plain tensor",
+        )
+    return t._local_tensor
+
+
+def kv_handler(op, args, kwargs):
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.placement_types import Replicate, Shard
+
+    bound = _bind(op, args, kwargs)
+    names = _DATA + _CACHES
+    plain = [n for n in names if not isinstance(bound[n], DTensor)]
+    if plain:
+        _refuse(
+            op,
+            f"{', '.join(plain)} {'is a plain tensor' if len(plain) == 1 else 'are plain tensors'}; pass q, k, v, "
+            "k_cache and v_cache all as DTensors on one mesh (DTensor.from_local or distribute_tensor)",
+        )
+    q = bound["q"]
+    mesh, placements = q.device_mesh, tuple(q.placements)
+    if bound.get("cu_seqlens") is not None:
+        dims = (None, 1, 0, 2)
+    else:
+        dims = _DIMS.get(bound.get("layout", "BHSD"))
+    cache_heads = _CACHE_HEADS.get(bound.get("kv_layout", "BHSD"))
+    if dims is None or cache_heads is None or q.ndim != (3 if dims[0] is None else 4):
+        dims = None  # not a shape the op takes: its own validator says why
+    heads = None if dims is None else dims[1]
+    want_cache = []
+    for i, p in enumerate(placements):
+        if isinstance(p, Replicate):
+            want_cache.append(p)
+            continue
+        if dims is None or not isinstance(p, Shard) or p.dim % q.ndim != heads:
+            _refuse(
+                op,
+                f"q has placement {p!r} on mesh dim {i}; the fused KV-cache write is computed locally for "
+                f"Replicate and Shard(dim={heads}) (heads, tensor parallel) only: replicate or shard heads",
+            )
+        want_cache.append(Shard(cache_heads))
+    for n in _DATA[1:]:
+        t = bound[n]
+        if t.device_mesh != mesh or tuple(t.placements) != placements:
+            _refuse(op, f"q has placements {_fmt(placements)} but {n} has {_fmt(t.placements)}; place them alike")
+    for n in _CACHES:
+        t = bound[n]
+        if t.device_mesh != mesh or tuple(t.placements) != tuple(want_cache):
+            _refuse(
+                op,
+                f"q has placements {_fmt(placements)}, so {n} must have {_fmt(want_cache)} (its heads dim "
+                f"{cache_heads} for kv_layout {bound.get('kv_layout', 'BHSD')}), got {_fmt(t.placements)}",
+            )
+
+    local = dict(bound)
+    sharded = any(isinstance(p, Shard) for p in placements)
+    for n in names:
+        local[n] = _local_range(bound[n], op, n)[0] if sharded else bound[n]._local_tensor
+    for n in _WHOLE:
+        if bound.get(n) is not None:
+            local[n] = _replicated(op, n, bound[n], mesh)
+    if sharded:
+        _, k_off = _local_range(bound["k"], op, "k")
+        lo, n_heads = k_off[heads], local["k"].shape[heads]
+    for n in ("k_scale", "v_scale"):
+        s = bound.get(n)
+        if s is None:
+            continue
+        s = local[n] = _replicated(op, n, s, mesh)
+        if sharded and s.dim() == 1 and s.shape[0] > 1:  # per head: this rank's heads
+            if s.shape[0] != bound["k"].shape[heads]:
+                _refuse(op, f"{n} has {s.shape[0]} entries but k has {bound['k'].shape[heads]} kv heads")
+            local[n] = s.narrow(0, lo, n_heads)
+    _call(op, local)
+    return None
