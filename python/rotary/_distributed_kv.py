@@ -9,26 +9,13 @@ sequence shards, which would need slots renumbered per rank) are refused;
 positions, slots, scales and tables are plain tensors or replicated DTensors.
 """
 
-from .distributed import _DIMS, _bind, _call, _fmt, _local_range, _refuse
+from .distributed import _DIMS, _bind, _call, _fmt, _local_range, _refuse, _whole
 
 _DATA = ("q", "k", "v")
 _CACHES = ("k_cache", "v_cache")
 _WHOLE = ("freqs", "inv_freq", "cu_seqlens", "offsets", "position_ids", "cache_positions", "slot_mapping")
 _CACHE_HEADS = {"BHSD": 1, "HND": 1, "BSHD": 2, "NHD": 2}
-
-
-def _replicated(op, name, t, mesh):
-    from torch.distributed.tensor import DTensor
-
-    if not isinstance(t, DTensor):
-        return t
-    if t.device_mesh != mesh or not all(p.is_replicate() for p in t.placements):
-        _refuse(
-            op,
-            f"{name} has placements {_fmt(t.placements)}; tensor-parallel cache writes need all of it on "
-            "every rank: replicate it or pass a plain tensor",
-        )
-    return t._local_tensor
+_WHY = "tensor-parallel cache writes need all of it on every rank"
 
 
 def kv_handler(op, args, kwargs):
@@ -82,18 +69,20 @@ def kv_handler(op, args, kwargs):
     local = dict(bound)
     sharded = any(isinstance(p, Shard) for p in placements)
     for n in names:
-        local[n] = _local_range(bound[n], op, n)[0] if sharded else bound[n]._local_tensor
+        if sharded:
+            local[n], offset = _local_range(bound[n], op, n)
+            if n == "k":
+                lo, n_heads = offset[heads], local[n].shape[heads]
+        else:
+            local[n] = bound[n]._local_tensor
     for n in _WHOLE:
         if bound.get(n) is not None:
-            local[n] = _replicated(op, n, bound[n], mesh)
-    if sharded:
-        _, k_off = _local_range(bound["k"], op, "k")
-        lo, n_heads = k_off[heads], local["k"].shape[heads]
+            local[n] = _whole(op, n, bound[n], mesh, _WHY)
     for n in ("k_scale", "v_scale"):
         s = bound.get(n)
         if s is None:
             continue
-        s = local[n] = _replicated(op, n, s, mesh)
+        s = local[n] = _whole(op, n, s, mesh, _WHY)
         if sharded and s.dim() == 1 and s.shape[0] > 1:  # per head: this rank's heads
             if s.shape[0] != bound["k"].shape[heads]:
                 _refuse(op, f"{n} has {s.shape[0]} entries but k has {bound['k'].shape[heads]} kv heads")

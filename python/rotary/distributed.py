@@ -182,6 +182,22 @@ def _refuse(op, msg):
     raise _Refuse(f"rotary.{op._schema.name.split('::')[-1]} on DTensor: {msg}")
 
 
+def _whole(op, name, t, mesh, why="every rank needs all of it"):
+    """A tensor every rank reads whole: a plain one as it is, a replicated
+    DTensor as its local tensor; any other placement is refused."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(t, DTensor):
+        return t
+    if t.device_mesh != mesh or not all(p.is_replicate() for p in t.placements):
+        _refuse(
+            op,
+            f"{name} has placements {_fmt(t.placements)}; {why}: replicate it "
+            "(distribute_tensor(t, mesh, [Replicate()] * mesh.ndim)) or pass a plain tensor",
+        )
+    return t._local_tensor
+
+
 def _local_range(t, op, name):
     """(local tensor, per-dim global offsets) of a DTensor, checked against
     its spec: a local shard of another size means the spec cannot say where
@@ -336,15 +352,8 @@ def _handler(op, args, kwargs):
 
     local = dict(bound)
     for n in _REPLICATED_ARGS:
-        t = bound.get(n)
-        if isinstance(t, DTensor):
-            if t.device_mesh != mesh or not all(p.is_replicate() for p in t.placements):
-                _refuse(
-                    op,
-                    f"{n} has placements {_fmt(t.placements)}; every rank needs all of it: replicate it "
-                    "(distribute_tensor(t, mesh, [Replicate()] * mesh.ndim)) or pass a plain tensor",
-                )
-            local[n] = t._local_tensor
+        if bound.get(n) is not None:
+            local[n] = _whole(op, n, bound[n], mesh)
 
     packed = bound.get("cu_seqlens") is not None
     x = bound[data[0]]
