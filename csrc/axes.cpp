@@ -1,6 +1,7 @@
 // The pair -> axis maps of N-D RoPE (rotary/axes.h), validated here once for
 // the C++ module, the Python module and from_hf_config.
 #include <rotary/axes.h>
+#include <rotary/options.h>
 
 #include "rope_params.h"
 
@@ -19,10 +20,14 @@ std::vector<int64_t> mrope_pair_axes(const std::vector<int64_t>& sections, int64
   TORCH_CHECK_VALUE(
       n >= 1 && n <= kernel::kMaxAxes, "mrope_section must have 1 to ", kernel::kMaxAxes,
       " entries (pairs per position axis), got ", n);
-  for (const auto i : c10::irange(n)) {
-    TORCH_CHECK_VALUE(sections[i] >= 0, "mrope_section[", i, "] must be >= 0, got ", sections[i]);
-  }
   const int64_t pairs = rotary_dim / 2;
+  // Each entry in (0, pairs] first, so the sum below cannot wrap; an empty
+  // section would leave an axis that no pair reads.
+  for (const auto i : c10::irange(n)) {
+    TORCH_CHECK_VALUE(
+        sections[i] > 0 && sections[i] <= pairs, "mrope_section[", i, "] must be in [1, rotary_dim / 2 = ", pairs,
+        "] (pairs of that position axis), got ", sections[i]);
+  }
   const int64_t sum = std::accumulate(sections.begin(), sections.end(), int64_t{0});
   TORCH_CHECK_VALUE(
       sum == pairs, "mrope_section ", c10::ArrayRef<int64_t>(sections), " must sum to rotary_dim / 2 = ", pairs,
@@ -48,7 +53,8 @@ AxialRope axial_rope(const std::vector<int64_t>& axes_dim, const std::vector<dou
       n >= 1 && n <= kernel::kMaxAxes, "axes_dim must have 1 to ", kernel::kMaxAxes, " entries (dims per axis), got ", n);
   for (const auto a : c10::irange(n)) {
     TORCH_CHECK_VALUE(
-        axes_dim[a] > 0 && axes_dim[a] % 2 == 0, "axes_dim[", a, "] must be even and > 0, got ", axes_dim[a]);
+        axes_dim[a] > 0 && axes_dim[a] % 2 == 0 && axes_dim[a] <= 2 * kernel::kMaxPairs, "axes_dim[", a,
+        "] must be even and in [2, ", 2 * kernel::kMaxPairs, "], got ", axes_dim[a]);
   }
   const int64_t nt = static_cast<int64_t>(thetas.size());
   TORCH_CHECK_VALUE(
@@ -76,6 +82,13 @@ AxialRope axial_rope(const std::vector<int64_t>& axes_dim, const std::vector<dou
     }
   }
   return out;
+}
+
+std::vector<int64_t> pair_axes_of(const RotaryEmbeddingOptions& o) {
+  if (!o.mrope_section().empty()) return mrope_pair_axes(o.mrope_section(), o.dim(), o.mrope_interleaved());
+  if (o.axes_dim().empty()) return {};
+  const auto thetas = o.axes_theta().empty() ? std::vector<double>{o.theta()} : o.axes_theta();
+  return axial_rope(o.axes_dim(), thetas, o.axes_shared_spectrum()).pair_axes;
 }
 
 }  // namespace rotary

@@ -3,6 +3,8 @@
 #include "checks_positions.h"
 #include "overlap.h"
 
+#include <rotary/bounds.h>
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
@@ -12,9 +14,6 @@
 namespace rotary {
 namespace detail {
 namespace {
-
-// Positions and start_pos stay below this, so their sums never overflow int64.
-constexpr int64_t kMaxPosition = int64_t{1} << 60;
 
 bool is_supported_float(at::ScalarType t) {
   return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
@@ -224,7 +223,7 @@ void check_cu_seqlens_values(const char* op, const at::Tensor& cu, int64_t total
 }
 
 void check_start_pos_bound(const char* op, int64_t start_pos) {
-  TORCH_CHECK_INDEX(start_pos < kMaxPosition, op, ": start_pos must be < 2^60, got ", start_pos);
+  TORCH_CHECK_INDEX(bounds::start_pos_in_range(start_pos), op, ": start_pos must be < 2^60, got ", start_pos);
 }
 
 }  // namespace
@@ -324,10 +323,8 @@ PreparedRope prepare_rope(
     TORCH_CHECK_VALUE(p.num_seqs >= 1 || p.seq == 0, op, ": cu_seqlens has no sequence but there are ", p.seq, " tokens");
   }
   if (args.offsets || args.position_ids) {
-    // int32 and int64 are read in place; other integer dtypes are widened once.
     const at::Tensor& given = args.position_ids ? *args.position_ids : *args.offsets;
-    const bool direct = given.scalar_type() == at::kLong || given.scalar_type() == at::kInt;
-    r.positions = direct ? given : given.to(at::kLong);
+    r.positions = widen_positions(op, args.position_ids ? "position_ids" : "offsets", given);
     const auto& pos = r.positions;
     p.positions = pos.data_ptr();
     p.positions_int32 = pos.scalar_type() == at::kInt;

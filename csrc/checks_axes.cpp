@@ -4,6 +4,8 @@
 #include "checks.h"
 #include "checks_positions.h"
 
+#include <rotary/bounds.h>
+
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -16,7 +18,7 @@ void check_rotary_span(const char* op, const c10::SymInt& head_dim, const at::Te
   const int64_t offset = args.rotary_offset;
   const auto rotary_dim = freqs.sym_size(1) * 2;
   TORCH_CHECK_VALUE(
-      offset >= 0 && offset + rotary_dim <= head_dim, op, ": rotary_offset + rotary_dim must fit in head_dim = ",
+      bounds::span_fits(offset, rotary_dim, head_dim), op, ": rotary_offset + rotary_dim must fit in head_dim = ",
       head_dim, " (the rotated dims are [rotary_offset, rotary_offset + rotary_dim)), got rotary_offset = ", offset,
       " and rotary_dim = ", rotary_dim, " (from freqs ", freqs.sym_sizes(), ")");
 }
@@ -72,11 +74,6 @@ void fill_axes(kernel::RopeParams& p, const at::Tensor& pos, const RopeArgs& arg
   for (size_t j = 0; j < axes.size(); ++j) p.pair_axis[j] = static_cast<uint8_t>(axes[j]);
 }
 
-namespace {
-// Positions and start_pos stay below this, so their sums never overflow int64.
-constexpr int64_t kMaxPosition = int64_t{1} << 60;
-}  // namespace
-
 void check_positions_in_table(const char* op, const kernel::RopeParams& p) {
   const char* name = p.positions_are_offsets ? "offsets" : "position_ids";
   const std::string from = p.positions == nullptr ? std::string(" (start_pos ") + std::to_string(p.start_pos) + " + s)"
@@ -88,7 +85,7 @@ void check_positions_in_table(const char* op, const kernel::RopeParams& p) {
         // Bounded so that start_pos + position + local index cannot overflow.
         const int64_t given = kernel::given_position(p, b, s);
         TORCH_CHECK_INDEX(
-            given > -kMaxPosition && given < kMaxPosition, op, ": ", name, " must lie in (-2^60, 2^60), got ",
+            bounds::position_in_range(given), op, ": ", name, " must lie in (-2^60, 2^60), got ",
             given);
       }
       const int64_t pos = kernel::position_of(p, b, s);
@@ -102,13 +99,45 @@ void check_positions_in_table(const char* op, const kernel::RopeParams& p) {
   }
 }
 
+at::Tensor widen_positions(const char* op, const char* name, const at::Tensor& t) {
+  const auto type = t.scalar_type();
+  // Non-integer dtypes are the callers' to refuse, with their own words.
+  if (type == at::kLong || type == at::kInt || !at::isIntegralType(type, /*includeBool=*/false)) return t;
+  if (type == at::kUInt64 && t.is_cpu() && t.numel() > 0) {
+    const at::Tensor as_signed = t.view(at::kLong).flatten();  // the same bits
+    const at::Tensor past = as_signed.lt(0);
+    if (past.any().item<bool>()) {
+      const int64_t i = past.to(at::kByte).argmax().item<int64_t>();
+      const auto value = static_cast<uint64_t>(as_signed[i].item<int64_t>());
+      TORCH_CHECK_INDEX(false, op, ": ", name, " must lie in (-2^60, 2^60), got ", value, " (uint64)");
+    }
+  }
+  return t.to(at::kLong);
+}
+
+at::Tensor legacy_ids(const char* op, const at::Tensor& ids, int64_t start_pos) {
+  TORCH_CHECK_TYPE(
+      at::isIntegralType(ids.scalar_type(), /*includeBool=*/false), op, ": positions must have an integer dtype, got ",
+      ids.scalar_type());
+  TORCH_CHECK_VALUE(start_pos >= 0, op, ": start_pos must be >= 0, got ", start_pos);
+  TORCH_CHECK_INDEX(bounds::start_pos_in_range(start_pos), op, ": start_pos must be < 2^60, got ", start_pos);
+  const at::Tensor wide = widen_positions(op, "positions", ids).to(at::kLong);
+  if (wide.is_cpu() && wide.numel() > 0) {
+    const int64_t lo = wide.min().item<int64_t>(), hi = wide.max().item<int64_t>();
+    for (const int64_t v : {lo, hi}) {
+      TORCH_CHECK_INDEX(bounds::position_in_range(v), op, ": positions must lie in (-2^60, 2^60), got ", v);
+    }
+  }
+  return start_pos == 0 ? wide : wide + start_pos;
+}
+
 void check_axes_in_table(const char* op, const kernel::RopeParams& p) {
   for (int64_t a = 0; a < p.num_axes; ++a) {
     for (int64_t b = 0; b < p.batch; ++b) {
       for (int64_t s = 0; s < p.seq; ++s) {
         const int64_t pos = kernel::given_position(p, b, s, a);
         TORCH_CHECK_INDEX(
-            pos > -kMaxPosition && pos < kMaxPosition, op, ": position_ids must lie in (-2^60, 2^60), got ", pos);
+            bounds::position_in_range(pos), op, ": position_ids must lie in (-2^60, 2^60), got ", pos);
         TORCH_CHECK_VALUE(
             pos >= 0, op, ": token (batch ", b, ", seq ", s, ") has negative position ", pos, " on axis ", a,
             " (position_ids)");

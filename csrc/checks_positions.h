@@ -4,12 +4,25 @@
 
 #include "rope_params.h"
 
+#include <ATen/core/Tensor.h>
+
 namespace rotary {
 namespace detail {
 
 // Every token's position (offsets or ids, 1-D) lies in [0, 2^60) and, without
 // inv_freq, inside the table; the message names the token and the argument.
 void check_positions_in_table(const char* op, const kernel::RopeParams& p);
+
+// An integer positions tensor as the kernels and the host rules read it:
+// int32 and int64 as they are, every other integer dtype widened to int64
+// once, before any arithmetic. A uint64 value >= 2^63 is refused on the host
+// (it would wrap to a negative int64); on a device it becomes negative and so
+// an invalid position (NaN, never an out-of-bounds read).
+at::Tensor widen_positions(const char* op, const char* name, const at::Tensor& t);
+
+// The deprecated positions= ids folded into start_pos + ids, in int64 and
+// checked on the host first, so the sum cannot wrap.
+at::Tensor legacy_ids(const char* op, const at::Tensor& ids, int64_t start_pos);
 
 }  // namespace detail
 }  // namespace rotary

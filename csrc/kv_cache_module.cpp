@@ -3,6 +3,9 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <cmath>
+#include <utility>
+
 namespace rotary {
 
 KVCacheImpl::KVCacheImpl(const KVCacheOptions& options_) : options(options_) {
@@ -15,6 +18,8 @@ void KVCacheImpl::reset() {
       o.batch() >= 0 && o.kv_heads() > 0 && o.capacity() > 0 && o.head_dim() > 0, "KVCache: batch must be >= 0 and ",
       "kv_heads, capacity, head_dim > 0, got batch ", o.batch(), ", kv_heads ", o.kv_heads(), ", capacity ",
       o.capacity(), ", head_dim ", o.head_dim());
+  TORCH_CHECK_VALUE(
+      o.head_dim() % 2 == 0, "KVCache: head_dim must be even (RoPE rotates pairs of dims), got ", o.head_dim());
   TORCH_CHECK_VALUE(o.layout() == "BHSD" || o.layout() == "BSHD", "KVCache: layout must be 'BHSD' or 'BSHD', got '",
                     o.layout(), "'");
   const auto dt = o.dtype();
@@ -22,6 +27,17 @@ void KVCacheImpl::reset() {
       dt == torch::kFloat || dt == torch::kDouble || dt == torch::kHalf || dt == torch::kBFloat16 ||
           dt == torch::kFloat8_e4m3fn,
       "KVCache: dtype must be float32, float64, float16, bfloat16 or float8_e4m3fn, got ", dt);
+  const bool fp8 = dt == torch::kFloat8_e4m3fn;
+  for (const auto& [name, scale] : {std::make_pair("k_scale", o.k_scale()), std::make_pair("v_scale", o.v_scale())}) {
+    if (!scale) continue;
+    TORCH_CHECK_VALUE(
+        fp8, "KVCache: ", name, " is only for float8_e4m3fn caches; dtype ", dt, " is stored unscaled, got ", name,
+        " = ", *scale);
+    TORCH_CHECK_VALUE(
+        std::isfinite(*scale) && *scale > 0.0 && std::isfinite(static_cast<float>(*scale)) &&
+            static_cast<float>(*scale) > 0.0f,
+        "KVCache: ", name, " must be finite and > 0 as a float32, got ", *scale);
+  }
   const auto device = k.defined() ? k.device() : torch::Device(torch::kCPU);
   const std::vector<int64_t> shape = o.layout() == "BHSD"
       ? std::vector<int64_t>{o.batch(), o.kv_heads(), o.capacity(), o.head_dim()}
@@ -29,16 +45,19 @@ void KVCacheImpl::reset() {
   const auto opts = torch::TensorOptions().dtype(dt).device(device);
   k = register_buffer("k", torch::zeros(shape, opts));
   v = register_buffer("v", torch::zeros(shape, opts));
-  if (dt == torch::kFloat8_e4m3fn) {
-    k_scale = register_buffer("k_scale", torch::tensor(static_cast<float>(o.k_scale()), torch::device(device)));
-    v_scale = register_buffer("v_scale", torch::tensor(static_cast<float>(o.v_scale()), torch::device(device)));
+  if (fp8) {
+    k_scale = register_buffer("k_scale", torch::tensor(static_cast<float>(o.k_scale().value_or(1.0)), torch::device(device)));
+    v_scale = register_buffer("v_scale", torch::tensor(static_cast<float>(o.v_scale().value_or(1.0)), torch::device(device)));
   }
 }
 
 void KVCacheImpl::pretty_print(std::ostream& stream) const {
   stream << "rotary::KVCache(batch=" << options.batch() << ", kv_heads=" << options.kv_heads()
          << ", capacity=" << options.capacity() << ", head_dim=" << options.head_dim() << ", layout="
-         << options.layout() << ", dtype=" << options.dtype() << ", length=" << length_ << ")";
+         << options.layout() << ", dtype=" << options.dtype();
+  if (options.k_scale()) stream << ", k_scale=" << *options.k_scale();
+  if (options.v_scale()) stream << ", v_scale=" << *options.v_scale();
+  stream << ", length=" << length_ << ")";
 }
 
 void KVCacheImpl::truncate(int64_t length) {
@@ -53,7 +72,20 @@ void KVCacheImpl::advance(int64_t tokens) {
   length_ += tokens;
 }
 
+void KVCacheImpl::to(torch::Device device, torch::Dtype /*dtype*/, bool non_blocking) {
+  to(device, non_blocking);
+}
+
+void KVCacheImpl::to(torch::Dtype /*dtype*/, bool /*non_blocking*/) {}
+
+void KVCacheImpl::to(torch::Device device, bool non_blocking) {
+  torch::nn::Module::to(device, non_blocking);
+}
+
 std::pair<torch::Tensor, torch::Tensor> KVCacheImpl::keys_values(torch::Dtype dtype) const {
+  TORCH_CHECK_TYPE(
+      dtype == torch::kFloat || dtype == torch::kDouble || dtype == torch::kHalf || dtype == torch::kBFloat16,
+      "KVCache.keys_values: dtype must be float32, float64, float16 or bfloat16, got ", dtype);
   const bool bshd = options.layout() == "BSHD";
   auto view = [&](const torch::Tensor& t, const torch::Tensor& scale) {
     auto filled = (bshd ? t.transpose(1, 2) : t).narrow(2, 0, length_);

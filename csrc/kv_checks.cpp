@@ -1,7 +1,14 @@
 #include "kv_checks.h"
 
+#include <rotary/bounds.h>
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace rotary {
 namespace detail {
@@ -57,6 +64,32 @@ void check_scale(const char* op, const char* name, const std::optional<at::Tenso
   TORCH_CHECK_VALUE(
       s->device() == q.device(), op, ": ", name, " is on ", s->device(), " but q is on ", q.device(),
       "; move both to the same device");
+}
+
+// A host scale divides every value written: 0, NaN, inf or a negative one
+// would fill the cache with inf / NaN / flipped signs. Device scales are not
+// read (that would sync).
+void check_scale_values(const char* op, const char* name, const std::optional<at::Tensor>& s) {
+  if (!s || !s->is_cpu() || s->numel() == 0) return;
+  const at::Tensor flat = s->flatten();
+  const at::Tensor bad = flat.isfinite().logical_and(flat.gt(0)).logical_not();
+  if (!bad.any().item<bool>()) return;
+  const int64_t i = bad.to(at::kByte).argmax().item<int64_t>();
+  TORCH_CHECK_VALUE(
+      false, op, ": ", name, " must be finite and > 0 (the cache stores x / scale), got ", flat[i].item<float>(),
+      s->dim() ? " at head " + std::to_string(i) : std::string());
+}
+
+// Two tokens of one call written to one cache row or slot: which one the row
+// holds would depend on the schedule, so a host-known duplicate is refused.
+void check_unique_dest(const char* op, std::vector<std::pair<int64_t, int64_t>>& rows, const char* name) {
+  std::sort(rows.begin(), rows.end());
+  for (size_t i = 1; i < rows.size(); ++i) {
+    TORCH_CHECK_VALUE(
+        rows[i].first != rows[i - 1].first || rows[i].second != rows[i - 1].second, op, ": two tokens go to ",
+        name, " (sequence / block ", rows[i].first, ", row ", rows[i].second, "); each token of a call needs its own ",
+        "cache row");
+  }
 }
 
 void fill4(int64_t (&dst)[4], const at::Tensor& t) {
@@ -192,6 +225,8 @@ PreparedKV prepare_kv(
   p.fp8 = k_cache.scalar_type() == at::kFloat8_e4m3fn;
   p.k_scale = scale_of(kv.k_scale, p.k_scale_stride);
   p.v_scale = scale_of(kv.v_scale, p.v_scale_stride);
+  check_scale_values(op, "k_scale", kv.k_scale);
+  check_scale_values(op, "v_scale", kv.v_scale);
 
   // Values known on the host are range-checked here, before any write; on
   // the device an out-of-range slot or position is skipped (kv_params.h).
@@ -202,10 +237,12 @@ PreparedKV prepare_kv(
   if (!host || rp.batch * rp.seq == 0) return r;
   if (!dest && rp.positions == nullptr && rp.cu_seqlens == nullptr) {
     TORCH_CHECK_INDEX(
-        rp.start_pos + rp.seq <= p.inner, op, ": start_pos + seq_len = ", rp.start_pos + rp.seq,
+        bounds::span_fits(rp.start_pos, rp.seq, p.inner), op, ": start_pos + seq_len = ", rp.start_pos, " + ", rp.seq,
         " exceeds the cache's max_seq_len ", p.inner, " (k_cache shape ", k_cache.sizes(), ")");
     return r;
   }
+  std::vector<std::pair<int64_t, int64_t>> rows;
+  rows.reserve(static_cast<size_t>(rp.batch * rp.seq));
   for (int64_t b = 0; b < rp.batch; ++b) {
     for (int64_t s = 0; s < rp.seq; ++s) {
       if (p.paged) {
@@ -214,6 +251,7 @@ PreparedKV prepare_kv(
             slot >= -1 && slot < p.outer * p.inner, op, ": slot_mapping of token (batch ", b, ", seq ", s, ") is ",
             slot, ", outside the paged cache's ", p.outer * p.inner, " slots (num_blocks ", p.outer, " x block_size ",
             p.inner, "); -1 skips a token");
+        if (slot >= 0) rows.emplace_back(slot / p.inner, slot % p.inner);
         continue;
       }
       int64_t outer = 0, inner = 0;
@@ -222,8 +260,10 @@ PreparedKV prepare_kv(
           inner >= 0 && inner < p.inner, op, ": token (batch ", b, ", seq ", s, ") goes to cache position ", inner,
           dest ? " (cache_positions)" : " (its rotary position)", ", outside the cache's max_seq_len ", p.inner,
           " (k_cache shape ", k_cache.sizes(), ")");
+      rows.emplace_back(outer, inner);
     }
   }
+  check_unique_dest(op, rows, p.paged ? "one slot of slot_mapping" : "one cache row");
   return r;
 }
 

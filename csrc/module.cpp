@@ -1,4 +1,5 @@
 #include <rotary/axes.h>
+#include <rotary/bounds.h>
 #include <rotary/freqs.h>
 #include <rotary/module.h>
 #include <rotary/ops.h>
@@ -34,15 +35,7 @@ void RotaryEmbeddingImpl::reset() {
   const bool same_rule = tables_.options().scaling().type() == options.scaling().type();
   RopeTables next(options, same_rule ? tables_.state() : 0);
   const RopeTableSet built = next.build(next.state(), freqs.defined() ? freqs.device() : torch::Device(torch::kCPU));
-  TORCH_CHECK_VALUE(options.rotary_offset() >= 0, "RotaryEmbedding: rotary_offset must be >= 0, got ",
-                    options.rotary_offset());
-  std::vector<int64_t> axes;
-  if (!options.mrope_section().empty()) {
-    axes = mrope_pair_axes(options.mrope_section(), options.dim(), options.mrope_interleaved());
-  } else if (!options.axes_dim().empty()) {
-    const auto thetas = options.axes_theta().empty() ? std::vector<double>{options.theta()} : options.axes_theta();
-    axes = axial_rope(options.axes_dim(), thetas, options.axes_shared_spectrum()).pair_axes;
-  }
+  std::vector<int64_t> axes = pair_axes_of(options);
   tables_ = next;
   install(built);
   pair_axes = std::move(axes);
@@ -106,10 +99,13 @@ auto RotaryEmbeddingImpl::run(
     Op&& op) {
   const bool has_positions = (offsets && offsets->defined()) || (position_ids && position_ids->defined());
   const int64_t seq_len = q.dim() == 4 ? q.size(2) : 0;  // the op reports a wrong shape
-  const int64_t span = options.rotary_offset() + options.dim();
   TORCH_CHECK_VALUE(
-      q.dim() != 4 || q.size(3) >= span, "RotaryEmbedding(dim=", options.dim(), "): head_dim must be >= ",
-      options.rotary_offset() ? "rotary_offset + dim = " + std::to_string(span) + " (the rotated span)"
+      q.dim() != 4 || bounds::span_fits(options.rotary_offset(), options.dim(), q.size(3)), "RotaryEmbedding(dim=",
+      options.dim(), "): head_dim must be >= ",
+      // Both are >= 0 (check_options), so their sum fits in uint64.
+      options.rotary_offset() ? "rotary_offset + dim = " +
+              std::to_string(static_cast<uint64_t>(options.rotary_offset()) + static_cast<uint64_t>(options.dim())) +
+              " (the rotated span)"
                               : std::string("dim (the rotated width)"),
       ", got head_dim ", q.size(3), " (shape ", q.sizes(), ")");
   RopeTables::check_start_pos(start_pos);
@@ -164,6 +160,11 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> RotaryEmbeddingImpl::for
   // The fused op rotates dims [0, dim): a span elsewhere would go unrotated.
   TORCH_CHECK_VALUE(options.rotary_offset() == 0, "RotaryEmbedding.forward_with_cache: rotary_offset must be 0 for the ",
                     "fused KV-cache write, got ", options.rotary_offset(), "; call forward(q, k) and write the cache");
+  const auto cache_dtype = c.options.dtype();
+  TORCH_CHECK_TYPE(
+      cache_dtype == k.scalar_type() || cache_dtype == torch::kFloat8_e4m3fn, "RotaryEmbedding.forward_with_cache: ",
+      "the KVCache holds ", cache_dtype, " but k is ", k.scalar_type(), "; build the KVCache with dtype=",
+      k.scalar_type(), " (or float8_e4m3fn), or cast k");
   const int64_t seq = q.size(2), filled = c.length();
   TORCH_CHECK_INDEX(filled + seq <= c.options.capacity(), "RotaryEmbedding.forward_with_cache: appending ", seq,
                     " positions to a cache holding ", filled, " exceeds its capacity ", c.options.capacity());

@@ -94,19 +94,3 @@ TORCH_LIBRARY(rotary, m) {
 }
 
 }  // namespace rotary
-
-namespace rotary {
-
-// A lazily conjugated table (freqs.conj()) must reach the kernels as the
-// view it is: prepare_rope reads it as the inverse rotation, both inside the
-// table and past it (from inv_freq). torch's default Conjugate fallback would
-// materialise it instead; rows past the table would then turn by +angle.
-TORCH_LIBRARY_IMPL(rotary, Conjugate, m) {
-  m.impl("apply_rope", torch::CppFunction::makeFallthrough());
-  m.impl("apply_rope_qk", torch::CppFunction::makeFallthrough());
-  m.impl("apply_rope_", torch::CppFunction::makeFallthrough());
-  m.impl("apply_rope_qk_", torch::CppFunction::makeFallthrough());
-  m.impl("apply_rope_with_kv_cache_", torch::CppFunction::makeFallthrough());
-}
-
-}  // namespace rotary

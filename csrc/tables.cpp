@@ -2,6 +2,8 @@
 #include <rotary/freqs.h>
 #include <rotary/tables.h>
 
+#include "checks_positions.h"
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
@@ -52,16 +54,29 @@ void check_options(const RotaryEmbeddingOptions& options) {
       std::isfinite(options.theta()) && options.theta() > 0.0,
       "RotaryEmbedding: theta must be finite and > 0, got ", options.theta());
   check_angle_dtype(options.angle_dtype(), "RotaryEmbedding");
-  if (!options.axes_dim().empty()) {
+  TORCH_CHECK_VALUE(
+      options.rotary_offset() >= 0, "RotaryEmbedding: rotary_offset must be >= 0, got ", options.rotary_offset());
+  // A flag of a rule that is not chosen would be dropped without a word.
+  const bool mrope = !options.mrope_section().empty(), axial = !options.axes_dim().empty();
+  TORCH_CHECK_VALUE(
+      !(mrope && axial), "RotaryEmbedding: mrope_section (M-RoPE) and axes_dim (axial RoPE) are two N-D rules; ",
+      "pass one of them");
+  TORCH_CHECK_VALUE(
+      mrope || !options.mrope_interleaved(), "RotaryEmbedding: mrope_interleaved=True needs mrope_section (the ",
+      "sections it lays out)");
+  TORCH_CHECK_VALUE(
+      axial || (options.axes_theta().empty() && !options.axes_shared_spectrum()), "RotaryEmbedding: ",
+      options.axes_theta().empty() ? "axes_shared_spectrum=True" : "axes_theta", " needs axes_dim (the dims per axis)");
+  pair_axes_of(options);  // the sections or axes, entry by entry (rotary/axes.h)
+  if (axial) {
     const auto& d = options.axes_dim();
     const int64_t sum = std::accumulate(d.begin(), d.end(), int64_t{0});
     TORCH_CHECK_VALUE(
         sum == options.dim(), "RotaryEmbedding: axes_dim ", c10::ArrayRef<int64_t>(d), " must sum to dim = ",
         options.dim(), ", got ", sum);
     TORCH_CHECK_VALUE(
-        options.scaling().type() == "default" && options.mrope_section().empty(),
-        "RotaryEmbedding: axes_dim (axial RoPE) sets the frequencies; it takes no scaling rule (got '",
-        options.scaling().type(), "') and no mrope_section");
+        options.scaling().type() == "default", "RotaryEmbedding: axes_dim (axial RoPE) sets the frequencies; it ",
+        "takes no scaling rule (got '", options.scaling().type(), "')");
   }
 }
 
@@ -152,15 +167,16 @@ int64_t RopeTables::reach_of(
   const bool ids = position_ids && position_ids->defined();
   const std::optional<at::Tensor>& given = ids ? position_ids : offsets;
   if (!given || !given->defined() || given->numel() == 0) return start_pos + seq_len;
-  const int64_t top = given->max().item<int64_t>();
+  const int64_t top =
+      detail::widen_positions("RotaryEmbedding", ids ? "position_ids" : "offsets", *given).max().item<int64_t>();
   // Out of range: the op refuses these positions; nothing is rebuilt for them.
-  if (top <= -kMaxStartPos || top >= kMaxStartPos) return 0;
+  if (!bounds::position_in_range(top)) return 0;
   return ids ? start_pos + top + 1 : start_pos + top + seq_len;
 }
 
 void RopeTables::check_start_pos(int64_t start_pos) {
   TORCH_CHECK_VALUE(start_pos >= 0, "RotaryEmbedding: start_pos must be >= 0, got ", start_pos);
-  TORCH_CHECK_INDEX(start_pos < kMaxStartPos, "RotaryEmbedding: start_pos must be < 2^60, got ", start_pos);
+  TORCH_CHECK_INDEX(bounds::start_pos_in_range(start_pos), "RotaryEmbedding: start_pos must be < 2^60, got ", start_pos);
 }
 
 void RopeTables::check_rows(int64_t seq_len, int64_t start_pos, bool has_positions, int64_t rows) const {

@@ -4,6 +4,7 @@
 
 #include <rotary/rotary.h>
 
+#include <torch/csrc/DynamicTypes.h>
 #include <torch/python.h>
 
 #include <memory>
@@ -13,21 +14,31 @@
 namespace rotary {
 namespace python {
 
+namespace {
+torch::Tensor bytes_of(const torch::Tensor& t) {
+  return t.scalar_type() == torch::kFloat8_e4m3fn ? t.view(torch::kByte) : t;
+}
+}  // namespace
+
 void bind_kv_cache(py::module_& m) {
   using Impl = rotary::KVCacheImpl;
   torch::python::bind_module<Impl>(m, "KVCache")
       .def(
-          py::init([](int64_t batch, int64_t kv_heads, int64_t capacity, int64_t head_dim, const std::string& layout,
-                      const py::object& dtype, double k_scale, double v_scale) {
-            return std::make_shared<Impl>(rotary::KVCacheOptions(batch, kv_heads, capacity, head_dim)
-                                              .layout(layout)
-                                              .dtype(torch::python::detail::py_object_to_dtype(dtype))
-                                              .k_scale(k_scale)
-                                              .v_scale(v_scale));
+          py::init([](const py::object& batch, const py::object& kv_heads, const py::object& capacity,
+                      const py::object& head_dim, const std::string& layout, const py::object& dtype,
+                      std::optional<double> k_scale, std::optional<double> v_scale) {
+            const char* who = "KVCache";
+            return std::make_shared<Impl>(
+                rotary::KVCacheOptions(int_arg(batch, who, "batch"), int_arg(kv_heads, who, "kv_heads"),
+                                       int_arg(capacity, who, "capacity"), int_arg(head_dim, who, "head_dim"))
+                    .layout(layout)
+                    .dtype(torch::python::detail::py_object_to_dtype(dtype))
+                    .k_scale(k_scale)
+                    .v_scale(v_scale));
           }),
           py::arg("batch"), py::arg("kv_heads"), py::arg("capacity"), py::arg("head_dim"), py::kw_only(),
           py::arg("layout") = "BHSD", py::arg("dtype") = py::module_::import("torch").attr("float32"),
-          py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0)
+          py::arg("k_scale") = py::none(), py::arg("v_scale") = py::none())
       .def_property_readonly("_length", &Impl::length)
       .def_property_readonly("capacity", [](const Impl& self) { return self.options.capacity(); })
       .def_property_readonly("layout", [](const Impl& self) { return self.options.layout(); })
@@ -51,13 +62,55 @@ void bind_kv_cache(py::module_& m) {
         return os.str();
       },
       py::is_method(wrapper));
+  // A parent's .half() / .to(dtype) reaches ModuleWrapper._apply, which casts
+  // every buffer: the cache keeps its dtype (its options say it), and moves.
+  wrapper.attr("_apply") = py::cpp_function(
+      [](py::object self, py::object fn, bool /*recurse*/) {
+        auto impl = self.attr("cpp_module").cast<std::shared_ptr<Impl>>();
+        const auto probe = fn(torch::empty({0}, torch::TensorOptions().device(impl->k.device()))).cast<torch::Tensor>();
+        impl->to(probe.device());
+        return self;
+      },
+      py::is_method(wrapper), py::arg("fn"), py::arg("recurse") = true);
+  // pickle / copy.deepcopy: rebuilt from the options, then the buffers and
+  // the length copied in. torch cannot pickle a float8 tensor: its bytes go.
+  wrapper.attr("__module__") = "rotary";
+  m.def(
+      "_kv_cache_from_state",
+      [wrapper](const py::tuple& st) {
+        TORCH_CHECK_VALUE(st.size() == 11, "KVCache: unexpected pickled state of size ", st.size());
+        py::object obj = wrapper(
+            st[0], st[1], st[2], st[3], py::arg("layout") = st[4], py::arg("dtype") = st[5], py::arg("k_scale") = st[6],
+            py::arg("v_scale") = st[7]);
+        auto impl = obj.attr("cpp_module").cast<std::shared_ptr<Impl>>();
+        const auto k = st[8].cast<torch::Tensor>(), v = st[9].cast<torch::Tensor>();
+        impl->to(k.device());
+        torch::NoGradGuard no_grad;
+        impl->k.view(k.scalar_type()).copy_(k);  // float8 travels as its bytes
+        impl->v.view(v.scalar_type()).copy_(v);
+        impl->truncate(0);
+        impl->advance(st[10].cast<int64_t>());
+        return obj;
+      },
+      py::arg("state"));
+  wrapper.attr("__reduce__") = py::cpp_function(
+      [m](py::object self) {
+        auto impl = self.attr("cpp_module").cast<std::shared_ptr<Impl>>();
+        const auto& o = impl->options;
+        py::tuple state = py::make_tuple(
+            o.batch(), o.kv_heads(), o.capacity(), o.head_dim(), o.layout(), py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(o.dtype()))), o.k_scale(),
+            o.v_scale(), bytes_of(impl->k), bytes_of(impl->v), impl->length());
+        return py::make_tuple(m.attr("_kv_cache_from_state"), py::make_tuple(state));
+      },
+      py::is_method(wrapper));
 }
 
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> forward_with_cache(
     rotary::RotaryEmbeddingImpl& rope, torch::Tensor q, torch::Tensor k, const torch::Tensor& v, const py::object& cache,
-    std::optional<int64_t> start_pos) {
+    const py::object& start_pos) {
   rotary::KVCache holder(cache.attr("cpp_module").cast<std::shared_ptr<rotary::KVCacheImpl>>());
-  return rope.forward_with_cache(q, k, v, holder, start_pos);
+  const std::optional<int64_t> pos = start_pos.is_none() ? std::nullopt : std::optional<int64_t>(start_pos_arg(start_pos));
+  return rope.forward_with_cache(q, k, v, holder, pos);
 }
 
 }  // namespace python

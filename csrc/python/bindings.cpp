@@ -3,6 +3,7 @@
 // builders, RopeScaling (with its dict form, Hugging Face's rope_parameters)
 // and the C++ RotaryEmbedding.
 #include "convert.h"
+#include "../checks_positions.h"
 
 #include <rotary/rotary.h>
 
@@ -81,6 +82,13 @@ PYBIND11_MODULE(_C, m) {
       "(pair_axes, inv_freq) of axial RoPE (rotary/axes.h): FLUX's per-axis spectra, or Pixtral's shared one.");
 
   // The older position schemes (rotary/schemes.h), for comparison.
+  m.def(
+      "legacy_ids",
+      [](const std::string& who, const torch::Tensor& ids, int64_t start_pos) {
+        return rotary::detail::legacy_ids(who.c_str(), ids, start_pos);
+      },
+      py::arg("who"), py::arg("ids"), py::arg("start_pos"),
+      "start_pos + ids of the deprecated positions= argument, in int64 (checked so the sum cannot wrap).");
   m.def("sinusoidal_table", &rotary::sinusoidal_table, py::arg("n"), py::arg("d"), py::arg("base") = 10000.0,
         "float32 [n, d] additive table: pe[pos, 2i] = sin(pos / base^(2i/d)), pe[pos, 2i+1] = cos(...), in float64.");
   m.def("alibi_slopes", &rotary::alibi_slopes, py::arg("n_heads"),
@@ -111,16 +119,17 @@ PYBIND11_MODULE(_C, m) {
       .def(
           py::init([](const py::object& dim, const py::object& max_seq_len, const py::object& theta,
                       const py::object& interleaved, const py::object& scaling, const py::object& angle_dtype,
-                      const std::vector<int64_t>& axes_dim, const std::vector<double>& axes_theta,
-                      bool axes_shared_spectrum) {
-            return RopeTables(options_from_py(dim, max_seq_len, theta, interleaved, scaling, angle_dtype)
-                                  .axes_dim(axes_dim)
-                                  .axes_theta(axes_theta)
-                                  .axes_shared_spectrum(axes_shared_spectrum));
+                      const py::object& rotary_offset, const py::object& mrope_section,
+                      const py::object& mrope_interleaved, const py::object& axes_dim, const py::object& axes_theta,
+                      const py::object& axes_shared_spectrum) {
+            auto options = options_from_py(dim, max_seq_len, theta, interleaved, scaling, angle_dtype);
+            return RopeTables(nd_options_from_py(
+                options, rotary_offset, mrope_section, mrope_interleaved, axes_dim, axes_theta, axes_shared_spectrum));
           }),
           py::arg("dim"), py::arg("max_seq_len") = 4096, py::arg("theta") = 10000.0, py::arg("interleaved") = true,
           py::arg("scaling") = py::none(), py::kw_only(), py::arg("angle_dtype") = "float64",
-          py::arg("axes_dim") = std::vector<int64_t>{}, py::arg("axes_theta") = std::vector<double>{},
+          py::arg("rotary_offset") = 0, py::arg("mrope_section") = py::none(), py::arg("mrope_interleaved") = false,
+          py::arg("axes_dim") = py::none(), py::arg("axes_theta") = py::none(),
           py::arg("axes_shared_spectrum") = false)
       .def_property_readonly("dim", [](const RopeTables& t) { return t.options().dim(); })
       .def_property_readonly("max_seq_len", [](const RopeTables& t) { return t.options().max_seq_len(); })
@@ -130,6 +139,11 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly(
           "angle_dtype", [](const RopeTables& t) { return rotary::angle_dtype_name(t.options().angle_dtype()); })
       .def_property_readonly("host_driven", &RopeTables::host_driven)
+      .def_property_readonly("rotary_offset", [](const RopeTables& t) { return t.options().rotary_offset(); })
+      .def_property_readonly("mrope_section", [](const RopeTables& t) { return t.options().mrope_section(); })
+      .def_property_readonly("mrope_interleaved", [](const RopeTables& t) { return t.options().mrope_interleaved(); })
+      .def_property_readonly("axes_dim", [](const RopeTables& t) { return t.options().axes_dim(); })
+      .def_property_readonly("pair_axes", [](const RopeTables& t) { return rotary::pair_axes_of(t.options()); })
       .def_property_readonly("extends_past_table", &RopeTables::extends_past_table)
       .def_property_readonly("state", &RopeTables::state)
       .def_property_readonly("attention_scaling", &RopeTables::attention_scaling)
@@ -188,6 +202,11 @@ PYBIND11_MODULE(_C, m) {
                   .axes_theta(st[8].cast<std::vector<double>>())
                   .axes_shared_spectrum(st[9].cast<bool>());
             }
+            if (st.size() >= 13) {  // span and M-RoPE options
+              options.rotary_offset(st[10].cast<int64_t>())
+                  .mrope_section(st[11].cast<std::vector<int64_t>>())
+                  .mrope_interleaved(st[12].cast<bool>());
+            }
             return RopeTables(options, st[6].cast<int64_t>());
           }));
   m.def(
@@ -201,22 +220,18 @@ PYBIND11_MODULE(_C, m) {
       .def(
           py::init([](const py::object& dim, const py::object& max_seq_len, const py::object& theta,
                       const py::object& interleaved, const py::object& scaling, const py::object& angle_dtype,
-                      int64_t rotary_offset, const std::vector<int64_t>& mrope_section, bool mrope_interleaved,
-                      const std::vector<int64_t>& axes_dim, const std::vector<double>& axes_theta,
-                      bool axes_shared_spectrum) {
-            return std::make_shared<Impl>(options_from_py(dim, max_seq_len, theta, interleaved, scaling, angle_dtype)
-                                              .rotary_offset(rotary_offset)
-                                              .mrope_section(mrope_section)
-                                              .mrope_interleaved(mrope_interleaved)
-                                              .axes_dim(axes_dim)
-                                              .axes_theta(axes_theta)
-                                              .axes_shared_spectrum(axes_shared_spectrum));
+                      const py::object& rotary_offset, const py::object& mrope_section,
+                      const py::object& mrope_interleaved, const py::object& axes_dim, const py::object& axes_theta,
+                      const py::object& axes_shared_spectrum) {
+            auto options = options_from_py(dim, max_seq_len, theta, interleaved, scaling, angle_dtype);
+            return std::make_shared<Impl>(nd_options_from_py(
+                options, rotary_offset, mrope_section, mrope_interleaved, axes_dim, axes_theta, axes_shared_spectrum));
           }),
           py::arg("dim"), py::arg("max_seq_len") = 4096, py::arg("theta") = 10000.0,
           py::arg("interleaved") = true, py::arg("scaling") = py::none(), py::kw_only(),
           py::arg("angle_dtype") = "float64", py::arg("rotary_offset") = 0,
-          py::arg("mrope_section") = std::vector<int64_t>{}, py::arg("mrope_interleaved") = false,
-          py::arg("axes_dim") = std::vector<int64_t>{}, py::arg("axes_theta") = std::vector<double>{},
+          py::arg("mrope_section") = py::none(), py::arg("mrope_interleaved") = false,
+          py::arg("axes_dim") = py::none(), py::arg("axes_theta") = py::none(),
           py::arg("axes_shared_spectrum") = false)
       .def_property_readonly("pair_axes", [](const Impl& self) { return self.pair_axes; })
       // rope(x, start_pos=0) or rope(q, k, start_pos=0); offsets= or

@@ -188,6 +188,60 @@ int64_t int_arg(const py::handle& v, const char* who, const char* name) {
   return 0;
 }
 
+namespace {
+
+std::vector<int64_t> int_list_arg(const py::handle& v, const char* who, const char* name) {
+  if (v.is_none()) return {};
+  TORCH_CHECK_TYPE(
+      (py::isinstance<py::list>(v) || py::isinstance<py::tuple>(v)), who, ": ", name,
+      " must be a list of ints or None, got ", repr_of(v));
+  std::vector<int64_t> out;
+  for (const auto item : v) {
+    const std::string entry = std::string(name) + "[" + std::to_string(out.size()) + "]";
+    out.push_back(int_arg(item, who, entry.c_str()));
+  }
+  return out;
+}
+
+std::vector<double> float_list_arg(const py::handle& v, const char* who, const char* name) {
+  if (v.is_none()) return {};
+  TORCH_CHECK_TYPE(
+      (py::isinstance<py::list>(v) || py::isinstance<py::tuple>(v)), who, ": ", name,
+      " must be a list of numbers or None, got ", repr_of(v));
+  std::vector<double> out;
+  for (const auto item : v) {
+    TORCH_CHECK_TYPE(
+        (py::isinstance<py::float_>(item) || py::isinstance<py::int_>(item)) && !py::isinstance<py::bool_>(item),
+        who, ": ", name, "[", out.size(), "] must be a number, got ", repr_of(item));
+    out.push_back(item.cast<double>());
+  }
+  return out;
+}
+
+bool bool_arg(const py::handle& v, const char* who, const char* name) {
+  TORCH_CHECK_TYPE(py::isinstance<py::bool_>(v), who, ": ", name, " must be a bool, got ", repr_of(v));
+  return v.cast<bool>();
+}
+
+}  // namespace
+
+rotary::RotaryEmbeddingOptions& nd_options_from_py(
+    rotary::RotaryEmbeddingOptions& options,
+    const py::object& rotary_offset,
+    const py::object& mrope_section,
+    const py::object& mrope_interleaved,
+    const py::object& axes_dim,
+    const py::object& axes_theta,
+    const py::object& axes_shared_spectrum) {
+  const char* who = "RotaryEmbedding";
+  return options.rotary_offset(int_arg(rotary_offset, who, "rotary_offset"))
+      .mrope_section(int_list_arg(mrope_section, who, "mrope_section"))
+      .mrope_interleaved(bool_arg(mrope_interleaved, who, "mrope_interleaved"))
+      .axes_dim(int_list_arg(axes_dim, who, "axes_dim"))
+      .axes_theta(float_list_arg(axes_theta, who, "axes_theta"))
+      .axes_shared_spectrum(bool_arg(axes_shared_spectrum, who, "axes_shared_spectrum"));
+}
+
 // The module options from Python arguments, each type checked and named.
 rotary::RotaryEmbeddingOptions options_from_py(
     const py::object& dim,
@@ -261,6 +315,8 @@ std::tuple<torch::Tensor, OptTensor, int64_t, OptTensor, OptTensor> call_args(
   py::handle pos = start_pos;
   if (py::isinstance<py::int_>(k) && !py::isinstance<py::bool_>(k)) {
     pos = k;  // rope(x, start_pos)
+  } else if (py::isinstance<py::bool_>(k) || py::isinstance<py::float_>(k)) {
+    start_pos_arg(k);  // a scalar meant as start_pos: say what it must be
   } else if (THPVariable_Check(k.ptr()) && k.cast<torch::Tensor>().dim() == 0) {
     start_pos_arg(k);  // a 0-d tensor meant as start_pos: say so
   } else {
@@ -285,7 +341,8 @@ py::tuple options_to_tuple(const rotary::RopeTables& t) {
   const auto& o = t.options();
   return py::make_tuple(
       o.dim(), o.max_seq_len(), o.theta(), o.interleaved(), scaling_to_dict(o.scaling()),
-      rotary::angle_dtype_name(o.angle_dtype()), t.state(), o.axes_dim(), o.axes_theta(), o.axes_shared_spectrum());
+      rotary::angle_dtype_name(o.angle_dtype()), t.state(), o.axes_dim(), o.axes_theta(), o.axes_shared_spectrum(),
+      o.rotary_offset(), o.mrope_section(), o.mrope_interleaved());
 }
 
 py::object scaling_or_none(const RopeScaling& s) {

@@ -31,6 +31,16 @@ rotary::RotaryEmbeddingOptions options_from_py(
     const py::object& interleaved,
     const py::object& scaling,
     const py::object& angle_dtype);
+// rotary_offset, mrope_section / mrope_interleaved and axes_* (None: unset),
+// type checked and named; check_options (tables.cpp) checks how they combine.
+rotary::RotaryEmbeddingOptions& nd_options_from_py(
+    rotary::RotaryEmbeddingOptions& options,
+    const py::object& rotary_offset,
+    const py::object& mrope_section,
+    const py::object& mrope_interleaved,
+    const py::object& axes_dim,
+    const py::object& axes_theta,
+    const py::object& axes_shared_spectrum);
 int64_t start_pos_arg(const py::handle& v);
 std::optional<torch::Tensor> tensor_arg(const py::handle& v, const std::string& who, const char* name);
 std::tuple<torch::Tensor, OptTensor, int64_t, OptTensor, OptTensor> call_args(
@@ -48,7 +58,7 @@ py::object scaling_or_none(const rotary::RopeScaling& s);
 void bind_kv_cache(py::module_& m);
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> forward_with_cache(
     rotary::RotaryEmbeddingImpl& rope, torch::Tensor q, torch::Tensor k, const torch::Tensor& v, const py::object& cache,
-    std::optional<int64_t> start_pos);
+    const py::object& start_pos);
 
 }  // namespace python
 }  // namespace rotary

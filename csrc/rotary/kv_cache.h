@@ -7,6 +7,7 @@
 #include <torch/nn/pimpl.h>
 #include <torch/types.h>
 
+#include <optional>
 #include <ostream>
 #include <string>
 #include <utility>
@@ -24,9 +25,11 @@ struct KVCacheOptions {
   // k_cache layout) [batch, capacity, kv_heads, head_dim].
   TORCH_ARG(std::string, layout) = "BHSD";
   // The dtype of k and v, or torch::kFloat8_e4m3fn (stored as x / scale).
+  // Casting a parent module leaves it as it is (to(dtype) moves nothing).
   TORCH_ARG(torch::Dtype, dtype) = torch::kFloat32;
-  TORCH_ARG(double, k_scale) = 1.0;  // float8_e4m3fn only
-  TORCH_ARG(double, v_scale) = 1.0;
+  // float8_e4m3fn only: finite and > 0 (unset: 1).
+  TORCH_ARG(std::optional<double>, k_scale) = std::nullopt;
+  TORCH_ARG(std::optional<double>, v_scale) = std::nullopt;
 };
 
 // Buffers `k` and `v` (registered, so they move with ->to(device) and are
@@ -40,6 +43,10 @@ class KVCacheImpl : public torch::nn::Cloneable<KVCacheImpl> {
   // and then copies the buffers) keeps it too. truncate(0) empties the cache.
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
+  // Only the device changes: the cache keeps the dtype of its options.
+  void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Device device, bool non_blocking = false) override;
 
   int64_t length() const { return length_; }
   // Forget the contents past `length` (0 empties the cache); nothing is freed.
@@ -48,7 +55,8 @@ class KVCacheImpl : public torch::nn::Cloneable<KVCacheImpl> {
   void advance(int64_t tokens);
 
   // The filled part, [batch, kv_heads, length, head_dim] views whatever the
-  // layout; float8 caches are dequantised into new tensors of `dtype`.
+  // layout; float8 caches are dequantised into new tensors of `dtype` (a
+  // floating dtype; other caches ignore it).
   std::pair<torch::Tensor, torch::Tensor> keys_values(torch::Dtype dtype = torch::kFloat32) const;
 
   KVCacheOptions options;

@@ -3,6 +3,7 @@
 // them, how saved tables are checked and restored, and the lock.
 #pragma once
 
+#include <rotary/bounds.h>
 #include <rotary/options.h>
 
 #include <ATen/core/Tensor.h>
@@ -25,8 +26,8 @@ struct RopeTableSet {
   int64_t state = 0;  // the seq_len the rule was evaluated at (0: the initial state)
 };
 
-// Positions must stay below this (the op's bound as well).
-constexpr int64_t kMaxStartPos = int64_t{1} << 60;
+// Positions must stay below this (the op's bound, rotary/bounds.h).
+constexpr int64_t kMaxStartPos = kMaxPosition;
 
 // "dynamic" and "longrope" are host-driven: they depend on how far a call
 // reaches (one past its largest position, like HF's max(position_ids) + 1),

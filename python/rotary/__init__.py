@@ -18,6 +18,9 @@ from ._ops import rope_freqs, rope_frequencies  # deprecated aliases, removed in
 from ._C import alibi_bias, alibi_slopes, sinusoidal_table  # the older position schemes, for comparison
 from .hf import rope_kwargs_from_hf_config
 from .module import RotaryEmbedding
+from . import _functionalize
+
+_functionalize._install()  # complex tables under the default inductor
 
 if torch.distributed.is_available():  # DTensor rules, installed when DTensor is imported
     from . import distributed as _distributed

@@ -48,10 +48,30 @@ def inv_frequencies(
     return _C.rope_frequencies(dim, theta, scaling, seq_len)
 
 
+def _int_arg(op: str, name: str, value):
+    """torch's argument parser takes a bool as an int and names neither the
+    argument nor the op for a float or an int past int64: refuse them here,
+    by name (start_pos has its own words for the last, in _start_pos)."""
+    if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
+        raise TypeError(f"{op}: {name} must be an int, got {value!r}")
+    if name != "start_pos" and isinstance(value, int) and not -(2**63) <= value < 2**63:
+        raise ValueError(f"{op}: {name} must fit in int64, got {value}")
+    return value
+
+
+def _pair_axes(op: str, pair_axes):
+    if pair_axes is None:
+        return None
+    if isinstance(pair_axes, (str, bytes)) or not isinstance(pair_axes, Sequence):
+        raise TypeError(f"{op}: pair_axes must be a list of ints or None, got {pair_axes!r}")
+    return [_int_arg(op, f"pair_axes[{j}]", a) for j, a in enumerate(pair_axes)]
+
+
 def _start_pos(op: str, start_pos):
     """A Python int outside int64 never reaches the C++ check: torch's
     argument parser refuses it with a message about its own types. Name the
     argument and the bound instead (the C++ check's words)."""
+    _int_arg(op, "start_pos", start_pos)
     if isinstance(start_pos, int) and not -(2**63) <= start_pos < 2**63:
         if start_pos < 0:
             raise ValueError(f"{op}: start_pos must be >= 0, got {start_pos}")
@@ -77,14 +97,6 @@ def rope_frequencies(*args, **kwargs) -> Tuple[torch.Tensor, float]:
     return inv_frequencies(*args, **kwargs)
 
 
-def _compiled_table(freqs: torch.Tensor) -> torch.Tensor:
-    """The table as its ``view_as_real`` view while compiling: the inductor
-    cannot decompose an in-place custom op that has a complex input."""
-    if torch.compiler.is_compiling() and freqs.dtype == torch.complex64:
-        return torch.view_as_real(freqs.resolve_conj())
-    return freqs
-
-
 def _legacy_positions(positions: torch.Tensor, start_pos, varlen: bool, who: str):
     """``(start_pos, offsets, position_ids)`` for the deprecated ``positions=``
     argument, with its old meaning decided by rank alone: ``[]`` / ``[batch]``
@@ -100,14 +112,12 @@ def _legacy_positions(positions: torch.Tensor, start_pos, varlen: bool, who: str
     is_ids = positions.dim() == 1 if varlen else positions.dim() >= 2
     if not is_ids:
         return start_pos, positions, None
-    if isinstance(start_pos, int):  # checked before it is folded into the ids, as the old op did
-        if start_pos < 0:
-            raise ValueError(f"{who}: start_pos must be >= 0, got {start_pos}")
-        if start_pos >= 2**60:
-            raise IndexError(f"{who}: start_pos must be < 2^60, got {start_pos}")
-    if not (isinstance(start_pos, int) and start_pos == 0):
-        positions = positions + start_pos  # the old rule: ids were added to start_pos
-    return 0, None, positions
+    if isinstance(start_pos, int) and not isinstance(start_pos, bool):
+        # The old rule: ids were added to start_pos; in int64, checked first.
+        return 0, None, _C.legacy_ids(who, positions, start_pos)
+    if not isinstance(start_pos, torch.SymInt):
+        raise TypeError(f"{who}: start_pos must be an int, got {start_pos!r}")
+    return 0, None, positions.to(torch.int64) + start_pos
 
 
 def _route(positions, offsets, position_ids, start_pos, cu_seqlens, who):
@@ -178,7 +188,7 @@ def apply_rope(
     return torch.ops.rotary.apply_rope(
         x, freqs, _start_pos("apply_rope", start_pos), interleaved, offsets=offsets, position_ids=position_ids, inverse=inverse,
         cu_seqlens=cu_seqlens, inv_freq=inv_freq, layout=layout,
-        rotary_offset=rotary_offset, pair_axes=pair_axes,
+        rotary_offset=_int_arg("apply_rope", "rotary_offset", rotary_offset), pair_axes=_pair_axes("apply_rope", pair_axes),
     )
 
 
@@ -205,7 +215,7 @@ def apply_rope_qk(
     return torch.ops.rotary.apply_rope_qk(
         q, k, freqs, _start_pos("apply_rope_qk", start_pos), interleaved, offsets=offsets, position_ids=position_ids, inverse=inverse,
         cu_seqlens=cu_seqlens, inv_freq=inv_freq, layout=layout,
-        rotary_offset=rotary_offset, pair_axes=pair_axes,
+        rotary_offset=_int_arg("apply_rope_qk", "rotary_offset", rotary_offset), pair_axes=_pair_axes("apply_rope_qk", pair_axes),
     )
 
 
@@ -230,9 +240,9 @@ def apply_rope_(
     grad mode on) is refused."""
     start_pos, offsets, position_ids = _route(positions, offsets, position_ids, start_pos, cu_seqlens, "apply_rope_")
     torch.ops.rotary.apply_rope_(
-        x, _compiled_table(freqs), _start_pos("apply_rope_", start_pos), interleaved, offsets=offsets, position_ids=position_ids, inverse=inverse,
+        x, freqs, _start_pos("apply_rope_", start_pos), interleaved, offsets=offsets, position_ids=position_ids, inverse=inverse,
         cu_seqlens=cu_seqlens, inv_freq=inv_freq, layout=layout,
-        rotary_offset=rotary_offset, pair_axes=pair_axes,
+        rotary_offset=_int_arg("apply_rope_", "rotary_offset", rotary_offset), pair_axes=_pair_axes("apply_rope_", pair_axes),
     )
     return x
 
@@ -260,9 +270,9 @@ def apply_rope_qk_(
         positions, offsets, position_ids, start_pos, cu_seqlens, "apply_rope_qk_"
     )
     torch.ops.rotary.apply_rope_qk_(
-        q, k, _compiled_table(freqs), _start_pos("apply_rope_qk_", start_pos), interleaved, offsets=offsets, position_ids=position_ids, inverse=inverse,
+        q, k, freqs, _start_pos("apply_rope_qk_", start_pos), interleaved, offsets=offsets, position_ids=position_ids, inverse=inverse,
         cu_seqlens=cu_seqlens, inv_freq=inv_freq, layout=layout,
-        rotary_offset=rotary_offset, pair_axes=pair_axes,
+        rotary_offset=_int_arg("apply_rope_qk_", "rotary_offset", rotary_offset), pair_axes=_pair_axes("apply_rope_qk_", pair_axes),
     )
     return q, k
 
@@ -319,7 +329,7 @@ def apply_rope_with_kv_cache_(
     out of bounds."""
     start_pos = _start_pos("apply_rope_with_kv_cache_", start_pos)
     torch.ops.rotary.apply_rope_with_kv_cache_(
-        q, k, v, k_cache, v_cache, _compiled_table(freqs), start_pos, interleaved, offsets=offsets, position_ids=position_ids,
+        q, k, v, k_cache, v_cache, freqs, start_pos, interleaved, offsets=offsets, position_ids=position_ids,
         cu_seqlens=cu_seqlens, inv_freq=inv_freq, layout=layout, cache_positions=cache_positions,
         slot_mapping=slot_mapping, kv_layout=kv_layout, k_scale=k_scale, v_scale=v_scale,
     )

@@ -135,26 +135,22 @@ class RotaryEmbedding(nn.Module):
         scaling field) or ``TypeError`` (a ``scaling`` of another type).
         """
         super().__init__()
-        # Validates every argument (TypeError / ValueError naming it) and the rule.
-        axial = dict(axes_dim=list(axes_dim or []), axes_theta=[float(v) for v in axes_theta or []],
-                     axes_shared_spectrum=bool(axes_shared_spectrum))
-        self._tables = _C.RopeTables(dim, max_seq_len, theta, interleaved, scaling, angle_dtype=angle_dtype, **axial)
+        # C++ validates every argument and how they combine (TypeError /
+        # ValueError naming it, the words CppRotaryEmbedding gives) and the rule.
+        self._tables = _C.RopeTables(
+            dim, max_seq_len, theta, interleaved, scaling, angle_dtype=angle_dtype, rotary_offset=rotary_offset,
+            mrope_section=mrope_section, mrope_interleaved=mrope_interleaved, axes_dim=axes_dim,
+            axes_theta=axes_theta, axes_shared_spectrum=axes_shared_spectrum)
         # Plain copies for forward: reading them costs nothing and traces.
         t = self._tables
         self._opts = (t.dim, t.max_seq_len, t.theta, t.interleaved, t.scaling, t.angle_dtype)
         self._host_driven = t.host_driven
         self._extends = t.extends_past_table  # float64 angles: positions past the table computed exactly
-        if isinstance(rotary_offset, bool) or not isinstance(rotary_offset, int) or rotary_offset < 0:
-            raise ValueError(f"RotaryEmbedding: rotary_offset must be an int >= 0, got {rotary_offset!r}")
-        self.rotary_offset = rotary_offset
-        self.mrope_section = None if mrope_section is None else [int(v) for v in mrope_section]
-        self.mrope_interleaved = bool(mrope_interleaved)
-        # The pair -> axis map comes from C++ (rotary/axes.h), which checks the sections.
-        self.pair_axes = None if mrope_section is None else _C.mrope_pair_axes(
-            self.mrope_section, t.dim, self.mrope_interleaved)
-        self.axes_dim = axial["axes_dim"] or None
-        if self.axes_dim is not None:
-            self.pair_axes = _C.axial_rope(self.axes_dim, axial["axes_theta"] or [t.theta], axial["axes_shared_spectrum"])[0]
+        self.rotary_offset = t.rotary_offset
+        self.mrope_section = t.mrope_section or None
+        self.mrope_interleaved = t.mrope_interleaved
+        self.axes_dim = t.axes_dim or None
+        self.pair_axes = t.pair_axes or None  # the pair -> axis map (rotary/axes.h)
         freqs, inv_freq = t.build()
         self.register_buffer("freqs", freqs)
         self.register_buffer("inv_freq", inv_freq)

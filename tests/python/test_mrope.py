@@ -24,8 +24,17 @@ def test_pair_axes_rules():
     assert full[:6] == [0, 1, 2, 0, 1, 2] and full[57:] == [0, 1, 2, 0, 0, 0, 0] and full.count(1) == 20
     with pytest.raises(ValueError, match=r"mrope_section \[16, 24, 20\] must sum to rotary_dim / 2 = 64 .*got 60"):
         rotary.RotaryEmbedding(128, mrope_section=[16, 24, 20])
-    with pytest.raises(ValueError, match=r"mrope_section\[1\] must be >= 0, got -1"):
+    # Each entry is checked before the sum, so none can wrap it; an empty
+    # section (an axis no pair reads) is refused too.
+    with pytest.raises(ValueError, match=r"mrope_section\[1\] must be in \[1, rotary_dim / 2 = 8\].*got -1"):
+        rotary._C.mrope_pair_axes([7, -1], 16)
+    with pytest.raises(ValueError, match=r"mrope_section\[0\] must be in \[1, rotary_dim / 2 = 8\].*got 9"):
         rotary._C.mrope_pair_axes([9, -1], 16)
+    with pytest.raises(ValueError, match=r"mrope_section\[1\] must be in \[1, .*got 4611686018427387904"):
+        rotary._C.mrope_pair_axes([4, 2**62, 2**62 + 4], 16)
+    for make in (rotary.RotaryEmbedding, rotary.CppRotaryEmbedding):
+        with pytest.raises(ValueError, match=r"mrope_section\[2\] must be in \[1, rotary_dim / 2 = 4\].*got 0"):
+            make(8, mrope_section=[2, 2, 0])
 
 
 def test_module_mrope_and_offset():

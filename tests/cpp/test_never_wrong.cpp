@@ -1,0 +1,72 @@
+// The crash and out-of-bounds classes two trials found, from C++: integers
+// near the int64 bounds, negative-bit views and KVCache options are refused
+// by name (or served right), before anything is written.
+#include "helpers.h"
+
+#include <rotary/rotary.h>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <limits>
+
+namespace {
+
+using rotary_test::ExpectError;
+
+constexpr int64_t kBig[] = {std::numeric_limits<int64_t>::max() - 7, std::numeric_limits<int64_t>::max(),
+                            int64_t{1} << 62};
+
+TEST(NeverWrong, RotaryOffsetNearInt64MaxIsRefusedEverywhere) {
+  const auto f = rotary::rope_freqs(8, 16);
+  for (const int64_t off : kBig) {
+    auto q = at::randn({1, 2, 5, 16}), k = at::randn({1, 2, 5, 16});
+    const auto q0 = q.clone(), k0 = k.clone();
+    ExpectError<c10::ValueError>(
+        [&] { rotary::apply_rope_qk_(q, k, f, 5, true, std::nullopt, std::nullopt, false, std::nullopt, std::nullopt, "BHSD", off); },
+        {"apply_rope_qk_", "rotary_offset + rotary_dim must fit in head_dim = 16", std::to_string(off)});
+    EXPECT_TRUE(at::equal(q, q0) && at::equal(k, k0));
+    ExpectError<c10::ValueError>(
+        [&] { rotary::apply_rope(q, f, 5, true, std::nullopt, std::nullopt, false, std::nullopt, std::nullopt, "BHSD", off); },
+        {"apply_rope", "rotary_offset + rotary_dim must fit"});
+    ExpectError<c10::ValueError>(
+        [&] {
+          rotary::apply_rope(q.to(at::kMeta), f.to(at::kMeta), 5, true, std::nullopt, std::nullopt, false, std::nullopt,
+                             std::nullopt, "BHSD", off);
+        },
+        {"apply_rope", "rotary_offset + rotary_dim must fit"});
+    rotary::RotaryEmbedding rope(rotary::RotaryEmbeddingOptions(8).max_seq_len(16).rotary_offset(off));
+    ExpectError<c10::ValueError>([&] { rope->forward(q, k); }, {"head_dim must be >= rotary_offset + dim"});
+  }
+}
+
+TEST(NeverWrong, NegativeBitKRotatesInPlace) {
+  const auto f = rotary::rope_freqs(16, 16);
+  auto q = at::randn({1, 2, 5, 16});
+  const auto k = at::imag(at::complex(at::randn({1, 3, 5, 16}), at::randn({1, 3, 5, 16})).conj());
+  ASSERT_TRUE(k.is_neg());
+  const auto [want_q, want_k] = rotary::apply_rope_qk(q, k.clone(), f, 2);
+  auto kk = k;
+  rotary::apply_rope_qk_(q, kk, f, 2);
+  EXPECT_TRUE(at::equal(q, want_q));
+  EXPECT_TRUE(at::equal(k.clone(), want_k));
+}
+
+TEST(NeverWrong, KVCacheOptionsAreChecked) {
+  using rotary::KVCacheOptions;
+  ExpectError<c10::ValueError>([] { rotary::KVCache(KVCacheOptions(1, 2, 8, 15)); }, {"head_dim must be even", "15"});
+  ExpectError<c10::ValueError>(
+      [] { rotary::KVCache(KVCacheOptions(1, 2, 8, 16).k_scale(2.0)); }, {"k_scale is only for float8_e4m3fn caches"});
+  for (const double bad : {0.0, -1.0, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(), 1e300}) {
+    ExpectError<c10::ValueError>(
+        [&] { rotary::KVCache(KVCacheOptions(1, 2, 8, 16).dtype(at::kFloat8_e4m3fn).v_scale(bad)); },
+        {"v_scale must be finite and > 0"});
+  }
+  rotary::KVCache cache(KVCacheOptions(1, 2, 8, 16).dtype(at::kFloat8_e4m3fn).k_scale(0.5));
+  ExpectError<c10::TypeError>([&] { cache->keys_values(at::kInt); }, {"keys_values: dtype must be"});
+  cache->to(at::kHalf);  // a parent's cast: the cache keeps its dtype
+  EXPECT_EQ(cache->k.scalar_type(), at::kFloat8_e4m3fn);
+}
+
+}  // namespace
