@@ -4,20 +4,34 @@ the C++ code (``rotary._C``), and ``transformers`` itself is never imported.
 
 Accepted: a ``PretrainedConfig`` (transformers 4.x with ``rope_theta`` /
 ``rope_scaling``, or 5.x with ``rope_parameters``) or its plain-dict form
-(``config.to_dict()``, a ``config.json`` loaded with ``json.load``).
+(``config.to_dict()``, a ``config.json`` loaded with ``json.load``). A
+composite config with a ``text_config`` (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, ...)
+is read through its ``text_config``. Pairing and rotated span per
+``model_type`` come from ``rotary.hf_families.FAMILIES``.
 """
 
 import math
+import re
 from typing import Any, Dict, Mapping, Optional
 
 from . import _C
+from .hf_families import GENERIC_FIELDS, Family, family_of
 
 __all__ = ["rope_kwargs_from_hf_config"]
 
+_DEFAULT_THETA = 10000.0
 # Keys of rope_parameters that describe the model rather than the rule.
 _MODEL_KEYS = ("rope_theta", "partial_rotary_factor")
-_DEFAULT_THETA = 10000.0
-_MROPE_DEFAULTS = {"qwen2_vl": [16, 24, 24], "qwen2_5_vl": [16, 24, 24], "qwen3_vl": [24, 20, 20]}
+# Keys of rope_parameters we read; any other is refused by name.
+_RULE_KEYS = frozenset({
+    "rope_type", "type", "factor", "original_max_position_embeddings", "max_position_embeddings", "beta_fast",
+    "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate", "low_freq_factor", "high_freq_factor",
+    "short_factor", "long_factor",
+})
+_PARAM_KEYS = _RULE_KEYS | {"rope_theta", "partial_rotary_factor", "mrope_section", "mrope_interleaved"}
+_ROPE_NAME = re.compile(r"rope|rotary", re.IGNORECASE)
+# Family-specific fields whose names do not say rope / rotary.
+_SPECIFIC = frozenset({"qk_nope_head_dim", "qk_head_dim"})
 
 
 def _get(config: Any, name: str, default: Any = None) -> Any:
@@ -33,42 +47,110 @@ def _first(*values: Any) -> Any:
     return next(v for v in values if v is not None)
 
 
+def _fields(config: Any) -> Dict[str, Any]:
+    """The config's own top-level fields (sub-configs left out)."""
+    items = config.items() if isinstance(config, Mapping) else getattr(config, "__dict__", {}).items()
+    return {k: v for k, v in items if isinstance(k, str) and not k.startswith("_") and not k.endswith("_config")}
+
+
+def _text_config(config: Any) -> Any:
+    text = _get(config, "text_config")
+    if text is None:
+        return config
+    if not isinstance(text, Mapping) and not hasattr(text, "__dict__"):
+        raise ValueError(f"from_hf_config: text_config must be a config or a dict, got {text!r}; "
+                         "pass config.text_config")
+    if _get(text, "model_type") is None and _get(config, "model_type") is not None:
+        text = {**_fields(text), "model_type": _get(config, "model_type")}
+    return text
+
+
+def _int_field(config: Any, name: str, model_type: str) -> int:
+    value = _get(config, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"from_hf_config: {model_type} needs {name}, an int >= 0, got {value!r}")
+    return value
+
+
+def _check_fields(config: Any, model_type: str, family: Optional[Family]) -> None:
+    """Rule 1: a rope-related top-level field is read, or refused by name."""
+    known = GENERIC_FIELDS | set(family.fields if family else ())
+    for name, value in _fields(config).items():
+        if value is None or name in known or not (_ROPE_NAME.search(name) or name in _SPECIFIC):
+            continue
+        who = f"model_type {model_type!r}" if model_type else "a config without model_type"
+        raise ValueError(
+            f"from_hf_config: {name}={value!r} is not read for {who} (its meaning for the pairing or the rotated "
+            f"span is family-specific; known families: rotary.hf_families.FAMILIES)"
+        )
+
+
 def rope_kwargs_from_hf_config(config: Any, max_seq_len: Optional[int] = None) -> Dict[str, Any]:
     """Keyword arguments of ``rotary.RotaryEmbedding`` (and
-    ``rotary.CppRotaryEmbedding``) for the rotary embedding ``config`` describes:
+    ``rotary.CppRotaryEmbedding``) for the rotary embedding ``config`` describes.
 
-    - ``dim``: ``int(head_dim * partial_rotary_factor)``, with ``head_dim``
-      from the config or ``hidden_size // num_attention_heads``;
+    A config with a ``text_config`` is read through it. The ``model_type``
+    picks an entry of ``rotary.hf_families.FAMILIES`` (each checked against
+    transformers' rotary code by tests/python/test_hf_config.py):
+
+    - ``interleaved``: ``False`` for ``rotate_half`` families (pairs ``(j, j +
+      dim/2)``), ``True`` for GPT-J / CodeGen (``rotate_every_two``), Cohere,
+      GLM, GLM-4, Helium, ERNIE 4.5 (``repeat_interleave``-built cos/sin),
+      DeepSeek-V2, and DeepSeek-V3 / GLM-4.7-Flash with ``rope_interleave``
+      (default True);
+    - ``dim`` and ``rotary_offset``: the first ``int(head_dim *
+      partial_rotary_factor)`` dims (``head_dim`` from the config or
+      ``hidden_size // num_attention_heads``); GPT-J / CodeGen the first
+      ``rotary_dim``; DeepSeek MLA the trailing ``qk_rope_head_dim`` dims of
+      a ``[nope | rope]`` head (``rotary_offset = qk_nope_head_dim``);
     - ``theta``: ``rope_parameters["rope_theta"]`` or ``rope_theta``
-      (``rotary_emb_base`` for old GPT-NeoX dicts), else 10000;
+      (``rotary_emb_base`` for old GPT-NeoX dicts), else 10000 (GPT-J /
+      CodeGen: always 10000);
     - ``scaling``: ``rope_scaling`` (legacy) or ``rope_parameters``, with
       ``max_position_embeddings`` and, for yarn / llama3 / longrope, an
       ``original_max_position_embeddings`` filled in as transformers does (a
       top-level ``original_max_position_embeddings`` wins, else the one in the
       dict, else ``max_position_embeddings``);
-    - ``interleaved=False``: transformers pairs dims ``(j, j + dim/2)``
-      (``rotate_half``);
-    - ``max_seq_len``: the argument, else ``max_position_embeddings``.
+    - ``max_seq_len``: the argument, else ``max_position_embeddings``;
+    - ``mrope_section`` / ``mrope_interleaved`` for Qwen2-VL / Qwen2.5-VL
+      (contiguous sections) and Qwen3-VL (interleaved), defaulted as their
+      rotary classes do; ``axes_dim`` / ``axes_shared_spectrum`` for
+      Pixtral's ``"axial"`` rule.
 
-    - ``mrope_section`` / ``mrope_interleaved`` for multimodal RoPE
-      (``rope_parameters["mrope_section"]``; Qwen2-VL / Qwen2.5-VL sections
-      are contiguous, Qwen3-VL's interleaved), only when the config has them;
-    - ``axes_dim`` / ``axes_shared_spectrum`` for Pixtral's ``"axial"`` rule.
+    A ``model_type`` outside the table (or none, for a hand-written dict) is
+    read as ``rotate_half`` over the first ``int(head_dim *
+    partial_rotary_factor)`` dims, and is refused if it has a rope-related
+    field whose meaning is family-specific (``rotary_dim``,
+    ``rope_interleave``, ``qk_rope_head_dim``, ``no_rope_layers``, ...), or
+    ``mrope_section`` unless it has no ``model_type`` at all.
 
-    Raises ``ValueError`` for what it cannot represent (per-layer-type rope
+    DeepSeek-V3 with ``rope_interleave`` writes each rotated span
+    de-interleaved (evens, then odds); ours keeps the pairs in place. q . k is
+    the same (one permutation of both). MLA models with yarn also multiply
+    the attention's softmax scale by ``(0.1 * mscale_all_dim * ln(factor) +
+    1) ** 2``: that is the attention's, not the rotation's, and is not
+    returned here.
+
+    Raises ``ValueError``, naming the field and its value, for what it cannot
+    represent: a rope-related field it does not read, a key of
+    ``rope_parameters`` no rule reads, a refused family, per-layer-type rope
     parameters, an odd rotary dim, an unknown ``rope_type``, sections that do
-    not sum to ``dim / 2``) and for missing or invalid fields, naming them.
+    not sum to ``dim / 2``; and for missing or invalid fields.
     """
-    head_dim = _get(config, "head_dim")
-    if not head_dim:
-        hidden = _get(config, "hidden_size")
-        heads = _get(config, "num_attention_heads")
-        if hidden is None or not heads:
-            raise ValueError(
-                "from_hf_config: the config has no head_dim, and no hidden_size and num_attention_heads "
-                "to derive it from"
-            )
-        head_dim = hidden // heads
+    config = _text_config(config)
+    model_type = str(_get(config, "model_type", ""))
+    family = family_of(model_type)
+    if family is not None and family.refuse:
+        raise ValueError(f"from_hf_config: model_type {model_type!r} is not supported: {family.refuse}")
+    _check_fields(config, model_type, family)
+    fam = family or Family()
+
+    def field(name: str) -> Any:
+        value = _get(config, name)
+        for std, alias in fam.aliases:
+            if value is None and std == name:
+                value = _get(config, alias)
+        return value
 
     # A dict (config.json) may be legacy and carry both; transformers lets
     # rope_scaling win there. A 5.x config object has the standardized
@@ -86,14 +168,35 @@ def rope_kwargs_from_hf_config(config: Any, max_seq_len: Optional[int] = None) -
             f"from_hf_config: rope_parameters is nested by layer type ({', '.join(nested)}); build one "
             "RotaryEmbedding per layer type from that type's dict instead"
         )
+    for key, value in params.items():
+        if key not in _PARAM_KEYS:
+            raise ValueError(f"from_hf_config: rope_parameters[{key!r}]={value!r} is not read by any rule; "
+                             "rotary cannot represent it")
+
+    if fam.theta is not None:  # the family's code ignores these: refuse rather than ignore
+        given = {k: v for k, v in params.items() if not (k in ("rope_type", "type") and v == "default")}
+        given.update((n, _get(config, n)) for n in ("rope_theta", "partial_rotary_factor", "rotary_pct",
+                                                   "rotary_emb_base") if _get(config, n) is not None)
+        for name, value in given.items():
+            raise ValueError(f"from_hf_config: {name}={value!r}: transformers' {model_type} ignores it "
+                             f"(base {fam.theta:g}, no scaling, rotary_dim sets the span)")
+
     # Multimodal RoPE: the sections go to the module (the frequencies are the
-    # plain rule's); the vision-language text models default them as
-    # transformers' rotary classes do, and Qwen3-VL always interleaves.
-    model_type = str(_get(config, "model_type", ""))
+    # plain rule's).
     mrope = params.pop("mrope_section", None)
-    interleaved = bool(params.pop("mrope_interleaved", False)) or model_type.startswith("qwen3_vl")
-    if mrope is None:
-        mrope = _MROPE_DEFAULTS.get(model_type.replace("_text", ""))
+    mrope_inter = params.pop("mrope_interleaved", None)
+    if fam.mrope_section is not None:
+        if mrope_inter is not None and bool(mrope_inter) != fam.mrope_interleaved:
+            raise ValueError(f"from_hf_config: mrope_interleaved={mrope_inter!r}, but transformers' {model_type} "
+                             f"always lays sections out {'interleaved' if fam.mrope_interleaved else 'contiguous'}")
+        mrope_inter = fam.mrope_interleaved
+        if mrope is None:
+            mrope = list(fam.mrope_section)
+    elif (mrope is not None or mrope_inter is not None) and model_type:
+        name, value = ("mrope_section", mrope) if mrope is not None else ("mrope_interleaved", mrope_inter)
+        raise ValueError(f"from_hf_config: rope_parameters['{name}']={value!r} is not read for model_type "
+                         f"{model_type!r} (its layout is family-specific)")
+    mrope_inter = bool(mrope_inter)
     if params.get("rope_type", params.get("type")) == "mrope":
         params["rope_type"] = "default"
         params.pop("type", None)
@@ -103,7 +206,7 @@ def rope_kwargs_from_hf_config(config: Any, max_seq_len: Optional[int] = None) -
         params["rope_type"] = "default"
         params.pop("type", None)
 
-    theta = _first(
+    theta = fam.theta if fam.theta is not None else _first(
         params.get("rope_theta"), _get(config, "rope_theta"), _get(config, "rotary_emb_base"),
         _get(config, "default_theta", _DEFAULT_THETA),
     )
@@ -117,14 +220,47 @@ def rope_kwargs_from_hf_config(config: Any, max_seq_len: Optional[int] = None) -
             f"from_hf_config: partial_rotary_factor must be a number in (0, 1] (the rotated share of each head), "
             f"got {partial!r}"
         )
-    rotary_dim = int(head_dim * partial)
+
+    offset = 0
+    if fam.span == "mla":
+        if partial != 1.0:
+            raise ValueError(f"from_hf_config: partial_rotary_factor={partial!r}: {model_type} rotates all "
+                             "qk_rope_head_dim dims")
+        rotary_dim = _int_field(config, "qk_rope_head_dim", model_type)
+        offset = _int_field(config, "qk_nope_head_dim", model_type)
+        head_dim = offset + rotary_dim
+    else:
+        head_dim = _get(config, "head_dim") if fam.span == "leading" else None
+        if not head_dim:
+            hidden = field("hidden_size")
+            heads = field("num_attention_heads")
+            if hidden is None or not heads:
+                raise ValueError(
+                    "from_hf_config: the config has no head_dim, and no hidden_size and num_attention_heads "
+                    "to derive it from"
+                )
+            head_dim = hidden // heads
+        if fam.span == "rotary_dim":
+            rotary_dim = _get(config, "rotary_dim")
+            if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int) or not 0 < rotary_dim <= head_dim:
+                raise ValueError(f"from_hf_config: {model_type} needs rotary_dim, an int in (0, head_dim = "
+                                 f"{head_dim}], got {rotary_dim!r}")
+        else:
+            rotary_dim = int(head_dim * partial)
     if rotary_dim <= 0 or rotary_dim % 2:
         raise ValueError(
             f"from_hf_config: head_dim {head_dim} * partial_rotary_factor {partial} gives rotary dim "
             f"{rotary_dim}; it must be even and > 0"
         )
 
-    max_pos = _get(config, "max_position_embeddings")
+    if fam.interleave_field:
+        interleaved = _get(config, fam.interleave_field, fam.interleave_default)
+        if not isinstance(interleaved, bool):
+            raise ValueError(f"from_hf_config: {fam.interleave_field} must be a bool, got {interleaved!r}")
+    else:
+        interleaved = fam.pairing == "interleaved"
+
+    max_pos = field("max_position_embeddings")
     if max_pos is not None and (isinstance(max_pos, bool) or not isinstance(max_pos, int) or max_pos <= 0):
         raise ValueError(f"from_hf_config: max_position_embeddings must be an int > 0, got {max_pos!r}")
     scaling = {key: value for key, value in params.items() if key not in _MODEL_KEYS}
@@ -137,7 +273,7 @@ def rope_kwargs_from_hf_config(config: Any, max_seq_len: Optional[int] = None) -
             scaling["original_max_position_embeddings"] = max_pos
     if max_pos is not None:
         scaling["max_position_embeddings"] = max_pos
-    # strict=False: configs carry keys of other rules and of the model.
+    # strict=False: keys of other rules are dropped (transformers ignores them too).
     spec = _C.RopeScaling.from_dict(scaling, strict=False)
     spec.validate(rotary_dim)
 
@@ -146,15 +282,17 @@ def rope_kwargs_from_hf_config(config: Any, max_seq_len: Optional[int] = None) -
         "dim": rotary_dim,
         "max_seq_len": int(rows),
         "theta": float(theta),
-        "interleaved": False,
+        "interleaved": interleaved,
         "scaling": spec.to_dict(),
     }
+    if offset:
+        kwargs["rotary_offset"] = offset
     if axial:
         kwargs.update(axes_dim=[rotary_dim // 2, rotary_dim // 2], axes_shared_spectrum=True)
     if mrope is not None:
         if isinstance(mrope, (str, bytes)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in mrope):
             raise ValueError(f"from_hf_config: mrope_section must be a list of ints, got {mrope!r}")
-        _C.mrope_pair_axes(list(mrope), rotary_dim, interleaved)  # the C++ check: sections sum to dim / 2
+        _C.mrope_pair_axes(list(mrope), rotary_dim, mrope_inter)  # the C++ check: sections sum to dim / 2
         kwargs["mrope_section"] = list(mrope)
-        kwargs["mrope_interleaved"] = interleaved
+        kwargs["mrope_interleaved"] = mrope_inter
     return kwargs

@@ -31,10 +31,11 @@ modeling file. Patching does two things:
    classes come from (``transformers.models.llama.modeling_llama``, ...) is
    replaced by a wrapper. Given a handle, it rotates q and k in one
    ``rotary.apply_rope_qk`` call with the handle's position ids (``[batch,
-   seq]`` or ``[1, seq]``, int64), ``interleaved=False`` (``rotate_half``)
-   and the ``BHSD`` layout (``BSHD`` for ``unsqueeze_dim=2``). Given real
-   tensors it calls the original function, so unpatched models of the same
-   family in the same process are unaffected.
+   seq]`` or ``[1, seq]``, int64), the pairing ``from_hf_config`` gives
+   (``rotate_half`` for the verified families) and the ``BHSD`` layout
+   (``BSHD`` for ``unsqueeze_dim=2``). Given real tensors it calls the
+   original function, so unpatched models of the same family in the same
+   process are unaffected.
 
 The positions travel with the data instead of being stashed on the side, so
 prefill, decode with a KV cache (``past_key_values``; position ids then start
@@ -187,7 +188,10 @@ class RotaryPositions:
             pos = pos.to(q.device)
         # Multimodal [3, batch, seq] ids: each pair at its axis (rope.pair_axes).
         axes = self.rope.pair_axes if pos.dim() == 3 else None
-        return _apply_qk(q, k, freqs, 0, False, position_ids=pos, inv_freq=inv_freq, layout=layout, pair_axes=axes)
+        # The family's pairing (rotary.hf_families); the span starts at 0 here: the
+        # patched function gets what the family rotates (MLA passes q_rot alone).
+        return _apply_qk(q, k, freqs, 0, self.rope.interleaved, position_ids=pos, inv_freq=inv_freq,
+                         layout=layout, pair_axes=axes)
 
     def __repr__(self) -> str:
         return f"RotaryPositions(position_ids={tuple(self.position_ids.shape)}, rope={self.rope.extra_repr()})"

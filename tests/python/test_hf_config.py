@@ -1,0 +1,339 @@
+"""from_hf_config against transformers' own rotary code, one family at a time
+(rotary.hf_families.FAMILIES), and its refusals.
+
+For each family: a tiny config from transformers' config class, random q / k
+(fp32, never zeros) at random positions, transformers' rotary embedding +
+its apply function (or the family's equivalent) against
+RotaryEmbedding.from_hf_config(config). Tolerance 3e-5: transformers forms
+angles in fp32 (error ~6e-8 * position rad; positions < 64 here), ours in
+float64; test_tolerance_is_meaningful checks a wrong pairing or span misses
+by far more.
+"""
+
+import importlib
+import warnings
+
+import pytest
+import torch
+
+import rotary
+from rotary import hf_families
+from rotary.hf import rope_kwargs_from_hf_config
+
+transformers = pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+ATOL = 3e-5
+B, S, H, KV, MAX_POS = 2, 7, 4, 2, 128
+SMALL = dict(hidden_size=64, intermediate_size=32, num_hidden_layers=1, num_attention_heads=H,
+             num_key_value_heads=KV, vocab_size=32, max_position_embeddings=MAX_POS)
+MLA = dict(SMALL, q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=12, v_head_dim=8,
+           n_routed_experts=2, num_experts_per_tok=1, n_group=1, topk_group=1, first_k_dense_replace=1)
+YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32}
+
+
+def gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def randn(shape, seed):
+    return torch.randn(shape, generator=gen(seed)) + 0.1  # never zeros
+
+
+def make_config(cls_name, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return getattr(transformers, cls_name)(**kw)
+
+
+def modeling(model_type):
+    return importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+
+
+# ---------------------------------------------------------------- HF adapters
+# Each returns transformers' rotated (q, k), BHSD, for [B, S] (or [3, B, S]) positions.
+def hf_std(mt, rotary_cls):
+    def run(cfg, q, k, pos):
+        m = modeling(mt)
+        cos, sin = getattr(m, rotary_cls)(config=cfg)(q, pos)
+        return m.apply_rotary_pos_emb(q, k, cos, sin)
+    return run
+
+
+def hf_split(mt, rotary_cls):
+    def run(cfg, q, k, pos):  # partial rotary split in the attention (Phi, StableLM, Persimmon)
+        m = modeling(mt)
+        cos, sin = getattr(m, rotary_cls)(config=cfg)(q, pos)
+        r = cos.shape[-1]
+        q_rot, k_rot = m.apply_rotary_pos_emb(q[..., :r], k[..., :r], cos, sin)
+        return torch.cat([q_rot, q[..., r:]], -1), torch.cat([k_rot, k[..., r:]], -1)
+    return run
+
+
+def hf_gptj(mt, rotary_cls):
+    def run(cfg, q, k, pos):  # GPT-J rotates BSHD, the first rotary_dim dims
+        m, r = modeling(mt), cfg.rotary_dim
+        sin, cos = getattr(m, rotary_cls)(cfg)(q, pos)
+        out = []
+        for x in (q, k):
+            x = x.transpose(1, 2)
+            rot = m.apply_rotary_pos_emb(x[..., :r], sin, cos)
+            out.append(torch.cat([rot, x[..., r:]], dim=-1).transpose(1, 2))
+        return tuple(out)
+    return run
+
+
+def hf_deepseek_v2(cfg, q, k, pos):
+    m, nope = modeling("deepseek_v2"), cfg.qk_nope_head_dim
+    freqs_cis = m.DeepseekV2RotaryEmbedding(cfg)(q, pos)
+    q_pe, k_pe = m.apply_rotary_emb(q[..., nope:], k[..., nope:], freqs_cis)
+    return torch.cat([q[..., :nope], q_pe], -1), torch.cat([k[..., :nope], k_pe], -1)
+
+
+def hf_mla(mt, rotary_cls):
+    def run(cfg, q, k, pos):  # the attention's split / apply / cat, as in DeepseekV3Attention
+        m, nope = modeling(mt), cfg.qk_nope_head_dim
+        cos, sin = getattr(m, rotary_cls)(cfg)(q, pos)
+        apply = m.apply_rotary_pos_emb_interleave if cfg.rope_interleave else m.apply_rotary_pos_emb
+        q_pe, k_pe = apply(q[..., nope:], k[..., nope:], cos, sin)
+        return torch.cat([q[..., :nope], q_pe], -1), torch.cat([k[..., :nope], k_pe], -1)
+    return run
+
+
+def deinterleave(x, offset):
+    """DeepSeek-V3's interleave output layout: each rotated span as evens, then odds."""
+    span = x[..., offset:]
+    return torch.cat([x[..., :offset], span[..., 0::2], span[..., 1::2]], dim=-1)
+
+
+# ------------------------------------------------------------------- families
+# (id, model_type, config class, kwargs, adapter, head dim of q / k, 3-D positions)
+CASES = [
+    ("llama", "llama", "LlamaConfig", SMALL, hf_std("llama", "LlamaRotaryEmbedding"), 16, False),
+    ("llama-yarn", "llama", "LlamaConfig", dict(SMALL, rope_parameters=YARN),
+     hf_std("llama", "LlamaRotaryEmbedding"), 16, False),
+    ("mistral", "mistral", "MistralConfig", SMALL, hf_std("mistral", "MistralRotaryEmbedding"), 16, False),
+    ("mixtral", "mixtral", "MixtralConfig", dict(SMALL, num_local_experts=2),
+     hf_std("mixtral", "MixtralRotaryEmbedding"), 16, False),
+    ("qwen2", "qwen2", "Qwen2Config", SMALL, hf_std("qwen2", "Qwen2RotaryEmbedding"), 16, False),
+    ("qwen3", "qwen3", "Qwen3Config", dict(SMALL, head_dim=16), hf_std("qwen3", "Qwen3RotaryEmbedding"), 16, False),
+    ("qwen3_moe", "qwen3_moe", "Qwen3MoeConfig", dict(SMALL, head_dim=16, num_experts=2),
+     hf_std("qwen3_moe", "Qwen3MoeRotaryEmbedding"), 16, False),
+    ("phi3-partial", "phi3", "Phi3Config",
+     dict(SMALL, rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}),
+     hf_std("phi3", "Phi3RotaryEmbedding"), 16, False),
+    ("gpt_neox-partial", "gpt_neox", "GPTNeoXConfig",
+     dict(SMALL, rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.25}),
+     hf_std("gpt_neox", "GPTNeoXRotaryEmbedding"), 16, False),
+    ("phi-partial", "phi", "PhiConfig", SMALL, hf_split("phi", "PhiRotaryEmbedding"), 16, False),
+    ("stablelm-partial", "stablelm", "StableLmConfig", SMALL, hf_split("stablelm", "StableLmRotaryEmbedding"), 16, False),
+    ("persimmon-partial", "persimmon", "PersimmonConfig", SMALL,
+     hf_split("persimmon", "PersimmonRotaryEmbedding"), 16, False),
+    ("gemma", "gemma", "GemmaConfig", dict(SMALL, head_dim=16), hf_std("gemma", "GemmaRotaryEmbedding"), 16, False),
+    ("olmo", "olmo", "OlmoConfig", SMALL, hf_std("olmo", "OlmoRotaryEmbedding"), 16, False),
+    ("olmo2", "olmo2", "Olmo2Config", SMALL, hf_std("olmo2", "Olmo2RotaryEmbedding"), 16, False),
+    ("granite", "granite", "GraniteConfig", SMALL, hf_std("granite", "GraniteRotaryEmbedding"), 16, False),
+    ("starcoder2", "starcoder2", "Starcoder2Config", SMALL,
+     hf_std("starcoder2", "Starcoder2RotaryEmbedding"), 16, False),
+    ("glm4_moe-partial", "glm4_moe", "Glm4MoeConfig", dict(SMALL, head_dim=16, n_routed_experts=2),
+     hf_std("glm4_moe", "Glm4MoeRotaryEmbedding"), 16, False),
+    ("qwen2_vl", "qwen2_vl_text", "Qwen2VLTextConfig",
+     dict(SMALL, rope_parameters={"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]}),
+     hf_std("qwen2_vl", "Qwen2VLRotaryEmbedding"), 16, True),
+    ("qwen2_5_vl", "qwen2_5_vl_text", "Qwen2_5_VLTextConfig",
+     dict(SMALL, rope_parameters={"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]}),
+     hf_std("qwen2_5_vl", "Qwen2_5_VLRotaryEmbedding"), 16, True),
+    ("qwen3_vl", "qwen3_vl_text", "Qwen3VLTextConfig",
+     dict(SMALL, head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 1e4, "mrope_section": [4, 2, 2]}),
+     hf_std("qwen3_vl", "Qwen3VLTextRotaryEmbedding"), 16, True),
+    # interleaved pairs
+    ("gptj", "gptj", "GPTJConfig", dict(n_embd=64, n_head=H, n_layer=1, vocab_size=32, n_positions=MAX_POS,
+                                         rotary_dim=8), hf_gptj("gptj", "GPTJRotaryEmbedding"), 16, False),
+    ("codegen", "codegen", "CodeGenConfig", dict(n_embd=64, n_head=H, n_layer=1, vocab_size=32, n_positions=MAX_POS,
+                                                  rotary_dim=8), hf_gptj("codegen", "CodeGenRotaryEmbedding"), 16, False),
+    ("cohere", "cohere", "CohereConfig", SMALL, hf_std("cohere", "CohereRotaryEmbedding"), 16, False),
+    ("glm-partial", "glm", "GlmConfig", dict(SMALL, head_dim=16), hf_std("glm", "GlmRotaryEmbedding"), 16, False),
+    ("glm4-partial", "glm4", "Glm4Config", dict(SMALL, head_dim=16), hf_std("glm4", "Glm4RotaryEmbedding"), 16, False),
+    ("helium", "helium", "HeliumConfig", dict(SMALL, head_dim=16), hf_std("helium", "HeliumRotaryEmbedding"), 16, False),
+    ("ernie4_5", "ernie4_5", "Ernie4_5Config", dict(SMALL, head_dim=16),
+     hf_std("ernie4_5", "Ernie4_5RotaryEmbedding"), 16, False),
+    ("ernie4_5_moe", "ernie4_5_moe", "Ernie4_5_MoeConfig", dict(SMALL, head_dim=16, moe_num_experts=2),
+     hf_std("ernie4_5_moe", "Ernie4_5_MoeRotaryEmbedding"), 16, False),
+    # MLA [nope | rope] heads
+    ("deepseek_v2", "deepseek_v2", "DeepseekV2Config", MLA, hf_deepseek_v2, 20, False),
+    ("deepseek_v3", "deepseek_v3", "DeepseekV3Config", MLA, hf_mla("deepseek_v3", "DeepseekV3RotaryEmbedding"),
+     20, False),
+    ("deepseek_v3-half", "deepseek_v3", "DeepseekV3Config", dict(MLA, rope_interleave=False),
+     hf_mla("deepseek_v3", "DeepseekV3RotaryEmbedding"), 20, False),
+    ("deepseek_v3-yarn-mscale", "deepseek_v3", "DeepseekV3Config",
+     dict(MLA, rope_parameters=dict(YARN, mscale=0.707, mscale_all_dim=1.0)),
+     hf_mla("deepseek_v3", "DeepseekV3RotaryEmbedding"), 20, False),
+    ("glm4_moe_lite", "glm4_moe_lite", "Glm4MoeLiteConfig", MLA,
+     hf_mla("glm4_moe_lite", "Glm4MoeLiteRotaryEmbedding"), 20, False),
+]
+IDS = [c[0] for c in CASES]
+
+
+def inputs(head_dim, nd, seed):
+    q, k = randn((B, H, S, head_dim), seed), randn((B, KV, S, head_dim), seed + 1)
+    pos = torch.randint(0, 60, (B, S), generator=gen(seed + 2))
+    if nd:  # an image-grid-like [3, B, S]: t, h, w differ
+        pos = torch.stack([pos, pos + torch.randint(0, 3, (B, S), generator=gen(seed + 3)),
+                           pos + torch.randint(0, 3, (B, S), generator=gen(seed + 4))])
+    return q, k, pos
+
+
+def hf_and_ours(case, seed=0):
+    _, mt, cls, kw, adapter, head_dim, nd = case
+    cfg = make_config(cls, **kw)
+    assert cfg.model_type == mt
+    q, k, pos = inputs(head_dim, nd, seed)
+    want = adapter(cfg, q, k, pos)
+    rope = rotary.RotaryEmbedding.from_hf_config(cfg)
+    got = rope(q, k, position_ids=pos)
+    return cfg, rope, (q, k, pos), want, got
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_matches_transformers(case):
+    cfg, rope, (q, k, pos), want, got = hf_and_ours(case, seed=len(case[0]))
+    if case[1] in ("deepseek_v3", "glm4_moe_lite") and cfg.rope_interleave:
+        # Same pairs; transformers writes them de-interleaved. Same scores.
+        got_perm = [deinterleave(t, rope.rotary_offset) for t in got]
+        for g, w in zip(got_perm, want):
+            torch.testing.assert_close(g, w, atol=ATOL, rtol=0)
+        scores = lambda a, b: a @ b.repeat_interleave(H // KV, 1).transpose(-1, -2)  # noqa: E731
+        torch.testing.assert_close(scores(*got), scores(*want), atol=ATOL * 20, rtol=0)
+    else:
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, atol=ATOL, rtol=0)
+    # The plain-dict form gives the same module.
+    assert rope_kwargs_from_hf_config(cfg.to_dict()) == rope_kwargs_from_hf_config(cfg)
+
+
+def test_table_keys_are_transformers_model_types():
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    assert not [k for k, f in hf_families.FAMILIES.items() if f.refuse is None and k not in CONFIG_MAPPING_NAMES]
+
+
+def test_every_family_is_tested():
+    tested = {c[1] for c in CASES}
+    for name, fam in hf_families.FAMILIES.items():
+        if fam.refuse is None:
+            assert name in tested or name in {"qwen2_vl", "qwen2_5_vl", "qwen3_vl"}, name
+
+
+MEANINGFUL = ("gptj", "cohere", "deepseek_v3", "phi3-partial")
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] in MEANINGFUL], ids=lambda c: c[0])
+def test_tolerance_is_meaningful(case):
+    """Flipping the pairing, or rotating another span, misses transformers by far more than ATOL."""
+    cfg, rope, (q, k, pos), want, _ = hf_and_ours(case, seed=3)
+    kw = rope_kwargs_from_hf_config(cfg)
+    span = dict(kw, rotary_offset=0) if kw.get("rotary_offset") else (
+        dict(kw, rotary_offset=2) if kw["dim"] + 2 <= q.shape[-1] else dict(kw, dim=kw["dim"] - 2))
+    for bad in (dict(kw, interleaved=not kw["interleaved"]), span):
+        out = rotary.RotaryEmbedding(**bad)(q, k, position_ids=pos)
+        if case[1] == "deepseek_v3":
+            out = [deinterleave(t, kw.get("rotary_offset", 0)) for t in out]
+        assert max((o - w).abs().max().item() for o, w in zip(out, want)) > 100 * ATOL, bad
+
+
+# ------------------------------------------------------------------ regressions
+def test_gptj_is_interleaved_over_rotary_dim():
+    cfg = make_config("GPTJConfig", n_embd=64, n_head=4, n_layer=1, vocab_size=32, n_positions=128, rotary_dim=8)
+    for form in (cfg, cfg.to_dict()):
+        kw = rope_kwargs_from_hf_config(form)
+        assert (kw["dim"], kw["interleaved"], kw.get("rotary_offset", 0), kw["theta"]) == (8, True, 0, 10000.0)
+        assert kw["max_seq_len"] == 128
+    with pytest.raises(ValueError, match=r"rope_theta=500000.0: transformers' gptj ignores it"):
+        rope_kwargs_from_hf_config({**cfg.to_dict(), "rope_theta": 500000.0})
+    with pytest.raises(ValueError, match=r"gptj needs rotary_dim.*got None"):
+        rope_kwargs_from_hf_config({**cfg.to_dict(), "rotary_dim": None})
+
+
+def test_deepseek_v3_rotates_the_trailing_rope_dims_interleaved():
+    cfg = make_config("DeepseekV3Config", **MLA)
+    kw = rope_kwargs_from_hf_config(cfg)
+    assert (kw["dim"], kw["rotary_offset"], kw["interleaved"]) == (8, 12, True)
+    # A config.json without head_dim (as DeepSeek-V3's own) reads the same.
+    d = {k: v for k, v in cfg.to_dict().items() if k not in ("head_dim", "qk_head_dim", "rope_interleave")}
+    assert rope_kwargs_from_hf_config(d) == kw
+    assert rope_kwargs_from_hf_config({**d, "rope_interleave": False})["interleaved"] is False
+    with pytest.raises(ValueError, match=r"partial_rotary_factor=0.5"):
+        rope_kwargs_from_hf_config({**d, "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}})
+    with pytest.raises(ValueError, match=r"rope_interleave must be a bool, got 'yes'"):
+        rope_kwargs_from_hf_config({**d, "rope_interleave": "yes"})
+
+
+@pytest.mark.parametrize("cls", ["Qwen2VLConfig", "Qwen2_5_VLConfig", "Qwen3VLConfig"])
+def test_vl_config_read_through_text_config(cls):
+    cfg = make_config(cls)
+    kw = rope_kwargs_from_hf_config(cfg)
+    assert kw == rope_kwargs_from_hf_config(cfg.text_config) == rope_kwargs_from_hf_config(cfg.to_dict())
+    text = cfg.text_config
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    assert kw["dim"] == head_dim and kw["interleaved"] is False
+    assert kw["mrope_section"] == ([24, 20, 20] if cls == "Qwen3VLConfig" else [16, 24, 24])
+    assert kw["mrope_interleaved"] == (cls == "Qwen3VLConfig")
+    assert rotary.RotaryEmbedding.from_hf_config(cfg, max_seq_len=16).dim == head_dim
+
+
+def test_mrope_layout_contradiction_refused():
+    cfg = make_config("Qwen2VLTextConfig", **dict(SMALL, rope_parameters={
+        "rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3], "mrope_interleaved": True}))
+    with pytest.raises(ValueError, match=r"mrope_interleaved=True, but transformers' qwen2_vl_text"):
+        rope_kwargs_from_hf_config(cfg)
+    with pytest.raises(ValueError, match=r"rope_parameters\['mrope_section'\]=\[2, 3, 3\] is not read for model_type 'llama'"):
+        rope_kwargs_from_hf_config({**SMALL, "model_type": "llama",
+                                    "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3]}})
+
+
+@pytest.mark.parametrize("field,value", [
+    ("rotary_dim", 8), ("rope_interleave", True), ("qk_rope_head_dim", 8), ("qk_nope_head_dim", 12),
+    ("no_rope_layers", [1, 0]), ("rope_local_base_freq", 10000.0), ("use_rope", True), ("my_rotary_thing", 3),
+])
+@pytest.mark.parametrize("model_type", [None, "llama", "some_new_model"])
+def test_unknown_rope_field_refused_by_name(field, value, model_type):
+    cfg = {**SMALL, field: value}
+    if model_type:
+        cfg["model_type"] = model_type
+    with pytest.raises(ValueError, match=rf"{field}={value!r} is not read".replace("[", r"\[")):
+        rope_kwargs_from_hf_config(cfg)
+
+
+@pytest.mark.parametrize("key,value", [("llama_4_scaling_beta", 0.1), ("short_mscale", 1.2), ("alpha", 2.0)])
+def test_unknown_rope_parameters_key_refused(key, value):
+    cfg = {**SMALL, "rope_parameters": {"rope_type": "yarn", "factor": 2.0, key: value}}
+    with pytest.raises(ValueError, match=rf"rope_parameters\['{key}'\]={value!r} is not read by any rule"):
+        rope_kwargs_from_hf_config(cfg)
+
+
+def test_unknown_model_type_without_specific_fields_is_rotate_half():
+    kw = rope_kwargs_from_hf_config({**SMALL, "model_type": "some_new_model", "rope_theta": 5e5})
+    assert (kw["dim"], kw["interleaved"], kw["theta"]) == (16, False, 5e5) and "rotary_offset" not in kw
+
+
+@pytest.mark.parametrize("cls,kw,match", [
+    ("Cohere2Config", dict(SMALL, head_dim=16), r"'cohere2' is not supported: RoPE is applied on its sliding"),
+    ("Llama4TextConfig", dict(SMALL, head_dim=16), r"'llama4_text'|no_rope_layers"),
+    ("SmolLM3Config", SMALL, r"'smollm3' is not supported|no_rope_layers"),
+    ("MiniCPM3Config", SMALL, r"'minicpm3' is not supported"),
+])
+def test_refused_families(cls, kw, match):
+    with pytest.raises(ValueError, match=match):
+        rope_kwargs_from_hf_config(make_config(cls, **kw))
+
+
+def test_yarn_fields_rotary_cannot_represent_are_refused():
+    # proportional RoPE (Gemma 4) has no rule here; the error names the type.
+    with pytest.raises(ValueError, match=r"proportional"):
+        rope_kwargs_from_hf_config({**SMALL, "rope_parameters": {"rope_type": "proportional", "rope_theta": 1e4}})
+    # mscale / mscale_all_dim / attention_factor are represented: the folded factor matches transformers'.
+    case = next(c for c in CASES if c[0] == "deepseek_v3-yarn-mscale")
+    cfg, rope, *_ = hf_and_ours(case)
+    hf_rope = modeling("deepseek_v3").DeepseekV3RotaryEmbedding(cfg)
+    assert rope.attention_scaling == pytest.approx(hf_rope.attention_scaling, rel=1e-12)
+    assert rope.attention_scaling != 1.0
