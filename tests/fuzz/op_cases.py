@@ -137,11 +137,11 @@ def _rows(layout, B, S, start_pos, positions, cu):
     return rows[None, :]
 
 
-def _reference(x, layout, rows, inv, scale, sign, rd, interleaved):
+def _reference(x, layout, rows, inv, scale, sign, rd, interleaved, offset=0):
     X = canonical(x, layout).detach().to("cpu", torch.float64).numpy()
     out = X.copy()
     angle = sign * rows.astype(np.float64)[:, None, :, None] * inv[None, None, None, :]
-    out[..., :rd] = scale * rotate_pairs_nd(X[..., :rd], angle, interleaved)
+    out[..., offset : offset + rd] = scale * rotate_pairs_nd(X[..., offset : offset + rd], angle, interleaved)
     return torch.from_numpy(out)
 
 
@@ -309,6 +309,24 @@ def run(seed: int) -> tuple[str, str]:
     else:
         mutation = None
 
+    # ---- how positions are passed: the deprecated positions= (rank decides),
+    # or offsets= / position_ids= (absolute: start_pos must be 0 with them)
+    form = rng.choice(["legacy", "new", "new"])
+    pos_kw = {}
+    if positions is not None:
+        is_ids = positions.dim() == 1 if layout == "THD" else positions.dim() >= 2
+        if form == "legacy":
+            pos_kw["positions"] = positions
+        elif is_ids:
+            pos_kw["position_ids"] = positions
+            if start_pos != 0 and not reasons and rng.random() < 0.85:
+                start_pos = 0
+            elif isinstance(start_pos, int) and start_pos != 0 and not reasons:
+                reasons.append("start_pos with position_ids")
+        else:
+            pos_kw["offsets"] = positions
+    rotary_offset = rng.randrange(0, D - rd + 1) if rd < D and rng.random() < 0.4 else 0
+
     # ---- what the documented semantics say about the remaining inputs
     structural = bool(reasons)
     if not structural:
@@ -337,7 +355,11 @@ def run(seed: int) -> tuple[str, str]:
         if qk:
             k = k.detach().requires_grad_()
 
-    kw = dict(positions=positions, inverse=inverse, cu_seqlens=cu, inv_freq=inv_arg, layout=layout_arg)
+    for name in pos_kw:  # moved to the device above, where by-value checks allow
+        pos_kw[name] = positions
+    kw = dict(inverse=inverse, cu_seqlens=cu, inv_freq=inv_arg, layout=layout_arg, **pos_kw)
+    if rotary_offset:
+        kw["rotary_offset"] = rotary_offset
     fn = getattr(rotary, op)
     args = (q, k, freqs) if qk else (q, freqs)
     kind = f"op:{op}"
@@ -368,14 +390,15 @@ def run(seed: int) -> tuple[str, str]:
     for name, src, o, snap in zip(("q", "k"), (q, k), outs, saved_in):
         # the reference reads the values the call started from
         before = snap.view(src.dtype)
-        expected = _reference(before, layout, rows, inv, scale, sign, rd, interleaved)
+        expected = _reference(before, layout, rows, inv, scale, sign, rd, interleaved, rotary_offset)
         if o.dtype != src.dtype or o.shape != src.shape:
             raise Finding(f"{op}: output {name} is {o.dtype} {tuple(o.shape)}, input {src.dtype} {tuple(src.shape)}")
         check_close(canonical(o, layout), expected, dtype, f"{op} {name} ({layout}, {pkind})", scale)
         if in_place and rd < D:
-            tail = canonical(o, layout)[..., rd:]
-            if not torch.equal(bits(tail), bits(canonical(before, layout)[..., rd:])):
-                raise Finding(f"{op}: in place, dims past rotary_dim changed")
+            keep = [j for j in range(D) if not rotary_offset <= j < rotary_offset + rd]
+            tail = canonical(o, layout)[..., keep]
+            if not torch.equal(bits(tail), bits(canonical(before, layout)[..., keep])):
+                raise Finding(f"{op}: in place, dims outside [rotary_offset, rotary_offset + rotary_dim) changed")
     if in_place:  # nothing outside q and k was written
         for buf, s in zip(b.buffers, saved):
             after = buf.detach().clone()
@@ -398,6 +421,6 @@ def run(seed: int) -> tuple[str, str]:
         for name, t, g in zip(("q", "k"), (q, k), (gq, gk)):
             if t is None:
                 continue
-            expected = _reference(g, layout, rows, inv, scale, -sign, rd, interleaved)
+            expected = _reference(g, layout, rows, inv, scale, -sign, rd, interleaved, rotary_offset)
             check_close(canonical(t.grad, layout), expected, dtype, f"{op} grad {name} ({layout})", scale)
     return kind, "accepted"

@@ -192,9 +192,134 @@ def module_start_pos_tensor():
                               x, must_mention="start_pos")
 
 
+# ---- 8. the defect classes of the fuzz over the later arguments
+def rotary_offset_near_int64_max():
+    """rotary_offset + rotary_dim overflowed int64 and passed the span check."""
+    q, k = _x(1, 2, 5, 16, seed=7, dtype=torch.float32), _x(1, 2, 5, 16, seed=8, dtype=torch.float32)
+    f = rotary.freqs_table(8, 16)
+    return _refused_untouched("apply_rope_qk_(rotary_offset=2**63-8)",
+                              lambda: rotary.apply_rope_qk_(q, k, f, 5, rotary_offset=2**63 - 8), q, k,
+                              must_mention="rotary_offset")
+
+
+def _neg_view(t):
+    base = torch.zeros(tuple(t.shape) + (2,), dtype=t.dtype)
+    base[..., 1] = -t
+    return torch.view_as_complex(base).conj().imag, base
+
+
+def _right_or_refused(what, call, bases, check):
+    """A negative view: the right result for its logical values, or a
+    documented refusal that leaves every byte as it was."""
+    saved = [bits(b) for b in bases]
+    try:
+        expect_refusal(call, DOCUMENTED, what)
+    except Refused as r:
+        if any(not same_bits(b, s) for b, s in zip(bases, saved)):
+            raise Finding(f"{what}: refused ({r}) but changed its inputs") from None
+        return f"refused: {r}"
+    check()
+    return "accepted"
+
+
+def neg_view_as_k_in_place():
+    q = _x(1, 2, 4, 8, seed=9, dtype=torch.float32)
+    k, kbase = _neg_view(_x(1, 1, 4, 8, seed=10, dtype=torch.float32))
+    eq, ek = rope_reference(q, 1), rope_reference(k.resolve_neg(), 1)
+    f = rotary.freqs_table(8, 16)
+
+    def check():
+        check_close(q, eq, torch.float32, "apply_rope_qk_ q (k a negative view)")
+        check_close(k, ek, torch.float32, "apply_rope_qk_ k (a negative view)")
+
+    return _right_or_refused("apply_rope_qk_(q, negative-bit k)", lambda: rotary.apply_rope_qk_(q, k, f, 1), [q, kbase],
+                             check)
+
+
+def _kv_inputs(fp8=False):
+    q = _x(1, 2, 3, 8, seed=11, dtype=torch.float32)
+    k, v = _x(1, 1, 3, 8, seed=12, dtype=torch.float32), _x(1, 1, 3, 8, seed=13, dtype=torch.float32)
+    kc, vc = _x(1, 1, 8, 8, seed=14, dtype=torch.float32), _x(1, 1, 8, 8, seed=15, dtype=torch.float32)
+    if fp8:
+        kc, vc = kc.to(torch.float8_e4m3fn), vc.to(torch.float8_e4m3fn)
+    return q, k, v, kc, vc, rotary.freqs_table(8, 16)
+
+
+def _neg_view_kv(which):
+    def case():
+        q, k, v, kc, vc, f = _kv_inputs()
+        args = dict(q=q, k=k, v=v, k_cache=kc, v_cache=vc)
+        view, base = _neg_view(args[which])
+        eq, ek = rope_reference(q, 2), rope_reference(k, 2)
+        kc0, vc0 = kc.clone(), vc.clone()
+        args[which] = view
+        bases = [q, k, v, kc, vc, base]
+
+        def check():
+            check_close(args["q"], eq, torch.float32, f"kv op q ({which} a negative view)")
+            check_close(args["k"], ek, torch.float32, f"kv op k ({which} a negative view)")
+            want_k, want_v = kc0.clone(), vc0.clone()
+            want_k[:, :, 2:5], want_v[:, :, 2:5] = args["k"].resolve_neg(), v
+            for name, want in (("k_cache", want_k), ("v_cache", want_v)):
+                if not torch.equal(args[name].resolve_neg(), want):
+                    raise Finding(f"kv op ({which} a negative view): {name} holds the wrong rows")
+
+        return _right_or_refused(f"apply_rope_with_kv_cache_(negative-bit {which})",
+                                 lambda: rotary.apply_rope_with_kv_cache_(args["q"], args["k"], args["v"], args["k_cache"],
+                                                                          args["v_cache"], f, 2), bases, check)
+    case.__name__ = f"neg_view_kv_{which}"
+    return case
+
+
+def uint8_positions_do_not_wrap():
+    """Deprecated positions= ids were added to start_pos in their own dtype:
+    uint8 250 + 10 rotated at 4, not 260."""
+    import warnings
+
+    x = _x(1, 1, 1, 8, seed=16)
+    f = rotary.freqs_table(8, 300)
+    for pos in (torch.tensor([[250]], dtype=torch.uint8), torch.tensor(250, dtype=torch.uint8)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            try:
+                out = rotary.apply_rope(x, f, 10, positions=pos)
+            except Exception as e:  # noqa: BLE001
+                raise Finding(f"apply_rope(start_pos=10, positions=uint8 {list(pos.shape)} 250): "
+                              f"{type(e).__name__}: {str(e).splitlines()[0][:160]}") from None
+        check_close(out, rope_reference(x, 260), torch.float64,
+                    f"apply_rope(start_pos=10, positions=uint8 {list(pos.shape)} 250) (row 260)")
+    return "accepted"
+
+
+def _fp8_bad_scale(name, value):
+    def case():
+        q, k, v, kc, vc, f = _kv_inputs(fp8=True)
+        kw = {name: torch.tensor(value)}
+        return _refused_untouched(f"apply_rope_with_kv_cache_({name}={value})",
+                                  lambda: rotary.apply_rope_with_kv_cache_(q, k, v, kc, vc, f, 0, **kw),
+                                  q, k, v, kc, vc, must_mention=name)
+    case.__name__ = f"fp8_{name}_{str(value).replace('-', 'minus_').replace('.', '_')}"
+    return case
+
+
+def _scalar_start_pos(value):
+    def case():
+        x, f = _x(1, 1, 2, 8, dtype=torch.float32), rotary.freqs_table(8, 16)
+        out = [_refused_untouched(f"{op}(start_pos={value!r})", lambda: getattr(rotary, op)(x, f, value), x,
+                                  allowed=(TypeError, ValueError), must_mention="start_pos")
+               for op in ("apply_rope", "apply_rope_")]
+        return out[-1]
+    case.__name__ = f"start_pos_{type(value).__name__}"
+    return case
+
+
 CASES = [conj_table_with_inv_freq, qk_partial_overlap, packed_qkv_still_accepted, self_overlap_as_strided,
          self_overlap_expanded, dynamic_refused_odd_head_py, dynamic_refused_odd_head_cpp, dynamic_failed_allocation_py,
-         dynamic_failed_allocation_cpp, start_pos_2_64, module_start_pos_tensor] + [_garbage(n) for n in GARBAGE]
+         dynamic_failed_allocation_cpp, start_pos_2_64, module_start_pos_tensor] + [_garbage(n) for n in GARBAGE] + [
+         rotary_offset_near_int64_max, neg_view_as_k_in_place, uint8_positions_do_not_wrap,
+         _scalar_start_pos(True), _scalar_start_pos(2.0)] + [_neg_view_kv(w) for w in ("k", "k_cache", "v_cache")] + [
+         _fp8_bad_scale("k_scale", v) for v in (0.0, float("nan"), float("inf"), -1.0)] + [
+         _fp8_bad_scale("v_scale", float("nan"))]
 
 
 def run(index: int):

@@ -16,7 +16,6 @@ import argparse
 import collections
 import json
 import os
-import random
 import subprocess
 import sys
 import time
@@ -36,13 +35,36 @@ def _setup_path():
         sys.path.insert(0, os.path.join(REPO, "python"))
 
 
-# Share of random cases per family (the op cases dominate: four entry points).
-FAMILIES = [("op", 60), ("module", 16), ("hf", 7), ("state", 7), ("scheme", 5), ("concurrent", 5)]
+# Share of random cases per family (the op cases dominate: five entry points).
+FAMILIES = [("op", 30), ("kv", 14), ("rotary_offset", 5), ("pair_axes", 6), ("freqs_real", 4), ("views", 7),
+            ("index_dtypes", 7), ("scalars", 5), ("module", 8), ("module_options", 6), ("kv_module", 4), ("hf", 4),
+            ("state", 4), ("scheme", 3), ("concurrent", 3)]
+
+
+def _schedule():
+    """One cycle of families, each as often as its share, spread evenly: case
+    seed picks SCHEDULE[seed % len]; any run of len(SCHEDULE) cases (the
+    smoke run's 300 included) runs every family."""
+    total, credit, out = sum(w for _, w in FAMILIES), {f: 0 for f, _ in FAMILIES}, []
+    for _ in range(total):
+        for f, w in FAMILIES:
+            credit[f] += w
+        best = max(credit, key=lambda f: credit[f])
+        credit[best] -= total
+        out.append(best)
+    return out
+
+
+SCHEDULE = _schedule()
+
+
+def family_of(seed: int) -> str:
+    return SCHEDULE[seed % len(SCHEDULE)]
 
 
 def run_item(item: str):
     """-> (kind, status, detail); status is accepted / refused / finding."""
-    from fuzz import module_cases, op_cases, regressions
+    from fuzz import arg_cases, kv_cases, module_cases, op_cases, regressions
     from fuzz.common import Finding, current
 
     current["kind"] = "?"
@@ -51,10 +73,13 @@ def run_item(item: str):
             kind, outcome = regressions.run(int(item[1:]))
         else:
             seed = int(item)
-            family = random.Random(seed * 7919 + 1).choices([f for f, _ in FAMILIES], [w for _, w in FAMILIES])[0]
-            fn = {"op": op_cases.run, "module": module_cases.run_module, "hf": module_cases.run_hf,
-                  "state": module_cases.run_state, "scheme": module_cases.run_scheme,
-                  "concurrent": module_cases.run_concurrent}[family]
+            fn = {"op": op_cases.run, "kv": kv_cases.run_kv, "rotary_offset": arg_cases.run_rotary_offset,
+                  "pair_axes": arg_cases.run_pair_axes, "freqs_real": arg_cases.run_freqs_real,
+                  "views": arg_cases.run_views, "index_dtypes": arg_cases.run_index_dtypes,
+                  "scalars": arg_cases.run_scalars, "module": module_cases.run_module,
+                  "module_options": module_cases.run_module_options, "kv_module": kv_cases.run_kv_module,
+                  "hf": module_cases.run_hf, "state": module_cases.run_state, "scheme": module_cases.run_scheme,
+                  "concurrent": module_cases.run_concurrent}[family_of(seed)]
             kind, outcome = fn(seed)
     except Finding as f:
         return current["kind"], "finding", str(f)
@@ -73,7 +98,9 @@ def child(items):
         print("START " + item, flush=True)
         t0 = time.perf_counter()
         kind, status, detail = run_item(item)
-        r = {"item": item, "kind": kind, "status": status, "detail": detail, "s": time.perf_counter() - t0}
+        fam = "regression" if item.startswith("r") else family_of(int(item))
+        r = {"item": item, "kind": kind, "family": fam, "status": status, "detail": detail,
+             "s": time.perf_counter() - t0}
         print("RESULT " + json.dumps(r), flush=True)
 
 
@@ -106,7 +133,8 @@ def run_batch(items, timeout, env):
             raise SystemExit(f"fuzz child produced no results: {err[-2000:]}")
         crashed = started if started in rest else rest[0]
         tail = " | ".join(err.strip().splitlines()[-3:])[-400:]
-        yield {"item": crashed, "kind": "crash", "status": "finding",
+        fam = "regression" if crashed.startswith("r") else family_of(int(crashed))
+        yield {"item": crashed, "kind": "crash", "family": fam, "status": "finding",
                "detail": f"the child died ({why}) in case {crashed}: {tail}"}
         pending = [i for i in rest if i != crashed]
 
@@ -121,6 +149,8 @@ def main(argv=None):
     ap.add_argument("--items", help="comma-separated case ids to run (r<k> for regression k)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--json", help="also write every result to this file (JSON lines)")
+    ap.add_argument("--require-coverage", action="store_true",
+                    help="exit 1 unless every family ran at least one case")
     args = ap.parse_args(argv)
     if args.child:
         child(args.items.split(","))
@@ -139,12 +169,14 @@ def main(argv=None):
     counts = collections.defaultdict(collections.Counter)
     seconds = collections.Counter()
     findings = []
+    families = collections.Counter()
     t0 = time.time()
     sink = open(args.json, "w") if args.json else None
     for start in range(0, len(items), args.batch):
         for r in run_batch(items[start : start + args.batch], args.timeout, env):
             category = r["kind"].split(":")[0] if r["kind"].startswith("regression") else r["kind"]
             counts[category][r["status"]] += 1
+            families[r.get("family", "?")] += 1
             seconds[category] += r.get("s", 0.0)
             if r["status"] == "finding":
                 findings.append(r)
@@ -162,9 +194,13 @@ def main(argv=None):
         total.update(c)
     print(f"{'total':<{width}}  {total['accepted']:>8}  {total['refused']:>7}  {total['finding']:>7}"
           f"   ({len(items)} cases in {time.time() - t0:.0f} s)")
+    print("families: " + ", ".join(f"{f} {families[f]}" for f, _ in FAMILIES))
+    missing = [f for f, _ in FAMILIES if not families[f]]
+    if missing:
+        print("UNCOVERED families: " + ", ".join(missing))
     for r in findings:
         print(f"FINDING [{r['kind']}] case {r['item']}: {r['detail']}")
-    return 1 if findings else 0
+    return 1 if findings or (args.require_coverage and missing) else 0
 
 
 if __name__ == "__main__":

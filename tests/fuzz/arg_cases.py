@@ -1,0 +1,507 @@
+"""Fuzz cases for the op arguments added after the first op fuzz, one
+category per argument (the others drawn at random): rotary_offset,
+pair_axes (N-D positions), torch.view_as_real(freqs) tables, negative and
+conjugate views, every integer dtype of the index tensors, and bool / float
+scalars where ints are expected.
+
+Positions are modelled as exact Python ints (object arrays), so a value that
+would wrap in a narrow dtype, or read as int64, is known to be out of range."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import torch
+
+import rotary
+from reference import inv_freq as ref_inv_freq
+from reference import rotate_pairs_nd
+
+from .common import DEVICE, DOCUMENTED, FLOATS, Finding, Refused, bits, check_close, expect_refusal, same_bits, set_kind
+from .op_cases import MODES, Builder, canonical, logical_shape, self_overlaps, share_elements
+
+OPS = ["apply_rope", "apply_rope_qk", "apply_rope_", "apply_rope_qk_"]
+INT_DTYPES = [torch.uint8, torch.int8, torch.int16, torch.uint16, torch.int32, torch.int64, torch.uint32, torch.uint64]
+MAX_POS = 2**60
+INT64_EDGES = [2**63 - 1, 2**63 - 8, -(2**63), 2**62, -(2**62), 2**63, -(2**63) - 1]
+
+
+def int_range(dt):
+    i = torch.iinfo(dt)
+    return i.min, i.max
+
+
+def int_tensor(values, dtype, shape=None):
+    """An integer tensor holding exactly `values` (Python ints in range)."""
+    t = torch.tensor([int(v) for v in np.asarray(values, dtype=object).reshape(-1)], dtype=dtype)
+    return t.reshape(shape if shape is not None else np.asarray(values, dtype=object).shape)
+
+
+def neg_view(t, rng):
+    """A view with the negative bit whose logical values are those of t: a
+    conjugate's .imag (floats) or torch._neg_view of the negated storage."""
+    if t.is_floating_point() and t.dtype in (torch.float32, torch.float64) and rng.random() < 0.5:
+        base = torch.zeros(tuple(t.shape) + (2,), dtype=t.dtype, device=t.device)
+        base[..., 1] = -t
+        return torch.view_as_complex(base).conj().imag, base
+    if t.dtype == torch.bool or (not t.is_floating_point() and not t.is_complex() and t.dtype != torch.int64
+                                 and t.dtype != torch.int32 and t.dtype != torch.int16 and t.dtype != torch.int8):
+        return None, None  # unsigned / bool: no negation to hide the values behind
+    stored = -t
+    return torch._neg_view(stored), stored
+
+
+def logical(t):
+    return None if t is None else t.detach().resolve_neg().resolve_conj().to("cpu", torch.float64).clone()
+
+
+def reference(X, angle, offset, rd, interleaved, scale=1.0):
+    """X float64 [B, H, S, D] (canonical, logical values); angle [B, S, rd/2]."""
+    out = X.numpy().copy()
+    span = out[..., offset : offset + rd]
+    out[..., offset : offset + rd] = scale * rotate_pairs_nd(span, angle[:, None, :, :], interleaved)
+    return torch.from_numpy(out)
+
+
+class Draw:
+    """The random part of one op call: shapes, dtype, layout, table."""
+
+    def __init__(self, rng, gen, op=None, varlen=None, small_table=False):
+        r = self.rng = rng
+        self.gen = gen
+        self.op = op or r.choice(OPS)
+        self.qk, self.in_place = "qk" in self.op, self.op.endswith("_")
+        self.dtype = r.choice(FLOATS)
+        self.varlen = (r.random() < 0.2) if varlen is None else varlen
+        self.layout = "THD" if self.varlen else r.choice(["BHSD", "BSHD", "SBHD"])
+        self.B = 1 if self.varlen else r.randrange(1, 4)
+        self.Hq, self.Hk = r.randrange(1, 4), r.randrange(1, 3)
+        self.S = r.choice([1, 2, 3, 5, 7]) if r.random() < 0.9 else r.choice([0, 12])
+        self.D = r.choice([4, 8, 12, 16, 24])
+        self.rd = r.choice([self.D, self.D] + list(range(2, self.D, 2)))
+        self.offset = 0
+        self.L = r.randrange(4, 12) if small_table else r.randrange(8, 40)
+        self.theta = r.choice([10000.0, 500.0])
+        self.interleaved, self.inverse = r.random() < 0.5, r.random() < 0.3
+        self.inv = ref_inv_freq(self.rd, self.theta)
+        self.table = rotary.freqs_table(self.rd, self.L, self.theta)
+        self.b = Builder(rng, gen)
+        self.cu, self.lens = None, None
+        if self.varlen:
+            cuts = sorted(r.randrange(0, self.S + 1) for _ in range(r.randrange(0, 3)))
+            bounds = [0] + cuts + [self.S]
+            self.lens = [bounds[i + 1] - bounds[i] for i in range(len(bounds) - 1)]
+            self.cu = torch.tensor(bounds, dtype=r.choice([torch.int32, torch.int64]))
+
+    def heads(self, H, mode=None):
+        shape = logical_shape(self.layout, self.B, H, self.S, self.D)
+        return self.b.tensor(shape, self.dtype, mode or self.rng.choice(MODES[:4]))
+
+    def local(self):
+        """int [B, S]: the index of each token within its sequence."""
+        if not self.varlen:
+            return np.broadcast_to(np.arange(self.S, dtype=object)[None, :], (self.B, self.S)).copy()
+        loc = np.zeros((1, self.S), dtype=object)
+        at = 0
+        for n in self.lens:
+            loc[0, at : at + n] = np.arange(n)
+            at += n
+        return loc
+
+    def grid(self, start_pos, offsets=None, ids=None):
+        """Exact int positions [B, S] (object array)."""
+        if ids is not None:
+            p = np.asarray(ids, dtype=object)
+            return np.broadcast_to(p if p.ndim == 2 else p[None, :], (self.B, self.S)).copy()
+        base = self.local() + start_pos
+        if offsets is not None:
+            o = np.asarray(offsets, dtype=object)
+            base = base + (o if o.ndim == 0 else o[:, None])
+        return base
+
+
+def position_problem(pos, use_inv, L):
+    """Why exact positions (object array, any shape) must be refused, or None."""
+    flat = [int(v) for v in np.asarray(pos, dtype=object).reshape(-1)]
+    if not flat:
+        return None
+    if min(flat) < 0:
+        return "negative position"
+    if max(flat) >= MAX_POS:
+        return "position >= 2^60"
+    if not use_inv and max(flat) >= L:
+        return "position past the table"
+    return None
+
+
+def run_call(d: Draw, q, k, freqs, start_pos, kw, *, reasons, either=False, mention=None, angle=None,
+             scale=1.0, allowed=DOCUMENTED, what="", kind="?"):
+    """Calls d.op and checks the outcome. reasons: why it must be refused;
+    either: a refusal or the right result both pass; mention: a refusal must
+    name this argument; angle: float64 [B, S, rd/2] for an accepted call."""
+    fn = getattr(rotary, d.op)
+    set_kind(kind)
+    label = f"{d.op}{' ' + what if what else ''}"
+    saved = [bits(t) for t in d.b.buffers]
+    before = [logical(t) for t in (q, k) if t is not None]
+    args = (q, k, freqs) if d.qk else (q, freqs)
+    try:
+        out = fn(*args, start_pos, d.interleaved, **kw)
+    except Finding:
+        raise
+    except allowed as e:
+        msg = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        for buf, s in zip(d.b.buffers, saved):
+            if not same_bits(buf, s):
+                raise Finding(f"{label}: refused ({msg}) but changed the bytes of an input") from None
+        if not reasons and not either:
+            raise Finding(f"{label}: refused a valid call with {msg}") from None
+        if mention and mention not in str(e):
+            raise Finding(f"{label}: refusal does not name {mention}: {msg}") from None
+        return kind, f"refused: {msg}"
+    except Exception as e:  # noqa: BLE001
+        raise Finding(f"{label}: undocumented {type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
+    if reasons:
+        raise Finding(f"{label}: accepted bad input ({', '.join(reasons)})")
+    outs = (out if d.qk else (out,)) if not d.in_place else ((q, k) if d.qk else (q,))
+    for name, src, o, x0 in zip(("q", "k"), (q, k), outs, before):
+        expected = reference(canonical(x0, d.layout), angle, d.offset, d.rd, d.interleaved, scale)
+        if o.shape != src.shape or o.dtype != src.dtype:
+            raise Finding(f"{label}: output {name} is {o.dtype} {tuple(o.shape)}, input {src.dtype} {tuple(src.shape)}")
+        check_close(canonical(o, d.layout), expected, d.dtype, f"{label} {name}", abs(scale))
+    if not d.in_place:
+        for buf, s in zip(d.b.buffers, saved):
+            if not same_bits(buf, s):
+                raise Finding(f"{label}: out of place, but an input changed")
+    else:
+        for buf, s in zip(d.b.buffers, saved):
+            after, restored = buf.detach().clone(), s.view(buf.dtype).clone()
+            for t in (q, k):
+                if t is not None and t.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr() \
+                        and t.dtype == buf.dtype:
+                    o = t.storage_offset() - buf.storage_offset()
+                    restored.as_strided(t.shape, t.stride(), o).copy_(after.as_strided(t.shape, t.stride(), o))
+            if not torch.equal(bits(after), bits(restored)):
+                raise Finding(f"{label}: in place, bytes outside q/k were written")
+    return kind, "accepted"
+
+
+def angles(d: Draw, pos, axes=None, sign=1.0, inv=None):
+    """float64 [B, S, rd/2] from exact positions: [B, S], or [n, B, S] with axes."""
+    inv = d.inv if inv is None else inv
+    P = np.asarray(pos, dtype=object).astype(np.float64)
+    if axes is None:
+        return sign * P[:, :, None] * inv[None, None, :]
+    return sign * np.stack([P[a] * inv[j] for j, a in enumerate(axes)], axis=-1)
+
+
+def _sign(d):
+    return -1.0 if d.inverse else 1.0
+
+
+def _overlap_reasons(d, q, k):
+    out = []
+    if d.in_place:
+        if self_overlaps(q) or (d.qk and self_overlaps(k)):
+            out.append("a written tensor overlaps itself")
+        if d.qk and share_elements(q, k):
+            out.append("q and k share elements")
+    return out
+
+
+# ------------------------------------------------------------ rotary_offset
+def run_rotary_offset(seed):
+    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    d = Draw(rng, gen)
+    q = d.heads(d.Hq)
+    k = d.heads(d.Hk) if d.qk else None
+    start = rng.choice([0, 1, 3])
+    use_inv = rng.random() < 0.3
+    kw = dict(layout=d.layout if not d.varlen else "THD", cu_seqlens=d.cu,
+              inverse=d.inverse, inv_freq=torch.from_numpy(d.inv.copy()) if use_inv else None)
+    pos = d.grid(start)
+    reasons, mention = _overlap_reasons(d, q, k), None
+    r = rng.random()
+    if r < 0.55:
+        d.offset = rng.randrange(0, d.D - d.rd + 1)
+    elif r < 0.75:
+        d.offset = rng.choice([-1, -d.rd, d.D - d.rd + 1, d.D, d.D + 2])
+        reasons, mention = reasons + ["rotary_offset outside the head"], "rotary_offset"
+    else:
+        d.offset = rng.choice(INT64_EDGES)
+        reasons, mention = reasons + ["rotary_offset near the int64 bounds"], "rotary_offset"
+    kw["rotary_offset"] = d.offset
+    why = position_problem(pos, use_inv, d.L)
+    if why:
+        reasons.append(why)
+        mention = mention if len(reasons) == 1 else None
+    return run_call(d, q, k, d.table, start, kw, reasons=reasons, mention=mention, what=f"rotary_offset={d.offset}", kind="rotary_offset",
+                    angle=None if reasons else angles(d, pos, sign=_sign(d)))
+
+
+# ---------------------------------------------------------------- pair_axes
+def run_pair_axes(seed):
+    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    d = Draw(rng, gen)
+    q = d.heads(d.Hq)
+    k = d.heads(d.Hk) if d.qk else None
+    n = rng.randrange(1, 4)
+    pairs = d.rd // 2
+    axes = [rng.randrange(n) for _ in range(pairs)]
+    axes[rng.randrange(pairs)] = n - 1  # n_axes is max + 1
+    use_inv = rng.random() < 0.3
+    hi = d.L + 5 if use_inv else d.L
+    form = "packed" if d.varlen else rng.choice(["nbs", "nbs", "ns", "n1s", "nb1"])
+    B, S = d.B, d.S
+    shape = {"packed": (n, S), "nbs": (n, B, S), "ns": (n, S), "n1s": (n, 1, S), "nb1": (n, B, 1)}[form]
+    ids = np.array([rng.randrange(0, hi) for _ in range(math.prod(shape))], dtype=object).reshape(shape)
+    full = ids if ids.ndim == 3 else ids[:, None, :]
+    full = np.broadcast_to(full, (n, B, S))
+    reasons, mention, arg = _overlap_reasons(d, q, k), None, list(axes)
+    start = 0
+    r = rng.random()
+    if r < 0.12:
+        arg = [bool(a % 2) for a in axes]
+        reasons, mention = reasons + ["pair_axes of bools"], "pair_axes"
+    elif r < 0.24:
+        j = rng.randrange(pairs)
+        arg[j] = rng.choice([-1, 16, 17, 255, 256, 2**32, 2**40, -(2**63)])
+        reasons, mention = reasons + ["pair_axes value out of range"], "pair_axes"
+    elif r < 0.30:
+        arg = arg + [0] if rng.random() < 0.5 else arg[:-1]
+        reasons, mention = reasons + ["pair_axes of the wrong length"], "pair_axes"
+    elif r < 0.36:
+        ids = np.concatenate([ids, ids[:1]], axis=0)  # one axis too many
+        reasons, mention = reasons + ["an axis count that does not match"], None
+    elif r < 0.42:
+        start = rng.randrange(1, 4)
+        reasons, mention = reasons + ["start_pos with position_ids"], "start_pos"
+    why = position_problem(full, use_inv, d.L) if not reasons else None
+    if why:
+        reasons.append(why)
+    dtype = rng.choice([torch.int64, torch.int64, torch.int32, torch.int16, torch.uint8]) if ids.size and \
+        max(int(v) for v in ids.reshape(-1)) < 128 else torch.int64
+    kw = dict(layout="THD" if d.varlen else d.layout, cu_seqlens=d.cu, inverse=d.inverse,
+              inv_freq=torch.from_numpy(d.inv.copy()) if use_inv else None,
+              position_ids=int_tensor(ids, dtype), pair_axes=arg)
+    if rng.random() < 0.3:
+        d.offset = kw["rotary_offset"] = rng.randrange(0, d.D - d.rd + 1)
+    return run_call(d, q, k, d.table, start, kw, reasons=reasons, mention=mention, what=f"pair_axes {form}", kind="pair_axes",
+                    angle=None if reasons else angles(d, full, axes, _sign(d)))
+
+
+# --------------------------------------------------------------- freqs_real
+def run_freqs_real(seed):
+    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    d = Draw(rng, gen)
+    q = d.heads(d.Hq)
+    k = d.heads(d.Hk) if d.qk else None
+    L, P = d.L, d.rd // 2
+    real = torch.view_as_real(d.table)
+    sign, bad = _sign(d), None
+    kind = rng.choice(["plain", "strided", "conj_physical", "padded", "odd_offset", "odd_stride", "last_strided",
+                       "width3", "float64", "flat"])
+    if kind == "plain":
+        freqs = real
+    elif kind == "strided":  # view_as_real of a non-contiguous complex table
+        freqs = torch.view_as_real(d.table.t().contiguous().t())
+    elif kind == "conj_physical":
+        freqs, sign = torch.view_as_real(torch.conj_physical(d.table)), -sign
+    elif kind == "padded":  # [L, P, 4] storage, first two of each: strides even
+        big = torch.zeros(L, P, 4)
+        big[..., :2] = real
+        freqs = big[..., :2]
+    elif kind == "odd_offset":
+        buf = torch.zeros(1 + L * P * 2)
+        buf[1:] = real.reshape(-1)
+        freqs, bad = buf[1:].view(L, P, 2), "an odd storage offset"
+    elif kind == "odd_stride":
+        big = torch.zeros(L, P, 3)
+        big[..., :2] = real
+        freqs, bad = big[..., :2], "odd strides"
+    elif kind == "last_strided":
+        freqs, bad = real.permute(2, 0, 1).contiguous().permute(1, 2, 0), "a last dim that is not contiguous"
+    elif kind == "width3":
+        freqs, bad = torch.cat([real, real[..., :1]], dim=-1), "a last dim of 3"
+    elif kind == "float64":
+        freqs, bad = real.double(), "float64"
+    else:
+        freqs, bad = real.reshape(L, 2 * P), "a 2-D float table"
+    start = rng.choice([0, 1, 2])
+    pos = d.grid(start)
+    reasons = _overlap_reasons(d, q, k)
+    if bad:
+        reasons.append(f"freqs with {bad}")
+    why = position_problem(pos, False, d.L)
+    if why:
+        reasons.append(why)
+    mention = "freqs" if bad and len(reasons) == 1 else None
+    kw = dict(layout="THD" if d.varlen else d.layout, cu_seqlens=d.cu, inverse=d.inverse)
+    return run_call(d, q, k, freqs, start, kw, reasons=reasons, mention=mention, what=f"freqs_real {kind}", kind="freqs_real",
+                    angle=None if reasons else angles(d, pos, sign=sign))
+
+
+# -------------------------------------------------------------------- views
+def run_views(seed):
+    """A negative or conjugate view as one tensor argument: the right result
+    (for the logical values) or a clear refusal naming it."""
+    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    if rng.random() < 0.3:
+        from .kv_cases import run_kv
+        return run_kv(seed, focus="views")
+    d = Draw(rng, gen)
+    q = d.heads(d.Hq, "dense")
+    k = d.heads(d.Hk, "dense") if d.qk else None
+    which = rng.choice(["q", "q", "k", "k", "freqs_conj", "freqs_neg", "freqs_conj_neg", "inv_freq", "positions",
+                        "cu_seqlens"] if d.qk else ["q", "q", "freqs_conj", "freqs_neg", "inv_freq", "positions",
+                                                    "cu_seqlens"])
+    if which == "cu_seqlens" and not d.varlen:
+        which = "q"
+    start, freqs, sign, scale = rng.choice([0, 1, 2]), d.table, _sign(d), 1.0
+    use_inv = which == "inv_freq" or rng.random() < 0.2
+    kw = dict(layout="THD" if d.varlen else d.layout, cu_seqlens=d.cu, inverse=d.inverse,
+              inv_freq=torch.from_numpy(d.inv.copy()) if use_inv else None)
+    offsets = None
+    if which in ("q", "k"):
+        t = q if which == "q" else k
+        v, base = neg_view(t, rng)
+        d.b.buffers.append(base)
+        if which == "q":
+            q = v
+        else:
+            k = v
+    elif which.startswith("freqs"):
+        if "conj" in which:
+            freqs, sign = freqs.conj(), -sign
+        if "neg" in which:
+            freqs, scale = torch._neg_view(freqs), -1.0
+            kw["inv_freq"], use_inv = None, False  # past the table the sign of a table row is not defined
+    elif which == "inv_freq":
+        kw["inv_freq"], base = neg_view(kw["inv_freq"], rng)
+    elif which == "positions":
+        o = rng.randrange(0, 3)
+        offsets = torch.tensor(o) if d.varlen or rng.random() < 0.5 else torch.tensor([o] * d.B)
+        kw["offsets"], _ = neg_view(offsets, rng)
+        offsets = offsets.numpy()
+    else:
+        kw["cu_seqlens"], _ = neg_view(d.cu, rng)
+    pos = d.grid(start, offsets)
+    reasons = _overlap_reasons(d, q, k)
+    why = position_problem(pos, use_inv, d.L)
+    if why:
+        reasons.append(why)
+    mention = None
+    return run_call(d, q, k, freqs, start, kw, reasons=reasons, either=True, mention=mention, what=f"views {which}", kind="views",
+                    angle=None if reasons else angles(d, pos, sign=sign), scale=scale)
+
+
+# ------------------------------------------------------------- index_dtypes
+def _wrap_values(rng, dt, n, L, use_inv, start=0):
+    lo, hi = int_range(dt)
+    pool = [0, 1, 2, L - 1, L, hi, hi - 1, lo, lo + 1, 127, 128, 250, 255, 256, 32767, 65535, 2**31 - 1, 2**31,
+            2**32 - 1, 2**40, 2**60, 2**63 - 1, 2**63, 2**64 - 1, -1, -5]
+    # values whose sum with start_pos wraps to a small row, in the dtype or read as int64
+    pool += [hi + 1 - start + j for j in range(3)] + [2**64 - start + j for j in range(2)] + [2**32 - start]
+    pool = [v for v in pool if lo <= v <= hi]
+    small = [v for v in range(0, L) if lo <= v <= hi]
+    return [rng.choice(pool) if rng.random() < 0.4 else rng.choice(small) for _ in range(n)]
+
+
+def run_index_dtypes(seed):
+    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    if rng.random() < 0.3:
+        from .kv_cases import run_kv
+        return run_kv(seed, focus="index_dtypes")
+    d = Draw(rng, gen)
+    q = d.heads(d.Hq)
+    k = d.heads(d.Hk) if d.qk else None
+    dt = rng.choice(INT_DTYPES + [torch.bool] if rng.random() < 0.1 else INT_DTYPES)
+    use_inv = rng.random() < 0.5
+    which = rng.choice(["offsets", "position_ids", "legacy", "cu_seqlens"] if d.varlen else
+                       ["offsets", "position_ids", "legacy"])
+    kw = dict(layout="THD" if d.varlen else d.layout, cu_seqlens=d.cu, inverse=d.inverse,
+              inv_freq=torch.from_numpy(d.inv.copy()) if use_inv else None)
+    reasons, mention, either = _overlap_reasons(d, q, k), which if which != "legacy" else None, False
+    start = rng.choice([0, 0, 1, 10])
+    B, S = d.B, d.S
+    if dt == torch.bool:
+        vals = torch.zeros((B,) if which == "offsets" and not d.varlen else ((S,) if d.varlen else (B, S)),
+                           dtype=torch.bool)
+        kw["offsets" if which != "position_ids" else "position_ids"] = vals
+        if which == "position_ids":
+            start = 0
+        reasons.append("a bool index tensor")
+        mention = "position_ids" if which == "position_ids" else "offsets"
+        if which == "cu_seqlens":
+            kw.pop("offsets")
+            kw["cu_seqlens"], mention = d.cu.bool(), "cu_seqlens"
+        if which == "legacy":
+            kw.pop("offsets")
+            kw["positions"], mention = vals, None
+        return run_call(d, q, k, d.table, start, kw, reasons=reasons, mention=mention, what=f"index_dtypes {which} bool", kind="index_dtypes")
+    if which == "cu_seqlens":
+        kw["cu_seqlens"] = int_tensor(d.cu.tolist(), dt)
+        either = dt not in (torch.int32, torch.int64)  # documented int32/int64; a correct widening passes too
+        pos = d.grid(start)
+    elif which == "offsets" or (which == "legacy" and rng.random() < 0.5):
+        shape = () if d.varlen or rng.random() < 0.3 else (B,)
+        vals = _wrap_values(rng, dt, math.prod(shape), d.L, use_inv, start)
+        t = int_tensor(vals, dt, shape)
+        kw["offsets" if which == "offsets" else "positions"] = t
+        pos = d.grid(start, np.asarray(vals, dtype=object).reshape(shape))
+    else:  # ids
+        shape = (S,) if d.varlen else rng.choice([(B, S), (1, S), (B, 1)] + ([(S,)] if which == "position_ids" else []))
+        vals = _wrap_values(rng, dt, math.prod(shape), d.L, use_inv, start)
+        t = int_tensor(vals, dt, shape)
+        arr = np.asarray(vals, dtype=object).reshape(shape)
+        if which == "position_ids":
+            start = 0 if rng.random() < 0.85 else start
+            if start:
+                reasons.append("start_pos with position_ids")
+                mention = "start_pos"
+            kw["position_ids"] = t
+            pos = np.broadcast_to(arr if arr.ndim == 2 else arr[None, :], (B, S)).copy()
+        else:  # deprecated positions=: ids added to start_pos
+            kw["positions"] = t
+            full = arr if arr.ndim == 2 else arr[None, :]
+            pos = np.broadcast_to(full + start, (B, S)).copy()
+    why = position_problem(pos, use_inv, d.L)
+    if why:
+        reasons.append(why)
+    if len(reasons) != 1:
+        mention = None
+    return run_call(d, q, k, d.table, start, kw, reasons=reasons, either=either and not reasons, mention=mention,
+                    what=f"{which} {str(dt)[6:]}", kind="index_dtypes", angle=None if reasons else angles(d, pos, sign=_sign(d)))
+
+
+# ------------------------------------------------------------------ scalars
+def run_scalars(seed):
+    """bool / float (and oversized) scalars where an int is expected: refused
+    with a TypeError / ValueError that names the argument."""
+    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    target = rng.choice(["op", "op", "op", "kv", "module", "module", "kv_module"])
+    if target == "kv":
+        from .kv_cases import run_kv
+        return run_kv(seed, focus="scalars")
+    if target == "module":
+        from .module_cases import run_module_scalars
+        return run_module_scalars(seed)
+    if target == "kv_module":
+        from .kv_cases import run_kv_module_scalars
+        return run_kv_module_scalars(seed)
+    d = Draw(rng, gen, varlen=False)
+    q = d.heads(d.Hq)
+    k = d.heads(d.Hk) if d.qk else None
+    arg = rng.choice(["start_pos", "start_pos", "rotary_offset"])
+    value = rng.choice([True, False, 2.0, 0.0, 1.5, float("nan"), "3", None, torch.tensor(1.0)])
+    kw = dict(layout=d.layout, inverse=d.inverse)
+    start = 0
+    if arg == "start_pos":
+        start = value
+    else:
+        kw["rotary_offset"] = value
+    reasons = _overlap_reasons(d, q, k) + [f"{arg}={value!r}"]
+    return run_call(d, q, k, d.table, start, kw, reasons=reasons, mention=arg if len(reasons) == 1 else None,
+                    allowed=(TypeError, ValueError), what=f"{arg}={value!r}", kind="scalars")
