@@ -52,6 +52,8 @@ def _int_arg(op: str, name: str, value):
     """torch's argument parser takes a bool as an int and names neither the
     argument nor the op for a float or an int past int64: refuse them here,
     by name (start_pos has its own words for the last, in _start_pos)."""
+    if type(value) is int and -(2**63) <= value < 2**63:  # the decode path: one test
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
         raise TypeError(f"{op}: {name} must be an int, got {value!r}")
     if name != "start_pos" and isinstance(value, int) and not -(2**63) <= value < 2**63:
@@ -61,7 +63,7 @@ def _int_arg(op: str, name: str, value):
 
 def _pair_axes(op: str, pair_axes):
     if pair_axes is None:
-        return None
+        return None  # 1-D positions
     if isinstance(pair_axes, (str, bytes)) or not isinstance(pair_axes, Sequence):
         raise TypeError(f"{op}: pair_axes must be a list of ints or None, got {pair_axes!r}")
     return [_int_arg(op, f"pair_axes[{j}]", a) for j, a in enumerate(pair_axes)]
@@ -186,7 +188,7 @@ def apply_rope(
     """Rotate ``x`` and return a new tensor."""
     start_pos, offsets, position_ids = _route(positions, offsets, position_ids, start_pos, cu_seqlens, "apply_rope")
     return torch.ops.rotary.apply_rope(
-        x, freqs, _start_pos("apply_rope", start_pos), interleaved, offsets=offsets, position_ids=position_ids, inverse=inverse,
+        x, freqs, start_pos, interleaved, offsets=offsets, position_ids=position_ids, inverse=inverse,
         cu_seqlens=cu_seqlens, inv_freq=inv_freq, layout=layout,
         rotary_offset=_int_arg("apply_rope", "rotary_offset", rotary_offset), pair_axes=_pair_axes("apply_rope", pair_axes),
     )
@@ -213,7 +215,7 @@ def apply_rope_qk(
     and head_dim must match). Returns ``(q_rotated, k_rotated)``."""
     start_pos, offsets, position_ids = _route(positions, offsets, position_ids, start_pos, cu_seqlens, "apply_rope_qk")
     return torch.ops.rotary.apply_rope_qk(
-        q, k, freqs, _start_pos("apply_rope_qk", start_pos), interleaved, offsets=offsets, position_ids=position_ids, inverse=inverse,
+        q, k, freqs, start_pos, interleaved, offsets=offsets, position_ids=position_ids, inverse=inverse,
         cu_seqlens=cu_seqlens, inv_freq=inv_freq, layout=layout,
         rotary_offset=_int_arg("apply_rope_qk", "rotary_offset", rotary_offset), pair_axes=_pair_axes("apply_rope_qk", pair_axes),
     )
@@ -240,7 +242,7 @@ def apply_rope_(
     grad mode on) is refused."""
     start_pos, offsets, position_ids = _route(positions, offsets, position_ids, start_pos, cu_seqlens, "apply_rope_")
     torch.ops.rotary.apply_rope_(
-        x, freqs, _start_pos("apply_rope_", start_pos), interleaved, offsets=offsets, position_ids=position_ids, inverse=inverse,
+        x, freqs, start_pos, interleaved, offsets=offsets, position_ids=position_ids, inverse=inverse,
         cu_seqlens=cu_seqlens, inv_freq=inv_freq, layout=layout,
         rotary_offset=_int_arg("apply_rope_", "rotary_offset", rotary_offset), pair_axes=_pair_axes("apply_rope_", pair_axes),
     )
@@ -270,7 +272,7 @@ def apply_rope_qk_(
         positions, offsets, position_ids, start_pos, cu_seqlens, "apply_rope_qk_"
     )
     torch.ops.rotary.apply_rope_qk_(
-        q, k, freqs, _start_pos("apply_rope_qk_", start_pos), interleaved, offsets=offsets, position_ids=position_ids, inverse=inverse,
+        q, k, freqs, start_pos, interleaved, offsets=offsets, position_ids=position_ids, inverse=inverse,
         cu_seqlens=cu_seqlens, inv_freq=inv_freq, layout=layout,
         rotary_offset=_int_arg("apply_rope_qk_", "rotary_offset", rotary_offset), pair_axes=_pair_axes("apply_rope_qk_", pair_axes),
     )
