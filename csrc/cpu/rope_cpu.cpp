@@ -147,6 +147,39 @@ bool pages_mapped(const void* p, int64_t bytes) {
 #endif
 }
 
+// Maps the pages of [p, p + bytes) for writing, one madvise per call instead
+// of one page fault per 4 KiB page on the first store (the trap, not the
+// zeroing, is most of a fault's cost). False where the kernel cannot.
+bool populate_for_write(void* p, int64_t bytes) {
+#if defined(__linux__)
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14
+#endif
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
+  const auto end = (reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes) + page - 1) & ~(page - 1);
+  return madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE) == 0;
+#else
+  return false;
+#endif
+}
+
+// Fresh output pages of an out-of-place call, mapped in parallel before the
+// rotation: each thread populates one contiguous slice.
+void populate_outputs(const RopeParams& p, int64_t elem) {
+  for (const HeadTensor* t : {&p.q, &p.k}) {
+    if (t->heads == 0) continue;
+    const int64_t bytes = p.batch * t->heads * p.seq * p.head_dim * elem;
+    if (pages_mapped(t->out, bytes)) continue;
+    constexpr int64_t kSlice = int64_t{4} << 20;
+    const int64_t slices = (bytes + kSlice - 1) / kSlice;
+    at::parallel_for(0, slices, 1, [&](int64_t begin, int64_t end) {
+      char* base = static_cast<char*>(t->out) + begin * kSlice;
+      populate_for_write(base, std::min(bytes, end * kSlice) - begin * kSlice);
+    });
+  }
+}
+
 // Streaming stores need every store aligned to its width (up to 64 bytes):
 // out of place, contiguous head vectors at 64-byte aligned addresses, and
 // halves of rotary_dim that keep that alignment; and mapped output pages.
@@ -252,6 +285,7 @@ void rope_cpu_kernel(const RopeParams& p, Capability cap, const TileHook* hook) 
   const int64_t grain = std::max<int64_t>(1, kGrainElems / std::max<int64_t>(task_elems, 1));
   const int64_t out_bytes = all_heads * p.batch * p.seq * p.head_dim * int64_t(sizeof(scalar_t));
   const bool big = cap != Capability::kDefault && out_bytes >= kStreamBytes;
+  if (!p.in_place && out_bytes >= kStreamBytes) populate_outputs(p, int64_t(sizeof(scalar_t)));
   const bool nt_q = big && can_stream<scalar_t>(p, p.q);
   const bool nt_k = big && p.k.heads > 0 && can_stream<scalar_t>(p, p.k);
 

@@ -444,6 +444,8 @@ def run_index_dtypes(seed):
     if which == "cu_seqlens":
         kw["cu_seqlens"] = int_tensor(d.cu.tolist(), dt)
         either = dt not in (torch.int32, torch.int64)  # documented int32/int64; a correct widening passes too
+        if not either:
+            mention = None  # a valid cu_seqlens: a refusal, if any, is about the positions
         pos = d.grid(start)
     elif which == "offsets" or (which == "legacy" and rng.random() < 0.5):
         shape = () if d.varlen or rng.random() < 0.3 else (B,)

@@ -121,14 +121,19 @@ void rotate_heads_major(const Run<scalar_t>& r, int64_t h0, int64_t dim, bool in
 
 template <bool NT, typename scalar_t>
 void rotate_contiguous(const Run<scalar_t>& r, int64_t dim, bool interleaved) {
-  const int64_t blocked = r.heads - r.heads % kHeadBlock;
+  // Streaming stores fill a cache line in several stores; with a block of
+  // heads (and two halves) in flight, more lines are open than the core has
+  // write-combining buffers, and each one flushed half-written costs a read
+  // of the line. One head at a time keeps two open.
+  constexpr int M = NT ? 1 : kHeadBlock;
+  const int64_t blocked = r.heads - r.heads % M;
   if (r.tokens_outer) {
     for (int64_t t = 0; t < r.tokens; ++t) {
-      for (int64_t h = 0; h < blocked; h += kHeadBlock) rotate_block<NT, kHeadBlock>(r, t, h, dim, interleaved);
+      for (int64_t h = 0; h < blocked; h += M) rotate_block<NT, M>(r, t, h, dim, interleaved);
       for (int64_t h = blocked; h < r.heads; ++h) rotate_block<NT, 1>(r, t, h, dim, interleaved);
     }
   } else {
-    for (int64_t h = 0; h < blocked; h += kHeadBlock) rotate_heads_major<NT, kHeadBlock>(r, h, dim, interleaved);
+    for (int64_t h = 0; h < blocked; h += M) rotate_heads_major<NT, M>(r, h, dim, interleaved);
     for (int64_t h = blocked; h < r.heads; ++h) rotate_heads_major<NT, 1>(r, h, dim, interleaved);
   }
 }

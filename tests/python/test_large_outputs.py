@@ -1,0 +1,27 @@
+"""Out-of-place calls whose outputs are large enough for the CPU kernel's
+fresh-page path (pages mapped in parallel with MADV_POPULATE_WRITE, then
+streaming stores, one head at a time): the float64 reference on every
+element, at 1 and 2 threads."""
+
+import pytest
+import torch
+
+import rotary
+from rope_testing import assert_close_ref, randn, ref_rope4
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "half"])
+def test_large_out_of_place_matches_reference(threads, dtype, interleaved):
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        q = randn((1, 16, 2048, 128), dtype, seed=1)  # 16 MiB in fp32, 8 MiB in bf16 (q + k over the 16 MiB line)
+        k = randn((1, 8, 2048, 128), dtype, seed=2) if dtype == torch.float32 else randn((1, 16, 2048, 128), dtype, seed=2)
+        f = rotary.freqs_table(128, 4096)
+        out_q, out_k = rotary.apply_rope_qk(q, k, f, 3, interleaved)
+        assert_close_ref(out_q, ref_rope4(q, start=3, interleaved=interleaved), dtype)
+        assert_close_ref(out_k, ref_rope4(k, start=3, interleaved=interleaved), dtype)
+    finally:
+        torch.set_num_threads(old)
