@@ -99,6 +99,30 @@ def rope_frequencies(*args, **kwargs) -> Tuple[torch.Tensor, float]:
     return inv_frequencies(*args, **kwargs)
 
 
+def _keywords(op: str, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes):
+    """The op's keyword arguments that differ from the schema's defaults,
+    checked: torch parses keyword arguments of a custom op slowly, and a
+    decode call passes none."""
+    kw = {}
+    if offsets is not None:
+        kw["offsets"] = offsets
+    if position_ids is not None:
+        kw["position_ids"] = position_ids
+    if inverse is not False:
+        kw["inverse"] = inverse
+    if cu_seqlens is not None:
+        kw["cu_seqlens"] = cu_seqlens
+    if inv_freq is not None:
+        kw["inv_freq"] = inv_freq
+    if layout != "BHSD":
+        kw["layout"] = layout
+    if not (type(rotary_offset) is int and rotary_offset == 0):  # a bool or float is refused by name
+        kw["rotary_offset"] = _int_arg(op, "rotary_offset", rotary_offset)
+    if pair_axes is not None:
+        kw["pair_axes"] = _pair_axes(op, pair_axes)
+    return kw
+
+
 def _legacy_positions(positions: torch.Tensor, start_pos, varlen: bool, who: str):
     """``(start_pos, offsets, position_ids)`` for the deprecated ``positions=``
     argument, with its old meaning decided by rank alone: ``[]`` / ``[batch]``
@@ -188,9 +212,8 @@ def apply_rope(
     """Rotate ``x`` and return a new tensor."""
     start_pos, offsets, position_ids = _route(positions, offsets, position_ids, start_pos, cu_seqlens, "apply_rope")
     return torch.ops.rotary.apply_rope(
-        x, freqs, start_pos, interleaved, offsets=offsets, position_ids=position_ids, inverse=inverse,
-        cu_seqlens=cu_seqlens, inv_freq=inv_freq, layout=layout,
-        rotary_offset=_int_arg("apply_rope", "rotary_offset", rotary_offset), pair_axes=_pair_axes("apply_rope", pair_axes),
+        x, freqs, start_pos, interleaved,
+        **_keywords("apply_rope", offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes),
     )
 
 
@@ -215,9 +238,8 @@ def apply_rope_qk(
     and head_dim must match). Returns ``(q_rotated, k_rotated)``."""
     start_pos, offsets, position_ids = _route(positions, offsets, position_ids, start_pos, cu_seqlens, "apply_rope_qk")
     return torch.ops.rotary.apply_rope_qk(
-        q, k, freqs, start_pos, interleaved, offsets=offsets, position_ids=position_ids, inverse=inverse,
-        cu_seqlens=cu_seqlens, inv_freq=inv_freq, layout=layout,
-        rotary_offset=_int_arg("apply_rope_qk", "rotary_offset", rotary_offset), pair_axes=_pair_axes("apply_rope_qk", pair_axes),
+        q, k, freqs, start_pos, interleaved,
+        **_keywords("apply_rope_qk", offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes),
     )
 
 
@@ -242,9 +264,8 @@ def apply_rope_(
     grad mode on) is refused."""
     start_pos, offsets, position_ids = _route(positions, offsets, position_ids, start_pos, cu_seqlens, "apply_rope_")
     torch.ops.rotary.apply_rope_(
-        x, freqs, start_pos, interleaved, offsets=offsets, position_ids=position_ids, inverse=inverse,
-        cu_seqlens=cu_seqlens, inv_freq=inv_freq, layout=layout,
-        rotary_offset=_int_arg("apply_rope_", "rotary_offset", rotary_offset), pair_axes=_pair_axes("apply_rope_", pair_axes),
+        x, freqs, start_pos, interleaved,
+        **_keywords("apply_rope_", offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes),
     )
     return x
 
@@ -272,9 +293,8 @@ def apply_rope_qk_(
         positions, offsets, position_ids, start_pos, cu_seqlens, "apply_rope_qk_"
     )
     torch.ops.rotary.apply_rope_qk_(
-        q, k, freqs, start_pos, interleaved, offsets=offsets, position_ids=position_ids, inverse=inverse,
-        cu_seqlens=cu_seqlens, inv_freq=inv_freq, layout=layout,
-        rotary_offset=_int_arg("apply_rope_qk_", "rotary_offset", rotary_offset), pair_axes=_pair_axes("apply_rope_qk_", pair_axes),
+        q, k, freqs, start_pos, interleaved,
+        **_keywords("apply_rope_qk_", offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes),
     )
     return q, k
 

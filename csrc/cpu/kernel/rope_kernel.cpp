@@ -128,8 +128,21 @@ void rotate_contiguous(const Run<scalar_t>& r, int64_t dim, bool interleaved) {
   constexpr int M = NT ? 1 : kHeadBlock;
   const int64_t blocked = r.heads - r.heads % M;
   if (r.tokens_outer) {
+    const int64_t vec_bytes = dim * int64_t(sizeof(scalar_t));
     for (int64_t t = 0; t < r.tokens; ++t) {
-      for (int64_t h = 0; h < blocked; h += M) rotate_block<NT, M>(r, t, h, dim, interleaved);
+      for (int64_t h = 0; h < blocked; h += M) {
+        // The next block's input, and its output lines for writing (their
+        // read for ownership overlaps this block's work).
+        for (int64_t n = h + M; n < h + 2 * M && n < r.heads; ++n) {
+          const char* in = reinterpret_cast<const char*>(r.in + t * r.in_tok + n * r.in_head);
+          const char* out = reinterpret_cast<const char*>(r.out + t * r.out_tok + n * r.out_head);
+          for (int64_t o = 0; o < vec_bytes; o += 64) {
+            __builtin_prefetch(in + o, 0, 3);
+            if (!NT) __builtin_prefetch(out + o, 1, 3);
+          }
+        }
+        rotate_block<NT, M>(r, t, h, dim, interleaved);
+      }
       for (int64_t h = blocked; h < r.heads; ++h) rotate_block<NT, 1>(r, t, h, dim, interleaved);
     }
   } else {
