@@ -4,7 +4,9 @@
 RoPE is memory-bound: it reads q and k once and writes them once. Every case is
 therefore reported as median time, bandwidth (bytes of q and k read + written)
 and ratios against peers timed in the same run, round-robin, so that a noisy
-machine moves all of them together:
+machine moves all of them together (benchmarks/protocol.py: load guard,
+interleaved seeded rounds, medians, CPU time / wall next to every ratio, one
+pass per --threads count):
 
   clone        q.clone() and k.clone(): the memory floor
   reference    eager reference formula: view_as_complex(q) * freqs[pos], per tensor
@@ -29,7 +31,7 @@ timed against one torch.add launch, with the module's host overhead.
 
 Usage:  PYTHONPATH=python python benchmarks/bench.py [--device cpu|cuda|all]
         [--dtype fp32,bf16] [--cuda-dtype bf16,fp16,fp32] [--threads 1,2] [--repeat N] [--quick]
-        [--reuse-heap] [--markdown PATH] [--png PATH]
+        [--reuse-heap] [--markdown PATH] [--png PATH] [--max-load 0.5] [--allow-load] [--wait-load S]
 """
 
 from __future__ import annotations
@@ -39,14 +41,16 @@ import ctypes
 import dataclasses
 import os
 import platform
-import random
-import statistics
 import subprocess
 import sys
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-import torch
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from protocol import (LoadGuard, Stats, add_protocol_args, check_load, ratio_cell,  # noqa: E402
+                      thread_passes, time_interleaved)
+
+import torch  # noqa: E402
 
 DTYPES = {
     "fp32": torch.float32,
@@ -136,7 +140,7 @@ def hf_tables(freqs: torch.Tensor, seq: int, dtype: torch.dtype, start_pos: int 
 
 
 class Timer:
-    """Times one callable; returns seconds per call for one sample."""
+    """The device's sync, for the protocol's wall-clock samples."""
 
     def __init__(self, device: str):
         self.cuda = device == "cuda"
@@ -144,57 +148,6 @@ class Timer:
     def sync(self) -> None:
         if self.cuda:
             torch.cuda.synchronize()
-
-    def sample(self, fn: Callable[[], object], inner: int) -> float:
-        if self.cuda:
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(inner):
-                fn()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) * 1e-3 / inner
-        t0 = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        return (time.perf_counter() - t0) / inner
-
-
-def calibrate_inner(timer: Timer, fn: Callable[[], object], target_s: float) -> int:
-    """Calls per sample so that one sample lasts about target_s."""
-    t = timer.sample(fn, 1)
-    t = min(t, timer.sample(fn, 1))
-    return max(1, min(10000, int(target_s / max(t, 1e-7))))
-
-
-def time_round_robin(
-    timer: Timer,
-    fns: Dict[str, Callable[[], object]],
-    repeat: int,
-    target_s: float,
-    progress: str,
-) -> Dict[str, float]:
-    """Median seconds per call of each fn. Samples are interleaved across fns
-    (one sample of each per round) so that load changes hit all of them, in
-    a new (seeded) order each round, so that no fn always runs right after the
-    same neighbour: a call pays for what the previous one left behind (e.g.
-    clone's 100+ MB of dirty cache lines to write back)."""
-    inner = {}
-    for name, fn in fns.items():
-        for _ in range(2):  # warm up: allocator, caches, lazy init
-            fn()
-        timer.sync()
-        inner[name] = calibrate_inner(timer, fn, target_s)
-    samples: Dict[str, List[float]] = {name: [] for name in fns}
-    names = list(fns)
-    order = random.Random(0)
-    for r in range(repeat):
-        log(f"  {progress}: round {r + 1}/{repeat}")
-        order.shuffle(names)
-        for name in names:
-            samples[name].append(timer.sample(fns[name], inner[name]))
-    return {name: statistics.median(v) for name, v in samples.items()}
 
 
 # --------------------------------------------------------------------------
@@ -323,7 +276,7 @@ class Result:
     case: Case
     dtype: str
     threads: Optional[int]
-    times: Dict[str, float]
+    times: Dict[str, Stats]
     notes: Dict[str, str]
 
     @property
@@ -335,21 +288,21 @@ class Result:
     def ours_for(self, peer: str) -> str:
         return "ours_half" if peer in HALF_PEERS else "ours"
 
-    def markdown(self) -> str:
+    def markdown(self, guard: LoadGuard) -> str:
         nbytes = case_bytes(self.case, DTYPES[self.dtype])
         clone = self.times["clone"]
         lines = [
-            f"#### {self.title}",
+            f"#### {self.title}{guard.marker()}",
             "",
             "| impl | median | GB/s | time / clone | ours speedup vs it |",
             "| --- | ---: | ---: | ---: | ---: |",
         ]
-        for name, t in self.times.items():
+        for name, st in self.times.items():
+            t = st.median
             if name.startswith("ours") or name in ("clone", "add"):
                 speed = "-"
             else:
-                ours = self.times[self.ours_for(name)]
-                speed = f"{t / ours:.2f}x (vs {self.ours_for(name)})"
+                speed = f"{ratio_cell(st, self.times[self.ours_for(name)], guard)} (vs {self.ours_for(name)})"
             label = {
                 "ours": "ours (interleaved)",
                 "ours_half": "ours (interleaved=False)",
@@ -358,7 +311,7 @@ class Result:
                 "clone": "clone q,k (floor)",
             }.get(name, name)
             lines.append(
-                f"| {label} | {fmt_time(t)} | {nbytes / t / 1e9:.1f} | {t / clone:.2f} | {speed} |"
+                f"| {label} | {fmt_time(t)} | {nbytes / t / 1e9:.1f} | {ratio_cell(st, clone, guard)} | {speed} |"
             )
         for name, note in self.notes.items():
             lines.append(f"| {name} | {note} | | | |")
@@ -366,7 +319,7 @@ class Result:
             lines.append("")
             lines.append(
                 f"decode: ours / (torch.add(q,q) + torch.add(k,k)) = "
-                f"{self.times['ours'] / self.times['add']:.2f}"
+                f"{ratio_cell(self.times['ours'], self.times['add'], guard)}"
             )
         return "\n".join(lines) + "\n"
 
@@ -386,7 +339,7 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def header(devices: Sequence[str], allocator: str) -> str:
+def header(devices: Sequence[str], allocator: str, guard: LoadGuard) -> str:
     lines = [
         "## rotary benchmark",
         "",
@@ -396,16 +349,17 @@ def header(devices: Sequence[str], allocator: str) -> str:
         f" default threads {torch.get_num_threads()}",
     ]
     lines.append(f"- allocator: {allocator}")
-    if hasattr(os, "getloadavg"):
-        lines.append("- load average at start: " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
+    lines.append(f"- {guard.header()}")
     if "cuda" in devices:
         p = torch.cuda.get_device_properties(0)
         lines.append(
             f"- GPU {torch.cuda.get_device_name(0)} ({p.total_memory / 2**30:.0f} GiB), CUDA {torch.version.cuda}"
         )
     lines.append(
-        "- times are medians of round-robin samples; GB/s counts q and k read + written;"
-        " `ours speedup vs it` = peer time / our time (rotate_half peers vs interleaved=False)"
+        "- times are medians of interleaved rounds (every impl once per round, seeded shuffle);"
+        " GB/s counts q and k read + written;"
+        " `ours speedup vs it` = peer time / our time (rotate_half peers vs interleaved=False);"
+        " cpu/wall = process CPU time / wall of each side (~1.0: one busy thread, ~2.0: two)"
     )
     return "\n".join(lines) + "\n"
 
@@ -432,7 +386,8 @@ def write_png(results: List[Result], path: str) -> None:
     width = 0.8 / max(1, len(peers))
     for i, name in enumerate(peers):
         xs = [j + i * width for j in range(len(results))]
-        ys = [r.times.get(name, float("nan")) / r.times["clone"] for r in results]
+        ys = [r.times[name].median / r.times["clone"].median if name in r.times else float("nan")
+              for r in results]
         ax.bar(xs, ys, width, label=name)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(results))])
     ax.set_xticklabels(labels, fontsize=7)
@@ -495,7 +450,7 @@ def cuda_group(case: Case, dtype: torch.dtype, layout: str, compile_refs: bool, 
     fns["ours_half_"] = lambda: inplace(qi, ki, freqs, 0, False)
 
     tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=5e-2, rtol=2e-2)
-    for got, want in zip(fns["ours"](), seed_rope_qk(q, k, freqs)):
+    for got, want in zip(fns["ours"](), reference_rope_qk(q, k, freqs)):
         torch.testing.assert_close(got, want, **tol)
     hf_out = hf_rope_qk(q, k, cos, sin)
     for got, want in zip(fns["ours_half"](), hf_out):
@@ -541,7 +496,7 @@ def host_us_per_call(timer: Timer, fn: Callable[[], object], calls: int = 2000) 
     return t / calls * 1e6
 
 
-def cuda_decode(case: Case, dtype: torch.dtype, repeat: int, timer: Timer) -> str:
+def cuda_decode(case: Case, dtype: torch.dtype, repeat: int, timer: Timer, guard: LoadGuard, seed: int) -> str:
     import rotary
 
     gen = torch.Generator(device="cuda" if timer.cuda else "cpu").manual_seed(0)
@@ -557,12 +512,13 @@ def cuda_decode(case: Case, dtype: torch.dtype, repeat: int, timer: Timer) -> st
         "op_": lambda: torch.ops.rotary.apply_rope_qk_(q, k, freqs, 7, True),
         "module": lambda: rope(q, k, 7),
     }
-    for got, want in zip(fns["op"](), seed_rope_qk(q, k, freqs, 7)):
+    for got, want in zip(fns["op"](), reference_rope_qk(q, k, freqs, 7)):
         torch.testing.assert_close(got, want, atol=5e-2, rtol=2e-2)
-    times = time_round_robin(timer, fns, repeat, 0.002, f"[cuda decode {dtype}]")
+    times = time_interleaved(fns, repeat, target_s=0.002, seed=seed, sync=timer.sync, progress=f"[cuda decode {dtype}]")
     host = {name: host_us_per_call(timer, fns[name]) for name in ("add", "op", "module")}
     lines = [
-        f"#### cuda decode {str(dtype).replace('torch.', '')}: q {list(case.q_shape)} k {list(case.k_shape)}",
+        f"#### cuda decode {str(dtype).replace('torch.', '')}: q {list(case.q_shape)} k {list(case.k_shape)}"
+        f"{guard.marker()}",
         "",
         "| call | median per call | / torch.add | host us per call |",
         "| --- | ---: | ---: | ---: |",
@@ -570,14 +526,15 @@ def cuda_decode(case: Case, dtype: torch.dtype, repeat: int, timer: Timer) -> st
     for name, label in (("add", "torch.add(q, q)"), ("op", "apply_rope_qk"), ("op_", "apply_rope_qk_"),
                         ("module", "RotaryEmbedding(q, k)")):
         h = f"{host[name]:.1f}" if name in host else "-"
-        lines.append(f"| {label} | {fmt_time(times[name])} | {times[name] / times['add']:.2f} | {h} |")
+        cell = ratio_cell(times[name], times["add"], guard)
+        lines.append(f"| {label} | {fmt_time(times[name].median)} | {cell} | {h} |")
     lines.append("")
     lines.append(f"module host overhead over the op: {host['module'] - host['op']:.1f} us per call")
     return "\n".join(lines) + "\n"
 
 
 def run_cuda(args: argparse.Namespace, timer: Timer, wanted, compile_refs: bool, out_text: List[str],
-             cases: Sequence[Case] = CUDA_CASES) -> None:
+             guard: LoadGuard, cases: Sequence[Case] = CUDA_CASES) -> None:
     dtypes = [d.strip() for d in args.cuda_dtype.split(",") if d.strip()]
     for d in dtypes:
         if d not in DTYPES:
@@ -596,11 +553,12 @@ def run_cuda(args: argparse.Namespace, timer: Timer, wanted, compile_refs: bool,
         for dname in dtypes:
             dtype = DTYPES[dname]
             if case.decode:
-                emit(cuda_decode(case, dtype, repeat, timer))
+                emit(cuda_decode(case, dtype, repeat, timer, guard, args.seed))
                 continue
             nbytes = case_bytes(case, dtype)
             lines = [
-                f"#### cuda {case.name} {dname}: q {list(case.q_shape)} k {list(case.k_shape)} (time / clone)",
+                f"#### cuda {case.name} {dname}: q {list(case.q_shape)} k {list(case.k_shape)} (time / clone)"
+                f"{guard.marker()}",
                 "",
                 "| layout | clone | clone GB/s | " + " | ".join(label for _, label in CUDA_COLUMNS) + " |",
                 "| --- | ---: | ---: |" + " ---: |" * len(CUDA_COLUMNS),
@@ -609,27 +567,30 @@ def run_cuda(args: argparse.Namespace, timer: Timer, wanted, compile_refs: bool,
                 progress = f"[cuda {case.name} {dname} {layout}]"
                 log(f"{progress} building peers")
                 fns, notes = cuda_group(case, dtype, layout, compile_refs, device)
-                times = time_round_robin(timer, fns, repeat, 0.002, progress)
+                times = time_interleaved(fns, repeat, target_s=0.002, seed=args.seed, sync=timer.sync,
+                                         progress=progress)
                 del fns
                 if timer.cuda:
                     torch.cuda.empty_cache()
                 clone = times["clone"]
                 cells = []
                 for name, _ in CUDA_COLUMNS:
-                    cells.append(f"{times[name] / clone:.2f}" if name in times else notes.get(name, "-"))
-                lines.append(f"| {layout} | {fmt_time(clone)} | {nbytes / clone / 1e9:.0f} | " + " | ".join(cells) + " |")
-                ours = max(times[n] for n in ("ours", "ours_half", "ours_", "ours_half_")) / clone
-                peers = [times[n] / clone for n in ("compile(hf)", "liger") if n in times]
+                    cells.append(ratio_cell(times[name], clone, guard) if name in times else notes.get(name, "-"))
+                lines.append(f"| {layout} | {fmt_time(clone.median)} | {nbytes / clone.median / 1e9:.0f} | "
+                             + " | ".join(cells) + " |")
+                ours = max(times[n].median for n in ("ours", "ours_half", "ours_", "ours_half_")) / clone.median
+                peers = [times[n].median / clone.median for n in ("compile(hf)", "liger") if n in times]
                 summary.append((f"{case.name} {dname} {layout}", ours, min(peers) if peers else None))
             emit("\n".join(lines) + "\n")
     if summary:
-        lines = ["#### cuda summary: our slowest column vs the fastest peer (time / clone)", "",
+        lines = [f"#### cuda summary: our slowest column vs the fastest peer (time / clone){guard.marker()}", "",
                  "| row | ours (worst of 4) | best peer | ours <= 1.05 | ours faster than every peer |",
                  "| --- | ---: | ---: | :---: | :---: |"]
         for row, ours, peer in summary:
-            p = f"{peer:.2f}" if peer is not None else "-"
+            st = guard.star()
+            p = f"{st}{peer:.2f}" if peer is not None else "-"
             beat = "-" if peer is None else ("yes" if ours < peer else "no")
-            lines.append(f"| {row} | {ours:.2f} | {p} | {'yes' if ours <= 1.05 else 'no'} | {beat} |")
+            lines.append(f"| {row} | {st}{ours:.2f} | {p} | {'yes' if ours <= 1.05 else 'no'} | {beat} |")
         emit("\n".join(lines) + "\n")
 
 
@@ -644,7 +605,6 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="fp32,bf16", help="comma list of fp32,bf16,fp16,fp64 (default fp32,bf16)")
     p.add_argument("--cuda-dtype", default="bf16,fp16,fp32",
                    help="dtypes of the GPU cases, comma list (default bf16,fp16,fp32)")
-    p.add_argument("--threads", default="1,2", help="CPU thread counts, comma list (default 1,2)")
     p.add_argument("--cases", default="prefill,training,decode", help="comma list of case names")
     p.add_argument("--repeat", type=int, default=None, help="timed rounds per case (default 9 CPU, 25 CUDA)")
     p.add_argument("--quick", action="store_true",
@@ -655,17 +615,18 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    "default: glibc's defaults, as in a user's process")
     p.add_argument("--markdown", metavar="PATH", help="also write the tables to PATH")
     p.add_argument("--png", metavar="PATH", help="bar chart of time/clone per peer (needs matplotlib)")
+    add_protocol_args(p)
     return p.parse_args(argv)
 
 
 def run(args: argparse.Namespace) -> List[Result]:
+    guard = check_load(args)
     import rotary  # noqa: F401
 
     dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()]
     for d in dtypes:
         if d not in DTYPES:
             raise SystemExit(f"unknown --dtype {d!r}; choose from {', '.join(DTYPES)}")
-    threads = [int(t) for t in args.threads.split(",") if t.strip()]
     wanted = {c.strip() for c in args.cases.split(",") if c.strip()}
     devices = []
     if args.device in ("cpu", "all"):
@@ -679,11 +640,11 @@ def run(args: argparse.Namespace) -> List[Result]:
 
     allocator = reuse_heap_blocks() if args.reuse_heap else "glibc defaults (large blocks mmap'ed per call)"
     results: List[Result] = []
-    out_text = [header(devices, allocator)]
+    out_text = [header(devices, allocator, guard)]
     print(out_text[0], flush=True)
 
     def emit(res: Result) -> None:
-        md = res.markdown()
+        md = res.markdown(guard)
         print(md, flush=True)
         out_text.append(md)
         results.append(res)
@@ -691,7 +652,7 @@ def run(args: argparse.Namespace) -> List[Result]:
     for device in devices:
         timer = Timer(device)
         if device == "cuda" and not args.quick:
-            run_cuda(args, timer, wanted, compile_refs, out_text)
+            run_cuda(args, timer, wanted, compile_refs, out_text, guard)
             continue
         if args.quick:
             cases = [QUICK_CASE]
@@ -701,25 +662,23 @@ def run(args: argparse.Namespace) -> List[Result]:
         # ~10 ms samples (CPU decode runs ~hundreds of calls per sample);
         # large cases take one call per sample.
         target_s = 0.002 if args.quick else (0.01 if device == "cpu" else 0.002)
-        thread_list = (threads[:1] if args.quick else threads) if device == "cpu" else [None]
-        saved_threads = torch.get_num_threads()
-        for nt in thread_list:
-            if nt is not None:
-                torch.set_num_threads(nt)
-                # Inductor bakes the thread count into its C++ code: recompile.
-                torch._dynamo.reset()
+        for nt in thread_passes(args.threads if device == "cpu" else [None], reset_compiled=compile_refs):
             for dname in dtypes:
                 dtype = DTYPES[dname]
                 for case in cases:
                     progress = f"[{device} {case.name} {dname}" + (f" threads={nt}]" if nt else "]")
                     log(f"{progress} building peers")
                     fns, notes = build_peers(case, dtype, device, compile_refs)
-                    times = time_round_robin(timer, fns, repeat, target_s, progress)
+                    times = time_interleaved(fns, repeat, target_s=target_s, seed=args.seed, sync=timer.sync,
+                                             progress=progress)
                     emit(Result(device, case, dname, nt, times, notes))
                     del fns
                     if device == "cuda":
                         torch.cuda.empty_cache()
-        torch.set_num_threads(saved_threads)
+
+    footer = guard.finish()
+    print(footer, flush=True)
+    out_text.append(footer + "\n")
 
     if args.markdown:
         with open(args.markdown, "w") as f:

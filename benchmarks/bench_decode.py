@@ -2,32 +2,39 @@
 
 q [64, 32, 1, 128] and k [64, 8, 1, 128] (fp32 by default): the op through
 each entry point, against two torch.add of the same tensors (the cost of any
-two out-of-place ops). Median over rounds, every call timed in the same run,
-in a plain process. --cpu-time times the thread's CPU time instead of the wall
-clock (steadier on a shared machine).
+two out-of-place ops). Timed with benchmarks/protocol.py: every call once per
+round in a seeded shuffled order, medians over rounds, CPU time / wall next
+to each ratio, one pass per --threads count, refused on a loaded machine.
+--cpu-time also prints the process CPU time per call (all threads), which a
+descheduled thread does not inflate.
 
-    PYTHONPATH=python .venv/bin/python benchmarks/bench_decode.py [--threads 2] [--dtype float32]
+    PYTHONPATH=python .venv/bin/python benchmarks/bench_decode.py [--threads 1,2] [--dtype float32] [--quick]
 """
 
 import argparse
-import statistics
-import time
+import os
+import sys
 
-import torch
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from protocol import add_protocol_args, check_load, ratio_cell, thread_passes, time_interleaved  # noqa: E402
 
-import rotary
+import torch  # noqa: E402
+
+import rotary  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--rounds", type=int, default=21)
-    ap.add_argument("--calls", type=int, default=300)
-    ap.add_argument("--cpu-time", action="store_true")
+    ap.add_argument("--calls", type=int, default=300, help="calls per sample")
+    ap.add_argument("--cpu-time", action="store_true", help="also the process CPU time per call")
+    ap.add_argument("--quick", action="store_true", help="3 rounds of 30 calls: a smoke run")
+    add_protocol_args(ap)
     a = ap.parse_args()
-    torch.set_num_threads(a.threads)
-    clock = time.thread_time if a.cpu_time else time.perf_counter
+    if a.quick:
+        a.rounds, a.calls = 3, 30
+    guard = check_load(a)
     dtype = getattr(torch, a.dtype)
     q = torch.randn(64, 32, 1, 128, dtype=dtype)
     k = torch.randn(64, 8, 1, 128, dtype=dtype)
@@ -43,21 +50,21 @@ def main() -> None:
         "rotary.RotaryEmbedding": lambda: py(q, k, 7),
         "rotary.CppRotaryEmbedding": lambda: cpp(q, k, 7),
     }
-    times = {name: [] for name in cases}
-    for _ in range(a.rounds):
-        for name, fn in cases.items():
-            for _ in range(20):
-                fn()
-            t = clock()
-            for _ in range(a.calls):
-                fn()
-            times[name].append((clock() - t) / a.calls * 1e6)
-    base = statistics.median(times["2x torch.add"])
-    print(f"decode {a.dtype}, {a.threads} thread(s), {'thread CPU time' if a.cpu_time else 'wall clock'}\n")
-    print("| call | us | / 2x torch.add |\n|---|--:|--:|")
-    for name, v in times.items():
-        m = statistics.median(v)
-        print(f"| {name} | {m:.1f} | {m / base:.2f} |")
+    print(guard.header())
+    for nt in thread_passes(a.threads):
+        st = time_interleaved(cases, a.rounds, calls=a.calls, warmup=20, seed=a.seed)
+        base = st["2x torch.add"]
+        print(f"\ndecode {a.dtype}, {nt} thread(s), wall clock, median of {a.rounds} interleaved rounds"
+              f"{guard.marker()}\n")
+        cpu_head = " CPU us | CPU / 2x torch.add |" if a.cpu_time else ""
+        print(f"| call | us | / 2x torch.add (cpu/wall this vs it) |{cpu_head}\n|---|--:|--:|"
+              + ("--:|--:|" if a.cpu_time else ""))
+        for name, s in st.items():
+            row = f"| {name} | {s.median * 1e6:.1f} | {ratio_cell(s, base, guard)} |"
+            if a.cpu_time:
+                row += f" {s.cpu_per_call * 1e6:.1f} | {guard.star()}{s.cpu_per_call / base.cpu_per_call:.2f}x |"
+            print(row)
+    print("\n" + guard.finish())
 
 
 if __name__ == "__main__":

@@ -14,17 +14,24 @@ q, k, v are token-major ([batch, seq, heads, head_dim], layout BSHD), as a
 projection leaves them. Shapes: decode B=64, 32/8 heads, D=128, paged NHD
 block 16 (one slot per sequence); prefill one sequence of S tokens into a
 paged NHD cache and into a contiguous BHSD one.
+Timed with benchmarks/protocol.py: every variant once per round in a seeded
+shuffled order, medians, CPU time / wall next to each ratio, one pass per
+--threads count (CPU), refused on a loaded machine.
 
-    PYTHONPATH=python .venv/bin/python benchmarks/bench_kv_cache.py [--threads 2] [--dtype bfloat16] [--device cpu]
+    PYTHONPATH=python .venv/bin/python benchmarks/bench_kv_cache.py [--threads 1,2] [--dtype bfloat16]
+        [--device cpu] [--no-compile] [--quick]
 """
 
 import argparse
-import statistics
-import time
+import os
+import sys
 
-import torch
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from protocol import add_protocol_args, check_load, ratio_cell, thread_passes, time_interleaved  # noqa: E402
 
-import rotary
+import torch  # noqa: E402
+
+import rotary  # noqa: E402
 
 
 def make(device, dtype, B, S, Hq, Hk, D, kv_layout, block, start):
@@ -46,7 +53,7 @@ def make(device, dtype, B, S, Hq, Hk, D, kv_layout, block, start):
     return q, k, v, kc, kc.clone(), slots, extra
 
 
-def cases(device, dtype, B, S, Hq, Hk, D, kv_layout, block=16, start=100):
+def cases(device, dtype, B, S, Hq, Hk, D, kv_layout, block=16, start=100, compile_=True):
     q, k, v, kc, vc, slots, extra = make(device, dtype, B, S, Hq, Hk, D, kv_layout, block, start)
     f = rotary.freqs_table(D, start + S + 1).to(device)
     cos, sin = f.real.contiguous(), f.imag.contiguous()
@@ -83,8 +90,12 @@ def cases(device, dtype, B, S, Hq, Hk, D, kv_layout, block=16, start=100):
             x.copy_(torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], -1))
         (write_put if put else write)(kc, vc, k, v)
 
-    compiled_fn = torch.compile(eager, fullgraph=True, dynamic=False)
-    compiled_put = torch.compile(lambda *a: eager(*a, put=True), fullgraph=True, dynamic=False)
+    fns = {"fused": fused, "unfused": unfused}
+    if compile_:
+        compiled_fn = torch.compile(eager, fullgraph=True, dynamic=False)
+        compiled_put = torch.compile(lambda *a: eager(*a, put=True), fullgraph=True, dynamic=False)
+        fns["compiled"] = lambda: compiled_fn(q, k, v, kc, vc)
+        fns["compiled_put"] = lambda: compiled_put(q, k, v, kc, vc)
     src = torch.empty(q.numel() + 2 * k.numel(), dtype=dtype, device=device)
     dst, src_k, dst_k = torch.empty_like(src), torch.empty_like(k), torch.empty_like(k)
 
@@ -92,54 +103,48 @@ def cases(device, dtype, B, S, Hq, Hk, D, kv_layout, block=16, start=100):
         dst.copy_(src)
         dst_k.copy_(src_k)
 
-    return {"fused": fused, "unfused": unfused, "compiled": lambda: compiled_fn(q, k, v, kc, vc),
-            "compiled_put": lambda: compiled_put(q, k, v, kc, vc), "floor": floor}
-
-
-def timeit(fns, device, rounds, calls):
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    times = {n: [] for n in fns}
-    for fn in fns.values():  # warm-up (compiles)
-        for _ in range(3):
-            fn()
-    for _ in range(rounds):
-        for name, fn in fns.items():  # interleaved, so drift hits every row alike
-            sync()
-            t = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            sync()
-            times[name].append((time.perf_counter() - t) / calls * 1e6)
-    return {n: statistics.median(v) for n, v in times.items()}
+    fns["floor"] = floor
+    return fns
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--prefill", type=int, default=0, help="prefill tokens (default 2048 CPU, 8192 GPU)")
     ap.add_argument("--rounds", type=int, default=11)
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile variants")
+    ap.add_argument("--quick", action="store_true", help="S=64, 3 rounds, few calls, no compile: a smoke run")
+    add_protocol_args(ap)
     a = ap.parse_args()
-    torch.set_num_threads(a.threads)
+    if a.quick:
+        a.prefill, a.rounds, a.no_compile = a.prefill or 64, 3, True
+    guard = check_load(a)
     dtype = getattr(torch, a.dtype)
     S = a.prefill or (8192 if a.device == "cuda" else 2048)
+    few = 10 if a.quick else 1  # calls per sample: fewer decode calls, more of the tiny prefill
     shapes = [
-        ("decode B=64 S=1 32/8 heads D=128, paged NHD 16", dict(B=64, S=1, kv_layout="NHD"), 200),
-        (f"prefill B=1 S={S} 32/8 heads D=128, paged NHD 16", dict(B=1, S=S, kv_layout="NHD"), 5),
-        (f"prefill B=1 S={S} 32/8 heads D=128, contiguous BHSD", dict(B=1, S=S, kv_layout="BHSD"), 5),
+        ("decode B=64 S=1 32/8 heads D=128, paged NHD 16", dict(B=64, S=1, kv_layout="NHD"), 200 // few),
+        (f"prefill B=1 S={S} 32/8 heads D=128, paged NHD 16", dict(B=1, S=S, kv_layout="NHD"), 5 * few),
+        (f"prefill B=1 S={S} 32/8 heads D=128, contiguous BHSD", dict(B=1, S=S, kv_layout="BHSD"), 5 * few),
     ]
-    where = f"{a.device}" + (f", {a.threads} thread(s)" if a.device == "cpu" else f", {torch.cuda.get_device_name()}")
-    print(f"{a.dtype}, {where}, median of {a.rounds} rounds\n")
-    print("| shape | fused us | unfused us | compiled us | compiled put us | floor us | fused/unfused "
-          "| fused/compiled | fused/compiled put | fused/floor |")
-    print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
-    for title, kw, calls in shapes:
-        t = timeit(cases(a.device, dtype, Hq=32, Hk=8, D=128, **kw), a.device, a.rounds, calls)
-        f = t["fused"]
-        print(f"| {title} | {f:.1f} | {t['unfused']:.1f} | {t['compiled']:.1f} | {t['compiled_put']:.1f} | "
-              f"{t['floor']:.1f} | {f / t['unfused']:.2f} | {f / t['compiled']:.2f} | {f / t['compiled_put']:.2f} | "
-              f"{f / t['floor']:.2f} |")
+    cuda = a.device == "cuda"
+    sync = torch.cuda.synchronize if cuda else None
+    print(guard.header())
+    cols = ("unfused", "compiled", "compiled_put", "floor")
+    for nt in thread_passes([None] if cuda else a.threads, reset_compiled=not a.no_compile):
+        where = f"{a.device}" + (f", {torch.cuda.get_device_name()}" if cuda else f", {nt} thread(s)")
+        print(f"\n{a.dtype}, {where}, median of {a.rounds} interleaved rounds{guard.marker()}\n")
+        print("| shape | fused us | unfused us | compiled us | compiled put us | floor us | fused/unfused "
+              "| fused/compiled | fused/compiled put | fused/floor |")
+        print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+        for title, kw, calls in shapes:
+            fns = cases(a.device, dtype, Hq=32, Hk=8, D=128, compile_=not a.no_compile, **kw)
+            t = time_interleaved(fns, a.rounds, calls=calls, warmup=3, seed=a.seed, sync=sync)
+            us = " | ".join(f"{t[n].median * 1e6:.1f}" if n in t else "-" for n in ("fused",) + cols)
+            ratios = " | ".join(ratio_cell(t["fused"], t[n], guard) if n in t else "-" for n in cols)
+            print(f"| {title} | {us} | {ratios} |")
+    print("\n" + guard.finish())
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """M-RoPE (Qwen2-VL sections, N-D positions) against our 1-D op on the same
 tensors, and against the eager transformers path and torch.compile of it,
-all timed in one run, round-robin in a shuffled order, medians:
+all timed in one run with benchmarks/protocol.py (every case once per round
+in a seeded shuffled order, medians, CPU time / wall next to each ratio, one
+pass per --threads count, refused on a loaded machine):
 
   clone      q.clone() + k.clone(): the memory floor
   ours_1d    rotary.apply_rope_qk with [batch, seq] position ids
@@ -15,19 +17,21 @@ viewed as [batch, heads, seq, head_dim] (as the attention does), rotate_half
 pairing, positions an image grid inside text.
 
 Usage: PYTHONPATH=python python benchmarks/bench_mrope.py [--device cpu|cuda]
-       [--seq 8192] [--heads 28,4] [--dim 128] [--dtype bf16] [--repeat 20] [--quick]
+       [--seq 8192] [--heads 28,4] [--dim 128] [--dtype bf16] [--repeat 20] [--threads 1,2] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
-import random
-import statistics
-import time
+import os
+import sys
 
-import torch
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from protocol import add_protocol_args, check_load, ratio_cell, thread_passes, time_interleaved  # noqa: E402
 
-import rotary
+import torch  # noqa: E402
+
+import rotary  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 SECTIONS = [16, 24, 24]
@@ -48,19 +52,6 @@ def grid_positions(seq: int, device) -> torch.Tensor:
     return torch.tensor([t, h, w], dtype=torch.long, device=device)[:, None]
 
 
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def timed(fn, device) -> float:
-    sync(device)
-    t0 = time.perf_counter()
-    fn()
-    sync(device)
-    return time.perf_counter() - t0
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cpu")
@@ -70,9 +61,11 @@ def main() -> None:
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--quick", action="store_true", help="one tiny case, no timing claims")
+    add_protocol_args(ap)
     args = ap.parse_args()
     if args.quick:
         args.seq, args.heads, args.dim, args.repeat = 64, "4,2", 32, 2
+    guard = check_load(args)
     from transformers import Qwen2VLTextConfig
     from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLRotaryEmbedding, apply_rotary_pos_emb
 
@@ -108,25 +101,23 @@ def main() -> None:
     hq_, hk_ = hf_eager()
     tol = 2e-2 if dtype != torch.float32 else 1e-4
     torch.testing.assert_close(oq.float(), hq_.float(), rtol=tol, atol=tol)
-    for fn in cases.values():  # warm up (and compile)
-        fn(), fn()
-    times = {name: [] for name in cases}
-    order = random.Random(0)
-    for _ in range(args.repeat):
-        names = list(cases)
-        order.shuffle(names)  # no case always follows the same one
-        for name in names:
-            times[name].append(timed(cases[name], device))
-    med = {name: statistics.median(v) for name, v in times.items()}
     nbytes = 2 * (q.numel() + k.numel()) * q.element_size()
-    print(f"# M-RoPE, {device.type}, {args.dtype}, S={S}, heads {hq}/{hk}, D={D}, sections {sections}, "
-          f"threads {torch.get_num_threads()}, {args.repeat} rounds, torch {torch.__version__}")
-    print(f"{'case':<12}{'median ms':>12}{'GB/s':>10}{'x clone':>10}{'x ours_1d':>11}")
-    for name in cases:
-        print(f"{name:<12}{med[name] * 1e3:>12.3f}{nbytes / med[name] / 1e9:>10.1f}"
-              f"{med[name] / med['clone']:>10.2f}{med[name] / med['ours_1d']:>11.2f}")
-    print(f"mrope / 1d = {med['ours_mrope'] / med['ours_1d']:.3f}; hf_eager / mrope = "
-          f"{med['hf_eager'] / med['ours_mrope']:.2f}; hf_compile / mrope = {med['hf_compile'] / med['ours_mrope']:.2f}")
+    sync = torch.cuda.synchronize if device.type == "cuda" else None
+    print(guard.header())
+    for nt in thread_passes([None] if device.type == "cuda" else args.threads, reset_compiled=True):
+        # warm-up (and compile, again after each thread change) inside
+        st = time_interleaved(cases, args.repeat, warmup=2, seed=args.seed, sync=sync)
+        print(f"\n# M-RoPE, {device.type}, {args.dtype}, S={S}, heads {hq}/{hk}, D={D}, sections {sections}, "
+              f"threads {torch.get_num_threads()}, {args.repeat} rounds, torch {torch.__version__}{guard.marker()}")
+        print(f"{'case':<12}{'median ms':>12}{'GB/s':>10} {'x clone':>30} {'x ours_1d':>30}")
+        for name, s in st.items():
+            print(f"{name:<12}{s.median * 1e3:>12.3f}{nbytes / s.median / 1e9:>10.1f}"
+                  f" {ratio_cell(s, st['clone'], guard):>30} {ratio_cell(s, st['ours_1d'], guard):>30}")
+        mr = st["ours_mrope"]
+        print(f"mrope / 1d = {ratio_cell(mr, st['ours_1d'], guard, 3)}; "
+              f"hf_eager / mrope = {ratio_cell(st['hf_eager'], mr, guard)}; "
+              f"hf_compile / mrope = {ratio_cell(st['hf_compile'], mr, guard)}")
+    print("\n" + guard.finish())
 
 
 if __name__ == "__main__":

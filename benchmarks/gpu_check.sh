@@ -158,7 +158,7 @@ else
   echo "=== liger: no .whl/*.whl carried, the Liger column is skipped"
 fi
 if ((built && have_gpu)); then
-  step bench 420 env PYTHONPATH="$BENCH_PATH" "$PY" benchmarks/bench.py --device cuda --repeat 15 \
+  step bench 420 env PYTHONPATH="$BENCH_PATH" "$PY" benchmarks/bench.py --device cuda --repeat 15 --wait-load 60 --max-load 4 \
     --markdown "$LOG_DIR/bench_gpu.md"
 else
   skip bench "needs the build and a GPU"

@@ -7,32 +7,28 @@ prints
   greedy decode with the KV cache),
 - the time of the RoPE part alone: transformers' rotary_emb (cos/sin for the
   batch) + apply_rotary_pos_emb in every layer, against our kernel in every
-  layer, on the model's q/k shapes.
+  layer, on the model's q/k shapes, timed with benchmarks/protocol.py: both
+  once per round in a seeded shuffled order, medians over --rounds, CPU time
+  / wall next to the ratio, one pass per --threads count, the ratio refused
+  on a loaded machine (--allow-load prints it marked '*').
 
     PYTHONPATH=<dir holding the built rotary package> python examples/hf_drop_in.py [--device cuda] [--dtype bf16]
+        [--threads 1,2] [--rounds 15] [--quick]
 """
 
 import argparse
-import time
+import os
+import sys
 
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
-from transformers.models.llama import modeling_llama
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+from protocol import add_protocol_args, check_load, ratio_cell, thread_passes, time_interleaved  # noqa: E402
 
-import rotary
-from rotary.integrations.transformers import apply_rotary_to_model, rotary_embedding_of, unpatch
+import torch  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers.models.llama import modeling_llama  # noqa: E402
 
-
-def timed(fn, device, reps):
-    fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / reps
+import rotary  # noqa: E402
+from rotary.integrations.transformers import apply_rotary_to_model, rotary_embedding_of, unpatch  # noqa: E402
 
 
 def main():
@@ -40,7 +36,14 @@ def main():
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--seq", type=int, default=512)
+    parser.add_argument("--rounds", type=int, default=15, help="timed rounds of the RoPE comparison")
+    parser.add_argument("--quick", action="store_true", help="--seq 64, 3 rounds: a smoke run")
+    add_protocol_args(parser)
     args = parser.parse_args()
+    if args.quick:
+        args.seq, args.rounds = 64, 3
+    guard = check_load(args)
+    print(guard.header())
     device = torch.device(args.device)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
 
@@ -95,11 +98,17 @@ def main():
         for _ in range(layers):
             rotary.apply_rope_qk(q, k, rope.freqs, 0, False, position_ids=pos, inv_freq=rope.inv_freq)
 
-    reps = 50 if device.type == "cuda" else 10
+    sync = torch.cuda.synchronize if device.type == "cuda" else None
+    variants = {"transformers": hf_rope, "rotary": our_rope}
     with torch.no_grad():
-        t_hf, t_ours = timed(hf_rope, device, reps), timed(our_rope, device, reps)
-    print(f"RoPE per forward ({layers} layers): transformers {t_hf * 1e3:.3f} ms, rotary {t_ours * 1e3:.3f} ms, "
-          f"ratio {t_hf / t_ours:.2f}x")
+        for nt in thread_passes([None] if device.type == "cuda" else args.threads):
+            st = time_interleaved(variants, args.rounds, warmup=3, seed=args.seed, sync=sync)
+            t_hf, t_ours = st["transformers"].median, st["rotary"].median
+            where = "" if nt is None else f", {nt} thread(s)"
+            print(f"RoPE per forward ({layers} layers{where}, median of {args.rounds} interleaved rounds): "
+                  f"transformers {t_hf * 1e3:.3f} ms, rotary {t_ours * 1e3:.3f} ms, "
+                  f"ratio {ratio_cell(st['transformers'], st['rotary'], guard)}{guard.marker()}")
+    print(guard.finish())
 
 
 if __name__ == "__main__":
