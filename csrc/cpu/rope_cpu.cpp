@@ -16,7 +16,9 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -117,11 +119,27 @@ void fill_coefficients(const RopeParams& p, int64_t b, int64_t s_idx, acc_t* coe
 // prefetcher restarts at every 4 KiB page, so longer is better), and their
 // coefficients (2 * rotary_dim acc_t each) stay within L2.
 constexpr int64_t kCoefBytes = 64 * 1024;
-// Outputs of at least this many bytes are written with streaming stores when
-// their pages are already mapped: they cannot stay in cache anyway, and
-// skipping the read-for-ownership of every output line saves a third of the
-// memory traffic.
-constexpr int64_t kStreamBytes = int64_t{16} << 20;
+// Fresh output pages of at least this many bytes are mapped up front
+// (populate_if_fresh).
+constexpr int64_t kPopulateBytes = int64_t{16} << 20;
+// Outputs larger than the last-level cache (at least 16 MiB) are written with
+// streaming stores when their pages are mapped: they cannot stay in cache,
+// and skipping the read-for-ownership of every output line saves a third of
+// the memory traffic. A smaller output stays in the cache for its reader
+// (a 260 MiB L3 holds a 40 MiB prefill: streaming it made the call 1.13x a
+// copy).
+int64_t stream_bytes() {
+  static const int64_t bytes = [] {
+    // ROTARY_CPU_STREAM_BYTES: the line for tests of the streaming path.
+    if (const char* env = std::getenv("ROTARY_CPU_STREAM_BYTES")) return std::max<int64_t>(1, std::atoll(env));
+    int64_t llc = 0;
+#if defined(__linux__) && defined(_SC_LEVEL3_CACHE_SIZE)
+    llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+#endif
+    return std::max<int64_t>(int64_t{16} << 20, llc);
+  }();
+  return bytes;
+}
 // At least this many elements per parallel chunk.
 constexpr int64_t kGrainElems = int64_t{1} << 15;
 
@@ -164,35 +182,46 @@ bool populate_for_write(void* p, int64_t bytes) {
 #endif
 }
 
-// Fresh output pages of an out-of-place call, mapped in parallel before the
-// rotation: each thread populates one contiguous slice.
-void populate_outputs(const RopeParams& p, int64_t elem) {
-  for (const HeadTensor* t : {&p.q, &p.k}) {
-    if (t->heads == 0) continue;
-    const int64_t bytes = p.batch * t->heads * p.seq * p.head_dim * elem;
-    if (pages_mapped(t->out, bytes)) continue;
-    constexpr int64_t kSlice = int64_t{4} << 20;
-    const int64_t slices = (bytes + kSlice - 1) / kSlice;
-    at::parallel_for(0, slices, 1, [&](int64_t begin, int64_t end) {
-      char* base = static_cast<char*>(t->out) + begin * kSlice;
-      populate_for_write(base, std::min(bytes, end * kSlice) - begin * kSlice);
-    });
-  }
+// An out-of-place output's fresh pages, mapped in parallel before the
+// rotation (each thread one contiguous slice). True when they were fresh and
+// are mapped now.
+bool populate_if_fresh(const HeadTensor& t, int64_t bytes) {
+  if (pages_mapped(t.out, bytes)) return false;
+  constexpr int64_t kSlice = int64_t{4} << 20;
+  const int64_t slices = (bytes + kSlice - 1) / kSlice;
+  std::atomic<bool> ok{true};
+  at::parallel_for(0, slices, 1, [&](int64_t begin, int64_t end) {
+    char* base = static_cast<char*>(t.out) + begin * kSlice;
+    if (!populate_for_write(base, std::min(bytes, end * kSlice) - begin * kSlice)) ok = false;
+  });
+  return ok;
 }
 
 // Streaming stores need every store aligned to its width (up to 64 bytes):
 // out of place, contiguous head vectors at 64-byte aligned addresses, and
-// halves of rotary_dim that keep that alignment; and mapped output pages.
+// halves of rotary_dim that keep that alignment.
 template <typename scalar_t>
-bool can_stream(const RopeParams& p, const HeadTensor& t) {
+bool stream_aligned(const RopeParams& p, const HeadTensor& t) {
   const int64_t elem = sizeof(scalar_t);
   if (p.in_place || p.rotary_dim != p.head_dim || p.rotary_offset != 0 || t.out_stride[3] != 1) return false;
   if (reinterpret_cast<uintptr_t>(t.out) % 64 != 0 || (p.rotary_dim / 2 * elem) % 64 != 0) return false;
   for (int d = 0; d < 3; ++d) {
     if ((t.out_stride[d] * elem) % 64 != 0) return false;
   }
-  // Dense outputs (those prepare_rope allocates) span batch * heads * seq vectors.
-  return pages_mapped(t.out, p.batch * t.heads * p.seq * p.head_dim * elem);
+  return true;
+}
+
+// Whether one output takes streaming stores: pages just populated (measured
+// faster than plain stores over the kernel's zeros), or mapped pages of an
+// output too big for the last-level cache. Dense outputs (those prepare_rope
+// allocates) span batch * heads * seq vectors.
+template <typename scalar_t>
+bool stream_output(const RopeParams& p, const HeadTensor& t, int64_t out_bytes, Capability cap) {
+  if (t.heads == 0 || p.in_place) return false;
+  const int64_t bytes = p.batch * t.heads * p.seq * p.head_dim * int64_t(sizeof(scalar_t));
+  const bool fresh = out_bytes >= kPopulateBytes && populate_if_fresh(t, bytes);
+  if (cap == Capability::kDefault || !stream_aligned<scalar_t>(p, t)) return false;
+  return fresh || (out_bytes >= stream_bytes() && pages_mapped(t.out, bytes));
 }
 
 template <typename scalar_t>
@@ -284,10 +313,8 @@ void rope_cpu_kernel(const RopeParams& p, Capability cap, const TileHook* hook) 
   const int64_t task_elems = tile * group_heads * p.head_dim;
   const int64_t grain = std::max<int64_t>(1, kGrainElems / std::max<int64_t>(task_elems, 1));
   const int64_t out_bytes = all_heads * p.batch * p.seq * p.head_dim * int64_t(sizeof(scalar_t));
-  const bool big = cap != Capability::kDefault && out_bytes >= kStreamBytes;
-  if (!p.in_place && out_bytes >= kStreamBytes) populate_outputs(p, int64_t(sizeof(scalar_t)));
-  const bool nt_q = big && can_stream<scalar_t>(p, p.q);
-  const bool nt_k = big && p.k.heads > 0 && can_stream<scalar_t>(p, p.k);
+  const bool nt_q = stream_output<scalar_t>(p, p.q, out_bytes, cap);
+  const bool nt_k = stream_output<scalar_t>(p, p.k, out_bytes, cap);
 
   at::parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
     // Uninitialised: every value is written by fill_coefficients before it is read.

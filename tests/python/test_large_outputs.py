@@ -25,3 +25,31 @@ def test_large_out_of_place_matches_reference(threads, dtype, interleaved):
         assert_close_ref(out_k, ref_rope4(k, start=3, interleaved=interleaved), dtype)
     finally:
         torch.set_num_threads(old)
+
+
+def test_streaming_stores_into_mapped_pages_match_reference():
+    """ROTARY_CPU_STREAM_BYTES=1 sends every aligned output over 16 MiB
+    through the streaming path even when its pages are mapped already (on a
+    machine whose last-level cache is larger than the output)."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, rotary, sys\n"
+        "sys.path.insert(0, %r)\n"
+        "from rope_testing import assert_close_ref, randn, ref_rope4\n"
+        "torch.set_num_threads(2)\n"
+        "f = rotary.freqs_table(128, 4096)\n"
+        "for dtype in (torch.float32, torch.bfloat16):\n"
+        "    for inter in (True, False):\n"
+        "        q, k = randn((1, 32, 2048, 128), dtype, seed=1), randn((1, 8, 2048, 128), dtype, seed=2)\n"
+        "        for _ in range(2):  # the second call reuses mapped pages\n"
+        "            oq, ok = rotary.apply_rope_qk(q, k, f, 5, inter)\n"
+        "        assert_close_ref(oq, ref_rope4(q, start=5, interleaved=inter), dtype)\n"
+        "        assert_close_ref(ok, ref_rope4(k, start=5, interleaved=inter), dtype)\n"
+        "print('ok')\n" % os.path.dirname(os.path.abspath(__file__))
+    )
+    env = dict(os.environ, ROTARY_CPU_STREAM_BYTES="1")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
