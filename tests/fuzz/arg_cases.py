@@ -19,7 +19,8 @@ import rotary
 from reference import inv_freq as ref_inv_freq
 from reference import rotate_pairs_nd
 
-from .common import DEVICE, DOCUMENTED, FLOATS, Finding, Refused, bits, check_close, expect_refusal, same_bits, set_kind
+from .common import (DEVICE, DOCUMENTED, FLOATS, Finding, Refused, bits, check_close, expect_refusal, judge_refusal,
+                     same_bits, set_kind)
 from .op_cases import MODES, Builder, canonical, logical_shape, self_overlaps, share_elements
 
 OPS = ["apply_rope", "apply_rope_qk", "apply_rope_", "apply_rope_qk_"]
@@ -152,15 +153,7 @@ def run_call(d: Draw, q, k, freqs, start_pos, kw, *, reasons, either=False, ment
     except Finding:
         raise
     except allowed as e:
-        msg = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-        for buf, s in zip(d.b.buffers, saved):
-            if not same_bits(buf, s):
-                raise Finding(f"{label}: refused ({msg}) but changed the bytes of an input") from None
-        if not reasons and not either:
-            raise Finding(f"{label}: refused a valid call with {msg}") from None
-        if mention and mention not in str(e):
-            raise Finding(f"{label}: refusal does not name {mention}: {msg}") from None
-        return kind, f"refused: {msg}"
+        return kind, "refused: " + judge_refusal(label, e, d.b.buffers, saved, reasons, either, mention)
     except Exception as e:  # noqa: BLE001
         raise Finding(f"{label}: undocumented {type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
     if reasons:

@@ -83,3 +83,18 @@ def check_close(actual: torch.Tensor, expected: torch.Tensor, dtype, what: str, 
 
 def finite_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def judge_refusal(label, e, buffers, saved, reasons, either=False, mention=None) -> str:
+    """A documented refusal: every input byte-identical, the call really bad
+    (unless either outcome is allowed), and the message naming `mention`.
+    Returns the refusal's one-line summary."""
+    msg = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    for buf, s in zip(buffers, saved):
+        if not same_bits(buf, s):
+            raise Finding(f"{label}: refused ({msg}) but changed the bytes of an input") from None
+    if not reasons and not either:
+        raise Finding(f"{label}: refused a valid call with {msg}") from None
+    if mention and mention not in str(e):
+        raise Finding(f"{label}: refusal does not name {mention}: {msg}") from None
+    return msg

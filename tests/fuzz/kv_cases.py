@@ -19,7 +19,7 @@ import torch
 import rotary
 
 from .arg_cases import INT_DTYPES, angles, int_range, int_tensor, logical, neg_view, position_problem, reference
-from .common import DOCUMENTED, FLOATS, Finding, bits, check_close, same_bits, set_kind
+from .common import DOCUMENTED, FLOATS, Finding, bits, check_close, judge_refusal, same_bits, set_kind
 from .module_cases import LEAKS
 from .op_cases import Builder, canonical, logical_shape, self_overlaps
 
@@ -349,14 +349,7 @@ def run_kv(seed, focus=None):
     except Finding:
         raise
     except DOCUMENTED as e:
-        msg = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-        for buf, s in zip(b.buffers, saved):
-            if not same_bits(buf, s):
-                raise Finding(f"{label}: refused ({msg}) but changed the bytes of an input") from None
-        if not reasons and not either:
-            raise Finding(f"{label}: refused a valid call with {msg}") from None
-        if mention and mention not in str(e):
-            raise Finding(f"{label}: refusal does not name {mention}: {msg}") from None
+        msg = judge_refusal(label, e, b.buffers, saved, reasons, either, mention)
         if mutation == "scalar" and type(e) not in (TypeError, ValueError):
             raise Finding(f"{label}: {msg} (a TypeError / ValueError expected)") from None
         return kind, f"refused: {msg}"

@@ -60,6 +60,45 @@ void rotate_scalar(
   }
 }
 
+#if defined(CPU_CAPABILITY_AVX512)
+// bf16, interleaved: a 32-bit word holds one pair, so its members widen to
+// fp32 with a shift and a mask (no pair swap), and round back into one word.
+// The same products, sums and rounding as the generic path: the same bits.
+// Returns how many elements it rotated (a multiple of 32).
+template <bool NT, int M>
+inline int64_t rotate_bf16_pairs(
+    const c10::BFloat16* const* in, c10::BFloat16* const* out, const float* c, const float* s, int64_t dim) {
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  const __m512i high = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+  const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7FFF);
+  // Round to nearest even, kept in the word's high half (NaN: 0x7FC0).
+  const auto round_high = [&](__m512 y) {
+    const __m512i u = _mm512_castps_si512(y);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+    const __m512i r = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(u, lsb), bias), high);
+    return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC00000));
+  };
+  int64_t i = 0;
+  for (; i + 32 <= dim; i += 32) {
+    // Coefficients are stored per element, (c, c) and (-s, s): take c and s once per pair.
+    const __m512 cp = _mm512_permutex2var_ps(_mm512_loadu_ps(c + i), even, _mm512_loadu_ps(c + i + 16));
+    const __m512 sp = _mm512_permutex2var_ps(_mm512_loadu_ps(s + i), odd, _mm512_loadu_ps(s + i + 16));
+    for (int h = 0; h < M; ++h) {
+      const __m512i w = _mm512_loadu_si512(in[h] + i);
+      const __m512 x0 = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+      const __m512 x1 = _mm512_castsi512_ps(_mm512_and_si512(w, high));
+      const __m512 y0 = _mm512_sub_ps(_mm512_mul_ps(x0, cp), _mm512_mul_ps(x1, sp));
+      const __m512 y1 = _mm512_add_ps(_mm512_mul_ps(x1, cp), _mm512_mul_ps(x0, sp));
+      const __m512i r = _mm512_or_si512(_mm512_srli_epi32(round_high(y0), 16), round_high(y1));
+      NT ? _mm512_stream_si512(reinterpret_cast<__m512i*>(out[h] + i), r)
+         : _mm512_storeu_si512(out[h] + i, r);
+    }
+  }
+  return i;
+}
+#endif
+
 // Token t of heads [h0, h0 + M), contiguous vectors.
 template <bool NT, int M, typename scalar_t>
 inline void rotate_block(const Run<scalar_t>& r, int64_t t, int64_t h0, int64_t dim, bool interleaved) {
@@ -79,6 +118,9 @@ inline void rotate_block(const Run<scalar_t>& r, int64_t t, int64_t h0, int64_t 
   int64_t i = 0;
   if (interleaved) {
     const acc_t* s = c + dim;
+#if defined(CPU_CAPABILITY_AVX512)
+    if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) i = rotate_bf16_pairs<NT, M>(in, out, c, s, dim);
+#endif
     for (; i < end; i += L) {
       const Vec ci = Vec::loadu(c + i), si = Vec::loadu(s + i);
       for (int h = 0; h < M; ++h) {
