@@ -4,7 +4,8 @@ Builds a small Llama model in code (random weights, nothing downloaded),
 patches it with rotary.integrations.transformers.apply_rotary_to_model, and
 prints
 - the largest |logit| difference against the unpatched model (prefill and a
-  greedy decode with the KV cache),
+  greedy decode with the KV cache); in fp32 both are checked ('check: ... OK',
+  exit status 1 otherwise: `make demo` runs it with --quick),
 - the time of the RoPE part alone: transformers' rotary_emb (cos/sin for the
   batch) + apply_rotary_pos_emb in every layer, against our kernel in every
   layer, on the model's q/k shapes, timed with benchmarks/protocol.py: both
@@ -29,6 +30,11 @@ from transformers.models.llama import modeling_llama  # noqa: E402
 
 import rotary  # noqa: E402
 from rotary.integrations.transformers import apply_rotary_to_model, rotary_embedding_of, unpatch  # noqa: E402
+
+
+# fp32 logits: max |patched - unpatched| allowed per unit of the largest
+# logit: transformers' fp32 angles give ~3e-6 here (2.2e-5 at logits up to 7.3).
+FP32_LOGIT_RTOL = 1e-4
 
 
 def main():
@@ -71,14 +77,26 @@ def main():
           f"{config.num_attention_heads}/{config.num_key_value_heads} q/kv heads, llama3 rope, "
           f"{args.dtype} on {device}")
     print(f"patched: {rotary_embedding_of(model)}")
-    print(f"prefill [2, {args.seq}]: max |logit diff| vs unpatched = {(out - ref).abs().max().item():.3e} "
-          f"(logits up to {ref.abs().max().item():.2f}; transformers forms angles in fp32, "
+    diff, top = (out - ref).abs().max().item(), ref.abs().max().item()
+    print(f"prefill [2, {args.seq}]: max |logit diff| vs unpatched = {diff:.3e} "
+          f"(logits up to {top:.2f}; transformers forms angles in fp32, "
           f"~3.5e-8 rad per position of error, ours in float64)")
     if dtype != torch.float32:
         print(f"  mean |logit diff| vs the fp32 model: transformers {(ref - fp32).abs().mean().item():.3e}, "
               f"rotary {(out - fp32).abs().mean().item():.3e} (16-bit rounding, amplified by the layers)")
     same = (gen == ref_gen)[:, 32:].all(0).long().cumprod(0).sum().item()
     print(f"greedy decode with KV cache: first {same} of 16 new tokens identical in both rows")
+    # fp32 only: 16-bit models round differently by design (see above), so
+    # their tokens may part after a near-tie; that is reported, not failed.
+    failed = False
+    if dtype == torch.float32:
+        tol = FP32_LOGIT_RTOL * max(1.0, top)
+        checks = [(f"prefill logits equal the unpatched model's to fp32 rounding (max |diff| {diff:.1e} <= "
+                   f"{tol:.1e})", diff <= tol),
+                  (f"greedy tokens equal the unpatched model's ({same}/16 new tokens, both rows)", same == 16)]
+        for what, ok in checks:
+            print(f"check: {what}: {'OK' if ok else 'FAILED'}")
+            failed |= not ok
 
     # The RoPE part alone, on this model's q/k shapes, for all layers.
     rope = rotary_embedding_of(model)
@@ -109,6 +127,8 @@ def main():
                   f"transformers {t_hf * 1e3:.3f} ms, rotary {t_ours * 1e3:.3f} ms, "
                   f"ratio {ratio_cell(st['transformers'], st['rotary'], guard)}{guard.marker()}")
     print(guard.finish())
+    if failed:
+        raise SystemExit("hf_drop_in: the patched model differs from the unpatched one (see 'check:' above)")
 
 
 if __name__ == "__main__":
