@@ -43,6 +43,8 @@ void bind_kv_cache(py::module_& m) {
       .def_property_readonly("capacity", [](const Impl& self) { return self.options.capacity(); })
       .def_property_readonly("layout", [](const Impl& self) { return self.options.layout(); })
       .def("truncate", &Impl::truncate, py::arg("length"))
+      // The Python RotaryEmbedding.forward_with_cache, after its fused op wrote the rows.
+      .def("_advance", &Impl::advance, py::arg("tokens"))
       .def(
           "keys_values",
           [](const Impl& self, const py::object& dtype) {

@@ -14,6 +14,22 @@ AngleDtype = Union[str, torch.dtype]
 _MAX_START_POS = 2**60  # the op's bound too; the message comes from C++
 _APPLY = torch.ops.rotary.apply_rope.default
 _APPLY_QK = torch.ops.rotary.apply_rope_qk.default
+_APPLY_KV = torch.ops.rotary.apply_rope_with_kv_cache_.default
+_FP8 = torch.float8_e4m3fn
+# The seq dim of each layout the ops take (head_dim is last in all of them).
+_SEQ_AXIS = {"BHSD": 2, "BSHD": 1, "SBHD": 0}
+
+
+# torch.compiler.disable that imports torch._dynamo at the first call: at
+# import it would double `import rotary`'s time.
+_eager_only = getattr(torch, "_disable_dynamo", None) or torch.compiler.disable
+
+
+def _seq_axis(layout, who: str) -> int:
+    ax = _SEQ_AXIS.get(layout) if type(layout) is str else None
+    if ax is None:
+        raise ValueError(f"{who}: layout must be 'BHSD', 'BSHD' or 'SBHD', got {layout!r}")
+    return ax
 
 
 class RotaryEmbedding(nn.Module):
@@ -40,7 +56,13 @@ class RotaryEmbedding(nn.Module):
     integer dtype) gives absolute positions as in Hugging Face; ``start_pos``
     must then be 0. (``positions=`` is deprecated: it still works for one
     release, with a ``DeprecationWarning``.) A head may be wider than ``dim``,
-    never narrower (``ValueError``).
+    never narrower (``ValueError``). ``layout=`` is how q and k are laid
+    out: ``"BHSD"`` (default) ``[batch, heads, seq, head_dim]``, ``"BSHD"``
+    (flash-attn) or ``"SBHD"``, read as they are (no copies); positions run
+    along that layout's seq dim.
+    ``rope.forward_with_cache(q, k, v, cache)`` rotates and appends to a
+    :class:`rotary.KVCache` in one op, as ``CppRotaryEmbedding`` does (a
+    graph break under ``torch.compile``: the cache's length is host state).
     Casting the module (``.half()``, ``.to(torch.bfloat16)``) leaves both
     buffers as they are; ``.to(device)`` moves them. Works inside
     ``torch.compile(fullgraph=True)`` for every rule except the two
@@ -278,12 +300,15 @@ class RotaryEmbedding(nn.Module):
         offsets: Optional[torch.Tensor] = None,
         position_ids: Optional[torch.Tensor] = None,
         positions: Optional[torch.Tensor] = None,
+        layout: str = "BHSD",
     ):
         # Decode's hot path: an int start_pos and nothing else. Straight to the
         # op overloads (no wrapper, no overload lookup); inv_freq only where
         # the call reaches past the table, so short calls skip its checks.
+        ax = _SEQ_AXIS.get(layout) if type(layout) is str else None
         if (
             type(start_pos) is int
+            and ax is not None
             and offsets is None
             and position_ids is None
             and positions is None
@@ -292,11 +317,17 @@ class RotaryEmbedding(nn.Module):
             and q.dim() == 4
             and (k is None or (isinstance(k, torch.Tensor) and k.dim() != 0))
         ):
-            seq, freqs = q.size(2), self._buffers["freqs"]
+            seq, freqs = q.size(ax), self._buffers["freqs"]
             if type(seq) is int and 0 <= start_pos and start_pos + seq <= freqs.size(0) and q.size(3) >= self._opts[0]:
+                if ax != 2:  # keywords parse slowly: only when not the default
+                    if k is None:
+                        return _APPLY(q, freqs, start_pos, self._opts[3], layout=layout)
+                    return _APPLY_QK(q, k, freqs, start_pos, self._opts[3], layout=layout)
                 if k is None:
                     return _APPLY(q, freqs, start_pos, self._opts[3])
                 return _APPLY_QK(q, k, freqs, start_pos, self._opts[3])
+        if ax is None:
+            _seq_axis(layout, "RotaryEmbedding")  # raises, naming the layout given
         # The call's arguments, in one place. The common case is decided in
         # Python (it traces); anything unusual goes to the C++ parser, which
         # raises the module's errors (and routes a deprecated positions=).
@@ -326,32 +357,120 @@ class RotaryEmbedding(nn.Module):
                 f"(shape {tuple(q.shape)})"
             )
         if self._host_driven:
-            return self._forward_host_driven(q, k, start_pos, offsets, position_ids)
-        return self._rotate(q, k, start_pos, offsets, position_ids, self.freqs, self.inv_freq)
+            return self._forward_host_driven(q, k, start_pos, offsets, position_ids, layout)
+        return self._rotate(q, k, start_pos, offsets, position_ids, self.freqs, self.inv_freq, layout)
 
-    def _forward_host_driven(self, q, k, start_pos, offsets, position_ids):
-        seq_len = q.shape[2] if q.dim() == 4 else 0  # the op reports a wrong shape
+    def _forward_host_driven(self, q, k, start_pos, offsets, position_ids, layout="BHSD"):
+        seq_len = q.shape[_SEQ_AXIS[layout]] if q.dim() == 4 else 0  # the op reports a wrong shape
         reach = _C.RopeTables.reach_of(seq_len, start_pos, offsets, position_ids)
 
         def op(fresh):
             # Under the lock; new tables are installed only once the op returned.
             freqs, inv_freq = (self.freqs, self.inv_freq) if fresh is None else fresh
-            out = self._rotate(q, k, start_pos, offsets, position_ids, freqs, inv_freq)
+            out = self._rotate(q, k, start_pos, offsets, position_ids, freqs, inv_freq, layout)
             if fresh is not None:
                 self._install(*fresh)
             return out
 
         return self._tables.run(reach, self.freqs.device, op)
 
-    def _rotate(self, q, k, start_pos, offsets, position_ids, freqs, inv_freq):
+    @_eager_only  # the cache's length lives in C++: one graph break (see the docstring)
+    def forward_with_cache(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cache: "_C.KVCache",
+        start_pos: Optional[int] = None,
+        *,
+        layout: str = "BHSD",
+    ):
+        """Rotate ``q`` and ``k`` in place at ``start_pos`` (default
+        ``cache.length``), write the rotated ``k`` and ``v`` into the
+        :class:`rotary.KVCache` at rows ``cache.length ..`` and advance its
+        length, in one ``torch.ops.rotary.apply_rope_with_kv_cache_`` call.
+        Returns ``(q, keys, values)``, the last two the filled cache as
+        ``[batch, kv_heads, length, head_dim]`` (``cache.keys_values(q.dtype)``:
+        float8 caches dequantised). The same semantics, checks and bits as
+        ``CppRotaryEmbedding.forward_with_cache``; ``layout`` is that of q, k
+        and v (the cache keeps its own). A call that raises writes nothing.
+
+        Under ``torch.compile`` the call is one graph break (the length lives
+        in the C++ cache and is read and advanced on the host), so
+        ``fullgraph=True`` refuses it; for one graph, call
+        :func:`rotary.apply_rope_with_kv_cache_` on cache tensors you own."""
+        who = "RotaryEmbedding.forward_with_cache"
+        if not isinstance(cache, _C.KVCache):
+            raise TypeError(f"{who}: cache must be a rotary.KVCache, got {type(cache).__name__}")
+        impl = cache.cpp_module
+        ax = _seq_axis(layout, who)
+        # The C++ module's checks, in its order (dtypes named as torch names them).
+        if start_pos is not None and (type(start_pos) is not int or not 0 <= start_pos < _MAX_START_POS):
+            start_pos = _C.check_start_pos(start_pos)  # raises the module's error
+        if q.dim() != 4:
+            raise ValueError(f"{who}: q must be 4-D {layout} [batch, heads, seq, head_dim] in that order, got "
+                             f"{list(q.shape)}")
+        if self.rotary_offset != 0:  # the fused op rotates dims [0, dim)
+            raise ValueError(f"{who}: rotary_offset must be 0 for the fused KV-cache write, got "
+                             f"{self.rotary_offset}; call forward(q, k) and write the cache")
+        bufs = impl._buffers  # one lookup (cache.k goes through nn.Module.__getattr__: 4 us)
+        kc, vc = bufs["k"], bufs["v"]
+        if kc.dtype != k.dtype and kc.dtype != _FP8:
+            raise TypeError(f"{who}: the KVCache holds {kc.dtype} but k is {k.dtype}; build the KVCache with "
+                            f"dtype={k.dtype} (or torch.float8_e4m3fn), or cast k")
+        seq, filled, capacity = q.size(ax), impl._length, cache.capacity
+        if filled + seq > capacity:
+            raise IndexError(f"{who}: appending {seq} positions to a cache holding {filled} exceeds its "
+                             f"capacity {capacity}")
+        advance = getattr(impl, "_advance", None)
+        if advance is None:  # an older rotary._C: nothing written yet
+            raise RuntimeError(f"{who} needs KVCache._advance, which this build of rotary._C lacks; rebuild it")
+        pos = filled if start_pos is None else start_pos
+        if q.shape[-1] < self.dim:
+            raise ValueError(f"RotaryEmbedding(dim={self.dim}): head_dim must be >= dim (the rotated width), got "
+                             f"head_dim {q.shape[-1]} (shape {tuple(q.shape)})")
+        # Keywords only where not the schema's default: torch parses them slowly.
+        kw = {}
+        if pos != filled:  # rows go at length() .. even when the rotation is elsewhere
+            batch = q.size(1 if layout == "SBHD" else 0)
+            kw["cache_positions"] = torch.arange(filled, filled + seq, device=q.device).expand(batch, seq)
+        if ax != 2:
+            kw["layout"] = layout
+        if cache.layout != "BHSD":
+            kw["kv_layout"] = cache.layout
+        if kc.dtype == _FP8:
+            kw["k_scale"], kw["v_scale"] = bufs["k_scale"], bufs["v_scale"]
+
+        def op(fresh):
+            freqs, inv_freq = (self._buffers["freqs"], self._buffers["inv_freq"]) if fresh is None else fresh
+            past = pos + seq > freqs.size(0)
+            if past and not self._extends:  # float32 angles: no on-the-fly path
+                self._tables.check_rows(seq, pos, False, freqs.size(0))
+            # inv_freq only where the call may reach past the table, as in C++.
+            extra = dict(kw, inv_freq=inv_freq) if past and self._extends else kw
+            _APPLY_KV(q, k, v, kc, vc, freqs, pos, self._opts[3], **extra)
+            if fresh is not None:
+                self._install(*fresh)
+
+        if self._host_driven:
+            self._tables.run(_C.RopeTables.reach_of(seq, pos, None, None), self.freqs.device, op)
+        else:
+            op(None)
+        advance(seq)
+        keys, values = cache.keys_values(q.dtype)
+        return q, keys, values
+
+    def _rotate(self, q, k, start_pos, offsets, position_ids, freqs, inv_freq, layout="BHSD"):
         # inv_freq lets positions past the cached rows be computed exactly;
         # float32 angles have no on-the-fly path (it is float64 only).
         inv = inv_freq if self._extends else None
         given = offsets is not None or position_ids is not None
         if inv is None and not given and q.dim() == 4 and isinstance(start_pos, int):
-            if q.shape[2] > 0 and start_pos + q.shape[2] > freqs.shape[0]:
-                self._tables.check_rows(q.shape[2], start_pos, False, freqs.shape[0])
-        kw = dict(offsets=offsets, position_ids=position_ids, inv_freq=inv, rotary_offset=self.rotary_offset)
+            seq = q.shape[_SEQ_AXIS[layout]]
+            if seq > 0 and start_pos + seq > freqs.shape[0]:
+                self._tables.check_rows(seq, start_pos, False, freqs.shape[0])
+        kw = dict(offsets=offsets, position_ids=position_ids, inv_freq=inv, rotary_offset=self.rotary_offset,
+                  layout=layout)
         if self.pair_axes is not None and position_ids is not None and position_ids.dim() == 3:
             kw["pair_axes"] = self.pair_axes  # [n_axes, batch, seq]; else a text token's rotation
         if k is None:
