@@ -46,7 +46,7 @@ class RotaryEmbedding(nn.Module):
     ``"rope_type"``): ``default``, ``linear``, ``ntk``, ``dynamic``, ``yarn``,
     ``llama3`` or ``longrope``. The C++ side parses and validates it (an
     error is a ``ValueError`` naming the field) and computes every rule; see
-    README "Frequency rules". ``RotaryEmbedding.from_hf_config(config)`` builds
+    docs/api.md "Frequency rules". ``RotaryEmbedding.from_hf_config(config)`` builds
     the module a transformers config describes.
 
     ``rope(x, start_pos=p)`` rotates one tensor; ``rope(q, k, start_pos=p)``
@@ -221,7 +221,7 @@ class RotaryEmbedding(nn.Module):
 
     def update_for_reach(self, reach: int) -> None:
         """Host-driven rules: make the tables right for a call whose largest
-        position is ``reach - 1`` (see README "Host-driven rules"). Other
+        position is ``reach - 1`` (see docs/api.md "Frequency rules"). Other
         rules: no-op."""
         if self._host_driven:
             self._tables.run(reach, self.freqs.device, lambda fresh: fresh is not None and self._install(*fresh))

@@ -2,8 +2,8 @@
 host-driven ones included), from_hf_config, load_state_dict, the older
 schemes and concurrent calls.
 
-Module oracle: a small model of the documented host-driven rules (README
-"Host-driven rules") says which frequencies each call must use; the
+Module oracle: a small model of the documented host-driven rules (docs/api.md
+"Frequency rules", docs/scaling.md) says which frequencies each call must use; the
 frequencies themselves come from ``rotary.rope_frequencies`` (a pure
 function, checked against an independent derivation in test_scaling.py),
 the rotation from the float64 reference."""

@@ -121,7 +121,7 @@ def _positions(rng, layout, B, S, L, past):
 
 
 def _rows(layout, B, S, start_pos, positions, cu):
-    """int64 [B, S]: the table row of each token (README "Positions")."""
+    """int64 [B, S]: the table row of each token (docs/api.md "Positions")."""
     if layout != "THD":
         return positions_grid(B, S, start_pos, positions)
     bounds = cu.tolist()
@@ -164,7 +164,7 @@ def run(seed: int) -> tuple[str, str]:
     interleaved, inverse = rng.random() < 0.5, rng.random() < 0.3
     use_inv = rng.random() < 0.4
     # "lazy": freqs.conj(), a view; "physical": the conjugate values in memory,
-    # whose frequencies are -inv_freq (README "Ops").
+    # whose frequencies are -inv_freq (docs/api.md "Ops").
     conj_mode = rng.choice([None, None, None, "lazy", "physical"])
     conj = conj_mode is not None
     past = rng.random() < 0.2
