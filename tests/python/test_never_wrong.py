@@ -287,13 +287,13 @@ def test_duplicate_destinations_are_refused(paged):
 def test_raw_kv_op_with_a_complex_table_compiles_under_the_default_inductor():
     f = rotary.freqs_table(16, 16)
 
-    def step(q, k, v, kc, vc):
-        torch.ops.rotary.apply_rope_with_kv_cache_(q, k, v, kc, vc, f, 1, True)
+    def step(q, k, v, kc, vc, freqs):  # the table a graph input, as a module's buffer is
+        torch.ops.rotary.apply_rope_with_kv_cache_(q, k, v, kc, vc, freqs, 1, True)
         return q * 2, k + 1
 
     eager = kv_inputs(3)
-    want = step(*eager)
+    want = step(*eager, f)
     comp = kv_inputs(3)
-    got = torch.compile(step, fullgraph=True)(*comp)
+    got = torch.compile(step, fullgraph=True)(*comp, f)
     for a, b in zip(want + eager, got + comp):
         assert torch.equal(a, b)
