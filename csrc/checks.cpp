@@ -3,8 +3,6 @@
 #include "checks_positions.h"
 #include "overlap.h"
 
-#include <rotary/bounds.h>
-
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
@@ -222,10 +220,6 @@ void check_cu_seqlens_values(const char* op, const at::Tensor& cu, int64_t total
       "; got ", shown);
 }
 
-void check_start_pos_bound(const char* op, int64_t start_pos) {
-  TORCH_CHECK_INDEX(bounds::start_pos_in_range(start_pos), op, ": start_pos must be < 2^60, got ", start_pos);
-}
-
 }  // namespace
 
 void check_distinct(const char* op, const char* name, const at::Tensor& x) {
@@ -338,7 +332,7 @@ PreparedRope prepare_rope(
       if (pos.dim() == 2 && pos.size(1) > 1) p.pos_stride_s = pos.stride(1);
     }
   }
-  check_start_pos_bound(op, args.start_pos);
+  check_start_pos(op, args.start_pos);  // >= 0 was checked first, above
   // Positions known on the host are checked by value: a CPU positions tensor,
   // or none at all (start_pos + local index).
   const bool host_positions = r.params.positions == nullptr || r.positions.is_cpu();

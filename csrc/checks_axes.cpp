@@ -99,6 +99,11 @@ void check_positions_in_table(const char* op, const kernel::RopeParams& p) {
   }
 }
 
+void check_start_pos(const char* op, int64_t start_pos) {
+  TORCH_CHECK_VALUE(start_pos >= 0, op, ": start_pos must be >= 0, got ", start_pos);
+  TORCH_CHECK_INDEX(bounds::start_pos_in_range(start_pos), op, ": start_pos must be < 2^60, got ", start_pos);
+}
+
 at::Tensor widen_positions(const char* op, const char* name, const at::Tensor& t) {
   const auto type = t.scalar_type();
   // Non-integer dtypes are the callers' to refuse, with their own words.
@@ -119,8 +124,7 @@ at::Tensor legacy_ids(const char* op, const at::Tensor& ids, int64_t start_pos) 
   TORCH_CHECK_TYPE(
       at::isIntegralType(ids.scalar_type(), /*includeBool=*/false), op, ": positions must have an integer dtype, got ",
       ids.scalar_type());
-  TORCH_CHECK_VALUE(start_pos >= 0, op, ": start_pos must be >= 0, got ", start_pos);
-  TORCH_CHECK_INDEX(bounds::start_pos_in_range(start_pos), op, ": start_pos must be < 2^60, got ", start_pos);
+  check_start_pos(op, start_pos);
   const at::Tensor wide = widen_positions(op, "positions", ids).to(at::kLong);
   if (wide.is_cpu() && wide.numel() > 0) {
     const int64_t lo = wide.min().item<int64_t>(), hi = wide.max().item<int64_t>();

@@ -13,6 +13,9 @@ namespace detail {
 // inv_freq, inside the table; the message names the token and the argument.
 void check_positions_in_table(const char* op, const kernel::RopeParams& p);
 
+// start_pos in [0, 2^60): ValueError below, IndexError above, named by op.
+void check_start_pos(const char* op, int64_t start_pos);
+
 // An integer positions tensor as the kernels and the host rules read it:
 // int32 and int64 as they are, every other integer dtype widened to int64
 // once, before any arithmetic. A uint64 value >= 2^63 is refused on the host

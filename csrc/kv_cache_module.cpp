@@ -33,10 +33,9 @@ void KVCacheImpl::reset() {
     TORCH_CHECK_VALUE(
         fp8, "KVCache: ", name, " is only for float8_e4m3fn caches; dtype ", dt, " is stored unscaled, got ", name,
         " = ", *scale);
+    const float stored = static_cast<float>(*scale);  // the buffer's value: NaN, overflow and underflow show here
     TORCH_CHECK_VALUE(
-        std::isfinite(*scale) && *scale > 0.0 && std::isfinite(static_cast<float>(*scale)) &&
-            static_cast<float>(*scale) > 0.0f,
-        "KVCache: ", name, " must be finite and > 0 as a float32, got ", *scale);
+        std::isfinite(stored) && stored > 0.0f, "KVCache: ", name, " must be finite and > 0 as a float32, got ", *scale);
   }
   const auto device = k.defined() ? k.device() : torch::Device(torch::kCPU);
   const std::vector<int64_t> shape = o.layout() == "BHSD"

@@ -175,8 +175,7 @@ int64_t RopeTables::reach_of(
 }
 
 void RopeTables::check_start_pos(int64_t start_pos) {
-  TORCH_CHECK_VALUE(start_pos >= 0, "RotaryEmbedding: start_pos must be >= 0, got ", start_pos);
-  TORCH_CHECK_INDEX(bounds::start_pos_in_range(start_pos), "RotaryEmbedding: start_pos must be < 2^60, got ", start_pos);
+  detail::check_start_pos("RotaryEmbedding", start_pos);
 }
 
 void RopeTables::check_rows(int64_t seq_len, int64_t start_pos, bool has_positions, int64_t rows) const {

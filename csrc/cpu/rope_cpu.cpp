@@ -120,7 +120,7 @@ void fill_coefficients(const RopeParams& p, int64_t b, int64_t s_idx, acc_t* coe
 // coefficients (2 * rotary_dim acc_t each) stay within L2.
 constexpr int64_t kCoefBytes = 64 * 1024;
 // Fresh output pages of at least this many bytes are mapped up front
-// (populate_if_fresh).
+// (populate).
 constexpr int64_t kPopulateBytes = int64_t{16} << 20;
 // Outputs larger than the last-level cache (at least 16 MiB) are written with
 // streaming stores when their pages are mapped: they cannot stay in cache,
@@ -183,10 +183,8 @@ bool populate_for_write(void* p, int64_t bytes) {
 }
 
 // An out-of-place output's fresh pages, mapped in parallel before the
-// rotation (each thread one contiguous slice). True when they were fresh and
-// are mapped now.
-bool populate_if_fresh(const HeadTensor& t, int64_t bytes) {
-  if (pages_mapped(t.out, bytes)) return false;
+// rotation (each thread one contiguous slice). True when they are mapped now.
+bool populate(const HeadTensor& t, int64_t bytes) {
   constexpr int64_t kSlice = int64_t{4} << 20;
   const int64_t slices = (bytes + kSlice - 1) / kSlice;
   std::atomic<bool> ok{true};
@@ -217,11 +215,13 @@ bool stream_aligned(const RopeParams& p, const HeadTensor& t) {
 // allocates) span batch * heads * seq vectors.
 template <typename scalar_t>
 bool stream_output(const RopeParams& p, const HeadTensor& t, int64_t out_bytes, Capability cap) {
-  if (t.heads == 0 || p.in_place) return false;
+  // Smaller outputs neither populate nor stream: no mincore on the decode path.
+  if (t.heads == 0 || p.in_place || out_bytes < std::min(kPopulateBytes, stream_bytes())) return false;
   const int64_t bytes = p.batch * t.heads * p.seq * p.head_dim * int64_t(sizeof(scalar_t));
-  const bool fresh = out_bytes >= kPopulateBytes && populate_if_fresh(t, bytes);
+  const bool mapped = pages_mapped(t.out, bytes);
+  const bool populated = !mapped && out_bytes >= kPopulateBytes && populate(t, bytes);
   if (cap == Capability::kDefault || !stream_aligned<scalar_t>(p, t)) return false;
-  return fresh || (out_bytes >= stream_bytes() && pages_mapped(t.out, bytes));
+  return populated || (mapped && out_bytes >= stream_bytes());
 }
 
 template <typename scalar_t>

@@ -64,16 +64,8 @@ void bind_kv_cache(py::module_& m) {
         return os.str();
       },
       py::is_method(wrapper));
-  // A parent's .half() / .to(dtype) reaches ModuleWrapper._apply, which casts
-  // every buffer: the cache keeps its dtype (its options say it), and moves.
-  wrapper.attr("_apply") = py::cpp_function(
-      [](py::object self, py::object fn, bool /*recurse*/) {
-        auto impl = self.attr("cpp_module").cast<std::shared_ptr<Impl>>();
-        const auto probe = fn(torch::empty({0}, torch::TensorOptions().device(impl->k.device()))).cast<torch::Tensor>();
-        impl->to(probe.device());
-        return self;
-      },
-      py::is_method(wrapper), py::arg("fn"), py::arg("recurse") = true);
+  // The cache keeps the dtype its options say when a parent is cast.
+  apply_moves_only<Impl>(wrapper);
   // pickle / copy.deepcopy: rebuilt from the options, then the buffers and
   // the length copied in. torch cannot pickle a float8 tensor: its bytes go.
   wrapper.attr("__module__") = "rotary";

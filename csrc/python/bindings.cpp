@@ -271,20 +271,10 @@ PYBIND11_MODULE(_C, m) {
           py::arg("freqs"), py::arg("inv_freq") = py::none(),
           "Check saved buffers against the options (ValueError if they differ), then rebuild both from them.");
 
-  // torch.nn.cpp.ModuleWrapper._apply casts every buffer with `fn`, which
-  // would bypass the C++ to(dtype) override when a Python parent is cast
-  // (parent.half(), parent.to(torch.bfloat16)) and turn the complex64 table
-  // and the float64 inv_freq into the model's dtype. Take only the device.
+  // A parent's cast must not turn the complex64 table and the float64
+  // inv_freq into the model's dtype.
   py::object wrapper = m.attr("CppRotaryEmbedding");
-  wrapper.attr("_apply") = py::cpp_function(
-      [](py::object self, py::object fn, bool /*recurse*/) {
-        auto impl = self.attr("cpp_module").cast<std::shared_ptr<Impl>>();
-        const auto probe = fn(torch::empty({0}, torch::TensorOptions().device(impl->freqs.device())))
-                               .cast<torch::Tensor>();
-        impl->to(probe.device());
-        return self;
-      },
-      py::is_method(wrapper), py::arg("fn"), py::arg("recurse") = true);
+  apply_moves_only<Impl>(wrapper);
 
   // ModuleWrapper copies the C++ module's attributes once, at construction;
   // the rule's state changes, so the wrapper reads it on each access.

@@ -7,6 +7,7 @@
 
 #include <torch/python.h>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -52,6 +53,21 @@ std::tuple<torch::Tensor, OptTensor, int64_t, OptTensor, OptTensor> call_args(
     const py::object& positions);
 py::tuple options_to_tuple(const rotary::RopeTables& t);
 py::object scaling_or_none(const rotary::RopeScaling& s);
+
+// torch.nn.cpp.ModuleWrapper._apply casts every buffer with `fn`, which
+// would bypass the C++ to(dtype) override when a Python parent is cast
+// (parent.half(), parent.to(torch.bfloat16)): take only the device.
+template <typename Impl>
+void apply_moves_only(py::object wrapper) {
+  wrapper.attr("_apply") = py::cpp_function(
+      [](py::object self, py::object fn, bool /*recurse*/) {
+        auto impl = self.attr("cpp_module").cast<std::shared_ptr<Impl>>();
+        const auto where = impl->buffers().front().device();
+        impl->to(fn(torch::empty({0}, torch::TensorOptions().device(where))).template cast<torch::Tensor>().device());
+        return self;
+      },
+      py::is_method(wrapper), py::arg("fn"), py::arg("recurse") = true);
+}
 
 // bind_kv_cache.cpp: rotary._C.KVCache, and the body of
 // CppRotaryEmbedding.forward_with_cache (cache: a bound KVCache).
