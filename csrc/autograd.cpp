@@ -198,7 +198,8 @@ void apply_rope_with_kv_cache_autograd(
     at::Tensor& q, at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& freqs,
     c10::SymInt start_pos, bool interleaved, const OptTensor& offsets, const OptTensor& position_ids,
     const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout, const OptTensor& cache_positions,
-    const OptTensor& slot_mapping, c10::string_view kv_layout, const OptTensor& k_scale, const OptTensor& v_scale) {
+    const OptTensor& slot_mapping, c10::string_view kv_layout, const OptTensor& k_scale, const OptTensor& v_scale,
+    bool inverse, int64_t rotary_offset, at::OptionalIntArrayRef pair_axes) {
   const char* op = "apply_rope_with_kv_cache_";
   check_no_grad(op, "q", q);
   check_no_grad(op, "k", k);
@@ -209,7 +210,7 @@ void apply_rope_with_kv_cache_autograd(
     at::AutoDispatchBelowADInplaceOrView guard;
     apply_rope_with_kv_cache_(
         q, k, v, k_cache, v_cache, freqs, std::move(start_pos), interleaved, offsets, position_ids, cu_seqlens, inv_freq,
-        layout, cache_positions, slot_mapping, kv_layout, k_scale, v_scale);
+        layout, cache_positions, slot_mapping, kv_layout, k_scale, v_scale, inverse, rotary_offset, pair_axes);
   }
   for (at::Tensor* t : {&q, &k, &k_cache, &v_cache}) torch::autograd::impl::bump_version(*t);
 }

@@ -157,6 +157,11 @@ void check_kv_inputs(
   TORCH_CHECK_VALUE(
       !(paged && kv.cache_positions), op,
       ": cache_positions is for contiguous caches (kv_layout 'BHSD' or 'BSHD'); a paged cache takes slot_mapping");
+  // N-D ids (M-RoPE, axial) say how a token turns, not where it is stored.
+  TORCH_CHECK_VALUE(
+      paged || kv.cache_positions || !args.pair_axes, op,
+      ": with pair_axes (N-D position_ids) a contiguous cache needs cache_positions: a token's rotary positions "
+      "are not its cache row");
   const at::Tensor qview = canonical_view(op, "q", q, args);
   if (kv.slot_mapping) check_dest(op, "slot_mapping", *kv.slot_mapping, qview, q);
   if (kv.cache_positions) check_dest(op, "cache_positions", *kv.cache_positions, qview, q);

@@ -52,10 +52,12 @@ void apply_rope_with_kv_cache_meta(
     at::Tensor& q, at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& freqs,
     c10::SymInt start_pos, bool interleaved, const OptTensor& offsets, const OptTensor& position_ids,
     const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout, const OptTensor& cache_positions,
-    const OptTensor& slot_mapping, c10::string_view kv_layout, const OptTensor& k_scale, const OptTensor& v_scale) {
+    const OptTensor& slot_mapping, c10::string_view kv_layout, const OptTensor& k_scale, const OptTensor& v_scale,
+    bool inverse, int64_t rotary_offset, at::OptionalIntArrayRef pair_axes) {
   detail::check_kv_inputs(
       "apply_rope_with_kv_cache_", q, k, v, k_cache, v_cache, freqs,
-      {known(start_pos), interleaved, offsets, position_ids, false, cu_seqlens, inv_freq, layout},
+      {known(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset,
+       pair_axes},
       {cache_positions, slot_mapping, kv_layout, k_scale, v_scale});
 }
 

@@ -157,9 +157,6 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> RotaryEmbeddingImpl::for
   auto& c = *cache;
   TORCH_CHECK_VALUE(q.dim() == 4, "RotaryEmbedding.forward_with_cache: q must be 4-D [batch, heads, seq, head_dim], got ",
                     q.sizes());
-  // The fused op rotates dims [0, dim): a span elsewhere would go unrotated.
-  TORCH_CHECK_VALUE(options.rotary_offset() == 0, "RotaryEmbedding.forward_with_cache: rotary_offset must be 0 for the ",
-                    "fused KV-cache write, got ", options.rotary_offset(), "; call forward(q, k) and write the cache");
   const auto cache_dtype = c.options.dtype();
   TORCH_CHECK_TYPE(
       cache_dtype == k.scalar_type() || cache_dtype == torch::kFloat8_e4m3fn, "RotaryEmbedding.forward_with_cache: ",
@@ -176,7 +173,8 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> RotaryEmbeddingImpl::for
     apply_rope_with_kv_cache_(q, k, v, c.k, c.v, f, pos, options.interleaved(), std::nullopt, std::nullopt, std::nullopt,
                               inv, "BHSD", rows, std::nullopt, c.options.layout(),
                               c.k_scale.defined() ? std::optional<torch::Tensor>(c.k_scale) : std::nullopt,
-                              c.v_scale.defined() ? std::optional<torch::Tensor>(c.v_scale) : std::nullopt);
+                              c.v_scale.defined() ? std::optional<torch::Tensor>(c.v_scale) : std::nullopt,
+                              /*inverse=*/false, options.rotary_offset());
     return 0;
   });
   c.advance(seq);

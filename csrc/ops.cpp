@@ -63,13 +63,15 @@ void apply_rope_with_kv_cache_(
     at::Tensor& q, at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& freqs,
     c10::SymInt start_pos, bool interleaved, const OptTensor& offsets, const OptTensor& position_ids,
     const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout, const OptTensor& cache_positions,
-    const OptTensor& slot_mapping, c10::string_view kv_layout, const OptTensor& k_scale, const OptTensor& v_scale) {
+    const OptTensor& slot_mapping, c10::string_view kv_layout, const OptTensor& k_scale, const OptTensor& v_scale,
+    bool inverse, int64_t rotary_offset, at::OptionalIntArrayRef pair_axes) {
   static auto op = find_op<void(
       at::Tensor&, at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&, const at::Tensor&, c10::SymInt, bool,
       const OptTensor&, const OptTensor&, const OptTensor&, const OptTensor&, c10::string_view, const OptTensor&,
-      const OptTensor&, c10::string_view, const OptTensor&, const OptTensor&)>("rotary::apply_rope_with_kv_cache_");
+      const OptTensor&, c10::string_view, const OptTensor&, const OptTensor&, bool, int64_t,
+      at::OptionalIntArrayRef)>("rotary::apply_rope_with_kv_cache_");
   op.call(q, k, v, k_cache, v_cache, freqs, std::move(start_pos), interleaved, offsets, position_ids, cu_seqlens, inv_freq,
-          layout, cache_positions, slot_mapping, kv_layout, k_scale, v_scale);
+          layout, cache_positions, slot_mapping, kv_layout, k_scale, v_scale, inverse, rotary_offset, pair_axes);
 }
 
 #define ROTARY_OPTIONAL_ARGS                                                                          \
@@ -90,7 +92,8 @@ TORCH_LIBRARY(rotary, m) {
       "apply_rope_with_kv_cache_(Tensor(a!) q, Tensor(b!) k, Tensor v, Tensor(c!) k_cache, Tensor(d!) v_cache, "
       "Tensor freqs, SymInt start_pos=0, bool interleaved=True, *, Tensor? offsets=None, Tensor? position_ids=None, "
       "Tensor? cu_seqlens=None, Tensor? inv_freq=None, str layout=\"BHSD\", Tensor? cache_positions=None, "
-      "Tensor? slot_mapping=None, str kv_layout=\"BHSD\", Tensor? k_scale=None, Tensor? v_scale=None) -> ()");
+      "Tensor? slot_mapping=None, str kv_layout=\"BHSD\", Tensor? k_scale=None, Tensor? v_scale=None, "
+      "bool inverse=False, int rotary_offset=0, int[]? pair_axes=None) -> ()");
 }
 
 }  // namespace rotary

@@ -110,6 +110,10 @@ void apply_rope_qk_(
 //   k_scale/v_scale  float8_e4m3fn caches: float32 [] / [1] / [kv_heads];
 //                    the cache gets (x / scale) clamped to +-448, rounded to
 //                    nearest even (default scale 1).
+//   inverse, rotary_offset, pair_axes  as apply_rope; the cache gets k as
+//                    rotated, whole head vectors. With pair_axes (N-D
+//                    position_ids) a contiguous cache needs cache_positions:
+//                    a token's rotary position is not its row.
 // Slots and positions known on the host are range-checked before anything is
 // written; out-of-range ones on the device are skipped, never written.
 void apply_rope_with_kv_cache_(
@@ -130,6 +134,9 @@ void apply_rope_with_kv_cache_(
     const std::optional<at::Tensor>& slot_mapping = std::nullopt,
     c10::string_view kv_layout = "BHSD",
     const std::optional<at::Tensor>& k_scale = std::nullopt,
-    const std::optional<at::Tensor>& v_scale = std::nullopt);
+    const std::optional<at::Tensor>& v_scale = std::nullopt,
+    bool inverse = false,
+    int64_t rotary_offset = 0,
+    at::OptionalIntArrayRef pair_axes = std::nullopt);
 
 }  // namespace rotary

@@ -5,8 +5,7 @@ input: it skips the node, then asserts that it was removed. Every op also
 takes ``torch.view_as_real`` of the table, so functionalization is given that
 view instead, for calls from the wrappers and raw ``torch.ops.rotary`` calls
 alike. A lazily conjugated table keeps its meaning: its memory is the plain
-table read with ``inverse`` flipped (the KV op, which has no ``inverse``, gets
-the conjugate materialised, which is exact inside the table).
+table read with ``inverse`` flipped.
 """
 
 import torch

@@ -323,6 +323,9 @@ def apply_rope_with_kv_cache_(
     kv_layout: str = "BHSD",
     k_scale: Optional[torch.Tensor] = None,
     v_scale: Optional[torch.Tensor] = None,
+    inverse: bool = False,
+    rotary_offset: int = 0,
+    pair_axes: Optional[Sequence[int]] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Rotate q and k in place, as :func:`apply_rope_qk_` does, and write the
     rotated k and the raw v of every token into ``k_cache`` / ``v_cache``, in
@@ -345,14 +348,23 @@ def apply_rope_with_kv_cache_(
     (default 1): the cache holds ``(x / scale).clamp(-448, 448)`` rounded to
     nearest even, the division done once in float32 (float64 for float64 k).
 
+    ``inverse``, ``rotary_offset`` and ``pair_axes`` are those of
+    :func:`apply_rope`; the cache gets whole head vectors of k as rotated.
+    With ``pair_axes`` (N-D ``position_ids``) a contiguous cache needs
+    ``cache_positions``: a token's rotary positions are not its row.
+
     Every argument, and every slot or cache position on the host, is checked
     before anything is written. Slots and positions on the device are not
     checked (that would sync): out-of-range ones are skipped, never written
     out of bounds."""
     start_pos = _start_pos("apply_rope_with_kv_cache_", start_pos)
-    torch.ops.rotary.apply_rope_with_kv_cache_(
-        q, k, v, k_cache, v_cache, freqs, start_pos, interleaved, offsets=offsets, position_ids=position_ids,
-        cu_seqlens=cu_seqlens, inv_freq=inv_freq, layout=layout, cache_positions=cache_positions,
-        slot_mapping=slot_mapping, kv_layout=kv_layout, k_scale=k_scale, v_scale=v_scale,
-    )
+    op = "apply_rope_with_kv_cache_"
+    kw = _keywords(op, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes)
+    for name, value in (("cache_positions", cache_positions), ("slot_mapping", slot_mapping),
+                        ("k_scale", k_scale), ("v_scale", v_scale)):
+        if value is not None:
+            kw[name] = value
+    if kv_layout != "BHSD":
+        kw["kv_layout"] = kv_layout
+    torch.ops.rotary.apply_rope_with_kv_cache_(q, k, v, k_cache, v_cache, freqs, start_pos, interleaved, **kw)
     return q, k

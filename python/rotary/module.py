@@ -349,13 +349,8 @@ class RotaryEmbedding(nn.Module):
             if offsets is not None or position_ids is not None:
                 raise ValueError("RotaryEmbedding: positions= is deprecated; pass offsets= or position_ids= alone")
             start_pos, offsets, position_ids = _legacy_positions(positions, start_pos, False, "RotaryEmbedding")
-        if q.dim() == 4 and q.shape[-1] < self.rotary_offset + self.dim:
-            need = (f"rotary_offset + dim = {self.rotary_offset + self.dim} (the rotated span)" if self.rotary_offset
-                    else "dim (the rotated width)")
-            raise ValueError(
-                f"RotaryEmbedding(dim={self.dim}): head_dim must be >= {need}, got head_dim {q.shape[-1]} "
-                f"(shape {tuple(q.shape)})"
-            )
+        if q.dim() == 4:
+            self._check_span(q)
         if self._host_driven:
             return self._forward_host_driven(q, k, start_pos, offsets, position_ids, layout)
         return self._rotate(q, k, start_pos, offsets, position_ids, self.freqs, self.inv_freq, layout)
@@ -410,9 +405,6 @@ class RotaryEmbedding(nn.Module):
         if q.dim() != 4:
             raise ValueError(f"{who}: q must be 4-D {layout} [batch, heads, seq, head_dim] in that order, got "
                              f"{list(q.shape)}")
-        if self.rotary_offset != 0:  # the fused op rotates dims [0, dim)
-            raise ValueError(f"{who}: rotary_offset must be 0 for the fused KV-cache write, got "
-                             f"{self.rotary_offset}; call forward(q, k) and write the cache")
         bufs = impl._buffers  # one lookup (cache.k goes through nn.Module.__getattr__: 4 us)
         kc, vc = bufs["k"], bufs["v"]
         if kc.dtype != k.dtype and kc.dtype != _FP8:
@@ -426,9 +418,7 @@ class RotaryEmbedding(nn.Module):
         if advance is None:  # an older rotary._C: nothing written yet
             raise RuntimeError(f"{who} needs KVCache._advance, which this build of rotary._C lacks; rebuild it")
         pos = filled if start_pos is None else start_pos
-        if q.shape[-1] < self.dim:
-            raise ValueError(f"RotaryEmbedding(dim={self.dim}): head_dim must be >= dim (the rotated width), got "
-                             f"head_dim {q.shape[-1]} (shape {tuple(q.shape)})")
+        self._check_span(q)
         # Keywords only where not the schema's default: torch parses them slowly.
         kw = {}
         if pos != filled:  # rows go at length() .. even when the rotation is elsewhere
@@ -440,6 +430,8 @@ class RotaryEmbedding(nn.Module):
             kw["kv_layout"] = cache.layout
         if kc.dtype == _FP8:
             kw["k_scale"], kw["v_scale"] = bufs["k_scale"], bufs["v_scale"]
+        if self.rotary_offset:
+            kw["rotary_offset"] = self.rotary_offset
 
         def op(fresh):
             freqs, inv_freq = (self._buffers["freqs"], self._buffers["inv_freq"]) if fresh is None else fresh
@@ -459,6 +451,16 @@ class RotaryEmbedding(nn.Module):
         advance(seq)
         keys, values = cache.keys_values(q.dtype)
         return q, keys, values
+
+    def _check_span(self, q):
+        """head_dim of a 4-D q holds the rotated span (the C++ module's words)."""
+        if q.shape[-1] < self.rotary_offset + self.dim:
+            need = (f"rotary_offset + dim = {self.rotary_offset + self.dim} (the rotated span)" if self.rotary_offset
+                    else "dim (the rotated width)")
+            raise ValueError(
+                f"RotaryEmbedding(dim={self.dim}): head_dim must be >= {need}, got head_dim {q.shape[-1]} "
+                f"(shape {tuple(q.shape)})"
+            )
 
     def _rotate(self, q, k, start_pos, offsets, position_ids, freqs, inv_freq, layout="BHSD"):
         # inv_freq lets positions past the cached rows be computed exactly;

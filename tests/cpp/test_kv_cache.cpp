@@ -146,6 +146,46 @@ TEST(KVCache, SameBitsAsUnfusedAndCloseToReference) {
   }
 }
 
+// inverse and rotary_offset through the C++ entry point: dims [4, 12) of
+// each head rotate (an 8-dim table), the rest pass through, and the cache
+// gets the whole rotated head. Bits of the unfused sequence, the float64
+// reference on the span and the untouched dims around it.
+TEST(KVCache, InverseAndRotaryOffset) {
+  const at::Tensor table = rotary::rope_freqs(8, 32);
+  for (const auto& layout : kLayouts) {
+    for (const bool interleaved : {true, false}) {
+      const std::string what = layout + (interleaved ? " interleaved" : " half");
+      Inputs fused = make(at::kFloat, layout, 16, at::kFloat, 11);
+      fused.freqs = table;
+      Inputs ref = clone(fused);
+      const at::Tensor k_in = fused.k.clone();
+      const auto slots = paged(layout) ? std::optional<at::Tensor>(fused.slots) : std::nullopt;
+      rotary::apply_rope_with_kv_cache_(
+          fused.q, fused.k, fused.v, fused.kc, fused.vc, fused.freqs, 4, interleaved, std::nullopt, std::nullopt,
+          std::nullopt, std::nullopt, "BHSD", std::nullopt, slots, layout, std::nullopt, std::nullopt,
+          /*inverse=*/true, /*rotary_offset=*/4);
+      rotary::apply_rope_qk_(ref.q, ref.k, ref.freqs, 4, interleaved, std::nullopt, std::nullopt, true, std::nullopt,
+                             std::nullopt, "BHSD", 4);
+      for (int64_t b = 0; b < 2; ++b) {
+        for (int64_t s = 0; s < 3; ++s) {
+          int64_t o = 0, i = 0;
+          if (!row_of(ref, layout, 16, 4, b, s, o, i)) continue;
+          view_of(ref.kc, layout).select(0, o).select(1, i).copy_(ref.k.select(0, b).select(1, s));
+          view_of(ref.vc, layout).select(0, o).select(1, i).copy_(ref.v.select(0, b).select(1, s));
+        }
+      }
+      expect_same_bits(fused.q, ref.q, what + " q");
+      expect_same_bits(fused.k, ref.k, what + " k");
+      expect_same_bits(fused.kc, ref.kc, what + " k_cache");
+      expect_same_bits(fused.vc, ref.vc, what + " v_cache");
+      const at::Tensor span = ref_rope(k_in.narrow(3, 4, 8), 4, interleaved, std::nullopt, /*inverse=*/true);
+      EXPECT_TRUE(AllClose(fused.k.narrow(3, 4, 8), span, tolerance_for(at::kFloat))) << what;
+      expect_same_bits(fused.k.narrow(3, 0, 4), k_in.narrow(3, 0, 4), what + " dims before the span");
+      expect_same_bits(fused.k.narrow(3, 12, 4), k_in.narrow(3, 12, 4), what + " dims after the span");
+    }
+  }
+}
+
 // x / scale in float32 (float64 for double), clamped, then torch's own
 // float -> float8_e4m3fn conversion.
 at::Tensor quantize(const at::Tensor& x, const at::Tensor& scale) {

@@ -291,13 +291,14 @@ def test_cpp_module_forward_with_cache(layout, dtype):
     assert cache.length == 3
 
 
-def test_cpp_module_forward_with_cache_refuses_a_rotary_offset():
+def test_cpp_module_forward_with_cache_refuses_a_span_past_head_dim():
+    # A rotary_offset is served (test_kv_cache_features.py); a span past head_dim is not.
     from rope_testing import randn
 
-    rope = rotary.CppRotaryEmbedding(16, 64, rotary_offset=8)
+    rope = rotary.CppRotaryEmbedding(16, 64, rotary_offset=24)
     cache = rotary.KVCache(1, 1, 8, 32)
     q, k, v = (randn((1, h, 2, 32), torch.float32, 20 + h) for h in (2, 1, 1))
     before = [t.clone() for t in (q, k, *cache.buffers())]
-    with pytest.raises(ValueError, match=r"forward_with_cache: rotary_offset must be 0 .* got 8"):
+    with pytest.raises(ValueError, match=r"head_dim must be >= rotary_offset \+ dim = 40 .*got head_dim 32"):
         rope.forward_with_cache(q, k, v, cache)
     assert cache.length == 0 and all(torch.equal(a, b) for a, b in zip((q, k, *cache.buffers()), before))

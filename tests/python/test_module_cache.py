@@ -149,8 +149,8 @@ def refusal_cases():
                                r"apply_rope_with_kv_cache_: v must have the shape of k"),
         "fp32 angles past the table": (dict(max_seq_len=3, angle_dtype="float32"), lambda: ((q, k, v), {}),
                                        IndexError, r"start_pos \+ seq_len = 2 \+ 2 = 4 exceeds max_seq_len 3"),
-        "rotary_offset": (dict(dim=16, rotary_offset=8), lambda: ((q, k, v), {}), ValueError,
-                          r"forward_with_cache: rotary_offset must be 0 .* got 8"),
+        "span past head_dim": (dict(dim=16, rotary_offset=24), lambda: ((q, k, v), {}), ValueError,
+                               r"head_dim must be >= rotary_offset \+ dim = 40 .*got head_dim 32"),
     }
 
 
