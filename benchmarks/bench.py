@@ -18,11 +18,12 @@ pass per --threads count):
   add          torch.add(q, q) + torch.add(k, k), decode only: the dispatcher floor
   ours_        torch.ops.rotary.apply_rope_qk_ (in place, no output allocation)
 
-Allocator: by default the process keeps glibc's defaults, as a user's does:
-blocks over 32 MiB come straight from the kernel on every call and page-fault
-in again, in every peer that allocates its output (clone included).
---reuse-heap turns glibc's mmap off (mallopt) so freed blocks are reused and
-no timed call page-faults: that isolates the kernels from the allocator.
+Allocator: by default the process keeps glibc's defaults, as a user's does.
+--heap fresh and --heap reuse (benchmarks/protocol.py) pin the two regimes
+those defaults mix: every large output on fresh pages (page faults on every
+call, in every peer that allocates, clone included), or on reused, mapped
+pages. Report both: a ratio taken under the defaults depends on which regime
+each peer's blocks happened to land in.
 
 On the GPU (run_cuda), each large case runs in the Hugging Face layout and
 contiguous BHSD, both pairings, out of place (the module call) and in place,
@@ -31,13 +32,12 @@ timed against one torch.add launch, with the module's host overhead.
 
 Usage:  PYTHONPATH=python python benchmarks/bench.py [--device cpu|cuda|all]
         [--dtype fp32,bf16] [--cuda-dtype bf16,fp16,fp32] [--threads 1,2] [--repeat N] [--quick]
-        [--reuse-heap] [--markdown PATH] [--png PATH] [--max-load 0.5] [--allow-load] [--wait-load S]
+        [--heap default|fresh|reuse] [--markdown PATH] [--png PATH] [--max-load 0.5] [--allow-load] [--wait-load S]
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import dataclasses
 import os
 import platform
@@ -86,18 +86,6 @@ QUICK_CASE = Case("quick", (1, 4, 64, 64), (1, 2, 64, 64))
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def reuse_heap_blocks() -> str:
-    """Keep freed blocks in glibc's heap (no mmap, no trim), so that repeated
-    allocations of the same size never page-fault. Returns a note for the header."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
-        ok = libc.mallopt(M_MMAP_MAX, 0) == 1 and libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1) == 1
-    except Exception:
-        ok = False
-    return "glibc, mmap off and no trim (freed blocks reused)" if ok else "default (mallopt unavailable)"
 
 
 # --------------------------------------------------------------------------
@@ -339,7 +327,7 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def header(devices: Sequence[str], allocator: str, guard: LoadGuard) -> str:
+def header(devices: Sequence[str], guard: LoadGuard) -> str:
     lines = [
         "## rotary benchmark",
         "",
@@ -348,7 +336,6 @@ def header(devices: Sequence[str], allocator: str, guard: LoadGuard) -> str:
         f"- torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()},"
         f" default threads {torch.get_num_threads()}",
     ]
-    lines.append(f"- allocator: {allocator}")
     lines.append(f"- {guard.header()}")
     if "cuda" in devices:
         p = torch.cuda.get_device_properties(0)
@@ -610,13 +597,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true",
                    help="one tiny CPU case, few rounds, no torch.compile: a smoke run for CI")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peers")
-    p.add_argument("--reuse-heap", action="store_true",
-                   help="turn glibc's mmap off (mallopt) so large blocks are reused and never page-fault; "
-                   "default: glibc's defaults, as in a user's process")
+    p.add_argument("--reuse-heap", action="store_true", help="deprecated: --heap reuse")
     p.add_argument("--markdown", metavar="PATH", help="also write the tables to PATH")
     p.add_argument("--png", metavar="PATH", help="bar chart of time/clone per peer (needs matplotlib)")
     add_protocol_args(p)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.reuse_heap:
+        args.heap = "reuse"
+    return args
 
 
 def run(args: argparse.Namespace) -> List[Result]:
@@ -638,9 +626,8 @@ def run(args: argparse.Namespace) -> List[Result]:
             raise SystemExit("--device cuda: torch.cuda.is_available() is False")
     compile_refs = not (args.no_compile or args.quick)
 
-    allocator = reuse_heap_blocks() if args.reuse_heap else "glibc defaults (large blocks mmap'ed per call)"
     results: List[Result] = []
-    out_text = [header(devices, allocator, guard)]
+    out_text = [header(devices, guard)]
     print(out_text[0], flush=True)
 
     def emit(res: Result) -> None:

@@ -13,12 +13,19 @@ flatters the single-threaded side. Hence:
   medians per variant, ratios of medians;
 - CPU time / wall of each variant (process CPU time covers all its threads):
   ~1.0 means one thread was busy, ~2.0 two;
-- every pass runs at each of --threads (default 1 and 2).
+- every pass runs at each of --threads (default 1 and 2);
+- --heap pins where a large output's pages come from: 'fresh' (every block
+  of 1 MiB or more is mapped anew per call, so every call pays its page
+  faults) or 'reuse' (freed blocks stay in the heap: pages mapped and often
+  cached). Under glibc's defaults ('default') a block's fate depends on the
+  sizes freed before it (the mmap threshold moves), so ours and a peer can
+  land in different regimes in the same round; the pinned ones cannot.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import math
 import os
@@ -45,6 +52,36 @@ def add_protocol_args(p: argparse.ArgumentParser, threads: str = "1,2") -> None:
     g.add_argument("--wait-load", type=float, default=0.0, metavar="S",
                    help="first wait up to S seconds for the load to fall to --max-load")
     g.add_argument("--seed", type=int, default=0, help="seed of the per-round shuffle (default 0)")
+    g.add_argument("--heap", choices=sorted(HEAP_REGIMES), default="default",
+                   help="where large outputs' pages come from: default (glibc's own rules), fresh (mapped anew "
+                   "per call: page faults every call), reuse (freed blocks kept: mapped, often cached)")
+
+
+# glibc mallopt parameters.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -3, -4
+HEAP_REGIMES = {
+    "default": "glibc defaults (a block over the moving mmap threshold, 32 MiB at most, is mapped anew per call)",
+    "fresh": "glibc, mmap threshold pinned at 1 MiB (every large block mapped anew: page faults every call)",
+    "reuse": "glibc, mmap off and no trim (freed blocks reused: pages mapped, often cached)",
+}
+
+
+def pin_heap(regime: str) -> str:
+    """Pins the heap regime (process-wide, before anything is timed); returns
+    the line for a table header."""
+    if regime == "default":
+        return HEAP_REGIMES[regime]
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        if regime == "fresh":
+            ok = libc.mallopt(_M_MMAP_THRESHOLD, 1 << 20) == 1  # a set threshold no longer moves
+        else:
+            ok = libc.mallopt(_M_MMAP_MAX, 0) == 1 and libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) == 1
+    except OSError:
+        ok = False
+    if not ok:
+        raise SystemExit(f"--heap {regime}: glibc's mallopt is not available here; use --heap default")
+    return HEAP_REGIMES[regime]
 
 
 def _own_cpu_s() -> float:
@@ -59,6 +96,7 @@ class LoadGuard:
         self.before = os.getloadavg()
         self.after: Optional[Sequence[float]] = None
         self.t0, self.cpu0 = time.perf_counter(), _own_cpu_s()
+        self.heap = HEAP_REGIMES["default"]
 
     @property
     def loaded(self) -> bool:
@@ -73,7 +111,8 @@ class LoadGuard:
     def header(self) -> str:
         state = (f"> --max-load {self.max_load:.2f}: not a quiet machine, ratios marked '*', allowed by "
                  f"{self.allowed_by}" if self.loaded else f"<= --max-load {self.max_load:.2f}: quiet")
-        return f"load average before: {_fmt(self.before)} ({os.cpu_count()} CPUs; 1-min {self.before[0]:.2f} {state})"
+        return (f"load average before: {_fmt(self.before)} ({os.cpu_count()} CPUs; 1-min {self.before[0]:.2f}"
+                f" {state}); heap: {self.heap}")
 
     def finish(self) -> str:
         """Footer: the load after, against what this run's own threads account for."""
@@ -106,6 +145,7 @@ def check_load(args: argparse.Namespace) -> LoadGuard:
         time.sleep(min(10.0, max(0.0, deadline - time.monotonic())))
     by = "--allow-load" if args.allow_load else ("--quick" if getattr(args, "quick", False) else "")
     guard = LoadGuard(args.max_load, by)
+    guard.heap = pin_heap(getattr(args, "heap", "default"))
     if guard.loaded and not by:  # exit status 3: refused, nothing timed
         print(
             f"refused: 1-min load average {guard.before[0]:.2f} > --max-load {args.max_load:.2f}. On a busy machine "
