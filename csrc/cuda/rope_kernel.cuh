@@ -4,10 +4,13 @@
 //
 // Work split: a token row (b, s) is owned by `lanes` threads of one block,
 // which rotate every q and k head of it. A thread holds one pair group
-// (16 bytes of pairs) and walks kHeads heads at a time: cos/sin read once per
-// (row, group), all kHeads loads issued before any store (in and out may
-// alias, so the compiler cannot reorder them itself). Blocks hold whole rows
-// and grid-stride over rows; the launch sizes the grid to resident blocks.
+// (16 bytes of pairs) and walks kHeads heads at a time: the first heads'
+// loads go out before the cos/sin read (one memory round trip per row), cos
+// and sin are read once per (row, group), and all kHeads loads are issued
+// before any store (in and out may alias, so the compiler cannot reorder
+// them itself). q and k stream through the caches, the table is kept in L2.
+// Blocks hold whole rows and grid-stride over rows; the launch sizes the
+// grid to resident blocks. tests/sass/contract.py checks the result in SASS.
 #pragma once
 
 #include "../rope_params.h"
@@ -32,12 +35,14 @@ struct Tile {
   static constexpr int kHeads = !kVectorized ? 4 : (kInterleaved ? 8 : 4);
 };
 
-// Plain stores; the host-emulation test swaps in one that counts writes.
+// The kernel's stores (16-byte vectors stream); the host-emulation test swaps
+// in one that counts writes.
 struct DirectStore {
   template <typename V>
   ROTARY_HOST_DEVICE static void put(V* at, const V& v) {
     *at = v;
   }
+  ROTARY_HOST_DEVICE static void put(Vector* at, const Vector& v) { store_stream(at, v); }
 };
 
 // Launch shape, computed once on the host. Threads of a row: `group_threads`
@@ -126,7 +131,7 @@ ROTARY_HOST_DEVICE void load_rotations(
       const float4* f = reinterpret_cast<const float4*>(p.freqs + 2 * (pos * p.freqs_stride_pos + j0));
 #pragma unroll
       for (int j = 0; j < kPairs / 2; ++j) {
-        const float4 e = f[j];
+        const float4 e = load_table(f + j);
         c[2 * j] = static_cast<acc_t>(e.x);
         s[2 * j] = static_cast<acc_t>(p.inverse ? -e.y : e.y);
         c[2 * j + 1] = static_cast<acc_t>(e.z);
@@ -175,86 +180,84 @@ struct RowPointers {
   ROTARY_HOST_DEVICE Index dst_elem(Index h) const { return h < q_heads ? out_elem[0] : out_elem[1]; }
 };
 
-// Rotates pair group j0 of heads h0, h0 + step, ... (up to kHeads of them,
-// below `heads`): every load first, then the math and every store. The
-// rotated span starts at element `off` of each head (rotary_offset).
+// The operands of one pair group of up to kHeads heads, as loaded: a vector
+// (interleaved) or a vector from each half (half split), or one pair.
+template <typename T, bool kInterleaved, bool kVectorized>
+struct HeadLoads {
+  using Elem = std::conditional_t<kVectorized, Vector, T>;
+  static constexpr int kSlots = kVectorized && kInterleaved ? 1 : 2;
+  Elem x[Tile<T, kInterleaved, kVectorized>::kHeads][kSlots];
+};
+
+// Loads pair group (a0, a1) of heads h0, h0 + step, ... below `heads`; a0 and
+// a1 are the element offsets of its first and second members.
+template <typename T, bool kInterleaved, bool kVectorized, typename Index>
+ROTARY_HOST_DEVICE void load_heads(
+    const RowPointers<T, Index>& row, Index h0, Index step, Index heads, Index a0, Index a1,
+    HeadLoads<T, kInterleaved, kVectorized>& l) {
+#pragma unroll
+  for (int i = 0; i < Tile<T, kInterleaved, kVectorized>::kHeads; ++i) {
+    const Index h = h0 + i * step;
+    if (h < heads) {
+      const T* src = row.src(h);
+      if constexpr (kVectorized) {
+        l.x[i][0] = load_stream(reinterpret_cast<const Vector*>(src + a0));
+        if constexpr (!kInterleaved) l.x[i][1] = load_stream(reinterpret_cast<const Vector*>(src + a1));
+      } else {
+        const Index e = row.src_elem(h);
+        l.x[i][0] = src[a0 * e];
+        l.x[i][1] = src[a1 * e];
+      }
+    }
+  }
+}
+
+// Rotates what load_heads loaded and stores it: every load of the group was
+// issued before the first store (in and out may alias, so the compiler could
+// not reorder them itself).
 template <typename T, bool kInterleaved, bool kVectorized, typename Index, typename Store>
-ROTARY_HOST_DEVICE void rotate_heads(
-    const RowPointers<T, Index>& row, Index h0, Index step, Index heads, Index j0, Index half, Index off,
+ROTARY_HOST_DEVICE void rotate_store(
+    const RowPointers<T, Index>& row, Index h0, Index step, Index heads, Index a0, Index a1,
+    const HeadLoads<T, kInterleaved, kVectorized>& l,
     const typename Acc<T>::type (&c)[Tile<T, kInterleaved, kVectorized>::kPairs],
     const typename Acc<T>::type (&sn)[Tile<T, kInterleaved, kVectorized>::kPairs]) {
   using acc_t = typename Acc<T>::type;
-  using V = Vector;
   constexpr int kPairs = Tile<T, kInterleaved, kVectorized>::kPairs;
-  constexpr int kHeads = Tile<T, kInterleaved, kVectorized>::kHeads;
-  // Operand offsets (elements) of the tile: first and second member.
-  const Index a0 = off + (kInterleaved ? 2 * j0 : j0);
-  const Index a1 = off + (kInterleaved ? 2 * j0 + 1 : j0 + half);
-  if constexpr (kVectorized) {
-    constexpr int kLoads = kInterleaved ? 1 : 2;
-    V x[kHeads][kLoads];
 #pragma unroll
-    for (int i = 0; i < kHeads; ++i) {
-      const Index h = h0 + i * step;
-      if (h < heads) {
-        const T* src = row.src(h);
-        x[i][0] = *reinterpret_cast<const V*>(src + a0);
-        if constexpr (!kInterleaved) x[i][1] = *reinterpret_cast<const V*>(src + a1);
+  for (int i = 0; i < Tile<T, kInterleaved, kVectorized>::kHeads; ++i) {
+    const Index h = h0 + i * step;
+    if (h >= heads) continue;
+    T* dst = row.dst(h);
+    if constexpr (kVectorized && kInterleaved) {  // pair j is elements (2j, 2j+1) of the vector
+      Vector y;
+#pragma unroll
+      for (int j = 0; j < kPairs; ++j) {
+        acc_t x0, x1, y0, y1;
+        Pairs<T>::get(l.x[i][0], j, x0, x1);
+        rotate_pair<acc_t>(x0, x1, c[j], sn[j], y0, y1);
+        Pairs<T>::put(y, j, y0, y1);
       }
-    }
+      Store::put(reinterpret_cast<Vector*>(dst + a0), y);
+    } else if constexpr (kVectorized) {  // pair j is element j of the low and of the high vector
+      Vector ylo, yhi;
 #pragma unroll
-    for (int i = 0; i < kHeads; ++i) {
-      const Index h = h0 + i * step;
-      if (h < heads) {
-        V y[kLoads];
-        if constexpr (kInterleaved) {  // pair j is elements (2j, 2j+1) of x
-#pragma unroll
-          for (int j = 0; j < kPairs; ++j) {
-            acc_t x0, x1, y0, y1;
-            Pairs<T>::get(x[i][0], j, x0, x1);
-            rotate_pair<acc_t>(x0, x1, c[j], sn[j], y0, y1);
-            Pairs<T>::put(y[0], j, y0, y1);
-          }
-        } else {  // pair j is element j of the low and of the high vector
-#pragma unroll
-          for (int j = 0; j < kPairs; j += 2) {
-            acc_t lo0, lo1, hi0, hi1, ylo0, ylo1, yhi0, yhi1;
-            Pairs<T>::get(x[i][0], j / 2, lo0, lo1);
-            Pairs<T>::get(x[i][1], j / 2, hi0, hi1);
-            rotate_pair<acc_t>(lo0, hi0, c[j], sn[j], ylo0, yhi0);
-            rotate_pair<acc_t>(lo1, hi1, c[j + 1], sn[j + 1], ylo1, yhi1);
-            Pairs<T>::put(y[0], j / 2, ylo0, ylo1);
-            Pairs<T>::put(y[kLoads - 1], j / 2, yhi0, yhi1);
-          }
-        }
-        T* dst = row.dst(h);
-        Store::put(reinterpret_cast<V*>(dst + a0), y[0]);
-        if constexpr (!kInterleaved) Store::put(reinterpret_cast<V*>(dst + a1), y[kLoads - 1]);
+      for (int j = 0; j < kPairs; j += 2) {
+        acc_t lo0, lo1, hi0, hi1, ylo0, ylo1, yhi0, yhi1;
+        Pairs<T>::get(l.x[i][0], j / 2, lo0, lo1);
+        Pairs<T>::get(l.x[i][1], j / 2, hi0, hi1);
+        rotate_pair<acc_t>(lo0, hi0, c[j], sn[j], ylo0, yhi0);
+        rotate_pair<acc_t>(lo1, hi1, c[j + 1], sn[j + 1], ylo1, yhi1);
+        Pairs<T>::put(ylo, j / 2, ylo0, ylo1);
+        Pairs<T>::put(yhi, j / 2, yhi0, yhi1);
       }
-    }
-  } else {
-    T x0[kHeads], x1[kHeads];
-#pragma unroll
-    for (int i = 0; i < kHeads; ++i) {
-      const Index h = h0 + i * step;
-      if (h < heads) {
-        const T* src = row.src(h);
-        const Index e = row.src_elem(h);
-        x0[i] = src[a0 * e];
-        x1[i] = src[a1 * e];
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kHeads; ++i) {
-      const Index h = h0 + i * step;
-      if (h < heads) {
-        acc_t y0, y1;
-        rotate_pair<acc_t>(to_acc(x0[i]), to_acc(x1[i]), c[0], sn[0], y0, y1);
-        T* dst = row.dst(h);
-        const Index e = row.dst_elem(h);
-        Store::put(dst + a0 * e, from_acc<T>(y0));
-        Store::put(dst + a1 * e, from_acc<T>(y1));
-      }
+      Store::put(reinterpret_cast<Vector*>(dst + a0), ylo);
+      Store::put(reinterpret_cast<Vector*>(dst + a1), yhi);
+    } else {
+      acc_t y0, y1;
+      rotate_pair<acc_t>(to_acc(l.x[i][0]), to_acc(l.x[i][1]), c[0], sn[0], y0, y1);
+      const Index e = row.dst_elem(h);
+      Store::put(dst + a0 * e, from_acc<T>(y0));
+      Store::put(dst + a1 * e, from_acc<T>(y1));
     }
   }
 }
@@ -268,7 +271,12 @@ ROTARY_HOST_DEVICE void copy_heads(const RowPointers<T, Index>& row, Index h0, I
 #pragma unroll
   for (int i = 0; i < kHeads; ++i) {
     const Index h = h0 + i * step;
-    if (h < heads) x[i] = *reinterpret_cast<const Chunk*>(row.src(h) + (kVectorized ? at : at * row.src_elem(h)));
+    if (h >= heads) continue;
+    if constexpr (kVectorized) {
+      x[i] = load_stream(reinterpret_cast<const Vector*>(row.src(h) + at));
+    } else {
+      x[i] = row.src(h)[at * row.src_elem(h)];
+    }
   }
 #pragma unroll
   for (int i = 0; i < kHeads; ++i) {
@@ -307,13 +315,24 @@ ROTARY_HOST_DEVICE void rope_thread(const RopeParams& p, const Grid& g, int64_t 
 #pragma unroll 1
     for (int32_t group = group0; group < g.groups; group += g.group_threads) {
       if (group < g.rotary_groups) {
-        // cos/sin read once per (row, pair group) and used for every head.
+        if (chunk >= heads) continue;
         const Index j0 = static_cast<Index>(group) * TileT::kPairs;
+        const Index a0 = off + (kInterleaved ? 2 * j0 : j0);
+        const Index a1 = off + (kInterleaved ? 2 * j0 + 1 : j0 + half);
+        // The first heads' loads go out before the table read: a row costs
+        // one memory round trip, not two. cos/sin are read once per (row,
+        // pair group) and used for every head.
+        HeadLoads<T, kInterleaved, kVectorized> l;
+        Index h0 = chunk;
+        load_heads<T, kInterleaved, kVectorized, Index>(row, h0, chunks, heads, a0, a1, l);
         acc_t c[TileT::kPairs], sn[TileT::kPairs];
         load_rotations<acc_t, TileT::kPairs>(p, g, b, s, pos, j0, c, sn);
 #pragma unroll 1
-        for (Index h0 = chunk; h0 < heads; h0 += TileT::kHeads * chunks) {
-          rotate_heads<T, kInterleaved, kVectorized, Index, Store>(row, h0, chunks, heads, j0, half, off, c, sn);
+        for (;;) {
+          rotate_store<T, kInterleaved, kVectorized, Index, Store>(row, h0, chunks, heads, a0, a1, l, c, sn);
+          h0 += TileT::kHeads * chunks;
+          if (h0 >= heads) break;
+          load_heads<T, kInterleaved, kVectorized, Index>(row, h0, chunks, heads, a0, a1, l);
         }
       } else {
         // Pass-through dims: [0, off), then [off + rotary_dim, head_dim).
@@ -351,8 +370,10 @@ inline bool can_vectorize(const RopeParams& p) {
 #if defined(__CUDACC__)
 // __grid_constant__: p.pair_axis[j] is indexed at run time; it is read from
 // the parameter space instead of copying the struct to local memory.
-// Two resident blocks per SM caps registers at 128: the vector paths keep
-// 128 bytes of loads in flight per thread without spilling (ptxas -v).
+// Two resident blocks per SM cap registers at 128: the vector paths keep
+// 128 bytes of loads in flight per thread without spilling. At three (80
+// registers) they spill to local memory; the SASS contract
+// (tests/sass/contract.py) checks both.
 constexpr int kMinBlocks = 2;
 
 template <typename T, bool kInterleaved, bool kVectorized, typename Index>

@@ -73,6 +73,44 @@ ROTARY_HOST_DEVICE uint32_t pack_word(P pair) {
   return w;
 }
 
+// Global accesses with a cache policy (plain accesses on the host, where the
+// emulation runs the same body). q and k are touched once: their 16-byte
+// loads and stores stream (ld/st.global.cs, evict first). Every row reads the
+// same table rows: their loads ask L2 to keep them (evict last, sm_80+).
+ROTARY_HOST_DEVICE Vector load_stream(const Vector* p) {
+#if defined(__CUDA_ARCH__)
+  const uint4 u = __ldcs(reinterpret_cast<const uint4*>(p));
+  Vector v;
+  v.w[0] = u.x;
+  v.w[1] = u.y;
+  v.w[2] = u.z;
+  v.w[3] = u.w;
+  return v;
+#else
+  return *p;
+#endif
+}
+ROTARY_HOST_DEVICE void store_stream(Vector* p, const Vector& v) {
+#if defined(__CUDA_ARCH__)
+  __stcs(reinterpret_cast<uint4*>(p), make_uint4(v.w[0], v.w[1], v.w[2], v.w[3]));
+#else
+  *p = v;
+#endif
+}
+ROTARY_HOST_DEVICE float4 load_table(const float4* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  float4 v;
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  asm("ld.global.nc.L2::cache_hint.v4.f32 {%0, %1, %2, %3}, [%4], %5;"
+      : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+      : "l"(p), "l"(policy));
+  return v;
+#else
+  return *p;
+#endif
+}
+
 // Elements 2k and 2k+1 of a vector, read and written in the accumulate type.
 template <typename T>
 struct Pairs;

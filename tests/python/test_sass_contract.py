@@ -1,0 +1,95 @@
+"""The SASS contract (tests/sass/contract.py) on the sm_90 cubin of the built
+library, and on small listings made to break each rule, so that each rule
+is seen to fail. No GPU needed: cuobjdump reads the cubin."""
+
+import importlib.util
+import os
+import sys
+
+import pytest
+import torch
+
+import rotary
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+_spec = importlib.util.spec_from_file_location("sass_contract", os.path.join(HERE, "..", "sass", "contract.py"))
+contract = importlib.util.module_from_spec(_spec)
+sys.modules["sass_contract"] = contract  # dataclasses look their module up
+_spec.loader.exec_module(contract)
+
+BUILT_WITH_CUDA = torch._C._dispatch_has_kernel_for_dispatch_key("rotary::apply_rope", "CUDA")
+HOT = "_ZN6rotary6kernel11rope_kernelI13__nv_bfloat16Lb1ELb1EiEEvNS0_10RopeParamsENS0_4GridE"
+STRIDED = "_ZN6rotary6kernel11rope_kernelIfLb0ELb0ElEEvNS0_10RopeParamsENS0_4GridE"
+
+
+def listing(name, *instrs):
+    """A cuobjdump -sass listing of one function; instrs are SASS texts."""
+    body = "\n".join(f"        /*{16 * i:04x}*/                   {t} ;" for i, t in enumerate(instrs))
+    return f"\n\tcode for sm_90\n\t\tFunction : {name}\n{body}\n"
+
+
+def res(name, regs):
+    return f" Function {name}:\n  REG:{regs} STACK:40 SHARED:0 LOCAL:0\n"
+
+
+GOOD = [
+    "LDG.E.EF.128 R4, desc[UR4][R2.64]",
+    "LDG.E.EF.128 R8, desc[UR4][R6.64]",
+    "LDG.E.128.CONSTANT R12, desc[UR6][R10.64]",  # the table, after the data
+    "FMUL R4, R4, R12",
+    "STG.E.EF.128 desc[UR4][R2.64], R4",
+    "STG.E.EF.128 desc[UR4][R6.64], R8",
+    "EXIT",
+]
+
+
+def violations(sass, regs=80):
+    n, bad = contract.check(sass, res(HOT, regs))
+    assert n == 1
+    return bad
+
+
+def test_a_compliant_listing_passes():
+    assert violations(listing(HOT, *GOOD)) == []
+
+
+@pytest.mark.parametrize("case,edit,expect", [
+    ("narrow store", lambda g: g[:4] + ["STG.E desc[UR4][R2.64], R4"] + g[5:], "a store narrower than 128 bits"),
+    ("narrow data load", lambda g: ["LDG.E.EF.64 R4, desc[UR4][R2.64]"] + g[1:], "a data load narrower than 128"),
+    ("table first", lambda g: [g[2], g[0], g[1]] + g[3:], "not preceded by a data load"),
+    ("table after a store", lambda g: g[:2] + [g[4], g[2], g[3]] + g[5:], "not preceded by a data load"),
+    ("no streaming", lambda g: [t.replace(".EF", "") for t in g], "no streaming (.EF) data load"),
+    ("local memory", lambda g: ["STL.64 [R1], R4"] + g, "local memory outside the slow path"),
+])
+def test_each_rule_can_fail(case, edit, expect):
+    bad = violations(listing(HOT, *edit(list(GOOD))))
+    assert any(expect in b for b in bad), (case, bad)
+
+
+def test_registers_for_the_resident_blocks():
+    assert violations(listing(HOT, *GOOD), regs=128) == []
+    bad = violations(listing(HOT, *GOOD), regs=136)
+    assert bad == ["rope_kernel<bf16, interleaved, vector, int32>: 136 registers leave 1 resident blocks of 256 "
+                   "threads per SM, fewer than 2"]
+    n, bad = contract.check(listing(HOT, *GOOD), res(HOT, 88), min_blocks=3)
+    assert bad == ["rope_kernel<bf16, interleaved, vector, int32>: 88 registers leave 2 resident blocks of 256 "
+                   "threads per SM, fewer than 3"]
+    assert contract.resident_blocks(118, 256) == 2 and contract.resident_blocks(80, 256) == 3
+    assert contract.resident_blocks(64, 256) == 4
+
+
+def test_local_memory_in_a_called_slow_path_is_allowed():
+    sass = listing(STRIDED, "LDG.E R4, desc[UR4][R2.64]", "CALL.REL.NOINC 0x0040", "STG.E desc[UR4][R2.64], R4",
+                   "EXIT", "STL.64 [R1], R4", "LDL.64 R4, [R1]", "RET.REL.NODEC R20 0x0")
+    n, bad = contract.check(sass, res(STRIDED, 40))
+    assert n == 1 and bad == []  # strided kernels may store element by element
+
+
+@pytest.mark.skipif(not BUILT_WITH_CUDA, reason="rotary was built without CUDA: no cubin to read")
+def test_the_built_kernels_keep_the_contract():
+    tool = contract.find_cuobjdump()
+    assert tool, "no cuobjdump (the CUDA toolkit's, or the one in triton's wheel)"
+    sass, usage = contract.dump(rotary.library_path(), tool)
+    n, bad = contract.check(sass, usage)
+    assert n == 32, f"{n} rope_kernel instantiations in the sm_90 cubin, expected 32"
+    assert not bad, "\n".join(bad)

@@ -1,0 +1,175 @@
+"""The SASS contract of the CUDA RoPE kernel, read from the sm_90 cubin with
+cuobjdump (no GPU needed).
+
+For every instantiation of rotary::kernel::rope_kernel:
+- no local memory (LDL / STL) outside the subroutines it calls (the cold
+  float64 sin/cos slow path that on-the-fly rows reach);
+- registers leave room for at least --min-blocks resident blocks of
+  --block-threads threads per SM (2 of 256: the kernel's launch bounds; at
+  3, 80 registers, today's vector paths spill);
+and for every vectorized one:
+- q and k data move only as 128-bit accesses: every global store is 128-bit,
+  and so is every streaming (.EF) load, of which there is at least one;
+- the data loads of a row go out before its table read: walking back from
+  each 128-bit table load (no .EF), a streaming data load comes before any
+  store or the kernel's start.
+
+Usage: python tests/sass/contract.py OBJECT [--cuobjdump PATH]; exit status 1
+on a violation, each printed. tests/python/test_sass_contract.py runs it on
+the build's object and on listings made to break each rule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+KERNEL = re.compile(r"rope_kernelI(?P<T>13__nv_bfloat16|6__half|f|d)Lb(?P<il>[01])ELb(?P<vec>[01])E(?P<idx>[il])E")
+TYPES = {"13__nv_bfloat16": "bf16", "6__half": "fp16", "f": "fp32", "d": "fp64"}
+INSTR = re.compile(r"/\*(?P<addr>[0-9a-f]{4,})\*/\s+(?P<text>[^;]*);")
+MEM = re.compile(r"^(?:@!?U?P\w+\s+)?(?P<op>LDG|STG|LDL|STL)(?P<mods>(?:\.[A-Z0-9_]+)*)\s")
+CALL = re.compile(r"\bCALL\.\w+(?:\.\w+)*\s+(?P<target>0x[0-9a-f]+)")
+REG = re.compile(r"Function (?P<name>\S+):\s*\n\s*REG:(?P<regs>\d+)")
+
+# sm_90: 64K registers and 64 warps per SM, registers allocated per warp in
+# units of 256 (8 per thread).
+SM_REGS, SM_WARPS, WARP_UNIT = 65536, 64, 256
+
+
+@dataclass
+class Kernel:
+    name: str
+    instrs: List[Tuple[int, str]]
+    regs: Optional[int] = None
+
+    @property
+    def label(self) -> str:
+        m = KERNEL.search(self.name)
+        if not m:
+            return self.name
+        return (f"rope_kernel<{TYPES[m['T']]}, {'interleaved' if m['il'] == '1' else 'half'}, "
+                f"{'vector' if m['vec'] == '1' else 'strided'}, {'int32' if m['idx'] == 'i' else 'int64'}>")
+
+    @property
+    def vectorized(self) -> bool:
+        m = KERNEL.search(self.name)
+        return bool(m) and m["vec"] == "1"
+
+
+def parse_sass(text: str) -> Dict[str, Kernel]:
+    kernels: Dict[str, Kernel] = {}
+    for part in re.split(r"\n\s*Function : ", text)[1:]:
+        name = part.split("\n", 1)[0].strip()
+        instrs = [(int(m["addr"], 16), " ".join(m["text"].split())) for m in INSTR.finditer(part)]
+        kernels[name] = Kernel(name, instrs)
+    return kernels
+
+
+def parse_regs(text: str) -> Dict[str, int]:
+    return {m["name"]: int(m["regs"]) for m in REG.finditer(text)}
+
+
+def resident_blocks(regs: int, block_threads: int) -> int:
+    warps = (block_threads + 31) // 32
+    per_warp = -(-regs * 32 // WARP_UNIT) * WARP_UNIT
+    return min(SM_REGS // (per_warp * warps), SM_WARPS // warps)
+
+
+def check_kernel(k: Kernel, block_threads: int = 256, min_blocks: int = 2) -> List[str]:
+    bad: List[str] = []
+    targets = [int(m["target"], 16) for _, t in k.instrs for m in [CALL.search(t)] if m]
+    body_end = min(targets) if targets else float("inf")
+    body = [(a, t) for a, t in k.instrs if a < body_end]
+    mem = [(a, t, m["op"], m["mods"]) for a, t in body for m in [MEM.match(t)] if m]
+    for a, t, op, _ in mem:
+        if op in ("LDL", "STL"):
+            bad.append(f"{k.label}: local memory outside the slow path at 0x{a:04x}: {t}")
+    if k.regs is not None and resident_blocks(k.regs, block_threads) < min_blocks:
+        bad.append(f"{k.label}: {k.regs} registers leave {resident_blocks(k.regs, block_threads)} resident blocks of "
+                   f"{block_threads} threads per SM, fewer than {min_blocks}")
+    if not k.vectorized:
+        return bad
+    data_loads = [(a, mods) for a, _, op, mods in mem if op == "LDG" and ".EF" in mods]
+    if not data_loads:  # then no load can be told from a table load
+        return bad + [f"{k.label}: no streaming (.EF) data load: q and k loads must stream"] + [
+            f"{k.label}: a store narrower than 128 bits at 0x{a:04x}: {t}"
+            for a, t, op, mods in mem if op == "STG" and ".128" not in mods]
+    for a, t, op, mods in mem:
+        if op == "STG" and ".128" not in mods:
+            bad.append(f"{k.label}: a store narrower than 128 bits at 0x{a:04x}: {t}")
+        if op == "LDG" and ".EF" in mods and ".128" not in mods:
+            bad.append(f"{k.label}: a data load narrower than 128 bits at 0x{a:04x}: {t}")
+    for i, (a, t, op, mods) in enumerate(mem):
+        if op != "LDG" or ".EF" in mods or ".128" not in mods:
+            continue
+        before = next((m for m in reversed(mem[:i]) if m[2] == "STG" or (m[2] == "LDG" and ".EF" in m[3])), None)
+        if before is None or before[2] == "STG":
+            where = "the kernel's start" if before is None else f"the store at 0x{before[0]:04x}"
+            bad.append(f"{k.label}: the table load at 0x{a:04x} is not preceded by a data load (back to {where}): "
+                       "a row takes two dependent memory round trips")
+    return bad
+
+
+def check(sass: str, res_usage: str = "", block_threads: int = 256, min_blocks: int = 2) -> Tuple[int, List[str]]:
+    """(kernels checked, violations)."""
+    kernels = {n: k for n, k in parse_sass(sass).items() if KERNEL.search(n)}
+    regs = parse_regs(res_usage)
+    bad: List[str] = []
+    for name, k in sorted(kernels.items()):
+        k.regs = regs.get(name)
+        bad += check_kernel(k, block_threads, min_blocks)
+    if not kernels:
+        bad.append("no rope_kernel instantiation in the listing")
+    return len(kernels), bad
+
+
+def find_cuobjdump() -> Optional[str]:
+    """cuobjdump on PATH or in CUDA_HOME, else the one triton's wheel ships."""
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    for root in (os.environ.get("CUDA_HOME", "/usr/local/cuda"),):
+        path = os.path.join(root, "bin", "cuobjdump")
+        if os.path.exists(path):
+            return path
+    try:
+        import triton  # noqa: F401  (torch's CUDA wheels depend on it)
+    except ImportError:
+        return None
+    path = os.path.join(os.path.dirname(sys.modules["triton"].__file__), "backends", "nvidia", "bin", "cuobjdump")
+    return path if os.path.exists(path) else None
+
+
+def dump(obj: str, cuobjdump: str, arch: str = "sm_90") -> Tuple[str, str]:
+    run = lambda *flags: subprocess.run([cuobjdump, *flags, "-arch", arch, obj], capture_output=True, text=True,
+                                        check=True).stdout
+    return run("-sass"), run("-res-usage")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("object", help="an object or library holding the sm_90 cubin (e.g. build/.../rope_cuda.cu.o)")
+    ap.add_argument("--cuobjdump", default=None)
+    ap.add_argument("--block-threads", type=int, default=256)
+    ap.add_argument("--min-blocks", type=int, default=2)
+    args = ap.parse_args(argv)
+    tool = args.cuobjdump or find_cuobjdump()
+    if tool is None:
+        print("no cuobjdump: install nvidia-cuda-cuobjdump from PyPI or put the CUDA toolkit's on PATH")
+        return 2
+    sass, res = dump(args.object, tool)
+    n, bad = check(sass, res, args.block_threads, args.min_blocks)
+    for line in bad:
+        print(line)
+    print(f"{n} rope_kernel instantiations, {len(bad)} violations")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
