@@ -157,6 +157,9 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 else
   echo "=== liger: no .whl/*.whl carried, the Liger column is skipped"
 fi
+if ((built)); then  # the prediction the table below confirms or refutes
+  step launch_model 60 env PYTHONPATH="$ROOT/python" "$PY" benchmarks/launch_model.py
+fi
 if ((built && have_gpu)); then
   step bench 420 env PYTHONPATH="$BENCH_PATH" "$PY" benchmarks/bench.py --device cuda --repeat 15 --wait-load 60 --max-load 4 \
     --markdown "$LOG_DIR/bench_gpu.md"

@@ -367,6 +367,34 @@ inline bool can_vectorize(const RopeParams& p) {
   return aligned(p.q) && aligned(p.k);
 }
 
+// What one call launches: the instantiation and its grid. The launch model
+// (benchmarks/launch_model.py) reads it through rotary._C; the launch itself
+// makes the same two choices (can_vectorize, fits_int32) in rope_cuda.cu.
+struct LaunchShape {
+  bool vectorized = false;
+  bool int32 = false;
+  int32_t load_bytes = 0;  // q/k bytes one thread has in flight per round trip
+  Grid grid;
+};
+
+template <typename T, bool kInterleaved, bool kVectorized>
+inline LaunchShape shape_of(const RopeParams& p) {
+  using TileT = Tile<T, kInterleaved, kVectorized>;
+  LaunchShape s;
+  s.vectorized = kVectorized;
+  s.grid = make_grid<T, kInterleaved, kVectorized>(p);
+  s.int32 = fits_int32(p, s.grid);
+  s.load_bytes = TileT::kHeads * (kVectorized ? (kInterleaved ? 1 : 2) * kVectorBytes : 2 * static_cast<int>(sizeof(T)));
+  return s;
+}
+
+template <typename T>
+inline LaunchShape launch_shape(const RopeParams& p) {
+  const bool vectorized = can_vectorize<T>(p);
+  if (p.interleaved) return vectorized ? shape_of<T, true, true>(p) : shape_of<T, true, false>(p);
+  return vectorized ? shape_of<T, false, true>(p) : shape_of<T, false, false>(p);
+}
+
 #if defined(__CUDACC__)
 // __grid_constant__: p.pair_axis[j] is indexed at run time; it is read from
 // the parameter space instead of copying the struct to local memory.

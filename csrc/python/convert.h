@@ -72,6 +72,8 @@ void apply_moves_only(py::object wrapper) {
 // bind_kv_cache.cpp: rotary._C.KVCache, and the body of
 // CppRotaryEmbedding.forward_with_cache (cache: a bound KVCache).
 void bind_kv_cache(py::module_& m);
+// bind_launch.cpp: rotary._C._cuda_launch_shape (the launch model).
+void bind_launch(py::module_& m);
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> forward_with_cache(
     rotary::RotaryEmbeddingImpl& rope, torch::Tensor q, torch::Tensor k, const torch::Tensor& v, const py::object& cache,
     const py::object& start_pos);

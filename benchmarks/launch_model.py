@@ -1,0 +1,108 @@
+"""Launch model of the CUDA RoPE kernel on an H200, printed without a GPU.
+
+For each CUDA case of bench.py (contiguous BHSD, out of place), both
+pairings, bf16 and fp32, it prints the launch the op makes (rotary._C.
+_cuda_launch_shape: the same prepare_rope and make_grid as the op), the
+registers of that instantiation (read from the sm_90 cubin of librotary),
+resident blocks and warps per SM, q/k bytes in flight per SM per memory
+round trip, and a predicted time / clone:
+
+- a row of the current kernel costs one round trip (its data loads go out
+  before the table read; tests/sass/contract.py checks that in SASS), so
+  bytes in flight = resident threads x load bytes per thread; the column
+  "2 trips" halves that, as for the kernel before the reorder;
+- bandwidth is min(1, in flight / need) of the copy's, with need the
+  Little's-law line of 20-34 KB per SM (shared/GPU.md), and the last
+  partial pass of the grid-stride loop runs with fewer blocks in flight;
+- our bytes are the copy's plus one read of the table rows used.
+
+Every kernel change states its predicted effect here before a device
+confirms it (benchmarks/gpu_check.sh times the same cases).
+
+Usage: PYTHONPATH=python python benchmarks/launch_model.py
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import torch
+
+import rotary
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "sass"))
+from bench import CUDA_CASES  # noqa: E402
+import contract  # noqa: E402
+
+SMS, MAX_BLOCKS_PER_SM, MAX_THREADS_PER_SM = 132, 32, 2048
+NEED_KB = (20.0, 34.0)  # Little's law on the H200: bytes in flight per SM for full bandwidth
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def predicted(rows_total, row_blocks, grid, inflight_kb, data_bytes, table_bytes, need_kb):
+    """time / clone: passes of the grid at full occupancy, then the last
+    partial one, each at min(1, in flight / need) of the copy's bandwidth."""
+    full, rest = divmod(row_blocks, grid)
+    frac_full = min(1.0, inflight_kb / need_kb)
+    frac_tail = min(1.0, inflight_kb * (rest / grid) / need_kb) if rest else 1.0
+    per_pass = grid / row_blocks  # share of the bytes one full pass moves
+    t = full * per_pass / frac_full + (rest / row_blocks) / frac_tail
+    return t * (data_bytes + table_bytes) / data_bytes
+
+
+def model_rows():
+    tool = contract.find_cuobjdump()
+    if tool is None:
+        raise SystemExit("no cuobjdump: install nvidia-cuda-cuobjdump or the CUDA toolkit")
+    sass, usage = contract.dump(rotary.library_path(), tool)
+    regs = {k.label: r for k in contract.parse_sass(sass).values() for n, r in contract.parse_regs(usage).items()
+            if n == k.name}
+    for case in (c for c in CUDA_CASES if not c.decode):
+        for dname, dtype in DTYPES.items():
+            for interleaved in (True, False):
+                q = torch.empty(case.q_shape, dtype=dtype)  # never touched: no pages mapped
+                k = torch.empty(case.k_shape, dtype=dtype)
+                freqs = rotary.freqs_table(case.q_shape[-1], case.q_shape[2])
+                s = rotary._C._cuda_launch_shape(q, k, freqs, interleaved, False)
+                if not s:
+                    raise SystemExit("librotary was built without CUDA kernels: nothing to model")
+                label = (f"rope_kernel<{dname}, {'interleaved' if interleaved else 'half'}, "
+                         f"{'vector' if s['vectorized'] else 'strided'}, {'int32' if s['int32'] else 'int64'}>")
+                r = regs[label]
+                bt = s["block_threads"]
+                bps = min(contract.resident_blocks(r, bt), MAX_BLOCKS_PER_SM, MAX_THREADS_PER_SM // bt)
+                grid = min(s["row_blocks"], SMS * bps)
+                per_sm = min(bps, math.ceil(grid / SMS))
+                warps = per_sm * math.ceil(bt / 32)
+                inflight_kb = per_sm * bt * s["load_bytes"] / 1024
+                data = 2 * (q.numel() + k.numel()) * q.element_size()
+                table = case.q_shape[2] * freqs.shape[1] * 8  # one read of the complex64 rows used
+                now = [predicted(s["rows"], s["row_blocks"], grid, inflight_kb, data, table, n) for n in NEED_KB]
+                two = [predicted(s["rows"], s["row_blocks"], grid, inflight_kb / 2, data, table, n) for n in NEED_KB]
+                yield dict(case=case.name, dtype=dname, pairing="interleaved" if interleaved else "half",
+                           label=label, regs=r, grid=grid, block=bt, blocks_per_sm=per_sm, warps=warps,
+                           inflight_kb=inflight_kb, now=now, two=two)
+
+
+def main() -> int:
+    print("| case | dtype | pairing | instantiation | regs | grid x block | blocks / warps per SM | "
+          "KB in flight per SM per trip | predicted / clone | if 2 trips per row |")
+    print("|---|---|---|---|--:|--:|--:|--:|--:|--:|")
+    for m in model_rows():
+        lo, hi = sorted(m["now"])
+        lo2, hi2 = sorted(m["two"])
+        print(f"| {m['case']} | {m['dtype']} | {m['pairing']} | `{m['label']}` | {m['regs']} | "
+              f"{m['grid']} x {m['block']} | {m['blocks_per_sm']} / {m['warps']} | {m['inflight_kb']:.0f} | "
+              f"{lo:.2f}-{hi:.2f} | {lo2:.2f}-{hi2:.2f} |")
+    print(f"\nH200: {SMS} SMs; need {NEED_KB[0]:.0f}-{NEED_KB[1]:.0f} KB in flight per SM (Little's law); "
+          "the copy's bandwidth is the 1.00 line. A model, not a measurement: benchmarks/gpu_check.sh owes the "
+          "figures.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+#include "launch_shape.h"
+
+#ifdef ROTARY_WITH_CUDA
+#include "cuda/cuda_types.h"
+#include "cuda/rope_kernel.cuh"
+
+#include <ATen/Dispatch.h>
+#endif
+
+namespace rotary {
+namespace detail {
+
+std::map<std::string, int64_t> cuda_launch_shape(const kernel::RopeParams& p, at::ScalarType dtype) {
+  std::map<std::string, int64_t> out;
+#ifdef ROTARY_WITH_CUDA
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "rotary_launch_shape", [&] {
+    const auto s = kernel::launch_shape<typename cuda::CudaType<scalar_t>::type>(p);
+    const auto& g = s.grid;
+    out = {{"vectorized", s.vectorized}, {"int32", s.int32}, {"load_bytes", s.load_bytes},
+           {"rotary_groups", g.rotary_groups}, {"groups", g.groups}, {"group_threads", g.group_threads},
+           {"chunks", g.chunks}, {"lanes", g.lanes}, {"rows_per_block", g.rows_per_block},
+           {"block_threads", g.block_threads}, {"heads", g.heads}, {"rows", g.rows}, {"row_blocks", g.row_blocks}};
+  });
+#else
+  (void)p;
+  (void)dtype;
+#endif
+  return out;
+}
+
+}  // namespace detail
+}  // namespace rotary

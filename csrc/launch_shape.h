@@ -1,0 +1,23 @@
+// The CUDA launch a RoPE call would make, for the launch model
+// (benchmarks/launch_model.py). No CUDA headers: rotary._C includes it in
+// every build.
+#pragma once
+
+#include "rope_params.h"
+
+#include <ATen/core/ATen_fwd.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace rotary {
+namespace detail {
+
+// Fields of kernel::LaunchShape by name (vectorized, int32, load_bytes and
+// the Grid's); empty when librotary was built without CUDA.
+std::map<std::string, int64_t> cuda_launch_shape(const kernel::RopeParams& p, at::ScalarType dtype);
+
+}  // namespace detail
+}  // namespace rotary
