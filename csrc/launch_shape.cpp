@@ -2,7 +2,7 @@
 
 #ifdef ROTARY_WITH_CUDA
 #include "cuda/cuda_types.h"
-#include "cuda/rope_kernel.cuh"
+#include "cuda/rope_grid.cuh"
 
 #include <ATen/Dispatch.h>
 #endif

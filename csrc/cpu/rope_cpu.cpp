@@ -8,6 +8,7 @@
 
 #include "../backend_ops.h"
 #include "kernel/rope_kernel.h"
+#include "pages.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -24,7 +25,6 @@
 #include <string>
 
 #if defined(__linux__)
-#include <sys/mman.h>
 #include <unistd.h>
 #endif
 
@@ -146,71 +146,16 @@ int64_t stream_bytes() {
 // At least this many elements per parallel chunk.
 constexpr int64_t kGrainElems = int64_t{1} << 15;
 
-// Whether the pages of [p, p + bytes) are mapped already, from a sample of
-// 8 pages. A page that is not faults in on its first write, and the OS zeroes
-// it through the cache: a streaming store must then first write those zeros
-// back, doubling the write traffic (out of place, in a process with glibc's
-// defaults, that made the call 1.5-2x a clone). glibc hands blocks over its
-// mmap threshold (32 MiB at most) to the program unmapped, so large outputs
-// are fresh on every call; reused heap blocks are mapped.
-bool pages_mapped(const void* p, int64_t bytes) {
-#if defined(__linux__)
-  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  const auto begin = reinterpret_cast<uintptr_t>(p);
-  for (int i = 0; i < 8; ++i) {
-    const uintptr_t at = (begin + static_cast<uintptr_t>(bytes - 1) * i / 7) & ~(page - 1);
-    unsigned char resident = 0;
-    if (mincore(reinterpret_cast<void*>(at), page, &resident) != 0 || !(resident & 1)) return false;
-  }
-  return true;
-#else
-  return false;  // unknown: plain stores are never worse than a copy
-#endif
-}
-
-// Maps the pages of [p, p + bytes) for writing, one madvise per call instead
-// of one page fault per 4 KiB page on the first store (the trap, not the
-// zeroing, is most of a fault's cost). False where the kernel cannot.
-bool populate_for_write(void* p, int64_t bytes) {
-#if defined(__linux__)
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23  // Linux 5.14
-#endif
-  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  const auto begin = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
-  const auto end = (reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes) + page - 1) & ~(page - 1);
-  return madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE) == 0;
-#else
-  return false;
-#endif
-}
-
-// Asks for transparent huge pages over the 2 MiB-aligned interior of a fresh
-// output: one fault per 2 MiB instead of 512 (populating 64 MiB took 17-21
-// ms in 4 KiB pages, 10-11 ms in huge pages). Every byte of it is written,
-// so nothing is bloated; a kernel without THP ignores the advice.
-void advise_huge(void* p, int64_t bytes) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
-  const auto begin = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
-  const auto end = (reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes)) & ~(kHuge - 1);
-  if (end > begin) (void)madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
-#else
-  (void)p;
-  (void)bytes;
-#endif
-}
-
 // An out-of-place output's fresh pages, mapped in parallel before the
 // rotation (each thread one contiguous slice). True when they are mapped now.
 bool populate(const HeadTensor& t, int64_t bytes) {
   constexpr int64_t kSlice = int64_t{4} << 20;
-  advise_huge(t.out, bytes);
+  pages::advise_huge(t.out, bytes);
   const int64_t slices = (bytes + kSlice - 1) / kSlice;
   std::atomic<bool> ok{true};
   at::parallel_for(0, slices, 1, [&](int64_t begin, int64_t end) {
     char* base = static_cast<char*>(t.out) + begin * kSlice;
-    if (!populate_for_write(base, std::min(bytes, end * kSlice) - begin * kSlice)) ok = false;
+    if (!pages::populate_for_write(base, std::min(bytes, end * kSlice) - begin * kSlice)) ok = false;
   });
   return ok;
 }
@@ -238,7 +183,7 @@ bool stream_output(const RopeParams& p, const HeadTensor& t, int64_t out_bytes, 
   // Smaller outputs neither populate nor stream: no mincore on the decode path.
   if (t.heads == 0 || p.in_place || out_bytes < std::min(kPopulateBytes, stream_bytes())) return false;
   const int64_t bytes = p.batch * t.heads * p.seq * p.head_dim * int64_t(sizeof(scalar_t));
-  const bool mapped = pages_mapped(t.out, bytes);
+  const bool mapped = pages::mapped(t.out, bytes);
   const bool populated = !mapped && out_bytes >= kPopulateBytes && populate(t, bytes);
   if (cap == Capability::kDefault || !stream_aligned<scalar_t>(p, t)) return false;
   const int64_t line = sizeof(scalar_t) >= 4 ? std::min(kStreamWideBytes, stream_bytes()) : stream_bytes();

@@ -1,0 +1,20 @@
+// Page state of a CPU output: whether its pages are mapped, and mapping
+// them ahead of the first store (rope_cpu.cpp decides when).
+#pragma once
+
+#include <cstdint>
+
+namespace rotary {
+namespace cpu {
+namespace pages {
+
+// Whether the pages of [p, p + bytes) are mapped, from a sample of 8 pages.
+bool mapped(const void* p, int64_t bytes);
+// Maps [p, p + bytes) for writing in one call; false where the OS cannot.
+bool populate_for_write(void* p, int64_t bytes);
+// Asks for transparent huge pages over the 2 MiB-aligned interior.
+void advise_huge(void* p, int64_t bytes);
+
+}  // namespace pages
+}  // namespace cpu
+}  // namespace rotary
