@@ -4,6 +4,8 @@
 // past rotary_dim pass through, and so do their gradients.
 #include <rotary/ops.h>
 
+#include "rope_args.h"
+
 #include <c10/util/Exception.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/functions/utils.h>
@@ -41,6 +43,12 @@ struct RopeState {
     return apply_rope_qk(gq, gk, freqs, start_pos, interleaved, offsets, position_ids, !inverse, cu_seqlens, inv_freq, layout, rotary_offset, axes());
   }
 };
+
+RopeState state_of(const at::Tensor& freqs ROTARY_ROPE_PARAMS) {
+  return {freqs, offsets, position_ids, cu_seqlens, inv_freq, std::move(start_pos), interleaved, inverse,
+          std::string(layout), rotary_offset,
+          pair_axes ? std::optional<std::vector<int64_t>>(pair_axes->vec()) : std::nullopt};
+}
 
 OptTensor defined_or_none(const at::Tensor& t) {
   return t.defined() ? OptTensor(t) : std::nullopt;
@@ -120,31 +128,22 @@ class RopeQKFunction : public torch::autograd::Function<RopeQKFunction> {
   }
 };
 
-at::Tensor apply_rope_autograd(
-    const at::Tensor& x, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved, const OptTensor& offsets,
-    const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout, int64_t rotary_offset,
-    at::OptionalIntArrayRef pair_axes) {
+at::Tensor apply_rope_autograd(const at::Tensor& x, const at::Tensor& freqs ROTARY_ROPE_PARAMS) {
   if (!torch::autograd::compute_requires_grad(x, freqs)) {  // inference and decode: no graph to record
     at::AutoDispatchBelowADInplaceOrView guard;
-    return apply_rope(x, freqs, std::move(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes);
+    return apply_rope(x, freqs ROTARY_ROPE_NAMES);
   }
-  const RopeState s{freqs, offsets, position_ids, cu_seqlens, inv_freq, std::move(start_pos), interleaved, inverse, std::string(layout),
-                    rotary_offset, pair_axes ? std::optional<std::vector<int64_t>>(pair_axes->vec()) : std::nullopt};
+  const RopeState s = state_of(freqs ROTARY_ROPE_NAMES);
   return RopeFunction::apply(x, s);
 }
 
 std::tuple<at::Tensor, at::Tensor> apply_rope_qk_autograd(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved,
-    const OptTensor& offsets, const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens,
-    const OptTensor& inv_freq,
-    c10::string_view layout, int64_t rotary_offset,
-    at::OptionalIntArrayRef pair_axes) {
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs ROTARY_ROPE_PARAMS) {
   if (!torch::autograd::compute_requires_grad(q, k, freqs)) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    return apply_rope_qk(q, k, freqs, std::move(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes);
+    return apply_rope_qk(q, k, freqs ROTARY_ROPE_NAMES);
   }
-  const RopeState s{freqs, offsets, position_ids, cu_seqlens, inv_freq, std::move(start_pos), interleaved, inverse, std::string(layout),
-                    rotary_offset, pair_axes ? std::optional<std::vector<int64_t>>(pair_axes->vec()) : std::nullopt};
+  const RopeState s = state_of(freqs ROTARY_ROPE_NAMES);
   auto out = RopeQKFunction::apply(q, k, s);
   return {out[0], out[1]};
 }
@@ -164,31 +163,23 @@ void check_no_grad_freqs(const at::Tensor& freqs) {
   if (at::GradMode::is_enabled()) check_freqs_no_grad(freqs);
 }
 
-void apply_rope_inplace_autograd(
-    at::Tensor& x, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved, const OptTensor& offsets,
-    const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout, int64_t rotary_offset,
-    at::OptionalIntArrayRef pair_axes) {
+void apply_rope_inplace_autograd(at::Tensor& x, const at::Tensor& freqs ROTARY_ROPE_PARAMS) {
   check_no_grad("apply_rope_", "x", x);
   check_no_grad_freqs(freqs);
   {
     at::AutoDispatchBelowADInplaceOrView guard;
-    apply_rope_(x, freqs, std::move(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes);
+    apply_rope_(x, freqs ROTARY_ROPE_NAMES);
   }
   torch::autograd::impl::bump_version(x);
 }
 
-void apply_rope_qk_inplace_autograd(
-    at::Tensor& q, at::Tensor& k, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved,
-    const OptTensor& offsets, const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens,
-    const OptTensor& inv_freq,
-    c10::string_view layout, int64_t rotary_offset,
-    at::OptionalIntArrayRef pair_axes) {
+void apply_rope_qk_inplace_autograd(at::Tensor& q, at::Tensor& k, const at::Tensor& freqs ROTARY_ROPE_PARAMS) {
   check_no_grad("apply_rope_qk_", "q", q);
   check_no_grad("apply_rope_qk_", "k", k);
   check_no_grad_freqs(freqs);
   {
     at::AutoDispatchBelowADInplaceOrView guard;
-    apply_rope_qk_(q, k, freqs, std::move(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes);
+    apply_rope_qk_(q, k, freqs ROTARY_ROPE_NAMES);
   }
   torch::autograd::impl::bump_version(q);
   torch::autograd::impl::bump_version(k);

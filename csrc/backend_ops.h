@@ -4,6 +4,7 @@
 #pragma once
 
 #include "checks.h"
+#include "rope_args.h"
 
 #include <ATen/DeviceGuard.h>
 #include <torch/library.h>
@@ -18,41 +19,22 @@ using RunKernel = void (*)(const PreparedRope&, at::ScalarType);
 
 template <RunKernel Run>
 struct BackendOps {
-  static at::Tensor apply_rope(
-      const at::Tensor& x, const at::Tensor& freqs, int64_t start_pos, bool interleaved, const OptTensor& offsets,
-      const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout, int64_t rotary_offset,
-    at::OptionalIntArrayRef pair_axes) {
-    const RopeArgs args{start_pos, interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes};
-    return launch("apply_rope", x, nullptr, freqs, args, /*in_place=*/false).out_q;
+  static at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& freqs ROTARY_ROPE_KERNEL_PARAMS) {
+    return launch("apply_rope", x, nullptr, freqs, {ROTARY_ROPE_NAME_LIST}, /*in_place=*/false).out_q;
   }
 
   static std::tuple<at::Tensor, at::Tensor> apply_rope_qk(
-      const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs, int64_t start_pos, bool interleaved,
-      const OptTensor& offsets, const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens,
-      const OptTensor& inv_freq,
-      c10::string_view layout, int64_t rotary_offset,
-    at::OptionalIntArrayRef pair_axes) {
-    const RopeArgs args{start_pos, interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes};
-    auto r = launch("apply_rope_qk", q, &k, freqs, args, /*in_place=*/false);
+      const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs ROTARY_ROPE_KERNEL_PARAMS) {
+    auto r = launch("apply_rope_qk", q, &k, freqs, {ROTARY_ROPE_NAME_LIST}, /*in_place=*/false);
     return {r.out_q, r.out_k};
   }
 
-  static void apply_rope_(
-      at::Tensor& x, const at::Tensor& freqs, int64_t start_pos, bool interleaved, const OptTensor& offsets,
-      const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout, int64_t rotary_offset,
-    at::OptionalIntArrayRef pair_axes) {
-    const RopeArgs args{start_pos, interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes};
-    launch("apply_rope_", x, nullptr, freqs, args, /*in_place=*/true);
+  static void apply_rope_(at::Tensor& x, const at::Tensor& freqs ROTARY_ROPE_KERNEL_PARAMS) {
+    launch("apply_rope_", x, nullptr, freqs, {ROTARY_ROPE_NAME_LIST}, /*in_place=*/true);
   }
 
-  static void apply_rope_qk_(
-      at::Tensor& q, at::Tensor& k, const at::Tensor& freqs, int64_t start_pos, bool interleaved,
-      const OptTensor& offsets, const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens,
-      const OptTensor& inv_freq,
-      c10::string_view layout, int64_t rotary_offset,
-    at::OptionalIntArrayRef pair_axes) {
-    const RopeArgs args{start_pos, interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes};
-    launch("apply_rope_qk_", q, &k, freqs, args, /*in_place=*/true);
+  static void apply_rope_qk_(at::Tensor& q, at::Tensor& k, const at::Tensor& freqs ROTARY_ROPE_KERNEL_PARAMS) {
+    launch("apply_rope_qk_", q, &k, freqs, {ROTARY_ROPE_NAME_LIST}, /*in_place=*/true);
   }
 
   static void register_all(torch::Library& m) {

@@ -2,6 +2,7 @@
 // ops without running them and without a Python fake implementation.
 #include "checks.h"
 #include "kv_checks.h"
+#include "rope_args.h"
 
 #include <torch/library.h>
 
@@ -16,36 +17,29 @@ int64_t known(const c10::SymInt& start_pos) {
   return start_pos.maybe_as_int().value_or(0);
 }
 
-at::Tensor apply_rope_meta(
-    const at::Tensor& x, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved, const OptTensor& offsets,
-    const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout, int64_t rotary_offset,
-    at::OptionalIntArrayRef pair_axes) {
-  detail::check_rope_inputs("apply_rope", x, nullptr, freqs, {known(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes});
+// RopeArgs of a call, with a symbolic start_pos (the list's first) as
+// known() reads it.
+#define ROTARY_DROP_TWO_(empty, first, ...) __VA_ARGS__
+#define ROTARY_DROP_TWO(...) ROTARY_DROP_TWO_(__VA_ARGS__)
+#define ROTARY_META_ARGS known(start_pos), ROTARY_DROP_TWO(ROTARY_ROPE_NAMES)
+
+at::Tensor apply_rope_meta(const at::Tensor& x, const at::Tensor& freqs ROTARY_ROPE_PARAMS) {
+  detail::check_rope_inputs("apply_rope", x, nullptr, freqs, {ROTARY_META_ARGS});
   return detail::make_output(x);
 }
 
 std::tuple<at::Tensor, at::Tensor> apply_rope_qk_meta(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved,
-    const OptTensor& offsets, const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens,
-    const OptTensor& inv_freq,
-    c10::string_view layout, int64_t rotary_offset,
-    at::OptionalIntArrayRef pair_axes) {
-  detail::check_rope_inputs("apply_rope_qk", q, &k, freqs, {known(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes});
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs ROTARY_ROPE_PARAMS) {
+  detail::check_rope_inputs("apply_rope_qk", q, &k, freqs, {ROTARY_META_ARGS});
   return {detail::make_output(q), detail::make_output(k)};
 }
 
-void apply_rope_inplace_meta(
-    at::Tensor& x, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved, const OptTensor& offsets,
-    const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout, int64_t rotary_offset,
-    at::OptionalIntArrayRef pair_axes) {
-  detail::check_rope_inputs("apply_rope_", x, nullptr, freqs, {known(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes});
+void apply_rope_inplace_meta(at::Tensor& x, const at::Tensor& freqs ROTARY_ROPE_PARAMS) {
+  detail::check_rope_inputs("apply_rope_", x, nullptr, freqs, {ROTARY_META_ARGS});
 }
 
-void apply_rope_qk_inplace_meta(
-    at::Tensor& q, at::Tensor& k, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved, const OptTensor& offsets,
-    const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout, int64_t rotary_offset,
-    at::OptionalIntArrayRef pair_axes) {
-  detail::check_rope_inputs("apply_rope_qk_", q, &k, freqs, {known(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes});
+void apply_rope_qk_inplace_meta(at::Tensor& q, at::Tensor& k, const at::Tensor& freqs ROTARY_ROPE_PARAMS) {
+  detail::check_rope_inputs("apply_rope_qk_", q, &k, freqs, {ROTARY_META_ARGS});
 }
 
 void apply_rope_with_kv_cache_meta(

@@ -1,6 +1,8 @@
 // Op schemas and the C++ entry points that call them through the dispatcher.
 #include <rotary/ops.h>
 
+#include "rope_args.h"
+
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
@@ -16,47 +18,28 @@ c10::TypedOperatorHandle<Signature> find_op(const char* name) {
 
 }  // namespace
 
-at::Tensor apply_rope(
-    const at::Tensor& x, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved, const OptTensor& offsets,
-    const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout, int64_t rotary_offset,
-    at::OptionalIntArrayRef pair_axes) {
-  static auto op = find_op<at::Tensor(
-      const at::Tensor&, const at::Tensor&, c10::SymInt, bool, const OptTensor&, const OptTensor&, bool, const OptTensor&,
-      const OptTensor&, c10::string_view, int64_t, at::OptionalIntArrayRef)>("rotary::apply_rope");
-  return op.call(x, freqs, std::move(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes);
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& freqs ROTARY_ROPE_PARAMS) {
+  static auto op = find_op<at::Tensor(const at::Tensor&, const at::Tensor& ROTARY_ROPE_TYPES)>("rotary::apply_rope");
+  return op.call(x, freqs ROTARY_ROPE_NAMES);
 }
 
 std::tuple<at::Tensor, at::Tensor> apply_rope_qk(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved,
-    const OptTensor& offsets, const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens,
-    const OptTensor& inv_freq, c10::string_view layout, int64_t rotary_offset,
-    at::OptionalIntArrayRef pair_axes) {
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs ROTARY_ROPE_PARAMS) {
   static auto op = find_op<std::tuple<at::Tensor, at::Tensor>(
-      const at::Tensor&, const at::Tensor&, const at::Tensor&, c10::SymInt, bool, const OptTensor&, const OptTensor&, bool,
-      const OptTensor&, const OptTensor&, c10::string_view, int64_t, at::OptionalIntArrayRef)>("rotary::apply_rope_qk");
-  return op.call(q, k, freqs, std::move(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes);
+      const at::Tensor&, const at::Tensor&, const at::Tensor& ROTARY_ROPE_TYPES)>("rotary::apply_rope_qk");
+  return op.call(q, k, freqs ROTARY_ROPE_NAMES);
 }
 
-at::Tensor& apply_rope_(
-    at::Tensor& x, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved, const OptTensor& offsets,
-    const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout, int64_t rotary_offset,
-    at::OptionalIntArrayRef pair_axes) {
-  static auto op = find_op<void(
-      at::Tensor&, const at::Tensor&, c10::SymInt, bool, const OptTensor&, const OptTensor&, bool, const OptTensor&, const OptTensor&,
-      c10::string_view, int64_t, at::OptionalIntArrayRef)>("rotary::apply_rope_");
-  op.call(x, freqs, std::move(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes);
+at::Tensor& apply_rope_(at::Tensor& x, const at::Tensor& freqs ROTARY_ROPE_PARAMS) {
+  static auto op = find_op<void(at::Tensor&, const at::Tensor& ROTARY_ROPE_TYPES)>("rotary::apply_rope_");
+  op.call(x, freqs ROTARY_ROPE_NAMES);
   return x;
 }
 
-void apply_rope_qk_(
-    at::Tensor& q, at::Tensor& k, const at::Tensor& freqs, c10::SymInt start_pos, bool interleaved,
-    const OptTensor& offsets, const OptTensor& position_ids, bool inverse, const OptTensor& cu_seqlens,
-    const OptTensor& inv_freq, c10::string_view layout, int64_t rotary_offset,
-    at::OptionalIntArrayRef pair_axes) {
-  static auto op = find_op<void(
-      at::Tensor&, at::Tensor&, const at::Tensor&, c10::SymInt, bool, const OptTensor&, const OptTensor&, bool, const OptTensor&,
-      const OptTensor&, c10::string_view, int64_t, at::OptionalIntArrayRef)>("rotary::apply_rope_qk_");
-  op.call(q, k, freqs, std::move(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes);
+void apply_rope_qk_(at::Tensor& q, at::Tensor& k, const at::Tensor& freqs ROTARY_ROPE_PARAMS) {
+  static auto op =
+      find_op<void(at::Tensor&, at::Tensor&, const at::Tensor& ROTARY_ROPE_TYPES)>("rotary::apply_rope_qk_");
+  op.call(q, k, freqs ROTARY_ROPE_NAMES);
 }
 
 void apply_rope_with_kv_cache_(
@@ -74,6 +57,7 @@ void apply_rope_with_kv_cache_(
           layout, cache_positions, slot_mapping, kv_layout, k_scale, v_scale, inverse, rotary_offset, pair_axes);
 }
 
+// The schema spelling of ROTARY_ROPE_ARGS (rope_args.h).
 #define ROTARY_OPTIONAL_ARGS                                                                          \
   "SymInt start_pos=0, bool interleaved=True, *, Tensor? offsets=None, Tensor? position_ids=None, " \
   "bool inverse=False, Tensor? cu_seqlens=None, Tensor? inv_freq=None, str layout=\"BHSD\", " \
