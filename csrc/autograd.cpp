@@ -185,12 +185,7 @@ void apply_rope_qk_inplace_autograd(at::Tensor& q, at::Tensor& k, const at::Tens
   torch::autograd::impl::bump_version(k);
 }
 
-void apply_rope_with_kv_cache_autograd(
-    at::Tensor& q, at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& freqs,
-    c10::SymInt start_pos, bool interleaved, const OptTensor& offsets, const OptTensor& position_ids,
-    const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout, const OptTensor& cache_positions,
-    const OptTensor& slot_mapping, c10::string_view kv_layout, const OptTensor& k_scale, const OptTensor& v_scale,
-    bool inverse, int64_t rotary_offset, at::OptionalIntArrayRef pair_axes) {
+void apply_rope_with_kv_cache_autograd(ROTARY_KV_TENSORS ROTARY_KV_PARAMS) {
   const char* op = "apply_rope_with_kv_cache_";
   check_no_grad(op, "q", q);
   check_no_grad(op, "k", k);
@@ -199,9 +194,7 @@ void apply_rope_with_kv_cache_autograd(
   check_no_grad_freqs(freqs);
   {
     at::AutoDispatchBelowADInplaceOrView guard;
-    apply_rope_with_kv_cache_(
-        q, k, v, k_cache, v_cache, freqs, std::move(start_pos), interleaved, offsets, position_ids, cu_seqlens, inv_freq,
-        layout, cache_positions, slot_mapping, kv_layout, k_scale, v_scale, inverse, rotary_offset, pair_axes);
+    apply_rope_with_kv_cache_(q, k, v, k_cache, v_cache, freqs ROTARY_KV_NAMES);
   }
   for (at::Tensor* t : {&q, &k, &k_cache, &v_cache}) torch::autograd::impl::bump_version(*t);
 }

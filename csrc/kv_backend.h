@@ -3,6 +3,7 @@
 #pragma once
 
 #include "kv_checks.h"
+#include "rope_args.h"
 
 #include <ATen/DeviceGuard.h>
 #include <torch/library.h>
@@ -13,13 +14,7 @@ namespace detail {
 using RunKV = void (*)(const PreparedKV&, at::ScalarType);
 
 template <RunKV Run>
-void apply_rope_with_kv_cache_impl(
-    at::Tensor& q, at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache,
-    const at::Tensor& freqs, int64_t start_pos, bool interleaved, const std::optional<at::Tensor>& offsets,
-    const std::optional<at::Tensor>& position_ids, const std::optional<at::Tensor>& cu_seqlens,
-    const std::optional<at::Tensor>& inv_freq, c10::string_view layout, const std::optional<at::Tensor>& cache_positions,
-    const std::optional<at::Tensor>& slot_mapping, c10::string_view kv_layout, const std::optional<at::Tensor>& k_scale,
-    const std::optional<at::Tensor>& v_scale, bool inverse, int64_t rotary_offset, at::OptionalIntArrayRef pair_axes) {
+void apply_rope_with_kv_cache_impl(ROTARY_KV_TENSORS ROTARY_KV_KERNEL_PARAMS) {
   const c10::OptionalDeviceGuard guard(at::device_of(q));
   const RopeArgs args{start_pos, interleaved, offsets,  position_ids, inverse,
                       cu_seqlens, inv_freq,   layout,  rotary_offset, pair_axes};

@@ -10,7 +10,6 @@ namespace rotary {
 namespace {
 
 using detail::RopeArgs;
-using OptTensor = std::optional<at::Tensor>;
 
 // A symbolic start_pos is checked when the op runs; a known one here too.
 int64_t known(const c10::SymInt& start_pos) {
@@ -42,12 +41,7 @@ void apply_rope_qk_inplace_meta(at::Tensor& q, at::Tensor& k, const at::Tensor& 
   detail::check_rope_inputs("apply_rope_qk_", q, &k, freqs, {ROTARY_META_ARGS});
 }
 
-void apply_rope_with_kv_cache_meta(
-    at::Tensor& q, at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& freqs,
-    c10::SymInt start_pos, bool interleaved, const OptTensor& offsets, const OptTensor& position_ids,
-    const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout, const OptTensor& cache_positions,
-    const OptTensor& slot_mapping, c10::string_view kv_layout, const OptTensor& k_scale, const OptTensor& v_scale,
-    bool inverse, int64_t rotary_offset, at::OptionalIntArrayRef pair_axes) {
+void apply_rope_with_kv_cache_meta(ROTARY_KV_TENSORS ROTARY_KV_PARAMS) {
   detail::check_kv_inputs(
       "apply_rope_with_kv_cache_", q, k, v, k_cache, v_cache, freqs,
       {known(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset,

@@ -9,8 +9,6 @@
 namespace rotary {
 namespace {
 
-using OptTensor = std::optional<at::Tensor>;
-
 template <typename Signature>
 c10::TypedOperatorHandle<Signature> find_op(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
@@ -42,19 +40,9 @@ void apply_rope_qk_(at::Tensor& q, at::Tensor& k, const at::Tensor& freqs ROTARY
   op.call(q, k, freqs ROTARY_ROPE_NAMES);
 }
 
-void apply_rope_with_kv_cache_(
-    at::Tensor& q, at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& freqs,
-    c10::SymInt start_pos, bool interleaved, const OptTensor& offsets, const OptTensor& position_ids,
-    const OptTensor& cu_seqlens, const OptTensor& inv_freq, c10::string_view layout, const OptTensor& cache_positions,
-    const OptTensor& slot_mapping, c10::string_view kv_layout, const OptTensor& k_scale, const OptTensor& v_scale,
-    bool inverse, int64_t rotary_offset, at::OptionalIntArrayRef pair_axes) {
-  static auto op = find_op<void(
-      at::Tensor&, at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&, const at::Tensor&, c10::SymInt, bool,
-      const OptTensor&, const OptTensor&, const OptTensor&, const OptTensor&, c10::string_view, const OptTensor&,
-      const OptTensor&, c10::string_view, const OptTensor&, const OptTensor&, bool, int64_t,
-      at::OptionalIntArrayRef)>("rotary::apply_rope_with_kv_cache_");
-  op.call(q, k, v, k_cache, v_cache, freqs, std::move(start_pos), interleaved, offsets, position_ids, cu_seqlens, inv_freq,
-          layout, cache_positions, slot_mapping, kv_layout, k_scale, v_scale, inverse, rotary_offset, pair_axes);
+void apply_rope_with_kv_cache_(ROTARY_KV_TENSORS ROTARY_KV_PARAMS) {
+  static auto op = find_op<void(ROTARY_KV_TENSOR_TYPES ROTARY_KV_TYPES)>("rotary::apply_rope_with_kv_cache_");
+  op.call(q, k, v, k_cache, v_cache, freqs ROTARY_KV_NAMES);
 }
 
 // The schema spelling of ROTARY_ROPE_ARGS (rope_args.h).
