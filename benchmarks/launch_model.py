@@ -59,8 +59,7 @@ def model_rows():
     if tool is None:
         raise SystemExit("no cuobjdump: install nvidia-cuda-cuobjdump or the CUDA toolkit")
     sass, usage = contract.dump(rotary.library_path(), tool)
-    regs = {k.label: r for k in contract.parse_sass(sass).values() for n, r in contract.parse_regs(usage).items()
-            if n == k.name}
+    regs = {k.label: k.regs for k in contract.rope_kernels(sass, usage)}
     for case in (c for c in CUDA_CASES if not c.decode):
         for dname, dtype in DTYPES.items():
             for interleaved in (True, False):

@@ -55,14 +55,13 @@ void launch_grid(const kernel::RopeParams& p, const kernel::Grid& g, cudaStream_
   kernel<<<static_cast<unsigned>(blocks), g.block_threads, 0, stream>>>(p, g);
 }
 
+// The instantiation launch_shape chose, with its grid.
 template <typename T, bool kInterleaved, bool kVectorized>
-void launch(const kernel::RopeParams& p, cudaStream_t stream) {
-  const auto g = kernel::make_grid<T, kInterleaved, kVectorized>(p);
-  if (g.row_blocks == 0) return;
-  if (kernel::fits_int32(p, g)) {
-    launch_grid<T, kInterleaved, kVectorized, int32_t>(p, g, stream);
+void launch(const kernel::RopeParams& p, const kernel::LaunchShape& s, cudaStream_t stream) {
+  if (s.int32) {
+    launch_grid<T, kInterleaved, kVectorized, int32_t>(p, s.grid, stream);
   } else {
-    launch_grid<T, kInterleaved, kVectorized, int64_t>(p, g, stream);
+    launch_grid<T, kInterleaved, kVectorized, int64_t>(p, s.grid, stream);
   }
 }
 
@@ -70,11 +69,12 @@ void launch(const kernel::RopeParams& p, cudaStream_t stream) {
 
 template <typename T>
 void launch_rope(const kernel::RopeParams& p, cudaStream_t stream) {
-  const bool vectorized = kernel::can_vectorize<T>(p);
+  const kernel::LaunchShape s = kernel::launch_shape<T>(p);
+  if (s.grid.row_blocks == 0) return;
   if (p.interleaved) {
-    vectorized ? launch<T, true, true>(p, stream) : launch<T, true, false>(p, stream);
+    s.vectorized ? launch<T, true, true>(p, s, stream) : launch<T, true, false>(p, s, stream);
   } else {
-    vectorized ? launch<T, false, true>(p, stream) : launch<T, false, false>(p, stream);
+    s.vectorized ? launch<T, false, true>(p, s, stream) : launch<T, false, false>(p, s, stream);
   }
 }
 

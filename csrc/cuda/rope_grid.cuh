@@ -9,6 +9,7 @@
 #include "rope_vector.cuh"
 
 #include <cstdint>
+#include <type_traits>
 
 namespace rotary {
 namespace kernel {
@@ -24,6 +25,16 @@ struct Tile {
   static constexpr int kCopyElems = kVectorized ? kElems : 1;  // per pass-through group
   // Heads a thread has in flight: 128 bytes of loads on the vector paths.
   static constexpr int kHeads = !kVectorized ? 4 : (kInterleaved ? 8 : 4);
+};
+
+// The operands of one pair group of up to kHeads heads, as a thread loads
+// them: a vector (interleaved) or a vector from each half (half split), or
+// one pair.
+template <typename T, bool kInterleaved, bool kVectorized>
+struct HeadLoads {
+  using Elem = std::conditional_t<kVectorized, Vector, T>;
+  static constexpr int kSlots = kVectorized && kInterleaved ? 1 : 2;
+  Elem x[Tile<T, kInterleaved, kVectorized>::kHeads][kSlots];
 };
 
 // Launch shape, computed once on the host. Threads of a row: `group_threads`
@@ -120,9 +131,9 @@ inline bool can_vectorize(const RopeParams& p) {
   return aligned(p.q) && aligned(p.k);
 }
 
-// What one call launches: the instantiation and its grid. The launch model
-// (benchmarks/launch_model.py) reads it through rotary._C; the launch itself
-// makes the same two choices (can_vectorize, fits_int32) in rope_cuda.cu.
+// What one call launches: the instantiation and its grid. The launch
+// (rope_cuda.cu) runs what it says, and the launch model
+// (benchmarks/launch_model.py) reads it through rotary._C.
 struct LaunchShape {
   bool vectorized = false;
   bool int32 = false;
@@ -132,12 +143,11 @@ struct LaunchShape {
 
 template <typename T, bool kInterleaved, bool kVectorized>
 inline LaunchShape shape_of(const RopeParams& p) {
-  using TileT = Tile<T, kInterleaved, kVectorized>;
   LaunchShape s;
   s.vectorized = kVectorized;
   s.grid = make_grid<T, kInterleaved, kVectorized>(p);
   s.int32 = fits_int32(p, s.grid);
-  s.load_bytes = TileT::kHeads * (kVectorized ? (kInterleaved ? 1 : 2) * kVectorBytes : 2 * static_cast<int>(sizeof(T)));
+  s.load_bytes = static_cast<int32_t>(sizeof(HeadLoads<T, kInterleaved, kVectorized>));
   return s;
 }
 

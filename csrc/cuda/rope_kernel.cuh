@@ -94,15 +94,6 @@ struct RowPointers {
   ROTARY_HOST_DEVICE Index dst_elem(Index h) const { return h < q_heads ? out_elem[0] : out_elem[1]; }
 };
 
-// The operands of one pair group of up to kHeads heads, as loaded: a vector
-// (interleaved) or a vector from each half (half split), or one pair.
-template <typename T, bool kInterleaved, bool kVectorized>
-struct HeadLoads {
-  using Elem = std::conditional_t<kVectorized, Vector, T>;
-  static constexpr int kSlots = kVectorized && kInterleaved ? 1 : 2;
-  Elem x[Tile<T, kInterleaved, kVectorized>::kHeads][kSlots];
-};
-
 // Loads pair group (a0, a1) of heads h0, h0 + step, ... below `heads`; a0 and
 // a1 are the element offsets of its first and second members.
 template <typename T, bool kInterleaved, bool kVectorized, typename Index>

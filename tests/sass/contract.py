@@ -116,13 +116,20 @@ def check_kernel(k: Kernel, block_threads: int = 256, min_blocks: int = 2) -> Li
     return bad
 
 
+def rope_kernels(sass: str, res_usage: str = "") -> List[Kernel]:
+    """The rope_kernel instantiations of a listing, with their registers."""
+    regs = parse_regs(res_usage)
+    kernels = [k for n, k in sorted(parse_sass(sass).items()) if KERNEL.search(n)]
+    for k in kernels:
+        k.regs = regs.get(k.name)
+    return kernels
+
+
 def check(sass: str, res_usage: str = "", block_threads: int = 256, min_blocks: int = 2) -> Tuple[int, List[str]]:
     """(kernels checked, violations)."""
-    kernels = {n: k for n, k in parse_sass(sass).items() if KERNEL.search(n)}
-    regs = parse_regs(res_usage)
+    kernels = rope_kernels(sass, res_usage)
     bad: List[str] = []
-    for name, k in sorted(kernels.items()):
-        k.regs = regs.get(name)
+    for k in kernels:
         bad += check_kernel(k, block_threads, min_blocks)
     if not kernels:
         bad.append("no rope_kernel instantiation in the listing")
@@ -134,10 +141,9 @@ def find_cuobjdump() -> Optional[str]:
     found = shutil.which("cuobjdump")
     if found:
         return found
-    for root in (os.environ.get("CUDA_HOME", "/usr/local/cuda"),):
-        path = os.path.join(root, "bin", "cuobjdump")
-        if os.path.exists(path):
-            return path
+    path = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "cuobjdump")
+    if os.path.exists(path):
+        return path
     try:
         import triton  # noqa: F401  (torch's CUDA wheels depend on it)
     except ImportError:
