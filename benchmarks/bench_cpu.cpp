@@ -11,7 +11,7 @@
 #include <rotary/freqs.h>
 #include <rotary/ops.h>
 
-#include "checks.h"
+#include "checks/checks.h"
 #include "cpu/rope_cpu.h"
 
 #include <ATen/ATen.h>

@@ -4,7 +4,7 @@
 // apply_rope_qk_ runs: the cache holds the same bits as the unfused sequence.
 #include "rope_cpu.h"
 
-#include "../kv_backend.h"
+#include "op/kv_backend.h"
 
 #include <ATen/Dispatch.h>
 #include <torch/library.h>

@@ -6,8 +6,8 @@
 // the tile. Outputs too big for the caches are written with streaming stores.
 #include "rope_cpu.h"
 
-#include "../backend_ops.h"
-#include "kernel/rope_kernel.h"
+#include "op/backend_ops.h"
+#include "cpu/kernel/rope_kernel.h"
 #include "pages.h"
 
 #include <ATen/ATen.h>

@@ -3,7 +3,7 @@
 // kernel::RopeParams themselves (or with detail::prepare_rope).
 #pragma once
 
-#include "../rope_params.h"
+#include "params/rope_params.h"
 
 #include <c10/core/ScalarType.h>
 

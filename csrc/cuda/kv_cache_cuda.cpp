@@ -2,7 +2,7 @@
 // place, then the cache kernel writes k and v, on the current stream. No
 // host sync anywhere, so it captures in a CUDA graph with device-side
 // positions and slot_mapping.
-#include "../kv_backend.h"
+#include "op/kv_backend.h"
 #include "cuda_types.h"
 #include "kv_cache_launch.h"
 #include "rope_launch.h"

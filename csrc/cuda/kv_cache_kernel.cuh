@@ -4,7 +4,7 @@
 // __host__ __device__, so a CPU test runs the whole grid with no GPU.
 #pragma once
 
-#include "../kv_params.h"
+#include "params/kv_params.h"
 
 #include <cstdint>
 

@@ -1,7 +1,7 @@
 // Host entry into the KV-cache write kernel (kv_cache_kernel.cuh).
 #pragma once
 
-#include "../kv_params.h"
+#include "params/kv_params.h"
 
 #include <cuda_runtime_api.h>
 

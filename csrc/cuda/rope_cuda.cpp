@@ -1,6 +1,6 @@
 // Thin glue between the dispatcher and the framework-free CUDA kernel: current
 // stream, dtype dispatch, launch check. Nothing else.
-#include "../backend_ops.h"
+#include "op/backend_ops.h"
 #include "cuda_types.h"
 #include "rope_launch.h"
 

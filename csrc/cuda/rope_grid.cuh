@@ -5,7 +5,7 @@
 // model all include it.
 #pragma once
 
-#include "../rope_params.h"
+#include "params/rope_params.h"
 #include "rope_vector.cuh"
 
 #include <cstdint>

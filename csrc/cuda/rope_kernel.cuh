@@ -13,7 +13,7 @@
 // grid to resident blocks. tests/sass/contract.py checks the result in SASS.
 #pragma once
 
-#include "../rope_params.h"
+#include "params/rope_params.h"
 #include "rope_grid.cuh"
 #include "rope_vector.cuh"
 

@@ -2,7 +2,7 @@
 // seeing any CUDA device code.
 #pragma once
 
-#include "../rope_params.h"
+#include "params/rope_params.h"
 
 #include <cuda_runtime_api.h>
 

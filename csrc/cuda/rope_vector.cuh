@@ -3,7 +3,7 @@
 // the host-emulation test compiles it with g++.
 #pragma once
 
-#include "../rope_params.h"
+#include "params/rope_params.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -2,8 +2,8 @@
 // make, for the launch model (benchmarks/launch_model.py). It validates and
 // describes the call exactly as the op does (prepare_rope); no GPU needed.
 #include "convert.h"
-#include "../checks.h"
-#include "../launch_shape.h"
+#include "checks/checks.h"
+#include "params/launch_shape.h"
 
 #include <torch/python.h>
 

@@ -3,7 +3,7 @@
 // builders, RopeScaling (with its dict form, Hugging Face's rope_parameters)
 // and the C++ RotaryEmbedding.
 #include "convert.h"
-#include "../checks_positions.h"
+#include "checks/checks_positions.h"
 
 #include <rotary/rotary.h>
 

@@ -4,7 +4,7 @@
 // The rules and their field names follow Hugging Face `rope_parameters`
 // (transformers' modeling_rope_utils), so a config's dict maps one to one.
 // Every rule is computed once, in float64, by compute_frequencies() in
-// csrc/freqs.cpp; the modules and the Python package only call it.
+// csrc/freqs/freqs.cpp; the modules and the Python package only call it.
 #pragma once
 
 #include <torch/arg.h>

@@ -7,7 +7,7 @@
 
 #include <rotary/freqs.h>
 
-#include "checks.h"
+#include "checks/checks.h"
 #include "cpu/rope_cpu.h"
 
 #include <ATen/ATen.h>

@@ -4,7 +4,7 @@
 // where there is no GPU.
 #ifdef ROTARY_WITH_CUDA
 
-#include "checks.h"
+#include "checks/checks.h"
 #include "cuda/rope_kernel.cuh"
 #include "helpers.h"
 #include "reference.h"

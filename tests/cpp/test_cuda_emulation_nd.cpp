@@ -3,7 +3,7 @@
 // vector and the strided path, against a float64 reference written here.
 #ifdef ROTARY_WITH_CUDA
 
-#include "checks.h"
+#include "checks/checks.h"
 #include "cuda/rope_kernel.cuh"
 #include "reference.h"
 

@@ -5,7 +5,7 @@
 // skipping device-side slots out of range.
 #include "cpu/rope_cpu.h"
 #include "helpers.h"
-#include "kv_checks.h"
+#include "checks/kv_checks.h"
 #include "reference.h"
 
 #ifdef ROTARY_WITH_CUDA

@@ -1,7 +1,7 @@
-// The exact overlap tests of the in-place ops (csrc/overlap.h) against
+// The exact overlap tests of the in-place ops (csrc/checks/overlap.h) against
 // enumerating every element's bytes, on random small strided views: any
 // dims, zero and repeated strides, offsets, and two dtypes over one buffer.
-#include "overlap.h"
+#include "checks/overlap.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

@@ -28,7 +28,7 @@ const double kPi = std::acos(-1.0);
 
 // ---------------------------------------------------------------------------
 // Independent reference: each rule written from its formula (HF
-// modeling_rope_utils and the papers), sharing nothing with csrc/freqs.cpp.
+// modeling_rope_utils and the papers), sharing nothing with csrc/freqs/freqs.cpp.
 // ---------------------------------------------------------------------------
 struct Ref {
   std::vector<double> inv;

@@ -3,7 +3,7 @@
 #include <rotary/axes.h>
 #include <rotary/options.h>
 
-#include "rope_params.h"
+#include "params/rope_params.h"
 
 #include <c10/util/Exception.h>
 #include <c10/util/ArrayRef.h>

@@ -1,7 +1,7 @@
 // Meta kernels: shapes and dtypes only, so torch.compile and export trace the
 // ops without running them and without a Python fake implementation.
-#include "checks.h"
-#include "kv_checks.h"
+#include "checks/checks.h"
+#include "checks/kv_checks.h"
 #include "rope_args.h"
 
 #include <torch/library.h>

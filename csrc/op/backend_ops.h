@@ -3,7 +3,7 @@
 // in-place rules, and differ only in how they run the kernel.
 #pragma once
 
-#include "checks.h"
+#include "checks/checks.h"
 #include "rope_args.h"
 
 #include <ATen/DeviceGuard.h>

@@ -3,7 +3,7 @@
 #pragma once
 
 #include "checks.h"
-#include "kv_params.h"
+#include "params/kv_params.h"
 
 namespace rotary {
 namespace detail {

@@ -2,7 +2,7 @@
 // prepare_rope's 1-D and N-D paths.
 #pragma once
 
-#include "rope_params.h"
+#include "params/rope_params.h"
 
 #include <ATen/core/Tensor.h>
 

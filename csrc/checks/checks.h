@@ -2,7 +2,7 @@
 // so a bad input gets the same message on CPU, CUDA and Meta.
 #pragma once
 
-#include "rope_params.h"
+#include "params/rope_params.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>

@@ -2,7 +2,7 @@
 // function: validation and the no-write-before-checked rule are shared.
 #pragma once
 
-#include "kv_checks.h"
+#include "checks/kv_checks.h"
 #include "rope_args.h"
 
 #include <ATen/DeviceGuard.h>

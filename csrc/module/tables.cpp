@@ -2,7 +2,7 @@
 #include <rotary/freqs.h>
 #include <rotary/tables.h>
 
-#include "checks_positions.h"
+#include "checks/checks_positions.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
