@@ -4,7 +4,7 @@
 // past rotary_dim pass through, and so do their gradients.
 #include <rotary/ops.h>
 
-#include "rope_args.h"
+#include <rotary/op_args.h>
 
 #include <c10/util/Exception.h>
 #include <torch/autograd.h>

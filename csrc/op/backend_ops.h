@@ -4,7 +4,7 @@
 #pragma once
 
 #include "checks/checks.h"
-#include "rope_args.h"
+#include <rotary/op_args.h>
 
 #include <ATen/DeviceGuard.h>
 #include <torch/library.h>

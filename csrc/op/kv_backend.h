@@ -3,7 +3,7 @@
 #pragma once
 
 #include "checks/kv_checks.h"
-#include "rope_args.h"
+#include <rotary/op_args.h>
 
 #include <ATen/DeviceGuard.h>
 #include <torch/library.h>

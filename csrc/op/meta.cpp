@@ -2,7 +2,7 @@
 // ops without running them and without a Python fake implementation.
 #include "checks/checks.h"
 #include "checks/kv_checks.h"
-#include "rope_args.h"
+#include <rotary/op_args.h>
 
 #include <torch/library.h>
 

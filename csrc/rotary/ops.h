@@ -2,6 +2,8 @@
 // torch.compile and every backend see the same op as Python does.
 #pragma once
 
+#include <rotary/op_args.h>
+
 #include <ATen/core/Tensor.h>
 #include <c10/core/SymInt.h>
 #include <c10/util/OptionalArrayRef.h>
@@ -36,64 +38,24 @@ namespace rotary {
 //                [n_axes, batch, seq] or, packed, [n_axes, total_tokens].
 at::Tensor apply_rope(
     const at::Tensor& x,
-    const at::Tensor& freqs,
-    c10::SymInt start_pos = 0,
-    bool interleaved = true,
-    const std::optional<at::Tensor>& offsets = std::nullopt,
-    const std::optional<at::Tensor>& position_ids = std::nullopt,
-    bool inverse = false,
-    const std::optional<at::Tensor>& cu_seqlens = std::nullopt,
-    const std::optional<at::Tensor>& inv_freq = std::nullopt,
-    c10::string_view layout = "BHSD",
-    int64_t rotary_offset = 0,
-    at::OptionalIntArrayRef pair_axes = std::nullopt);
+    const at::Tensor& freqs ROTARY_ROPE_DECLS);
 
 // q and k in one kernel launch; their head counts may differ (GQA / MQA).
 std::tuple<at::Tensor, at::Tensor> apply_rope_qk(
     const at::Tensor& q,
     const at::Tensor& k,
-    const at::Tensor& freqs,
-    c10::SymInt start_pos = 0,
-    bool interleaved = true,
-    const std::optional<at::Tensor>& offsets = std::nullopt,
-    const std::optional<at::Tensor>& position_ids = std::nullopt,
-    bool inverse = false,
-    const std::optional<at::Tensor>& cu_seqlens = std::nullopt,
-    const std::optional<at::Tensor>& inv_freq = std::nullopt,
-    c10::string_view layout = "BHSD",
-    int64_t rotary_offset = 0,
-    at::OptionalIntArrayRef pair_axes = std::nullopt);
+    const at::Tensor& freqs ROTARY_ROPE_DECLS);
 
 // In place: every input is validated before anything is written. q and k may
 // be views into one packed qkv tensor. Not differentiable.
 at::Tensor& apply_rope_(
     at::Tensor& x,
-    const at::Tensor& freqs,
-    c10::SymInt start_pos = 0,
-    bool interleaved = true,
-    const std::optional<at::Tensor>& offsets = std::nullopt,
-    const std::optional<at::Tensor>& position_ids = std::nullopt,
-    bool inverse = false,
-    const std::optional<at::Tensor>& cu_seqlens = std::nullopt,
-    const std::optional<at::Tensor>& inv_freq = std::nullopt,
-    c10::string_view layout = "BHSD",
-    int64_t rotary_offset = 0,
-    at::OptionalIntArrayRef pair_axes = std::nullopt);
+    const at::Tensor& freqs ROTARY_ROPE_DECLS);
 
 void apply_rope_qk_(
     at::Tensor& q,
     at::Tensor& k,
-    const at::Tensor& freqs,
-    c10::SymInt start_pos = 0,
-    bool interleaved = true,
-    const std::optional<at::Tensor>& offsets = std::nullopt,
-    const std::optional<at::Tensor>& position_ids = std::nullopt,
-    bool inverse = false,
-    const std::optional<at::Tensor>& cu_seqlens = std::nullopt,
-    const std::optional<at::Tensor>& inv_freq = std::nullopt,
-    c10::string_view layout = "BHSD",
-    int64_t rotary_offset = 0,
-    at::OptionalIntArrayRef pair_axes = std::nullopt);
+    const at::Tensor& freqs ROTARY_ROPE_DECLS);
 
 // Rotates q and k in place (as apply_rope_qk_) and writes the rotated k and
 // the raw v of every token into the caches, in one call. Positions and the
@@ -122,21 +84,6 @@ void apply_rope_with_kv_cache_(
     const at::Tensor& v,
     at::Tensor& k_cache,
     at::Tensor& v_cache,
-    const at::Tensor& freqs,
-    c10::SymInt start_pos = 0,
-    bool interleaved = true,
-    const std::optional<at::Tensor>& offsets = std::nullopt,
-    const std::optional<at::Tensor>& position_ids = std::nullopt,
-    const std::optional<at::Tensor>& cu_seqlens = std::nullopt,
-    const std::optional<at::Tensor>& inv_freq = std::nullopt,
-    c10::string_view layout = "BHSD",
-    const std::optional<at::Tensor>& cache_positions = std::nullopt,
-    const std::optional<at::Tensor>& slot_mapping = std::nullopt,
-    c10::string_view kv_layout = "BHSD",
-    const std::optional<at::Tensor>& k_scale = std::nullopt,
-    const std::optional<at::Tensor>& v_scale = std::nullopt,
-    bool inverse = false,
-    int64_t rotary_offset = 0,
-    at::OptionalIntArrayRef pair_axes = std::nullopt);
+    const at::Tensor& freqs ROTARY_KV_DECLS);
 
 }  // namespace rotary

@@ -61,12 +61,12 @@ def _int_arg(op: str, name: str, value):
     return value
 
 
-def _pair_axes(op: str, pair_axes):
-    if pair_axes is None:
+def _pair_axes(op: str, name: str, value):
+    if value is None:
         return None  # 1-D positions
-    if isinstance(pair_axes, (str, bytes)) or not isinstance(pair_axes, Sequence):
-        raise TypeError(f"{op}: pair_axes must be a list of ints or None, got {pair_axes!r}")
-    return [_int_arg(op, f"pair_axes[{j}]", a) for j, a in enumerate(pair_axes)]
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"{op}: {name} must be a list of ints or None, got {value!r}")
+    return [_int_arg(op, f"{name}[{j}]", a) for j, a in enumerate(value)]
 
 
 def _start_pos(op: str, start_pos):
@@ -97,30 +97,6 @@ def rope_frequencies(*args, **kwargs) -> Tuple[torch.Tensor, float]:
         stacklevel=2,
     )
     return inv_frequencies(*args, **kwargs)
-
-
-def _keywords(op: str, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes):
-    """The op's keyword arguments that differ from the schema's defaults,
-    checked: torch parses keyword arguments of a custom op slowly, and a
-    decode call passes none."""
-    kw = {}
-    if offsets is not None:
-        kw["offsets"] = offsets
-    if position_ids is not None:
-        kw["position_ids"] = position_ids
-    if inverse is not False:
-        kw["inverse"] = inverse
-    if cu_seqlens is not None:
-        kw["cu_seqlens"] = cu_seqlens
-    if inv_freq is not None:
-        kw["inv_freq"] = inv_freq
-    if layout != "BHSD":
-        kw["layout"] = layout
-    if not (type(rotary_offset) is int and rotary_offset == 0):  # a bool or float is refused by name
-        kw["rotary_offset"] = _int_arg(op, "rotary_offset", rotary_offset)
-    if pair_axes is not None:
-        kw["pair_axes"] = _pair_axes(op, pair_axes)
-    return kw
 
 
 def _legacy_positions(positions: torch.Tensor, start_pos, varlen: bool, who: str):
@@ -193,141 +169,71 @@ _ARGS_DOC = """
 """
 
 
-def apply_rope(
-    x: torch.Tensor,
-    freqs: torch.Tensor,
-    start_pos: int = 0,
-    interleaved: bool = True,
-    *,
-    offsets: Optional[torch.Tensor] = None,
-    position_ids: Optional[torch.Tensor] = None,
-    inverse: bool = False,
-    cu_seqlens: Optional[torch.Tensor] = None,
-    inv_freq: Optional[torch.Tensor] = None,
-    layout: str = "BHSD",
-    positions: Optional[torch.Tensor] = None,
-    rotary_offset: int = 0,
-    pair_axes: Optional[Sequence[int]] = None,
-) -> torch.Tensor:
-    """Rotate ``x`` and return a new tensor."""
-    start_pos, offsets, position_ids = _route(positions, offsets, position_ids, start_pos, cu_seqlens, "apply_rope")
-    return torch.ops.rotary.apply_rope(
-        x, freqs, start_pos, interleaved,
-        **_keywords("apply_rope", offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes),
-    )
+# The op wrappers, generated from the registered schemas (whose argument
+# lists rotary/op_args.h writes once): each passes only the keyword
+# arguments that differ from the schema's defaults (torch parses a custom
+# op's keywords slowly, and a decode call passes none), refuses a bool or
+# float int, or an int past int64, by name, and returns what it rotated.
+_ANNOTATION = {"Tensor": "torch.Tensor", "Optional[Tensor]": "Optional[torch.Tensor]", "int": "int",
+               "bool": "bool", "str": "str", "Optional[List[int]]": "Optional[Sequence[int]]"}
+_CHECK = {"int": "_int_arg", "Optional[List[int]]": "_pair_axes"}
 
 
-def apply_rope_qk(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    freqs: torch.Tensor,
-    start_pos: int = 0,
-    interleaved: bool = True,
-    *,
-    offsets: Optional[torch.Tensor] = None,
-    position_ids: Optional[torch.Tensor] = None,
-    inverse: bool = False,
-    cu_seqlens: Optional[torch.Tensor] = None,
-    inv_freq: Optional[torch.Tensor] = None,
-    layout: str = "BHSD",
-    positions: Optional[torch.Tensor] = None,
-    rotary_offset: int = 0,
-    pair_axes: Optional[Sequence[int]] = None,
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Rotate q and k in one kernel call (head counts may differ; batch, seq
-    and head_dim must match). Returns ``(q_rotated, k_rotated)``."""
-    start_pos, offsets, position_ids = _route(positions, offsets, position_ids, start_pos, cu_seqlens, "apply_rope_qk")
-    return torch.ops.rotary.apply_rope_qk(
-        q, k, freqs, start_pos, interleaved,
-        **_keywords("apply_rope_qk", offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes),
-    )
+def _generate(name: str, returns: Optional[str], doc: str):
+    schema = getattr(torch.ops.rotary, name).default._schema
+    legacy = name != "apply_rope_with_kv_cache_"  # positions= (deprecated) is the rotation ops' only
+    params, star, call, body = [], False, [], []
+    if legacy:
+        body.append(f"start_pos, offsets, position_ids = _route(positions, offsets, position_ids, start_pos, "
+                    f"cu_seqlens, {name!r})")
+    else:
+        body.append(f"start_pos = _start_pos({name!r}, start_pos)")
+    body.append("kw = {}")
+    for arg in schema.arguments:
+        kind = str(arg.type)
+        ann = _ANNOTATION[kind]
+        if arg.kwarg_only and not star:
+            params.append("*")
+            star = True
+        if arg.default_value is None and not kind.startswith("Optional"):
+            params.append(f"{arg.name}: {ann}")
+        else:
+            params.append(f"{arg.name}: {ann} = {arg.default_value!r}")
+        if not arg.kwarg_only:
+            call.append(arg.name)
+            continue
+        check = _CHECK.get(kind)
+        value = f"{check}({name!r}, {arg.name!r}, {arg.name})" if check else arg.name
+        if arg.default_value is None:
+            body.append(f"if {arg.name} is not None: kw[{arg.name!r}] = {value}")
+        else:  # `type(...) is` keeps a bool from equalling 0 or 1
+            default = arg.default_value
+            body.append(f"if not (type({arg.name}) is {type(default).__name__} and {arg.name} == {default!r}): "
+                        f"kw[{arg.name!r}] = {value}")
+    if legacy:
+        params.append("positions: Optional[torch.Tensor] = None")
+    body.append(f"out = _OP_{name}({', '.join(call)}, **kw)")
+    body.append(f"return {returns or 'out'}")
+    src = f"def {name}({', '.join(params)}):\n" + "".join(f"    {line}\n" for line in body)
+    # In this module's namespace: torch.compile guards on a function's globals by module name.
+    scope = globals()
+    scope[f"_OP_{name}"] = getattr(torch.ops.rotary, name).default
+    exec(compile(src, f"<rotary._ops {name}>", "exec"), scope)
+    fn = scope[name]
+    fn.__module__, fn.__doc__ = __name__, doc
+    return fn
 
 
-def apply_rope_(
-    x: torch.Tensor,
-    freqs: torch.Tensor,
-    start_pos: int = 0,
-    interleaved: bool = True,
-    *,
-    offsets: Optional[torch.Tensor] = None,
-    position_ids: Optional[torch.Tensor] = None,
-    inverse: bool = False,
-    cu_seqlens: Optional[torch.Tensor] = None,
-    inv_freq: Optional[torch.Tensor] = None,
-    layout: str = "BHSD",
-    positions: Optional[torch.Tensor] = None,
-    rotary_offset: int = 0,
-    pair_axes: Optional[Sequence[int]] = None,
-) -> torch.Tensor:
-    """Rotate ``x`` in place and return it. Every input is validated before
+apply_rope = _generate("apply_rope", None, "Rotate ``x`` and return a new tensor." + _ARGS_DOC)
+apply_rope_qk = _generate("apply_rope_qk", None, """Rotate q and k in one kernel call (head counts may differ; batch, seq
+    and head_dim must match). Returns ``(q_rotated, k_rotated)``.""" + _ARGS_DOC)
+apply_rope_ = _generate("apply_rope_", "x", """Rotate ``x`` in place and return it. Every input is validated before
     anything is written. Not differentiable: a tensor that requires grad (with
-    grad mode on) is refused."""
-    start_pos, offsets, position_ids = _route(positions, offsets, position_ids, start_pos, cu_seqlens, "apply_rope_")
-    torch.ops.rotary.apply_rope_(
-        x, freqs, start_pos, interleaved,
-        **_keywords("apply_rope_", offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes),
-    )
-    return x
+    grad mode on) is refused.""" + _ARGS_DOC)
+apply_rope_qk_ = _generate("apply_rope_qk_", "q, k", """Rotate q and k in place (they may be views into one packed qkv tensor)
+    and return them. Not differentiable, like :func:`apply_rope_`.""" + _ARGS_DOC)
 
-
-def apply_rope_qk_(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    freqs: torch.Tensor,
-    start_pos: int = 0,
-    interleaved: bool = True,
-    *,
-    offsets: Optional[torch.Tensor] = None,
-    position_ids: Optional[torch.Tensor] = None,
-    inverse: bool = False,
-    cu_seqlens: Optional[torch.Tensor] = None,
-    inv_freq: Optional[torch.Tensor] = None,
-    layout: str = "BHSD",
-    positions: Optional[torch.Tensor] = None,
-    rotary_offset: int = 0,
-    pair_axes: Optional[Sequence[int]] = None,
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Rotate q and k in place (they may be views into one packed qkv tensor)
-    and return them. Not differentiable, like :func:`apply_rope_`."""
-    start_pos, offsets, position_ids = _route(
-        positions, offsets, position_ids, start_pos, cu_seqlens, "apply_rope_qk_"
-    )
-    torch.ops.rotary.apply_rope_qk_(
-        q, k, freqs, start_pos, interleaved,
-        **_keywords("apply_rope_qk_", offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes),
-    )
-    return q, k
-
-
-for _fn in (apply_rope, apply_rope_qk, apply_rope_, apply_rope_qk_):
-    _fn.__doc__ += _ARGS_DOC
-
-
-def apply_rope_with_kv_cache_(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    freqs: torch.Tensor,
-    start_pos: int = 0,
-    interleaved: bool = True,
-    *,
-    offsets: Optional[torch.Tensor] = None,
-    position_ids: Optional[torch.Tensor] = None,
-    cu_seqlens: Optional[torch.Tensor] = None,
-    inv_freq: Optional[torch.Tensor] = None,
-    layout: str = "BHSD",
-    cache_positions: Optional[torch.Tensor] = None,
-    slot_mapping: Optional[torch.Tensor] = None,
-    kv_layout: str = "BHSD",
-    k_scale: Optional[torch.Tensor] = None,
-    v_scale: Optional[torch.Tensor] = None,
-    inverse: bool = False,
-    rotary_offset: int = 0,
-    pair_axes: Optional[Sequence[int]] = None,
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Rotate q and k in place, as :func:`apply_rope_qk_` does, and write the
+apply_rope_with_kv_cache_ = _generate("apply_rope_with_kv_cache_", "q, k", """Rotate q and k in place, as :func:`apply_rope_qk_` does, and write the
     rotated k and the raw v of every token into ``k_cache`` / ``v_cache``, in
     one call. Returns ``(q, k)``. Positions and the q/k/v layout are those of
     :func:`apply_rope_qk_`; v has the shape of k.
@@ -356,15 +262,4 @@ def apply_rope_with_kv_cache_(
     Every argument, and every slot or cache position on the host, is checked
     before anything is written. Slots and positions on the device are not
     checked (that would sync): out-of-range ones are skipped, never written
-    out of bounds."""
-    start_pos = _start_pos("apply_rope_with_kv_cache_", start_pos)
-    op = "apply_rope_with_kv_cache_"
-    kw = _keywords(op, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset, pair_axes)
-    for name, value in (("cache_positions", cache_positions), ("slot_mapping", slot_mapping),
-                        ("k_scale", k_scale), ("v_scale", v_scale)):
-        if value is not None:
-            kw[name] = value
-    if kv_layout != "BHSD":
-        kw["kv_layout"] = kv_layout
-    torch.ops.rotary.apply_rope_with_kv_cache_(q, k, v, k_cache, v_cache, freqs, start_pos, interleaved, **kw)
-    return q, k
+    out of bounds.""")
