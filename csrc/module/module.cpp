@@ -1,6 +1,6 @@
 #include <rotary/axes.h>
-#include <rotary/bounds.h>
 #include <rotary/freqs.h>
+#include <rotary/front_end.h>
 #include <rotary/module.h>
 #include <rotary/ops.h>
 
@@ -88,8 +88,12 @@ void RotaryEmbeddingImpl::pretty_print(std::ostream& stream) const {
   stream << ")";
 }
 
-// Host-side checks, then op(freqs, inv_freq) with the tables right for this
-// call; new tables are installed only when op returned.
+ModuleBuffers RotaryEmbeddingImpl::module_buffers() {
+  return {freqs, inv_freq, [this](const RopeTableSet& t) { install(t); }};
+}
+
+// The shared shell (rotary/front_end.h): host checks, then op(freqs,
+// inv_freq) with the tables right for this call.
 template <typename Op>
 auto RotaryEmbeddingImpl::run(
     const torch::Tensor& q,
@@ -97,33 +101,9 @@ auto RotaryEmbeddingImpl::run(
     const std::optional<torch::Tensor>& offsets,
     const std::optional<torch::Tensor>& position_ids,
     Op&& op) {
-  const bool has_positions = (offsets && offsets->defined()) || (position_ids && position_ids->defined());
-  const int64_t seq_len = q.dim() == 4 ? q.size(2) : 0;  // the op reports a wrong shape
-  TORCH_CHECK_VALUE(
-      q.dim() != 4 || bounds::span_fits(options.rotary_offset(), options.dim(), q.size(3)), "RotaryEmbedding(dim=",
-      options.dim(), "): head_dim must be >= ",
-      // Both are >= 0 (check_options), so their sum fits in uint64.
-      options.rotary_offset() ? "rotary_offset + dim = " +
-              std::to_string(static_cast<uint64_t>(options.rotary_offset()) + static_cast<uint64_t>(options.dim())) +
-              " (the rotated span)"
-                              : std::string("dim (the rotated width)"),
-      ", got head_dim ", q.size(3), " (shape ", q.sizes(), ")");
-  RopeTables::check_start_pos(start_pos);
-  const int64_t reach =
-      tables_.host_driven() ? RopeTables::reach_of(seq_len, start_pos, offsets, position_ids) : 0;
-  // Under the lock of a host-driven rule from here on.
-  return tables_.run(reach, freqs.device(), [&](const RopeTableSet* fresh) {
-    const torch::Tensor& f = fresh ? fresh->freqs : freqs;
-    tables_.check_rows(seq_len, start_pos, has_positions, f.size(0));
-    // inv_freq only where the call may reach past the table: a short decode
-    // step skips its checks (the kernel reads the table either way).
-    const bool within = !has_positions && q.dim() == 4 && start_pos + seq_len <= f.size(0);
-    std::optional<torch::Tensor> inv;
-    if (tables_.extends_past_table() && !within) inv = fresh ? fresh->inv_freq : inv_freq;
-    auto out = op(f, inv);
-    if (fresh) install(*fresh);
-    return out;
-  });
+  if (q.dim() == 4) check_span(options, q);  // other ranks: the op names the shape
+  const int64_t seq_len = q.dim() == 4 ? q.size(2) : 0;
+  return run_module_call(tables_, module_buffers(), seq_len, start_pos, offsets, position_ids, std::forward<Op>(op));
 }
 
 torch::Tensor RotaryEmbeddingImpl::forward(
@@ -154,32 +134,7 @@ std::tuple<torch::Tensor, torch::Tensor> RotaryEmbeddingImpl::forward(
 // The fused op writes the rows; the cache only learns its new length.
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> RotaryEmbeddingImpl::forward_with_cache(
     torch::Tensor& q, torch::Tensor& k, const torch::Tensor& v, KVCache& cache, std::optional<int64_t> start_pos) {
-  auto& c = *cache;
-  TORCH_CHECK_VALUE(q.dim() == 4, "RotaryEmbedding.forward_with_cache: q must be 4-D [batch, heads, seq, head_dim], got ",
-                    q.sizes());
-  const auto cache_dtype = c.options.dtype();
-  TORCH_CHECK_TYPE(
-      cache_dtype == k.scalar_type() || cache_dtype == torch::kFloat8_e4m3fn, "RotaryEmbedding.forward_with_cache: ",
-      "the KVCache holds ", cache_dtype, " but k is ", k.scalar_type(), "; build the KVCache with dtype=",
-      k.scalar_type(), " (or float8_e4m3fn), or cast k");
-  const int64_t seq = q.size(2), filled = c.length();
-  TORCH_CHECK_INDEX(filled + seq <= c.options.capacity(), "RotaryEmbedding.forward_with_cache: appending ", seq,
-                    " positions to a cache holding ", filled, " exceeds its capacity ", c.options.capacity());
-  const int64_t pos = start_pos.value_or(filled);
-  // Rows go at length() .. even when the rotation is elsewhere (start_pos).
-  std::optional<torch::Tensor> rows;
-  if (pos != filled) rows = torch::arange(filled, filled + seq, torch::dtype(torch::kLong).device(q.device())).expand({q.size(0), seq});
-  run(q, pos, std::nullopt, std::nullopt, [&](const torch::Tensor& f, const std::optional<torch::Tensor>& inv) {
-    apply_rope_with_kv_cache_(q, k, v, c.k, c.v, f, pos, options.interleaved(), std::nullopt, std::nullopt, std::nullopt,
-                              inv, "BHSD", rows, std::nullopt, c.options.layout(),
-                              c.k_scale.defined() ? std::optional<torch::Tensor>(c.k_scale) : std::nullopt,
-                              c.v_scale.defined() ? std::optional<torch::Tensor>(c.v_scale) : std::nullopt,
-                              /*inverse=*/false, options.rotary_offset());
-    return 0;
-  });
-  c.advance(seq);
-  auto [keys, values] = c.keys_values(q.scalar_type());
-  return {q, keys, values};
+  return rotary::forward_with_cache(tables_, module_buffers(), q, k, v, *cache, start_pos);
 }
 
 // Only the device changes: the table stays complex64 and inv_freq float64

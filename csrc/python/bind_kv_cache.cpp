@@ -6,6 +6,7 @@
 
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/python.h>
+#include <pybind11/stl.h>
 
 #include <memory>
 #include <sstream>
@@ -99,12 +100,75 @@ void bind_kv_cache(py::module_& m) {
       py::is_method(wrapper));
 }
 
+namespace {
+// The C++ cache behind a bound rotary.KVCache; a TypeError naming the call for anything else.
+std::shared_ptr<rotary::KVCacheImpl> cache_of(const py::object& cache, const char* who) {
+  py::object wrapper = py::module_::import("rotary._C").attr("KVCache");
+  TORCH_CHECK_TYPE(py::isinstance(cache, wrapper), who, ": cache must be a rotary.KVCache, got ",
+                   py::str(py::type::of(cache).attr("__name__")).cast<std::string>());
+  return cache.attr("cpp_module").cast<std::shared_ptr<rotary::KVCacheImpl>>();
+}
+
+std::optional<int64_t> optional_start_pos(const py::object& start_pos) {
+  return start_pos.is_none() ? std::nullopt : std::optional<int64_t>(start_pos_arg(start_pos));
+}
+}  // namespace
+
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> forward_with_cache(
     rotary::RotaryEmbeddingImpl& rope, torch::Tensor q, torch::Tensor k, const torch::Tensor& v, const py::object& cache,
     const py::object& start_pos) {
-  rotary::KVCache holder(cache.attr("cpp_module").cast<std::shared_ptr<rotary::KVCacheImpl>>());
-  const std::optional<int64_t> pos = start_pos.is_none() ? std::nullopt : std::optional<int64_t>(start_pos_arg(start_pos));
-  return rope.forward_with_cache(q, k, v, holder, pos);
+  rotary::KVCache holder(cache_of(cache, "RotaryEmbedding.forward_with_cache"));
+  return rope.forward_with_cache(q, k, v, holder, optional_start_pos(start_pos));
+}
+
+// The Python RotaryEmbedding.forward_with_cache: the C++ module's shell over
+// the Python module's buffers; install(freqs, inv_freq) sets new ones.
+void bind_module_cache(py::module_& m) {
+  auto tables = py::reinterpret_borrow<py::class_<rotary::RopeTables>>(m.attr("RopeTables"));
+  tables.def(
+      "forward_with_cache",
+      [](rotary::RopeTables& t, torch::Tensor q, torch::Tensor k, const torch::Tensor& v, const py::object& cache,
+         const py::object& start_pos, const std::string& layout, const torch::Tensor& freqs,
+         const torch::Tensor& inv_freq, const py::function& install) {
+        const auto impl = cache_of(cache, "RotaryEmbedding.forward_with_cache");
+        const auto pos = optional_start_pos(start_pos);
+        rotary::ModuleBuffers buffers{freqs, inv_freq, [&](const rotary::RopeTableSet& fresh) {
+                                        py::gil_scoped_acquire gil;
+                                        install(fresh.freqs, fresh.inv_freq);
+                                      },
+                                      [](at::ScalarType s) {
+                                        py::gil_scoped_acquire gil;
+                                        return py::repr(py::handle(reinterpret_cast<PyObject*>(
+                                                            torch::getTHPDtype(s)))).cast<std::string>();
+                                      }};
+        py::gil_scoped_release no_gil;  // a host-driven rule's lock is waited for without it
+        return rotary::forward_with_cache(t, buffers, q, k, v, *impl, pos, layout);
+      },
+      py::arg("q"), py::arg("k"), py::arg("v"), py::arg("cache"), py::arg("start_pos"), py::arg("layout"),
+      py::arg("freqs"), py::arg("inv_freq"), py::arg("install"));
+  // The Python module's repr fields, in Python's spelling.
+  tables.def("extra_repr", [](const rotary::RopeTables& t) {
+    const auto& o = t.options();
+    const auto repr = [](const py::object& v) { return py::repr(v).cast<std::string>(); };
+    std::string s = "dim=" + std::to_string(o.dim()) + ", max_seq_len=" + std::to_string(o.max_seq_len()) +
+        ", theta=" + repr(py::float_(o.theta())) + ", interleaved=" + (o.interleaved() ? "True" : "False");
+    if (o.scaling().type() != "default") s += ", scaling=" + repr(scaling_or_none(o.scaling()));
+    if (o.angle_dtype() != torch::kFloat64) s += ", angle_dtype=" + repr(py::str(rotary::angle_dtype_name(o.angle_dtype())));
+    if (o.rotary_offset() != 0) s += ", rotary_offset=" + std::to_string(o.rotary_offset());
+    if (!o.mrope_section().empty()) {
+      s += ", mrope_section=" + repr(py::cast(o.mrope_section()));
+      if (o.mrope_interleaved()) s += ", mrope_interleaved=True";
+    }
+    if (!o.axes_dim().empty()) s += ", axes_dim=" + repr(py::cast(o.axes_dim()));
+    return s;
+  });
+  tables.def(
+      "check_span",
+      [](const rotary::RopeTables& t, const py::object& q) {
+        const auto shape = py::repr(py::module_::import("builtins").attr("tuple")(q.attr("shape")));
+        rotary::check_span(t.options(), q.cast<torch::Tensor>(), shape.cast<std::string>());
+      },
+      py::arg("q"), "ValueError unless head_dim of q holds the rotated span (the module's words).");
 }
 
 }  // namespace python

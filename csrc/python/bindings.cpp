@@ -214,6 +214,7 @@ PYBIND11_MODULE(_C, m) {
       "Raises the module's error for a start_pos outside [0, 2^60) or not an int.");
 
   bind_kv_cache(m);
+  bind_module_cache(m);
   bind_launch(m);
   using Impl = rotary::RotaryEmbeddingImpl;
   // force_enable: bind forward ourselves (it is overloaded).

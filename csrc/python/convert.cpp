@@ -328,7 +328,7 @@ std::tuple<torch::Tensor, OptTensor, int64_t, OptTensor, OptTensor> call_args(
   const auto legacy = tensor_arg(positions, who, "positions");
   if (!legacy) return {*x, k_tensor, start, off, ids};
   TORCH_CHECK_VALUE(
-      !off && !ids, "RotaryEmbedding: positions is deprecated; pass offsets or position_ids alone");
+      !off && !ids, "RotaryEmbedding: positions= is deprecated; pass offsets= or position_ids= alone");
   const auto [s, o, i] = py::module_::import("rotary._ops")
                              .attr("_legacy_positions")(*legacy, start, false, "RotaryEmbedding")
                              .cast<std::tuple<int64_t, OptTensor, OptTensor>>();

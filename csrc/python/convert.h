@@ -72,6 +72,8 @@ void apply_moves_only(py::object wrapper) {
 // bind_kv_cache.cpp: rotary._C.KVCache, and the body of
 // CppRotaryEmbedding.forward_with_cache (cache: a bound KVCache).
 void bind_kv_cache(py::module_& m);
+// RopeTables.forward_with_cache and check_span (after RopeTables is bound).
+void bind_module_cache(py::module_& m);
 // bind_launch.cpp: rotary._C._cuda_launch_shape (the launch model).
 void bind_launch(py::module_& m);
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> forward_with_cache(

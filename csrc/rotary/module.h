@@ -1,5 +1,6 @@
 #pragma once
 
+#include <rotary/front_end.h>
 #include <rotary/kv_cache.h>
 #include <rotary/options.h>
 #include <rotary/tables.h>
@@ -119,6 +120,7 @@ class RotaryEmbeddingImpl : public torch::nn::Cloneable<RotaryEmbeddingImpl> {
 
  private:
   void install(const RopeTableSet& tables);
+  ModuleBuffers module_buffers();
   at::OptionalIntArrayRef axes_for(const std::optional<torch::Tensor>& position_ids) const;
   template <typename Op>
   auto run(

@@ -1,0 +1,83 @@
+#include <rotary/bounds.h>
+#include <rotary/front_end.h>
+#include <rotary/ops.h>
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <string>
+
+namespace rotary {
+
+void check_span(const RotaryEmbeddingOptions& options, const at::Tensor& q, const std::string& shape) {
+  const int64_t head_dim = q.dim() > 0 ? q.size(-1) : 0;
+  // Both are >= 0 (check_options), so their sum fits in uint64.
+  const uint64_t span = static_cast<uint64_t>(options.rotary_offset()) + static_cast<uint64_t>(options.dim());
+  TORCH_CHECK_VALUE(
+      bounds::span_fits(options.rotary_offset(), options.dim(), head_dim), "RotaryEmbedding(dim=", options.dim(),
+      "): head_dim must be >= ",
+      options.rotary_offset() ? "rotary_offset + dim = " + std::to_string(span) + " (the rotated span)"
+                              : std::string("dim (the rotated width)"),
+      ", got head_dim ", head_dim, " (shape ", shape.empty() ? c10::str(q.sizes()) : shape, ")");
+}
+
+namespace {
+
+constexpr const char* kWho = "RotaryEmbedding.forward_with_cache";
+
+struct LayoutAxes {
+  int batch, seq;
+  const char* dims;
+};
+
+LayoutAxes axes_of(c10::string_view layout) {
+  if (layout == "BHSD") return {0, 2, "[batch, heads, seq, head_dim]"};
+  if (layout == "BSHD") return {0, 1, "[batch, seq, heads, head_dim]"};
+  if (layout == "SBHD") return {1, 0, "[seq, batch, heads, head_dim]"};
+  TORCH_CHECK_VALUE(false, kWho, ": layout must be 'BHSD', 'BSHD' or 'SBHD', got '", layout, "'");
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_with_cache(
+    RopeTables& tables,
+    const ModuleBuffers& buffers,
+    at::Tensor& q,
+    at::Tensor& k,
+    const at::Tensor& v,
+    KVCacheImpl& cache,
+    std::optional<int64_t> start_pos,
+    c10::string_view layout) {
+  const LayoutAxes ax = axes_of(layout);
+  if (start_pos) RopeTables::check_start_pos(*start_pos);
+  TORCH_CHECK_VALUE(q.dim() == 4, kWho, ": q must be 4-D ", std::string(layout), " ", ax.dims, ", got ", q.sizes());
+  const auto cache_dtype = cache.options.dtype();
+  const auto name = [&](at::ScalarType s) { return buffers.dtype_name ? buffers.dtype_name(s) : c10::str(s); };
+  TORCH_CHECK_TYPE(
+      cache_dtype == k.scalar_type() || cache_dtype == at::kFloat8_e4m3fn, kWho, ": the KVCache holds ",
+      name(cache_dtype), " but k is ", name(k.scalar_type()),
+      "; build the KVCache with dtype=", name(k.scalar_type()), " (or ", name(at::kFloat8_e4m3fn), "), or cast k");
+  const int64_t seq = q.size(ax.seq), filled = cache.length(), capacity = cache.options.capacity();
+  TORCH_CHECK_INDEX(filled + seq <= capacity, kWho, ": appending ", seq, " positions to a cache holding ", filled,
+                    " exceeds its capacity ", capacity);
+  check_span(tables.options(), q);
+  const int64_t pos = start_pos.value_or(filled);
+  // Rows go at length() .. even when the rotation is elsewhere (start_pos).
+  std::optional<at::Tensor> rows;
+  if (pos != filled) {
+    rows = at::arange(filled, filled + seq, at::dtype(at::kLong).device(q.device())).expand({q.size(ax.batch), seq});
+  }
+  const auto scale = [](const at::Tensor& s) { return s.defined() ? std::optional<at::Tensor>(s) : std::nullopt; };
+  const auto& o = tables.options();
+  run_module_call(tables, buffers, seq, pos, std::nullopt, std::nullopt, [&](const at::Tensor& f, const auto& inv) {
+    apply_rope_with_kv_cache_(q, k, v, cache.k, cache.v, f, pos, o.interleaved(), std::nullopt, std::nullopt,
+                              std::nullopt, inv, layout, rows, std::nullopt, cache.options.layout(),
+                              scale(cache.k_scale), scale(cache.v_scale), /*inverse=*/false, o.rotary_offset());
+    return 0;
+  });
+  cache.advance(seq);
+  auto [keys, values] = cache.keys_values(q.scalar_type());
+  return {q, keys, values};
+}
+
+}  // namespace rotary
