@@ -66,11 +66,7 @@ struct PreparedRope {
 // allocates the outputs (or, in place, aliases the inputs) and fills the
 // framework-free launch description. Nothing is written before it returns.
 PreparedRope prepare_rope(
-    const char* op,
-    const at::Tensor& q,
-    const at::Tensor* k,
-    const at::Tensor& freqs,
-    const RopeArgs& args,
+    const char* op, const at::Tensor& q, const at::Tensor* k, const at::Tensor& freqs, const RopeArgs& args,
     bool in_place);
 
 }  // namespace detail

@@ -202,11 +202,7 @@ void apply_rope_with_kv_cache_autograd(ROTARY_KV_TENSORS ROTARY_KV_PARAMS) {
 }  // namespace
 
 TORCH_LIBRARY_IMPL(rotary, Autograd, m) {
-  m.impl("apply_rope_with_kv_cache_", &apply_rope_with_kv_cache_autograd);
-  m.impl("apply_rope", &apply_rope_autograd);
-  m.impl("apply_rope_qk", &apply_rope_qk_autograd);
-  m.impl("apply_rope_", &apply_rope_inplace_autograd);
-  m.impl("apply_rope_qk_", &apply_rope_qk_inplace_autograd);
+  ROTARY_IMPL_ALL(m, autograd);
 }
 
 }  // namespace rotary

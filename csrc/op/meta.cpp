@@ -52,11 +52,7 @@ void apply_rope_with_kv_cache_meta(ROTARY_KV_TENSORS ROTARY_KV_PARAMS) {
 }  // namespace
 
 TORCH_LIBRARY_IMPL(rotary, Meta, m) {
-  m.impl("apply_rope_with_kv_cache_", &apply_rope_with_kv_cache_meta);
-  m.impl("apply_rope", &apply_rope_meta);
-  m.impl("apply_rope_qk", &apply_rope_qk_meta);
-  m.impl("apply_rope_", &apply_rope_inplace_meta);
-  m.impl("apply_rope_qk_", &apply_rope_qk_inplace_meta);
+  ROTARY_IMPL_ALL(m, meta);
 }
 
 }  // namespace rotary

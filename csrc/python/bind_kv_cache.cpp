@@ -58,20 +58,19 @@ void bind_kv_cache(py::module_& m) {
   py::object wrapper = m.attr("KVCache");
   wrapper.attr("length") = py::module_::import("builtins").attr("property")(py::cpp_function(
       [](py::object self) { return self.attr("cpp_module").attr("_length"); }, py::is_method(wrapper)));
-  wrapper.attr("__repr__") = py::cpp_function(
-      [](py::object self) {
-        std::ostringstream os;
-        self.attr("cpp_module").cast<std::shared_ptr<Impl>>()->pretty_print(os);
-        return os.str();
-      },
-      py::is_method(wrapper));
+  repr_from_pretty_print<Impl>(wrapper);
   // The cache keeps the dtype its options say when a parent is cast.
   apply_moves_only<Impl>(wrapper);
   // pickle / copy.deepcopy: rebuilt from the options, then the buffers and
   // the length copied in. torch cannot pickle a float8 tensor: its bytes go.
-  wrapper.attr("__module__") = "rotary";
-  m.def(
-      "_kv_cache_from_state",
+  def_pickle<Impl>(
+      m, wrapper, "_kv_cache_from_state",
+      [](const Impl& impl) {
+        const auto& o = impl.options;
+        const py::object dtype = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(o.dtype())));
+        return py::make_tuple(o.batch(), o.kv_heads(), o.capacity(), o.head_dim(), o.layout(), dtype, o.k_scale(),
+                              o.v_scale(), bytes_of(impl.k), bytes_of(impl.v), impl.length());
+      },
       [wrapper](const py::tuple& st) {
         TORCH_CHECK_VALUE(st.size() == 11, "KVCache: unexpected pickled state of size ", st.size());
         py::object obj = wrapper(
@@ -86,21 +85,9 @@ void bind_kv_cache(py::module_& m) {
         impl->truncate(0);
         impl->advance(st[10].cast<int64_t>());
         return obj;
-      },
-      py::arg("state"));
-  wrapper.attr("__reduce__") = py::cpp_function(
-      [m](py::object self) {
-        auto impl = self.attr("cpp_module").cast<std::shared_ptr<Impl>>();
-        const auto& o = impl->options;
-        py::tuple state = py::make_tuple(
-            o.batch(), o.kv_heads(), o.capacity(), o.head_dim(), o.layout(), py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(o.dtype()))), o.k_scale(),
-            o.v_scale(), bytes_of(impl->k), bytes_of(impl->v), impl->length());
-        return py::make_tuple(m.attr("_kv_cache_from_state"), py::make_tuple(state));
-      },
-      py::is_method(wrapper));
+      });
 }
 
-namespace {
 // The C++ cache behind a bound rotary.KVCache; a TypeError naming the call for anything else.
 std::shared_ptr<rotary::KVCacheImpl> cache_of(const py::object& cache, const char* who) {
   py::object wrapper = py::module_::import("rotary._C").attr("KVCache");
@@ -112,63 +99,12 @@ std::shared_ptr<rotary::KVCacheImpl> cache_of(const py::object& cache, const cha
 std::optional<int64_t> optional_start_pos(const py::object& start_pos) {
   return start_pos.is_none() ? std::nullopt : std::optional<int64_t>(start_pos_arg(start_pos));
 }
-}  // namespace
 
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> forward_with_cache(
     rotary::RotaryEmbeddingImpl& rope, torch::Tensor q, torch::Tensor k, const torch::Tensor& v, const py::object& cache,
     const py::object& start_pos) {
   rotary::KVCache holder(cache_of(cache, "RotaryEmbedding.forward_with_cache"));
   return rope.forward_with_cache(q, k, v, holder, optional_start_pos(start_pos));
-}
-
-// The Python RotaryEmbedding.forward_with_cache: the C++ module's shell over
-// the Python module's buffers; install(freqs, inv_freq) sets new ones.
-void bind_module_cache(py::module_& m) {
-  auto tables = py::reinterpret_borrow<py::class_<rotary::RopeTables>>(m.attr("RopeTables"));
-  tables.def(
-      "forward_with_cache",
-      [](rotary::RopeTables& t, torch::Tensor q, torch::Tensor k, const torch::Tensor& v, const py::object& cache,
-         const py::object& start_pos, const std::string& layout, const torch::Tensor& freqs,
-         const torch::Tensor& inv_freq, const py::function& install) {
-        const auto impl = cache_of(cache, "RotaryEmbedding.forward_with_cache");
-        const auto pos = optional_start_pos(start_pos);
-        rotary::ModuleBuffers buffers{freqs, inv_freq, [&](const rotary::RopeTableSet& fresh) {
-                                        py::gil_scoped_acquire gil;
-                                        install(fresh.freqs, fresh.inv_freq);
-                                      },
-                                      [](at::ScalarType s) {
-                                        py::gil_scoped_acquire gil;
-                                        return py::repr(py::handle(reinterpret_cast<PyObject*>(
-                                                            torch::getTHPDtype(s)))).cast<std::string>();
-                                      }};
-        py::gil_scoped_release no_gil;  // a host-driven rule's lock is waited for without it
-        return rotary::forward_with_cache(t, buffers, q, k, v, *impl, pos, layout);
-      },
-      py::arg("q"), py::arg("k"), py::arg("v"), py::arg("cache"), py::arg("start_pos"), py::arg("layout"),
-      py::arg("freqs"), py::arg("inv_freq"), py::arg("install"));
-  // The Python module's repr fields, in Python's spelling.
-  tables.def("extra_repr", [](const rotary::RopeTables& t) {
-    const auto& o = t.options();
-    const auto repr = [](const py::object& v) { return py::repr(v).cast<std::string>(); };
-    std::string s = "dim=" + std::to_string(o.dim()) + ", max_seq_len=" + std::to_string(o.max_seq_len()) +
-        ", theta=" + repr(py::float_(o.theta())) + ", interleaved=" + (o.interleaved() ? "True" : "False");
-    if (o.scaling().type() != "default") s += ", scaling=" + repr(scaling_or_none(o.scaling()));
-    if (o.angle_dtype() != torch::kFloat64) s += ", angle_dtype=" + repr(py::str(rotary::angle_dtype_name(o.angle_dtype())));
-    if (o.rotary_offset() != 0) s += ", rotary_offset=" + std::to_string(o.rotary_offset());
-    if (!o.mrope_section().empty()) {
-      s += ", mrope_section=" + repr(py::cast(o.mrope_section()));
-      if (o.mrope_interleaved()) s += ", mrope_interleaved=True";
-    }
-    if (!o.axes_dim().empty()) s += ", axes_dim=" + repr(py::cast(o.axes_dim()));
-    return s;
-  });
-  tables.def(
-      "check_span",
-      [](const rotary::RopeTables& t, const py::object& q) {
-        const auto shape = py::repr(py::module_::import("builtins").attr("tuple")(q.attr("shape")));
-        rotary::check_span(t.options(), q.cast<torch::Tensor>(), shape.cast<std::string>());
-      },
-      py::arg("q"), "ValueError unless head_dim of q holds the rotated span (the module's words).");
 }
 
 }  // namespace python

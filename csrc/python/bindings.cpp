@@ -111,130 +111,18 @@ PYBIND11_MODULE(_C, m) {
       py::arg("rotary_dim"), py::arg("theta") = 10000.0, py::arg("scaling") = py::none(), py::arg("seq_len") = 0,
       "(inv_freq float64 [rotary_dim // 2], attention_scaling) of a frequency rule.");
 
-  using rotary::RopeTables;
-  py::class_<RopeTables>(
-      m, "RopeTables",
-      "The state machine of both RotaryEmbedding modules (rotary/tables.h): options, which tables they build, "
-      "when the host-driven rules rebuild them, the checks of saved tables, and the lock.")
-      .def(
-          py::init([](const py::object& dim, const py::object& max_seq_len, const py::object& theta,
-                      const py::object& interleaved, const py::object& scaling, const py::object& angle_dtype,
-                      const py::object& rotary_offset, const py::object& mrope_section,
-                      const py::object& mrope_interleaved, const py::object& axes_dim, const py::object& axes_theta,
-                      const py::object& axes_shared_spectrum) {
-            auto options = options_from_py(dim, max_seq_len, theta, interleaved, scaling, angle_dtype);
-            return RopeTables(nd_options_from_py(
-                options, rotary_offset, mrope_section, mrope_interleaved, axes_dim, axes_theta, axes_shared_spectrum));
-          }),
-          py::arg("dim"), py::arg("max_seq_len") = 4096, py::arg("theta") = 10000.0, py::arg("interleaved") = true,
-          py::arg("scaling") = py::none(), py::kw_only(), py::arg("angle_dtype") = "float64",
-          py::arg("rotary_offset") = 0, py::arg("mrope_section") = py::none(), py::arg("mrope_interleaved") = false,
-          py::arg("axes_dim") = py::none(), py::arg("axes_theta") = py::none(),
-          py::arg("axes_shared_spectrum") = false)
-      .def_property_readonly("dim", [](const RopeTables& t) { return t.options().dim(); })
-      .def_property_readonly("max_seq_len", [](const RopeTables& t) { return t.options().max_seq_len(); })
-      .def_property_readonly("theta", [](const RopeTables& t) { return t.options().theta(); })
-      .def_property_readonly("interleaved", [](const RopeTables& t) { return t.options().interleaved(); })
-      .def_property_readonly("scaling", [](const RopeTables& t) { return scaling_or_none(t.options().scaling()); })
-      .def_property_readonly(
-          "angle_dtype", [](const RopeTables& t) { return rotary::angle_dtype_name(t.options().angle_dtype()); })
-      .def_property_readonly("host_driven", &RopeTables::host_driven)
-      .def_property_readonly("rotary_offset", [](const RopeTables& t) { return t.options().rotary_offset(); })
-      .def_property_readonly("mrope_section", [](const RopeTables& t) { return t.options().mrope_section(); })
-      .def_property_readonly("mrope_interleaved", [](const RopeTables& t) { return t.options().mrope_interleaved(); })
-      .def_property_readonly("axes_dim", [](const RopeTables& t) { return t.options().axes_dim(); })
-      .def_property_readonly("pair_axes", [](const RopeTables& t) { return rotary::pair_axes_of(t.options()); })
-      .def_property_readonly("extends_past_table", &RopeTables::extends_past_table)
-      .def_property_readonly("state", &RopeTables::state)
-      .def_property_readonly("attention_scaling", &RopeTables::attention_scaling)
-      .def(
-          "build",
-          [](const RopeTables& t, const std::optional<torch::Device>& device) {
-            const auto b = t.build(t.state(), device.value_or(torch::kCPU));
-            return std::make_tuple(b.freqs, b.inv_freq);
-          },
-          py::arg("device") = py::none(), "(freqs, inv_freq) of the current state.")
-      .def_static(
-          "call_args", &call_args, py::arg("q"), py::arg("k"), py::arg("start_pos"), py::arg("offsets"),
-          py::arg("position_ids"), py::arg("positions"),
-          "(q, k, start_pos, offsets, position_ids) of a module call, type checked (a deprecated positions "
-          "routed); raises the module's errors.")
-      .def_static(
-          "reach_of", &RopeTables::reach_of, py::arg("seq_len"), py::arg("start_pos"), py::arg("offsets"),
-          py::arg("position_ids"))
-      .def("check_rows", &RopeTables::check_rows, py::arg("seq_len"), py::arg("start_pos"), py::arg("has_positions"),
-           py::arg("rows"))
-      // run / restore call back into Python holding the lock: wait for the
-      // lock without the GIL, so the thread holding it can take the GIL.
-      .def(
-          "run",
-          [](RopeTables& t, int64_t reach, const torch::Device& device, const py::function& op) {
-            py::gil_scoped_release no_gil;
-            return t.run(reach, device, [&](const rotary::RopeTableSet* fresh) {
-              py::gil_scoped_acquire gil;
-              return fresh ? op(py::make_tuple(fresh->freqs, fresh->inv_freq)) : op(py::none());
-            });
-          },
-          py::arg("reach"), py::arg("device"), py::arg("op"),
-          "op(None) with the current tables right for a call reaching `reach`, else op((freqs, inv_freq)) with "
-          "new ones, which op installs; the new state is recorded only when op returned.")
-      .def(
-          "restore",
-          [](RopeTables& t, const py::object& freqs, const py::object& inv_freq, const std::string& who,
-             const torch::Device& device, const py::function& install) {
-            const auto f = tensor_arg(freqs, who, "the saved 'freqs'");
-            const auto inv = tensor_arg(inv_freq, who, "the saved 'inv_freq'");
-            py::gil_scoped_release no_gil;
-            t.restore(f, inv, who, device, [&](const rotary::RopeTableSet& fresh) {
-              py::gil_scoped_acquire gil;
-              install(fresh.freqs, fresh.inv_freq);
-            });
-          },
-          py::arg("freqs"), py::arg("inv_freq"), py::arg("who"), py::arg("device"), py::arg("install"),
-          "Checks saved buffers against the options (ValueError naming the mismatch), then install(freqs, "
-          "inv_freq) with the tables of the state they match, rebuilt from the options.")
-      .def(py::pickle(
-          [](const RopeTables& t) { return options_to_tuple(t); },
-          [](const py::tuple& st) {
-            auto options = options_from_py(st[0], st[1], st[2], st[3], st[4], st[5]);
-            if (st.size() >= 10) {  // axial options (older pickles have none)
-              options.axes_dim(st[7].cast<std::vector<int64_t>>())
-                  .axes_theta(st[8].cast<std::vector<double>>())
-                  .axes_shared_spectrum(st[9].cast<bool>());
-            }
-            if (st.size() >= 13) {  // span and M-RoPE options
-              options.rotary_offset(st[10].cast<int64_t>())
-                  .mrope_section(st[11].cast<std::vector<int64_t>>())
-                  .mrope_interleaved(st[12].cast<bool>());
-            }
-            return RopeTables(options, st[6].cast<int64_t>());
-          }));
+  bind_tables(m);
   m.def(
       "check_start_pos", [](const py::object& start_pos) { return start_pos_arg(start_pos); }, py::arg("start_pos"),
       "Raises the module's error for a start_pos outside [0, 2^60) or not an int.");
 
   bind_kv_cache(m);
-  bind_module_cache(m);
   bind_launch(m);
   using Impl = rotary::RotaryEmbeddingImpl;
   // force_enable: bind forward ourselves (it is overloaded).
-  torch::python::bind_module<Impl, /*force_enable=*/true>(m, "CppRotaryEmbedding")
-      .def(
-          py::init([](const py::object& dim, const py::object& max_seq_len, const py::object& theta,
-                      const py::object& interleaved, const py::object& scaling, const py::object& angle_dtype,
-                      const py::object& rotary_offset, const py::object& mrope_section,
-                      const py::object& mrope_interleaved, const py::object& axes_dim, const py::object& axes_theta,
-                      const py::object& axes_shared_spectrum) {
-            auto options = options_from_py(dim, max_seq_len, theta, interleaved, scaling, angle_dtype);
-            return std::make_shared<Impl>(nd_options_from_py(
-                options, rotary_offset, mrope_section, mrope_interleaved, axes_dim, axes_theta, axes_shared_spectrum));
-          }),
-          py::arg("dim"), py::arg("max_seq_len") = 4096, py::arg("theta") = 10000.0,
-          py::arg("interleaved") = true, py::arg("scaling") = py::none(), py::kw_only(),
-          py::arg("angle_dtype") = "float64", py::arg("rotary_offset") = 0,
-          py::arg("mrope_section") = py::none(), py::arg("mrope_interleaved") = false,
-          py::arg("axes_dim") = py::none(), py::arg("axes_theta") = py::none(),
-          py::arg("axes_shared_spectrum") = false)
+  auto cpp_module = torch::python::bind_module<Impl, /*force_enable=*/true>(m, "CppRotaryEmbedding");
+  def_options_init(cpp_module, [](const rotary::RotaryEmbeddingOptions& o) { return std::make_shared<Impl>(o); });
+  cpp_module
       .def_property_readonly("pair_axes", [](const Impl& self) { return self.pair_axes; })
       // rope(x, start_pos=0) or rope(q, k, start_pos=0); offsets= or
       // position_ids= (positions= deprecated), as in the Python module.
@@ -329,21 +217,19 @@ PYBIND11_MODULE(_C, m) {
       py::is_method(wrapper), py::arg("state_dict"), py::arg("prefix"), py::arg("local_metadata"),
       py::arg("strict"), py::arg("missing_keys"), py::arg("unexpected_keys"), py::arg("error_msgs"));
 
-  // pickle / copy.deepcopy: the class torch creates reports the importing
-  // frame as its module; name it where users reach it, and rebuild from the
-  // options and the saved tables (load_tables restores the host-driven state).
-  wrapper.attr("__module__") = "rotary";
-  // repr: the C++ pretty_print, options included (torch's binding prints the
-  // class name only).
-  wrapper.attr("__repr__") = py::cpp_function(
-      [](py::object self) {
-        std::ostringstream os;
-        self.attr("cpp_module").cast<std::shared_ptr<Impl>>()->pretty_print(os);
-        return os.str();
+  repr_from_pretty_print<Impl>(wrapper);
+  // pickle / copy.deepcopy: rebuilt from the options and the saved tables
+  // (load_tables restores the host-driven state).
+  def_pickle<Impl>(
+      m, wrapper, "_cpp_rope_from_state",
+      [](const Impl& impl) {
+        const auto& o = impl.options;
+        py::object scaling = o.scaling().type() == "default" ? py::object(py::none()) : py::object(scaling_to_dict(o.scaling()));
+        return py::make_tuple(
+            o.dim(), o.max_seq_len(), o.theta(), o.interleaved(), scaling, rotary::angle_dtype_name(o.angle_dtype()),
+            impl.freqs, impl.inv_freq, impl.is_training(), o.rotary_offset(), o.mrope_section(),
+            o.mrope_interleaved(), o.axes_dim(), o.axes_theta(), o.axes_shared_spectrum());
       },
-      py::is_method(wrapper));
-  m.def(
-      "_cpp_rope_from_state",
       [wrapper](const py::tuple& st) {
         TORCH_CHECK_VALUE(st.size() == 15, "CppRotaryEmbedding: unexpected pickled state of size ", st.size());
         auto impl = std::make_shared<Impl>(
@@ -365,18 +251,5 @@ PYBIND11_MODULE(_C, m) {
         py::module_::import("torch.nn.cpp").attr("ModuleWrapper").attr("__init__")(obj, py::cast(impl));
         impl->train(st[8].cast<bool>());  // after nn.Module.__init__, which sets training = True
         return obj;
-      },
-      py::arg("state"));
-  wrapper.attr("__reduce__") = py::cpp_function(
-      [m](py::object self) {
-        auto impl = self.attr("cpp_module").cast<std::shared_ptr<Impl>>();
-        const auto& o = impl->options;
-        py::object scaling = o.scaling().type() == "default" ? py::object(py::none()) : py::object(scaling_to_dict(o.scaling()));
-        py::tuple state = py::make_tuple(
-            o.dim(), o.max_seq_len(), o.theta(), o.interleaved(), scaling, rotary::angle_dtype_name(o.angle_dtype()),
-            impl->freqs, impl->inv_freq, impl->is_training(), o.rotary_offset(), o.mrope_section(),
-            o.mrope_interleaved(), o.axes_dim(), o.axes_theta(), o.axes_shared_spectrum());
-        return py::make_tuple(m.attr("_cpp_rope_from_state"), py::make_tuple(state));
-      },
-      py::is_method(wrapper));
+      });
 }

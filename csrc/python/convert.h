@@ -9,6 +9,7 @@
 
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -26,31 +27,38 @@ rotary::RopeScaling to_scaling(const py::object& obj);
 at::ScalarType angle_dtype_of(const py::object& obj, const char* who);
 int64_t int_arg(const py::handle& v, const char* who, const char* name);
 rotary::RotaryEmbeddingOptions options_from_py(
-    const py::object& dim,
-    const py::object& max_seq_len,
-    const py::object& theta,
-    const py::object& interleaved,
-    const py::object& scaling,
-    const py::object& angle_dtype);
+    const py::object& dim, const py::object& max_seq_len, const py::object& theta, const py::object& interleaved,
+    const py::object& scaling, const py::object& angle_dtype);
 // rotary_offset, mrope_section / mrope_interleaved and axes_* (None: unset),
 // type checked and named; check_options (tables.cpp) checks how they combine.
 rotary::RotaryEmbeddingOptions& nd_options_from_py(
-    rotary::RotaryEmbeddingOptions& options,
-    const py::object& rotary_offset,
-    const py::object& mrope_section,
-    const py::object& mrope_interleaved,
-    const py::object& axes_dim,
-    const py::object& axes_theta,
+    rotary::RotaryEmbeddingOptions& options, const py::object& rotary_offset, const py::object& mrope_section,
+    const py::object& mrope_interleaved, const py::object& axes_dim, const py::object& axes_theta,
     const py::object& axes_shared_spectrum);
+// The constructor both module types take (RopeTables, CppRotaryEmbedding),
+// with the Python module's arguments: make(options) builds the object.
+template <typename Cls, typename Make>
+void def_options_init(Cls& cls, Make make) {
+  cls.def(
+      py::init([make](const py::object& dim, const py::object& max_seq_len, const py::object& theta,
+                      const py::object& interleaved, const py::object& scaling, const py::object& angle_dtype,
+                      const py::object& rotary_offset, const py::object& mrope_section,
+                      const py::object& mrope_interleaved, const py::object& axes_dim, const py::object& axes_theta,
+                      const py::object& axes_shared_spectrum) {
+        auto options = options_from_py(dim, max_seq_len, theta, interleaved, scaling, angle_dtype);
+        return make(nd_options_from_py(
+            options, rotary_offset, mrope_section, mrope_interleaved, axes_dim, axes_theta, axes_shared_spectrum));
+      }),
+      py::arg("dim"), py::arg("max_seq_len") = 4096, py::arg("theta") = 10000.0, py::arg("interleaved") = true,
+      py::arg("scaling") = py::none(), py::kw_only(), py::arg("angle_dtype") = "float64",
+      py::arg("rotary_offset") = 0, py::arg("mrope_section") = py::none(), py::arg("mrope_interleaved") = false,
+      py::arg("axes_dim") = py::none(), py::arg("axes_theta") = py::none(), py::arg("axes_shared_spectrum") = false);
+}
 int64_t start_pos_arg(const py::handle& v);
 std::optional<torch::Tensor> tensor_arg(const py::handle& v, const std::string& who, const char* name);
 std::tuple<torch::Tensor, OptTensor, int64_t, OptTensor, OptTensor> call_args(
-    const py::object& q,
-    const py::object& k,
-    const py::object& start_pos,
-    const py::object& offsets,
-    const py::object& position_ids,
-    const py::object& positions);
+    const py::object& q, const py::object& k, const py::object& start_pos, const py::object& offsets,
+    const py::object& position_ids, const py::object& positions);
 py::tuple options_to_tuple(const rotary::RopeTables& t);
 py::object scaling_or_none(const rotary::RopeScaling& s);
 
@@ -69,11 +77,43 @@ void apply_moves_only(py::object wrapper) {
       py::is_method(wrapper), py::arg("fn"), py::arg("recurse") = true);
 }
 
+// repr of a bound C++ module: its pretty_print, options included (torch's
+// binding prints the class name only).
+template <typename Impl>
+void repr_from_pretty_print(py::object wrapper) {
+  wrapper.attr("__repr__") = py::cpp_function(
+      [](py::object self) {
+        std::ostringstream os;
+        self.attr("cpp_module").cast<std::shared_ptr<Impl>>()->pretty_print(os);
+        return os.str();
+      },
+      py::is_method(wrapper));
+}
+
+// pickle / copy.deepcopy of a bound C++ module, named where users reach it
+// (rotary): __reduce__ gives (m.<name>, (state_of(impl),)), and m.<name>
+// rebuilds the object from that tuple with from_state.
+template <typename Impl, typename StateOf, typename FromState>
+void def_pickle(py::module_& m, py::object wrapper, const char* name, StateOf state_of, FromState from_state) {
+  wrapper.attr("__module__") = "rotary";
+  m.def(name, from_state, py::arg("state"));
+  wrapper.attr("__reduce__") = py::cpp_function(
+      [m, name, state_of](py::object self) {
+        const auto impl = self.attr("cpp_module").cast<std::shared_ptr<Impl>>();
+        return py::make_tuple(m.attr(name), py::make_tuple(state_of(*impl)));
+      },
+      py::is_method(wrapper));
+}
+
 // bind_kv_cache.cpp: rotary._C.KVCache, and the body of
 // CppRotaryEmbedding.forward_with_cache (cache: a bound KVCache).
 void bind_kv_cache(py::module_& m);
-// RopeTables.forward_with_cache and check_span (after RopeTables is bound).
-void bind_module_cache(py::module_& m);
+// bind_tables.cpp: rotary._C.RopeTables, the modules' state machine and shell.
+void bind_tables(py::module_& m);
+// The C++ cache behind a bound rotary.KVCache (a TypeError naming `who`
+// for anything else), and an optional start_pos.
+std::shared_ptr<rotary::KVCacheImpl> cache_of(const py::object& cache, const char* who);
+std::optional<int64_t> optional_start_pos(const py::object& start_pos);
 // bind_launch.cpp: rotary._C._cuda_launch_shape (the launch model).
 void bind_launch(py::module_& m);
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> forward_with_cache(

@@ -70,13 +70,7 @@ auto run_module_call(
 // as [batch, kv_heads, length, head_dim] in q's dtype. Every check runs
 // before anything is written.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_with_cache(
-    RopeTables& tables,
-    const ModuleBuffers& buffers,
-    at::Tensor& q,
-    at::Tensor& k,
-    const at::Tensor& v,
-    KVCacheImpl& cache,
-    std::optional<int64_t> start_pos,
-    c10::string_view layout = "BHSD");
+    RopeTables& tables, const ModuleBuffers& buffers, at::Tensor& q, at::Tensor& k, const at::Tensor& v,
+    KVCacheImpl& cache, std::optional<int64_t> start_pos, c10::string_view layout = "BHSD");
 
 }  // namespace rotary

@@ -80,3 +80,12 @@
 #define ROTARY_DROP_FIRST_(first, ...) __VA_ARGS__
 #define ROTARY_DROP_FIRST(...) ROTARY_DROP_FIRST_(__VA_ARGS__)
 #define ROTARY_ROPE_NAME_LIST ROTARY_DROP_FIRST(ROTARY_ROPE_NAMES)
+
+// Registers one dispatch key's five kernels in a TORCH_LIBRARY_IMPL, named
+// after the op and the key (apply_rope_meta; in place: apply_rope_inplace_meta).
+#define ROTARY_IMPL_ALL(m, suffix)                                        \
+  m.impl("apply_rope", &apply_rope_##suffix);                             \
+  m.impl("apply_rope_qk", &apply_rope_qk_##suffix);                       \
+  m.impl("apply_rope_", &apply_rope_inplace_##suffix);                    \
+  m.impl("apply_rope_qk_", &apply_rope_qk_inplace_##suffix);              \
+  m.impl("apply_rope_with_kv_cache_", &apply_rope_with_kv_cache_##suffix)

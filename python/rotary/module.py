@@ -18,8 +18,7 @@ _APPLY_QK = torch.ops.rotary.apply_rope_qk.default
 _SEQ_AXIS = {"BHSD": 2, "BSHD": 1, "SBHD": 0}
 
 
-# torch.compiler.disable that imports torch._dynamo at the first call: at
-# import it would double `import rotary`'s time.
+# torch.compiler.disable, importing torch._dynamo at the first call (not at import).
 _eager_only = getattr(torch, "_disable_dynamo", None) or torch.compiler.disable
 
 
@@ -60,9 +59,7 @@ class RotaryEmbedding(nn.Module):
         (j, j + dim/2) (GPT-NeoX, HF ``rotate_half``). ``scaling``: ``None``,
         an HF ``rope_parameters``-like dict or a :class:`rotary.RopeScaling`.
         The rest: docs/api.md. ``ValueError`` / ``TypeError`` name the field."""
-        super().__init__()
-        # C++ validates every argument and how they combine (TypeError /
-        # ValueError naming it, the words CppRotaryEmbedding gives) and the rule.
+        super().__init__()  # C++ validates every argument, how they combine, and the rule
         self._tables = _C.RopeTables(
             dim, max_seq_len, theta, interleaved, scaling, angle_dtype=angle_dtype, rotary_offset=rotary_offset,
             mrope_section=mrope_section, mrope_interleaved=mrope_interleaved, axes_dim=axes_dim,

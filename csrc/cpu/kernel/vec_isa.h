@@ -82,17 +82,6 @@ template <bool NT>
 inline void store(double* p, const Vectorized<double>& v) {
   NT ? _mm512_stream_pd(p, v) : v.store(p);
 }
-template <bool NT>
-inline void store(c10::BFloat16* p, const Vectorized<float>& v) {
-  put<NT>(p, bf16_bits(v));
-}
-template <bool NT>
-inline void store(c10::Half* p, const Vectorized<float>& v) {
-  put<NT>(p, half_bits(v));
-}
-inline void stream_fence() {
-  _mm_sfence();
-}
 
 #elif defined(CPU_CAPABILITY_AVX2)
 
@@ -132,17 +121,6 @@ template <bool NT>
 inline void store(double* p, const Vectorized<double>& v) {
   NT ? _mm256_stream_pd(p, v) : v.store(p);
 }
-template <bool NT>
-inline void store(c10::BFloat16* p, const Vectorized<float>& v) {
-  put<NT>(p, bf16_bits(v));
-}
-template <bool NT>
-inline void store(c10::Half* p, const Vectorized<float>& v) {
-  put<NT>(p, half_bits(v));
-}
-inline void stream_fence() {
-  _mm_sfence();
-}
 
 #else  // DEFAULT: at::vec's portable arrays; no streaming stores.
 
@@ -165,6 +143,21 @@ inline void store(T* p, const Vectorized<acc_t>& v) {
 }
 inline void stream_fence() {}
 
+#endif
+
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+// Both x86 ISAs: 16-bit outputs are stored as their packed bits.
+template <bool NT>
+inline void store(c10::BFloat16* p, const Vectorized<float>& v) {
+  put<NT>(p, bf16_bits(v));
+}
+template <bool NT>
+inline void store(c10::Half* p, const Vectorized<float>& v) {
+  put<NT>(p, half_bits(v));
+}
+inline void stream_fence() {
+  _mm_sfence();
+}
 #endif
 
 }  // namespace CPU_CAPABILITY
