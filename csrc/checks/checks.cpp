@@ -24,25 +24,26 @@ bool is_varlen(const RopeArgs& args) {
 }  // namespace
 
 at::Tensor canonical_view(const char* op, const char* name, const at::Tensor& x, const RopeArgs& args) {
+  const Layout layout = args.layout.value;
   if (is_varlen(args)) {
     TORCH_CHECK_VALUE(
         x.dim() == 3, op, ": with cu_seqlens, ", name, " must be 3-D [total_tokens, heads, head_dim], got shape ",
         x.sym_sizes());
     TORCH_CHECK_VALUE(
-        args.layout == "BHSD" || args.layout == "THD", op, ": with cu_seqlens the layout is 'THD', got '",
+        layout == Layout::kBHSD || layout == Layout::kTHD, op, ": with cu_seqlens the layout is 'THD', got '",
         args.layout, "'");
     return x.unsqueeze(0).transpose(1, 2);
   }
-  const bool known = args.layout == "BHSD" || args.layout == "BSHD" || args.layout == "SBHD";
+  const bool known = layout == Layout::kBHSD || layout == Layout::kBSHD || layout == Layout::kSBHD;
   TORCH_CHECK_VALUE(known, op, ": layout must be 'BHSD', 'BSHD' or 'SBHD', got '", args.layout, "'");
-  const char* dims = args.layout == "BSHD" ? "[batch, seq_len, heads, head_dim]"
-      : args.layout == "SBHD"              ? "[seq_len, batch, heads, head_dim]"
-                                           : "[batch, heads, seq_len, head_dim]";
+  const char* dims = layout == Layout::kBSHD ? "[batch, seq_len, heads, head_dim]"
+      : layout == Layout::kSBHD              ? "[seq_len, batch, heads, head_dim]"
+                                             : "[batch, heads, seq_len, head_dim]";
   TORCH_CHECK_VALUE(
       x.dim() == 4, op, ": ", name, " must be 4-D ", dims, ", got shape ", x.sym_sizes(), " (layout ",
       args.layout, ")", x.dim() == 3 ? "; a 3-D [total_tokens, heads, head_dim] input needs cu_seqlens" : "");
-  if (args.layout == "BSHD") return x.transpose(1, 2);
-  if (args.layout == "SBHD") return x.permute({1, 2, 0, 3});
+  if (layout == Layout::kBSHD) return x.transpose(1, 2);
+  if (layout == Layout::kSBHD) return x.permute({1, 2, 0, 3});
   return x;
 }
 

@@ -2,6 +2,7 @@
 // so a bad input gets the same message on CPU, CUDA and Meta.
 #pragma once
 
+#include "params/layouts.h"
 #include "params/rope_params.h"
 
 #include <ATen/core/Tensor.h>
@@ -21,7 +22,7 @@ struct RopeArgs {
   bool inverse = false;
   const std::optional<at::Tensor>& cu_seqlens;
   const std::optional<at::Tensor>& inv_freq;
-  c10::string_view layout;
+  LayoutName layout;                   // parsed once; its text for messages
   int64_t rotary_offset = 0;           // rotated dims [offset, offset + rotary_dim)
   at::OptionalIntArrayRef pair_axes;   // N-D positions: pair j reads axis pair_axes[j]
 };

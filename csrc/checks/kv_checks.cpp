@@ -14,23 +14,19 @@ namespace rotary {
 namespace detail {
 namespace {
 
-bool is_paged(c10::string_view layout) {
-  return layout == "NHD" || layout == "HND";
-}
-
 // The [outer, heads, inner, head_dim] view of a cache (kv_params.h).
-at::Tensor cache_view(const char* op, const char* name, const at::Tensor& c, c10::string_view layout) {
-  const bool known = layout == "BHSD" || layout == "BSHD" || is_paged(layout);
+at::Tensor cache_view(const char* op, const char* name, const at::Tensor& c, const CacheLayoutName& layout) {
+  const CacheLayout l = layout.value;
   TORCH_CHECK_VALUE(
-      known, op, ": kv_layout must be 'BHSD' or 'BSHD' (contiguous per sequence) or 'NHD' or 'HND' (paged), got '",
-      layout, "'");
-  const char* dims = layout == "BHSD" ? "[batch, kv_heads, max_seq_len, head_dim]"
-      : layout == "BSHD"              ? "[batch, max_seq_len, kv_heads, head_dim]"
-      : layout == "NHD"               ? "[num_blocks, block_size, kv_heads, head_dim]"
-                                      : "[num_blocks, kv_heads, block_size, head_dim]";
+      l != CacheLayout::kUnknown, op,
+      ": kv_layout must be 'BHSD' or 'BSHD' (contiguous per sequence) or 'NHD' or 'HND' (paged), got '", layout, "'");
+  const char* dims = l == CacheLayout::kBHSD ? "[batch, kv_heads, max_seq_len, head_dim]"
+      : l == CacheLayout::kBSHD              ? "[batch, max_seq_len, kv_heads, head_dim]"
+      : l == CacheLayout::kNHD               ? "[num_blocks, block_size, kv_heads, head_dim]"
+                                             : "[num_blocks, kv_heads, block_size, head_dim]";
   TORCH_CHECK_VALUE(
       c.dim() == 4, op, ": ", name, " must be 4-D ", dims, " (kv_layout ", layout, "), got shape ", c.sym_sizes());
-  return layout == "BSHD" || layout == "NHD" ? c.transpose(1, 2) : c;
+  return l == CacheLayout::kBSHD || l == CacheLayout::kNHD ? c.transpose(1, 2) : c;
 }
 
 // slot_mapping / cache_positions: one entry per token, [batch, seq] or
@@ -120,7 +116,7 @@ void check_kv_inputs(
   TORCH_CHECK_VALUE(
       v.device() == q.device(), op, ": v is on ", v.device(), " but q is on ", q.device(), "; move both to the same device");
 
-  const bool paged = is_paged(kv.kv_layout);
+  const bool paged = is_paged(kv.kv_layout.value);
   const at::Tensor kc = cache_view(op, "k_cache", k_cache, kv.kv_layout);
   const at::Tensor vc = cache_view(op, "v_cache", v_cache, kv.kv_layout);
   TORCH_CHECK_VALUE(
@@ -213,7 +209,7 @@ PreparedKV prepare_kv(
   fill4(p.vc_stride, vc);
   p.outer = kc.size(0);
   p.inner = kc.size(2);
-  p.paged = is_paged(kv.kv_layout);
+  p.paged = is_paged(kv.kv_layout.value);
   const auto& dest = kv.slot_mapping ? kv.slot_mapping : kv.cache_positions;
   if (dest) {
     r.dest = *dest;

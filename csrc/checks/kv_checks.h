@@ -12,7 +12,7 @@ namespace detail {
 struct KVArgs {
   const std::optional<at::Tensor>& cache_positions;  // contiguous caches: row of each token
   const std::optional<at::Tensor>& slot_mapping;     // paged caches: flat slot of each token, -1 skips
-  c10::string_view kv_layout;                         // "BHSD", "BSHD" (contiguous), "NHD", "HND" (paged)
+  CacheLayoutName kv_layout;                          // BHSD, BSHD (contiguous), NHD, HND (paged)
   const std::optional<at::Tensor>& k_scale;           // float8_e4m3fn caches: float32 [] / [1] / [heads]
   const std::optional<at::Tensor>& v_scale;
 };

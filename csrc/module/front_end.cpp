@@ -1,3 +1,5 @@
+#include "params/layouts.h"
+
 #include <rotary/bounds.h>
 #include <rotary/front_end.h>
 #include <rotary/ops.h>
@@ -31,10 +33,12 @@ struct LayoutAxes {
 };
 
 LayoutAxes axes_of(c10::string_view layout) {
-  if (layout == "BHSD") return {0, 2, "[batch, heads, seq, head_dim]"};
-  if (layout == "BSHD") return {0, 1, "[batch, seq, heads, head_dim]"};
-  if (layout == "SBHD") return {1, 0, "[seq, batch, heads, head_dim]"};
-  TORCH_CHECK_VALUE(false, kWho, ": layout must be 'BHSD', 'BSHD' or 'SBHD', got '", layout, "'");
+  switch (parse_layout(layout)) {
+    case Layout::kBHSD: return {0, 2, "[batch, heads, seq, head_dim]"};
+    case Layout::kBSHD: return {0, 1, "[batch, seq, heads, head_dim]"};
+    case Layout::kSBHD: return {1, 0, "[seq, batch, heads, head_dim]"};
+    default: TORCH_CHECK_VALUE(false, kWho, ": layout must be 'BHSD', 'BSHD' or 'SBHD', got '", layout, "'");
+  }
 }
 
 }  // namespace

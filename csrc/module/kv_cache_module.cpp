@@ -1,3 +1,5 @@
+#include "params/layouts.h"
+
 #include <rotary/kv_cache.h>
 
 #include <ATen/ATen.h>
@@ -20,8 +22,9 @@ void KVCacheImpl::reset() {
       o.capacity(), ", head_dim ", o.head_dim());
   TORCH_CHECK_VALUE(
       o.head_dim() % 2 == 0, "KVCache: head_dim must be even (RoPE rotates pairs of dims), got ", o.head_dim());
-  TORCH_CHECK_VALUE(o.layout() == "BHSD" || o.layout() == "BSHD", "KVCache: layout must be 'BHSD' or 'BSHD', got '",
-                    o.layout(), "'");
+  const CacheLayout layout = parse_cache_layout(o.layout());
+  TORCH_CHECK_VALUE(layout == CacheLayout::kBHSD || layout == CacheLayout::kBSHD,
+                    "KVCache: layout must be 'BHSD' or 'BSHD', got '", o.layout(), "'");
   const auto dt = o.dtype();
   TORCH_CHECK_TYPE(
       dt == torch::kFloat || dt == torch::kDouble || dt == torch::kHalf || dt == torch::kBFloat16 ||
@@ -38,7 +41,7 @@ void KVCacheImpl::reset() {
         std::isfinite(stored) && stored > 0.0f, "KVCache: ", name, " must be finite and > 0 as a float32, got ", *scale);
   }
   const auto device = k.defined() ? k.device() : torch::Device(torch::kCPU);
-  const std::vector<int64_t> shape = o.layout() == "BHSD"
+  const std::vector<int64_t> shape = layout == CacheLayout::kBHSD
       ? std::vector<int64_t>{o.batch(), o.kv_heads(), o.capacity(), o.head_dim()}
       : std::vector<int64_t>{o.batch(), o.capacity(), o.kv_heads(), o.head_dim()};
   const auto opts = torch::TensorOptions().dtype(dt).device(device);
@@ -85,7 +88,7 @@ std::pair<torch::Tensor, torch::Tensor> KVCacheImpl::keys_values(torch::Dtype dt
   TORCH_CHECK_TYPE(
       dtype == torch::kFloat || dtype == torch::kDouble || dtype == torch::kHalf || dtype == torch::kBFloat16,
       "KVCache.keys_values: dtype must be float32, float64, float16 or bfloat16, got ", dtype);
-  const bool bshd = options.layout() == "BSHD";
+  const bool bshd = parse_cache_layout(options.layout()) == CacheLayout::kBSHD;
   auto view = [&](const torch::Tensor& t, const torch::Tensor& scale) {
     auto filled = (bshd ? t.transpose(1, 2) : t).narrow(2, 0, length_);
     return scale.defined() ? filled.to(torch::kFloat).mul(scale).to(dtype) : filled;

@@ -1,0 +1,58 @@
+// The layouts the ops read, as types. The schemas take them as strings;
+// each is parsed once, where a call's arguments are gathered (RopeArgs,
+// KVArgs, the module shell), and its text is kept only for messages.
+#pragma once
+
+#include <c10/util/string_view.h>
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+namespace rotary {
+
+// q, k and v: [batch, heads, seq, head_dim] as BHSD, BSHD or SBHD, or
+// packed [total_tokens, heads, head_dim] (THD) with cu_seqlens.
+enum class Layout : uint8_t { kBHSD, kBSHD, kSBHD, kTHD, kUnknown };
+// The caches: contiguous per sequence (BHSD, BSHD) or paged (NHD, HND).
+enum class CacheLayout : uint8_t { kBHSD, kBSHD, kNHD, kHND, kUnknown };
+
+inline Layout parse_layout(c10::string_view s) {
+  return s == "BHSD" ? Layout::kBHSD
+      : s == "BSHD"  ? Layout::kBSHD
+      : s == "SBHD"  ? Layout::kSBHD
+      : s == "THD"   ? Layout::kTHD
+                     : Layout::kUnknown;
+}
+inline CacheLayout parse_cache_layout(c10::string_view s) {
+  return s == "BHSD" ? CacheLayout::kBHSD
+      : s == "BSHD"  ? CacheLayout::kBSHD
+      : s == "NHD"   ? CacheLayout::kNHD
+      : s == "HND"   ? CacheLayout::kHND
+                     : CacheLayout::kUnknown;
+}
+inline bool is_paged(CacheLayout l) {
+  return l == CacheLayout::kNHD || l == CacheLayout::kHND;
+}
+
+// A layout argument: the parsed value, and the text the caller gave.
+// Implicit from the schema's string, so a call's arguments convert as they
+// are gathered; unknown text parses to kUnknown and the validator names it.
+template <typename E, E (*Parse)(c10::string_view)>
+struct LayoutArg {
+  LayoutArg(c10::string_view s) : value(Parse(s)), text(s) {}  // NOLINT: implicit by design
+  LayoutArg(const char* s) : LayoutArg(c10::string_view(s)) {}  // NOLINT
+  LayoutArg(const std::string& s) : LayoutArg(c10::string_view(s)) {}  // NOLINT: the text views s
+  bool operator==(E e) const { return value == e; }
+  bool operator!=(E e) const { return value != e; }
+  E value;
+  c10::string_view text;
+};
+template <typename E, E (*Parse)(c10::string_view)>
+std::ostream& operator<<(std::ostream& os, const LayoutArg<E, Parse>& l) {
+  return os << l.text;
+}
+using LayoutName = LayoutArg<Layout, parse_layout>;
+using CacheLayoutName = LayoutArg<CacheLayout, parse_cache_layout>;
+
+}  // namespace rotary
