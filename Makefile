@@ -109,7 +109,7 @@ FUZZ_ASAN_CASES ?= 2000
 .PHONY: fuzz
 fuzz: build
 	status=0; \
-	PYTHONPATH=$(CURDIR)/python $(VPY) tests/fuzz/run.py --cases $(FUZZ_CASES) --seed $(FUZZ_SEED) || status=1; \
+	PYTHONPATH=$(CURDIR)/python:$(CURDIR)/tests $(VPY) -m fuzz.run --cases $(FUZZ_CASES) --seed $(FUZZ_SEED) || status=1; \
 	if [ -x $(ASAN_BUILD)/tests/cpp/rotary_tests ]; then \
 	  ROTARY_FUZZ_CASES=$(FUZZ_ASAN_CASES) ROTARY_FUZZ_SEED=$(FUZZ_SEED) \
 	  ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
@@ -117,7 +117,7 @@ fuzz: build
 	else echo "fuzz: no $(ASAN_BUILD) (make test-asan builds it); C++ fuzz under ASan skipped"; fi; \
 	if PYTHONPATH=$(CURDIR)/python $(VPY) -c "import sys, torch, rotary; \
 	    sys.exit(0 if torch.cuda.is_available() and torch._C._dispatch_has_kernel_for_dispatch_key('rotary::apply_rope', 'CUDA') else 1)"; then \
-	  ROTARY_FUZZ_DEVICE=cuda PYTHONPATH=$(CURDIR)/python $(VPY) tests/fuzz/run.py --cases $(FUZZ_CASES) --seed $(FUZZ_SEED) || status=1; \
+	  ROTARY_FUZZ_DEVICE=cuda PYTHONPATH=$(CURDIR)/python:$(CURDIR)/tests $(VPY) -m fuzz.run --cases $(FUZZ_CASES) --seed $(FUZZ_SEED) || status=1; \
 	else echo "fuzz: no GPU with the CUDA kernels; CUDA fuzz skipped"; fi; \
 	exit $$status
 

@@ -20,7 +20,7 @@ closely the compatibility mode reproduces it.
 
 Then the output error of apply_rope on random q (float32 / float16 /
 bfloat16, 2 x 4 heads x 256 tokens x 128, positions up to 2^22) against the
-float64 reference of tests/python/reference.py.
+float64 reference of tests/rotary_testing/reference.py.
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ import numpy as np
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # a script: the helpers package beside it
 
 import rotary  # noqa: E402
-from reference import inv_freq as ref_inv_freq  # noqa: E402
-from reference import rope_reference  # noqa: E402
+from rotary_testing.reference import inv_freq as ref_inv_freq  # noqa: E402
+from rotary_testing.reference import rope_reference  # noqa: E402
 
 DIM, THETA, WINDOW = 128, 10000.0, 512
 ENDS = [("4K", 4096), ("128K", 131072), ("1M", 2**20), ("2^22", 2**22)]

@@ -24,6 +24,8 @@ using rotary::RopeScaling;
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "rotary: C++ RotaryEmbedding, frequency rules and tables (ops live in torch.ops.rotary)";
+  // The positions bound (rotary/bounds.h), for the Python fast paths.
+  m.attr("MAX_POSITION") = rotary::kMaxPosition;
 
   py::class_<RopeScaling>(m, "RopeScaling", "A frequency rule and its parameters (see rotary/scaling.h).")
       .def(py::init([](const std::string& type) { return RopeScaling(type); }), py::arg("rope_type") = "default")

@@ -11,7 +11,7 @@ from ._ops import _route, apply_rope, apply_rope_qk
 ScalingSpec = Union[None, Mapping[str, Any], "_C.RopeScaling"]
 AngleDtype = Union[str, torch.dtype]
 
-_MAX_START_POS = 2**60  # the op's bound too; the message comes from C++
+_MAX_START_POS = _C.MAX_POSITION  # rotary/bounds.h; the message comes from C++
 _APPLY = torch.ops.rotary.apply_rope.default
 _APPLY_QK = torch.ops.rotary.apply_rope_qk.default
 # The seq dim of each layout the ops take (head_dim is last in all of them).

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 import rotary
-from reference import inv_freq as ref_inv_freq
-from reference import rotate_pairs_nd
+from rotary_testing.reference import inv_freq as ref_inv_freq
+from rotary_testing.reference import rotate_pairs_nd
 
 from .common import (DEVICE, DOCUMENTED, FLOATS, Finding, Refused, bits, check_close, expect_refusal, judge_refusal,
                      same_bits, set_kind)

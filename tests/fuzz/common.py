@@ -6,7 +6,7 @@ import math
 import os
 
 import torch
-from rope_testing import TOL  # noqa: F401 - (rtol, atol) per dtype, from tests/tolerances.txt (both suites)
+from rotary_testing.rope_testing import TOL  # noqa: F401 - (rtol, atol) per dtype, from tests/tolerances.txt (both suites)
 
 # Where the op cases put q, k and the tables ("cuda" on a GPU machine).
 DEVICE = os.environ.get("ROTARY_FUZZ_DEVICE", "cpu")

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 import rotary
-from reference import rotate_pairs_nd
+from rotary_testing.reference import rotate_pairs_nd
 
 from .common import DOCUMENTED, FLOATS, Finding, Refused, bits, check_close, expect_refusal, same_bits, set_kind
 
@@ -287,7 +287,7 @@ def one_call(rng, gen, m, model, front):
                           f"{type(e).__name__}: {str(e).splitlines()[0][:160]}") from None
     model.reach(reach)
     inv, scale = model.frequencies()
-    from reference import positions_grid
+    from rotary_testing.reference import positions_grid
     rows = positions_grid(B, S, int(start), positions)
     outs = out if qk else (out,)
     for name, src, o in zip(("q", "k"), (x, k), outs):
@@ -528,7 +528,7 @@ def run_concurrent(seed):
             x = torch.randn(2, 2, S, dim, generator=g)
             try:
                 y = m(x, start)
-                from reference import positions_grid
+                from rotary_testing.reference import positions_grid
                 ref = module_reference(x, positions_grid(2, S, start), inv, scale, m.interleaved, dim, "float64")
                 check_close(y, ref, torch.float32, f"{front} module from 4 threads (rule {model.rule})", scale)
             except Exception as e:  # noqa: BLE001

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 
 import rotary
-from reference import inv_freq as ref_inv_freq
-from reference import positions_grid, rotate_pairs_nd
+from rotary_testing.reference import inv_freq as ref_inv_freq
+from rotary_testing.reference import positions_grid, rotate_pairs_nd
 
 from .common import DEVICE, FLOATS, Finding, Refused, bits, check_close, expect_refusal, same_bits, set_kind
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 
 import rotary
-from reference import inv_freq as ref_inv_freq
-from reference import rope_reference
+from rotary_testing.reference import inv_freq as ref_inv_freq
+from rotary_testing.reference import rope_reference
 
 from .common import DOCUMENTED, Finding, Refused, bits, check_close, expect_refusal, same_bits, set_kind
 from .module_cases import LEAKS, RuleModel, module_reference, same_state, state_of
@@ -103,7 +103,7 @@ def _dynamic_refusal(front, bad_call):
         raise Finding(f"{front} dynamic: the bad call was accepted")
     if not same_state(m, saved):
         raise Finding(f"{front} dynamic: a refused call changed the module state")
-    from reference import positions_grid
+    from rotary_testing.reference import positions_grid
     x = _x(1, 2, 3, 8, seed=5, dtype=torch.float32)
     for start in (17, 0):  # past max_position_embeddings (the table must grow), then back
         model.reach(start + 3)

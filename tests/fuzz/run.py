@@ -1,4 +1,5 @@
-"""Run the fuzzer: ``python tests/fuzz/run.py [--cases N] [--seed S]``.
+"""Run the fuzzer: ``PYTHONPATH=python:tests python -m fuzz.run [--cases N] [--seed S]``
+(``make fuzz`` does so).
 
 Cases S .. S+N-1 (plus the regression cases) run in child processes of
 ``--batch`` cases each; a child that dies (a signal, an abort) is reported
@@ -20,20 +21,6 @@ import subprocess
 import sys
 import time
 import traceback
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-TESTS = os.path.dirname(HERE)
-REPO = os.path.dirname(TESTS)
-
-
-def _setup_path():
-    for p in (os.path.join(TESTS, "python"), TESTS):
-        if p not in sys.path:
-            sys.path.insert(0, p)
-    env_paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if not any(os.path.isdir(os.path.join(p, "rotary")) for p in env_paths):
-        sys.path.insert(0, os.path.join(REPO, "python"))
-
 
 # Share of random cases per family (the op cases dominate: five entry points).
 FAMILIES = [("op", 30), ("kv", 14), ("rotary_offset", 5), ("pair_axes", 6), ("freqs_real", 4), ("views", 7),
@@ -90,7 +77,6 @@ def run_item(item: str):
 
 
 def child(items):
-    _setup_path()
     import torch
 
     torch.set_num_threads(1)
@@ -108,7 +94,7 @@ def run_batch(items, timeout, env):
     """Yields result dicts; a crash or hang becomes a finding of its case."""
     pending = list(items)
     while pending:
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", "--items", ",".join(pending)]
+        cmd = [sys.executable, "-m", "fuzz.run", "--child", "--items", ",".join(pending)]
         started, done = None, set()
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
@@ -156,7 +142,6 @@ def main(argv=None):
         child(args.items.split(","))
         return 0
 
-    _setup_path()
     from fuzz import regressions
 
     if args.items:

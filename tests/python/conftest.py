@@ -18,9 +18,6 @@ _PKG = os.path.normpath(os.path.join(_HERE, "..", "..", "python"))
 _ENV_PATHS = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
 if _PKG not in sys.path and not any(os.path.isdir(os.path.join(p, "rotary")) for p in _ENV_PATHS):
     sys.path.insert(0, _PKG)
-# reference.py and rope_testing.py live next to the tests.
-if _HERE not in sys.path:
-    sys.path.insert(0, _HERE)
 
 import torch  # noqa: E402
 

@@ -6,8 +6,8 @@ from torch import nn
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import rotary
-from reference import rope_reference
-from rope_testing import (
+from rotary_testing.reference import rope_reference
+from rotary_testing.rope_testing import (
     op_positions,
     PAIRING_IDS,
     PAIRINGS,

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import rotary
-from reference import rope_reference
-from rope_testing import (
+from rotary_testing.reference import rope_reference
+from rotary_testing.rope_testing import (
     op_positions,
     DTYPE_IDS,
     DTYPES,

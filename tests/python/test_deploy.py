@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import rotary
-from reference import rope_reference
-from rope_testing import assert_close_ref, make_heads
+from rotary_testing.reference import rope_reference
+from rotary_testing.rope_testing import assert_close_ref, make_heads
 
 
 class _Block(torch.nn.Module):

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-import dist_scenarios
+from rotary_testing import dist_scenarios
 
 DEADLINE_S = 120.0  # per spawn, process start-up included
 COLLECTIVE_TIMEOUT_S = 60.0

@@ -10,12 +10,9 @@ import os
 import subprocess
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-RUN = os.path.join(HERE, "..", "fuzz", "run.py")
 
 
 def test_schedule_covers_every_family_in_300_cases():
-    sys.path.insert(0, os.path.join(HERE, ".."))
     from fuzz.run import FAMILIES, family_of
 
     assert {family_of(s) for s in range(300)} == {f for f, _ in FAMILIES}
@@ -23,9 +20,10 @@ def test_schedule_covers_every_family_in_300_cases():
 
 def test_fuzz_smoke():
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROTARY_FUZZ_")}
-    cmd = [sys.executable, RUN, "--cases", "300", "--seed", "0", "--batch", "400", "--require-coverage"]
+    cmd = [sys.executable, "-m", "fuzz.run", "--cases", "300", "--seed", "0", "--batch", "400", "--require-coverage"]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # this run's rotary and tests/
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     print(proc.stdout)
-    replay = "replay one case with: python tests/fuzz/run.py --items <case>"
+    replay = "replay one case with: PYTHONPATH=python:tests python -m fuzz.run --items <case>"
     assert "UNCOVERED" not in proc.stdout, proc.stdout[-4000:]
     assert proc.returncode == 0, f"{proc.stdout[-8000:]}\n{proc.stderr[-2000:]}\n{replay}"

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import rotary
-from rope_testing import assert_close_ref, randn, ref_rope4
+from rotary_testing.rope_testing import assert_close_ref, randn, ref_rope4
 
 pytestmark = pytest.mark.usefixtures("reset_dynamo")
 

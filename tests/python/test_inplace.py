@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import rotary
-from rope_testing import (
+from rotary_testing.rope_testing import (
     op_positions,
     DTYPE_IDS,
     DTYPES,

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import rotary
-from reference import inv_freq, rotate_pairs_nd
-from rope_testing import (
+from rotary_testing.reference import inv_freq, rotate_pairs_nd
+from rotary_testing.rope_testing import (
     op_positions,
     PAIRING_IDS,
     PAIRINGS,

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import rotary
-from kv_testing import FP8, KVCase, build, canonical_tokens, cache_view, expected_k_rows, quantize, unfused
-from rope_testing import DTYPE_IDS, DTYPES, PAIRING_IDS, PAIRINGS, Snapshot, TOL, bits
+from rotary_testing.kv_testing import FP8, KVCase, build, canonical_tokens, cache_view, expected_k_rows, quantize, unfused
+from rotary_testing.rope_testing import DTYPE_IDS, DTYPES, PAIRING_IDS, PAIRINGS, Snapshot, TOL, bits
 
 pytestmark = pytest.mark.usefixtures("reset_dynamo")
 
@@ -260,7 +260,7 @@ def test_compile_fullgraph(kv_layout, fp8, backend):
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize("layout,dtype", [("BHSD", torch.float32), ("BSHD", torch.bfloat16), ("BHSD", FP8)])
 def test_cpp_module_forward_with_cache(layout, dtype):
-    from rope_testing import randn
+    from rotary_testing.rope_testing import randn
 
     rope = rotary.CppRotaryEmbedding(32, 64)
     scales = dict(k_scale=0.5, v_scale=0.25) if dtype == FP8 else {}  # refused on other caches
@@ -293,7 +293,7 @@ def test_cpp_module_forward_with_cache(layout, dtype):
 
 def test_cpp_module_forward_with_cache_refuses_a_span_past_head_dim():
     # A rotary_offset is served (test_kv_cache_features.py); a span past head_dim is not.
-    from rope_testing import randn
+    from rotary_testing.rope_testing import randn
 
     rope = rotary.CppRotaryEmbedding(16, 64, rotary_offset=24)
     cache = rotary.KVCache(1, 1, 8, 32)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import rotary
-from kv_testing import FP8, KVCase, build, cache_view, unfused
-from rope_testing import DTYPE_IDS, DTYPES, TOL, bits
+from rotary_testing.kv_testing import FP8, KVCase, build, cache_view, unfused
+from rotary_testing.rope_testing import DTYPE_IDS, DTYPES, TOL, bits
 
 DEV = os.environ.get("ROTARY_TEST_DEVICE", "cuda")
 HAS_CUDA = torch.cuda.is_available()

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import rotary
-from kv_testing import cache_view
-from reference import rope_reference_nd
-from rope_testing import TOL, Snapshot, bits, gen, randn
+from rotary_testing.kv_testing import cache_view
+from rotary_testing.reference import rope_reference_nd
+from rotary_testing.rope_testing import TOL, Snapshot, bits, gen, randn
 
 pytestmark = pytest.mark.usefixtures("reset_dynamo")
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import rotary
-from rope_testing import assert_close_ref, randn, ref_rope4
+from rotary_testing.rope_testing import assert_close_ref, randn, ref_rope4
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -36,9 +36,8 @@ def test_streaming_stores_into_mapped_pages_match_reference():
     import sys
 
     code = (
-        "import torch, rotary, sys\n"
-        "sys.path.insert(0, %r)\n"
-        "from rope_testing import assert_close_ref, randn, ref_rope4\n"
+        "import torch, rotary\n"
+        "from rotary_testing.rope_testing import assert_close_ref, randn, ref_rope4\n"
         "torch.set_num_threads(2)\n"
         "f = rotary.freqs_table(128, 4096)\n"
         "for dtype in (torch.float32, torch.bfloat16):\n"
@@ -48,8 +47,9 @@ def test_streaming_stores_into_mapped_pages_match_reference():
         "            oq, ok = rotary.apply_rope_qk(q, k, f, 5, inter)\n"
         "        assert_close_ref(oq, ref_rope4(q, start=5, interleaved=inter), dtype)\n"
         "        assert_close_ref(ok, ref_rope4(k, start=5, interleaved=inter), dtype)\n"
-        "print('ok')\n" % os.path.dirname(os.path.abspath(__file__))
+        "print('ok')\n"
     )
-    env = dict(os.environ, ROTARY_CPU_STREAM_BYTES="1")
+    # The child imports what this run imports: rotary and tests/rotary_testing.
+    env = dict(os.environ, ROTARY_CPU_STREAM_BYTES="1", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]

@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 import rotary
-from reference import freqs_reference, inv_freq, rope_half_vec, rope_reference, rope_vec, sinusoidal_pe
-from rope_testing import (
+from rotary_testing.reference import freqs_reference, inv_freq, rope_half_vec, rope_reference, rope_vec, sinusoidal_pe
+from rotary_testing.rope_testing import (
     DTYPE_IDS,
     DTYPES,
     PAIRING_IDS,

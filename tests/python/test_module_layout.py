@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import rotary
-from rope_testing import LAYOUT_NAMES, assert_close_ref, bits, from_bhsd, layout_shape, randn, ref_rope4, to_bhsd
+from rotary_testing.rope_testing import LAYOUT_NAMES, assert_close_ref, bits, from_bhsd, layout_shape, randn, ref_rope4, to_bhsd
 
 pytestmark = pytest.mark.usefixtures("reset_dynamo")
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import rotary
-from reference import rope_reference_nd
-from rope_testing import assert_close_ref, gen, randn
+from rotary_testing.reference import rope_reference_nd
+from rotary_testing.rope_testing import assert_close_ref, gen, randn
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.qwen2_vl import modeling_qwen2_vl as qwen2_vl  # noqa: E402

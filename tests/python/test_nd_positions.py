@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import rotary
-from reference import rope_reference_nd
-from rope_testing import (
+from rotary_testing.reference import rope_reference_nd
+from rotary_testing.rope_testing import (
     DTYPE_IDS,
     DTYPES,
     PAIRING_IDS,

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import rotary
-from rope_testing import assert_close_ref, randn, ref_rope4
+from rotary_testing.rope_testing import assert_close_ref, randn, ref_rope4
 
 FP8 = torch.float8_e4m3fn
 BIG_OFFSETS = [2**63 - 8, 2**63 - 1, 2**62, 2**62 + 3]

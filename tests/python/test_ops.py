@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import rotary
-from reference import (
+from rotary_testing.reference import (
     freqs_reference,
     hf_apply_rope,
     inv_freq,
@@ -14,7 +14,7 @@ from reference import (
     seed_apply_rope,
     seed_precompute_freqs,
 )
-from rope_testing import (
+from rotary_testing.rope_testing import (
     op_positions,
     DTYPE_IDS,
     DTYPES,

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import rotary
-from reference import rope_reference
-from rope_testing import PAIRINGS, PAIRING_IDS, assert_close_ref, make_heads
+from rotary_testing.reference import rope_reference
+from rotary_testing.rope_testing import PAIRINGS, PAIRING_IDS, assert_close_ref, make_heads
 
 INT_DTYPES = [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8]
 INT_IDS = ["int64", "int32", "int16", "int8", "uint8"]

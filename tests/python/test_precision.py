@@ -32,9 +32,9 @@ import pytest
 import torch
 
 import rotary
-from reference import inv_freq as ref_inv_freq
-from reference import rope_reference
-from rope_testing import gen, op_positions
+from rotary_testing.reference import inv_freq as ref_inv_freq
+from rotary_testing.reference import rope_reference
+from rotary_testing.rope_testing import gen, op_positions
 
 mpmath.mp.dps = 40
 

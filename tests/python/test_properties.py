@@ -39,8 +39,8 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 import rotary
-from reference import rope_reference
-from rope_testing import TOL, op_positions
+from rotary_testing.reference import rope_reference
+from rotary_testing.rope_testing import TOL, op_positions
 
 EXAMPLES = int(os.environ.get("ROTARY_HYPOTHESIS_EXAMPLES", "500"))
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import rotary
-from rope_testing import (
+from rotary_testing.rope_testing import (
     Snapshot,
     randn,
 )

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from reference import inv_freq, rope_reference
+from rotary_testing.reference import inv_freq, rope_reference
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 DTYPE_IDS = ["fp32", "fp64", "fp16", "bf16"]

@@ -7,7 +7,7 @@ import torch
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 import rotary
-from dist_scenarios import dshard, local_part
+from rotary_testing.dist_scenarios import dshard, local_part
 
 OP = torch.ops.rotary.apply_rope_with_kv_cache_
 FP8 = torch.float8_e4m3fn

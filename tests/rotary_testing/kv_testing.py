@@ -11,8 +11,8 @@ from typing import Optional
 import torch
 
 import rotary
-from reference import positions_grid
-from rope_testing import from_bhsd, gen, layout_shape, random_strided, randn, ref_rope4, ref_varlen, to_bhsd
+from rotary_testing.reference import positions_grid
+from rotary_testing.rope_testing import from_bhsd, gen, layout_shape, random_strided, randn, ref_rope4, ref_varlen, to_bhsd
 
 FP8 = torch.float8_e4m3fn
 
@@ -110,7 +110,7 @@ def build(c: KVCase):
         rope_pos = torch.from_numpy(positions_grid(c.B, c.S, kw["start_pos"], positions)).reshape(-1)
         outer = torch.arange(c.B).repeat_interleave(c.S)
     if c.inv_freq:
-        kw["inv_freq"] = torch.from_numpy(__import__("reference").inv_freq(r)).to(c.device)
+        kw["inv_freq"] = torch.from_numpy(__import__("rotary_testing.reference", fromlist=["_"]).inv_freq(r)).to(c.device)
     if c.layout != "BHSD" and c.lens is None:
         kw["layout"] = c.layout
     if c.paged:

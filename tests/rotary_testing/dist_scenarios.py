@@ -17,7 +17,7 @@ from torch.distributed.tensor.placement_types import _StridedShard
 from torch.distributed.tensor.debug import CommDebugMode
 
 import rotary
-from reference import rope_reference
+from rotary_testing.reference import rope_reference
 
 OPS = torch.ops.rotary
 _ARGS = {a.name for a in OPS.apply_rope_qk.default._schema.arguments}
@@ -409,7 +409,7 @@ def scenarios(world):
         out += [("llama_tp2", llama_tp), ("llama_cp2", llama_cp), ("refusals", refusals)]
     if world == 4:
         out += [("mesh_2d", mesh_2d)]
-    from dist_kv_scenarios import scenarios as kv_scenarios  # it imports this module
+    from rotary_testing.dist_kv_scenarios import scenarios as kv_scenarios  # it imports this module
 
     return out + kv_scenarios()
 
