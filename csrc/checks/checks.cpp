@@ -122,7 +122,7 @@ void check_positions_shape(const char* op, const at::Tensor& q_view, const RopeA
 
 }  // namespace
 
-void check_rope_inputs(
+RopeCall check_rope_inputs(
     const char* op, const at::Tensor& q, const at::Tensor* k, const at::Tensor& freqs, const RopeArgs& args) {
   const char* q_name = k ? "q" : "x";
   if (args.cu_seqlens) {
@@ -138,8 +138,9 @@ void check_rope_inputs(
   }
   const at::Tensor qv = check_head_tensor(op, q_name, q, args);
   const auto head_dim = qv.sym_size(3);
+  at::Tensor kv;
   if (k) {
-    const at::Tensor kv = check_head_tensor(op, "k", *k, args);
+    kv = check_head_tensor(op, "k", *k, args);
     TORCH_CHECK_TYPE(
         k->scalar_type() == q.scalar_type(), op, ": k has dtype ", k->scalar_type(), " but q has dtype ",
         q.scalar_type(), "; q and k must share one dtype");
@@ -188,6 +189,7 @@ void check_rope_inputs(
     check_same_device(op, args.position_ids ? "position_ids" : "offsets",
                       args.position_ids ? *args.position_ids : *args.offsets, q);
   }
+  return {qv, kv};
 }
 
 at::Tensor make_output(const at::Tensor& x) {
@@ -270,16 +272,17 @@ void check_in_place_targets(
 }  // namespace
 
 PreparedRope prepare_rope(
-    const char* op,
-    const at::Tensor& q,
-    const at::Tensor* k,
-    const at::Tensor& freqs,
-    const RopeArgs& args,
+    const char* op, const at::Tensor& q, const at::Tensor* k, const at::Tensor& freqs, const RopeArgs& args,
     bool in_place) {
-  check_rope_inputs(op, q, k, freqs, args);
+  return prepare_rope(op, q, k, freqs, args, in_place, check_rope_inputs(op, q, k, freqs, args));
+}
+
+PreparedRope prepare_rope(
+    const char* op, const at::Tensor& q, const at::Tensor* k, const at::Tensor& freqs, const RopeArgs& args,
+    bool in_place, const RopeCall& call) {
   TORCH_CHECK_VALUE(args.start_pos >= 0, op, ": start_pos must be >= 0, got ", args.start_pos);
-  const at::Tensor qv = canonical_view(op, "q", q, args);
-  const at::Tensor kv = k ? canonical_view(op, "k", *k, args) : at::Tensor();
+  const at::Tensor& qv = call.q;
+  const at::Tensor& kv = call.k;
   if (in_place) check_in_place_targets(op, qv, k ? &kv : nullptr, freqs, args);
 
   PreparedRope r;

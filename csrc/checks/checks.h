@@ -27,9 +27,16 @@ struct RopeArgs {
   at::OptionalIntArrayRef pair_axes;   // N-D positions: pair j reads axis pair_axes[j]
 };
 
+// A call as validated: what the checks built on the way, kept so nothing
+// is checked or viewed twice (the KV op extends it, prepare_rope reads it).
+struct RopeCall {
+  at::Tensor q;  // the [batch, heads, seq, head_dim] views the kernels index
+  at::Tensor k;  // undefined for the single-tensor ops
+};
+
 // Shape, dtype and device checks that need no tensor values (Meta-safe).
 // k is null for the single-tensor ops.
-void check_rope_inputs(
+RopeCall check_rope_inputs(
     const char* op, const at::Tensor& q, const at::Tensor* k, const at::Tensor& freqs, const RopeArgs& args);
 
 // The [batch, heads, seq, head_dim] view the kernels index; never a copy.
@@ -69,6 +76,10 @@ struct PreparedRope {
 PreparedRope prepare_rope(
     const char* op, const at::Tensor& q, const at::Tensor* k, const at::Tensor& freqs, const RopeArgs& args,
     bool in_place);
+// The same for a call check_rope_inputs has validated already.
+PreparedRope prepare_rope(
+    const char* op, const at::Tensor& q, const at::Tensor* k, const at::Tensor& freqs, const RopeArgs& args,
+    bool in_place, const RopeCall& call);
 
 }  // namespace detail
 }  // namespace rotary

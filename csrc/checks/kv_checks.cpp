@@ -101,11 +101,11 @@ const float* scale_of(const std::optional<at::Tensor>& s, int64_t& stride) {
 
 }  // namespace
 
-void check_kv_inputs(
+KVCall check_kv_inputs(
     const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
     const at::Tensor& v_cache, const at::Tensor& freqs, const RopeArgs& args, const KVArgs& kv) {
-  check_rope_inputs(op, q, &k, freqs, args);
-  const at::Tensor kview = canonical_view(op, "k", k, args);
+  const RopeCall rope = check_rope_inputs(op, q, &k, freqs, args);
+  const at::Tensor& kview = rope.k;
   const at::Tensor vview = canonical_view(op, "v", v, args);
   TORCH_CHECK_TYPE(
       v.scalar_type() == k.scalar_type(), op, ": v has dtype ", v.scalar_type(), " but k has dtype ", k.scalar_type(),
@@ -158,22 +158,22 @@ void check_kv_inputs(
       paged || kv.cache_positions || !args.pair_axes, op,
       ": with pair_axes (N-D position_ids) a contiguous cache needs cache_positions: a token's rotary positions "
       "are not its cache row");
-  const at::Tensor qview = canonical_view(op, "q", q, args);
-  if (kv.slot_mapping) check_dest(op, "slot_mapping", *kv.slot_mapping, qview, q);
-  if (kv.cache_positions) check_dest(op, "cache_positions", *kv.cache_positions, qview, q);
+  if (kv.slot_mapping) check_dest(op, "slot_mapping", *kv.slot_mapping, rope.q, q);
+  if (kv.cache_positions) check_dest(op, "cache_positions", *kv.cache_positions, rope.q, q);
   const bool fp8 = ct == at::kFloat8_e4m3fn;
   check_scale(op, "k_scale", kv.k_scale, fp8, kc, q);
   check_scale(op, "v_scale", kv.v_scale, fp8, kc, q);
+  return {rope, vview, kc, vc};
 }
 
 PreparedKV prepare_kv(
     const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
     const at::Tensor& v_cache, const at::Tensor& freqs, const RopeArgs& args, const KVArgs& kv) {
-  check_kv_inputs(op, q, k, v, k_cache, v_cache, freqs, args, kv);
-  PreparedKV r{prepare_rope(op, q, &k, freqs, args, /*in_place=*/true), at::Tensor(), {}};
-  const at::Tensor kc = cache_view(op, "k_cache", k_cache, kv.kv_layout);
-  const at::Tensor vc = cache_view(op, "v_cache", v_cache, kv.kv_layout);
-  const at::Tensor vview = canonical_view(op, "v", v, args);
+  const KVCall call = check_kv_inputs(op, q, k, v, k_cache, v_cache, freqs, args, kv);
+  PreparedKV r{prepare_rope(op, q, &k, freqs, args, /*in_place=*/true, call.rope), at::Tensor(), {}};
+  const at::Tensor& kc = call.k_cache;
+  const at::Tensor& vc = call.v_cache;
+  const at::Tensor& vview = call.v;
 
   // Aliasing: each cache is written; v is read after q and k are rotated.
   const char* why = "the cache write would overwrite a tensor it reads or writes";

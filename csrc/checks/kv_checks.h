@@ -17,8 +17,15 @@ struct KVArgs {
   const std::optional<at::Tensor>& v_scale;
 };
 
+// The KV op's call as validated: the RoPE call it extends and the views
+// of v and of the caches ([outer, heads, inner, head_dim], kv_params.h).
+struct KVCall {
+  RopeCall rope;
+  at::Tensor v, k_cache, v_cache;
+};
+
 // Shape, dtype and device checks that need no tensor values (Meta-safe).
-void check_kv_inputs(
+KVCall check_kv_inputs(
     const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
     const at::Tensor& v_cache, const at::Tensor& freqs, const RopeArgs& args, const KVArgs& kv);
 
