@@ -172,8 +172,9 @@ _ARGS_DOC = """
 # The op wrappers, generated from the registered schemas (whose argument
 # lists rotary/op_args.h writes once): each passes only the keyword
 # arguments that differ from the schema's defaults (torch parses a custom
-# op's keywords slowly, and a decode call passes none), refuses a bool or
-# float int, or an int past int64, by name, and returns what it rotated.
+# op's keywords slowly, and a decode call passes none), refuses a bool or a
+# float where an int goes, or an int past int64, by name, and returns what
+# it rotated.
 _ANNOTATION = {"Tensor": "torch.Tensor", "Optional[Tensor]": "Optional[torch.Tensor]", "int": "int",
                "bool": "bool", "str": "str", "Optional[List[int]]": "Optional[Sequence[int]]"}
 _CHECK = {"int": "_int_arg", "Optional[List[int]]": "_pair_axes"}
