@@ -5,9 +5,11 @@
 
 #include <c10/util/string_view.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <ostream>
 #include <string>
+#include <utility>
 
 namespace rotary {
 
@@ -17,19 +19,23 @@ enum class Layout : uint8_t { kBHSD, kBSHD, kSBHD, kTHD, kUnknown };
 // The caches: contiguous per sequence (BHSD, BSHD) or paged (NHD, HND).
 enum class CacheLayout : uint8_t { kBHSD, kBSHD, kNHD, kHND, kUnknown };
 
+// The enum value named s, or `unknown`.
+template <typename E, size_t N>
+E parse_name(c10::string_view s, const std::pair<const char*, E> (&names)[N], E unknown) {
+  for (const auto& [name, value] : names) {
+    if (s == name) return value;
+  }
+  return unknown;
+}
 inline Layout parse_layout(c10::string_view s) {
-  return s == "BHSD" ? Layout::kBHSD
-      : s == "BSHD"  ? Layout::kBSHD
-      : s == "SBHD"  ? Layout::kSBHD
-      : s == "THD"   ? Layout::kTHD
-                     : Layout::kUnknown;
+  static constexpr std::pair<const char*, Layout> kNames[] = {
+      {"BHSD", Layout::kBHSD}, {"BSHD", Layout::kBSHD}, {"SBHD", Layout::kSBHD}, {"THD", Layout::kTHD}};
+  return parse_name(s, kNames, Layout::kUnknown);
 }
 inline CacheLayout parse_cache_layout(c10::string_view s) {
-  return s == "BHSD" ? CacheLayout::kBHSD
-      : s == "BSHD"  ? CacheLayout::kBSHD
-      : s == "NHD"   ? CacheLayout::kNHD
-      : s == "HND"   ? CacheLayout::kHND
-                     : CacheLayout::kUnknown;
+  static constexpr std::pair<const char*, CacheLayout> kNames[] = {
+      {"BHSD", CacheLayout::kBHSD}, {"BSHD", CacheLayout::kBSHD}, {"NHD", CacheLayout::kNHD}, {"HND", CacheLayout::kHND}};
+  return parse_name(s, kNames, CacheLayout::kUnknown);
 }
 inline bool is_paged(CacheLayout l) {
   return l == CacheLayout::kNHD || l == CacheLayout::kHND;
