@@ -36,11 +36,8 @@ at::Tensor canonical_view(const char* op, const char* name, const at::Tensor& x,
   }
   const bool known = layout == Layout::kBHSD || layout == Layout::kBSHD || layout == Layout::kSBHD;
   TORCH_CHECK_VALUE(known, op, ": layout must be 'BHSD', 'BSHD' or 'SBHD', got '", args.layout, "'");
-  const char* dims = layout == Layout::kBSHD ? "[batch, seq_len, heads, head_dim]"
-      : layout == Layout::kSBHD              ? "[seq_len, batch, heads, head_dim]"
-                                             : "[batch, heads, seq_len, head_dim]";
   TORCH_CHECK_VALUE(
-      x.dim() == 4, op, ": ", name, " must be 4-D ", dims, ", got shape ", x.sym_sizes(), " (layout ",
+      x.dim() == 4, op, ": ", name, " must be 4-D ", axes_of(layout).dims, ", got shape ", x.sym_sizes(), " (layout ",
       args.layout, ")", x.dim() == 3 ? "; a 3-D [total_tokens, heads, head_dim] input needs cu_seqlens" : "");
   if (layout == Layout::kBSHD) return x.transpose(1, 2);
   if (layout == Layout::kSBHD) return x.permute({1, 2, 0, 3});

@@ -27,18 +27,12 @@ namespace {
 
 constexpr const char* kWho = "RotaryEmbedding.forward_with_cache";
 
-struct LayoutAxes {
-  int batch, seq;
-  const char* dims;
-};
-
-LayoutAxes axes_of(c10::string_view layout) {
-  switch (parse_layout(layout)) {
-    case Layout::kBHSD: return {0, 2, "[batch, heads, seq, head_dim]"};
-    case Layout::kBSHD: return {0, 1, "[batch, seq, heads, head_dim]"};
-    case Layout::kSBHD: return {1, 0, "[seq, batch, heads, head_dim]"};
-    default: TORCH_CHECK_VALUE(false, kWho, ": layout must be 'BHSD', 'BSHD' or 'SBHD', got '", layout, "'");
-  }
+// q / k / v of forward_with_cache: the three 4-D layouts of the op.
+LayoutAxes checked_axes(c10::string_view layout) {
+  const Layout l = parse_layout(layout);
+  TORCH_CHECK_VALUE(l == Layout::kBHSD || l == Layout::kBSHD || l == Layout::kSBHD, kWho,
+                    ": layout must be 'BHSD', 'BSHD' or 'SBHD', got '", layout, "'");
+  return axes_of(l);
 }
 
 }  // namespace
@@ -52,7 +46,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_with_cache(
     KVCacheImpl& cache,
     std::optional<int64_t> start_pos,
     c10::string_view layout) {
-  const LayoutAxes ax = axes_of(layout);
+  const LayoutAxes ax = checked_axes(layout);
   if (start_pos) RopeTables::check_start_pos(*start_pos);
   TORCH_CHECK_VALUE(q.dim() == 4, kWho, ": q must be 4-D ", std::string(layout), " ", ax.dims, ", got ", q.sizes());
   const auto cache_dtype = cache.options.dtype();

@@ -37,6 +37,19 @@ inline CacheLayout parse_cache_layout(c10::string_view s) {
       {"BHSD", CacheLayout::kBHSD}, {"BSHD", CacheLayout::kBSHD}, {"NHD", CacheLayout::kNHD}, {"HND", CacheLayout::kHND}};
   return parse_name(s, kNames, CacheLayout::kUnknown);
 }
+// Where batch and seq sit in a 4-D q / k / v of a layout, and its dims as
+// messages write them (BHSD for anything but BSHD and SBHD).
+struct LayoutAxes {
+  int batch, seq;
+  const char* dims;
+};
+inline LayoutAxes axes_of(Layout l) {
+  switch (l) {
+    case Layout::kBSHD: return {0, 1, "[batch, seq_len, heads, head_dim]"};
+    case Layout::kSBHD: return {1, 0, "[seq_len, batch, heads, head_dim]"};
+    default: return {0, 2, "[batch, heads, seq_len, head_dim]"};
+  }
+}
 inline bool is_paged(CacheLayout l) {
   return l == CacheLayout::kNHD || l == CacheLayout::kHND;
 }
@@ -49,8 +62,6 @@ struct LayoutArg {
   LayoutArg(c10::string_view s) : value(Parse(s)), text(s) {}  // NOLINT: implicit by design
   LayoutArg(const char* s) : LayoutArg(c10::string_view(s)) {}  // NOLINT
   LayoutArg(const std::string& s) : LayoutArg(c10::string_view(s)) {}  // NOLINT: the text views s
-  bool operator==(E e) const { return value == e; }
-  bool operator!=(E e) const { return value != e; }
   E value;
   c10::string_view text;
 };
