@@ -90,7 +90,8 @@ void bind_kv_cache(py::module_& m) {
 
 // The C++ cache behind a bound rotary.KVCache; a TypeError naming the call for anything else.
 std::shared_ptr<rotary::KVCacheImpl> cache_of(const py::object& cache, const char* who) {
-  py::object wrapper = py::module_::import("rotary._C").attr("KVCache");
+  // Looked up once (a decode step calls this): the class lives as long as the module.
+  static const py::handle wrapper = py::object(py::module_::import("rotary._C").attr("KVCache")).release();
   TORCH_CHECK_TYPE(py::isinstance(cache, wrapper), who, ": cache must be a rotary.KVCache, got ",
                    py::str(py::type::of(cache).attr("__name__")).cast<std::string>());
   return cache.attr("cpp_module").cast<std::shared_ptr<rotary::KVCacheImpl>>();
