@@ -32,13 +32,18 @@ at::Tensor canonical_view(const char* op, const char* name, const at::Tensor& x,
     TORCH_CHECK_VALUE(
         layout == Layout::kBHSD || layout == Layout::kTHD, op, ": with cu_seqlens the layout is 'THD', got '",
         args.layout, "'");
-    return x.unsqueeze(0).transpose(1, 2);
+    return canonical_view(x, layout, /*varlen=*/true);
   }
   const bool known = layout == Layout::kBHSD || layout == Layout::kBSHD || layout == Layout::kSBHD;
   TORCH_CHECK_VALUE(known, op, ": layout must be 'BHSD', 'BSHD' or 'SBHD', got '", args.layout, "'");
   TORCH_CHECK_VALUE(
       x.dim() == 4, op, ": ", name, " must be 4-D ", axes_of(layout).dims, ", got shape ", x.sym_sizes(), " (layout ",
       args.layout, ")", x.dim() == 3 ? "; a 3-D [total_tokens, heads, head_dim] input needs cu_seqlens" : "");
+  return canonical_view(x, layout, /*varlen=*/false);
+}
+
+at::Tensor canonical_view(const at::Tensor& x, Layout layout, bool varlen) {
+  if (varlen) return x.unsqueeze(0).transpose(1, 2);
   if (layout == Layout::kBSHD) return x.transpose(1, 2);
   if (layout == Layout::kSBHD) return x.permute({1, 2, 0, 3});
   return x;
@@ -181,12 +186,30 @@ RopeCall check_rope_inputs(
     check_same_device(op, "inv_freq", inv, q);
   }
   if (args.pair_axes) check_axes_positions(op, qv, freqs, args);
+  RopeCall call{qv, kv, &freqs};
+  auto& pos = call.positions;
   if (args.offsets || args.position_ids) {
     check_positions_shape(op, qv, args);
-    check_same_device(op, args.position_ids ? "position_ids" : "offsets",
-                      args.position_ids ? *args.position_ids : *args.offsets, q);
+    pos.given = args.position_ids ? &*args.position_ids : &*args.offsets;
+    pos.kind = !args.position_ids ? Positions::Kind::kOffsets
+        : args.pair_axes          ? Positions::Kind::kAxes
+                                  : Positions::Kind::kIds;
+    if (args.pair_axes) pos.pair_axes = *args.pair_axes;
+    check_same_device(op, pos.name(), *pos.given, q);
   }
-  return {qv, kv};
+  check_start_pos(op, args.start_pos);
+  pos.start_pos = args.start_pos;
+  call.layout = args.layout.value;
+  call.rotary_offset = args.rotary_offset;
+  call.interleaved = args.interleaved;
+  call.inverse = args.inverse;
+  if (args.cu_seqlens) call.cu_seqlens = &*args.cu_seqlens;
+  if (args.inv_freq) call.inv_freq = &*args.inv_freq;
+  return call;
+}
+
+at::Tensor RopeCall::table() const {
+  return freqs->is_complex() ? *freqs : at::view_as_complex(*freqs);
 }
 
 }  // namespace detail

@@ -27,11 +27,39 @@ struct RopeArgs {
   at::OptionalIntArrayRef pair_axes;   // N-D positions: pair j reads axis pair_axes[j]
 };
 
-// A call as validated: what the checks built on the way, kept so nothing
-// is checked or viewed twice (the KV op extends it, prepare_rope reads it).
+// Where each token's position comes from, as kernel::position_of reads it.
+struct Positions {
+  enum class Kind : uint8_t {
+    kLocal,    // start_pos + s (s counts within a packed sequence)
+    kOffsets,  // start_pos + offsets[b] + s
+    kIds,      // position_ids: absolute
+    kAxes,     // position_ids [n_axes, ...]: pair j reads axis pair_axes[j]
+  };
+  Kind kind = Kind::kLocal;
+  int64_t start_pos = 0;              // checked in [0, 2^60)
+  const at::Tensor* given = nullptr;  // the offsets or ids as passed
+  at::IntArrayRef pair_axes;          // kAxes only
+  const char* name() const {
+    return kind == Kind::kOffsets ? "offsets" : "position_ids";
+  }
+};
+
+// A call as validated, built once from the schema's arguments: prepare_rope
+// reads only this, and the KV op extends it (KVCall), so nothing is checked
+// or viewed twice. Pointers are into the call's own arguments.
 struct RopeCall {
-  at::Tensor q;  // the [batch, heads, seq, head_dim] views the kernels index
-  at::Tensor k;  // undefined for the single-tensor ops
+  at::Tensor q;                 // the [batch, heads, seq, head_dim] views the kernels index
+  at::Tensor k;                 // undefined for the single-tensor ops
+  const at::Tensor* freqs = nullptr;  // complex64, or its torch.view_as_real
+  Positions positions;
+  Layout layout = Layout::kBHSD;
+  int64_t rotary_offset = 0;    // rotated dims [rotary_offset, rotary_offset + rotary_dim)
+  bool interleaved = true;
+  bool inverse = false;         // as asked; a conjugated table flips it
+  const at::Tensor* cu_seqlens = nullptr;
+  const at::Tensor* inv_freq = nullptr;
+  // The table as complex64, as the kernels read it (not Meta-safe).
+  at::Tensor table() const;
 };
 
 // Shape, dtype and device checks that need no tensor values (Meta-safe).
@@ -42,6 +70,8 @@ RopeCall check_rope_inputs(
 // The [batch, heads, seq, head_dim] view the kernels index; never a copy.
 // Packed varlen input [T, H, D] becomes [1, H, T, D].
 at::Tensor canonical_view(const char* op, const char* name, const at::Tensor& x, const RopeArgs& args);
+// The same view of a tensor already checked (an output shaped like its input).
+at::Tensor canonical_view(const at::Tensor& x, Layout layout, bool varlen);
 
 // In-place targets: no two elements of x share memory; w shares none with t
 // (exact for any strides, overlap.h). `why` ends the message.
@@ -59,7 +89,7 @@ at::Tensor make_output(const at::Tensor& x);
 // launch fields and the by-value table check in prepare_rope.
 void check_rotary_span(const char* op, const c10::SymInt& head_dim, const at::Tensor& freqs, const RopeArgs& args);
 void check_axes_positions(const char* op, const at::Tensor& q_view, const at::Tensor& freqs, const RopeArgs& args);
-void fill_axes(kernel::RopeParams& p, const at::Tensor& positions, const RopeArgs& args);
+void fill_axes(kernel::RopeParams& p, const at::Tensor& positions, at::IntArrayRef pair_axes);
 void check_axes_in_table(const char* op, const kernel::RopeParams& p);
 
 struct PreparedRope {
@@ -77,9 +107,7 @@ PreparedRope prepare_rope(
     const char* op, const at::Tensor& q, const at::Tensor* k, const at::Tensor& freqs, const RopeArgs& args,
     bool in_place);
 // The same for a call check_rope_inputs has validated already.
-PreparedRope prepare_rope(
-    const char* op, const at::Tensor& q, const at::Tensor* k, const at::Tensor& freqs, const RopeArgs& args,
-    bool in_place, const RopeCall& call);
+PreparedRope prepare_rope(const char* op, const at::Tensor& q, const at::Tensor* k, const RopeCall& call, bool in_place);
 
 }  // namespace detail
 }  // namespace rotary

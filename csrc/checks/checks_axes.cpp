@@ -65,8 +65,7 @@ void check_axes_positions(const char* op, const at::Tensor& q_view, const at::Te
   }
 }
 
-void fill_axes(kernel::RopeParams& p, const at::Tensor& pos, const RopeArgs& args) {
-  const auto axes = *args.pair_axes;
+void fill_axes(kernel::RopeParams& p, const at::Tensor& pos, at::IntArrayRef axes) {
   p.num_axes = pos.size(0);
   p.pos_stride_axis = pos.size(0) > 1 ? pos.stride(0) : 0;
   p.pos_stride_b = pos.dim() == 3 && pos.size(1) > 1 ? pos.stride(1) : 0;

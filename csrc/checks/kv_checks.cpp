@@ -170,7 +170,7 @@ PreparedKV prepare_kv(
     const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
     const at::Tensor& v_cache, const at::Tensor& freqs, const RopeArgs& args, const KVArgs& kv) {
   const KVCall call = check_kv_inputs(op, q, k, v, k_cache, v_cache, freqs, args, kv);
-  PreparedKV r{prepare_rope(op, q, &k, freqs, args, /*in_place=*/true, call.rope), at::Tensor(), {}};
+  PreparedKV r{prepare_rope(op, q, &k, call.rope, /*in_place=*/true), at::Tensor(), {}};
   const at::Tensor& kc = call.k_cache;
   const at::Tensor& vc = call.v_cache;
   const at::Tensor& vview = call.v;
@@ -188,8 +188,10 @@ PreparedKV prepare_kv(
     check_disjoint(op, name, *c, "k", k, why);
     check_disjoint(op, name, *c, "v", v, why);
     check_disjoint(op, name, *c, "freqs", freqs, why);
-    for (const auto* t : {&args.offsets, &args.position_ids, &args.cu_seqlens, &args.inv_freq, &kv.cache_positions,
-                          &kv.slot_mapping, &kv.k_scale, &kv.v_scale}) {
+    for (const at::Tensor* t : {call.rope.positions.given, call.rope.cu_seqlens, call.rope.inv_freq}) {
+      if (t) check_disjoint(op, name, *c, "an index or scale tensor", *t, why);
+    }
+    for (const auto* t : {&kv.cache_positions, &kv.slot_mapping, &kv.k_scale, &kv.v_scale}) {
       if (*t) check_disjoint(op, name, *c, "an index or scale tensor", **t, why);
     }
   }
@@ -232,9 +234,10 @@ PreparedKV prepare_kv(
   // Values known on the host are range-checked here, before any write; on
   // the device an out-of-range slot or position is skipped (kv_params.h).
   const auto& rp = p.rope;
-  const bool host_rope = (rp.positions == nullptr || r.rope.positions.is_cpu()) &&
-      (!args.cu_seqlens || args.cu_seqlens->is_cpu());
-  const bool host = dest ? r.dest.is_cpu() && (p.paged || !args.cu_seqlens || args.cu_seqlens->is_cpu()) : host_rope;
+  const at::Tensor* cu = call.rope.cu_seqlens;
+  const bool host_seqlens = !cu || cu->is_cpu();
+  const bool host_rope = (rp.positions == nullptr || r.rope.positions.is_cpu()) && host_seqlens;
+  const bool host = dest ? r.dest.is_cpu() && (p.paged || host_seqlens) : host_rope;
   if (!host || rp.batch * rp.seq == 0) return r;
   if (!dest && rp.positions == nullptr && rp.cu_seqlens == nullptr) {
     TORCH_CHECK_INDEX(

@@ -73,22 +73,56 @@ namespace {
 
 // Exact for any strides (overlap.h): packed qkv slices are accepted, any
 // shared element between the written tensors or with a read-only input is not.
-void check_in_place_targets(
-    const char* op, const at::Tensor& q, const at::Tensor* k, const at::Tensor& freqs, const RopeArgs& args) {
+void check_in_place_targets(const char* op, const at::Tensor& q, const at::Tensor* k, const RopeCall& call) {
   const char* q_name = k ? "q" : "x";
   check_distinct(op, q_name, q);
   if (k) {
     check_distinct(op, "k", *k);
     check_disjoint(op, "q", q, "k", *k, "each element must belong to one of them");
   }
+  const std::pair<const char*, const at::Tensor*> read[] = {
+      {"freqs", call.freqs}, {call.positions.name(), call.positions.given}, {"cu_seqlens", call.cu_seqlens},
+      {"inv_freq", call.inv_freq}};
   for (const at::Tensor* w : {&q, k}) {
     if (!w) continue;
-    const char* name = w == &q ? q_name : "k";
-    check_disjoint(op, name, *w, "freqs", freqs);
-    if (args.offsets) check_disjoint(op, name, *w, "offsets", *args.offsets);
-    if (args.position_ids) check_disjoint(op, name, *w, "position_ids", *args.position_ids);
-    if (args.cu_seqlens) check_disjoint(op, name, *w, "cu_seqlens", *args.cu_seqlens);
-    if (args.inv_freq) check_disjoint(op, name, *w, "inv_freq", *args.inv_freq);
+    for (const auto& [name, t] : read) {
+      if (t) check_disjoint(op, w == &q ? q_name : "k", *w, name, *t);
+    }
+  }
+}
+
+void fill_positions(kernel::RopeParams& p, at::Tensor& wide, const char* op, const Positions& pos) {
+  p.start_pos = pos.start_pos;
+  if (pos.kind == Positions::Kind::kLocal) return;
+  wide = widen_positions(op, pos.name(), *pos.given);
+  p.positions = wide.data_ptr();
+  p.positions_int32 = wide.scalar_type() == at::kInt;
+  p.positions_are_offsets = pos.kind == Positions::Kind::kOffsets;
+  if (pos.kind == Positions::Kind::kAxes) {
+    fill_axes(p, wide, pos.pair_axes);
+  } else if (pos.kind == Positions::Kind::kIds && wide.dim() == 1) {  // [seq] or packed [total_tokens]
+    if (wide.size(0) > 1) p.pos_stride_s = wide.stride(0);
+  } else {
+    if (wide.dim() >= 1 && wide.size(0) > 1) p.pos_stride_b = wide.stride(0);
+    if (wide.dim() == 2 && wide.size(1) > 1) p.pos_stride_s = wide.stride(1);
+  }
+}
+
+// Positions known on the host are checked by value: a CPU positions tensor,
+// or none at all (start_pos + local index).
+void check_host_positions(const char* op, const kernel::RopeParams& p, const PreparedRope& r, const RopeCall& call) {
+  const bool host_positions = p.positions == nullptr || r.positions.is_cpu();
+  const bool host_seqlens = !call.cu_seqlens || call.cu_seqlens->is_cpu();
+  if (!host_positions || !host_seqlens || p.batch * p.seq == 0) return;
+  if (p.positions == nullptr && !call.cu_seqlens) {
+    TORCH_CHECK_INDEX(
+        p.inv_freq != nullptr || p.seq <= p.freqs_len - p.start_pos, op, ": start_pos + seq_len = ", p.start_pos,
+        " + ", p.seq, " = ", p.start_pos + p.seq, " exceeds the freqs table length (max_seq_len) ", p.freqs_len,
+        "; pass inv_freq or build a longer table (max_seq_len > ", p.start_pos + p.seq - 1, ")");
+  } else if (p.num_axes > 0) {
+    check_axes_in_table(op, p);
+  } else {
+    check_positions_in_table(op, p);
   }
 }
 
@@ -97,45 +131,41 @@ void check_in_place_targets(
 PreparedRope prepare_rope(
     const char* op, const at::Tensor& q, const at::Tensor* k, const at::Tensor& freqs, const RopeArgs& args,
     bool in_place) {
-  return prepare_rope(op, q, k, freqs, args, in_place, check_rope_inputs(op, q, k, freqs, args));
+  return prepare_rope(op, q, k, check_rope_inputs(op, q, k, freqs, args), in_place);
 }
 
-PreparedRope prepare_rope(
-    const char* op, const at::Tensor& q, const at::Tensor* k, const at::Tensor& freqs, const RopeArgs& args,
-    bool in_place, const RopeCall& call) {
-  TORCH_CHECK_VALUE(args.start_pos >= 0, op, ": start_pos must be >= 0, got ", args.start_pos);
+PreparedRope prepare_rope(const char* op, const at::Tensor& q, const at::Tensor* k, const RopeCall& call, bool in_place) {
   const at::Tensor& qv = call.q;
   const at::Tensor& kv = call.k;
-  if (in_place) check_in_place_targets(op, qv, k ? &kv : nullptr, freqs, args);
+  if (in_place) check_in_place_targets(op, qv, k ? &kv : nullptr, call);
 
   PreparedRope r;
   r.out_q = in_place ? q : make_output(q);
   if (k) r.out_k = in_place ? *k : make_output(*k);
   auto& p = r.params;
-  fill_head_tensor(p.q, qv, canonical_view(op, "q", r.out_q, args));
-  if (k) fill_head_tensor(p.k, kv, canonical_view(op, "k", r.out_k, args));
+  fill_head_tensor(p.q, qv, in_place ? qv : canonical_view(r.out_q, call.layout, call.cu_seqlens != nullptr));
+  if (k) fill_head_tensor(p.k, kv, in_place ? kv : canonical_view(r.out_k, call.layout, call.cu_seqlens != nullptr));
   p.batch = qv.size(0);
   p.seq = qv.size(2);
   p.head_dim = qv.size(3);
-  p.rotary_dim = 2 * freqs.size(1);
-  p.rotary_offset = args.rotary_offset;
+  p.rotary_dim = 2 * call.freqs->size(1);
+  p.rotary_offset = call.rotary_offset;
   p.in_place = in_place;
-  const at::Tensor table = freqs.is_complex() ? freqs : at::view_as_complex(freqs);
+  const at::Tensor table = call.table();
   p.freqs = reinterpret_cast<const float*>(table.data_ptr());
   p.freqs_len = table.size(0);
   p.freqs_stride_pos = table.stride(0);
   p.freqs_stride_pair = table.stride(1);
-  p.start_pos = args.start_pos;
-  p.interleaved = args.interleaved;
+  p.interleaved = call.interleaved;
   // A lazily conjugated table (freqs.conj()) holds e^{-i angle}: the same
   // memory read with the inverse rotation.
-  p.inverse = freqs.is_conj() ? !args.inverse : args.inverse;
-  if (args.inv_freq) {
-    p.inv_freq = args.inv_freq->data_ptr<double>();
-    p.inv_freq_stride = args.inv_freq->stride(0);
+  p.inverse = table.is_conj() ? !call.inverse : call.inverse;
+  if (call.inv_freq) {
+    p.inv_freq = call.inv_freq->data_ptr<double>();
+    p.inv_freq_stride = call.inv_freq->stride(0);
   }
-  if (args.cu_seqlens) {
-    const auto& cu = *args.cu_seqlens;
+  if (call.cu_seqlens) {
+    const auto& cu = *call.cu_seqlens;
     p.cu_seqlens = cu.data_ptr();
     p.cu_seqlens_stride = cu.stride(0);
     p.cu_seqlens_int32 = cu.scalar_type() == at::kInt;
@@ -143,40 +173,8 @@ PreparedRope prepare_rope(
     if (cu.is_cpu()) check_cu_seqlens_values(op, cu, p.seq);
     TORCH_CHECK_VALUE(p.num_seqs >= 1 || p.seq == 0, op, ": cu_seqlens has no sequence but there are ", p.seq, " tokens");
   }
-  if (args.offsets || args.position_ids) {
-    const at::Tensor& given = args.position_ids ? *args.position_ids : *args.offsets;
-    r.positions = widen_positions(op, args.position_ids ? "position_ids" : "offsets", given);
-    const auto& pos = r.positions;
-    p.positions = pos.data_ptr();
-    p.positions_int32 = pos.scalar_type() == at::kInt;
-    p.positions_are_offsets = !args.position_ids;
-    if (args.pair_axes) {
-      fill_axes(p, pos, args);
-    } else if (args.position_ids && pos.dim() == 1) {  // [seq] or packed [total_tokens]
-      if (pos.size(0) > 1) p.pos_stride_s = pos.stride(0);
-    } else {
-      if (pos.dim() >= 1 && pos.size(0) > 1) p.pos_stride_b = pos.stride(0);
-      if (pos.dim() == 2 && pos.size(1) > 1) p.pos_stride_s = pos.stride(1);
-    }
-  }
-  check_start_pos(op, args.start_pos);  // >= 0 was checked first, above
-  // Positions known on the host are checked by value: a CPU positions tensor,
-  // or none at all (start_pos + local index).
-  const bool host_positions = r.params.positions == nullptr || r.positions.is_cpu();
-  const bool host_seqlens = !args.cu_seqlens || args.cu_seqlens->is_cpu();
-  if (host_positions && host_seqlens && p.batch * p.seq > 0) {
-    if (p.positions == nullptr && !args.cu_seqlens) {
-      TORCH_CHECK_INDEX(
-          p.inv_freq != nullptr || p.seq <= p.freqs_len - args.start_pos, op, ": start_pos + seq_len = ",
-          args.start_pos, " + ", p.seq, " = ", args.start_pos + p.seq,
-          " exceeds the freqs table length (max_seq_len) ", p.freqs_len,
-          "; pass inv_freq or build a longer table (max_seq_len > ", args.start_pos + p.seq - 1, ")");
-    } else if (p.num_axes > 0) {
-      check_axes_in_table(op, p);
-    } else {
-      check_positions_in_table(op, p);
-    }
-  }
+  fill_positions(p, r.positions, op, call.positions);
+  check_host_positions(op, p, r, call);
   return r;
 }
 

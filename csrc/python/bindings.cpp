@@ -115,8 +115,10 @@ PYBIND11_MODULE(_C, m) {
 
   bind_tables(m);
   m.def(
-      "check_start_pos", [](const py::object& start_pos) { return start_pos_arg(start_pos); }, py::arg("start_pos"),
-      "Raises the module's error for a start_pos outside [0, 2^60) or not an int.");
+      "check_start_pos",
+      [](const py::object& start_pos, const std::string& who) { return start_pos_arg(start_pos, who.c_str()); },
+      py::arg("start_pos"), py::arg("who") = "RotaryEmbedding",
+      "start_pos as an int64, or who's error for one outside [0, 2^60) or not an int.");
 
   bind_kv_cache(m);
   bind_launch(m);

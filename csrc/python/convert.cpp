@@ -267,27 +267,22 @@ rotary::RotaryEmbeddingOptions options_from_py(
       .angle_dtype(angle_dtype_of(angle_dtype, who));
 }
 
-// start_pos of a module call: an int in [0, 2^60). The messages of
-// rotary::RopeTables::check_start_pos, also for ints past int64 and for a
-// tensor (e.g. rope(x, torch.tensor(3)), where the tensor lands in k's slot).
-int64_t start_pos_arg(const py::handle& v) {
+// start_pos of a module or op call: an int in [0, 2^60), also for ints past
+// int64, and a tensor (e.g. rope(x, torch.tensor(3)), where the tensor lands in
+// k's slot) refused by name.
+int64_t start_pos_arg(const py::handle& v, const char* who) {
   TORCH_CHECK_TYPE(
-      !THPVariable_Check(v.ptr()), "RotaryEmbedding: start_pos must be an int, got a tensor (", repr_of(v),
+      !THPVariable_Check(v.ptr()), who, ": start_pos must be an int, got a tensor (", repr_of(v),
       "); pass int(t), or a tensor as offsets= or position_ids= (a tensor in the second positional slot is "
       "k, which must be [batch, heads, seq, head_dim])");
   TORCH_CHECK_TYPE(
-      py::isinstance<py::int_>(v) && !py::isinstance<py::bool_>(v), "RotaryEmbedding: start_pos must be an int, got ",
+      py::isinstance<py::int_>(v) && !py::isinstance<py::bool_>(v), who, ": start_pos must be an int, got ",
       repr_of(v));
+  // detail::check_start_pos's words, for any Python int (past int64 too).
   const auto big = py::reinterpret_borrow<py::int_>(v);
-  const bool negative = big < py::int_(0);
-  const bool fits = !negative ? big < py::int_(rotary::kMaxStartPos) : big > py::int_(-rotary::kMaxStartPos);
-  if (!fits) {
-    TORCH_CHECK_VALUE(!negative, "RotaryEmbedding: start_pos must be >= 0, got ", repr_of(v));
-    TORCH_CHECK_INDEX(false, "RotaryEmbedding: start_pos must be < 2^60, got ", repr_of(v));
-  }
-  const int64_t start_pos = big.cast<int64_t>();
-  rotary::RopeTables::check_start_pos(start_pos);
-  return start_pos;
+  TORCH_CHECK_VALUE(!(big < py::int_(0)), who, ": start_pos must be >= 0, got ", repr_of(v));
+  TORCH_CHECK_INDEX(big < py::int_(rotary::kMaxStartPos), who, ": start_pos must be < 2^60, got ", repr_of(v));
+  return big.cast<int64_t>();
 }
 
 std::optional<torch::Tensor> tensor_arg(const py::handle& v, const std::string& who, const char* name) {

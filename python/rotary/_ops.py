@@ -72,12 +72,10 @@ def _pair_axes(op: str, name: str, value):
 def _start_pos(op: str, start_pos):
     """A Python int outside int64 never reaches the C++ check: torch's
     argument parser refuses it with a message about its own types. Name the
-    argument and the bound instead (the C++ check's words)."""
+    argument and the bound instead (the C++ check)."""
     _int_arg(op, "start_pos", start_pos)
     if isinstance(start_pos, int) and not -(2**63) <= start_pos < 2**63:
-        if start_pos < 0:
-            raise ValueError(f"{op}: start_pos must be >= 0, got {start_pos}")
-        raise IndexError(f"{op}: start_pos must be < 2^60, got {start_pos}")
+        _C.check_start_pos(start_pos, op)  # raises
     return start_pos
 
 
