@@ -9,7 +9,7 @@ sequence shards, which would need slots renumbered per rank) are refused;
 positions, slots, scales and tables are plain tensors or replicated DTensors.
 """
 
-from .distributed import _DIMS, _bind, _call, _fmt, _local_range, _refuse, _whole
+from ._dtensor_shards import _DIMS, _bind, _call, _fmt, _local_range, _refuse, _whole
 
 _DATA = ("q", "k", "v")
 _CACHES = ("k_cache", "v_cache")

@@ -33,6 +33,22 @@ import sys
 
 import torch
 
+from ._dtensor_shards import (
+    _bind,
+    _cached,
+    _call,
+    _check_placements,
+    _DIMS,
+    _fmt,
+    _global_stride,
+    _local_range,
+    _localize_positions,
+    _OUT_SPECS,
+    _position_kind,
+    _refuse,
+    _whole,
+)
+
 __all__ = ["register"]
 
 OP_NAMES = ("apply_rope", "apply_rope_qk", "apply_rope_", "apply_rope_qk_")
@@ -43,11 +59,6 @@ _REPLICATED_ARGS = ("freqs", "inv_freq", "cu_seqlens")
 #   position_ids: absolute ids [seq] / [batch, seq] ([total_tokens] packed)
 #   positions:    either, told apart by rank (the older single argument)
 _POSITION_ARGS = ("positions", "offsets", "position_ids")
-_DIMS = {  # layout -> (batch, heads, seq, head_dim) tensor dims
-    "BHSD": (0, 1, 2, 3),
-    "BSHD": (0, 2, 1, 3),
-    "SBHD": (1, 2, 0, 3),
-}
 
 _registered = False
 
@@ -114,207 +125,6 @@ def _install():
 
 # ----------------------------------------------------------------------------
 # The handler
-
-
-_SCHEMAS = {}  # op -> ((name, kwarg_only, has_default, default), ...)
-
-
-def _schema(op):
-    s = _SCHEMAS.get(op)
-    if s is None:
-        s = _SCHEMAS[op] = tuple(
-            (a.name, a.kwarg_only, a.has_default_value(), a.default_value if a.has_default_value() else None)
-            for a in op._schema.arguments
-        )
-    return s
-
-
-def _bind(op, args, kwargs):
-    """Schema argument name -> value (defaults filled in)."""
-    bound = {}
-    n = len(args)
-    for i, (name, _, has_default, default) in enumerate(_schema(op)):
-        if i < n:
-            bound[name] = args[i]
-        elif name in kwargs:
-            bound[name] = kwargs[name]
-        elif has_default:
-            bound[name] = default
-    return bound
-
-
-def _call(op, bound):
-    args, kwargs = [], {}
-    for name, kwarg_only, _, _ in _schema(op):
-        if name in bound:
-            if kwarg_only:
-                kwargs[name] = bound[name]
-            else:
-                args.append(bound[name])
-    return op(*args, **kwargs)
-
-
-# Per-spec caches: the DTensor machinery that answers these is slow next to a
-# decode-sized kernel. Specs are hashable and immutable.
-_RANGES = {}  # spec -> (local shape, global offset) on this rank
-_OUT_SPECS = {}  # (spec, stride, dtype) -> output DTensorSpec
-_CACHE_MAX = 4096
-
-
-def _cached(cache, key, make):
-    v = cache.get(key)
-    if v is None:
-        if len(cache) >= _CACHE_MAX:
-            cache.clear()
-        v = cache[key] = make()
-    return v
-
-
-def _fmt(placements):
-    return "(" + ", ".join(repr(p) for p in placements) + ")"
-
-
-class _Refuse(ValueError):
-    pass
-
-
-def _refuse(op, msg):
-    raise _Refuse(f"rotary.{op._schema.name.split('::')[-1]} on DTensor: {msg}")
-
-
-def _whole(op, name, t, mesh, why="every rank needs all of it"):
-    """A tensor every rank reads whole: a plain one as it is, a replicated
-    DTensor as its local tensor; any other placement is refused."""
-    from torch.distributed.tensor import DTensor
-
-    if not isinstance(t, DTensor):
-        return t
-    if t.device_mesh != mesh or not all(p.is_replicate() for p in t.placements):
-        _refuse(
-            op,
-            f"{name} has placements {_fmt(t.placements)}; {why}: replicate it "
-            "(distribute_tensor(t, mesh, [Replicate()] * mesh.ndim)) or pass a plain tensor",
-        )
-    return t._local_tensor
-
-
-def _local_range(t, op, name):
-    """(local tensor, per-dim global offsets) of a DTensor, checked against
-    its spec: a local shard of another size means the spec cannot say where
-    the shard lies (DTensor.from_local of uneven shards without shape=)."""
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-    local = t._local_tensor
-    shape, offset = _cached(
-        _RANGES, t._spec, lambda: compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
-    )
-    if local.shape != shape:
-        _refuse(
-            op,
-            f"{name} has a local shard of shape {tuple(local.shape)} but its spec (global shape "
-            f"{tuple(t.shape)}, placements {_fmt(t.placements)}) gives this rank shape {tuple(shape)}, so its "
-            "global offset cannot be derived; build it with DTensor.from_local(..., shape=, stride=) or "
-            "distribute_tensor",
-        )
-    return local, offset
-
-
-def _check_placements(op, name, t, dims, packed):
-    """Refuse the placements of a rotated tensor that have no local rule."""
-    from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
-
-    batch, heads, seq, head_dim = dims
-    ok_hint = (
-        f"shard heads (Shard(dim={heads})) or replicate"
-        if packed
-        else f"shard batch (Shard(dim={batch})), heads (Shard(dim={heads})) or sequence "
-        f"(Shard(dim={seq})), or replicate"
-    )
-    for i, p in enumerate(t.placements):
-        if isinstance(p, Replicate):
-            continue
-        if isinstance(p, Partial):
-            _refuse(
-                op,
-                f"{name} has placement {p!r} on mesh dim {i}; the rotary ops take whole values: reduce it "
-                f"first, then {ok_hint}",
-            )
-        if not isinstance(p, Shard):
-            _refuse(
-                op,
-                f"{name} has placement {p!r} on mesh dim {i}, which has no rotary rule (only Replicate and "
-                f"Shard are computed locally): {ok_hint}",
-            )
-        d = p.dim % t.ndim
-        if d == head_dim:
-            _refuse(
-                op,
-                f"{name} has placement {p!r} on mesh dim {i}, which splits head_dim; every rotation pair "
-                f"needs the whole head: {ok_hint}",
-            )
-        if packed and d == seq:
-            _refuse(
-                op,
-                f"{name} has placement {p!r} on mesh dim {i}, which splits packed tokens [total_tokens] with "
-                f"cu_seqlens; their positions depend on sequence boundaries across ranks: {ok_hint}, or use "
-                "a padded layout (BSHD) with Shard(seq)",
-            )
-
-
-def _position_kind(arg, p, packed):
-    if arg == "offsets":
-        return "offsets"
-    if arg == "position_ids":
-        return "ids"
-    return "offsets" if p.dim() <= (0 if packed else 1) else "ids"
-
-
-def _localize_positions(op, arg, p, kind, want, mesh, data, data_name, data_placements):
-    """This rank's slice of a position tensor. ``want`` maps each dim of p to
-    the (offset, length) of the tokens/rows this rank rotates (None: whole)."""
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(p, DTensor):
-        if p.device_mesh != mesh:
-            _refuse(op, f"{arg} is on mesh {p.device_mesh} but {data[0]} is on mesh {mesh}; use one mesh")
-        local, have = _local_range(p, op, arg)
-        placed = f"{arg} has placements {_fmt(p.placements)}"
-    else:
-        local, have = p, (0,) * p.dim()
-        placed = f"{arg} is a plain tensor (read as replicated)"
-    for d in range(p.dim()):
-        if want[d] is None or p.shape[d] == 1:
-            if local.shape[d] != p.shape[d]:
-                _refuse(
-                    op,
-                    f"{placed} but {data_name} {_fmt(data_placements)}: {arg} dim {d} is "
-                    f"sharded while {data[0]} keeps that dim whole; replicate {arg}, or shard it exactly "
-                    f"as {data[0]}",
-                )
-            continue
-        off, n = want[d]
-        lo = off - have[d]
-        if lo < 0 or lo + n > local.shape[d]:
-            _refuse(
-                op,
-                f"{placed} but {data_name} {_fmt(data_placements)}: this rank rotates "
-                f"{arg}[{off}:{off + n}] along dim {d} and holds only [{have[d]}:{have[d] + local.shape[d]}]. "
-                f"Shard {arg} ({kind}) the same way as the sequence/batch of {data[0]}, or replicate it",
-            )
-        if lo != 0 or n != local.shape[d]:
-            local = local.narrow(d, lo, n)
-    return local
-
-
-def _global_stride(local, shape):
-    """Contiguous strides over ``shape`` in the dim order of ``local``'s strides."""
-    order = sorted(range(local.dim()), key=lambda d: (local.stride(d), d), reverse=True)
-    stride, acc = [0] * local.dim(), 1
-    for d in reversed(order):
-        stride[d] = acc
-        acc *= max(shape[d], 1)
-    return tuple(stride)
-
 
 def _handler(op, args, kwargs):
     from torch.distributed.tensor import DTensor  # already imported: DTensor called us
