@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything a GPU-machine run needs, in one call (about 5 minutes on an H200):
-#   configure + build, gtest, tests/python/test_cuda.py (nothing deselected),
+#   configure + build, gtest, every CUDA case of tests/python (the device
+#   fixture's cuda parameter and the CUDA-only tests),
 #   the linked-runtime check and the Python error, runtime and variant tests,
 #   compute-sanitizer memcheck and racecheck over the Cuda gtests, an Nsight
 #   Compute summary of the bf16 prefill launches (DRAM %, achieved occupancy,
@@ -94,7 +95,7 @@ if ((built)); then
     # No GTEST_SKIP may hide a GPU test here: count them.
     grep -q "SKIPPED" "$LOG_DIR/gtest.log" && echo "gtest: some tests were skipped (see gtest.log)"
   fi
-  step pytest_cuda 240 env PYTHONPATH="$ROOT/python" "$PY" -m pytest -q -rs tests/python/test_cuda.py
+  step pytest_cuda 300 env PYTHONPATH="$ROOT/python" "$PY" -m pytest -q -rs tests/python -k cuda
   # Error messages that format numbers must come back whole (no private C++ runtime).
   step cxx_runtime 60 ctest --test-dir "$BUILD" -R cxx_runtime --output-on-failure
   step pytest_errors_variants 240 env PYTHONPATH="$ROOT/python" "$PY" -m pytest -q -rs \

@@ -20,6 +20,7 @@ if _PKG not in sys.path and not any(os.path.isdir(os.path.join(p, "rotary")) for
     sys.path.insert(0, _PKG)
 
 import torch  # noqa: E402
+from rotary_testing.devices import DEVICES  # noqa: E402
 
 
 def pytest_configure(config):
@@ -56,3 +57,10 @@ def reset_dynamo():
     every test: pytestmark = pytest.mark.usefixtures("reset_dynamo"))."""
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    """The backend under test: every test that takes it runs on the CPU and,
+    with a GPU, on CUDA (rotary_testing.devices)."""
+    return request.param

@@ -17,6 +17,8 @@ from rotary_testing.rope_testing import (
     positions_tensor,
     randn,
 )
+from rotary_testing.rope_testing import DTYPE_IDS, DTYPES
+from rotary_testing.devices import assert_matches_cpu, needs_cuda
 
 L = 24
 
@@ -410,3 +412,84 @@ def test_export():
     ep = torch.export.export(model, (x,), {"start_pos": 3})
     assert any("rotary" in str(n.target) for n in ep.graph.nodes)
     torch.testing.assert_close(ep.module()(x, start_pos=3), model(x, start_pos=3))
+
+
+@pytest.mark.parametrize("interleaved", PAIRINGS, ids=PAIRING_IDS)
+def test_gradcheck(device, interleaved):
+    f = rotary.freqs_table(6, 24).to(device)
+    q = make_heads(2, 3, 4, 6, torch.float64, "transposed", seed=240, device=device).requires_grad_()
+    k = make_heads(2, 1, 4, 6, torch.float64, seed=241, device=device).requires_grad_()
+    pos = torch.tensor([2, 9], device=device)
+    fn1 = lambda q: rotary.apply_rope(q, f, interleaved=interleaved, **op_positions(3, pos))  # noqa: E731
+    fn2 = lambda q, k: rotary.apply_rope_qk(q, k, f, 1, interleaved)  # noqa: E731
+    assert torch.autograd.gradcheck(fn1, (q,))
+    assert torch.autograd.gradgradcheck(fn1, (q,))
+    assert torch.autograd.gradcheck(fn2, (q, k))
+    assert torch.autograd.gradgradcheck(fn2, (q, k))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_grad_matches_cpu(device, dtype):
+    f = rotary.freqs_table(64, 64)
+    q_cpu = make_heads(2, 4, 9, 64, dtype, "transposed", seed=242).requires_grad_()
+    k_cpu = make_heads(2, 2, 9, 64, dtype, seed=243)  # no grad through k
+    w = randn((2, 4, 9, 64), dtype, seed=244)
+    q_dev = q_cpu.detach().to(device).requires_grad_()
+    k_dev = k_cpu.to(device)
+    for q, k, fr, ww in ((q_cpu, k_cpu, f, w), (q_dev, k_dev, f.to(device), w.to(device))):
+        oq, ok = rotary.apply_rope_qk(q, k, fr, 11, False)
+        ((oq * ww).sum() + ok.sum()).backward()
+    assert k_dev.grad is None
+    assert_close_ref(q_dev.grad, rope_reference(w, 11, False, inverse=True), dtype)
+    assert_matches_cpu(q_dev.grad, q_cpu.grad, dtype)
+
+
+def _opcheck_samples(device):
+    f = rotary.freqs_table(64, 64).to(device)
+    return [
+        (torch.ops.rotary.apply_rope.default,
+         (make_heads(2, 3, 5, 64, seed=250, device=device).requires_grad_(), f, 2, True), {}),
+        (torch.ops.rotary.apply_rope.default,
+         (make_heads(2, 3, 5, 64, torch.bfloat16, "transposed", seed=251, device=device), f, 0, False),
+         {"offsets": torch.tensor([1, 30], device=device), "inverse": True}),
+        (torch.ops.rotary.apply_rope_qk.default,
+         (make_heads(2, 4, 5, 64, seed=252, device=device).requires_grad_(),
+          make_heads(2, 2, 5, 64, seed=253, device=device, layout="stride2").requires_grad_(), f, 0, False),
+         {"position_ids": torch.randint(3, 53, (2, 5), generator=torch.Generator().manual_seed(3)).to(device)}),
+        (torch.ops.rotary.apply_rope_qk.default,
+         (make_heads(2, 2, 5, 64, torch.bfloat16, seed=254, device=device),
+          make_heads(2, 2, 5, 64, torch.bfloat16, seed=255, device=device), f, 1, True), {}),
+    ]
+
+
+@pytest.mark.parametrize("i", range(4))
+def test_opcheck(device, i):
+    op, args, kwargs = _opcheck_samples(device)[i]
+    torch.library.opcheck(op, args, kwargs)
+
+
+# On the CPU, inductor is test_compile_inductor (slow to build on 2 cores).
+@pytest.mark.parametrize("device,backend", [
+    ("cpu", "aot_eager"),
+    pytest.param("cuda", "aot_eager", marks=needs_cuda),
+    pytest.param("cuda", "inductor", marks=needs_cuda),
+])
+def test_compile(device, backend):
+    torch._dynamo.reset()
+    f = rotary.freqs_table(64, 128).to(device)
+
+    def fn(q, k, pos):
+        q2, k2 = rotary.apply_rope_qk(q * 0.5, k, f, interleaved=False, **op_positions(3, pos))
+        return torch.softmax(q2 @ k2.transpose(-1, -2), dim=-1)
+
+    q = make_heads(2, 4, 16, 64, layout="transposed", seed=260, device=device).requires_grad_()
+    k = make_heads(2, 4, 16, 64, seed=261, device=device).requires_grad_()
+    pos = torch.tensor([0, 40], device=device)
+    compiled = torch.compile(fn, backend=backend, fullgraph=True)
+    out, ref = compiled(q, k, pos), fn(q, k, pos)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    g = torch.autograd.grad(out.square().sum(), (q, k))
+    g_ref = torch.autograd.grad(ref.square().sum(), (q, k))
+    for a, b in zip(g, g_ref):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    torch._dynamo.reset()

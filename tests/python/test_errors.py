@@ -12,6 +12,8 @@ import rotary
 from rotary_testing.reference import inv_freq as ref_inv_freq
 from rotary_testing.reference import rope_reference
 from rotary_testing.rope_testing import Snapshot, assert_close_ref, randn
+from rotary_testing.rope_testing import op_positions
+from rotary_testing.devices import needs_cuda
 
 L = 16
 
@@ -691,3 +693,19 @@ def test_nan_and_inf_propagate(entry, dtype):
     assert torch.equal(y[~bad], want[~bad])
     if len(outs) == 2:
         assert torch.isnan(outs[1][0, 0, 0, :2]).all() and torch.isfinite(outs[1][0, 0, 0, 2:]).all()
+
+
+@needs_cuda
+def test_cross_device_errors():
+    f_cpu = rotary.freqs_table(8, 16)
+    x = randn((1, 2, 3, 8), seed=282, device="cuda")
+    with pytest.raises(ValueError, match=r"freqs is on cpu but q/x is on cuda"):
+        rotary.apply_rope(x, f_cpu)
+    with pytest.raises(ValueError, match=r"offsets is on cpu"):
+        rotary.apply_rope(x, f_cpu.cuda(), **op_positions(0, torch.tensor(1)))
+    with pytest.raises(ValueError, match=r"k is on cpu"):
+        rotary.apply_rope_qk(x, x.cpu(), f_cpu.cuda())
+    with pytest.raises(ValueError, match=r"head_dim"):
+        rotary.apply_rope(randn((1, 2, 3, 7), device="cuda"), f_cpu.cuda())
+    with pytest.raises(IndexError, match=r"start_pos \+ seq_len"):
+        rotary.apply_rope(x, f_cpu.cuda(), 14)

@@ -489,3 +489,20 @@ def test_call_argument_errors_name_the_argument(kind):
     snap.check()
     # an int in k's slot is start_pos
     assert torch.equal(m(x, 5), m(x, start_pos=5))
+
+
+def test_module_to_device(device):
+    py = rotary.RotaryEmbedding(64, 128, interleaved=False)
+    cpp = rotary.CppRotaryEmbedding(64, 128, 10000.0, False)
+    before = py.freqs.clone()
+    py.to(device, torch.float16)
+    cpp.to(torch.device(device))
+    for m in (py, cpp):
+        assert m.freqs.device.type == device and m.freqs.dtype == torch.complex64
+        assert torch.equal(m.freqs.cpu(), before)
+    x = make_heads(2, 4, 10, 64, torch.float16, seed=262, device=device)
+    assert_close_ref(py(x, start_pos=100), rope_reference(x, 100, False), torch.float16)
+    assert torch.equal(py(x, start_pos=100), cpp(x, start_pos=100))
+    # Past the 128 cached rows the module computes the rotation from inv_freq.
+    assert_close_ref(py(x, start_pos=119), rope_reference(x, 119, False), torch.float16)
+    assert_close_ref(cpp(x, start_pos=5000), rope_reference(x, 5000, False), torch.float16)

@@ -19,6 +19,8 @@ from rotary_testing.rope_testing import (
     ref_rope4,
     to_bhsd,
 )
+from rotary_testing.rope_testing import make_heads, positions_tensor
+from rotary_testing.devices import assert_matches_cpu, needs_cuda, sync
 
 pytestmark = pytest.mark.usefixtures("reset_dynamo")
 
@@ -96,3 +98,46 @@ def test_varlen_past_table_is_index_error(tables):
         rotary.apply_rope(x, f, 1, cu_seqlens=cu)
     with pytest.raises(IndexError, match=r"outside the freqs table"):
         rotary.apply_rope(x, f, cu_seqlens=cu, **op_positions(0, torch.tensor([0, 1, 2, 0, 1, 2, 3, 4, 6]), packed=True))
+
+
+@pytest.mark.parametrize("kind", ["scalar", "batch", "batch1", "ids", "ids_b1", "ids_s1", "ids_noncontig"])
+@pytest.mark.parametrize("interleaved", PAIRINGS, ids=PAIRING_IDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_parity_positions(device, tables, kind, interleaved, dtype):
+    B, S, D, start = 3, 9, 64, 4
+    pos = positions_tensor(kind, B, S, room=64 - start, seed=220, device=device)
+    q = make_heads(B, 4, S, D, dtype, "transposed", seed=221, device=device)
+    k = make_heads(B, 1, S, D, dtype, seed=222, device=device)
+    snap = Snapshot(q, k, pos)
+    out = rotary.apply_rope(q, tables(D, 64).to(device), interleaved=interleaved, **op_positions(start, pos))
+    oq, ok = rotary.apply_rope_qk(q, k, tables(D, 64).to(device), interleaved=interleaved, inverse=True, **op_positions(start, pos))
+    sync(device)
+    snap.check()
+    assert_close_ref(out, rope_reference(q, start, interleaved, pos), dtype)
+    assert_close_ref(oq, rope_reference(q, start, interleaved, pos, inverse=True), dtype)
+    assert_close_ref(ok, rope_reference(k, start, interleaved, pos, inverse=True), dtype)
+    out_cpu = rotary.apply_rope(q.cpu(), tables(D, 64), interleaved=interleaved, **op_positions(start, pos.cpu()))
+    assert_matches_cpu(out, out_cpu, dtype)
+
+
+@needs_cuda
+@pytest.mark.parametrize("op", ["apply_rope", "apply_rope_qk"])
+def test_device_positions_outside_table_give_nan(op):
+    """README: device-side positions are not read on the host; a position
+    outside the table yields NaN for that token (never an out-of-bounds read),
+    and every other token is still rotated correctly."""
+    f = rotary.freqs_table(16, 32).cuda()
+    x = make_heads(2, 3, 4, 16, seed=290, device="cuda")
+    ids = torch.tensor([[0, 5, 32, 31], [-1, 7, 1000, 2]], device="cuda")
+    if op == "apply_rope":
+        out = rotary.apply_rope(x, f, interleaved=True, **op_positions(0, ids))
+    else:
+        out, _ = rotary.apply_rope_qk(x, x[:, :1], f, interleaved=True, **op_positions(0, ids))
+    torch.cuda.synchronize()
+    bad = torch.tensor([[False, False, True, False], [True, False, True, False]])
+    out = out.cpu()
+    assert torch.equal(out.isnan().all(-1).all(1), bad)  # [B, S]: whole token NaN or not
+    good_ids = ids.cpu().clamp(0, 31)
+    ref = rope_reference(x, 0, True, good_ids)
+    mask = (~bad)[:, None, :, None].expand_as(out)
+    torch.testing.assert_close(out[mask].double(), ref[mask], rtol=1e-5, atol=1e-5)

@@ -1,5 +1,5 @@
-"""Cases for apply_rope_with_kv_cache_ (test_kv_cache.py, test_kv_cache_cuda
-in test_cuda.py): inputs, the unfused sequence it must equal bit for bit
+"""Cases for apply_rope_with_kv_cache_ (test_kv_cache.py, on every device):
+inputs, the unfused sequence it must equal bit for bit
 (apply_rope_qk_, then index writes in plain torch) and the float64
 reference of what lands in the cache."""
 
