@@ -3,7 +3,7 @@
 #   configure + build, gtest, every CUDA case of tests/python (the device
 #   fixture's cuda parameter and the CUDA-only tests),
 #   the linked-runtime check and the Python error, runtime and variant tests,
-#   compute-sanitizer memcheck and racecheck over the Cuda gtests, an Nsight
+#   compute-sanitizer memcheck and racecheck over the gtests' CUDA cases, an Nsight
 #   Compute summary of the bf16 prefill launches (DRAM %, achieved occupancy,
 #   registers), and the GPU benchmark table (clone, torch.compile of the HF
 #   formula, Liger).
@@ -113,8 +113,8 @@ fi
 # ---- sanitizers and the profile (need a GPU)
 if ((built && have_gpu)) && command -v compute-sanitizer > /dev/null; then
   step memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 1 \
-    "$TESTS" --gtest_filter='Cuda.*'
-  step racecheck 120 compute-sanitizer --tool racecheck --error-exitcode 1 "$TESTS" --gtest_filter='Cuda.*'
+    "$TESTS" --gtest_filter='*/cuda:RopeErrors.DeviceMismatch'
+  step racecheck 120 compute-sanitizer --tool racecheck --error-exitcode 1 "$TESTS" --gtest_filter='*/cuda:RopeErrors.DeviceMismatch'
 else
   skip memcheck "needs the build, a GPU and compute-sanitizer"
   skip racecheck "needs the build, a GPU and compute-sanitizer"

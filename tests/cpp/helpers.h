@@ -155,4 +155,24 @@ inline OpPositions op_positions(int64_t start, const std::optional<at::Tensor>& 
   return {0, std::nullopt, *pos + start};
 }
 
+// The device axis: a TEST_P of a suite derived from OnDevice runs on the CPU
+// and, where a GPU is visible, on CUDA, so both backends pass one test.
+class OnDevice : public ::testing::TestWithParam<c10::DeviceType> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == c10::kCUDA && !at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+    at::manual_seed(20);
+  }
+  at::TensorOptions on(at::ScalarType dtype = at::kFloat) const {
+    return at::TensorOptions().device(GetParam()).dtype(dtype);
+  }
+};
+
+inline std::string device_name(const ::testing::TestParamInfo<c10::DeviceType>& info) {
+  return info.param == c10::kCUDA ? "cuda" : "cpu";
+}
+
+#define ROTARY_ON_DEVICES(Suite) \
+  INSTANTIATE_TEST_SUITE_P(Devices, Suite, ::testing::Values(c10::kCPU, c10::kCUDA), rotary_test::device_name)
+
 }  // namespace rotary_test

@@ -176,4 +176,17 @@ TEST_F(RopeAutograd, NoGradModeRecordsNothing) {
   EXPECT_FALSE(yk.requires_grad());
 }
 
+class AutogradOnDevice : public rotary_test::OnDevice {};
+
+TEST_P(AutogradOnDevice, GradientIsInverseRotation) {
+  auto x = at::randn({2, 3, 6, 64}, on(at::kDouble)).requires_grad_(true);
+  auto g = at::randn({2, 3, 6, 64}, on(at::kDouble));
+  auto freqs = rotary::rope_freqs(64, 32).to(GetParam());
+  auto y = rotary::apply_rope(x, freqs, 4, false);
+  (y * g).sum().backward();
+  EXPECT_TRUE(at::allclose(x.grad().cpu(), rotary_test::ref_rope(g, 4, false, std::nullopt, true), 2e-6, 2e-6));
+}
+
+ROTARY_ON_DEVICES(AutogradOnDevice);
+
 }  // namespace

@@ -396,4 +396,20 @@ TEST_F(RotaryModule, MoveToCudaKeepsComplex64Table) {
   EXPECT_TRUE(AllClose(rope->forward(x.cuda(), 3), ref_rope(x, 3), tolerance_for(torch::kHalf)));
 }
 
+class ModuleOnDevice : public rotary_test::OnDevice {};
+
+TEST_P(ModuleOnDevice, ModuleMovesToTheDeviceAndRunsThere) {
+  rotary::RotaryEmbedding rope(rotary::RotaryEmbeddingOptions(64).max_seq_len(128));
+  rope->to(torch::Device(GetParam()));
+  rope->to(torch::kHalf);
+  EXPECT_EQ(rope->freqs.device().type(), GetParam());
+  EXPECT_EQ(rope->freqs.scalar_type(), at::kComplexFloat);
+  auto x = torch::randn({1, 2, 5, 64}, on(at::kHalf));
+  auto y = rope->forward(x, 3);
+  EXPECT_EQ(y.device().type(), GetParam());
+  EXPECT_TRUE(at::allclose(y.cpu().to(at::kDouble), rotary_test::ref_rope(x, 3), 4e-3, 4e-3));
+}
+
+ROTARY_ON_DEVICES(ModuleOnDevice);
+
 }  // namespace

@@ -546,4 +546,55 @@ TEST(RopeFreqs, MatchesDoublePrecisionTable) {
   EXPECT_EQ(rotary::rope_freqs(8, 0).sizes(), at::IntArrayRef({0, 4}));
 }
 
+// ---- every device: the same checks on the CPU and on CUDA
+
+class OpsOnDevice : public rotary_test::OnDevice {};
+
+double device_tol(at::ScalarType dtype) {
+  return dtype == at::kFloat ? 2e-5 : dtype == at::kDouble ? 2e-6 : dtype == at::kHalf ? 4e-3 : 3e-2;
+}
+
+TEST_P(OpsOnDevice, MatchesReferenceAcrossDtypesLayoutsAndPairings) {
+  for (auto dtype : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16}) {
+    for (int64_t d : {64, 80, 128, 256}) {
+      for (bool interleaved : {true, false}) {
+        for (bool packed : {false, true}) {
+          SCOPED_TRACE(std::string(c10::toString(dtype)) + " D=" + std::to_string(d) +
+                       (interleaved ? " interleaved" : " half") + (packed ? " packed qkv" : " contiguous"));
+          at::Tensor q, k;
+          if (packed) {
+            auto qkv = at::randn({2, 9, 5 + 2 * 3, d}, on(dtype)).transpose(1, 2);
+            q = qkv.narrow(1, 0, 5);
+            k = qkv.narrow(1, 5, 3);
+          } else {
+            q = at::randn({2, 5, 9, d}, on(dtype));
+            k = at::randn({2, 3, 9, d}, on(dtype));
+          }
+          auto freqs = rotary::rope_freqs(d, 64).to(GetParam());
+          auto [oq, ok] = rotary::apply_rope_qk(q, k, freqs, 17, interleaved);
+          const double t = device_tol(dtype);
+          EXPECT_TRUE(at::allclose(oq.cpu().to(at::kDouble), rotary_test::ref_rope(q, 17, interleaved), t, t));
+          EXPECT_TRUE(at::allclose(ok.cpu().to(at::kDouble), rotary_test::ref_rope(k, 17, interleaved), t, t));
+          if (GetParam() == c10::kCPU) continue;  // next to the CPU kernel: one rounding apart
+          auto [cq, ck] = rotary::apply_rope_qk(q.cpu(), k.cpu(), freqs.cpu(), 17, interleaved);
+          EXPECT_TRUE(at::allclose(oq.cpu().to(at::kDouble), cq.to(at::kDouble), t, t));
+          EXPECT_TRUE(at::allclose(ok.cpu().to(at::kDouble), ck.to(at::kDouble), t, t));
+        }
+      }
+    }
+  }
+}
+
+TEST_P(OpsOnDevice, DecodeWithDevicePositions) {
+  auto q = at::randn({4, 8, 1, 128}, on(at::kBFloat16));
+  auto k = at::randn({4, 2, 1, 128}, on(at::kBFloat16));
+  auto freqs = rotary::rope_freqs(128, 256).to(GetParam());
+  auto offsets = at::tensor({int64_t{3}, int64_t{40}, int64_t{100}, int64_t{7}}).to(GetParam());
+  auto [oq, ok] = rotary::apply_rope_qk(q, k, freqs, 1, true, offsets);
+  EXPECT_TRUE(at::allclose(oq.cpu().to(at::kDouble), rotary_test::ref_rope(q, 1, true, offsets), 3e-2, 3e-2));
+  EXPECT_TRUE(at::allclose(ok.cpu().to(at::kDouble), rotary_test::ref_rope(k, 1, true, offsets), 3e-2, 3e-2));
+}
+
+ROTARY_ON_DEVICES(OpsOnDevice);
+
 }  // namespace
