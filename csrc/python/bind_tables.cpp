@@ -26,19 +26,11 @@ void bind_tables(py::module_& m) {
       "The state machine of both RotaryEmbedding modules (rotary/tables.h): options, which tables they build, "
       "when the host-driven rules rebuild them, the checks of saved tables, and the lock.");
   def_options_init(tables, [](const rotary::RotaryEmbeddingOptions& o) { return RopeTables(o); });
+  def_option_properties(tables, [](const RopeTables& t) -> const rotary::RotaryEmbeddingOptions& {
+    return t.options();
+  });
   tables
-      .def_property_readonly("dim", [](const RopeTables& t) { return t.options().dim(); })
-      .def_property_readonly("max_seq_len", [](const RopeTables& t) { return t.options().max_seq_len(); })
-      .def_property_readonly("theta", [](const RopeTables& t) { return t.options().theta(); })
-      .def_property_readonly("interleaved", [](const RopeTables& t) { return t.options().interleaved(); })
-      .def_property_readonly("scaling", [](const RopeTables& t) { return scaling_or_none(t.options().scaling()); })
-      .def_property_readonly(
-          "angle_dtype", [](const RopeTables& t) { return rotary::angle_dtype_name(t.options().angle_dtype()); })
       .def_property_readonly("host_driven", &RopeTables::host_driven)
-      .def_property_readonly("rotary_offset", [](const RopeTables& t) { return t.options().rotary_offset(); })
-      .def_property_readonly("mrope_section", [](const RopeTables& t) { return t.options().mrope_section(); })
-      .def_property_readonly("mrope_interleaved", [](const RopeTables& t) { return t.options().mrope_interleaved(); })
-      .def_property_readonly("axes_dim", [](const RopeTables& t) { return t.options().axes_dim(); })
       .def_property_readonly("pair_axes", [](const RopeTables& t) { return rotary::pair_axes_of(t.options()); })
       .def_property_readonly("extends_past_table", &RopeTables::extends_past_table)
       .def_property_readonly("state", &RopeTables::state)

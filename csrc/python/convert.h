@@ -105,6 +105,25 @@ void def_pickle(py::module_& m, py::object wrapper, const char* name, StateOf st
       py::is_method(wrapper));
 }
 
+// The options both modules' bindings read back as properties; options_of
+// maps a bound object to its RotaryEmbeddingOptions.
+template <typename Cls, typename OptionsOf>
+void def_option_properties(Cls& cls, OptionsOf options_of) {
+  using T = typename Cls::type;
+  cls.def_property_readonly("dim", [options_of](const T& t) { return options_of(t).dim(); })
+      .def_property_readonly("max_seq_len", [options_of](const T& t) { return options_of(t).max_seq_len(); })
+      .def_property_readonly("theta", [options_of](const T& t) { return options_of(t).theta(); })
+      .def_property_readonly("interleaved", [options_of](const T& t) { return options_of(t).interleaved(); })
+      .def_property_readonly("scaling", [options_of](const T& t) { return scaling_or_none(options_of(t).scaling()); })
+      .def_property_readonly(
+          "angle_dtype", [options_of](const T& t) { return rotary::angle_dtype_name(options_of(t).angle_dtype()); })
+      .def_property_readonly("rotary_offset", [options_of](const T& t) { return options_of(t).rotary_offset(); })
+      .def_property_readonly("mrope_section", [options_of](const T& t) { return options_of(t).mrope_section(); })
+      .def_property_readonly(
+          "mrope_interleaved", [options_of](const T& t) { return options_of(t).mrope_interleaved(); })
+      .def_property_readonly("axes_dim", [options_of](const T& t) { return options_of(t).axes_dim(); });
+}
+
 // bind_kv_cache.cpp: rotary._C.KVCache, and the body of
 // CppRotaryEmbedding.forward_with_cache (cache: a bound KVCache).
 void bind_kv_cache(py::module_& m);
@@ -116,6 +135,8 @@ std::shared_ptr<rotary::KVCacheImpl> cache_of(const py::object& cache, const cha
 std::optional<int64_t> optional_start_pos(const py::object& start_pos);
 // bind_launch.cpp: rotary._C._cuda_launch_shape (the launch model).
 void bind_launch(py::module_& m);
+// bind_module.cpp: rotary._C.CppRotaryEmbedding.
+void bind_cpp_module(py::module_& m);
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> forward_with_cache(
     rotary::RotaryEmbeddingImpl& rope, torch::Tensor q, torch::Tensor k, const torch::Tensor& v, const py::object& cache,
     const py::object& start_pos);

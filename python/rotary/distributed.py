@@ -126,6 +126,31 @@ def _install():
 # ----------------------------------------------------------------------------
 # The handler
 
+
+def _localize_all_positions(op, bound, local, dims, packed, x_offset, x_local, mesh, data, data_name, placements):
+    """Each position argument as this rank's tokens see it, into local; and,
+    for a sequence shard without ids, its global offset added to start_pos."""
+    batch, _, seq, _ = dims
+    seq_sharded = x_local.shape[seq] != bound[data[0]].shape[seq]
+    pos_args = [n for n in _POSITION_ARGS if bound.get(n) is not None]
+    kinds = {n: _position_kind(n, bound[n], packed) for n in pos_args}
+    for n in pos_args:
+        p = bound[n]
+        if kinds[n] == "offsets":
+            # [] or [batch] (size 1 broadcasts)
+            want = [None if batch is None else (x_offset[batch], x_local.shape[batch])] * p.dim()
+        elif packed:
+            want = [None] * p.dim()  # [total_tokens]; tokens are never sharded here
+        elif p.dim() == 1:  # [seq]
+            want = [(x_offset[seq], x_local.shape[seq])]
+        else:  # [batch, seq]
+            want = [(x_offset[batch], x_local.shape[batch]), (x_offset[seq], x_local.shape[seq])]
+        local[n] = _localize_positions(op, n, p, kinds[n], want, mesh, data, data_name, placements)
+    if seq_sharded and "ids" not in kinds.values():
+        # No ids: token s of this shard is token seq_offset + s of the sequence.
+        local["start_pos"] = bound.get("start_pos", 0) + x_offset[seq]
+
+
 def _handler(op, args, kwargs):
     from torch.distributed.tensor import DTensor  # already imported: DTensor called us
     from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
@@ -188,25 +213,8 @@ def _handler(op, args, kwargs):
     if sharded and bound.get("pair_axes") is not None:
         _refuse(op, "pair_axes (N-D positions) with sharded DTensor inputs is not supported; replicate q and k")
     if dims is not None:
-        batch, _, seq, _ = dims
-        seq_sharded = local[data[0]].shape[seq] != x.shape[seq]
-        pos_args = [n for n in _POSITION_ARGS if bound.get(n) is not None]
-        kinds = {n: _position_kind(n, bound[n], packed) for n in pos_args}
-        for n in pos_args:
-            p = bound[n]
-            if kinds[n] == "offsets":
-                # [] or [batch] (size 1 broadcasts)
-                want = [None if batch is None else (x_offset[batch], x_local.shape[batch])] * p.dim()
-            elif packed:
-                want = [None] * p.dim()  # [total_tokens]; tokens are never sharded here
-            elif p.dim() == 1:  # [seq]
-                want = [(x_offset[seq], x_local.shape[seq])]
-            else:  # [batch, seq]
-                want = [(x_offset[batch], x_local.shape[batch]), (x_offset[seq], x_local.shape[seq])]
-            local[n] = _localize_positions(op, n, p, kinds[n], want, mesh, data, data_name, placements)
-        if seq_sharded and "ids" not in kinds.values():
-            # No ids: token s of this shard is token seq_offset + s of the sequence.
-            local["start_pos"] = bound.get("start_pos", 0) + x_offset[seq]
+        _localize_all_positions(
+            op, bound, local, dims, packed, x_offset, x_local, mesh, data, data_name, placements)
     else:
         for n in _POSITION_ARGS:
             if isinstance(bound.get(n), DTensor):

@@ -1,0 +1,161 @@
+// rotary._C.CppRotaryEmbedding: torch::python::bind_module of the C++ module,
+// with the Python module's call, state-dict load, repr and pickling.
+#include "convert.h"
+
+#include <rotary/rotary.h>
+
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/python.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace rotary {
+namespace python {
+namespace {
+
+using Impl = rotary::RotaryEmbeddingImpl;
+
+// load_state_dict on the wrapper would copy the saved buffers in as they
+// are; check them against the options and rebuild instead (load_tables), as
+// the Python RotaryEmbedding and torch::load do.
+void load_from_state_dict(
+    py::object self, py::object state_dict, const std::string& prefix, py::object /*local_metadata*/, bool strict,
+    py::list missing_keys, py::list unexpected_keys, py::list error_msgs) {
+  auto impl = self.attr("cpp_module").cast<std::shared_ptr<Impl>>();
+  const py::dict sd(state_dict);
+  std::optional<torch::Tensor> saved[2];
+  const char* names[2] = {"freqs", "inv_freq"};
+  for (int i = 0; i < 2; ++i) {
+    const py::str key(prefix + names[i]);
+    if (sd.contains(key)) {
+      py::object v = sd[key];
+      if (!THPVariable_Check(v.ptr())) {
+        error_msgs.append(
+            "CppRotaryEmbedding.load_state_dict: the saved '" + std::string(names[i]) + "' must be a tensor, got " +
+            repr_of(v));
+        return;
+      }
+      saved[i] = v.cast<torch::Tensor>();
+    } else {
+      missing_keys.append(key);
+    }
+  }
+  // A mismatch is reported like any load error: load_state_dict raises
+  // RuntimeError listing it, and the buffers stay as they were.
+  if (saved[0] || saved[1]) {
+    try {
+      impl->load_tables(saved[0], saved[1], "CppRotaryEmbedding.load_state_dict");
+    } catch (const c10::ValueError& e) {
+      error_msgs.append(std::string(e.what_without_backtrace()));
+    }
+  }
+  if (strict) {
+    for (auto item : sd) {
+      const std::string key = py::str(item.first);
+      if (key.rfind(prefix, 0) != 0) continue;
+      const std::string rest = key.substr(prefix.size());
+      if (rest != "freqs" && rest != "inv_freq") unexpected_keys.append(item.first);
+    }
+  }
+}
+
+// pickle / copy.deepcopy: the options and the saved tables; rebuilt from
+// them (load_tables restores the host-driven state).
+py::tuple cpp_rope_state(const Impl& impl) {
+  const auto& o = impl.options;
+  py::object scaling = o.scaling().type() == "default" ? py::object(py::none()) : py::object(scaling_to_dict(o.scaling()));
+  return py::make_tuple(
+      o.dim(), o.max_seq_len(), o.theta(), o.interleaved(), scaling, rotary::angle_dtype_name(o.angle_dtype()),
+      impl.freqs, impl.inv_freq, impl.is_training(), o.rotary_offset(), o.mrope_section(),
+      o.mrope_interleaved(), o.axes_dim(), o.axes_theta(), o.axes_shared_spectrum());
+}
+
+py::object cpp_rope_from_state(const py::object& wrapper, const py::tuple& st) {
+  TORCH_CHECK_VALUE(st.size() == 15, "CppRotaryEmbedding: unexpected pickled state of size ", st.size());
+  auto impl = std::make_shared<Impl>(
+      rotary::RotaryEmbeddingOptions(st[0].cast<int64_t>())
+          .max_seq_len(st[1].cast<int64_t>())
+          .theta(st[2].cast<double>())
+          .interleaved(st[3].cast<bool>())
+          .scaling(to_scaling(st[4]))
+          .angle_dtype(angle_dtype_of(st[5], "CppRotaryEmbedding"))
+          .rotary_offset(st[9].cast<int64_t>())
+          .mrope_section(st[10].cast<std::vector<int64_t>>())
+          .mrope_interleaved(st[11].cast<bool>())
+          .axes_dim(st[12].cast<std::vector<int64_t>>())
+          .axes_theta(st[13].cast<std::vector<double>>())
+          .axes_shared_spectrum(st[14].cast<bool>()));
+  impl->load_tables(st[6].cast<torch::Tensor>(), st[7].cast<torch::Tensor>(), "CppRotaryEmbedding (unpickle)");
+  impl->to(st[6].cast<torch::Tensor>().device());
+  py::object obj = wrapper.attr("__new__")(wrapper);
+  py::module_::import("torch.nn.cpp").attr("ModuleWrapper").attr("__init__")(obj, py::cast(impl));
+  impl->train(st[8].cast<bool>());  // after nn.Module.__init__, which sets training = True
+  return obj;
+}
+
+}  // namespace
+
+void bind_cpp_module(py::module_& m) {
+  // force_enable: bind forward ourselves (it is overloaded).
+  auto cpp_module = torch::python::bind_module<Impl, /*force_enable=*/true>(m, "CppRotaryEmbedding");
+  def_options_init(cpp_module, [](const rotary::RotaryEmbeddingOptions& o) { return std::make_shared<Impl>(o); });
+  def_option_properties(
+      cpp_module, [](const Impl& self) -> const rotary::RotaryEmbeddingOptions& { return self.tables().options(); });
+  cpp_module
+      .def_property_readonly("pair_axes", [](const Impl& self) { return self.pair_axes; })
+      // rope(x, start_pos=0) or rope(q, k, start_pos=0); offsets= or
+      // position_ids= (positions= deprecated), as in the Python module.
+      .def(
+          "forward",
+          [](Impl& self, const py::object& q, const py::object& k, const py::object& start_pos,
+             const py::object& offsets, const py::object& position_ids, const py::object& positions) -> py::object {
+            auto [x, k_tensor, pos, off, ids] = call_args(q, k, start_pos, offsets, position_ids, positions);
+            if (!k_tensor) return py::cast(self.forward(x, pos, off, ids));
+            return py::cast(self.forward(x, *k_tensor, pos, off, ids));
+          },
+          py::arg("q"), py::arg("k") = py::none(), py::arg("start_pos") = 0, py::kw_only(),
+          py::arg("offsets") = py::none(), py::arg("position_ids") = py::none(), py::arg("positions") = py::none())
+      .def("forward_with_cache", &forward_with_cache, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("cache"),
+           py::arg("start_pos") = py::none(),
+           "Rotate q and k in place at start_pos (default: cache.length) and append k and v to the KVCache, in one "
+           "op; returns (q, keys, values) with the filled cache as [batch, kv_heads, length, head_dim].")
+      // The buffers (module.freqs, module.inv_freq, state_dict()) are reached
+      // through torch.nn.cpp.ModuleWrapper, with the same names as in the
+      // Python module.
+      .def_property_readonly("host_driven", &Impl::host_driven)
+      .def_property_readonly("_rope_state", [](const Impl& self) { return self.tables().state(); })
+      .def_property_readonly("attention_scaling", [](const Impl& self) { return self.attention_scaling; })
+      .def(
+          "load_tables",
+          [](Impl& self, const std::optional<torch::Tensor>& freqs, const std::optional<torch::Tensor>& inv_freq) {
+            self.load_tables(freqs, inv_freq, "CppRotaryEmbedding.load_tables");
+          },
+          py::arg("freqs"), py::arg("inv_freq") = py::none(),
+          "Check saved buffers against the options (ValueError if they differ), then rebuild both from them.");
+
+  // A parent's cast must not turn the complex64 table and the float64
+  // inv_freq into the model's dtype.
+  py::object wrapper = m.attr("CppRotaryEmbedding");
+  apply_moves_only<Impl>(wrapper);
+
+  // ModuleWrapper copies the C++ module's attributes once, at construction;
+  // the rule's state changes, so the wrapper reads it on each access.
+  wrapper.attr("rope_state") = py::module_::import("builtins").attr("property")(py::cpp_function(
+      [](py::object self) { return self.attr("cpp_module").attr("_rope_state"); }, py::is_method(wrapper)));
+
+  wrapper.attr("_load_from_state_dict") = py::cpp_function(
+      &load_from_state_dict, py::is_method(wrapper), py::arg("state_dict"), py::arg("prefix"),
+      py::arg("local_metadata"), py::arg("strict"), py::arg("missing_keys"), py::arg("unexpected_keys"),
+      py::arg("error_msgs"));
+
+  repr_from_pretty_print<Impl>(wrapper);
+  def_pickle<Impl>(
+      m, wrapper, "_cpp_rope_from_state", &cpp_rope_state,
+      [wrapper](const py::tuple& st) { return cpp_rope_from_state(wrapper, st); });
+}
+
+}  // namespace python
+}  // namespace rotary
