@@ -12,7 +12,7 @@ is read through its ``text_config``. Pairing and rotated span per
 
 import math
 import re
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from . import _C
 from .hf_families import GENERIC_FIELDS, Family, family_of
@@ -85,6 +85,119 @@ def _check_fields(config: Any, model_type: str, family: Optional[Family]) -> Non
         )
 
 
+def _rope_params(config: Any) -> Dict[str, Any]:
+    """The rope_parameters / rope_scaling dict, every key checked."""
+    # A dict (config.json) may be legacy and carry both; transformers lets
+    # rope_scaling win there. A 5.x config object has the standardized
+    # rope_parameters (rope_scaling is a deprecated alias of it).
+    if isinstance(config, Mapping):
+        params = _get(config, "rope_scaling") or _get(config, "rope_parameters") or {}
+    else:
+        params = _get(config, "rope_parameters") or _get(config, "rope_scaling") or {}
+    if not isinstance(params, Mapping):
+        raise ValueError(f"from_hf_config: rope_parameters must be a dict, got {params!r}")
+    params = dict(params)
+    nested = [key for key, value in params.items() if isinstance(value, Mapping)]
+    if nested:
+        raise ValueError(
+            f"from_hf_config: rope_parameters is nested by layer type ({', '.join(nested)}); build one "
+            "RotaryEmbedding per layer type from that type's dict instead"
+        )
+    for key, value in params.items():
+        if key not in _PARAM_KEYS:
+            raise ValueError(f"from_hf_config: rope_parameters[{key!r}]={value!r} is not read by any rule; "
+                             "rotary cannot represent it")
+    return params
+
+
+def _sections(params: Dict[str, Any], fam: Family, model_type: str):
+    """(mrope_section, mrope_interleaved, axial) popped from params, defaulted
+    as the family's rotary class does; the rule left is the plain one."""
+    # Multimodal RoPE: the sections go to the module (the frequencies are the
+    # plain rule's).
+    mrope = params.pop("mrope_section", None)
+    mrope_inter = params.pop("mrope_interleaved", None)
+    if fam.mrope_section is not None:
+        if mrope_inter is not None and bool(mrope_inter) != fam.mrope_interleaved:
+            raise ValueError(f"from_hf_config: mrope_interleaved={mrope_inter!r}, but transformers' {model_type} "
+                             f"always lays sections out {'interleaved' if fam.mrope_interleaved else 'contiguous'}")
+        mrope_inter = fam.mrope_interleaved
+        if mrope is None:
+            mrope = list(fam.mrope_section)
+    elif (mrope is not None or mrope_inter is not None) and model_type:
+        name, value = ("mrope_section", mrope) if mrope is not None else ("mrope_interleaved", mrope_inter)
+        raise ValueError(f"from_hf_config: rope_parameters['{name}']={value!r} is not read for model_type "
+                         f"{model_type!r} (its layout is family-specific)")
+    mrope_inter = bool(mrope_inter)
+    if params.get("rope_type", params.get("type")) == "mrope":
+        params["rope_type"] = "default"
+        params.pop("type", None)
+    # Pixtral's 2-D "axial" rule: one spectrum dealt to the h and w axes.
+    axial = params.get("rope_type", params.get("type")) == "axial"
+    if axial:
+        params["rope_type"] = "default"
+        params.pop("type", None)
+    return mrope, mrope_inter, axial
+
+
+def _span(config: Any, fam: Family, partial: float, model_type: str, field) -> Tuple[int, int]:
+    """(rotary_dim, rotary_offset): the rotated dims of a head, as the family
+    lays them out."""
+    offset = 0
+    if fam.span == "mla":
+        if partial != 1.0:
+            raise ValueError(f"from_hf_config: partial_rotary_factor={partial!r}: {model_type} rotates all "
+                             "qk_rope_head_dim dims")
+        rotary_dim = _int_field(config, "qk_rope_head_dim", model_type)
+        offset = _int_field(config, "qk_nope_head_dim", model_type)
+        head_dim = offset + rotary_dim
+    else:
+        head_dim = _get(config, "head_dim") if fam.span == "leading" else None
+        if not head_dim:
+            hidden = field("hidden_size")
+            heads = field("num_attention_heads")
+            if hidden is None or not heads:
+                raise ValueError(
+                    "from_hf_config: the config has no head_dim, and no hidden_size and num_attention_heads "
+                    "to derive it from"
+                )
+            head_dim = hidden // heads
+        if fam.span == "rotary_dim":
+            rotary_dim = _get(config, "rotary_dim")
+            if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int) or not 0 < rotary_dim <= head_dim:
+                raise ValueError(f"from_hf_config: {model_type} needs rotary_dim, an int in (0, head_dim = "
+                                 f"{head_dim}], got {rotary_dim!r}")
+        else:
+            rotary_dim = int(head_dim * partial)
+    if rotary_dim <= 0 or rotary_dim % 2:
+        raise ValueError(
+            f"from_hf_config: head_dim {head_dim} * partial_rotary_factor {partial} gives rotary dim "
+            f"{rotary_dim}; it must be even and > 0"
+        )
+    return rotary_dim, offset
+
+
+def _scaling(config: Any, params: Dict[str, Any], max_pos: Optional[int], rotary_dim: int):
+    """The checked RopeScaling of the rule, with the position fields filled in
+    as transformers fills them."""
+    if max_pos is not None and (isinstance(max_pos, bool) or not isinstance(max_pos, int) or max_pos <= 0):
+        raise ValueError(f"from_hf_config: max_position_embeddings must be an int > 0, got {max_pos!r}")
+    scaling = {key: value for key, value in params.items() if key not in _MODEL_KEYS}
+    rope_type = scaling.get("rope_type") or scaling.get("type") or "default"
+    if rope_type in ("llama3", "yarn", "longrope"):
+        top = _get(config, "original_max_position_embeddings")
+        if top is not None:
+            scaling["original_max_position_embeddings"] = top
+        elif scaling.get("original_max_position_embeddings") is None and max_pos is not None:
+            scaling["original_max_position_embeddings"] = max_pos
+    if max_pos is not None:
+        scaling["max_position_embeddings"] = max_pos
+    # strict=False: keys of other rules are dropped (transformers ignores them too).
+    spec = _C.RopeScaling.from_dict(scaling, strict=False)
+    spec.validate(rotary_dim)
+    return spec
+
+
 def rope_kwargs_from_hf_config(config: Any, max_seq_len: Optional[int] = None) -> Dict[str, Any]:
     """Keyword arguments of ``rotary.RotaryEmbedding`` (and
     ``rotary.CppRotaryEmbedding``) for the rotary embedding ``config`` describes.
@@ -152,26 +265,7 @@ def rope_kwargs_from_hf_config(config: Any, max_seq_len: Optional[int] = None) -
                 value = _get(config, alias)
         return value
 
-    # A dict (config.json) may be legacy and carry both; transformers lets
-    # rope_scaling win there. A 5.x config object has the standardized
-    # rope_parameters (rope_scaling is a deprecated alias of it).
-    if isinstance(config, Mapping):
-        params = _get(config, "rope_scaling") or _get(config, "rope_parameters") or {}
-    else:
-        params = _get(config, "rope_parameters") or _get(config, "rope_scaling") or {}
-    if not isinstance(params, Mapping):
-        raise ValueError(f"from_hf_config: rope_parameters must be a dict, got {params!r}")
-    params = dict(params)
-    nested = [key for key, value in params.items() if isinstance(value, Mapping)]
-    if nested:
-        raise ValueError(
-            f"from_hf_config: rope_parameters is nested by layer type ({', '.join(nested)}); build one "
-            "RotaryEmbedding per layer type from that type's dict instead"
-        )
-    for key, value in params.items():
-        if key not in _PARAM_KEYS:
-            raise ValueError(f"from_hf_config: rope_parameters[{key!r}]={value!r} is not read by any rule; "
-                             "rotary cannot represent it")
+    params = _rope_params(config)
 
     if fam.theta is not None:  # the family's code ignores these: refuse rather than ignore
         given = {k: v for k, v in params.items() if not (k in ("rope_type", "type") and v == "default")}
@@ -181,30 +275,7 @@ def rope_kwargs_from_hf_config(config: Any, max_seq_len: Optional[int] = None) -
             raise ValueError(f"from_hf_config: {name}={value!r}: transformers' {model_type} ignores it "
                              f"(base {fam.theta:g}, no scaling, rotary_dim sets the span)")
 
-    # Multimodal RoPE: the sections go to the module (the frequencies are the
-    # plain rule's).
-    mrope = params.pop("mrope_section", None)
-    mrope_inter = params.pop("mrope_interleaved", None)
-    if fam.mrope_section is not None:
-        if mrope_inter is not None and bool(mrope_inter) != fam.mrope_interleaved:
-            raise ValueError(f"from_hf_config: mrope_interleaved={mrope_inter!r}, but transformers' {model_type} "
-                             f"always lays sections out {'interleaved' if fam.mrope_interleaved else 'contiguous'}")
-        mrope_inter = fam.mrope_interleaved
-        if mrope is None:
-            mrope = list(fam.mrope_section)
-    elif (mrope is not None or mrope_inter is not None) and model_type:
-        name, value = ("mrope_section", mrope) if mrope is not None else ("mrope_interleaved", mrope_inter)
-        raise ValueError(f"from_hf_config: rope_parameters['{name}']={value!r} is not read for model_type "
-                         f"{model_type!r} (its layout is family-specific)")
-    mrope_inter = bool(mrope_inter)
-    if params.get("rope_type", params.get("type")) == "mrope":
-        params["rope_type"] = "default"
-        params.pop("type", None)
-    # Pixtral's 2-D "axial" rule: one spectrum dealt to the h and w axes.
-    axial = params.get("rope_type", params.get("type")) == "axial"
-    if axial:
-        params["rope_type"] = "default"
-        params.pop("type", None)
+    mrope, mrope_inter, axial = _sections(params, fam, model_type)
 
     theta = fam.theta if fam.theta is not None else _first(
         params.get("rope_theta"), _get(config, "rope_theta"), _get(config, "rotary_emb_base"),
@@ -221,37 +292,7 @@ def rope_kwargs_from_hf_config(config: Any, max_seq_len: Optional[int] = None) -
             f"got {partial!r}"
         )
 
-    offset = 0
-    if fam.span == "mla":
-        if partial != 1.0:
-            raise ValueError(f"from_hf_config: partial_rotary_factor={partial!r}: {model_type} rotates all "
-                             "qk_rope_head_dim dims")
-        rotary_dim = _int_field(config, "qk_rope_head_dim", model_type)
-        offset = _int_field(config, "qk_nope_head_dim", model_type)
-        head_dim = offset + rotary_dim
-    else:
-        head_dim = _get(config, "head_dim") if fam.span == "leading" else None
-        if not head_dim:
-            hidden = field("hidden_size")
-            heads = field("num_attention_heads")
-            if hidden is None or not heads:
-                raise ValueError(
-                    "from_hf_config: the config has no head_dim, and no hidden_size and num_attention_heads "
-                    "to derive it from"
-                )
-            head_dim = hidden // heads
-        if fam.span == "rotary_dim":
-            rotary_dim = _get(config, "rotary_dim")
-            if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int) or not 0 < rotary_dim <= head_dim:
-                raise ValueError(f"from_hf_config: {model_type} needs rotary_dim, an int in (0, head_dim = "
-                                 f"{head_dim}], got {rotary_dim!r}")
-        else:
-            rotary_dim = int(head_dim * partial)
-    if rotary_dim <= 0 or rotary_dim % 2:
-        raise ValueError(
-            f"from_hf_config: head_dim {head_dim} * partial_rotary_factor {partial} gives rotary dim "
-            f"{rotary_dim}; it must be even and > 0"
-        )
+    rotary_dim, offset = _span(config, fam, partial, model_type, field)
 
     if fam.interleave_field:
         interleaved = _get(config, fam.interleave_field, fam.interleave_default)
@@ -261,21 +302,7 @@ def rope_kwargs_from_hf_config(config: Any, max_seq_len: Optional[int] = None) -
         interleaved = fam.pairing == "interleaved"
 
     max_pos = field("max_position_embeddings")
-    if max_pos is not None and (isinstance(max_pos, bool) or not isinstance(max_pos, int) or max_pos <= 0):
-        raise ValueError(f"from_hf_config: max_position_embeddings must be an int > 0, got {max_pos!r}")
-    scaling = {key: value for key, value in params.items() if key not in _MODEL_KEYS}
-    rope_type = scaling.get("rope_type") or scaling.get("type") or "default"
-    if rope_type in ("llama3", "yarn", "longrope"):
-        top = _get(config, "original_max_position_embeddings")
-        if top is not None:
-            scaling["original_max_position_embeddings"] = top
-        elif scaling.get("original_max_position_embeddings") is None and max_pos is not None:
-            scaling["original_max_position_embeddings"] = max_pos
-    if max_pos is not None:
-        scaling["max_position_embeddings"] = max_pos
-    # strict=False: keys of other rules are dropped (transformers ignores them too).
-    spec = _C.RopeScaling.from_dict(scaling, strict=False)
-    spec.validate(rotary_dim)
+    spec = _scaling(config, params, max_pos, rotary_dim)
 
     rows = _first(max_seq_len, max_pos, 4096)
     kwargs = {
