@@ -483,9 +483,10 @@ def test_model_moved_after_patching():
 
 
 def test_refusals():
-    # an unverified family
+    # an unverified family (gpt_neox itself passes the HF sweep: a model_type it never saw)
     neox = GPTNeoXForCausalLM(GPTNeoXConfig(hidden_size=64, num_attention_heads=4, num_hidden_layers=1,
                                             intermediate_size=64, vocab_size=VOCAB))
+    neox.config.model_type = "gpt_neox_unswept"
     with pytest.raises(ValueError, match="not verified"):
         apply_rotary_to_model(neox)
     assert not is_patched(neox)

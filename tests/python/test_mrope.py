@@ -8,6 +8,7 @@ import torch
 
 import rotary
 from rotary_testing.reference import rope_reference_nd
+from rotary_testing.hf_sweep import tiny_vl
 from rotary_testing.rope_testing import assert_close_ref, gen, randn
 
 transformers = pytest.importorskip("transformers")
@@ -92,43 +93,6 @@ def test_parity_with_transformers_rotary(family):
     torch.testing.assert_close(ok, hk, rtol=0, atol=2e-5)
 
 
-def _tiny_vl(family):
-    torch.manual_seed(0)
-    text = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=256)
-    if family == "qwen2_vl":
-        text["rope_parameters"] = {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0}
-        cfg = transformers.Qwen2VLConfig(
-            text_config=text, vision_config=dict(depth=1, embed_dim=32, hidden_size=64, num_heads=2, patch_size=2,
-                                                 spatial_merge_size=2, temporal_patch_size=2, in_channels=3, mlp_ratio=2),
-            image_token_id=100, video_token_id=101, vision_start_token_id=102, vision_end_token_id=103)
-        model = transformers.Qwen2VLForConditionalGeneration(cfg)
-    elif family == "qwen2_5_vl":
-        text["rope_parameters"] = {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0}
-        cfg = transformers.Qwen2_5_VLConfig(
-            text_config=text, vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
-                                                 patch_size=2, spatial_merge_size=2, temporal_patch_size=2,
-                                                 in_channels=3, out_hidden_size=64, window_size=8,
-                                                 fullatt_block_indexes=[0]),
-            image_token_id=100, video_token_id=101, vision_start_token_id=102, vision_end_token_id=103)
-        model = transformers.Qwen2_5_VLForConditionalGeneration(cfg)
-    else:
-        text["rope_parameters"] = {"rope_type": "default", "mrope_section": [4, 2, 2], "mrope_interleaved": True,
-                                   "rope_theta": 10000.0}
-        text["head_dim"] = 16
-        cfg = transformers.Qwen3VLConfig(
-            text_config=text, vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
-                                                 patch_size=2, spatial_merge_size=2, temporal_patch_size=2,
-                                                 in_channels=3, out_hidden_size=64, num_position_embeddings=16,
-                                                 deepstack_visual_indexes=[]),
-            image_token_id=100, video_token_id=101, vision_start_token_id=102, vision_end_token_id=103)
-        model = transformers.Qwen3VLForConditionalGeneration(cfg)
-    ids = torch.tensor([[5, 6, 102] + [100] * 4 + [103, 7, 8]])
-    inputs = dict(input_ids=ids, pixel_values=torch.randn(16, 24, generator=gen(6)),
-                  image_grid_thw=torch.tensor([[1, 4, 4]]), mm_token_type_ids=(ids == 100).long())
-    return model.eval(), inputs
-
-
 @pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def test_tiny_vl_model_patched(family):
     """A random-weight model with an image (so get_rope_index builds
@@ -137,7 +101,7 @@ def test_tiny_vl_model_patched(family):
     from rotary.integrations.transformers import rotary_patched, rotary_embedding_of
 
     try:
-        model, inputs = _tiny_vl(family)
+        model, inputs = tiny_vl(family)
     except (TypeError, ValueError) as e:  # pragma: no cover - a transformers without this family
         pytest.skip(f"{family} does not build small here: {e}")
     with torch.no_grad():

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from .._ops import apply_rope_qk
+from . import hf_support
 from ..module import RotaryEmbedding
 
 __all__ = [
@@ -41,10 +42,11 @@ __all__ = [
     "rotary_embedding_of",
 ]
 
-# model_type values whose attention rotates with apply_rotary_pos_emb(q, k,
-# cos, sin) on the pair from the base model's rotary_emb, and that the tests
-# check against transformers.
-SUPPORTED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"})
+# The families the HF sweep (tests/rotary_testing/hf_sweep.py) found equal to
+# the unpatched model: logits and greedy decode with a KV cache, fp32.
+SUPPORTED_MODEL_TYPES = hf_support.SUPPORTED
+# Refusals the sweep could not test: allow_unverified lets these through.
+_UNTESTED = "the sweep builds no tiny model"
 
 _FUNC_NAME = "apply_rotary_pos_emb"
 _STATE_ATTR = "_rotary_integration_state"
@@ -262,14 +264,27 @@ def apply_rotary_to_model(
     """
     if is_patched(model):
         return model
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        why = hf_support.REFUSED.get(model_type)
+        swept = f"the HF sweep of transformers {hf_support.TRANSFORMERS_VERSION}"
+        if why is not None and not why.startswith(_UNTESTED):
+            raise ValueError(f"rotary: model_type {model_type!r} is not supported: {why} ({swept})")
+        if not allow_unverified:
+            raise ValueError(
+                f"rotary: model_type {model_type!r} is not verified: "
+                f"{why or 'it is not in ' + swept}; the supported families are in docs/transformers.md. "
+                "pass allow_unverified=True if its attention uses rotate_half RoPE through "
+                "apply_rotary_pos_emb(q, k, cos, sin) with the pair from model.rotary_emb"
+            )
+    return _patch(model, max_seq_len)
+
+
+def _patch(model: nn.Module, max_seq_len: Optional[int] = None) -> nn.Module:
+    """apply_rotary_to_model without the support check (the sweep's entry)."""
+    if is_patched(model):
+        return model
     config = getattr(model, "config", None)
-    model_type = getattr(config, "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES and not allow_unverified:
-        raise ValueError(
-            f"rotary: model_type {model_type!r} is not verified (verified: {sorted(SUPPORTED_MODEL_TYPES)}); "
-            "pass allow_unverified=True if its attention uses rotate_half RoPE through "
-            "apply_rotary_pos_emb(q, k, cos, sin) with the pair from model.rotary_emb"
-        )
     owners = _rotary_owners(model)
     if not owners:
         raise ValueError(f"rotary: {type(model).__name__} has no rotary_emb module to patch")
