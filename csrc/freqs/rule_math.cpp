@@ -138,5 +138,13 @@ RopeFrequencies longrope_rule(const RopeScaling& s, double theta, int64_t d, int
   return out;
 }
 
+RopeFrequencies proportional_rule(const RopeScaling& s, double theta, int64_t d, int64_t) {
+  RopeFrequencies out{base_inv_freq(d, theta), 1.0};
+  const auto turning = static_cast<size_t>(std::floor(s.partial_rotary_factor() * static_cast<double>(d) / 2.0));
+  const double factor = s.factor().value_or(1.0);
+  for (size_t j = 0; j < out.inv_freq.size(); ++j) out.inv_freq[j] = j < turning ? out.inv_freq[j] / factor : 0.0;
+  return out;
+}
+
 }  // namespace detail
 }  // namespace rotary

@@ -24,6 +24,7 @@ RopeFrequencies dynamic_rule(const RopeScaling& s, double theta, int64_t d, int6
 RopeFrequencies yarn_rule(const RopeScaling& s, double theta, int64_t d, int64_t seq_len);
 RopeFrequencies llama3_rule(const RopeScaling& s, double theta, int64_t d, int64_t seq_len);
 RopeFrequencies longrope_rule(const RopeScaling& s, double theta, int64_t d, int64_t seq_len);
+RopeFrequencies proportional_rule(const RopeScaling& s, double theta, int64_t d, int64_t seq_len);
 
 }  // namespace detail
 }  // namespace rotary

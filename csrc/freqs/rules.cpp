@@ -21,6 +21,7 @@ using detail::dynamic_rule;
 using detail::yarn_rule;
 using detail::llama3_rule;
 using detail::longrope_rule;
+using detail::proportional_rule;
 
 namespace {
 
@@ -32,7 +33,7 @@ struct Field {
 };
 
 const RopeScaling kDefaults;
-const std::array<Field, 13> kFields = {{
+const std::array<Field, 14> kFields = {{
     {"factor", [](const RopeScaling& s) { return s.factor().has_value(); }},
     {"original_max_position_embeddings",
      [](const RopeScaling& s) { return s.original_max_position_embeddings().has_value(); }},
@@ -49,6 +50,8 @@ const std::array<Field, 13> kFields = {{
      [](const RopeScaling& s) { return !(s.high_freq_factor() == kDefaults.high_freq_factor()); }},
     {"short_factor", [](const RopeScaling& s) { return !s.short_factor().empty(); }},
     {"long_factor", [](const RopeScaling& s) { return !s.long_factor().empty(); }},
+    {"partial_rotary_factor",
+     [](const RopeScaling& s) { return !(s.partial_rotary_factor() == kDefaults.partial_rotary_factor()); }},
 }};
 
 struct Rule {
@@ -58,8 +61,8 @@ struct Rule {
   RopeFrequencies (*compute)(const RopeScaling&, double, int64_t, int64_t);
 };
 
-const std::array<Rule, 7>& rules() {
-  static const std::array<Rule, 7> table = {{
+const std::array<Rule, 8>& rules() {
+  static const std::array<Rule, 8> table = {{
       {RopeType::Default, "default", {}, &default_rule},
       {RopeType::Linear, "linear", {"factor"}, &linear_rule},
       {RopeType::Ntk, "ntk", {"factor"}, &ntk_rule},
@@ -78,6 +81,7 @@ const std::array<Rule, 7>& rules() {
        {"factor", "original_max_position_embeddings", "max_position_embeddings", "attention_factor", "short_factor",
         "long_factor"},
        &longrope_rule},
+      {RopeType::Proportional, "proportional", {"factor", "partial_rotary_factor"}, &proportional_rule},
   }};
   return table;
 }
@@ -208,6 +212,12 @@ void validate(const RopeScaling& s, int64_t rotary_dim) {
         std::isfinite(s.high_freq_factor()) && s.high_freq_factor() > s.low_freq_factor(),
         "high_freq_factor must be finite and > low_freq_factor = ", s.low_freq_factor(), ", got ",
         s.high_freq_factor());
+  }
+  if (type == RopeType::Proportional) {
+    ROTARY_SCALING_CHECK(
+        s.partial_rotary_factor() > 0.0 && s.partial_rotary_factor() <= 1.0,
+        "partial_rotary_factor must lie in (0, 1] (the share of the pairs that turn), got ",
+        s.partial_rotary_factor());
   }
   if (type == RopeType::LongRope) {
     check_factor_list(s, "short_factor", s.short_factor(), rotary_dim);

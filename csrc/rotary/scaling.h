@@ -18,12 +18,12 @@ namespace rotary {
 
 // The frequency rules, one name each. The names are listed once
 // (rope_type_names) and parsed / printed only by the functions below.
-enum class RopeType { Default, Linear, Ntk, Dynamic, Yarn, Llama3, LongRope };
+enum class RopeType { Default, Linear, Ntk, Dynamic, Yarn, Llama3, LongRope, Proportional };
 
 // "default" -> RopeType::Default, ...; std::nullopt for an unknown name.
 std::optional<RopeType> rope_type_from_string(const std::string& name);
 const char* to_string(RopeType type);
-// "default, linear, ntk, dynamic, yarn, llama3, longrope", for messages.
+// "default, linear, ntk, dynamic, yarn, llama3, longrope, proportional", for messages.
 const std::string& rope_type_names();
 
 // Which rule and its parameters. Setting a field the rule does not use (an
@@ -45,6 +45,10 @@ const std::string& rope_type_names();
 //   "longrope"  default / short_factor[j], or / long_factor[j] once seq_len
 //               exceeds original_max_position_embeddings; attention scaling
 //               sqrt(1 + ln(factor)/ln(original)) (or attention_factor)
+//   "proportional" Gemma 4: the first floor(partial_rotary_factor * d / 2)
+//               pairs turn at theta^(-2j/d) / factor (d the whole head), the
+//               others not at all (inv_freq 0): rotate_half over the head
+//               with a rotated share, unlike a partial rotary span
 //
 // "dynamic" and "longrope" depend on the sequence length, so the modules
 // recompute their tables on the host when it crosses a threshold; see
@@ -54,10 +58,10 @@ struct RopeScaling {
   /* implicit */ RopeScaling(std::string type) : type_(std::move(type)) {}
   /* implicit */ RopeScaling(const char* type) : type_(type) {}
 
-  // One of default, linear, ntk, dynamic, yarn, llama3, longrope.
+  // One of default, linear, ntk, dynamic, yarn, llama3, longrope, proportional.
   TORCH_ARG(std::string, type) = "default";
   // Context-extension factor (> 0). Required by linear, ntk, dynamic and
-  // llama3. yarn and longrope derive it, when unset, as
+  // llama3; proportional divides by it when set. yarn and longrope derive it, when unset, as
   // max_position_embeddings / original_max_position_embeddings (as HF does).
   TORCH_ARG(std::optional<double>, factor) = std::nullopt;
   // Pre-training context length; required by yarn, llama3 and longrope.
@@ -84,6 +88,8 @@ struct RopeScaling {
   // longrope: one divisor per rotated pair (rotary_dim / 2 each).
   TORCH_ARG(std::vector<double>, short_factor);
   TORCH_ARG(std::vector<double>, long_factor);
+  // proportional: the share of the pairs that turn, in (0, 1].
+  TORCH_ARG(double, partial_rotary_factor) = 1.0;
 };
 
 // Throws c10::ValueError naming the offending field when `scaling` cannot be

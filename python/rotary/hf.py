@@ -12,12 +12,12 @@ is read through its ``text_config``. Pairing and rotated span per
 
 import math
 import re
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from . import _C
 from .hf_families import GENERIC_FIELDS, Family, family_of
 
-__all__ = ["rope_kwargs_from_hf_config"]
+__all__ = ["layer_types_of", "rope_kwargs_from_hf_config"]
 
 _DEFAULT_THETA = 10000.0
 # Keys of rope_parameters that describe the model rather than the rule.
@@ -85,8 +85,20 @@ def _check_fields(config: Any, model_type: str, family: Optional[Family]) -> Non
         )
 
 
-def _rope_params(config: Any) -> Dict[str, Any]:
-    """The rope_parameters / rope_scaling dict, every key checked."""
+def layer_types_of(config: Any) -> Optional[List[str]]:
+    """The layer types a config's rope_parameters is keyed by (Gemma 3,
+    OLMo 3, ModernBERT, ...), sorted; None for one rule for every layer."""
+    config = _text_config(config)
+    params = _get(config, "rope_parameters") or _get(config, "rope_scaling") or {}
+    if not isinstance(params, Mapping):
+        return None
+    nested = sorted(key for key, value in params.items() if isinstance(value, Mapping))
+    return nested or None
+
+
+def _rope_params(config: Any, layer_type: Optional[str] = None) -> Dict[str, Any]:
+    """The rope_parameters / rope_scaling dict (a layer type's own, when it is
+    keyed by layer type), every key checked."""
     # A dict (config.json) may be legacy and carry both; transformers lets
     # rope_scaling win there. A 5.x config object has the standardized
     # rope_parameters (rope_scaling is a deprecated alias of it).
@@ -98,11 +110,20 @@ def _rope_params(config: Any) -> Dict[str, Any]:
         raise ValueError(f"from_hf_config: rope_parameters must be a dict, got {params!r}")
     params = dict(params)
     nested = [key for key, value in params.items() if isinstance(value, Mapping)]
-    if nested:
+    if nested and layer_type is None:
         raise ValueError(
-            f"from_hf_config: rope_parameters is nested by layer type ({', '.join(nested)}); build one "
-            "RotaryEmbedding per layer type from that type's dict instead"
+            f"from_hf_config: rope_parameters is nested by layer type ({', '.join(nested)}); pass layer_type= one "
+            f"of them (from_hf_config(config, layer_type={nested[0]!r})): one RotaryEmbedding per layer type"
         )
+    if nested:
+        if layer_type not in nested:
+            raise ValueError(f"from_hf_config: layer_type={layer_type!r} is not a key of rope_parameters "
+                             f"({', '.join(nested)})")
+        others = [key for key in params if key not in nested]
+        if others:
+            raise ValueError(f"from_hf_config: rope_parameters mixes layer types ({', '.join(nested)}) with "
+                             f"rule keys ({', '.join(others)})")
+        params = dict(params[layer_type])
     for key, value in params.items():
         if key not in _PARAM_KEYS:
             raise ValueError(f"from_hf_config: rope_parameters[{key!r}]={value!r} is not read by any rule; "
@@ -182,7 +203,9 @@ def _scaling(config: Any, params: Dict[str, Any], max_pos: Optional[int], rotary
     as transformers fills them."""
     if max_pos is not None and (isinstance(max_pos, bool) or not isinstance(max_pos, int) or max_pos <= 0):
         raise ValueError(f"from_hf_config: max_position_embeddings must be an int > 0, got {max_pos!r}")
-    scaling = {key: value for key, value in params.items() if key not in _MODEL_KEYS}
+    rule = params.get("rope_type") or params.get("type")
+    model_keys = ("rope_theta",) if rule == "proportional" else _MODEL_KEYS
+    scaling = {key: value for key, value in params.items() if key not in model_keys}
     rope_type = scaling.get("rope_type") or scaling.get("type") or "default"
     if rope_type in ("llama3", "yarn", "longrope"):
         top = _get(config, "original_max_position_embeddings")
@@ -198,7 +221,9 @@ def _scaling(config: Any, params: Dict[str, Any], max_pos: Optional[int], rotary
     return spec
 
 
-def rope_kwargs_from_hf_config(config: Any, max_seq_len: Optional[int] = None) -> Dict[str, Any]:
+def rope_kwargs_from_hf_config(
+    config: Any, max_seq_len: Optional[int] = None, layer_type: Optional[str] = None
+) -> Dict[str, Any]:
     """Keyword arguments of ``rotary.RotaryEmbedding`` (and
     ``rotary.CppRotaryEmbedding``) for the rotary embedding ``config`` describes.
 
@@ -244,10 +269,14 @@ def rope_kwargs_from_hf_config(config: Any, max_seq_len: Optional[int] = None) -
     1) ** 2``: that is the attention's, not the rotation's, and is not
     returned here.
 
+    ``rope_parameters`` keyed by layer type (Gemma 3, OLMo 3, ...: one rule per
+    type, :func:`layer_types_of` lists them) is read for ``layer_type``, which
+    it then needs.
+
     Raises ``ValueError``, naming the field and its value, for what it cannot
     represent: a rope-related field it does not read, a key of
     ``rope_parameters`` no rule reads, a refused family, per-layer-type rope
-    parameters, an odd rotary dim, an unknown ``rope_type``, sections that do
+    parameters without ``layer_type``, an odd rotary dim, an unknown ``rope_type``, sections that do
     not sum to ``dim / 2``; and for missing or invalid fields.
     """
     config = _text_config(config)
@@ -265,7 +294,7 @@ def rope_kwargs_from_hf_config(config: Any, max_seq_len: Optional[int] = None) -
                 value = _get(config, alias)
         return value
 
-    params = _rope_params(config)
+    params = _rope_params(config, layer_type)
 
     if fam.theta is not None:  # the family's code ignores these: refuse rather than ignore
         given = {k: v for k, v in params.items() if not (k in ("rope_type", "type") and v == "default")}
@@ -292,7 +321,10 @@ def rope_kwargs_from_hf_config(config: Any, max_seq_len: Optional[int] = None) -
             f"got {partial!r}"
         )
 
-    rotary_dim, offset = _span(config, fam, partial, model_type, field)
+    # proportional (Gemma 4): the rule turns that share of the whole head's
+    # pairs (the others get inv_freq 0), so the span is the whole head.
+    proportional = params.get("rope_type", params.get("type")) == "proportional"
+    rotary_dim, offset = _span(config, fam, 1.0 if proportional else partial, model_type, field)
 
     if fam.interleave_field:
         interleaved = _get(config, fam.interleave_field, fam.interleave_default)

@@ -17,7 +17,6 @@ _APPLY_QK = torch.ops.rotary.apply_rope_qk.default
 # The seq dim of each layout the ops take (head_dim is last in all of them).
 _SEQ_AXIS = {"BHSD": 2, "BSHD": 1, "SBHD": 0}
 
-
 # torch.compiler.disable, importing torch._dynamo at the first call (not at import).
 _eager_only = getattr(torch, "_disable_dynamo", None) or torch.compiler.disable
 
@@ -92,13 +91,14 @@ class RotaryEmbedding(nn.Module):
                                  doc="The factor folded into every table entry (YaRN / LongRoPE; else 1).")
 
     @classmethod
-    def from_hf_config(cls, config, *, max_seq_len: Optional[int] = None, angle_dtype: AngleDtype = "float64"):
-        """The module a transformers config (or its dict form) describes; one it
-        cannot serve is refused by name (docs/hf.md). Use it with ``rope(q, k,
-        position_ids=position_ids)``."""
+    def from_hf_config(cls, config, *, max_seq_len: Optional[int] = None, angle_dtype: AngleDtype = "float64",
+                       layer_type: Optional[str] = None):
+        """The module a transformers config (or its dict form) describes, for
+        ``layer_type`` when its rule differs per layer type (``rotary.hf.layer_types_of``);
+        one it cannot serve is refused by name (docs/scaling.md)."""
         from .hf import rope_kwargs_from_hf_config
 
-        return cls(**rope_kwargs_from_hf_config(config, max_seq_len=max_seq_len), angle_dtype=angle_dtype)
+        return cls(**rope_kwargs_from_hf_config(config, max_seq_len, layer_type), angle_dtype=angle_dtype)
 
     def _install(self, freqs: torch.Tensor, inv_freq: torch.Tensor) -> None:
         self._buffers["freqs"], self._buffers["inv_freq"] = freqs, inv_freq

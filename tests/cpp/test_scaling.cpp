@@ -449,12 +449,28 @@ TEST(ScalingModule, DtypeCastsLeaveBothBuffers) {
 TEST(ScalingErrors, RopeTypeNamesParseAndPrint) {
   for (const auto t : {rotary::RopeType::Default, rotary::RopeType::Linear, rotary::RopeType::Ntk,
                        rotary::RopeType::Dynamic, rotary::RopeType::Yarn, rotary::RopeType::Llama3,
-                       rotary::RopeType::LongRope}) {
+                       rotary::RopeType::LongRope, rotary::RopeType::Proportional}) {
     EXPECT_EQ(rotary::rope_type_from_string(rotary::to_string(t)), t);
     EXPECT_NE(rotary::rope_type_names().find(rotary::to_string(t)), std::string::npos);
   }
   EXPECT_FALSE(rotary::rope_type_from_string("su").has_value());
-  EXPECT_EQ(rotary::rope_type_names(), "default, linear, ntk, dynamic, yarn, llama3, longrope");
+  EXPECT_EQ(rotary::rope_type_names(), "default, linear, ntk, dynamic, yarn, llama3, longrope, proportional");
+}
+
+// Gemma 4's proportional rule: floor(p * d / 2) pairs turn at the whole
+// head's theta^(-2j/d) / factor, the others not at all.
+TEST(Scaling, ProportionalTurnsAShareOfThePairs) {
+  const auto f = rotary::compute_frequencies(
+      12, 10000.0, RopeScaling("proportional").partial_rotary_factor(0.4).factor(2.0));
+  ASSERT_EQ(f.inv_freq.size(), 6u);
+  for (size_t j = 0; j < 6; ++j) {
+    const double want = j < 2 ? std::pow(10000.0, -2.0 * static_cast<double>(j) / 12.0) / 2.0 : 0.0;
+    EXPECT_DOUBLE_EQ(f.inv_freq[j], want) << "pair " << j;
+  }
+  EXPECT_EQ(f.attention_scaling, 1.0);
+  expect_value_error(
+      [] { rotary::compute_frequencies(8, 10000.0, RopeScaling("proportional").partial_rotary_factor(1.5)); },
+      "partial_rotary_factor must lie in (0, 1]");
 }
 
 // A field the rule does not read would be silently ignored: refused, as

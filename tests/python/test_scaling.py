@@ -111,6 +111,10 @@ def ref_frequencies(d, theta, p, seq_len=0):
             att = 1.0 if factor <= 1 else math.sqrt(1.0 + math.log(factor) / math.log(orig))
         ext = p["long_factor"] if seq_len > orig else p["short_factor"]
         return [w / e for w, e in zip(plain(theta), ext)], att
+    if kind == "proportional":  # Gemma 4: a share of the pairs turns, the rest stand still
+        turning = math.floor(p.get("partial_rotary_factor", 1.0) * d / 2)
+        factor = p.get("factor", 1.0)
+        return [w / factor if j < turning else 0.0 for j, w in enumerate(plain(theta))], 1.0
     raise AssertionError(kind)
 
 
@@ -118,7 +122,7 @@ def _random_cases(seed, n_per_rule=5):
     """(id, d, theta, rule dict, seq_len) with random parameters, fixed seed."""
     rng = random.Random(seed)
     cases = []
-    for kind in ("default", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope"):
+    for kind in ("default", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope", "proportional"):
         for i in range(n_per_rule):
             d = rng.choice([4, 8, 16, 32, 64, 96, 128, 256])
             theta = rng.choice([10000.0, 500000.0, 1e6, rng.uniform(100.0, 2e6)])
@@ -157,6 +161,10 @@ def _random_cases(seed, n_per_rule=5):
                     p["max_position_embeddings"] = 16 * orig
                 else:
                     p["attention_factor"] = rng.uniform(1.0, 1.3)
+            if kind == "proportional":
+                p["partial_rotary_factor"] = rng.choice([0.25, 0.5, 1.0, rng.uniform(0.05, 1.0)])
+                if i % 2:
+                    p["factor"] = rng.uniform(1.0, 8.0)
             cases.append(pytest.param(d, theta, p, seq_len, id=f"{kind}-{i}-d{d}"))
     return cases
 
@@ -746,3 +754,19 @@ def test_from_hf_config_drops_fields_other_rules_use():
     assert rotary.RotaryEmbedding.from_hf_config(cfg).scaling == {"rope_type": "linear", "factor": 2.0}
     with pytest.raises(ValueError, match="low_freq_factor is not a field of this rule"):
         rotary.RotaryEmbedding(16, 64, scaling={"rope_type": "linear", "factor": 2.0, "low_freq_factor": 2})
+
+
+@pytest.mark.parametrize("partial,factor", [(0.25, 1.0), (0.5, 2.0), (1.0, 1.0), (0.3, 4.0)])
+def test_proportional_matches_transformers(partial, factor):
+    """Gemma 4's rule, against transformers' own _compute_proportional_rope_parameters."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = {"rope_type": "proportional", "rope_theta": 10000.0, "partial_rotary_factor": partial, "factor": factor}
+    cfg = LlamaConfig(hidden_size=256, num_attention_heads=4, head_dim=64, rope_parameters=params)
+    hf_inv, hf_att = ROPE_INIT_FUNCTIONS["proportional"](cfg, "cpu")
+    ours, att = rotary.inv_frequencies(64, 10000.0, {k: v for k, v in params.items() if k != "rope_theta"})
+    assert att == hf_att == 1.0
+    torch.testing.assert_close(ours.float(), hf_inv.float(), rtol=1e-6, atol=0)
+    kwargs = rotary.rope_kwargs_from_hf_config(cfg)
+    assert kwargs["dim"] == 64 and kwargs["scaling"].get("partial_rotary_factor", 1.0) == partial  # whole head

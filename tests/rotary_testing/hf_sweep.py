@@ -71,6 +71,10 @@ def _shrink(config):
                 setattr(config, name, value)
             except Exception:
                 pass
+    if getattr(config, "qk_rope_head_dim", None) and getattr(config, "head_dim", None):
+        config.head_dim = config.qk_rope_head_dim  # MLA: the rotary module's width is the rope part
+    if getattr(config, "kv_lora_rank", None):
+        config.num_key_value_heads = config.num_attention_heads  # MLA: k has every head
     types = getattr(config, "layer_types", None)
     if isinstance(types, (list, tuple)) and types:
         kinds = list(dict.fromkeys(types))  # one layer of each kind, at least two layers

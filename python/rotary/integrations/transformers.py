@@ -28,6 +28,7 @@ from torch import nn
 
 from .._ops import apply_rope_qk
 from . import hf_support
+from ..hf import layer_types_of
 from ..module import RotaryEmbedding
 
 __all__ = [
@@ -182,7 +183,7 @@ def _release_module(name: str) -> None:
 class _ModelPatch:
     def __init__(self) -> None:
         # (rotary_emb module, previous instance-level forward or None, state)
-        self.rotary: List[Tuple[nn.Module, Optional[Callable], _RopeState]] = []
+        self.rotary: List[Tuple[nn.Module, Optional[Callable], Dict[Optional[str], _RopeState]]] = []
         self.modules: List[str] = []
 
 
@@ -210,10 +211,15 @@ def _module_device(module: nn.Module, fallback: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def _make_forward(state: _RopeState) -> Callable:
+def _make_forward(states: Dict[Optional[str], _RopeState]) -> Callable:
+    """The patched rotary embedding's forward; states maps each layer type (None
+    when the config has one rule for every layer) to its table."""
+
     def forward(x: torch.Tensor, position_ids: Optional[torch.Tensor] = None, layer_type: Any = None):
-        if layer_type is not None:
-            raise ValueError("rotary: per-layer-type rotary embeddings are not supported")
+        state = states.get(layer_type)
+        if state is None:
+            raise ValueError(f"rotary: the patched rotary embedding has no table for layer_type {layer_type!r} "
+                             f"(it has {sorted(map(str, states))})")
         if position_ids is None:
             raise ValueError("rotary: the patched rotary embedding needs position_ids")
         if position_ids.dim() == 1:
@@ -297,16 +303,18 @@ def _patch(model: nn.Module, max_seq_len: Optional[int] = None) -> nn.Module:
     for owner in owners:
         emb = owner.rotary_emb
         rope_config = getattr(owner, "config", None) or getattr(emb, "config", None) or config
-        rope = RotaryEmbedding.from_hf_config(rope_config, max_seq_len=max_seq_len)
-        rope.to(_module_device(emb, model))
-        built.append((emb, _RopeState(rope)))
+        states = {}
+        for layer_type in layer_types_of(rope_config) or [None]:  # one table per layer type (Gemma 3, ...)
+            rope = RotaryEmbedding.from_hf_config(rope_config, max_seq_len=max_seq_len, layer_type=layer_type)
+            states[layer_type] = _RopeState(rope.to(_module_device(emb, model)))
+        built.append((emb, states))
 
     patch = _ModelPatch()
     with _lock:
-        for emb, state in built:
+        for emb, states in built:
             previous = emb.__dict__.get("forward")
-            emb.forward = _make_forward(state)
-            patch.rotary.append((emb, previous, state))
+            emb.forward = _make_forward(states)
+            patch.rotary.append((emb, previous, states))
         for name in modules:
             _acquire_module(name)
             patch.modules.append(name)
@@ -350,7 +358,7 @@ def rotary_embedding_of(model: nn.Module) -> Optional[RotaryEmbedding]:
     """The ``rotary.RotaryEmbedding`` a patched model uses (the first, if it
     has several), or None."""
     patch = getattr(model, _STATE_ATTR, None)
-    return patch.rotary[0][2].rope if patch is not None and patch.rotary else None
+    return next(iter(patch.rotary[0][2].values())).rope if patch is not None and patch.rotary else None
 
 
 # Liger-style names.
