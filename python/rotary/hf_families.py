@@ -75,15 +75,23 @@ FAMILIES: Dict[str, Family] = {
     "deepseek_v2": Family(pairing="interleaved", span="mla"),
     "deepseek_v3": Family(span="mla", interleave_field="rope_interleave", interleave_default=True),
     "glm4_moe_lite": Family(span="mla", interleave_field="rope_interleave", interleave_default=True),
+    "axk1": Family(span="mla", interleave_field="rope_interleave", interleave_default=True),
+    "youtu": Family(span="mla", interleave_field="rope_interleave", interleave_default=True),
+    # MLA heads rotated with rotate_half on q_rot / k_rot.
+    "minicpm3": Family(span="mla"), "hy_v4": Family(span="mla"),
+    # Two pairings in one model: the attention's rope is interleaved, its
+    # sparse-attention indexer's rotate_half.
+    **{name: Family(refuse="its attention and its indexer pair dims differently (interleaved and rotate_half)")
+       for name in ("axk2", "deepseek_v32", "glm_moe_dsa")},
     # Refused: RoPE on some layers only, or pairings / spans not verified.
     "cohere2": Family(refuse="RoPE is applied on its sliding-window layers only (the others have none)"),
     "llama4": Family(refuse="RoPE is skipped on its no_rope_layers, and its pairing is complex-interleaved"),
     "smollm3": Family(refuse="RoPE is skipped on its no_rope_layers"),
     **{name: Family(refuse=_NOT_VERIFIED) for name in (
-        "axk1", "axk2", "bailing_hybrid", "blt", "cohere2_moe", "deepseek_v32", "deepseek_v4", "dots3_note",
-        "dots3_note_text", "efficientloftr", "hy_v4", "hy_v4_vl", "hy_v4_vl_text", "lightglue", "longcat_flash",
-        "minicpm3", "mistral4", "mistral_large4", "mistral_large4_text", "moonshine", "moonshine_streaming",
-        "youtu", "glm_moe_dsa", "llama4_text", "blt_global_transformer", "blt_local_decoder", "blt_local_encoder",
+        "bailing_hybrid", "blt", "cohere2_moe", "deepseek_v4", "dots3_note",
+        "dots3_note_text", "efficientloftr", "hy_v4_vl", "hy_v4_vl_text", "lightglue", "longcat_flash",
+        "mistral4", "mistral_large4", "mistral_large4_text", "moonshine", "moonshine_streaming",
+        "llama4_text", "blt_global_transformer", "blt_local_decoder", "blt_local_encoder",
         "blt_patcher", "ernie4_5_vl_moe", "ernie4_5_vl_moe_text", "glm4v", "glm4v_text", "glm_ocr", "glm_ocr_text",
         "inkling2", "inkling2_text", "moonshine_streaming_encoder", "neomme", "openai_privacy_filter", "roformer",
         "edgetam_video", "sam2_video", "sam3", "sam3_tracker_video")},

@@ -94,7 +94,7 @@ def hf_mla(mt, rotary_cls):
     def run(cfg, q, k, pos):  # the attention's split / apply / cat, as in DeepseekV3Attention
         m, nope = modeling(mt), cfg.qk_nope_head_dim
         cos, sin = getattr(m, rotary_cls)(cfg)(q, pos)
-        apply = m.apply_rotary_pos_emb_interleave if cfg.rope_interleave else m.apply_rotary_pos_emb
+        apply = m.apply_rotary_pos_emb_interleave if getattr(cfg, "rope_interleave", False) else m.apply_rotary_pos_emb
         q_pe, k_pe = apply(q[..., nope:], k[..., nope:], cos, sin)
         return torch.cat([q[..., :nope], q_pe], -1), torch.cat([k[..., :nope], k_pe], -1)
     return run
@@ -170,6 +170,10 @@ CASES = [
      hf_mla("deepseek_v3", "DeepseekV3RotaryEmbedding"), 20, False),
     ("glm4_moe_lite", "glm4_moe_lite", "Glm4MoeLiteConfig", MLA,
      hf_mla("glm4_moe_lite", "Glm4MoeLiteRotaryEmbedding"), 20, False),
+    ("axk1", "axk1", "AXK1Config", dict(MLA, q_lora_rank=16), hf_mla("axk1", "AXK1RotaryEmbedding"), 20, False),
+    ("youtu", "youtu", "YoutuConfig", MLA, hf_mla("youtu", "YoutuRotaryEmbedding"), 20, False),
+    ("minicpm3", "minicpm3", "MiniCPM3Config", MLA, hf_mla("minicpm3", "MiniCPM3RotaryEmbedding"), 20, False),
+    ("hy_v4", "hy_v4", "HYV4Config", dict(MLA, q_lora_rank=16), hf_mla("hy_v4", "HYV4RotaryEmbedding"), 20, False),
 ]
 IDS = [c[0] for c in CASES]
 
@@ -197,7 +201,7 @@ def hf_and_ours(case, seed=0):
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_matches_transformers(case):
     cfg, rope, (q, k, pos), want, got = hf_and_ours(case, seed=len(case[0]))
-    if case[1] in ("deepseek_v3", "glm4_moe_lite") and cfg.rope_interleave:
+    if getattr(cfg, "rope_interleave", False):
         # Same pairs; transformers writes them de-interleaved. Same scores.
         got_perm = [deinterleave(t, rope.rotary_offset) for t in got]
         for g, w in zip(got_perm, want):
@@ -320,7 +324,7 @@ def test_unknown_model_type_without_specific_fields_is_rotate_half():
     ("Cohere2Config", dict(SMALL, head_dim=16), r"'cohere2' is not supported: RoPE is applied on its sliding"),
     ("Llama4TextConfig", dict(SMALL, head_dim=16), r"'llama4_text'|no_rope_layers"),
     ("SmolLM3Config", SMALL, r"'smollm3' is not supported|no_rope_layers"),
-    ("MiniCPM3Config", SMALL, r"'minicpm3' is not supported"),
+    ("DeepseekV32Config", SMALL, r"'deepseek_v32' is not supported: its attention and its indexer"),
 ])
 def test_refused_families(cls, kw, match):
     with pytest.raises(ValueError, match=match):

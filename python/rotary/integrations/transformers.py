@@ -50,6 +50,10 @@ SUPPORTED_MODEL_TYPES = hf_support.SUPPORTED
 _UNTESTED = "the sweep builds no tiny model"
 
 _FUNC_NAME = "apply_rotary_pos_emb"
+# Also replaced where a modeling module has it: DeepSeek-V3-style MLA calls it
+# on q_rot / k_rot when rope_interleave (pairs (2j, 2j+1); q . k is the same
+# with the pairs kept in place, and the cache holds that layout).
+_FUNC_NAMES = (_FUNC_NAME, "apply_rotary_pos_emb_interleave")
 _STATE_ATTR = "_rotary_integration_state"
 
 # The op the handles call; a module attribute so that tests can count calls.
@@ -124,7 +128,7 @@ class RotaryPositions:
 # Module-level function replacement, shared by every patched model
 # ----------------------------------------------------------------------------
 _lock = threading.Lock()
-# modeling module name -> [original function, number of patched models using it]
+# modeling module name -> [{function name: original}, number of patched models using it]
 _module_patches: Dict[str, List[Any]] = {}
 
 
@@ -160,9 +164,10 @@ def _acquire_module(name: str) -> None:
     module = sys.modules[name]
     entry = _module_patches.get(name)
     if entry is None:
-        original = getattr(module, _FUNC_NAME)
-        setattr(module, _FUNC_NAME, _make_wrapper(original))
-        _module_patches[name] = [original, 1]
+        originals = {f: getattr(module, f) for f in _FUNC_NAMES if callable(getattr(module, f, None))}
+        for f, original in originals.items():
+            setattr(module, f, _make_wrapper(original))
+        _module_patches[name] = [originals, 1]
     else:
         entry[1] += 1
 
@@ -173,7 +178,8 @@ def _release_module(name: str) -> None:
         return
     entry[1] -= 1
     if entry[1] == 0:
-        setattr(sys.modules[name], _FUNC_NAME, entry[0])
+        for f, original in entry[0].items():
+            setattr(sys.modules[name], f, original)
         del _module_patches[name]
 
 
