@@ -183,6 +183,7 @@ bench: build
 .PHONY: test-bench
 test-bench: build
 	PYTHONPATH=$(CURDIR)/python $(VPY) benchmarks/bench.py --quick
+	PYTHONPATH=$(CURDIR)/python $(VPY) benchmarks/bench_hf.py --quick
 
 clean:
 	rm -rf $(BUILD) $(DEMO_BUILD) python/rotary/*.so
