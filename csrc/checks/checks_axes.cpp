@@ -134,6 +134,14 @@ at::Tensor legacy_ids(const char* op, const at::Tensor& ids, int64_t start_pos) 
   return start_pos == 0 ? wide : wide + start_pos;
 }
 
+bool legacy_positions_are_ids(int64_t dim, bool varlen) {
+  return varlen ? dim == 1 : dim >= 2;
+}
+
+const char* const kLegacyPositionsWarning =
+    "positions= is deprecated and will be removed in the next release; pass offsets= ([] or [batch]: position "
+    "start_pos + offsets[b] + s) or position_ids= ([seq] or [batch, seq]: absolute positions, as in Hugging Face)";
+
 void check_axes_in_table(const char* op, const kernel::RopeParams& p) {
   for (int64_t a = 0; a < p.num_axes; ++a) {
     for (int64_t b = 0; b < p.batch; ++b) {

@@ -27,5 +27,12 @@ at::Tensor widen_positions(const char* op, const char* name, const at::Tensor& t
 // checked on the host first, so the sum cannot wrap.
 at::Tensor legacy_ids(const char* op, const at::Tensor& ids, int64_t start_pos);
 
+// The deprecated positions= argument had its meaning decided by rank alone:
+// [batch, seq] ids ([total_tokens] when packed), else [] / [batch] offsets.
+// The one definition; the Python wrappers and both modules read it.
+bool legacy_positions_are_ids(int64_t dim, bool varlen);
+// What its DeprecationWarning says after "who: ".
+extern const char* const kLegacyPositionsWarning;
+
 }  // namespace detail
 }  // namespace rotary

@@ -102,6 +102,9 @@ void bind_schemes(py::module_& m) {
       },
       py::arg("who"), py::arg("ids"), py::arg("start_pos"),
       "start_pos + ids of the deprecated positions= argument, in int64 (checked so the sum cannot wrap).");
+  m.def("legacy_positions_are_ids", &rotary::detail::legacy_positions_are_ids, py::arg("dim"), py::arg("varlen"),
+        "Whether a deprecated positions= tensor of this rank held ids (else offsets).");
+  m.attr("LEGACY_POSITIONS_WARNING") = rotary::detail::kLegacyPositionsWarning;
   m.def("sinusoidal_table", &rotary::sinusoidal_table, py::arg("n"), py::arg("d"), py::arg("base") = 10000.0,
         "float32 [n, d] additive table: pe[pos, 2i] = sin(pos / base^(2i/d)), pe[pos, 2i+1] = cos(...), in float64.");
   m.def("alibi_slopes", &rotary::alibi_slopes, py::arg("n_heads"),

@@ -1,5 +1,6 @@
 // Python argument conversion for the _C module (see convert.h).
 #include "convert.h"
+#include "checks/checks_positions.h"
 
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -152,9 +153,8 @@ std::optional<torch::Tensor> tensor_arg(const py::handle& v, const std::string& 
 
 // A module call's arguments: rope(x, start_pos=0, *, offsets=None,
 // position_ids=None) or rope(q, k, start_pos=0, ...); rope(x, p) with an int
-// p means start_pos p. The deprecated `positions` is routed by
-// rotary._ops._legacy_positions, the one place that knows its old meaning,
-// with a DeprecationWarning. Returns (q, k or None, start_pos, offsets, ids).
+// p means start_pos p. The deprecated `positions` is routed by its old
+// meaning (detail::legacy_positions_are_ids), with a DeprecationWarning. Returns (q, k or None, start_pos, offsets, ids).
 std::tuple<torch::Tensor, OptTensor, int64_t, OptTensor, OptTensor> call_args(
     const py::object& q,
     const py::object& k,
@@ -183,10 +183,12 @@ std::tuple<torch::Tensor, OptTensor, int64_t, OptTensor, OptTensor> call_args(
   if (!legacy) return {*x, k_tensor, start, off, ids};
   TORCH_CHECK_VALUE(
       !off && !ids, "RotaryEmbedding: positions= is deprecated; pass offsets= or position_ids= alone");
-  const auto [s, o, i] = py::module_::import("rotary._ops")
-                             .attr("_legacy_positions")(*legacy, start, false, "RotaryEmbedding")
-                             .cast<std::tuple<int64_t, OptTensor, OptTensor>>();
-  return {*x, k_tensor, s, o, i};
+  const std::string warning = std::string(who) + ": " + rotary::detail::kLegacyPositionsWarning;
+  if (PyErr_WarnEx(PyExc_DeprecationWarning, warning.c_str(), 2) < 0) throw py::error_already_set();
+  if (!rotary::detail::legacy_positions_are_ids(legacy->dim(), /*varlen=*/false)) {
+    return {*x, k_tensor, start, legacy, std::nullopt};
+  }
+  return {*x, k_tensor, 0, std::nullopt, rotary::detail::legacy_ids(who, *legacy, start)};
 }
 
 // The Python arguments of a RopeTables / RotaryEmbedding state: the options

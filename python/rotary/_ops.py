@@ -97,20 +97,19 @@ def rope_frequencies(*args, **kwargs) -> Tuple[torch.Tensor, float]:
     return inv_frequencies(*args, **kwargs)
 
 
+# The old rank rule (C++'s, the one definition) for every rank a positions
+# tensor can have: a dict lookup, which torch.compile traces.
+_LEGACY_ARE_IDS = {(d, v): _C.legacy_positions_are_ids(d, v) for d in range(9) for v in (False, True)}
+
+
 def _legacy_positions(positions: torch.Tensor, start_pos, varlen: bool, who: str):
     """``(start_pos, offsets, position_ids)`` for the deprecated ``positions=``
     argument, with its old meaning decided by rank alone: ``[]`` / ``[batch]``
     offsets and ``[batch, seq]`` ids (packed: ``[]`` offset, ``[total_tokens]``
     ids), the ids added to ``start_pos``."""
-    warnings.warn(
-        f"{who}: positions= is deprecated and will be removed in the next release; pass offsets= "
-        "([] or [batch]: position start_pos + offsets[b] + s) or position_ids= ([seq] or [batch, seq]: "
-        "absolute positions, as in Hugging Face)",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    is_ids = positions.dim() == 1 if varlen else positions.dim() >= 2
-    if not is_ids:
+    warnings.warn(f"{who}: {_C.LEGACY_POSITIONS_WARNING}", DeprecationWarning, stacklevel=3)
+    is_ids = _LEGACY_ARE_IDS.get((positions.dim(), bool(varlen)))
+    if not (is_ids if is_ids is not None else _C.legacy_positions_are_ids(positions.dim(), varlen)):
         return start_pos, positions, None
     if isinstance(start_pos, int) and not isinstance(start_pos, bool):
         # The old rule: ids were added to start_pos; in int64, checked first.
