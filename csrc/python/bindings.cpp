@@ -24,6 +24,11 @@ using rotary::RopeScaling;
 
 namespace {
 
+// The rule arguments both table builders take after their own two.
+#define ROTARY_RULE_ARGS                                                                               \
+  py::arg("theta") = 10000.0, py::arg("scaling") = py::none(), py::arg("seq_len") = 0, py::kw_only(), \
+      py::arg("angle_dtype") = "float64"
+
 // RopeScaling and the table builders.
 void bind_rules(py::module_& m) {
   py::class_<RopeScaling>(m, "RopeScaling", "A frequency rule and its parameters (see rotary/scaling.h).")
@@ -49,8 +54,7 @@ void bind_rules(py::module_& m) {
         return rotary::rope_freqs(
             dim, max_seq_len, theta, to_scaling(scaling), seq_len, angle_dtype_of(angle_dtype, "rope_freqs"));
       },
-      py::arg("dim"), py::arg("max_seq_len"), py::arg("theta") = 10000.0, py::arg("scaling") = py::none(),
-      py::arg("seq_len") = 0, py::kw_only(), py::arg("angle_dtype") = "float64",
+      py::arg("dim"), py::arg("max_seq_len"), ROTARY_RULE_ARGS,
       "complex64 [max_seq_len, dim // 2] table, entry attention_scaling * exp(i * pos * inv_freq), angles "
       "computed in float64 (angle_dtype='float32': in float32, as Hugging Face / Meta do).");
 
@@ -62,8 +66,7 @@ void bind_rules(py::module_& m) {
         const auto f = rotary::compute_frequencies(dim, theta, to_scaling(scaling), seq_len);
         return rotary::freqs_at(f, positions, angle_dtype_of(angle_dtype, "rope_freqs_at"));
       },
-      py::arg("dim"), py::arg("positions"), py::arg("theta") = 10000.0, py::arg("scaling") = py::none(),
-      py::arg("seq_len") = 0, py::kw_only(), py::arg("angle_dtype") = "float64",
+      py::arg("dim"), py::arg("positions"), ROTARY_RULE_ARGS,
       "The rows of rope_freqs(dim, n, ...) at the given int64 positions (1-D, >= 0), bit for bit, without "
       "building the rows in between: complex64 [len(positions), dim // 2].");
 

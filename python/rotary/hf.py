@@ -231,16 +231,13 @@ def rope_kwargs_from_hf_config(
     picks an entry of ``rotary.hf_families.FAMILIES`` (each checked against
     transformers' rotary code by tests/python/test_hf_config.py):
 
-    - ``interleaved``: ``False`` for ``rotate_half`` families (pairs ``(j, j +
-      dim/2)``), ``True`` for GPT-J / CodeGen (``rotate_every_two``), Cohere,
-      GLM, GLM-4, Helium, ERNIE 4.5 (``repeat_interleave``-built cos/sin),
-      DeepSeek-V2, and DeepSeek-V3 / GLM-4.7-Flash with ``rope_interleave``
-      (default True);
+    - ``interleaved``: ``False`` for ``rotate_half`` families, ``True`` for
+      ``(2j, 2j+1)`` pairs (GPT-J, Cohere, GLM, ...; MLA families by
+      ``rope_interleave``), as the family's entry says;
     - ``dim`` and ``rotary_offset``: the first ``int(head_dim *
-      partial_rotary_factor)`` dims (``head_dim`` from the config or
-      ``hidden_size // num_attention_heads``); GPT-J / CodeGen the first
-      ``rotary_dim``; DeepSeek MLA the trailing ``qk_rope_head_dim`` dims of
-      a ``[nope | rope]`` head (``rotary_offset = qk_nope_head_dim``);
+      partial_rotary_factor)`` dims; GPT-J / CodeGen the first ``rotary_dim``;
+      MLA the trailing ``qk_rope_head_dim`` dims of a ``[nope | rope]`` head
+      (``rotary_offset = qk_nope_head_dim``);
     - ``theta``: ``rope_parameters["rope_theta"]`` or ``rope_theta``
       (``rotary_emb_base`` for old GPT-NeoX dicts), else 10000 (GPT-J /
       CodeGen: always 10000);
@@ -262,16 +259,10 @@ def rope_kwargs_from_hf_config(
     ``rope_interleave``, ``qk_rope_head_dim``, ``no_rope_layers``, ...), or
     ``mrope_section`` unless it has no ``model_type`` at all.
 
-    DeepSeek-V3 with ``rope_interleave`` writes each rotated span
-    de-interleaved (evens, then odds); ours keeps the pairs in place. q . k is
-    the same (one permutation of both). MLA models with yarn also multiply
-    the attention's softmax scale by ``(0.1 * mscale_all_dim * ln(factor) +
-    1) ** 2``: that is the attention's, not the rotation's, and is not
-    returned here.
-
-    ``rope_parameters`` keyed by layer type (Gemma 3, OLMo 3, ...: one rule per
-    type, :func:`layer_types_of` lists them) is read for ``layer_type``, which
-    it then needs.
+    MLA with ``rope_interleave`` keeps each pair in place where DeepSeek-V3
+    writes evens then odds: q . k is the same. YaRN's softmax mscale is the
+    attention's, not returned here. ``rope_parameters`` keyed by layer type
+    (Gemma 3, OLMo 3: :func:`layer_types_of`) is read for ``layer_type``.
 
     Raises ``ValueError``, naming the field and its value, for what it cannot
     represent: a rope-related field it does not read, a key of

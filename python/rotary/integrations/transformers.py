@@ -30,6 +30,7 @@ from .._ops import apply_rope_qk
 from . import hf_support
 from ..hf import layer_types_of
 from ..module import RotaryEmbedding
+from ._rope_state import _RopeState
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
@@ -58,30 +59,6 @@ _STATE_ATTR = "_rotary_integration_state"
 
 # The op the handles call; a module attribute so that tests can count calls.
 _apply_qk = apply_rope_qk
-
-
-class _RopeState:
-    """One patched rotary embedding: our module and its tables per device."""
-
-    def __init__(self, rope: RotaryEmbedding) -> None:
-        self.rope = rope
-        self._cache: Dict[torch.device, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-
-    def tables(self, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
-        freqs, inv_freq = self.rope.freqs, self.rope.inv_freq
-        if freqs.device == device:
-            return freqs, inv_freq
-        hit = self._cache.get(device)
-        if hit is None or hit[0] is not freqs:  # host-driven rules rebuild the table
-            hit = (freqs, freqs.to(device), inv_freq.to(device))
-            self._cache[device] = hit
-        return hit[1], hit[2]
-
-    def prepare(self, position_ids: torch.Tensor) -> None:
-        """Host-driven rules (dynamic, longrope): rebuild the table for the
-        reach of this forward pass, as dynamic_rope_update does."""
-        if self.rope.host_driven and position_ids.numel() > 0:
-            self.rope.update_for_reach(int(position_ids.max()) + 1)
 
 
 class RotaryPositions:
@@ -258,21 +235,19 @@ def apply_rotary_to_model(
     max_seq_len: Optional[int] = None,
     allow_unverified: bool = False,
 ) -> nn.Module:
-    """Make ``model`` (a transformers Llama-family model: ``LlamaForCausalLM``,
-    ``LlamaModel``, Mistral, Qwen2, Qwen3, Phi3, ...) rotate q and k with
+    """Make ``model`` (a transformers model of a family in
+    ``SUPPORTED_MODEL_TYPES``, the HF sweep's) rotate q and k with
     ``torch.ops.rotary``; returns ``model``. Idempotent.
 
-    For each module owning a ``rotary_emb`` (the base model) it builds
-    ``rotary.RotaryEmbedding.from_hf_config(owner.config,
-    max_seq_len=max_seq_len)`` on the rotary embedding's device and patches as
-    the module docstring describes. ``max_seq_len``: table rows (default
-    ``max_position_embeddings``); later positions are computed exactly.
-    ``allow_unverified=True`` lets model types outside
-    ``SUPPORTED_MODEL_TYPES`` through (see the module docstring for the risk).
+    Each module owning a ``rotary_emb`` gets ``RotaryEmbedding.from_hf_config``
+    of its config (one per layer type where the rule differs), on the rotary
+    embedding's device; ``max_seq_len``: table rows (default
+    ``max_position_embeddings``; later positions are computed exactly). A
+    family the sweep refused is refused by name; ``allow_unverified=True``
+    lets through only the ones it could not test (docs/transformers.md).
     Raises ``ValueError`` for a model without a ``rotary_emb`` or attention
-    using ``apply_rotary_pos_emb``, and for configs ``from_hf_config``
-    cannot represent (the model is then left unchanged). Undo with
-    :func:`unpatch`.
+    using ``apply_rotary_pos_emb``, and for configs ``from_hf_config`` cannot
+    represent, leaving the model unchanged. Undo with :func:`unpatch`.
     """
     if is_patched(model):
         return model
