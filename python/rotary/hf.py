@@ -96,7 +96,7 @@ def layer_types_of(config: Any) -> Optional[List[str]]:
     return nested or None
 
 
-def _rope_params(config: Any, layer_type: Optional[str] = None) -> Dict[str, Any]:
+def _rope_params(config: Any, layer_type: Optional[str] = None, attention_keys=()) -> Dict[str, Any]:
     """The rope_parameters / rope_scaling dict (a layer type's own, when it is
     keyed by layer type), every key checked."""
     # A dict (config.json) may be legacy and carry both; transformers lets
@@ -124,6 +124,8 @@ def _rope_params(config: Any, layer_type: Optional[str] = None) -> Dict[str, Any
             raise ValueError(f"from_hf_config: rope_parameters mixes layer types ({', '.join(nested)}) with "
                              f"rule keys ({', '.join(others)})")
         params = dict(params[layer_type])
+    for key in attention_keys:  # the attention's, read there: not the rotation's
+        params.pop(key, None)
     for key, value in params.items():
         if key not in _PARAM_KEYS:
             raise ValueError(f"from_hf_config: rope_parameters[{key!r}]={value!r} is not read by any rule; "
@@ -285,7 +287,7 @@ def rope_kwargs_from_hf_config(
                 value = _get(config, alias)
         return value
 
-    params = _rope_params(config, layer_type)
+    params = _rope_params(config, layer_type, fam.attention_keys)
 
     if fam.theta is not None:  # the family's code ignores these: refuse rather than ignore
         given = {k: v for k, v in params.items() if not (k in ("rope_type", "type") and v == "default")}

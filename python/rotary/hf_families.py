@@ -32,6 +32,9 @@ class Family:
     mrope_interleaved: bool = False
     # (standard name, this family's config.json name), for the dict form.
     aliases: Tuple[Tuple[str, str], ...] = ()
+    # Keys of rope_parameters the family's attention reads, not its rotation
+    # (Ministral 3 scales q by position with llama_4_scaling_beta).
+    attention_keys: Tuple[str, ...] = ()
     # Set: the family is refused, with this reason.
     refuse: Optional[str] = None
 
@@ -56,6 +59,7 @@ _GPTJ = Family(pairing="interleaved", span="rotary_dim", theta=10000.0,
                         ("max_position_embeddings", "n_positions")))
 _QWEN2_VL = Family(mrope_section=(16, 24, 24))
 _QWEN3_VL = Family(mrope_section=(24, 20, 20), mrope_interleaved=True)
+_QWEN3_5 = Family(mrope_section=(11, 11, 10), mrope_interleaved=True)  # over a partial span
 _NOT_VERIFIED = "its rotary code is not rotate_half over one leading span, and rotary does not verify it"
 
 FAMILIES: Dict[str, Family] = {
@@ -63,10 +67,12 @@ FAMILIES: Dict[str, Family] = {
     **{name: _HALF for name in (
         "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "phi3", "gpt_neox", "phi", "stablelm",
         "persimmon", "gemma", "olmo", "olmo2", "granite", "starcoder2", "glm4_moe")},
+    "ministral3": Family(attention_keys=("llama_4_scaling_beta",)),
     # multimodal RoPE, rotate_half
     "qwen2_vl": _QWEN2_VL, "qwen2_vl_text": _QWEN2_VL,
     "qwen2_5_vl": _QWEN2_VL, "qwen2_5_vl_text": _QWEN2_VL,
     "qwen3_vl": _QWEN3_VL, "qwen3_vl_text": _QWEN3_VL,
+    "qwen3_5_text": _QWEN3_5, "qwen3_5_moe_text": _QWEN3_5,
     # (2j, 2j+1) pairs: rotate_every_two, or cos/sin built with repeat_interleave
     "gptj": _GPTJ, "codegen": _GPTJ,
     **{name: _INTER for name in ("cohere", "glm", "glm4", "helium", "ernie4_5", "ernie4_5_moe")},

@@ -146,6 +146,13 @@ CASES = [
     ("qwen3_vl", "qwen3_vl_text", "Qwen3VLTextConfig",
      dict(SMALL, head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 1e4, "mrope_section": [4, 2, 2]}),
      hf_std("qwen3_vl", "Qwen3VLTextRotaryEmbedding"), 16, True),
+    ("ministral3", "ministral3", "Ministral3Config",
+     dict(SMALL, head_dim=16, rope_parameters=dict(YARN, llama_4_scaling_beta=0.1)),
+     hf_std("ministral3", "Ministral3RotaryEmbedding"), 16, False),
+    ("qwen3_5_text", "qwen3_5_text", "Qwen3_5TextConfig", dict(SMALL, head_dim=256),
+     hf_std("qwen3_5", "Qwen3_5TextRotaryEmbedding"), 256, True),
+    ("qwen3_5_moe_text", "qwen3_5_moe_text", "Qwen3_5MoeTextConfig", dict(SMALL, head_dim=256, num_experts=2),
+     hf_std("qwen3_5_moe", "Qwen3_5MoeTextRotaryEmbedding"), 256, True),
     # interleaved pairs
     ("gptj", "gptj", "GPTJConfig", dict(n_embd=64, n_head=H, n_layer=1, vocab_size=32, n_positions=MAX_POS,
                                          rotary_dim=8), hf_gptj("gptj", "GPTJRotaryEmbedding"), 16, False),

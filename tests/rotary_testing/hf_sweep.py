@@ -64,8 +64,13 @@ def rotary_families():
     return out
 
 
+# A family whose defaults need a wider head than TINY's: Qwen3.5's M-RoPE
+# sections (11, 11, 10) cover 64 rotated dims, a quarter of the head.
+TINY_FOR = {"qwen3_5_text": dict(head_dim=256), "qwen3_5_moe_text": dict(head_dim=256)}
+
+
 def _shrink(config):
-    for name, value in TINY.items():
+    for name, value in {**TINY, **TINY_FOR.get(config.model_type, {})}.items():
         if name in getattr(config, "attribute_map", {}) or hasattr(config, name):  # only fields it has
             try:
                 setattr(config, name, value)
