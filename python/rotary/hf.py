@@ -119,7 +119,7 @@ def _rope_params(config: Any, layer_type: Optional[str] = None, attention_keys=(
         if layer_type not in nested:
             raise ValueError(f"from_hf_config: layer_type={layer_type!r} is not a key of rope_parameters "
                              f"({', '.join(nested)})")
-        others = [key for key in params if key not in nested]
+        others = [key for key, value in params.items() if key not in nested and value is not None]  # None: no RoPE
         if others:
             raise ValueError(f"from_hf_config: rope_parameters mixes layer types ({', '.join(nested)}) with "
                              f"rule keys ({', '.join(others)})")
