@@ -61,7 +61,7 @@ def main() -> None:
     add_protocol_args(ap)
     args = ap.parse_args()
     if args.quick:
-        args.seq, args.hidden, args.layers, args.repeat = 32, 128, 1, 2
+        args.seq, args.hidden, args.layers, args.repeat, args.threads = 32, 128, 1, 2, [1]
     guard = check_load(args)
     warnings.filterwarnings("ignore")
     from rotary.integrations.transformers import apply_rotary_to_model

@@ -20,38 +20,11 @@ namespace python {
 
 using rotary::RopeTables;
 
-void bind_tables(py::module_& m) {
-  py::class_<RopeTables> tables(
-      m, "RopeTables",
-      "The state machine of both RotaryEmbedding modules (rotary/tables.h): options, which tables they build, "
-      "when the host-driven rules rebuild them, the checks of saved tables, and the lock.");
-  def_options_init(tables, [](const rotary::RotaryEmbeddingOptions& o) { return RopeTables(o); });
-  def_option_properties(tables, [](const RopeTables& t) -> const rotary::RotaryEmbeddingOptions& {
-    return t.options();
-  });
+namespace {
+
+// run / restore / pickle: the state machine's transitions under its lock.
+void def_state_machine(py::class_<RopeTables>& tables) {
   tables
-      .def_property_readonly("host_driven", &RopeTables::host_driven)
-      .def_property_readonly("pair_axes", [](const RopeTables& t) { return rotary::pair_axes_of(t.options()); })
-      .def_property_readonly("extends_past_table", &RopeTables::extends_past_table)
-      .def_property_readonly("state", &RopeTables::state)
-      .def_property_readonly("attention_scaling", &RopeTables::attention_scaling)
-      .def(
-          "build",
-          [](const RopeTables& t, const std::optional<torch::Device>& device) {
-            const auto b = t.build(t.state(), device.value_or(torch::kCPU));
-            return std::make_tuple(b.freqs, b.inv_freq);
-          },
-          py::arg("device") = py::none(), "(freqs, inv_freq) of the current state.")
-      .def_static(
-          "call_args", &call_args, py::arg("q"), py::arg("k"), py::arg("start_pos"), py::arg("offsets"),
-          py::arg("position_ids"), py::arg("positions"),
-          "(q, k, start_pos, offsets, position_ids) of a module call, type checked (a deprecated positions "
-          "routed); raises the module's errors.")
-      .def_static(
-          "reach_of", &RopeTables::reach_of, py::arg("seq_len"), py::arg("start_pos"), py::arg("offsets"),
-          py::arg("position_ids"))
-      .def("check_rows", &RopeTables::check_rows, py::arg("seq_len"), py::arg("start_pos"), py::arg("has_positions"),
-           py::arg("rows"))
       // run / restore call back into Python holding the lock: wait for the
       // lock without the GIL, so the thread holding it can take the GIL.
       .def(
@@ -97,6 +70,11 @@ void bind_tables(py::module_& m) {
             }
             return RopeTables(options, st[6].cast<int64_t>());
           }));
+}
+
+// The module shell the Python RotaryEmbedding calls: forward_with_cache,
+// its repr fields and the span check.
+void def_module_shell(py::class_<RopeTables>& tables) {
   // The Python RotaryEmbedding.forward_with_cache: the C++ module's shell
   // over the Python module's buffers; install(freqs, inv_freq) sets new ones.
   tables.def(
@@ -143,6 +121,44 @@ void bind_tables(py::module_& m) {
         rotary::check_span(t.options(), q.cast<torch::Tensor>(), shape.cast<std::string>());
       },
       py::arg("q"), "ValueError unless head_dim of q holds the rotated span (the module's words).");
+}
+
+}  // namespace
+
+void bind_tables(py::module_& m) {
+  py::class_<RopeTables> tables(
+      m, "RopeTables",
+      "The state machine of both RotaryEmbedding modules (rotary/tables.h): options, which tables they build, "
+      "when the host-driven rules rebuild them, the checks of saved tables, and the lock.");
+  def_options_init(tables, [](const rotary::RotaryEmbeddingOptions& o) { return RopeTables(o); });
+  def_option_properties(tables, [](const RopeTables& t) -> const rotary::RotaryEmbeddingOptions& {
+    return t.options();
+  });
+  tables
+      .def_property_readonly("host_driven", &RopeTables::host_driven)
+      .def_property_readonly("pair_axes", [](const RopeTables& t) { return rotary::pair_axes_of(t.options()); })
+      .def_property_readonly("extends_past_table", &RopeTables::extends_past_table)
+      .def_property_readonly("state", &RopeTables::state)
+      .def_property_readonly("attention_scaling", &RopeTables::attention_scaling)
+      .def(
+          "build",
+          [](const RopeTables& t, const std::optional<torch::Device>& device) {
+            const auto b = t.build(t.state(), device.value_or(torch::kCPU));
+            return std::make_tuple(b.freqs, b.inv_freq);
+          },
+          py::arg("device") = py::none(), "(freqs, inv_freq) of the current state.")
+      .def_static(
+          "call_args", &call_args, py::arg("q"), py::arg("k"), py::arg("start_pos"), py::arg("offsets"),
+          py::arg("position_ids"), py::arg("positions"),
+          "(q, k, start_pos, offsets, position_ids) of a module call, type checked (a deprecated positions "
+          "routed); raises the module's errors.")
+      .def_static(
+          "reach_of", &RopeTables::reach_of, py::arg("seq_len"), py::arg("start_pos"), py::arg("offsets"),
+          py::arg("position_ids"))
+      .def("check_rows", &RopeTables::check_rows, py::arg("seq_len"), py::arg("start_pos"), py::arg("has_positions"),
+           py::arg("rows"));
+  def_state_machine(tables);
+  def_module_shell(tables);
 }
 
 }  // namespace python

@@ -42,7 +42,12 @@ TINY = dict(
     n_group=1, topk_group=1, moe_topk=2,
     # multi-head latent attention
     kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+    # hybrids: an attention layer among the two (the one RoPE is tested on)
+    attn_layer_period=2, attn_layer_offset=1, attn_layer_indices=[1],
 )
+# Mamba mixers sized to the tiny hidden size: a second try, for the hybrids
+# whose first build fails (others, e.g. Falcon-H1, build with their own).
+MAMBA = dict(mamba_n_heads=4, mamba_d_head=32, mamba_expand=2, mamba_n_groups=1, mamba_d_state=16)
 
 
 def rotary_families():
@@ -69,8 +74,8 @@ def rotary_families():
 TINY_FOR = {"qwen3_5_text": dict(head_dim=256), "qwen3_5_moe_text": dict(head_dim=256)}
 
 
-def _shrink(config):
-    for name, value in {**TINY, **TINY_FOR.get(config.model_type, {})}.items():
+def _shrink(config, extra=None):
+    for name, value in {**TINY, **TINY_FOR.get(config.model_type, {}), **(extra or {})}.items():
         if name in getattr(config, "attribute_map", {}) or hasattr(config, name):  # only fields it has
             try:
                 setattr(config, name, value)
@@ -83,6 +88,8 @@ def _shrink(config):
     types = getattr(config, "layer_types", None)
     if isinstance(types, (list, tuple)) and types:
         kinds = list(dict.fromkeys(types))  # one layer of each kind, at least two layers
+        if all(k in ("linear_attention", "mamba") for k in kinds):
+            kinds.append("full_attention")  # a hybrid's attention layer, where RoPE is
         kinds = kinds if len(kinds) > 1 else kinds * 2
         try:
             config.layer_types = kinds
@@ -93,11 +100,18 @@ def _shrink(config):
     return config
 
 
-def tiny_model(model_type, cls_name):
+def _config_of(model_type):
+    """The family's default config."""
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(model_type)
+
+
+def tiny_model(model_type, cls_name, extra=None):
     import transformers
     from transformers import AutoConfig
 
-    config = _shrink(AutoConfig.for_model(model_type))
+    config = _shrink(AutoConfig.for_model(model_type), extra)
     cls = getattr(transformers, cls_name)
     with torch.device("meta"):
         n = sum(p.numel() for p in cls(config).parameters())
@@ -160,8 +174,15 @@ def _calls(model_type, cls_name):
     if model_type in VL_FAMILIES:
         model, inputs = tiny_vl(model_type)
         return model, [inputs], inputs
-    model = tiny_model(model_type, cls_name)
     ids = torch.randint(3, VOCAB, (2, SEQ), generator=gen(1))
+    try:
+        model = tiny_model(model_type, cls_name)
+        with torch.no_grad():
+            model(input_ids=ids[:, :2])
+    except Exception:
+        if not any(hasattr(_config_of(model_type), name) for name in MAMBA):
+            raise
+        model = tiny_model(model_type, cls_name, MAMBA)
     pos = torch.arange(SEQ).expand(2, SEQ) + torch.tensor([[40], [7]])
     return model, [dict(input_ids=ids), dict(input_ids=ids, position_ids=pos)], dict(input_ids=ids[:1, :6])
 

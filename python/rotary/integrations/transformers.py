@@ -16,20 +16,20 @@ through ``torch.ops.rotary``.
 How the patch hooks in, what it verifies and its limits: docs/transformers.md.
 """
 
-import functools
-import inspect
 import sys
-import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
 
-from .._ops import apply_rope_qk
-from . import hf_support
+from .._ops import apply_rope, apply_rope_qk
 from ..hf import layer_types_of
 from ..module import RotaryEmbedding
+from . import _hf_functions, hf_support
+from ._hf_functions import FUNC_NAME as _FUNC_NAME
+from ._hf_functions import lock as _lock
+from ._hf_functions import module_patches as _module_patches  # noqa: F401  (tests read it)
 from ._rope_state import _RopeState
 
 __all__ = [
@@ -50,15 +50,10 @@ SUPPORTED_MODEL_TYPES = hf_support.SUPPORTED
 # Refusals the sweep could not test: allow_unverified lets these through.
 _UNTESTED = "the sweep builds no tiny model"
 
-_FUNC_NAME = "apply_rotary_pos_emb"
-# Also replaced where a modeling module has it: DeepSeek-V3-style MLA calls it
-# on q_rot / k_rot when rope_interleave (pairs (2j, 2j+1); q . k is the same
-# with the pairs kept in place, and the cache holds that layout).
-_FUNC_NAMES = (_FUNC_NAME, "apply_rotary_pos_emb_interleave")
 _STATE_ATTR = "_rotary_integration_state"
 
-# The op the handles call; a module attribute so that tests can count calls.
-_apply_qk = apply_rope_qk
+# The ops the handles call; module attributes so that tests can count calls.
+_apply_qk, _apply_one = apply_rope_qk, apply_rope
 
 
 class RotaryPositions:
@@ -80,84 +75,27 @@ class RotaryPositions:
     def apply(self, q: torch.Tensor, k: torch.Tensor, unsqueeze_dim: int = 1) -> Tuple[torch.Tensor, torch.Tensor]:
         """Rotate q and k (``[batch, heads, seq, head_dim]``, or ``[batch, seq,
         heads, head_dim]`` for ``unsqueeze_dim=2``) with our kernel."""
-        if unsqueeze_dim == 1:
-            layout = "BHSD"
-        elif unsqueeze_dim == 2:
-            layout = "BSHD"
-        else:
+        if unsqueeze_dim not in (1, 2):
             raise ValueError(f"rotary: apply_rotary_pos_emb with unsqueeze_dim={unsqueeze_dim} is not supported")
-        freqs, inv_freq = self._state.tables(q.device)
-        pos = self.position_ids
-        if pos.device != q.device:
-            pos = pos.to(q.device)
-        # Multimodal [3, batch, seq] ids: each pair at its axis (rope.pair_axes).
-        axes = self.rope.pair_axes if pos.dim() == 3 else None
+        freqs, kw = self._args(q)
+        return _apply_qk(q, k, freqs, 0, self.rope.interleaved, layout="BHSD" if unsqueeze_dim == 1 else "BSHD", **kw)
+
+    def apply_one(self, x: torch.Tensor) -> torch.Tensor:
+        """GPT-J's per-tensor form: rotate ``x`` (``[batch, seq, heads, rotary_dim]``) alone."""
+        freqs, kw = self._args(x)
+        return _apply_one(x, freqs, 0, self.rope.interleaved, layout="BSHD", **kw)
+
+    def _args(self, x: torch.Tensor):
         # The family's pairing (rotary.hf_families); the span starts at 0 here: the
         # patched function gets what the family rotates (MLA passes q_rot alone).
-        return _apply_qk(q, k, freqs, 0, self.rope.interleaved, position_ids=pos, inv_freq=inv_freq,
-                         layout=layout, pair_axes=axes)
+        freqs, inv_freq = self._state.tables(x.device)
+        pos = self.position_ids if self.position_ids.device == x.device else self.position_ids.to(x.device)
+        # Multimodal [3, batch, seq] ids: each pair at its axis (rope.pair_axes).
+        axes = self.rope.pair_axes if pos.dim() == 3 else None
+        return freqs, {"position_ids": pos, "inv_freq": inv_freq, "pair_axes": axes}
 
     def __repr__(self) -> str:
         return f"RotaryPositions(position_ids={tuple(self.position_ids.shape)}, rope={self.rope.extra_repr()})"
-
-
-# ----------------------------------------------------------------------------
-# Module-level function replacement, shared by every patched model
-# ----------------------------------------------------------------------------
-_lock = threading.Lock()
-# modeling module name -> [{function name: original}, number of patched models using it]
-_module_patches: Dict[str, List[Any]] = {}
-
-
-def _unsqueeze_index(fn: Callable) -> Optional[int]:
-    """Position of ``unsqueeze_dim`` among the positional parameters after
-    (q, k, cos, sin); None if the function has no such parameter."""
-    try:
-        names = list(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return None
-    if "unsqueeze_dim" not in names:
-        return None
-    return names.index("unsqueeze_dim") - 4
-
-
-def _make_wrapper(original: Callable) -> Callable:
-    index = _unsqueeze_index(original)
-
-    @functools.wraps(original)
-    def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
-        if isinstance(cos, RotaryPositions):
-            unsqueeze_dim = kwargs.get("unsqueeze_dim", 1)
-            if index is not None and 0 <= index < len(args):
-                unsqueeze_dim = args[index]
-            return cos.apply(q, k, unsqueeze_dim)
-        return original(q, k, cos, sin, *args, **kwargs)
-
-    apply_rotary_pos_emb._rotary_original = original
-    return apply_rotary_pos_emb
-
-
-def _acquire_module(name: str) -> None:
-    module = sys.modules[name]
-    entry = _module_patches.get(name)
-    if entry is None:
-        originals = {f: getattr(module, f) for f in _FUNC_NAMES if callable(getattr(module, f, None))}
-        for f, original in originals.items():
-            setattr(module, f, _make_wrapper(original))
-        _module_patches[name] = [originals, 1]
-    else:
-        entry[1] += 1
-
-
-def _release_module(name: str) -> None:
-    entry = _module_patches.get(name)
-    if entry is None:
-        return
-    entry[1] -= 1
-    if entry[1] == 0:
-        for f, original in entry[0].items():
-            setattr(sys.modules[name], f, original)
-        del _module_patches[name]
 
 
 # ----------------------------------------------------------------------------
@@ -297,7 +235,7 @@ def _patch(model: nn.Module, max_seq_len: Optional[int] = None) -> nn.Module:
             emb.forward = _make_forward(states)
             patch.rotary.append((emb, previous, states))
         for name in modules:
-            _acquire_module(name)
+            _hf_functions.acquire(name, RotaryPositions)
             patch.modules.append(name)
         object.__setattr__(model, _STATE_ATTR, patch)
     return model
@@ -317,7 +255,7 @@ def unpatch(model: nn.Module) -> nn.Module:
             else:
                 emb.forward = previous
         for name in patch.modules:
-            _release_module(name)
+            _hf_functions.release(name)
         object.__delattr__(model, _STATE_ATTR)
     return model
 
