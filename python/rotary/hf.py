@@ -2,11 +2,9 @@
 arguments. Only the parsing lives here: every frequency rule is computed by
 the C++ code (``rotary._C``), and ``transformers`` itself is never imported.
 
-Accepted: a ``PretrainedConfig`` (transformers 4.x with ``rope_theta`` /
-``rope_scaling``, or 5.x with ``rope_parameters``) or its plain-dict form
-(``config.to_dict()``, a ``config.json`` loaded with ``json.load``). A
-composite config with a ``text_config`` (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, ...)
-is read through its ``text_config``. Pairing and rotated span per
+Accepted: a ``PretrainedConfig`` (4.x ``rope_theta`` / ``rope_scaling``, 5.x
+``rope_parameters``) or its dict form (``config.to_dict()``, a ``config.json``),
+read through its ``text_config`` if it has one. Pairing and rotated span per
 ``model_type`` come from ``rotary.hf_families.FAMILIES``.
 """
 
@@ -85,11 +83,22 @@ def _check_fields(config: Any, model_type: str, family: Optional[Family]) -> Non
         )
 
 
+def _given_params(config: Any) -> Any:
+    """rope_parameters / rope_scaling as given: in a (legacy) dict rope_scaling
+    wins, as in transformers; a 5.x config object's rope_parameters is standard."""
+    if isinstance(config, Mapping):
+        return _get(config, "rope_scaling") or _get(config, "rope_parameters") or {}
+    return _get(config, "rope_parameters") or _get(config, "rope_scaling") or {}
+
+
+def _rule_of(params: Mapping) -> str:  # 'type' is rope_type's alias; None counts as absent
+    return params.get("rope_type") or params.get("type") or "default"
+
+
 def layer_types_of(config: Any) -> Optional[List[str]]:
     """The layer types a config's rope_parameters is keyed by (Gemma 3,
     OLMo 3, ModernBERT, ...), sorted; None for one rule for every layer."""
-    config = _text_config(config)
-    params = _get(config, "rope_parameters") or _get(config, "rope_scaling") or {}
+    params = _given_params(_text_config(config))
     if not isinstance(params, Mapping):
         return None
     nested = sorted(key for key, value in params.items() if isinstance(value, Mapping))
@@ -99,13 +108,7 @@ def layer_types_of(config: Any) -> Optional[List[str]]:
 def _rope_params(config: Any, layer_type: Optional[str] = None, attention_keys=()) -> Dict[str, Any]:
     """The rope_parameters / rope_scaling dict (a layer type's own, when it is
     keyed by layer type), every key checked."""
-    # A dict (config.json) may be legacy and carry both; transformers lets
-    # rope_scaling win there. A 5.x config object has the standardized
-    # rope_parameters (rope_scaling is a deprecated alias of it).
-    if isinstance(config, Mapping):
-        params = _get(config, "rope_scaling") or _get(config, "rope_parameters") or {}
-    else:
-        params = _get(config, "rope_parameters") or _get(config, "rope_scaling") or {}
+    params = _given_params(config)
     if not isinstance(params, Mapping):
         raise ValueError(f"from_hf_config: rope_parameters must be a dict, got {params!r}")
     params = dict(params)
@@ -152,12 +155,10 @@ def _sections(params: Dict[str, Any], fam: Family, model_type: str):
         raise ValueError(f"from_hf_config: rope_parameters['{name}']={value!r} is not read for model_type "
                          f"{model_type!r} (its layout is family-specific)")
     mrope_inter = bool(mrope_inter)
-    if params.get("rope_type", params.get("type")) == "mrope":
-        params["rope_type"] = "default"
-        params.pop("type", None)
-    # Pixtral's 2-D "axial" rule: one spectrum dealt to the h and w axes.
-    axial = params.get("rope_type", params.get("type")) == "axial"
-    if axial:
+    # mrope, and Pixtral's 2-D "axial" (one spectrum dealt to the h and w
+    # axes): the plain rule's frequencies, the axes in the module's options.
+    axial = _rule_of(params) == "axial"
+    if _rule_of(params) in ("mrope", "axial"):
         params["rope_type"] = "default"
         params.pop("type", None)
     return mrope, mrope_inter, axial
@@ -205,10 +206,9 @@ def _scaling(config: Any, params: Dict[str, Any], max_pos: Optional[int], rotary
     as transformers fills them."""
     if max_pos is not None and (isinstance(max_pos, bool) or not isinstance(max_pos, int) or max_pos <= 0):
         raise ValueError(f"from_hf_config: max_position_embeddings must be an int > 0, got {max_pos!r}")
-    rule = params.get("rope_type") or params.get("type")
-    model_keys = ("rope_theta",) if rule == "proportional" else _MODEL_KEYS
+    rope_type = _rule_of(params)
+    model_keys = ("rope_theta",) if rope_type == "proportional" else _MODEL_KEYS
     scaling = {key: value for key, value in params.items() if key not in model_keys}
-    rope_type = scaling.get("rope_type") or scaling.get("type") or "default"
     if rope_type in ("llama3", "yarn", "longrope"):
         top = _get(config, "original_max_position_embeddings")
         if top is not None:
@@ -316,7 +316,7 @@ def rope_kwargs_from_hf_config(
 
     # proportional (Gemma 4): the rule turns that share of the whole head's
     # pairs (the others get inv_freq 0), so the span is the whole head.
-    proportional = params.get("rope_type", params.get("type")) == "proportional"
+    proportional = _rule_of(params) == "proportional"
     rotary_dim, offset = _span(config, fam, 1.0 if proportional else partial, model_type, field)
 
     if fam.interleave_field:
