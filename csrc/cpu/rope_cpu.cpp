@@ -7,6 +7,7 @@
 #include "rope_cpu.h"
 
 #include "op/backend_ops.h"
+#include "coefficients.h"
 #include "cpu/kernel/rope_kernel.h"
 #include "pages.h"
 
@@ -58,62 +59,6 @@ const char* capability_name(Capability cap) {
 }
 
 namespace {
-
-// Coefficients of token (b, s) (layout: kernel/rope_kernel.h). In-table rows
-// with contiguous pairs and one position per token are read straight;
-// anything else (N-D positions, positions past the table, strided tables)
-// goes through rotation_of pair by pair.
-template <typename acc_t>
-void fill_coefficients(const RopeParams& p, int64_t b, int64_t s_idx, acc_t* coef) {
-  const int64_t pos = kernel::position_of(p, b, s_idx);
-  const int64_t dim = p.rotary_dim;
-  const int64_t pairs = dim / 2;
-  acc_t* c = coef;
-  acc_t* s = coef + (p.interleaved ? dim : pairs);
-  // Interleaved rows hold (c, c) and (-s, s) per pair, so one multiply-add
-  // with the pair-swapped input rotates both members.
-  const auto put = [&](int64_t j, acc_t cj, acc_t sj) {
-    if (p.interleaved) {
-      c[2 * j] = c[2 * j + 1] = cj;
-      s[2 * j] = -sj;
-      s[2 * j + 1] = sj;
-    } else {
-      c[j] = cj;
-      s[j] = sj;
-    }
-  };
-  const acc_t sign = p.inverse ? acc_t(-1) : acc_t(1);  // exact
-  if (p.num_axes == 0 && pos >= 0 && pos < p.freqs_len && p.freqs_stride_pair == 1) {
-    const float* row = p.freqs + 2 * pos * p.freqs_stride_pos;
-    for (int64_t j = 0; j < pairs; ++j) {
-      put(j, static_cast<acc_t>(row[2 * j]), sign * static_cast<acc_t>(row[2 * j + 1]));
-    }
-    return;
-  }
-  if (p.num_axes > 0 && p.freqs_stride_pair == 1) {
-    // N-D: one table row per axis, read once; pair j takes its axis's row.
-    const float* rows[kernel::kMaxAxes];
-    bool in_table = true;
-    for (int64_t a = 0; a < p.num_axes; ++a) {
-      const int64_t pa = p.start_pos + kernel::given_position(p, b, s_idx, a);
-      const bool in = pa >= 0 && pa < p.freqs_len;
-      in_table = in_table && in;
-      rows[a] = p.freqs + (in ? 2 * pa * p.freqs_stride_pos : 0);
-    }
-    if (in_table) {
-      for (int64_t j = 0; j < pairs; ++j) {
-        const float* e = rows[p.pair_axis[j]] + 2 * j;
-        put(j, static_cast<acc_t>(e[0]), sign * static_cast<acc_t>(e[1]));
-      }
-      return;
-    }
-  }
-  for (int64_t j = 0; j < pairs; ++j) {
-    acc_t cj, sj;
-    kernel::rotation_of<acc_t>(p, kernel::pair_position(p, b, s_idx, pos, j), j, cj, sj);
-    put(j, cj, sj);
-  }
-}
 
 // Tokens per task: a head is streamed in runs of that many tokens (the L2
 // prefetcher restarts at every 4 KiB page, so longer is better), and their

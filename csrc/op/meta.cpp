@@ -2,6 +2,7 @@
 // ops without running them and without a Python fake implementation.
 #include "checks/checks.h"
 #include "checks/kv_checks.h"
+#include "checks/norm_checks.h"
 #include <rotary/op_args.h>
 
 #include <torch/library.h>
@@ -49,10 +50,22 @@ void apply_rope_with_kv_cache_meta(ROTARY_KV_TENSORS ROTARY_KV_PARAMS) {
       {cache_positions, slot_mapping, kv_layout, k_scale, v_scale});
 }
 
+std::tuple<at::Tensor, at::Tensor> apply_qk_norm_rope_meta(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs ROTARY_ROPE_PARAMS ROTARY_NORM_PARAMS) {
+  detail::check_norm_rope_inputs("apply_qk_norm_rope", q, k, freqs, {ROTARY_META_ARGS}, {ROTARY_NORM_NAME_LIST});
+  return {detail::make_output(q), detail::make_output(k)};
+}
+
+void apply_qk_norm_rope_inplace_meta(
+    at::Tensor& q, at::Tensor& k, const at::Tensor& freqs ROTARY_ROPE_PARAMS ROTARY_NORM_PARAMS) {
+  detail::check_norm_rope_inputs("apply_qk_norm_rope_", q, k, freqs, {ROTARY_META_ARGS}, {ROTARY_NORM_NAME_LIST});
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(rotary, Meta, m) {
   ROTARY_IMPL_ALL(m, meta);
+  ROTARY_IMPL_NORM(m, meta);
 }
 
 }  // namespace rotary

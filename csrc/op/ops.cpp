@@ -45,6 +45,21 @@ void apply_rope_with_kv_cache_(ROTARY_KV_TENSORS ROTARY_KV_PARAMS) {
   op.call(q, k, v, k_cache, v_cache, freqs ROTARY_KV_NAMES);
 }
 
+std::tuple<at::Tensor, at::Tensor> apply_qk_norm_rope(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs ROTARY_ROPE_PARAMS ROTARY_NORM_PARAMS) {
+  static auto op = find_op<std::tuple<at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor& ROTARY_ROPE_TYPES ROTARY_NORM_TYPES)>(
+      "rotary::apply_qk_norm_rope");
+  return op.call(q, k, freqs ROTARY_ROPE_NAMES ROTARY_NORM_NAMES);
+}
+
+void apply_qk_norm_rope_(
+    at::Tensor& q, at::Tensor& k, const at::Tensor& freqs ROTARY_ROPE_PARAMS ROTARY_NORM_PARAMS) {
+  static auto op = find_op<void(at::Tensor&, at::Tensor&, const at::Tensor& ROTARY_ROPE_TYPES ROTARY_NORM_TYPES)>(
+      "rotary::apply_qk_norm_rope_");
+  op.call(q, k, freqs ROTARY_ROPE_NAMES ROTARY_NORM_NAMES);
+}
+
 TORCH_LIBRARY(rotary, m) {
   m.def("apply_rope(Tensor x, Tensor freqs" ROTARY_ROPE_SCHEMA ") -> Tensor");
   m.def("apply_rope_qk(Tensor q, Tensor k, Tensor freqs" ROTARY_ROPE_SCHEMA ") -> (Tensor, Tensor)");
@@ -57,6 +72,9 @@ TORCH_LIBRARY(rotary, m) {
   m.def(
       "apply_rope_with_kv_cache_(Tensor(a!) q, Tensor(b!) k, Tensor v, Tensor(c!) k_cache, Tensor(d!) v_cache, "
       "Tensor freqs" ROTARY_KV_SCHEMA ") -> ()");
+  m.def("apply_qk_norm_rope(Tensor q, Tensor k, Tensor freqs" ROTARY_ROPE_SCHEMA ROTARY_NORM_SCHEMA
+        ") -> (Tensor, Tensor)");
+  m.def("apply_qk_norm_rope_(Tensor(a!) q, Tensor(b!) k, Tensor freqs" ROTARY_ROPE_SCHEMA ROTARY_NORM_SCHEMA ") -> ()");
 }
 
 }  // namespace rotary

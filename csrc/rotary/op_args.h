@@ -50,6 +50,15 @@
   X(int64_t, int64_t, rotary_offset, 0, "int rotary_offset=0")                   \
   X(at::OptionalIntArrayRef, at::OptionalIntArrayRef, pair_axes, std::nullopt, "int[]? pair_axes=None")
 
+// The q/k norm of apply_qk_norm_rope (after the RoPE arguments, so also
+// keyword-only), in the field order of detail::NormArgs.
+#define ROTARY_NORM_ARGS(X)                                                      \
+  ROTARY_OPT_TENSOR_ARG_(X, q_weight)                                               \
+  ROTARY_OPT_TENSOR_ARG_(X, k_weight)                                               \
+  X(double, double, eps, 1e-6, "float eps=1e-06")                                \
+  X(c10::string_view, c10::string_view, norm, "head", "str norm=\"head\"")       \
+  X(double, double, weight_offset, 0.0, "float weight_offset=0.0")
+
 // Each with a leading comma, to follow the tensors of a parameter list.
 #define ROTARY_ARG_DECL(api, kernel, name, dflt, schema) , api name = dflt
 #define ROTARY_ARG_PARAM(api, kernel, name, dflt, schema) , api name
@@ -72,6 +81,12 @@
 #define ROTARY_KV_TYPES ROTARY_KV_ARGS(ROTARY_ARG_TYPE)
 #define ROTARY_KV_NAMES ROTARY_KV_ARGS(ROTARY_ARG_NAME)
 #define ROTARY_KV_SCHEMA ROTARY_KV_ARGS(ROTARY_ARG_SCHEMA)
+#define ROTARY_NORM_DECLS ROTARY_NORM_ARGS(ROTARY_ARG_DECL)
+#define ROTARY_NORM_PARAMS ROTARY_NORM_ARGS(ROTARY_ARG_PARAM)
+#define ROTARY_NORM_KERNEL_PARAMS ROTARY_NORM_ARGS(ROTARY_ARG_KERNEL_PARAM)
+#define ROTARY_NORM_TYPES ROTARY_NORM_ARGS(ROTARY_ARG_TYPE)
+#define ROTARY_NORM_NAMES ROTARY_NORM_ARGS(ROTARY_ARG_NAME)
+#define ROTARY_NORM_SCHEMA ROTARY_NORM_ARGS(ROTARY_ARG_SCHEMA)
 // The tensors of the KV op, before its arguments.
 #define ROTARY_KV_TENSORS \
   at::Tensor& q, at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& freqs
@@ -80,6 +95,7 @@
 #define ROTARY_DROP_FIRST_(first, ...) __VA_ARGS__
 #define ROTARY_DROP_FIRST(...) ROTARY_DROP_FIRST_(__VA_ARGS__)
 #define ROTARY_ROPE_NAME_LIST ROTARY_DROP_FIRST(ROTARY_ROPE_NAMES)
+#define ROTARY_NORM_NAME_LIST ROTARY_DROP_FIRST(ROTARY_NORM_NAMES)
 
 // Registers one dispatch key's five kernels in a TORCH_LIBRARY_IMPL, named
 // after the op and the key (apply_rope_meta; in place: apply_rope_inplace_meta).
@@ -89,3 +105,7 @@
   m.impl("apply_rope_", &apply_rope_inplace_##suffix);                    \
   m.impl("apply_rope_qk_", &apply_rope_qk_inplace_##suffix);              \
   m.impl("apply_rope_with_kv_cache_", &apply_rope_with_kv_cache_##suffix)
+// The same for the prologue op's two kernels (registered from their own files).
+#define ROTARY_IMPL_NORM(m, suffix)                                       \
+  m.impl("apply_qk_norm_rope", &apply_qk_norm_rope_##suffix);             \
+  m.impl("apply_qk_norm_rope_", &apply_qk_norm_rope_inplace_##suffix)

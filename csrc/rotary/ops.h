@@ -86,4 +86,29 @@ void apply_rope_with_kv_cache_(
     at::Tensor& v_cache,
     const at::Tensor& freqs ROTARY_KV_DECLS);
 
+// The attention prologue in one pass: q and k RMS-normalized in fp32, scaled
+// by their weights, then rotated as apply_rope_qk does, with one rounding to
+// the storage type. Returns (q_out, k_out). The rotation arguments are those
+// of apply_rope; the norm's:
+//   q_weight, k_weight  [head_dim] (norm "head") or [heads * head_dim] of
+//                 that tensor (norm "heads"); None: a weight of ones.
+//   eps           added to the mean square.
+//   norm          "head": each head over its head_dim (Qwen3, Gemma 3);
+//                 "heads": all heads of a token together (OLMo2).
+//   weight_offset added to the weight in fp32: 1.0 gives Gemma's (1 + w).
+// The norm covers the whole head: dims outside the rotated span are
+// normalized and scaled but not rotated. Differentiable in q, k and both
+// weights.
+std::tuple<at::Tensor, at::Tensor> apply_qk_norm_rope(
+    const at::Tensor& q,
+    const at::Tensor& k,
+    const at::Tensor& freqs ROTARY_ROPE_DECLS ROTARY_NORM_DECLS);
+
+// In place (every input validated first; q and k may be views of one packed
+// qkv tensor). Not differentiable.
+void apply_qk_norm_rope_(
+    at::Tensor& q,
+    at::Tensor& k,
+    const at::Tensor& freqs ROTARY_ROPE_DECLS ROTARY_NORM_DECLS);
+
 }  // namespace rotary

@@ -61,6 +61,13 @@ def _int_arg(op: str, name: str, value):
     return value
 
 
+def _float_arg(op: str, name: str, value):
+    """A real number, by name (a bool or a string is refused, not coerced)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, torch.SymFloat)):
+        raise TypeError(f"{op}: {name} must be a float, got {value!r}")
+    return value
+
+
 def _pair_axes(op: str, name: str, value):
     if value is None:
         return None  # 1-D positions
@@ -173,13 +180,13 @@ _ARGS_DOC = """
 # float where an int goes, or an int past int64, by name, and returns what
 # it rotated.
 _ANNOTATION = {"Tensor": "torch.Tensor", "Optional[Tensor]": "Optional[torch.Tensor]", "int": "int",
-               "bool": "bool", "str": "str", "Optional[List[int]]": "Optional[Sequence[int]]"}
-_CHECK = {"int": "_int_arg", "Optional[List[int]]": "_pair_axes"}
+               "bool": "bool", "str": "str", "float": "float", "Optional[List[int]]": "Optional[Sequence[int]]"}
+_CHECK = {"int": "_int_arg", "float": "_float_arg", "Optional[List[int]]": "_pair_axes"}
 
 
 def _generate(name: str, returns: Optional[str], doc: str):
     schema = getattr(torch.ops.rotary, name).default._schema
-    legacy = name != "apply_rope_with_kv_cache_"  # positions= (deprecated) is the rotation ops' only
+    legacy = name.startswith("apply_rope") and name != "apply_rope_with_kv_cache_"  # positions= (deprecated)
     params, star, call, body = [], False, [], []
     if legacy:
         body.append(f"start_pos, offsets, position_ids = _route(positions, offsets, position_ids, start_pos, "
@@ -261,3 +268,19 @@ apply_rope_with_kv_cache_ = _generate("apply_rope_with_kv_cache_", "q, k", """Ro
     before anything is written. Slots and positions on the device are not
     checked (that would sync): out-of-range ones are skipped, never written
     out of bounds.""")
+
+_NORM_DOC = """
+
+    The norm, in fp32 (fp64 for fp64 tensors) before the rotation, one
+    rounding at the end: ``norm="head"`` normalizes each head over its
+    ``head_dim`` (Qwen3, Gemma 3), ``norm="heads"`` all heads of a token
+    together (OLMo2). ``q_weight`` / ``k_weight``: ``[head_dim]``, or
+    ``[heads * head_dim]`` of that tensor for ``"heads"``; ``None`` is a
+    weight of ones. ``weight_offset`` is added to the weight (``1.0`` gives
+    Gemma's ``1 + w``). The whole head is normalized; only the rotated span
+    turns."""
+apply_qk_norm_rope = _generate("apply_qk_norm_rope", None, """RMS-normalize q and k, scale them by their weights and rotate them, in
+    one pass. Returns ``(q_out, k_out)``; differentiable in q, k and both
+    weights.""" + _NORM_DOC + _ARGS_DOC)
+apply_qk_norm_rope_ = _generate("apply_qk_norm_rope_", "q, k", """:func:`apply_qk_norm_rope` in place (q and k may be views of one
+    packed qkv tensor); returns ``(q, k)``. Not differentiable.""" + _NORM_DOC + _ARGS_DOC)

@@ -1,0 +1,106 @@
+"""The attention prologue on the CPU: q/k RMSNorm + RoPE, fused against unfused.
+
+q [B, S, Hq, D] and k [B, S, Hk, D] as a projection writes them (BSHD),
+Qwen3's per-head norm with a weight, half-split pairs. Variants, in the same
+interleaved rounds (benchmarks/protocol.py: seeded order, medians, CPU time /
+wall, one pass per --threads count, refused on a loaded machine):
+
+- copy floor: q.clone() and k.clone();
+- unfused HF: transformers' RMSNorm code (float, pow, mean, rsqrt, cast,
+  weight) on q and k, then rotary.apply_rope_qk;
+- unfused F.rms_norm: torch.nn.functional.rms_norm, then rotary.apply_rope_qk;
+- torch.compile of the model's own code (HF norm, then rotate_half RoPE);
+- fused: rotary.apply_qk_norm_rope (out of place) and apply_qk_norm_rope_.
+
+    PYTHONPATH=python .venv/bin/python benchmarks/bench_qk_norm.py [--dtype bfloat16] [--quick]
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from protocol import add_protocol_args, check_load, ratio_cell, thread_passes, time_interleaved  # noqa: E402
+
+import torch  # noqa: E402
+
+import rotary  # noqa: E402
+
+
+def hf_norm(x, w, eps=1e-6):  # transformers' Qwen3RMSNorm.forward
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return w * h.to(x.dtype)
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def model_code(q, k, qw, kw, cos, sin):  # norm, transpose, rotate_half RoPE, as the model runs it
+    q, k = hf_norm(q, qw).transpose(1, 2), hf_norm(k, kw).transpose(1, 2)
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+def cases(B, S, Hq, Hk, D, dtype, compiled):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(B, S, Hq, D, generator=g).to(dtype)
+    k = torch.randn(B, S, Hk, D, generator=g).to(dtype)
+    qw, kw = (1 + 0.1 * torch.randn(D, generator=g)).to(dtype), (1 + 0.1 * torch.randn(D, generator=g)).to(dtype)
+    start = 7
+    freqs = rotary.freqs_table(D, start + S + 1)
+    inv = 1.0 / (10000.0 ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
+    emb = torch.cat([torch.arange(start, start + S, dtype=torch.float32)[:, None] * inv] * 2, dim=-1)
+    cos, sin = emb.cos().to(dtype)[None, None], emb.sin().to(dtype)[None, None]
+    rope = dict(interleaved=False, layout="BSHD")
+    qi, ki = q.clone(), k.clone()
+    out = {
+        "copy floor (2x clone)": lambda: (q.clone(), k.clone()),
+        "unfused HF norm + rotary": lambda: rotary.apply_rope_qk(hf_norm(q, qw), hf_norm(k, kw), freqs, start, **rope),
+        "unfused F.rms_norm + rotary": lambda: rotary.apply_rope_qk(
+            torch.nn.functional.rms_norm(q, (D,), qw, 1e-6), torch.nn.functional.rms_norm(k, (D,), kw, 1e-6),
+            freqs, start, **rope),
+        "fused apply_qk_norm_rope": lambda: rotary.apply_qk_norm_rope(
+            q, k, freqs, start, q_weight=qw, k_weight=kw, **rope),
+        # Re-normalizing its own output each call: same work, values stay finite.
+        "fused apply_qk_norm_rope_ (in place)": lambda: rotary.apply_qk_norm_rope_(
+            qi, ki, freqs, start, q_weight=qw, k_weight=kw, **rope),
+    }
+    if compiled:
+        fn = torch.compile(model_code, fullgraph=True)
+        out["torch.compile(model code)"] = lambda: fn(q, k, qw, kw, cos, sin)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+    ap.add_argument("--quick", action="store_true", help="tiny shapes, 2 rounds: a smoke run")
+    add_protocol_args(ap)
+    a = ap.parse_args()
+    if a.quick:
+        a.rounds, a.no_compile = 2, True
+    guard = check_load(a)
+    dtype = getattr(torch, a.dtype)
+    shapes = [("prefill", 1, 2048, 16, 8, 128), ("decode", 64, 1, 16, 8, 128)]
+    if a.quick:
+        shapes = [("prefill", 1, 16, 4, 2, 64), ("decode", 4, 1, 4, 2, 64)]
+    print(guard.header())
+    for nt in thread_passes(a.threads, reset_compiled=True):
+        for name, B, S, Hq, Hk, D in shapes:
+            st = time_interleaved(cases(B, S, Hq, Hk, D, dtype, not a.no_compile), a.rounds, seed=a.seed)
+            base = st["unfused HF norm + rotary"]
+            floor = st["copy floor (2x clone)"]
+            print(f"\n{name} {a.dtype} q [{B}, {S}, {Hq}, {D}] k [{B}, {S}, {Hk}, {D}], {nt} thread(s), median of "
+                  f"{a.rounds} interleaved rounds{guard.marker()}\n")
+            print("| variant | us | / unfused HF (cpu/wall) | / copy floor (cpu/wall) |\n|---|--:|--:|--:|")
+            for n, s in st.items():
+                print(f"| {n} | {s.median * 1e6:.1f} | {ratio_cell(s, base, guard)} | {ratio_cell(s, floor, guard)} |")
+    print("\n" + guard.finish())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+#include "norm_checks.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <cmath>
+
+namespace rotary {
+namespace detail {
+namespace {
+
+kernel::NormKind parse_norm(const char* op, c10::string_view norm) {
+  if (norm == "head") return kernel::NormKind::kHead;
+  TORCH_CHECK_VALUE(
+      norm == "heads", op, ": norm must be 'head' (each head over its head_dim) or 'heads' (all heads of a ",
+      "token together), got '", norm, "'");
+  return kernel::NormKind::kHeads;
+}
+
+// weight of the tensor `of` ([batch, heads, seq, head_dim] view v).
+void check_weight(
+    const char* op, const char* name, const at::Tensor& w, const char* of, const at::Tensor& v,
+    const at::Tensor& q, kernel::NormKind kind) {
+  const auto t = w.scalar_type();
+  TORCH_CHECK_TYPE(
+      t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16, op, ": ", name,
+      " must be float32, float64, float16 or bfloat16, got ", t);
+  TORCH_CHECK_VALUE(
+      w.device() == q.device(), op, ": ", name, " is on ", w.device(), " but q is on ", q.device(),
+      "; move both to the same device");
+  const bool heads = kind == kernel::NormKind::kHeads;
+  const c10::SymInt want = heads ? v.sym_size(1) * v.sym_size(3) : v.sym_size(3);
+  TORCH_CHECK_VALUE(
+      w.dim() == 1 && w.sym_size(0) == want, op, ": ", name, " must be 1-D ",
+      heads ? "[heads * head_dim] = [" : "[head_dim] = [", want, "] for norm '", heads ? "heads" : "head",
+      "' (", of, " has ", v.sym_size(1), " heads of head_dim ", v.sym_size(3), "), got shape ", w.sym_sizes());
+}
+
+}  // namespace
+
+int64_t heads_axis(Layout layout, bool varlen) {
+  if (varlen) return 1;
+  return layout == Layout::kBSHD || layout == Layout::kSBHD ? 2 : 1;
+}
+
+NormCall check_norm_rope_inputs(
+    const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs, const RopeArgs& args,
+    const NormArgs& norm) {
+  NormCall call;
+  call.rope = check_rope_inputs(op, q, &k, freqs, args);
+  call.kind = parse_norm(op, norm.norm);
+  TORCH_CHECK_VALUE(std::isfinite(norm.eps) && norm.eps >= 0, op, ": eps must be finite and >= 0, got ", norm.eps);
+  TORCH_CHECK_VALUE(
+      std::isfinite(norm.weight_offset), op, ": weight_offset must be finite, got ", norm.weight_offset);
+  call.eps = norm.eps;
+  call.weight_offset = norm.weight_offset;
+  if (norm.q_weight) {
+    check_weight(op, "q_weight", *norm.q_weight, "q", call.rope.q, q, call.kind);
+    call.weight[0] = &*norm.q_weight;
+  }
+  if (norm.k_weight) {
+    check_weight(op, "k_weight", *norm.k_weight, "k", call.rope.k, q, call.kind);
+    call.weight[1] = &*norm.k_weight;
+  }
+  return call;
+}
+
+PreparedNormRope prepare_norm_rope(
+    const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs, const RopeArgs& args,
+    const NormArgs& norm, bool in_place) {
+  const NormCall call = check_norm_rope_inputs(op, q, k, freqs, args, norm);
+  if (in_place) {
+    for (int i = 0; i < 2; ++i) {
+      if (!call.weight[i]) continue;
+      const char* w = i ? "k_weight" : "q_weight";
+      check_disjoint(op, "q", q, w, *call.weight[i]);
+      check_disjoint(op, "k", k, w, *call.weight[i]);
+    }
+  }
+  PreparedNormRope r;
+  r.rope = prepare_rope(op, q, &k, call.rope, in_place);
+  const auto acc = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const at::Tensor* views[2] = {&call.rope.q, &call.rope.k};
+  for (int i = 0; i < 2; ++i) {
+    const at::Tensor& v = *views[i];
+    const int64_t n = call.kind == kernel::NormKind::kHeads ? v.size(1) * v.size(3) : v.size(3);
+    at::Tensor w = call.weight[i] ? call.weight[i]->to(acc) : at::ones({n}, q.options().dtype(acc));
+    if (call.weight_offset != 0) w = w + call.weight_offset;
+    r.weight[i] = w.contiguous();
+    r.norm.weight[i] = r.weight[i].data_ptr();
+  }
+  r.norm.kind = call.kind;
+  r.norm.eps = call.eps;
+  return r;
+}
+
+}  // namespace detail
+}  // namespace rotary

@@ -1,0 +1,107 @@
+// The prologue op on the CPU: at::parallel_for over (batch, tile of tokens);
+// a task fills its tokens' rotation coefficients once (coefficients.h) and
+// runs the norm kernel (kernel/norm_kernel.cpp, the build for this CPU) over
+// every q and k head of the tile: each element is read once and written once.
+#include "coefficients.h"
+#include "cpu/kernel/norm_kernel.h"
+#include "op/norm_backend.h"
+#include "rope_cpu.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <memory>
+
+namespace rotary {
+namespace cpu {
+namespace {
+
+using kernel::HeadTensor;
+using kernel::NormKind;
+using kernel::NormParams;
+using kernel::RopeParams;
+
+// Coefficients of a tile stay within L2 (as rope_cpu.cpp's tiles do).
+constexpr int64_t kCoefBytes = 64 * 1024;
+constexpr int64_t kGrainElems = int64_t{1} << 15;
+
+template <typename scalar_t>
+void norm_rotate_run(const NormRun<scalar_t>& r, Capability cap) {
+  switch (cap) {
+#if defined(ROTARY_CPU_AVX512)
+    case Capability::kAvx512:
+      return AVX512::norm_rotate_run(r);
+#endif
+#if defined(ROTARY_CPU_AVX2)
+    case Capability::kAvx2:
+      return AVX2::norm_rotate_run(r);
+#endif
+    default:
+      return DEFAULT::norm_rotate_run(r);
+  }
+}
+
+template <typename scalar_t>
+void norm_tensor_tile(
+    const RopeParams& p, const NormParams& n, int i, int64_t b, int64_t s0, int64_t tile,
+    const at::opmath_type<scalar_t>* coef, at::opmath_type<scalar_t>* scratch, Capability cap) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const HeadTensor& t = i == 0 ? p.q : p.k;
+  const bool across = n.kind == NormKind::kHeads;
+  const NormRun<scalar_t> r{
+      static_cast<const scalar_t*>(t.in) + b * t.in_stride[0] + s0 * t.in_stride[2],
+      static_cast<scalar_t*>(t.out) + b * t.out_stride[0] + s0 * t.out_stride[2],
+      tile, t.in_stride[2], t.out_stride[2],
+      t.heads, t.in_stride[1], t.out_stride[1],
+      t.in_stride[3], t.out_stride[3],
+      coef, 2 * p.rotary_dim,
+      static_cast<const acc_t*>(n.weight[i]), across ? p.head_dim : 0,
+      p.head_dim, p.rotary_offset, p.rotary_dim,
+      n.eps, across, p.interleaved,
+      scratch};
+  norm_rotate_run(r, cap);
+}
+
+template <typename scalar_t>
+void norm_rope_kernel(const RopeParams& p, const NormParams& n, Capability cap) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const int64_t coef_per_token = 2 * p.rotary_dim;
+  const int64_t tile =
+      std::min<int64_t>(p.seq, std::max<int64_t>(1, kCoefBytes / (coef_per_token * int64_t(sizeof(acc_t)))));
+  const int64_t tiles_per_batch = (p.seq + tile - 1) / tile;
+  const int64_t tasks = p.batch * tiles_per_batch;
+  const int64_t task_elems = tile * (p.q.heads + p.k.heads) * p.head_dim;
+  const int64_t grain = std::max<int64_t>(1, kGrainElems / std::max<int64_t>(task_elems, 1));
+  const int64_t scratch_len = (n.kind == NormKind::kHeads ? std::max(p.q.heads, p.k.heads) : 1) * p.head_dim;
+  at::parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
+    // Uninitialised: fill_coefficients and the kernel write before they read.
+    const std::unique_ptr<acc_t[]> coef(new acc_t[static_cast<size_t>(tile * coef_per_token)]);
+    const std::unique_ptr<acc_t[]> scratch(new acc_t[static_cast<size_t>(scratch_len)]);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / tiles_per_batch;
+      const int64_t s0 = (task % tiles_per_batch) * tile;
+      const int64_t len = std::min(tile, p.seq - s0);
+      for (int64_t s = 0; s < len; ++s) fill_coefficients(p, b, s0 + s, coef.get() + s * coef_per_token);
+      norm_tensor_tile<scalar_t>(p, n, 0, b, s0, len, coef.get(), scratch.get(), cap);
+      norm_tensor_tile<scalar_t>(p, n, 1, b, s0, len, coef.get(), scratch.get(), cap);
+    }
+  });
+}
+
+void run_cpu(const detail::PreparedNormRope& prepared, at::ScalarType dtype) {
+  static const Capability cap = capability_from_aten();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "rotary_norm_cpu", [&] {
+    norm_rope_kernel<scalar_t>(prepared.rope.params, prepared.norm, cap);
+  });
+}
+
+}  // namespace
+}  // namespace cpu
+
+TORCH_LIBRARY_IMPL(rotary, CPU, m) {
+  detail::NormBackendOps<&cpu::run_cpu>::register_all(m);
+}
+
+}  // namespace rotary

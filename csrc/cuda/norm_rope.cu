@@ -1,0 +1,31 @@
+#include "norm_rope_kernel.cuh"
+#include "norm_rope_launch.h"
+
+#include <algorithm>
+
+namespace rotary {
+namespace cuda {
+
+template <typename T>
+void launch_norm_rope(const kernel::RopeParams& p, const kernel::NormParams& n, cudaStream_t stream) {
+  const int64_t rows = p.batch * p.seq;
+  if (rows == 0) return;
+  int device = 0, sms = 1;
+  cudaGetDevice(&device);
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0) {
+    cudaGetLastError();
+    sms = 1;
+  }
+  // Blocks grid-stride over rows; 16 resident per SM covers the latency.
+  const int64_t blocks = std::min<int64_t>(rows, int64_t{16} * sms);
+  const dim3 block(32, kernel::kNormWarps);
+  kernel::norm_rope_kernel<T><<<static_cast<unsigned>(blocks), block, 0, stream>>>(p, n);
+}
+
+template void launch_norm_rope<float>(const kernel::RopeParams&, const kernel::NormParams&, cudaStream_t);
+template void launch_norm_rope<double>(const kernel::RopeParams&, const kernel::NormParams&, cudaStream_t);
+template void launch_norm_rope<__half>(const kernel::RopeParams&, const kernel::NormParams&, cudaStream_t);
+template void launch_norm_rope<__nv_bfloat16>(const kernel::RopeParams&, const kernel::NormParams&, cudaStream_t);
+
+}  // namespace cuda
+}  // namespace rotary

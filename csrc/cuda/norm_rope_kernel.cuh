@@ -1,0 +1,188 @@
+// Framework-free CUDA kernel of the prologue op: q/k RMSNorm, then RoPE, one
+// launch. No torch headers: the host-emulation test compiles it with g++.
+//
+// Work split: a block of kNormThreads threads (kNormWarps warps) owns a token
+// row at a time and grid-strides over rows. Norm "head": each warp takes a
+// head vector at a time (heads warp, warp + kNormWarps, ...), its 32 lanes
+// sum squares over strided elements and reduce by a butterfly. Norm
+// "heads": the whole block takes q's heads, then k's, reducing the warps'
+// sums through shared memory in a fixed order. Then every thread writes its
+// pairs (rotated) and its pass-through dims (normalized). Per thread, the
+// two phases are norm_partial and norm_finish; the kernel and the host
+// emulation both run them, with the reductions in the same order
+// (warp_reduce_order / block_reduce_order), so the emulation gives the
+// kernel's bits. Index walks over (head, dim) step without division.
+#pragma once
+
+#include "params/norm_params.h"
+#include "params/rope_params.h"
+#include "rope_vector.cuh"
+
+#include <cstdint>
+
+namespace rotary {
+namespace kernel {
+
+constexpr int kNormWarps = 4;
+constexpr int kNormThreads = 32 * kNormWarps;
+
+// Heads [0, heads) of one tensor of token (b, s); elements are in_elem apart.
+template <typename T>
+struct NormUnit {
+  using acc_t = typename Acc<T>::type;
+  const T* in;
+  T* out;
+  int64_t in_head, out_head, in_elem, out_elem;
+  const acc_t* weight;
+  int64_t weight_head;  // 0 for norm "head": one weight row for every head
+  int32_t heads;
+};
+
+// Tensor i (0: q, 1: k) of token (b, s), heads [h, h + heads).
+template <typename T>
+ROTARY_HOST_DEVICE NormUnit<T> norm_unit(
+    const RopeParams& p, const NormParams& n, int i, int64_t b, int64_t s, int64_t h, int32_t heads) {
+  using acc_t = typename Acc<T>::type;
+  const HeadTensor& t = i == 0 ? p.q : p.k;
+  const bool across = n.kind == NormKind::kHeads;
+  NormUnit<T> u;
+  u.in = static_cast<const T*>(t.in) + b * t.in_stride[0] + s * t.in_stride[2] + h * t.in_stride[1];
+  u.out = static_cast<T*>(t.out) + b * t.out_stride[0] + s * t.out_stride[2] + h * t.out_stride[1];
+  u.in_head = t.in_stride[1];
+  u.out_head = t.out_stride[1];
+  u.in_elem = t.in_stride[3];
+  u.out_elem = t.out_stride[3];
+  u.weight = static_cast<const acc_t*>(n.weight[i]) + (across ? h * p.head_dim : 0);
+  u.weight_head = across ? p.head_dim : 0;
+  u.heads = heads;
+  return u;
+}
+
+// (head, index) of flat item `first` of rows of `width` items, and the step
+// to the next item `stride` on: subtraction only.
+struct HeadWalk {
+  int32_t h, i;
+  ROTARY_HOST_DEVICE HeadWalk(int32_t first, int32_t width) : h(0), i(first) { wrap(width); }
+  ROTARY_HOST_DEVICE void next(int32_t stride, int32_t width) {
+    i += stride;
+    wrap(width);
+  }
+  ROTARY_HOST_DEVICE void wrap(int32_t width) {
+    while (i >= width) {
+      i -= width;
+      ++h;
+    }
+  }
+};
+
+// Phase 1: thread tid of `threads` sums the squares of its elements.
+template <typename T>
+ROTARY_HOST_DEVICE typename Acc<T>::type norm_partial(
+    const NormUnit<T>& u, int32_t head_dim, int32_t tid, int32_t threads) {
+  using acc_t = typename Acc<T>::type;
+  acc_t ss = 0;
+  for (HeadWalk w(tid, head_dim); w.h < u.heads; w.next(threads, head_dim)) {
+    const acc_t x = to_acc(u.in[w.h * u.in_head + w.i * u.in_elem]);
+    ss += x * x;
+  }
+  return ss;
+}
+
+// Phase 2: thread tid writes its items of every head: pairs [0, R/2)
+// rotated, then the pass-through dims normalized. Each element is read and
+// written by one thread, after every thread's phase 1 (in place is safe).
+template <typename T>
+ROTARY_HOST_DEVICE void norm_finish(
+    const RopeParams& p, const NormUnit<T>& u, typename Acc<T>::type scale, int64_t b, int64_t s, int64_t pos,
+    int32_t tid, int32_t threads) {
+  using acc_t = typename Acc<T>::type;
+  const int32_t pairs = static_cast<int32_t>(p.rotary_dim / 2);
+  const int32_t off = static_cast<int32_t>(p.rotary_offset);
+  const int32_t width = static_cast<int32_t>(p.head_dim) - pairs;  // items per head
+  for (HeadWalk w(tid, width); w.h < u.heads; w.next(threads, width)) {
+    const T* in = u.in + w.h * u.in_head;
+    T* out = u.out + w.h * u.out_head;
+    const acc_t* wt = u.weight + w.h * u.weight_head;
+    if (w.i < pairs) {
+      const int64_t j = w.i;
+      const int64_t d0 = off + pair_first(j, p.rotary_dim, p.interleaved);
+      const int64_t d1 = off + pair_second(j, p.rotary_dim, p.interleaved);
+      const acc_t x0 = normalized(to_acc(in[d0 * u.in_elem]), scale, wt[d0]);
+      const acc_t x1 = normalized(to_acc(in[d1 * u.in_elem]), scale, wt[d1]);
+      acc_t c, sn, y0, y1;
+      rotation_of<acc_t>(p, pair_position(p, b, s, pos, j), j, c, sn);
+      rotate_pair(x0, x1, c, sn, y0, y1);
+      out[d0 * u.out_elem] = from_acc<T>(y0);
+      out[d1 * u.out_elem] = from_acc<T>(y1);
+    } else {
+      const int32_t k = w.i - pairs;
+      const int64_t d = k < off ? k : k + p.rotary_dim;
+      out[d * u.out_elem] = from_acc<T>(normalized(to_acc(in[d * u.in_elem]), scale, wt[d]));
+    }
+  }
+}
+
+// The sums' order, as the kernel reduces them: a xor butterfly within a warp
+// (every lane ends with the same value), then the warps in index order.
+template <typename acc_t>
+ROTARY_HOST_DEVICE acc_t warp_reduce_order(acc_t (&lane)[32]) {
+  for (int m = 16; m > 0; m /= 2) {
+    acc_t next[32];
+    for (int l = 0; l < 32; ++l) next[l] = lane[l] + lane[l ^ m];
+    for (int l = 0; l < 32; ++l) lane[l] = next[l];
+  }
+  return lane[0];
+}
+template <typename acc_t>
+ROTARY_HOST_DEVICE acc_t block_reduce_order(const acc_t (&warp)[kNormWarps]) {
+  acc_t total = warp[0];
+  for (int w = 1; w < kNormWarps; ++w) total += warp[w];
+  return total;
+}
+
+#if defined(__CUDACC__)
+template <typename acc_t>
+__device__ __forceinline__ acc_t warp_sum(acc_t v) {
+#pragma unroll
+  for (int m = 16; m > 0; m /= 2) v += __shfl_xor_sync(0xffffffffu, v, m);
+  return v;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kNormThreads) norm_rope_kernel(
+    const __grid_constant__ RopeParams p, const __grid_constant__ NormParams n) {
+  using acc_t = typename Acc<T>::type;
+  __shared__ acc_t warp_total[kNormWarps];
+  const int32_t lane = threadIdx.x, warp = threadIdx.y, tid = warp * 32 + lane;
+  const int32_t D = static_cast<int32_t>(p.head_dim);
+  const int32_t heads[2] = {static_cast<int32_t>(p.q.heads), static_cast<int32_t>(p.k.heads)};
+  const int64_t rows = p.batch * p.seq;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const int64_t b = row / p.seq, s = row - b * p.seq;
+    const int64_t pos = position_of(p, b, s);
+    if (n.kind == NormKind::kHead) {
+      for (int32_t h = warp; h < heads[0] + heads[1]; h += kNormWarps) {
+        const int i = h < heads[0] ? 0 : 1;
+        const NormUnit<T> u = norm_unit<T>(p, n, i, b, s, i ? h - heads[0] : h, 1);
+        const acc_t scale = rms_scale(warp_sum(norm_partial(u, D, lane, 32)), D, n.eps);
+        norm_finish(p, u, scale, b, s, pos, lane, 32);
+      }
+      continue;
+    }
+    for (int i = 0; i < 2; ++i) {
+      const NormUnit<T> u = norm_unit<T>(p, n, i, b, s, 0, heads[i]);
+      const acc_t sum = warp_sum(norm_partial(u, D, tid, kNormThreads));
+      if (lane == 0) warp_total[warp] = sum;
+      __syncthreads();
+      acc_t total = warp_total[0];
+#pragma unroll
+      for (int w = 1; w < kNormWarps; ++w) total += warp_total[w];
+      __syncthreads();  // warp_total is rewritten by the next unit
+      norm_finish(p, u, rms_scale(total, static_cast<int64_t>(heads[i]) * D, n.eps), b, s, pos, tid, kNormThreads);
+    }
+  }
+}
+#endif
+
+}  // namespace kernel
+}  // namespace rotary

@@ -1,0 +1,159 @@
+// Autograd of the prologue op, y = R(N(x)) with N the RMSNorm scaled by
+// w + weight_offset and R the rotation. The backward turns the gradient back
+// through R (the inverse rotation, run by the RoPE op) and then runs N's
+// backward in torch ops in the accumulation type; every step is
+// differentiable, so double backward works as well.
+#include "checks/norm_checks.h"
+#include "rope_state.h"
+#include <rotary/op_args.h>
+#include <rotary/ops.h>
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/library.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace rotary {
+namespace {
+
+using detail::RopeState;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct NormState {
+  bool heads = false;  // norm "heads": over the heads axis and head_dim
+  double eps = 0;
+  double weight_offset = 0;
+  int64_t heads_axis = 1;
+};
+
+std::vector<int64_t> norm_dims(const NormState& n) {
+  return n.heads ? std::vector<int64_t>{n.heads_axis, -1} : std::vector<int64_t>{-1};
+}
+
+// weight + weight_offset in acc, shaped to broadcast against x.
+at::Tensor effective_weight(const at::Tensor& w, const at::Tensor& x, const NormState& n, at::ScalarType acc) {
+  if (!w.defined()) return at::scalar_tensor(1.0 + n.weight_offset, x.options().dtype(acc));
+  at::Tensor e = w.to(acc) + n.weight_offset;
+  if (!n.heads) return e;
+  std::vector<int64_t> shape(x.dim(), 1);
+  shape[n.heads_axis] = x.size(n.heads_axis);
+  shape.back() = x.size(-1);
+  return e.view(shape);
+}
+
+// N's backward for one tensor: the gradients of x and of its weight, given
+// the gradient gn of N(x).
+std::pair<at::Tensor, at::Tensor> norm_backward(
+    const at::Tensor& x, const at::Tensor& w, const at::Tensor& gn, const NormState& n) {
+  const auto acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const auto dims = norm_dims(n);
+  const at::Tensor xf = x.to(acc);
+  const at::Tensor rstd = at::rsqrt(xf.pow(2).mean(dims, /*keepdim=*/true) + n.eps);
+  const at::Tensor nh = xf * rstd;
+  const at::Tensor g = gn.to(acc);
+  const at::Tensor gnh = g * effective_weight(w, x, n, acc);
+  const at::Tensor gx = rstd * (gnh - nh * (gnh * nh).mean(dims, /*keepdim=*/true));
+  at::Tensor gw;
+  if (w.defined() && w.requires_grad()) {
+    std::vector<int64_t> summed;
+    for (int64_t d = 0; d + 1 < x.dim(); ++d) {
+      if (!(n.heads && d == n.heads_axis)) summed.push_back(d);
+    }
+    gw = (g * nh).sum(summed).reshape(w.sizes()).to(w.scalar_type());
+  }
+  return {gx.to(x.scalar_type()), gw};
+}
+
+void save_norm(AutogradContext* ctx, const NormState& n) {
+  ctx->saved_data["norm_heads"] = n.heads;
+  ctx->saved_data["eps"] = n.eps;
+  ctx->saved_data["weight_offset"] = n.weight_offset;
+  ctx->saved_data["heads_axis"] = n.heads_axis;
+}
+
+NormState load_norm(AutogradContext* ctx) {
+  return {ctx->saved_data["norm_heads"].toBool(), ctx->saved_data["eps"].toDouble(),
+          ctx->saved_data["weight_offset"].toDouble(), ctx->saved_data["heads_axis"].toInt()};
+}
+
+class NormRopeFunction : public torch::autograd::Function<NormRopeFunction> {
+ public:
+  static variable_list forward(
+      AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const std::optional<at::Tensor>& qw,
+      const std::optional<at::Tensor>& kw, const RopeState& s, const NormState& n) {
+    detail::save_state(ctx, s, {q, k, qw.value_or(at::Tensor()), kw.value_or(at::Tensor())});
+    save_norm(ctx, n);
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [out_q, out_k] = apply_qk_norm_rope(
+        q, k, s.freqs, s.start_pos, s.interleaved, s.offsets, s.position_ids, s.inverse, s.cu_seqlens, s.inv_freq,
+        s.layout, s.rotary_offset, s.axes(), qw, kw, n.eps,
+        n.heads ? "heads" : "head", n.weight_offset);
+    return {out_q, out_k};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const RopeState s = detail::load_state(ctx);
+    const NormState n = load_norm(ctx);
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[detail::kSavedRope], &k = saved[detail::kSavedRope + 1];
+    const at::Tensor &qw = saved[detail::kSavedRope + 2], &kw = saved[detail::kSavedRope + 3];
+    at::Tensor gq = grads[0], gk = grads[1];
+    if (gq.defined() && gk.defined()) {
+      std::tie(gq, gk) = s.backward(gq, gk);
+    } else if (gq.defined()) {
+      gq = s.backward(gq);
+    } else if (gk.defined()) {
+      gk = s.backward(gk);
+    }
+    at::Tensor grad_q, grad_k, grad_qw, grad_kw;
+    if (gq.defined()) std::tie(grad_q, grad_qw) = norm_backward(q, qw, gq, n);
+    if (gk.defined()) std::tie(grad_k, grad_kw) = norm_backward(k, kw, gk, n);
+    return {grad_q, grad_k, grad_qw, grad_kw, at::Tensor(), at::Tensor()};
+  }
+};
+
+std::tuple<at::Tensor, at::Tensor> apply_qk_norm_rope_autograd(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs ROTARY_ROPE_PARAMS ROTARY_NORM_PARAMS) {
+  const at::Tensor qw = q_weight.value_or(at::Tensor()), kw = k_weight.value_or(at::Tensor());
+  if (!torch::autograd::compute_requires_grad(q, k, qw, kw, freqs)) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return apply_qk_norm_rope(q, k, freqs ROTARY_ROPE_NAMES ROTARY_NORM_NAMES);
+  }
+  const RopeState s = detail::state_of(freqs ROTARY_ROPE_NAMES);
+  // An unknown norm or layout is refused by the op inside forward.
+  const NormState n{norm == "heads", eps, weight_offset,
+                    detail::heads_axis(parse_layout(layout), cu_seqlens.has_value())};
+  // Optional weights: an absent one is no input of the graph (Function::apply).
+  auto out = NormRopeFunction::apply(q, k, q_weight, k_weight, s, n);
+  return {out[0], out[1]};
+}
+
+void apply_qk_norm_rope_inplace_autograd(
+    at::Tensor& q, at::Tensor& k, const at::Tensor& freqs ROTARY_ROPE_PARAMS ROTARY_NORM_PARAMS) {
+  const char* op = "apply_qk_norm_rope_";
+  detail::check_no_grad(op, "q", q);
+  detail::check_no_grad(op, "k", k);
+  if (q_weight) detail::check_no_grad(op, "q_weight", *q_weight);
+  if (k_weight) detail::check_no_grad(op, "k_weight", *k_weight);
+  detail::check_no_grad_freqs(freqs);
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    apply_qk_norm_rope_(q, k, freqs ROTARY_ROPE_NAMES ROTARY_NORM_NAMES);
+  }
+  torch::autograd::impl::bump_version(q);
+  torch::autograd::impl::bump_version(k);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(rotary, Autograd, m) {
+  ROTARY_IMPL_NORM(m, autograd);
+}
+
+}  // namespace rotary

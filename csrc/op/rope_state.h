@@ -1,0 +1,110 @@
+// What the backward pass of a rotation needs besides q and k, saved into and
+// loaded from an autograd context: the RoPE ops' and the prologue op's.
+#pragma once
+
+#include <rotary/ops.h>
+
+#include <c10/util/Exception.h>
+#include <torch/autograd.h>
+#include <ATen/core/grad_mode.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace rotary {
+namespace detail {
+
+using torch::autograd::AutogradContext;
+using OptTensor = std::optional<at::Tensor>;
+
+// Everything but q and k, as the backward pass needs it.
+struct RopeState {
+  at::Tensor freqs;
+  OptTensor offsets, position_ids, cu_seqlens, inv_freq;
+  c10::SymInt start_pos;
+  bool interleaved;
+  bool inverse;
+  std::string layout;
+  int64_t rotary_offset;
+  std::optional<std::vector<int64_t>> pair_axes;
+
+  at::OptionalIntArrayRef axes() const {
+    return pair_axes ? at::OptionalIntArrayRef(*pair_axes) : at::OptionalIntArrayRef();
+  }
+
+  at::Tensor backward(const at::Tensor& grad) const {
+    return apply_rope(grad, freqs, start_pos, interleaved, offsets, position_ids, !inverse, cu_seqlens, inv_freq, layout, rotary_offset, axes());
+  }
+  std::tuple<at::Tensor, at::Tensor> backward(const at::Tensor& gq, const at::Tensor& gk) const {
+    return apply_rope_qk(gq, gk, freqs, start_pos, interleaved, offsets, position_ids, !inverse, cu_seqlens, inv_freq, layout, rotary_offset, axes());
+  }
+};
+
+inline RopeState state_of(const at::Tensor& freqs ROTARY_ROPE_PARAMS) {
+  return {freqs, offsets, position_ids, cu_seqlens, inv_freq, std::move(start_pos), interleaved, inverse,
+          std::string(layout), rotary_offset,
+          pair_axes ? std::optional<std::vector<int64_t>>(pair_axes->vec()) : std::nullopt};
+}
+
+inline OptTensor defined_or_none(const at::Tensor& t) {
+  return t.defined() ? OptTensor(t) : std::nullopt;
+}
+
+inline void check_freqs_no_grad(const at::Tensor& freqs) {
+  TORCH_CHECK_VALUE(
+      !freqs.requires_grad(),
+      "rotary: freqs requires grad, but gradients with respect to the frequency table are not ",
+      "supported; pass freqs.detach() or register it as a buffer");
+}
+
+// The saved tensors are the state's five, then `extra` (from index
+// kSavedRope on).
+constexpr size_t kSavedRope = 5;
+inline void save_state(AutogradContext* ctx, const RopeState& s, const std::vector<at::Tensor>& extra = {}) {
+  check_freqs_no_grad(s.freqs);
+  std::vector<at::Tensor> saved = {s.freqs, s.offsets.value_or(at::Tensor()), s.position_ids.value_or(at::Tensor()),
+                                   s.cu_seqlens.value_or(at::Tensor()), s.inv_freq.value_or(at::Tensor())};
+  saved.insert(saved.end(), extra.begin(), extra.end());
+  ctx->save_for_backward(saved);
+  ctx->saved_data["start_pos"] = s.start_pos;
+  ctx->saved_data["interleaved"] = s.interleaved;
+  ctx->saved_data["inverse"] = s.inverse;
+  ctx->saved_data["layout"] = s.layout;
+  ctx->saved_data["rotary_offset"] = s.rotary_offset;
+  if (s.pair_axes) ctx->saved_data["pair_axes"] = *s.pair_axes;
+}
+
+inline RopeState load_state(AutogradContext* ctx) {
+  auto saved = ctx->get_saved_variables();
+  return {saved[0],
+          defined_or_none(saved[1]),
+          defined_or_none(saved[2]),
+          defined_or_none(saved[3]),
+          defined_or_none(saved[4]),
+          ctx->saved_data["start_pos"].toSymInt(),
+          ctx->saved_data["interleaved"].toBool(),
+          ctx->saved_data["inverse"].toBool(),
+          ctx->saved_data["layout"].toStringRef(),
+          ctx->saved_data["rotary_offset"].toInt(),
+          ctx->saved_data.count("pair_axes") ? std::optional<std::vector<int64_t>>(ctx->saved_data["pair_axes"].toIntVector())
+                                             : std::nullopt};
+}
+
+// The in-place ops are not differentiable: they would overwrite a tensor that
+// autograd may need. They refuse such inputs and otherwise only bump the
+// version counter, so a later misuse of a saved tensor is caught.
+inline void check_no_grad(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK_VALUE(
+      !(at::GradMode::is_enabled() && t.requires_grad()), op, ": ", name,
+      " requires grad; in-place rotation is not differentiable. Use the out-of-place op, or run under ",
+      "torch.no_grad() / inference mode");
+}
+
+// In place, a freqs that requires grad would silently get no gradient.
+inline void check_no_grad_freqs(const at::Tensor& freqs) {
+  if (at::GradMode::is_enabled()) check_freqs_no_grad(freqs);
+}
+
+}  // namespace detail
+}  // namespace rotary

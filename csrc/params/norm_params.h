@@ -1,0 +1,49 @@
+// Framework-free description of the q/k RMSNorm that the prologue op
+// (apply_qk_norm_rope) applies before the rotation, shared by the CPU and
+// CUDA kernels. No torch headers: the CUDA translation units include it.
+#pragma once
+
+#include "rope_params.h"
+
+#include <cmath>
+#include <cstdint>
+
+namespace rotary {
+namespace kernel {
+
+enum class NormKind : uint8_t {
+  kHead,   // each head vector over its head_dim (Qwen3, Gemma 3)
+  kHeads,  // all heads of one token together (OLMo2)
+};
+
+struct NormParams {
+  NormKind kind = NormKind::kHead;
+  // q's and k's weight with weight_offset added, in the accumulation type
+  // (double for float64 tensors, float otherwise), contiguous: [head_dim]
+  // for kHead, [heads * head_dim] of that tensor for kHeads.
+  const void* weight[2] = {nullptr, nullptr};
+  double eps = 0;
+};
+
+// 1 / sqrt(mean square + eps). Division and square root are correctly
+// rounded on the host and on the device (nvcc's defaults), so the host
+// emulation gives the kernel's bits for the same sum.
+template <typename acc_t>
+ROTARY_HOST_DEVICE acc_t rms_scale(acc_t sumsq, int64_t count, double eps) {
+  const acc_t ms = sumsq / static_cast<acc_t>(count) + static_cast<acc_t>(eps);
+#if defined(__CUDA_ARCH__)
+  return acc_t(1) / sqrt(ms);
+#else
+  return acc_t(1) / std::sqrt(ms);
+#endif
+}
+
+// One element normalized: x times its vector's scale, then its weight (the
+// order of Hugging Face's RMSNorm), all in acc_t.
+template <typename acc_t>
+ROTARY_HOST_DEVICE acc_t normalized(acc_t x, acc_t scale, acc_t weight) {
+  return (x * scale) * weight;
+}
+
+}  // namespace kernel
+}  // namespace rotary

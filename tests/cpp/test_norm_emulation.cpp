@@ -1,0 +1,162 @@
+// Host emulation of the prologue's CUDA kernel (cuda/norm_rope_kernel.cuh):
+// every block of the grid and every thread of it, through norm_partial and
+// norm_finish with the kernel's reduction order, on the CPU; compared with a
+// float64 norm-then-rope reference, and the bits with a second grid size.
+// Checks the CUDA indexing (head walks, pass-through dims, grid stride) in
+// CI, where there is no GPU.
+#ifdef ROTARY_WITH_CUDA
+
+#include "checks/norm_checks.h"
+#include "cuda/norm_rope_kernel.cuh"
+#include "helpers.h"
+#include "reference.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <string>
+
+namespace {
+
+using rotary::kernel::kNormThreads;
+using rotary::kernel::kNormWarps;
+using rotary::kernel::NormKind;
+using rotary::kernel::NormParams;
+using rotary::kernel::NormUnit;
+using rotary::kernel::RopeParams;
+
+// The kernel's loop nest, run thread by thread: `blocks` blocks stride over
+// the rows; each reduction sees every thread's phase 1 before any phase 2.
+template <typename T>
+void emulate(const RopeParams& p, const NormParams& n, int64_t blocks) {
+  using acc_t = typename rotary::kernel::Acc<T>::type;
+  const int32_t D = static_cast<int32_t>(p.head_dim);
+  const int32_t heads[2] = {static_cast<int32_t>(p.q.heads), static_cast<int32_t>(p.k.heads)};
+  const int64_t rows = p.batch * p.seq;
+  for (int64_t block = 0; block < blocks; ++block) {
+    for (int64_t row = block; row < rows; row += blocks) {
+      const int64_t b = row / p.seq, s = row - b * p.seq;
+      const int64_t pos = rotary::kernel::position_of(p, b, s);
+      if (n.kind == NormKind::kHead) {
+        for (int32_t warp = 0; warp < kNormWarps; ++warp) {
+          for (int32_t h = warp; h < heads[0] + heads[1]; h += kNormWarps) {
+            const int i = h < heads[0] ? 0 : 1;
+            const auto u = rotary::kernel::norm_unit<T>(p, n, i, b, s, i ? h - heads[0] : h, 1);
+            acc_t lane[32];
+            for (int l = 0; l < 32; ++l) lane[l] = rotary::kernel::norm_partial(u, D, l, 32);
+            const acc_t scale = rotary::kernel::rms_scale(rotary::kernel::warp_reduce_order(lane), D, n.eps);
+            for (int l = 0; l < 32; ++l) rotary::kernel::norm_finish(p, u, scale, b, s, pos, l, 32);
+          }
+        }
+        continue;
+      }
+      for (int i = 0; i < 2; ++i) {
+        const auto u = rotary::kernel::norm_unit<T>(p, n, i, b, s, 0, heads[i]);
+        acc_t warp_total[kNormWarps];
+        for (int w = 0; w < kNormWarps; ++w) {
+          acc_t lane[32];
+          for (int l = 0; l < 32; ++l) lane[l] = rotary::kernel::norm_partial(u, D, w * 32 + l, kNormThreads);
+          warp_total[w] = rotary::kernel::warp_reduce_order(lane);
+        }
+        const acc_t scale = rotary::kernel::rms_scale(
+            rotary::kernel::block_reduce_order(warp_total), static_cast<int64_t>(heads[i]) * D, n.eps);
+        for (int t = 0; t < kNormThreads; ++t) rotary::kernel::norm_finish(p, u, scale, b, s, pos, t, kNormThreads);
+      }
+    }
+  }
+}
+
+// float64 norm (over head_dim, or over heads and head_dim) of [B, H, S, D].
+at::Tensor ref_norm(const at::Tensor& x, const at::Tensor& w, bool heads, double eps) {
+  const at::Tensor xd = x.to(at::kDouble);
+  const at::Tensor ms = heads ? (xd * xd).mean({1, 3}, true) : (xd * xd).mean({3}, true);
+  const at::Tensor wd = w.to(at::kDouble);
+  const at::Tensor wb = heads ? wd.view({1, x.size(1), 1, x.size(3)}) : wd;
+  return xd / at::sqrt(ms + eps) * wb;
+}
+
+struct Case {
+  std::string name;
+  at::ScalarType dtype;
+  bool heads;
+  bool interleaved;
+  int64_t D, r, off, Hq, Hk;
+  bool in_place;
+};
+
+class NormEmulation : public ::testing::TestWithParam<Case> {};
+
+template <typename T>
+void run_case(const Case& c, const rotary::detail::PreparedNormRope& prepared, int64_t blocks) {
+  emulate<T>(prepared.rope.params, prepared.norm, blocks);
+}
+
+void emulate_dtype(const Case& c, const rotary::detail::PreparedNormRope& prepared, int64_t blocks) {
+  switch (c.dtype) {
+    case at::kFloat: return run_case<float>(c, prepared, blocks);
+    case at::kDouble: return run_case<double>(c, prepared, blocks);
+    case at::kHalf: return run_case<__half>(c, prepared, blocks);
+    default: return run_case<__nv_bfloat16>(c, prepared, blocks);
+  }
+}
+
+TEST_P(NormEmulation, MatchesReferenceOnEveryGrid) {
+  const Case& c = GetParam();
+  const int64_t B = 2, S = 3;
+  const auto opts = at::TensorOptions().dtype(c.dtype);
+  // BSHD storage read as BHSD: strided heads, as a projection output is.
+  const at::Tensor q0 = at::randn({B, S, c.Hq, c.D}, opts).transpose(1, 2);
+  const at::Tensor k0 = at::randn({B, S, c.Hk, c.D}, opts).transpose(1, 2);
+  const at::Tensor qw = 1 + 0.5 * at::randn({c.heads ? c.Hq * c.D : c.D});
+  const at::Tensor kw = 1 + 0.5 * at::randn({c.heads ? c.Hk * c.D : c.D});
+  const at::Tensor table = at::polar(
+      at::ones({64, c.r / 2}),
+      at::outer(at::arange(64, at::kDouble), 1.0 / at::pow(10000.0, at::arange(0, c.r, 2, at::kDouble) / c.r))
+          .to(at::kFloat));
+  const int64_t start = 5;
+  at::Tensor out[2][2];
+  for (int64_t blocks : {int64_t{1} << 20, int64_t{2}}) {
+    at::Tensor q = q0.clone(), k = k0.clone();
+    const std::optional<at::Tensor> oqw(qw), okw(kw);
+    std::optional<at::Tensor> none;
+    const rotary::detail::RopeArgs args{start, c.interleaved, none, none, false, none, none, "BHSD", c.off, {}};
+    const rotary::detail::NormArgs nargs{oqw, okw, 1e-5, c.heads ? "heads" : "head", 0.0};
+    const auto prepared = rotary::detail::prepare_norm_rope("emulation", q, k, table, args, nargs, c.in_place);
+    if (!c.in_place) {
+      prepared.rope.out_q.fill_(std::numeric_limits<double>::quiet_NaN());
+      prepared.rope.out_k.fill_(std::numeric_limits<double>::quiet_NaN());
+    }
+    emulate_dtype(c, prepared, blocks);
+    const int i = blocks == 2;
+    out[i][0] = prepared.rope.out_q;
+    out[i][1] = prepared.rope.out_k;
+    const at::Tensor* x[2] = {&q0, &k0};
+    const at::Tensor* w[2] = {&qw, &kw};
+    for (int t = 0; t < 2; ++t) {
+      const at::Tensor y = ref_norm(*x[t], *w[t], c.heads, 1e-5);
+      at::Tensor want = y.clone();
+      want.narrow(3, c.off, c.r).copy_(rotary_test::ref_rope(y.narrow(3, c.off, c.r), start, c.interleaved));
+      EXPECT_TRUE(rotary_test::AllClose(out[i][t], want, rotary_test::tolerance_for(c.dtype)))
+          << c.name << (t ? " k" : " q") << " blocks " << blocks;
+    }
+  }
+  for (int t = 0; t < 2; ++t) {
+    EXPECT_TRUE(at::equal(out[0][t].to(at::kDouble), out[1][t].to(at::kDouble))) << c.name << ": grid-dependent bits";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Grid, NormEmulation,
+    ::testing::Values(
+        Case{"fp32_head_half_partial", at::kFloat, false, false, 64, 32, 16, 4, 2, false},
+        Case{"fp32_heads_interleaved", at::kFloat, true, true, 32, 32, 0, 3, 1, false},
+        Case{"bf16_head_d256_gqa", at::kBFloat16, false, false, 256, 256, 0, 8, 1, false},
+        Case{"fp16_heads_in_place", at::kHalf, true, false, 48, 16, 8, 2, 2, true},
+        Case{"fp64_head_d512", at::kDouble, false, true, 512, 128, 0, 2, 1, true},
+        Case{"fp32_head_d16", at::kFloat, false, true, 16, 8, 4, 5, 3, false}),
+    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+}  // namespace
+
+#endif  // ROTARY_WITH_CUDA
