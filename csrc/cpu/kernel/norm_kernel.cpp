@@ -1,9 +1,9 @@
 // The prologue's CPU kernel (norm_kernel.h), compiled once per capability
-// like rope_kernel.cpp: each head vector is read once into an acc_t scratch
-// row, its sum of squares taken there, scaled by the RMS and its weight, and
-// written rotated (the span) or as is (the other dims), one rounding to the
-// storage type. The rotation is rope_kernel's arithmetic on the normalized
-// row: the same products and sums.
+// like rope_kernel.cpp. Two passes per head vector, both in L1: one reads it
+// into an acc_t scratch row while summing its squares; the other scales each
+// element by the RMS and its weight and writes it rotated (the span) or as
+// is (the other dims), one rounding to the storage type. The rotation is
+// rope_kernel's arithmetic on the normalized values.
 #include "norm_kernel.h"
 #include "vec_isa.h"
 
@@ -11,6 +11,8 @@
 
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
+
+#include <c10/macros/Macros.h>
 
 #include <type_traits>
 
@@ -24,72 +26,79 @@ namespace {
 constexpr int kParts = 16;
 
 template <typename scalar_t, typename acc_t>
-void load_vector(const scalar_t* in, int64_t inner, int64_t n, acc_t* buf) {
-  using Vec = Vectorized<acc_t>;
-  int64_t i = 0;
-  if (inner == 1) {
-    for (; i + Vec::size() <= n; i += Vec::size()) {
-      if constexpr (std::is_same_v<scalar_t, acc_t>) {
-        Vec::loadu(in + i).store(buf + i);
-      } else {
-        Vectorized<float> v;
-        at::vec::load_to_float(in + i, v);
-        v.store(buf + i);
-      }
-    }
-    for (; i < n; ++i) buf[i] = static_cast<acc_t>(in[i]);
+inline Vectorized<acc_t> load(const scalar_t* p) {
+  if constexpr (std::is_same_v<scalar_t, acc_t>) {
+    return Vectorized<acc_t>::loadu(p);
   } else {
-    for (; i < n; ++i) buf[i] = static_cast<acc_t>(in[i * inner]);
+    Vectorized<float> v;
+    at::vec::load_to_float(p, v);
+    return v;
   }
 }
 
-template <typename acc_t>
-acc_t sum_squares(const acc_t* buf, int64_t n) {
+// Copies n elements into buf as acc_t and adds their squares to part
+// (element i to part[i % kParts]), in one pass.
+template <typename scalar_t, typename acc_t>
+C10_ALWAYS_INLINE void load_squares(const scalar_t* in, int64_t inner, int64_t n, acc_t* buf, acc_t (&part)[kParts]) {
   using Vec = Vectorized<acc_t>;
   constexpr int L = Vec::size();
   static_assert(kParts % L == 0, "a vector must divide the partial sums");
-  constexpr int V = kParts / L;
-  Vec acc[V];
-  for (int v = 0; v < V; ++v) acc[v] = Vec(acc_t(0));
   int64_t i = 0;
-  for (; i + kParts <= n; i += kParts) {
-    for (int v = 0; v < V; ++v) {
-      const Vec x = Vec::loadu(buf + i + v * L);
-      acc[v] = acc[v] + x * x;
+  if (inner == 1 && n >= kParts) {
+    Vec acc[kParts / L];
+    for (int v = 0; v < kParts / L; ++v) acc[v] = Vec::loadu(part + v * L);
+    for (; i + kParts <= n; i += kParts) {
+      for (int v = 0; v < kParts / L; ++v) {
+        const Vec x = load<scalar_t, acc_t>(in + i + v * L);
+        x.store(buf + i + v * L);
+        acc[v] = acc[v] + x * x;
+      }
     }
+    for (int v = 0; v < kParts / L; ++v) acc[v].store(part + v * L);
   }
-  __at_align__ acc_t part[kParts];
-  for (int v = 0; v < V; ++v) acc[v].store(part + v * L);
-  for (; i < n; ++i) part[i % kParts] += buf[i] * buf[i];
-  for (int w = kParts / 2; w > 0; w /= 2) {
-    for (int l = 0; l < w; ++l) part[l] += part[l + w];
+  for (; i < n; ++i) {
+    buf[i] = static_cast<acc_t>(in[i * inner]);
+    part[i % kParts] += buf[i] * buf[i];
   }
-  return part[0];
 }
 
+// The tree part[l] += part[l + w] for w = 8, 4, 2, 1, in registers.
 template <typename acc_t>
-void scale_vector(acc_t* buf, int64_t n, acc_t scale, const acc_t* w) {
-  using Vec = Vectorized<acc_t>;
-  const Vec sv(scale);
-  int64_t i = 0;
-  for (; i + Vec::size() <= n; i += Vec::size()) (Vec::loadu(buf + i) * sv * Vec::loadu(w + i)).store(buf + i);
-  for (; i < n; ++i) buf[i] = kernel::normalized(buf[i], scale, w[i]);
+C10_ALWAYS_INLINE acc_t reduce_parts(const acc_t (&p)[kParts]) {
+  static_assert(kParts == 16, "the tree below is written for 16 parts");
+  const acc_t a0 = p[0] + p[8], a1 = p[1] + p[9], a2 = p[2] + p[10], a3 = p[3] + p[11];
+  const acc_t a4 = p[4] + p[12], a5 = p[5] + p[13], a6 = p[6] + p[14], a7 = p[7] + p[15];
+  const acc_t b0 = a0 + a4, b1 = a1 + a5, b2 = a2 + a6, b3 = a3 + a7;
+  return (b0 + b2) + (b1 + b3);
 }
 
-// Dims [from, to) of a normalized row, unrotated.
+// One row being written: its acc_t copy x, its weight w, its scale.
+template <typename acc_t>
+struct Row {
+  const acc_t* x;
+  const acc_t* w;
+  acc_t scale;
+  C10_ALWAYS_INLINE Vectorized<acc_t> at(int64_t i) const {
+    return Vectorized<acc_t>::loadu(x + i) * Vectorized<acc_t>(scale) * Vectorized<acc_t>::loadu(w + i);
+  }
+  C10_ALWAYS_INLINE acc_t operator[](int64_t i) const { return kernel::normalized(x[i], scale, w[i]); }
+};
+
+// Dims [from, to) normalized, unrotated.
 template <typename scalar_t, typename acc_t>
-void put_plain(const acc_t* y, scalar_t* out, int64_t inner, int64_t from, int64_t to) {
+C10_ALWAYS_INLINE void put_plain(const Row<acc_t>& y, scalar_t* out, int64_t inner, int64_t from, int64_t to) {
   using Vec = Vectorized<acc_t>;
   int64_t i = from;
   if (inner == 1) {
-    for (; i + Vec::size() <= to; i += Vec::size()) store<false>(out + i, Vec::loadu(y + i));
+    for (; i + Vec::size() <= to; i += Vec::size()) store<false>(out + i, y.at(i));
   }
   for (; i < to; ++i) out[i * inner] = to_storage<scalar_t>(y[i]);
 }
 
-// The span [0, dim) of x rotated into o with coefficients c (rope_kernel.h).
+// The span [0, dim) of y normalized and rotated into o with coefficients c
+// (rope_kernel.h): rope_kernel's products and sums.
 template <typename scalar_t, typename acc_t>
-void put_rotated(const acc_t* x, scalar_t* o, int64_t inner, const acc_t* c, int64_t dim, bool interleaved) {
+C10_ALWAYS_INLINE void put_rotated(const Row<acc_t>& y, scalar_t* o, int64_t inner, const acc_t* c, int64_t dim, bool interleaved) {
   using Vec = Vectorized<acc_t>;
   constexpr int64_t L = Vec::size();
   int64_t i = 0;
@@ -97,12 +106,12 @@ void put_rotated(const acc_t* x, scalar_t* o, int64_t inner, const acc_t* c, int
     const acc_t* s = c + dim;
     if (inner == 1) {
       for (; i + L <= dim; i += L) {
-        const Vec v = Vec::loadu(x + i);
+        const Vec v = y.at(i);
         store<false>(o + i, v * Vec::loadu(c + i) + swap_pairs(v) * Vec::loadu(s + i));
       }
     }
     for (; i < dim; i += 2) {
-      const acc_t x0 = x[i], x1 = x[i + 1];
+      const acc_t x0 = y[i], x1 = y[i + 1];
       o[i * inner] = to_storage<scalar_t>(x0 * c[i] + x1 * s[i]);
       o[(i + 1) * inner] = to_storage<scalar_t>(x1 * c[i + 1] + x0 * s[i + 1]);
     }
@@ -111,14 +120,14 @@ void put_rotated(const acc_t* x, scalar_t* o, int64_t inner, const acc_t* c, int
     const acc_t* s = c + half;
     if (inner == 1) {
       for (; i + L <= half; i += L) {
-        const Vec x0 = Vec::loadu(x + i), x1 = Vec::loadu(x + half + i);
+        const Vec x0 = y.at(i), x1 = y.at(half + i);
         const Vec ci = Vec::loadu(c + i), si = Vec::loadu(s + i);
         store<false>(o + i, x0 * ci - x1 * si);
         store<false>(o + half + i, x0 * si + x1 * ci);
       }
     }
     for (; i < half; ++i) {
-      const acc_t x0 = x[i], x1 = x[i + half];
+      const acc_t x0 = y[i], x1 = y[i + half];
       o[i * inner] = to_storage<scalar_t>(x0 * c[i] - x1 * s[i]);
       o[(i + half) * inner] = to_storage<scalar_t>(x0 * s[i] + x1 * c[i]);
     }
@@ -126,10 +135,11 @@ void put_rotated(const acc_t* x, scalar_t* o, int64_t inner, const acc_t* c, int
 }
 
 template <typename scalar_t, typename acc_t>
-void put_row(const NormRun<scalar_t>& r, const acc_t* y, scalar_t* out, const acc_t* c) {
+C10_ALWAYS_INLINE void put_row(const NormRun<scalar_t>& r, const Row<acc_t>& y, scalar_t* out, const acc_t* c) {
   const int64_t off = r.rotary_offset, end = off + r.rotary_dim;
   put_plain(y, out, r.out_inner, 0, off);
-  put_rotated(y + off, out + off * r.out_inner, r.out_inner, c, r.rotary_dim, r.interleaved);
+  const Row<acc_t> span{y.x + off, y.w + off, y.scale};
+  put_rotated(span, out + off * r.out_inner, r.out_inner, c, r.rotary_dim, r.interleaved);
   put_plain(y, out, r.out_inner, end, r.head_dim);
 }
 
@@ -145,20 +155,19 @@ void norm_rotate_run(const NormRun<scalar_t>& r) {
     const acc_t* c = r.coef + t * r.coef_tok;
     if (r.across_heads) {
       // Every head of the token is read before any is written (in place).
-      for (int64_t h = 0; h < r.heads; ++h) load_vector(in + h * r.in_head, r.in_inner, D, r.scratch + h * D);
-      const acc_t scale = kernel::rms_scale(sum_squares(r.scratch, r.heads * D), r.heads * D, r.eps);
+      acc_t part[kParts] = {};
+      for (int64_t h = 0; h < r.heads; ++h) load_squares(in + h * r.in_head, r.in_inner, D, r.scratch + h * D, part);
+      const acc_t scale = kernel::rms_scale(reduce_parts(part), r.heads * D, r.eps);
       for (int64_t h = 0; h < r.heads; ++h) {
-        acc_t* y = r.scratch + h * D;
-        scale_vector(y, D, scale, r.weight + h * r.weight_head);
-        put_row(r, static_cast<const acc_t*>(y), out + h * r.out_head, c);
+        put_row(r, Row<acc_t>{r.scratch + h * D, r.weight + h * r.weight_head, scale}, out + h * r.out_head, c);
       }
       continue;
     }
     for (int64_t h = 0; h < r.heads; ++h) {
-      load_vector(in + h * r.in_head, r.in_inner, D, r.scratch);
-      const acc_t scale = kernel::rms_scale(sum_squares(r.scratch, D), D, r.eps);
-      scale_vector(r.scratch, D, scale, r.weight + h * r.weight_head);
-      put_row(r, static_cast<const acc_t*>(r.scratch), out + h * r.out_head, c);
+      acc_t part[kParts] = {};
+      load_squares(in + h * r.in_head, r.in_inner, D, r.scratch, part);
+      const acc_t scale = kernel::rms_scale(reduce_parts(part), D, r.eps);
+      put_row(r, Row<acc_t>{r.scratch, r.weight + h * r.weight_head, scale}, out + h * r.out_head, c);
     }
   }
 }
