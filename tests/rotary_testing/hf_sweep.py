@@ -194,31 +194,62 @@ def _outputs(model, calls, prompt):
     return logits, tokens
 
 
+class SweepResults(dict):
+    """{model_type: reason or None}; .fused: the families whose patched model
+    with fused q/k norms (fuse_qk_norm) also equals the unpatched one."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fused = set()
+
+
+def _matches(got, ref):
+    diff = max((a.double() - b.double()).abs().max().item() for a, b in zip(got[0], ref[0]))
+    return diff if diff <= TOL and torch.equal(got[1], ref[1]) else None
+
+
+def check_fused(model, calls, prompt, ref):
+    """Whether the model has q/k norms the patch fuses, and then still passes."""
+    from rotary.integrations.transformers import _patch, unpatch
+
+    try:
+        _patch(model, fuse_qk_norm=True)
+        if not model._rotary_integration_state.norms:
+            return False
+        return _matches(_outputs(model, calls, prompt), ref) is not None
+    except Exception:
+        return False
+    finally:
+        unpatch(model)
+
+
 def check_family(model_type, cls_name):
-    """(None, max logit difference) when the family passes, else (reason, None)."""
+    """(None, max logit difference, fused) when the family passes, else
+    (reason, None, False); fused: it passes with fused q/k norms too."""
     from rotary.integrations.transformers import _patch, unpatch
 
     try:
         model, calls, prompt = _calls(model_type, cls_name)
         ref = _outputs(model, calls, prompt)
     except Exception as e:
-        return f"the sweep builds no tiny model ({type(e).__name__}: {_short(e)})", None
+        return f"the sweep builds no tiny model ({type(e).__name__}: {_short(e)})", None, False
     try:
         _patch(model)
     except Exception as e:
-        return f"{_short(e)}", None
+        return f"{_short(e)}", None, False
     try:
         got = _outputs(model, calls, prompt)
     except Exception as e:
-        return f"the patched model fails ({type(e).__name__}: {_short(e)})", None
+        return f"the patched model fails ({type(e).__name__}: {_short(e)})", None, False
     finally:
         unpatch(model)
     diff = max((a.double() - b.double()).abs().max().item() for a, b in zip(got[0], ref[0]))
     if not diff <= TOL:
-        return "patched logits differ from the unpatched model's (its pairing or span is not the one rotary reads)", None
+        return ("patched logits differ from the unpatched model's (its pairing or span is not the one rotary reads)",
+                None, False)
     if not torch.equal(got[1], ref[1]):
-        return "greedy decode with a KV cache differs", None
-    return None, diff
+        return "greedy decode with a KV cache differs", None, False
+    return None, diff, check_fused(model, calls, prompt, ref)
 
 
 def _short(e, n=160):
@@ -227,16 +258,19 @@ def _short(e, n=160):
 
 
 def sweep(verbose=False):
-    """{model_type: reason or None}, over rotary_families()."""
+    """SweepResults over rotary_families()."""
     warnings.filterwarnings("ignore")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny models: threads only add overhead
     try:
-        out = {}
+        out = SweepResults()
         for model_type, cls_name in {**rotary_families(), **VL_FAMILIES}.items():
-            out[model_type], diff = check_family(model_type, cls_name)
+            out[model_type], diff, fused = check_family(model_type, cls_name)
+            if fused:
+                out.fused.add(model_type)
             if verbose:
-                print(f"{model_type:28s} {'ok ' + format(diff, '.1e') if diff is not None else out[model_type]}")
+                ok = f"ok {diff:.1e}{' (fused q/k norm too)' if fused else ''}" if diff is not None else out[model_type]
+                print(f"{model_type:28s} {ok}")
         return out
     finally:
         torch.set_num_threads(threads)
@@ -251,6 +285,8 @@ def render_table(results):
              f"transformers {transformers.__version__}: {len(results)} causal-LM families with rotary embeddings, "
              f"**{len(supported)} supported**, {len(refused)} refused.", "",
              "Supported: " + ", ".join(f"`{k}`" for k in supported) + ".", "",
+             f"Their q/k RMSNorm runs inside the rotation (`apply_qk_norm_rope`) for {len(results.fused)}: "
+             + ", ".join(f"`{k}`" for k in sorted(results.fused)) + ".", "",
              "| refused family | why |", "| --- | --- |"]
     lines += [f"| `{k}` | {v.replace('|', '/')} |" for k, v in refused]
     return "\n".join(lines + ["", DOC_END])
@@ -265,6 +301,9 @@ def render_module(results):
             f"TRANSFORMERS_VERSION = {transformers.__version__!r}", "",
             "SUPPORTED = frozenset({"]
     body += [f"    {k!r}," for k in sorted(k for k, v in results.items() if v is None)]
+    body += ["})", "", "# Supported families whose q/k norms fuse into the rotation (fuse_qk_norm's default).",
+             "QK_NORM_FUSED = frozenset({"]
+    body += [f"    {k!r}," for k in sorted(results.fused)]
     body += ["})", "", "REFUSED = {"]
     body += [f"    {k!r}: {v!r}," for k, v in sorted(results.items()) if v is not None]
     return "\n".join(body + ["}", ""])

@@ -98,6 +98,32 @@ SUPPORTED = frozenset({
     'zaya',
 })
 
+# Supported families whose q/k norms fuse into the rotation (fuse_qk_norm's default).
+QK_NORM_FUSED = frozenset({
+    'apertus',
+    'apertus1p5_text',
+    'doge',
+    'dots1',
+    'flex_olmo',
+    'gemma3_text',
+    'hy_v3',
+    'laguna',
+    'lfm3',
+    'mellum',
+    'minimax_m2',
+    'olmo2',
+    'olmo3',
+    'olmo_hybrid',
+    'olmoe',
+    'qwen3',
+    'qwen3_5_moe_text',
+    'qwen3_5_text',
+    'qwen3_moe',
+    'qwen3_next',
+    'qwen3_vl',
+    'sarvam_moe',
+})
+
 REFUSED = {
     'axk2': "model_type 'axk2' is not supported: its attention and its indexer pair dims differently (interleaved and rotate_half)",
     'bailing_hybrid': 'BailingHybridForCausalLM has no attention calling apply_rotary_pos_emb',

@@ -23,10 +23,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
-from .._ops import apply_rope, apply_rope_qk
+from .._ops import apply_qk_norm_rope, apply_rope, apply_rope_qk
 from ..hf import layer_types_of
 from ..module import RotaryEmbedding
-from . import _hf_functions, hf_support
+from . import _hf_functions, _qk_norm, hf_support
 from ._hf_functions import FUNC_NAME as _FUNC_NAME
 from ._hf_functions import lock as _lock
 from ._hf_functions import module_patches as _module_patches  # noqa: F401  (tests read it)
@@ -53,7 +53,7 @@ _UNTESTED = "the sweep builds no tiny model"
 _STATE_ATTR = "_rotary_integration_state"
 
 # The ops the handles call; module attributes so that tests can count calls.
-_apply_qk, _apply_one = apply_rope_qk, apply_rope
+_apply_qk, _apply_one, _apply_fused = apply_rope_qk, apply_rope, apply_qk_norm_rope
 
 
 class RotaryPositions:
@@ -78,7 +78,16 @@ class RotaryPositions:
         if unsqueeze_dim not in (1, 2):
             raise ValueError(f"rotary: apply_rotary_pos_emb with unsqueeze_dim={unsqueeze_dim} is not supported")
         freqs, kw = self._args(q)
-        return _apply_qk(q, k, freqs, 0, self.rope.interleaved, layout="BHSD" if unsqueeze_dim == 1 else "BSHD", **kw)
+        layout = "BHSD" if unsqueeze_dim == 1 else "BSHD"
+        fused = _qk_norm.take(q, k)  # the q/k norms deferred to here (fuse_qk_norm)
+        if fused is None:
+            return _apply_qk(q, k, freqs, 0, self.rope.interleaved, layout=layout, **kw)
+        sq, sk = fused
+        kind = _qk_norm.norm_kind(sq, q, layout)
+        if _qk_norm.norm_kind(sk, k, layout) != kind:
+            raise RuntimeError("rotary: q_norm and k_norm cover different dims; patch with fuse_qk_norm=False")
+        return _apply_fused(q, k, freqs, 0, self.rope.interleaved, layout=layout, q_weight=sq.weight,
+                            k_weight=sk.weight, eps=sq.eps, norm=kind, weight_offset=sq.offset, **kw)
 
     def apply_one(self, x: torch.Tensor) -> torch.Tensor:
         """GPT-J's per-tensor form: rotate ``x`` (``[batch, seq, heads, rotary_dim]``) alone."""
@@ -106,6 +115,7 @@ class _ModelPatch:
         # (rotary_emb module, previous instance-level forward or None, state)
         self.rotary: List[Tuple[nn.Module, Optional[Callable], Dict[Optional[str], _RopeState]]] = []
         self.modules: List[str] = []
+        self.norms: List[tuple] = []  # the deferred q/k norms (_qk_norm.install)
 
 
 def _rotary_owners(model: nn.Module) -> List[nn.Module]:
@@ -172,6 +182,7 @@ def apply_rotary_to_model(
     *,
     max_seq_len: Optional[int] = None,
     allow_unverified: bool = False,
+    fuse_qk_norm: Optional[bool] = None,
 ) -> nn.Module:
     """Make ``model`` (a transformers model of a family in
     ``SUPPORTED_MODEL_TYPES``, the HF sweep's) rotate q and k with
@@ -186,6 +197,10 @@ def apply_rotary_to_model(
     Raises ``ValueError`` for a model without a ``rotary_emb`` or attention
     using ``apply_rotary_pos_emb``, and for configs ``from_hf_config`` cannot
     represent, leaving the model unchanged. Undo with :func:`unpatch`.
+
+    ``fuse_qk_norm``: run the attention's q/k RMSNorm (``q_norm`` /
+    ``k_norm``) inside the rotation, ``rotary.apply_qk_norm_rope``. Default:
+    for the families the sweep verified that way (``hf_support.QK_NORM_FUSED``).
     """
     if is_patched(model):
         return model
@@ -202,10 +217,12 @@ def apply_rotary_to_model(
                 "pass allow_unverified=True if its attention uses rotate_half RoPE through "
                 "apply_rotary_pos_emb(q, k, cos, sin) with the pair from model.rotary_emb"
             )
-    return _patch(model, max_seq_len)
+    if fuse_qk_norm is None:
+        fuse_qk_norm = model_type in hf_support.QK_NORM_FUSED
+    return _patch(model, max_seq_len, fuse_qk_norm)
 
 
-def _patch(model: nn.Module, max_seq_len: Optional[int] = None) -> nn.Module:
+def _patch(model: nn.Module, max_seq_len: Optional[int] = None, fuse_qk_norm: bool = False) -> nn.Module:
     """apply_rotary_to_model without the support check (the sweep's entry)."""
     if is_patched(model):
         return model
@@ -237,6 +254,8 @@ def _patch(model: nn.Module, max_seq_len: Optional[int] = None) -> nn.Module:
         for name in modules:
             _hf_functions.acquire(name, RotaryPositions)
             patch.modules.append(name)
+        if fuse_qk_norm:
+            patch.norms = _qk_norm.install(model)
         object.__setattr__(model, _STATE_ATTR, patch)
     return model
 
@@ -256,6 +275,7 @@ def unpatch(model: nn.Module) -> nn.Module:
                 emb.forward = previous
         for name in patch.modules:
             _hf_functions.release(name)
+        _qk_norm.remove(patch.norms)
         object.__delattr__(model, _STATE_ATTR)
     return model
 

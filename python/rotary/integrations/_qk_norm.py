@@ -1,0 +1,144 @@
+"""A patched model's q/k RMSNorm fused into the rotation (apply_qk_norm_rope).
+
+Attention modules with ``q_norm`` and ``k_norm`` (Qwen3, Gemma 3, OLMo2, ...)
+normalize q and k right before ``apply_rotary_pos_emb``. Fused, those norms'
+forwards only record their input and return it; the patched
+``apply_rotary_pos_emb`` then runs ``rotary.apply_qk_norm_rope`` on q and k
+with the norms' weights, in one pass. Never silently wrong:
+
+- at patch time each norm is probed against the RMSNorm formulas the op runs
+  (``w`` or Gemma's ``1 + w``); a norm that is neither is left alone;
+- the q and k that reach the rotation must be the recorded inputs (the same
+  memory: only views in between), else it raises;
+- the attention module's forward hook raises if a recorded norm never
+  reached the rotation (its layer has no RoPE, or the model uses it
+  otherwise).
+"""
+
+import threading
+from typing import List, Optional, Tuple
+
+import torch
+from torch import nn
+
+_local = threading.local()
+
+
+def _pending() -> list:
+    pending = getattr(_local, "pending", None)
+    if pending is None:
+        pending = _local.pending = []
+    return pending
+
+
+class NormSpec:
+    """One probed norm: its module (whose weight the op reads), eps and offset."""
+
+    __slots__ = ("module", "eps", "offset")
+
+    def __init__(self, module: nn.Module, eps: float, offset: float) -> None:
+        self.module, self.eps, self.offset = module, eps, offset
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.module.weight
+
+
+def probe(norm: nn.Module) -> Optional[NormSpec]:
+    """The spec of ``norm`` if its forward is x * rsqrt(mean(x^2) + eps) times
+    ``w`` or ``1 + w`` over its weight's length, else None."""
+    w = getattr(norm, "weight", None)
+    eps = next((getattr(norm, a) for a in ("variance_epsilon", "eps")
+                if isinstance(getattr(norm, a, None), float)), None)
+    if not isinstance(w, torch.Tensor) or w.dim() != 1 or eps is None or not w.is_floating_point():
+        return None
+    x = torch.randn(3, w.numel(), generator=torch.Generator().manual_seed(0)).to(w.device, w.dtype)
+    with torch.no_grad():
+        got = type(norm).forward(norm, x).float()
+        xf = x.float()
+        base = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        tol = 1e-5 if w.dtype == torch.float32 else 2e-2
+        for offset in (0.0, 1.0):
+            if got.shape == base.shape and torch.allclose(got, base * (w.float() + offset), rtol=tol, atol=tol):
+                return NormSpec(norm, eps, offset)
+    return None
+
+
+def _deferred(spec: NormSpec):
+    def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        _pending().append((x, spec))
+        return x
+
+    return forward
+
+
+def _same_memory(t: torch.Tensor, x: torch.Tensor) -> bool:
+    return (t.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+            and t.storage_offset() == x.storage_offset() and t.numel() == x.numel())
+
+
+def take(q: torch.Tensor, k: torch.Tensor) -> Optional[Tuple[NormSpec, NormSpec]]:
+    """The fused norms of this q and k, or None when no norm was deferred."""
+    pending = _pending()
+    if not pending:
+        return None
+    records = list(pending)
+    pending.clear()
+    if len(records) != 2:
+        raise RuntimeError(f"rotary: {len(records)} q/k norms were deferred before apply_rotary_pos_emb, expected 2 "
+                           "(q's, then k's); patch with fuse_qk_norm=False")
+    for name, t, (x, _) in (("q", q, records[0]), ("k", k, records[1])):
+        if not _same_memory(t, x):
+            raise RuntimeError(f"rotary: the {name} reaching apply_rotary_pos_emb is not the {name}_norm input viewed "
+                               "(the model transforms it in between); patch with fuse_qk_norm=False")
+    return records[0][1], records[1][1]
+
+
+def norm_kind(spec: NormSpec, x: torch.Tensor, layout: str) -> str:
+    """"head" or "heads" for a weight over head_dim or over all heads."""
+    heads = x.shape[1] if layout == "BHSD" else x.shape[2]
+    n = spec.weight.numel()
+    if n == x.shape[-1]:
+        return "head"
+    if n == heads * x.shape[-1]:
+        return "heads"
+    raise RuntimeError(f"rotary: a q/k norm over {n} values fits neither head_dim {x.shape[-1]} nor heads * "
+                       f"head_dim {heads * x.shape[-1]}; patch with fuse_qk_norm=False")
+
+
+def _check_consumed(module, args, output):
+    pending = _pending()
+    if pending:
+        pending.clear()
+        raise RuntimeError(f"rotary: {type(module).__name__}'s q/k norm ran but its output never reached "
+                           "apply_rotary_pos_emb (a layer without RoPE?); patch with fuse_qk_norm=False")
+
+
+def _clear(module, args):
+    _pending().clear()
+
+
+def install(model: nn.Module) -> List[tuple]:
+    """Defers the q/k norms of every attention module whose two norms probe
+    as the op's RMSNorm with one eps; returns what ``remove`` undoes."""
+    done = []
+    for m in model.modules():
+        qn, kn = getattr(m, "q_norm", None), getattr(m, "k_norm", None)
+        if not (isinstance(qn, nn.Module) and isinstance(kn, nn.Module)):
+            continue
+        sq, sk = probe(qn), probe(kn)
+        if sq is None or sk is None or sq.eps != sk.eps or sq.offset != sk.offset:
+            continue
+        hooks = (m.register_forward_pre_hook(_clear), m.register_forward_hook(_check_consumed))
+        for norm, spec in ((qn, sq), (kn, sk)):
+            norm.forward = _deferred(spec)
+        done.append((qn, kn, hooks))
+    return done
+
+
+def remove(done: List[tuple]) -> None:
+    for qn, kn, hooks in done:
+        for norm in (qn, kn):
+            norm.__dict__.pop("forward", None)
+        for h in hooks:
+            h.remove()

@@ -1,0 +1,120 @@
+"""The patched route of the Hugging Face families that normalize q and k:
+their q_norm / k_norm run inside the rotation (rotary.apply_qk_norm_rope).
+Logits and gradients against the unpatched model; refusals where the model
+does not fit."""
+
+import pytest
+import torch
+from torch import nn
+
+pytest.importorskip("transformers")
+
+from rotary_testing import hf_sweep  # noqa: E402
+
+from rotary.integrations import _qk_norm, hf_support  # noqa: E402
+from rotary.integrations import transformers as rt  # noqa: E402
+
+FAMILIES = [("qwen3", "Qwen3ForCausalLM"), ("qwen3_moe", "Qwen3MoeForCausalLM"),
+            ("gemma3_text", "Gemma3ForCausalLM"), ("olmo2", "Olmo2ForCausalLM")]
+
+
+def _randomize_norms(model, g):
+    with torch.no_grad():
+        for m in model.modules():
+            for name in ("q_norm", "k_norm"):
+                norm = getattr(m, name, None)
+                if norm is not None:
+                    norm.weight.copy_(0.5 + torch.rand(norm.weight.shape, generator=g))
+
+
+@pytest.mark.parametrize("model_type, cls_name", FAMILIES)
+def test_fused_route_matches_unpatched(model_type, cls_name, monkeypatch):
+    assert model_type in hf_support.QK_NORM_FUSED
+    g = torch.Generator().manual_seed(0)
+    model = hf_sweep.tiny_model(model_type, cls_name)
+    _randomize_norms(model, g)  # the init weights (0 or 1) would hide a wrong offset
+    ids = torch.randint(3, hf_sweep.VOCAB, (2, 9), generator=g)
+    pos = torch.arange(9).expand(2, 9) + torch.tensor([[30], [4]])
+
+    def run():
+        model.zero_grad()
+        out = model(input_ids=ids, position_ids=pos).logits
+        out.pow(2).mean().backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if "norm" in n or "q_proj" in n}
+        return out.detach(), grads
+
+    ref_logits, ref_grads = run()
+    calls = []
+    monkeypatch.setattr(rt, "_apply_fused", lambda *a, **k: calls.append(1) or rt.apply_qk_norm_rope(*a, **k))
+    with rt.rotary_patched(model):  # fuse_qk_norm's default: the sweep's verified families
+        assert rt.is_patched(model) and model._rotary_integration_state.norms
+        logits, grads = run()
+    assert len(calls) == model.config.num_hidden_layers
+    torch.testing.assert_close(logits, ref_logits, rtol=2e-5, atol=2e-5)
+    assert grads.keys() == ref_grads.keys() and any("q_norm" in n for n in grads)
+    for n in grads:
+        torch.testing.assert_close(grads[n], ref_grads[n], rtol=1e-4, atol=1e-6, msg=n)
+    # Unpatched: the norms run their own forward again.
+    assert not any("forward" in m.__dict__ for m in model.modules() if m.__class__.__name__.endswith("RMSNorm"))
+
+
+def test_fuse_can_be_turned_off(monkeypatch):
+    model = hf_sweep.tiny_model("qwen3", "Qwen3ForCausalLM")
+    calls = []
+    monkeypatch.setattr(rt, "_apply_fused", lambda *a, **k: calls.append(1))
+    with rt.rotary_patched(model, fuse_qk_norm=False), torch.no_grad():
+        model(input_ids=torch.tensor([[5, 6, 7]]))
+    assert not calls
+
+
+class _Norm(nn.Module):
+    def __init__(self, n, kind):
+        super().__init__()
+        self.weight, self.variance_epsilon, self.kind = nn.Parameter(torch.rand(n) + 0.5), 1e-6, kind
+
+    def forward(self, x):
+        if self.kind == "layer":  # centred: not an RMSNorm
+            x = x - x.mean(-1, keepdim=True)
+        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return y * (1 + self.weight if self.kind == "gemma" else self.weight)
+
+
+def test_probe_reads_the_formula():
+    assert _qk_norm.probe(_Norm(8, "plain")).offset == 0.0
+    assert _qk_norm.probe(_Norm(8, "gemma")).offset == 1.0
+    assert _qk_norm.probe(_Norm(8, "layer")) is None  # left alone: runs its own forward
+
+
+class _NoRopeAttention(nn.Module):
+    """Normalizes q and k but never rotates them (a NoPE layer)."""
+
+    def __init__(self):
+        super().__init__()
+        self.q_norm, self.k_norm = _Norm(4, "plain"), _Norm(4, "plain")
+
+    def forward(self, q, k):
+        return self.q_norm(q), self.k_norm(k)
+
+
+def test_a_deferred_norm_that_never_reaches_the_rotation_raises():
+    m = _NoRopeAttention()
+    done = _qk_norm.install(m)
+    try:
+        with pytest.raises(RuntimeError, match="_NoRopeAttention's q/k norm ran but its output never reached"):
+            m(torch.randn(1, 2, 3, 4), torch.randn(1, 1, 3, 4))
+    finally:
+        _qk_norm.remove(done)
+    q = torch.randn(1, 2, 3, 4)
+    torch.testing.assert_close(m(q, q)[0], _Norm.forward(m.q_norm, q))  # restored
+
+
+def test_a_transformed_q_is_refused():
+    m = _NoRopeAttention()
+    done = _qk_norm.install(m)
+    try:
+        q, k = torch.randn(1, 2, 3, 4), torch.randn(1, 1, 3, 4)
+        m.q_norm(q), m.k_norm(k)
+        with pytest.raises(RuntimeError, match="the q reaching apply_rotary_pos_emb is not the q_norm input"):
+            _qk_norm.take(q * 2, k)
+    finally:
+        _qk_norm.remove(done)
