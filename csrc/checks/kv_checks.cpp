@@ -163,13 +163,18 @@ KVCall check_kv_inputs(
   const bool fp8 = ct == at::kFloat8_e4m3fn;
   check_scale(op, "k_scale", kv.k_scale, fp8, kc, q);
   check_scale(op, "v_scale", kv.v_scale, fp8, kc, q);
-  return {rope, vview, kc, vc};
+  return {rope, vview, kc, vc, k_cache.sym_sizes()};
 }
 
 PreparedKV prepare_kv(
     const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
     const at::Tensor& v_cache, const at::Tensor& freqs, const RopeArgs& args, const KVArgs& kv) {
-  const KVCall call = check_kv_inputs(op, q, k, v, k_cache, v_cache, freqs, args, kv);
+  return prepare_kv(op, q, k, v, freqs, check_kv_inputs(op, q, k, v, k_cache, v_cache, freqs, args, kv), kv);
+}
+
+PreparedKV prepare_kv(
+    const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& freqs,
+    const KVCall& call, const KVArgs& kv) {
   PreparedKV r{prepare_rope(op, q, &k, call.rope, /*in_place=*/true), at::Tensor(), {}};
   const at::Tensor& kc = call.k_cache;
   const at::Tensor& vc = call.v_cache;
@@ -225,7 +230,7 @@ PreparedKV prepare_kv(
       p.dest_stride_s = r.dest.stride(0);
     }
   }
-  p.fp8 = k_cache.scalar_type() == at::kFloat8_e4m3fn;
+  p.fp8 = kc.scalar_type() == at::kFloat8_e4m3fn;
   p.k_scale = scale_of(kv.k_scale, p.k_scale_stride);
   p.v_scale = scale_of(kv.v_scale, p.v_scale_stride);
   check_scale_values(op, "k_scale", kv.k_scale);
@@ -242,7 +247,7 @@ PreparedKV prepare_kv(
   if (!dest && rp.positions == nullptr && rp.cu_seqlens == nullptr) {
     TORCH_CHECK_INDEX(
         bounds::span_fits(rp.start_pos, rp.seq, p.inner), op, ": start_pos + seq_len = ", rp.start_pos, " + ", rp.seq,
-        " exceeds the cache's max_seq_len ", p.inner, " (k_cache shape ", k_cache.sizes(), ")");
+        " exceeds the cache's max_seq_len ", p.inner, " (k_cache shape ", call.k_cache_shape, ")");
     return r;
   }
   std::vector<std::pair<int64_t, int64_t>> rows;
@@ -263,7 +268,7 @@ PreparedKV prepare_kv(
       TORCH_CHECK_INDEX(
           inner >= 0 && inner < p.inner, op, ": token (batch ", b, ", seq ", s, ") goes to cache position ", inner,
           dest ? " (cache_positions)" : " (its rotary position)", ", outside the cache's max_seq_len ", p.inner,
-          " (k_cache shape ", k_cache.sizes(), ")");
+          " (k_cache shape ", call.k_cache_shape, ")");
       rows.emplace_back(outer, inner);
     }
   }

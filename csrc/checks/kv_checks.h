@@ -22,6 +22,7 @@ struct KVArgs {
 struct KVCall {
   RopeCall rope;
   at::Tensor v, k_cache, v_cache;
+  c10::SymIntArrayRef k_cache_shape;  // as passed, for messages
 };
 
 // Shape, dtype and device checks that need no tensor values (Meta-safe).
@@ -40,6 +41,10 @@ struct PreparedKV {
 PreparedKV prepare_kv(
     const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
     const at::Tensor& v_cache, const at::Tensor& freqs, const RopeArgs& args, const KVArgs& kv);
+// The same for a call check_kv_inputs has validated already.
+PreparedKV prepare_kv(
+    const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& freqs,
+    const KVCall& call, const KVArgs& kv);
 
 }  // namespace detail
 }  // namespace rotary

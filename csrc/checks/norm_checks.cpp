@@ -46,8 +46,12 @@ int64_t heads_axis(Layout layout, bool varlen) {
 NormCall check_norm_rope_inputs(
     const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs, const RopeArgs& args,
     const NormArgs& norm) {
+  return check_norm_args(op, check_rope_inputs(op, q, &k, freqs, args), q, norm);
+}
+
+NormCall check_norm_args(const char* op, RopeCall rope, const at::Tensor& q, const NormArgs& norm) {
   NormCall call;
-  call.rope = check_rope_inputs(op, q, &k, freqs, args);
+  call.rope = std::move(rope);
   call.kind = parse_norm(op, norm.norm);
   TORCH_CHECK_VALUE(std::isfinite(norm.eps) && norm.eps >= 0, op, ": eps must be finite and >= 0, got ", norm.eps);
   TORCH_CHECK_VALUE(
@@ -65,20 +69,17 @@ NormCall check_norm_rope_inputs(
   return call;
 }
 
-PreparedNormRope prepare_norm_rope(
-    const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs, const RopeArgs& args,
-    const NormArgs& norm, bool in_place) {
-  const NormCall call = check_norm_rope_inputs(op, q, k, freqs, args, norm);
+NormWeights prepare_norm_weights(
+    const char* op, const NormCall& call, const at::Tensor& q, bool in_place,
+    std::initializer_list<std::pair<const char*, const at::Tensor*>> written) {
+  const char* names[2] = {"q_weight", "k_weight"};
   if (in_place) {
     for (int i = 0; i < 2; ++i) {
       if (!call.weight[i]) continue;
-      const char* w = i ? "k_weight" : "q_weight";
-      check_disjoint(op, "q", q, w, *call.weight[i]);
-      check_disjoint(op, "k", k, w, *call.weight[i]);
+      for (const auto& [name, t] : written) check_disjoint(op, name, *t, names[i], *call.weight[i]);
     }
   }
-  PreparedNormRope r;
-  r.rope = prepare_rope(op, q, &k, call.rope, in_place);
+  NormWeights r;
   const auto acc = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const at::Tensor* views[2] = {&call.rope.q, &call.rope.k};
   for (int i = 0; i < 2; ++i) {
@@ -87,10 +88,33 @@ PreparedNormRope prepare_norm_rope(
     at::Tensor w = call.weight[i] ? call.weight[i]->to(acc) : at::ones({n}, q.options().dtype(acc));
     if (call.weight_offset != 0) w = w + call.weight_offset;
     r.weight[i] = w.contiguous();
-    r.norm.weight[i] = r.weight[i].data_ptr();
+    r.params.weight[i] = r.weight[i].data_ptr();
   }
-  r.norm.kind = call.kind;
-  r.norm.eps = call.eps;
+  r.params.kind = call.kind;
+  r.params.eps = call.eps;
+  return r;
+}
+
+PreparedNormRope prepare_norm_rope(
+    const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs, const RopeArgs& args,
+    const NormArgs& norm, bool in_place) {
+  const NormCall call = check_norm_rope_inputs(op, q, k, freqs, args, norm);
+  PreparedNormRope r;
+  r.norm = prepare_norm_weights(op, call, q, in_place, {{"q", &q}, {"k", &k}});
+  r.rope = prepare_rope(op, q, &k, call.rope, in_place);
+  return r;
+}
+
+PreparedNormKV prepare_norm_kv(
+    const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
+    const at::Tensor& v_cache, const at::Tensor& freqs, const RopeArgs& args, const KVArgs& kv,
+    const NormArgs& norm) {
+  const KVCall call = check_kv_inputs(op, q, k, v, k_cache, v_cache, freqs, args, kv);
+  const NormCall n = check_norm_args(op, call.rope, q, norm);
+  PreparedNormKV r;
+  r.norm = prepare_norm_weights(
+      op, n, q, /*in_place=*/true, {{"q", &q}, {"k", &k}, {"k_cache", &k_cache}, {"v_cache", &v_cache}});
+  r.kv = prepare_kv(op, q, k, v, freqs, call, kv);
   return r;
 }
 

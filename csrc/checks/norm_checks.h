@@ -4,7 +4,11 @@
 #pragma once
 
 #include "checks.h"
+#include "kv_checks.h"
 #include "params/norm_params.h"
+
+#include <initializer_list>
+#include <utility>
 
 namespace rotary {
 namespace detail {
@@ -30,15 +34,26 @@ struct NormCall {
 NormCall check_norm_rope_inputs(
     const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs, const RopeArgs& args,
     const NormArgs& norm);
+// The norm's part, for a rotation validated already (the KV op's).
+NormCall check_norm_args(const char* op, RopeCall rope, const at::Tensor& q, const NormArgs& norm);
 
 // The heads axis of q / k as passed (the norm "heads" reduces over it and
 // head_dim).
 int64_t heads_axis(Layout layout, bool varlen);
 
+// The weights as the kernels read them, and the norm's launch description.
+struct NormWeights {
+  at::Tensor weight[2];  // weight + weight_offset, in the accumulation type
+  kernel::NormParams params;
+};
+// In place, each weight must not overlap what the call writes (`written`).
+NormWeights prepare_norm_weights(
+    const char* op, const NormCall& call, const at::Tensor& q, bool in_place,
+    std::initializer_list<std::pair<const char*, const at::Tensor*>> written);
+
 struct PreparedNormRope {
   PreparedRope rope;
-  at::Tensor weight[2];  // weight + weight_offset, in the accumulation type
-  kernel::NormParams norm;
+  NormWeights norm;
 };
 
 // Validates, allocates (or aliases, in place) and fills both launch
@@ -46,6 +61,18 @@ struct PreparedNormRope {
 PreparedNormRope prepare_norm_rope(
     const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs, const RopeArgs& args,
     const NormArgs& norm, bool in_place);
+
+struct PreparedNormKV {
+  PreparedKV kv;  // q and k in place, and the caches
+  NormWeights norm;
+};
+
+// The KV op's checks and preparation (kv_checks.h) plus the norm's; nothing
+// is written before it returns.
+PreparedNormKV prepare_norm_kv(
+    const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
+    const at::Tensor& v_cache, const at::Tensor& freqs, const RopeArgs& args, const KVArgs& kv,
+    const NormArgs& norm);
 
 }  // namespace detail
 }  // namespace rotary

@@ -58,10 +58,22 @@ void run_cpu(const detail::PreparedKV& prepared, at::ScalarType dtype) {
   });
 }
 
+// The prologue's kernel with the same hook: k rows as normalized and rotated.
+void run_norm_cpu(const detail::PreparedNormKV& prepared, at::ScalarType dtype) {
+  const auto& params = prepared.kv.params;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "rotary_norm_kv_cache_cpu", [&] {
+    cpu::TileHook hook;
+    hook.fn = params.fp8 ? &write_tile<scalar_t, uint8_t> : &write_tile<scalar_t, scalar_t>;
+    hook.ctx = &params;
+    cpu::norm_rope_cpu(params.rope, prepared.norm.params, dtype, &hook);
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(rotary, CPU, m) {
   m.impl("apply_rope_with_kv_cache_", &detail::apply_rope_with_kv_cache_impl<&run_cpu>);
+  m.impl("apply_qk_norm_rope_with_kv_cache_", &detail::apply_qk_norm_rope_with_kv_cache_impl<&run_norm_cpu>);
 }
 
 }  // namespace rotary

@@ -65,7 +65,7 @@ void norm_tensor_tile(
 }
 
 template <typename scalar_t>
-void norm_rope_kernel(const RopeParams& p, const NormParams& n, Capability cap) {
+void norm_rope_kernel(const RopeParams& p, const NormParams& n, Capability cap, const TileHook* hook) {
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t coef_per_token = 2 * p.rotary_dim;
   const int64_t tile =
@@ -86,18 +86,25 @@ void norm_rope_kernel(const RopeParams& p, const NormParams& n, Capability cap) 
       for (int64_t s = 0; s < len; ++s) fill_coefficients(p, b, s0 + s, coef.get() + s * coef_per_token);
       norm_tensor_tile<scalar_t>(p, n, 0, b, s0, len, coef.get(), scratch.get(), cap);
       norm_tensor_tile<scalar_t>(p, n, 1, b, s0, len, coef.get(), scratch.get(), cap);
+      if (hook != nullptr) hook->fn(hook->ctx, b, s0, len, 0, p.k.heads);
     }
   });
 }
 
 void run_cpu(const detail::PreparedNormRope& prepared, at::ScalarType dtype) {
-  static const Capability cap = capability_from_aten();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "rotary_norm_cpu", [&] {
-    norm_rope_kernel<scalar_t>(prepared.rope.params, prepared.norm, cap);
-  });
+  norm_rope_cpu(prepared.rope.params, prepared.norm.params, dtype, nullptr);
 }
 
 }  // namespace
+
+void norm_rope_cpu(const RopeParams& p, const NormParams& n, at::ScalarType dtype, const TileHook* hook) {
+  static const Capability cap = capability_from_aten();
+  if (p.batch * p.seq == 0) return;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "rotary_norm_cpu", [&] {
+    norm_rope_kernel<scalar_t>(p, n, cap, hook);
+  });
+}
+
 }  // namespace cpu
 
 TORCH_LIBRARY_IMPL(rotary, CPU, m) {

@@ -3,6 +3,7 @@
 // kernel::RopeParams themselves (or with detail::prepare_rope).
 #pragma once
 
+#include "params/norm_params.h"
 #include "params/rope_params.h"
 
 #include <c10/core/ScalarType.h>
@@ -37,6 +38,11 @@ void rope_cpu(const kernel::RopeParams& p, at::ScalarType dtype);
 // The same with the kernel build chosen by the caller, which must not exceed
 // capability_from_aten() (tests compare the builds with each other).
 void rope_cpu(const kernel::RopeParams& p, at::ScalarType dtype, Capability cap);
+
+// The prologue (apply_qk_norm_rope): q and k normalized by n, then rotated
+// by p, in one pass; hook (may be null) as for rope_cpu, after each tile's k.
+void norm_rope_cpu(
+    const kernel::RopeParams& p, const kernel::NormParams& n, at::ScalarType dtype, const TileHook* hook);
 
 }  // namespace cpu
 }  // namespace rotary

@@ -5,6 +5,7 @@
 #include "op/kv_backend.h"
 #include "cuda_types.h"
 #include "kv_cache_launch.h"
+#include "norm_rope_launch.h"
 #include "rope_launch.h"
 
 #include <ATen/Dispatch.h>
@@ -30,10 +31,28 @@ void run_cuda(const detail::PreparedKV& prepared, at::ScalarType dtype) {
   });
 }
 
+// The prologue's kernel, then the same cache write.
+void run_norm_cuda(const detail::PreparedNormKV& prepared, at::ScalarType dtype) {
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const auto& params = prepared.kv.params;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "rotary_norm_kv_cache_cuda", [&] {
+    using T = typename cuda::CudaType<scalar_t>::type;
+    cuda::launch_norm_rope<T>(params.rope, prepared.norm.params, stream);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    if (params.fp8) {
+      cuda::launch_kv_cache<T, uint8_t>(params, stream);
+    } else {
+      cuda::launch_kv_cache<T, T>(params, stream);
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(rotary, CUDA, m) {
   m.impl("apply_rope_with_kv_cache_", &detail::apply_rope_with_kv_cache_impl<&run_cuda>);
+  m.impl("apply_qk_norm_rope_with_kv_cache_", &detail::apply_qk_norm_rope_with_kv_cache_impl<&run_norm_cuda>);
 }
 
 }  // namespace rotary

@@ -61,6 +61,16 @@ void apply_qk_norm_rope_inplace_meta(
   detail::check_norm_rope_inputs("apply_qk_norm_rope_", q, k, freqs, {ROTARY_META_ARGS}, {ROTARY_NORM_NAME_LIST});
 }
 
+void apply_qk_norm_rope_with_kv_cache_meta(ROTARY_KV_TENSORS ROTARY_KV_PARAMS ROTARY_NORM_PARAMS) {
+  const char* op = "apply_qk_norm_rope_with_kv_cache_";
+  const auto call = detail::check_kv_inputs(
+      op, q, k, v, k_cache, v_cache, freqs,
+      {known(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset,
+       pair_axes},
+      {cache_positions, slot_mapping, kv_layout, k_scale, v_scale});
+  detail::check_norm_args(op, call.rope, q, {ROTARY_NORM_NAME_LIST});
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(rotary, Meta, m) {

@@ -150,6 +150,22 @@ void apply_qk_norm_rope_inplace_autograd(
   torch::autograd::impl::bump_version(k);
 }
 
+void apply_qk_norm_rope_with_kv_cache_autograd(ROTARY_KV_TENSORS ROTARY_KV_PARAMS ROTARY_NORM_PARAMS) {
+  const char* op = "apply_qk_norm_rope_with_kv_cache_";
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"q", &q}, {"k", &k}, {"k_cache", &k_cache},
+                                {"v_cache", &v_cache}}) {
+    detail::check_no_grad(op, name, *t);
+  }
+  if (q_weight) detail::check_no_grad(op, "q_weight", *q_weight);
+  if (k_weight) detail::check_no_grad(op, "k_weight", *k_weight);
+  detail::check_no_grad_freqs(freqs);
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    apply_qk_norm_rope_with_kv_cache_(q, k, v, k_cache, v_cache, freqs ROTARY_KV_NAMES ROTARY_NORM_NAMES);
+  }
+  for (at::Tensor* t : {&q, &k, &k_cache, &v_cache}) torch::autograd::impl::bump_version(*t);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(rotary, Autograd, m) {

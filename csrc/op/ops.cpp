@@ -60,6 +60,12 @@ void apply_qk_norm_rope_(
   op.call(q, k, freqs ROTARY_ROPE_NAMES ROTARY_NORM_NAMES);
 }
 
+void apply_qk_norm_rope_with_kv_cache_(ROTARY_KV_TENSORS ROTARY_KV_PARAMS ROTARY_NORM_PARAMS) {
+  static auto op = find_op<void(ROTARY_KV_TENSOR_TYPES ROTARY_KV_TYPES ROTARY_NORM_TYPES)>(
+      "rotary::apply_qk_norm_rope_with_kv_cache_");
+  op.call(q, k, v, k_cache, v_cache, freqs ROTARY_KV_NAMES ROTARY_NORM_NAMES);
+}
+
 TORCH_LIBRARY(rotary, m) {
   m.def("apply_rope(Tensor x, Tensor freqs" ROTARY_ROPE_SCHEMA ") -> Tensor");
   m.def("apply_rope_qk(Tensor q, Tensor k, Tensor freqs" ROTARY_ROPE_SCHEMA ") -> (Tensor, Tensor)");
@@ -75,6 +81,9 @@ TORCH_LIBRARY(rotary, m) {
   m.def("apply_qk_norm_rope(Tensor q, Tensor k, Tensor freqs" ROTARY_ROPE_SCHEMA ROTARY_NORM_SCHEMA
         ") -> (Tensor, Tensor)");
   m.def("apply_qk_norm_rope_(Tensor(a!) q, Tensor(b!) k, Tensor freqs" ROTARY_ROPE_SCHEMA ROTARY_NORM_SCHEMA ") -> ()");
+  m.def(
+      "apply_qk_norm_rope_with_kv_cache_(Tensor(a!) q, Tensor(b!) k, Tensor v, Tensor(c!) k_cache, "
+      "Tensor(d!) v_cache, Tensor freqs" ROTARY_KV_SCHEMA ROTARY_NORM_SCHEMA ") -> ()");
 }
 
 }  // namespace rotary

@@ -105,7 +105,8 @@
   m.impl("apply_rope_", &apply_rope_inplace_##suffix);                    \
   m.impl("apply_rope_qk_", &apply_rope_qk_inplace_##suffix);              \
   m.impl("apply_rope_with_kv_cache_", &apply_rope_with_kv_cache_##suffix)
-// The same for the prologue op's two kernels (registered from their own files).
+// The same for the prologue ops (registered from their own files).
 #define ROTARY_IMPL_NORM(m, suffix)                                       \
   m.impl("apply_qk_norm_rope", &apply_qk_norm_rope_##suffix);             \
-  m.impl("apply_qk_norm_rope_", &apply_qk_norm_rope_inplace_##suffix)
+  m.impl("apply_qk_norm_rope_", &apply_qk_norm_rope_inplace_##suffix);     \
+  m.impl("apply_qk_norm_rope_with_kv_cache_", &apply_qk_norm_rope_with_kv_cache_##suffix)

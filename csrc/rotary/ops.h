@@ -111,4 +111,16 @@ void apply_qk_norm_rope_(
     at::Tensor& k,
     const at::Tensor& freqs ROTARY_ROPE_DECLS ROTARY_NORM_DECLS);
 
+// The prologue with the KV-cache write: q and k normalized and rotated in
+// place as apply_qk_norm_rope_ does, then written into the caches as
+// apply_rope_with_kv_cache_ writes them (k as normalized and rotated, v raw),
+// in one call. Not differentiable.
+void apply_qk_norm_rope_with_kv_cache_(
+    at::Tensor& q,
+    at::Tensor& k,
+    const at::Tensor& v,
+    at::Tensor& k_cache,
+    at::Tensor& v_cache,
+    const at::Tensor& freqs ROTARY_KV_DECLS ROTARY_NORM_DECLS);
+
 }  // namespace rotary

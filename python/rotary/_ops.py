@@ -284,3 +284,9 @@ apply_qk_norm_rope = _generate("apply_qk_norm_rope", None, """RMS-normalize q an
     weights.""" + _NORM_DOC + _ARGS_DOC)
 apply_qk_norm_rope_ = _generate("apply_qk_norm_rope_", "q, k", """:func:`apply_qk_norm_rope` in place (q and k may be views of one
     packed qkv tensor); returns ``(q, k)``. Not differentiable.""" + _NORM_DOC + _ARGS_DOC)
+apply_qk_norm_rope_with_kv_cache_ = _generate("apply_qk_norm_rope_with_kv_cache_", "q, k", """The prologue with the KV-cache write, in one call: q and k normalized
+    and rotated in place as :func:`apply_qk_norm_rope_` does, then k (as
+    normalized and rotated) and the raw v written into ``k_cache`` /
+    ``v_cache`` as :func:`apply_rope_with_kv_cache_` writes them, in every
+    cache layout and dtype it takes (contiguous, paged, float8_e4m3fn).
+    Returns ``(q, k)``. Not differentiable.""" + _NORM_DOC)

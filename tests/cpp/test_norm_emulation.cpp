@@ -89,7 +89,7 @@ class NormEmulation : public ::testing::TestWithParam<Case> {};
 
 template <typename T>
 void run_case(const Case& c, const rotary::detail::PreparedNormRope& prepared, int64_t blocks) {
-  emulate<T>(prepared.rope.params, prepared.norm, blocks);
+  emulate<T>(prepared.rope.params, prepared.norm.params, blocks);
 }
 
 void emulate_dtype(const Case& c, const rotary::detail::PreparedNormRope& prepared, int64_t blocks) {

@@ -7,52 +7,12 @@ import torch
 
 import rotary
 from rotary_testing.devices import assert_matches_cpu
+from rotary_testing.prologue_reference import check, heads_weight, ref_norm, ref_prologue
 from rotary_testing.rope_testing import (
-    DTYPE_IDS, DTYPES, LAYOUT_NAMES, TOL, cu_from_lens, from_bhsd, layout_shape, poison_allocator, randn,
-    random_strided, ref_rope4, ref_varlen, to_bhsd,
+    DTYPE_IDS, DTYPES, LAYOUT_NAMES, cu_from_lens, layout_shape, poison_allocator, randn, random_strided, ref_rope4,
 )
 
 MAX_LEN = 64
-
-
-def ref_norm(x, w, eps, norm, offset, heads_axis):
-    """float64 RMSNorm of x as passed: over head_dim ("head") or over the
-    heads axis and head_dim ("heads"), times (w + offset)."""
-    X = x.detach().to("cpu", torch.float64)
-    dims = (-1,) if norm == "head" else (heads_axis, -1)
-    y = X / torch.sqrt((X * X).mean(dim=dims, keepdim=True) + eps)
-    if w is None:
-        return y * (1.0 + offset)
-    weff = w.detach().to("cpu", torch.float32).double() + offset
-    if norm == "heads":
-        shape = [1] * X.dim()
-        shape[heads_axis], shape[-1] = X.shape[heads_axis], X.shape[-1]
-        weff = weff.view(shape)
-    return y * weff
-
-
-def ref_prologue(x, w, r, off=0, start=0, interleaved=True, positions=None, eps=1e-6, norm="head", offset=0.0,
-                 layout="BHSD", cu=None):
-    """Norm the whole head, then rotate dims [off, off + r) (as a head of r dims)."""
-    axis = 1 if cu is not None else (2 if layout in ("BSHD", "SBHD") else 1)
-    y = ref_norm(x, w, eps, norm, offset, axis)
-    span = y[..., off:off + r]
-    if cu is not None:
-        rot = ref_varlen(span, cu, r, start, interleaved, positions)
-    else:
-        rot = ref_rope4(span, r, start, interleaved, positions, layout=layout)
-    return torch.cat([y[..., :off], rot, y[..., off + r:]], dim=-1)
-
-
-def heads_weight(norm, H, D, dtype, seed, device):
-    n = D if norm == "head" else H * D
-    return (1.0 + 0.5 * randn((n,), torch.float32, seed)).to(dtype).to(device)
-
-
-def check(out, ref, dtype):
-    rtol, atol = TOL[dtype]
-    assert out.dtype == dtype and tuple(out.shape) == tuple(ref.shape)
-    torch.testing.assert_close(out.detach().to("cpu", torch.float64), ref, rtol=rtol, atol=atol)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
