@@ -1,4 +1,6 @@
-"""The DTensor rule of ``apply_rope_with_kv_cache_``: tensor parallel only.
+"""The DTensor rule of ``apply_rope_with_kv_cache_`` (and of
+``apply_qk_norm_rope_with_kv_cache_``, whose weights are replicated and
+whose norm over all heads is refused on head shards): tensor parallel only.
 
 q, k, v and both caches are Replicate or Shard(heads) on every mesh dim, the
 caches sharded on their own heads dim (kv_layout BHSD / HND: 1, BSHD / NHD:
@@ -9,11 +11,12 @@ sequence shards, which would need slots renumbered per rank) are refused;
 positions, slots, scales and tables are plain tensors or replicated DTensors.
 """
 
-from ._dtensor_shards import _DIMS, _bind, _call, _fmt, _local_range, _refuse, _whole
+from ._dtensor_shards import _DIMS, _bind, _call, _fmt, _local_range, _refuse, _whole, _refuse_heads_norm
 
 _DATA = ("q", "k", "v")
 _CACHES = ("k_cache", "v_cache")
-_WHOLE = ("freqs", "inv_freq", "cu_seqlens", "offsets", "position_ids", "cache_positions", "slot_mapping")
+_WHOLE = ("freqs", "inv_freq", "cu_seqlens", "offsets", "position_ids", "cache_positions", "slot_mapping",
+          "q_weight", "k_weight")
 _CACHE_HEADS = {"BHSD": 1, "HND": 1, "BSHD": 2, "NHD": 2}
 _WHY = "tensor-parallel cache writes need all of it on every rank"
 
@@ -68,6 +71,8 @@ def kv_handler(op, args, kwargs):
 
     local = dict(bound)
     sharded = any(isinstance(p, Shard) for p in placements)
+    if sharded and bound.get("norm") == "heads":
+        _refuse_heads_norm(op, placements, q.ndim, heads)
     for n in names:
         if sharded:
             local[n], offset = _local_range(bound[n], op, n)

@@ -210,3 +210,12 @@ def _global_stride(local, shape):
         stride[d] = acc
         acc *= max(shape[d], 1)
     return tuple(stride)
+
+
+def _refuse_heads_norm(op, placements, ndim, heads_dim):
+    """norm="heads" reduces over every head of a token: not on head shards."""
+    for i, p in enumerate(placements):
+        if p.is_shard() and p.dim % ndim == heads_dim:
+            _refuse(op, f"norm='heads' normalizes over all heads of a token, but q and k are Shard({heads_dim}) "
+                        f"(heads) on mesh dim {i}: each rank holds part of the variance. Use norm='head', "
+                        "replicate the heads, or all-reduce the sum of squares before a per-rank call")

@@ -20,8 +20,14 @@ sharded unlike the sequence, sequence sharding of packed tokens, _StridedShard,
 shards whose global offset the spec cannot give) raises ``ValueError`` naming the
 placement and what would make it valid; nothing is computed.
 
-``apply_rope_with_kv_cache_`` has its own rule, tensor parallel only
-(``_distributed_kv.py``).
+The prologue ops (``apply_qk_norm_rope`` and its in-place form) take the
+same rule, their weights replicated. A per-head norm (``norm="head"``) is
+local under every placement above; a norm over all heads of a token
+(``norm="heads"``) is refused on head shards, whose ranks each hold part of
+its variance.
+
+``apply_rope_with_kv_cache_`` and ``apply_qk_norm_rope_with_kv_cache_`` have
+their own rule, tensor parallel only (``_distributed_kv.py``).
 
 Importing ``rotary`` installs these rules as soon as
 ``torch.distributed.tensor`` is imported (a one-shot import hook), so
@@ -34,6 +40,7 @@ import sys
 import torch
 
 from ._dtensor_shards import (
+    _refuse_heads_norm,
     _bind,
     _cached,
     _call,
@@ -51,9 +58,10 @@ from ._dtensor_shards import (
 
 __all__ = ["register"]
 
-OP_NAMES = ("apply_rope", "apply_rope_qk", "apply_rope_", "apply_rope_qk_")
+OP_NAMES = ("apply_rope", "apply_rope_qk", "apply_rope_", "apply_rope_qk_", "apply_qk_norm_rope",
+            "apply_qk_norm_rope_")
 _DATA_ARGS = ("x", "q", "k")  # the rotated tensors; everything else is an option
-_REPLICATED_ARGS = ("freqs", "inv_freq", "cu_seqlens")
+_REPLICATED_ARGS = ("freqs", "inv_freq", "cu_seqlens", "q_weight", "k_weight")
 # Position arguments, by schema name: what each one holds.
 #   offsets:      []/[batch], added to start_pos + s
 #   position_ids: absolute ids [seq] / [batch, seq] ([total_tokens] packed)
@@ -81,6 +89,7 @@ def register():
     for op in _ops():
         handlers[op] = _handler
     handlers[torch.ops.rotary.apply_rope_with_kv_cache_.default] = kv_handler
+    handlers[torch.ops.rotary.apply_qk_norm_rope_with_kv_cache_.default] = kv_handler
     _registered = True
 
 
@@ -201,6 +210,15 @@ def _handler(op, args, kwargs):
     if sharded:
         for n in data:
             _check_placements(op, n, bound[n], dims, packed)
+
+    if sharded and bound.get("norm") == "heads":
+        _refuse_heads_norm(op, placements, x.ndim, dims[1])
+    # (Below autograd grad mode is off: the inputs' flag tells a graph is recorded.)
+    if any(bound[n].requires_grad for n in data):
+        for n in ("q_weight", "k_weight"):
+            if bound.get(n) is not None and not isinstance(bound[n], DTensor):
+                _refuse(op, f"q and k require grad: pass {n} as a replicated DTensor (the backward pass runs on "
+                            "DTensors, and its gradient is a sum over the ranks), or run under torch.no_grad()")
 
     for n in data:
         if sharded:

@@ -410,6 +410,7 @@ def scenarios(world):
     if world == 4:
         out += [("mesh_2d", mesh_2d)]
     from rotary_testing.dist_kv_scenarios import scenarios as kv_scenarios  # it imports this module
+    from rotary_testing.dist_norm_scenarios import scenarios as norm_scenarios
 
-    return out + kv_scenarios()
+    return out + kv_scenarios() + norm_scenarios()
 
