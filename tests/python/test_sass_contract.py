@@ -93,3 +93,29 @@ def test_the_built_kernels_keep_the_contract():
     n, bad = contract.check(sass, usage)
     assert n == 32, f"{n} rope_kernel instantiations in the sm_90 cubin, expected 32"
     assert not bad, "\n".join(bad)
+
+
+NORM = "_ZN6rotary6kernel16norm_rope_kernelI13__nv_bfloat16EEvNS0_10RopeParamsENS0_10NormParamsE"
+NORM_GOOD = ["LDG.E.U16 R4, desc[UR4][R2.64]"] + [f"SHFL.BFLY PT, R5, R4, {m}, 0x1f" for m in (16, 8, 4, 2, 1)] + [
+    "MUFU.RSQ R6, R5", "STG.E.U16 desc[UR4][R2.64], R6", "EXIT"]
+
+
+@pytest.mark.parametrize("case,edit,expect", [
+    ("compliant", lambda g: g, None),
+    ("local memory", lambda g: ["STL.64 [R1], R4"] + g, "local memory outside the slow path"),
+    ("no butterfly", lambda g: [t for t in g if "SHFL" not in t], "0 SHFL.BFLY"),
+])
+def test_each_norm_rule_can_fail(case, edit, expect):
+    n, bad = contract.check_norm(listing(NORM, *edit(list(NORM_GOOD))), res(NORM, 72))
+    assert n == 1
+    assert (bad == []) if expect is None else any(expect in b for b in bad), (case, bad)
+    n, bad = contract.check_norm(listing(NORM, *NORM_GOOD), res(NORM, 136))
+    assert bad == ["norm_rope_kernel<bf16>: 136 registers leave 3 resident blocks of 128 threads per SM, fewer than 4"]
+
+
+@pytest.mark.skipif(not BUILT_WITH_CUDA, reason="rotary was built without CUDA: no cubin to read")
+def test_the_built_prologue_kernels_keep_the_contract():
+    sass, usage = contract.dump(rotary.library_path(), contract.find_cuobjdump())
+    n, bad = contract.check_norm(sass, usage)
+    assert n == 4, f"{n} norm_rope_kernel instantiations in the sm_90 cubin, expected 4"
+    assert not bad, "\n".join(bad)

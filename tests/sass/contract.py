@@ -14,6 +14,12 @@ and for every vectorized one:
   each 128-bit table load (no .EF), a streaming data load comes before any
   store or the kernel's start.
 
+For every instantiation of rotary::kernel::norm_rope_kernel (the prologue):
+- no local memory outside the subroutines it calls;
+- registers leave room for at least 4 resident blocks of its 128 threads;
+- the per-head sum of squares is reduced in registers: a warp butterfly of
+  at least five SHFL.BFLY, no shared-memory round trip for it.
+
 Usage: python tests/sass/contract.py OBJECT [--cuobjdump PATH]; exit status 1
 on a violation, each printed. tests/python/test_sass_contract.py runs it on
 the build's object and on listings made to break each rule.
@@ -31,7 +37,9 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 KERNEL = re.compile(r"rope_kernelI(?P<T>13__nv_bfloat16|6__half|f|d)Lb(?P<il>[01])ELb(?P<vec>[01])E(?P<idx>[il])E")
+NORM_KERNEL = re.compile(r"norm_rope_kernelI(?P<T>13__nv_bfloat16|6__half|f|d)E")
 TYPES = {"13__nv_bfloat16": "bf16", "6__half": "fp16", "f": "fp32", "d": "fp64"}
+NORM_BLOCK_THREADS, NORM_MIN_BLOCKS = 128, 4
 INSTR = re.compile(r"/\*(?P<addr>[0-9a-f]{4,})\*/\s+(?P<text>[^;]*);")
 MEM = re.compile(r"^(?:@!?U?P\w+\s+)?(?P<op>LDG|STG|LDL|STL)(?P<mods>(?:\.[A-Z0-9_]+)*)\s")
 CALL = re.compile(r"\bCALL\.\w+(?:\.\w+)*\s+(?P<target>0x[0-9a-f]+)")
@@ -50,6 +58,9 @@ class Kernel:
 
     @property
     def label(self) -> str:
+        n = NORM_KERNEL.search(self.name)
+        if n:
+            return f"norm_rope_kernel<{TYPES[n['T']]}>"
         m = KERNEL.search(self.name)
         if not m:
             return self.name
@@ -81,18 +92,36 @@ def resident_blocks(regs: int, block_threads: int) -> int:
     return min(SM_REGS // (per_warp * warps), SM_WARPS // warps)
 
 
-def check_kernel(k: Kernel, block_threads: int = 256, min_blocks: int = 2) -> List[str]:
-    bad: List[str] = []
+def _body(k: Kernel) -> List[Tuple[int, str]]:
+    """The kernel's instructions before the first subroutine it calls."""
     targets = [int(m["target"], 16) for _, t in k.instrs for m in [CALL.search(t)] if m]
     body_end = min(targets) if targets else float("inf")
-    body = [(a, t) for a, t in k.instrs if a < body_end]
-    mem = [(a, t, m["op"], m["mods"]) for a, t in body for m in [MEM.match(t)] if m]
-    for a, t, op, _ in mem:
-        if op in ("LDL", "STL"):
-            bad.append(f"{k.label}: local memory outside the slow path at 0x{a:04x}: {t}")
+    return [(a, t) for a, t in k.instrs if a < body_end]
+
+
+def _common(k: Kernel, mem, block_threads: int, min_blocks: int) -> List[str]:
+    bad = [f"{k.label}: local memory outside the slow path at 0x{a:04x}: {t}"
+           for a, t, op, _ in mem if op in ("LDL", "STL")]
     if k.regs is not None and resident_blocks(k.regs, block_threads) < min_blocks:
         bad.append(f"{k.label}: {k.regs} registers leave {resident_blocks(k.regs, block_threads)} resident blocks of "
                    f"{block_threads} threads per SM, fewer than {min_blocks}")
+    return bad
+
+
+def check_norm_kernel(k: Kernel) -> List[str]:
+    body = _body(k)
+    mem = [(a, t, m["op"], m["mods"]) for a, t in body for m in [MEM.match(t)] if m]
+    bad = _common(k, mem, NORM_BLOCK_THREADS, NORM_MIN_BLOCKS)
+    shuffles = sum("SHFL.BFLY" in t for _, t in body)
+    if shuffles < 5:
+        bad.append(f"{k.label}: {shuffles} SHFL.BFLY: the per-head sum of squares must reduce as a warp butterfly")
+    return bad
+
+
+def check_kernel(k: Kernel, block_threads: int = 256, min_blocks: int = 2) -> List[str]:
+    body = _body(k)
+    mem = [(a, t, m["op"], m["mods"]) for a, t in body for m in [MEM.match(t)] if m]
+    bad = _common(k, mem, block_threads, min_blocks)
     if not k.vectorized:
         return bad
     data_loads = [(a, mods) for a, _, op, mods in mem if op == "LDG" and ".EF" in mods]
@@ -123,6 +152,21 @@ def rope_kernels(sass: str, res_usage: str = "") -> List[Kernel]:
     for k in kernels:
         k.regs = regs.get(k.name)
     return kernels
+
+
+def norm_kernels(sass: str, res_usage: str = "") -> List[Kernel]:
+    regs = parse_regs(res_usage)
+    kernels = [k for n, k in sorted(parse_sass(sass).items()) if NORM_KERNEL.search(n)]
+    for k in kernels:
+        k.regs = regs.get(k.name)
+    return kernels
+
+
+def check_norm(sass: str, res_usage: str = "") -> Tuple[int, List[str]]:
+    """(prologue kernels checked, violations)."""
+    kernels = norm_kernels(sass, res_usage)
+    bad = [b for k in kernels for b in check_norm_kernel(k)]
+    return len(kernels), bad + ([] if kernels else ["no norm_rope_kernel instantiation in the listing"])
 
 
 def check(sass: str, res_usage: str = "", block_threads: int = 256, min_blocks: int = 2) -> Tuple[int, List[str]]:
@@ -171,9 +215,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     sass, res = dump(args.object, tool)
     n, bad = check(sass, res, args.block_threads, args.min_blocks)
+    n_norm, bad_norm = check_norm(sass, res)
+    bad += bad_norm
     for line in bad:
         print(line)
-    print(f"{n} rope_kernel instantiations, {len(bad)} violations")
+    print(f"{n} rope_kernel and {n_norm} norm_rope_kernel instantiations, {len(bad)} violations")
     return 1 if bad else 0
 
 
