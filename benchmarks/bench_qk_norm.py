@@ -54,7 +54,7 @@ def cases(B, S, Hq, Hk, D, dtype, compiled):
     emb = torch.cat([torch.arange(start, start + S, dtype=torch.float32)[:, None] * inv] * 2, dim=-1)
     cos, sin = emb.cos().to(dtype)[None, None], emb.sin().to(dtype)[None, None]
     rope = dict(interleaved=False, layout="BSHD")
-    qi, ki = q.clone(), k.clone()
+    qi, ki, ones = q.clone(), k.clone(), torch.ones(D, dtype=dtype)
     out = {
         "copy floor (2x clone)": lambda: (q.clone(), k.clone()),
         "unfused HF norm + rotary": lambda: rotary.apply_rope_qk(hf_norm(q, qw), hf_norm(k, kw), freqs, start, **rope),
@@ -63,9 +63,10 @@ def cases(B, S, Hq, Hk, D, dtype, compiled):
             freqs, start, **rope),
         "fused apply_qk_norm_rope": lambda: rotary.apply_qk_norm_rope(
             q, k, freqs, start, q_weight=qw, k_weight=kw, **rope),
-        # Re-normalizing its own output each call: same work, values stay finite.
+        # On its own output each call, so with unit weights: a weight < 1 would
+        # shrink that dim every call, into subnormals.
         "fused apply_qk_norm_rope_ (in place)": lambda: rotary.apply_qk_norm_rope_(
-            qi, ki, freqs, start, q_weight=qw, k_weight=kw, **rope),
+            qi, ki, freqs, start, q_weight=ones, k_weight=ones, **rope),
     }
     if compiled:
         fn = torch.compile(model_code, fullgraph=True)
