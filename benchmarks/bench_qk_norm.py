@@ -43,18 +43,19 @@ def model_code(q, k, qw, kw, cos, sin):  # norm, transpose, rotate_half RoPE, as
     return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 
 
-def cases(B, S, Hq, Hk, D, dtype, compiled):
+def cases(B, S, Hq, Hk, D, dtype, compiled, device):
     g = torch.Generator().manual_seed(0)
-    q = torch.randn(B, S, Hq, D, generator=g).to(dtype)
-    k = torch.randn(B, S, Hk, D, generator=g).to(dtype)
-    qw, kw = (1 + 0.1 * torch.randn(D, generator=g)).to(dtype), (1 + 0.1 * torch.randn(D, generator=g)).to(dtype)
+    q = torch.randn(B, S, Hq, D, generator=g).to(device, dtype)
+    k = torch.randn(B, S, Hk, D, generator=g).to(device, dtype)
+    qw = (1 + 0.1 * torch.randn(D, generator=g)).to(device, dtype)
+    kw = (1 + 0.1 * torch.randn(D, generator=g)).to(device, dtype)
     start = 7
-    freqs = rotary.freqs_table(D, start + S + 1)
+    freqs = rotary.freqs_table(D, start + S + 1).to(device)
     inv = 1.0 / (10000.0 ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
     emb = torch.cat([torch.arange(start, start + S, dtype=torch.float32)[:, None] * inv] * 2, dim=-1)
-    cos, sin = emb.cos().to(dtype)[None, None], emb.sin().to(dtype)[None, None]
+    cos, sin = emb.cos().to(device, dtype)[None, None], emb.sin().to(device, dtype)[None, None]
     rope = dict(interleaved=False, layout="BSHD")
-    qi, ki, ones = q.clone(), k.clone(), torch.ones(D, dtype=dtype)
+    qi, ki, ones = q.clone(), k.clone(), torch.ones(D, dtype=dtype, device=device)
     out = {
         "copy floor (2x clone)": lambda: (q.clone(), k.clone()),
         "unfused HF norm + rotary": lambda: rotary.apply_rope_qk(hf_norm(q, qw), hf_norm(k, kw), freqs, start, **rope),
@@ -79,6 +80,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (CUDA: synchronized around every sample)")
     ap.add_argument("--quick", action="store_true", help="tiny shapes, 2 rounds: a smoke run")
     add_protocol_args(ap)
     a = ap.parse_args()
@@ -87,12 +89,16 @@ def main() -> None:
     guard = check_load(a)
     dtype = getattr(torch, a.dtype)
     shapes = [("prefill", 1, 2048, 16, 8, 128), ("decode", 64, 1, 16, 8, 128)]
+    if a.device.startswith("cuda"):
+        shapes[0] = ("prefill", 1, 8192, 32, 8, 128)
     if a.quick:
         shapes = [("prefill", 1, 16, 4, 2, 64), ("decode", 4, 1, 4, 2, 64)]
     print(guard.header())
     for nt in thread_passes(a.threads, reset_compiled=True):
         for name, B, S, Hq, Hk, D in shapes:
-            st = time_interleaved(cases(B, S, Hq, Hk, D, dtype, not a.no_compile), a.rounds, seed=a.seed)
+            sync = torch.cuda.synchronize if a.device.startswith("cuda") else None
+            st = time_interleaved(cases(B, S, Hq, Hk, D, dtype, not a.no_compile, a.device), a.rounds, seed=a.seed,
+                                  sync=sync)
             base = st["unfused HF norm + rotary"]
             floor = st["copy floor (2x clone)"]
             print(f"\n{name} {a.dtype} q [{B}, {S}, {Hq}, {D}] k [{B}, {S}, {Hk}, {D}], {nt} thread(s), median of "

@@ -164,6 +164,9 @@ fi
 if ((built && have_gpu)); then
   step bench 420 env PYTHONPATH="$BENCH_PATH" "$PY" benchmarks/bench.py --device cuda --repeat 15 --wait-load 60 --max-load 4 \
     --markdown "$LOG_DIR/bench_gpu.md"
+  # The prologue (q/k RMSNorm + RoPE): fused vs unfused vs torch.compile vs the copy floor.
+  step bench_qk_norm 240 env PYTHONPATH="$ROOT/python" "$PY" benchmarks/bench_qk_norm.py --device cuda --rounds 11 \
+    --threads 1 --max-load 4
 else
   skip bench "needs the build and a GPU"
 fi
