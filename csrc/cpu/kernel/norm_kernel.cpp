@@ -25,17 +25,6 @@ namespace {
 // every capability (a vector width divides it), so all give the same bits.
 constexpr int kParts = 16;
 
-template <typename scalar_t, typename acc_t>
-inline Vectorized<acc_t> load(const scalar_t* p) {
-  if constexpr (std::is_same_v<scalar_t, acc_t>) {
-    return Vectorized<acc_t>::loadu(p);
-  } else {
-    Vectorized<float> v;
-    at::vec::load_to_float(p, v);
-    return v;
-  }
-}
-
 // Copies n elements into buf as acc_t and adds their squares to part
 // (element i to part[i % kParts]), in one pass.
 template <typename scalar_t, typename acc_t>

@@ -23,17 +23,6 @@ constexpr int kHeadBlock = 4;
 // Software prefetch distance, in tokens, along a heads-major stream.
 constexpr int64_t kPrefetchTokens = 8;
 
-template <typename scalar_t, typename acc_t>
-inline Vectorized<acc_t> load(const scalar_t* p) {
-  if constexpr (std::is_same_v<scalar_t, acc_t>) {
-    return Vectorized<acc_t>::loadu(p);
-  } else {
-    Vectorized<float> v;
-    at::vec::load_to_float(p, v);
-    return v;
-  }
-}
-
 // Scalar rotation of one vector from element `from` (interleaved) or pair
 // `from` (half) on: strided vectors, and the tail after the vector loop.
 template <typename scalar_t, typename acc_t>

@@ -1,5 +1,6 @@
 // The few operations at::vec does not offer, one definition per CPU
 // capability (the translation unit's CPU_CAPABILITY_* macro picks it):
+//   load         one vector of storage type T, widened to acc_t
 //   swap_pairs   (x0, x1, x2, x3, ...) -> (x1, x0, x3, x2, ...)
 //   store<NT>    one vector to storage type T; NT: a streaming (non-temporal)
 //                store, whose address the caller aligns to the vector width
@@ -11,6 +12,7 @@
 // kept for fp16) and so are not used.
 #pragma once
 
+#include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -18,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
 #include <immintrin.h>
@@ -28,6 +31,18 @@ namespace cpu {
 namespace CPU_CAPABILITY {
 
 using at::vec::Vectorized;
+
+// One vector's worth of storage type T, widened exactly (16-bit to float).
+template <typename scalar_t, typename acc_t>
+inline Vectorized<acc_t> load(const scalar_t* p) {
+  if constexpr (std::is_same_v<scalar_t, acc_t>) {
+    return Vectorized<acc_t>::loadu(p);
+  } else {
+    Vectorized<float> v;
+    at::vec::load_to_float(p, v);
+    return v;
+  }
+}
 
 // Scalar conversion with the same rules (tails, strided vectors); acc_t is
 // float or double.
