@@ -59,7 +59,7 @@ def model_rows():
     if tool is None:
         raise SystemExit("no cuobjdump: install nvidia-cuda-cuobjdump or the CUDA toolkit")
     sass, usage = contract.dump(rotary.library_path(), tool)
-    regs = {k.label: k.regs for k in contract.rope_kernels(sass, usage)}
+    regs = {k.label: k.regs for k in contract.kernels_of(sass, usage)}
     for case in (c for c in CUDA_CASES if not c.decode):
         for dname, dtype in DTYPES.items():
             for interleaved in (True, False):

@@ -145,18 +145,11 @@ def check_kernel(k: Kernel, block_threads: int = 256, min_blocks: int = 2) -> Li
     return bad
 
 
-def rope_kernels(sass: str, res_usage: str = "") -> List[Kernel]:
-    """The rope_kernel instantiations of a listing, with their registers."""
+def kernels_of(sass: str, res_usage: str = "", pattern: "re.Pattern[str]" = KERNEL) -> List[Kernel]:
+    """The instantiations of a listing whose names match pattern (default:
+    rope_kernel), with their registers."""
     regs = parse_regs(res_usage)
-    kernels = [k for n, k in sorted(parse_sass(sass).items()) if KERNEL.search(n)]
-    for k in kernels:
-        k.regs = regs.get(k.name)
-    return kernels
-
-
-def norm_kernels(sass: str, res_usage: str = "") -> List[Kernel]:
-    regs = parse_regs(res_usage)
-    kernels = [k for n, k in sorted(parse_sass(sass).items()) if NORM_KERNEL.search(n)]
+    kernels = [k for n, k in sorted(parse_sass(sass).items()) if pattern.search(n)]
     for k in kernels:
         k.regs = regs.get(k.name)
     return kernels
@@ -164,14 +157,14 @@ def norm_kernels(sass: str, res_usage: str = "") -> List[Kernel]:
 
 def check_norm(sass: str, res_usage: str = "") -> Tuple[int, List[str]]:
     """(prologue kernels checked, violations)."""
-    kernels = norm_kernels(sass, res_usage)
+    kernels = kernels_of(sass, res_usage, NORM_KERNEL)
     bad = [b for k in kernels for b in check_norm_kernel(k)]
     return len(kernels), bad + ([] if kernels else ["no norm_rope_kernel instantiation in the listing"])
 
 
 def check(sass: str, res_usage: str = "", block_threads: int = 256, min_blocks: int = 2) -> Tuple[int, List[str]]:
     """(kernels checked, violations)."""
-    kernels = rope_kernels(sass, res_usage)
+    kernels = kernels_of(sass, res_usage)
     bad: List[str] = []
     for k in kernels:
         bad += check_kernel(k, block_threads, min_blocks)
