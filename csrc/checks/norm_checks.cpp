@@ -45,11 +45,15 @@ int64_t heads_axis(Layout layout, bool varlen) {
 
 NormCall check_norm_rope_inputs(
     const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs, const RopeArgs& args,
-    const NormArgs& norm) {
-  return check_norm_args(op, check_rope_inputs(op, q, &k, freqs, args), q, norm);
+    const NormArgs& norm, bool in_place) {
+  return check_norm_args(op, check_rope_inputs(op, q, &k, freqs, args), q, norm, in_place);
 }
 
-NormCall check_norm_args(const char* op, RopeCall rope, const at::Tensor& q, const NormArgs& norm) {
+at::Tensor make_q_output(const at::Tensor& q, const NormCall& call) {
+  return call.q_fp8_scale ? at::empty_like(q, q.options().dtype(at::kFloat8_e4m3fn)) : make_output(q);
+}
+
+NormCall check_norm_args(const char* op, RopeCall rope, const at::Tensor& q, const NormArgs& norm, bool in_place) {
   NormCall call;
   call.rope = std::move(rope);
   call.kind = parse_norm(op, norm.norm);
@@ -65,6 +69,22 @@ NormCall check_norm_args(const char* op, RopeCall rope, const at::Tensor& q, con
   if (norm.k_weight) {
     check_weight(op, "k_weight", *norm.k_weight, "k", call.rope.k, q, call.kind);
     call.weight[1] = &*norm.k_weight;
+  }
+  if (norm.q_fp8_scale) {
+    const at::Tensor& s = *norm.q_fp8_scale;
+    TORCH_CHECK_VALUE(
+        !in_place, op, ": q_fp8_scale (q returned as float8_e4m3fn) needs the out-of-place apply_qk_norm_rope; ",
+        "in place, q keeps its dtype");
+    TORCH_CHECK_TYPE(s.scalar_type() == at::kFloat, op, ": q_fp8_scale must be float32, got ", s.scalar_type());
+    TORCH_CHECK_VALUE(
+        s.device() == q.device(), op, ": q_fp8_scale is on ", s.device(), " but q is on ", q.device(),
+        "; move both to the same device");
+    const c10::SymInt heads = call.rope.q.sym_size(1);
+    TORCH_CHECK_VALUE(
+        s.dim() == 0 || (s.dim() == 1 && (s.sym_size(0) == 1 || s.sym_size(0) == heads)), op,
+        ": q_fp8_scale must be [], [1] or [heads] = [", heads, "] (per tensor or per q head), got shape ",
+        s.sym_sizes());
+    call.q_fp8_scale = &s;
   }
   return call;
 }
@@ -92,16 +112,28 @@ NormWeights prepare_norm_weights(
   }
   r.params.kind = call.kind;
   r.params.eps = call.eps;
+  if (call.q_fp8_scale) {
+    const at::Tensor& s = *call.q_fp8_scale;
+    r.params.q_scale = s.data_ptr<float>();
+    r.params.q_scale_stride = s.dim() == 1 && s.size(0) > 1 ? s.stride(0) : 0;
+  }
   return r;
 }
 
 PreparedNormRope prepare_norm_rope(
     const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs, const RopeArgs& args,
     const NormArgs& norm, bool in_place) {
-  const NormCall call = check_norm_rope_inputs(op, q, k, freqs, args, norm);
+  const NormCall call = check_norm_rope_inputs(op, q, k, freqs, args, norm, in_place);
   PreparedNormRope r;
   r.norm = prepare_norm_weights(op, call, q, in_place, {{"q", &q}, {"k", &k}});
   r.rope = prepare_rope(op, q, &k, call.rope, in_place);
+  if (call.q_fp8_scale) {  // q out as bytes, with the strides of its own view
+    r.rope.out_q = make_q_output(q, call);
+    const at::Tensor view = canonical_view(r.rope.out_q, call.rope.layout, call.rope.cu_seqlens != nullptr);
+    auto& t = r.rope.params.q;
+    t.out = view.data_ptr();
+    for (int d = 0; d < 4; ++d) t.out_stride[d] = view.stride(d);
+  }
   return r;
 }
 
@@ -110,7 +142,7 @@ PreparedNormKV prepare_norm_kv(
     const at::Tensor& v_cache, const at::Tensor& freqs, const RopeArgs& args, const KVArgs& kv,
     const NormArgs& norm) {
   const KVCall call = check_kv_inputs(op, q, k, v, k_cache, v_cache, freqs, args, kv);
-  const NormCall n = check_norm_args(op, call.rope, q, norm);
+  const NormCall n = check_norm_args(op, call.rope, q, norm, /*in_place=*/true);
   PreparedNormKV r;
   r.norm = prepare_norm_weights(
       op, n, q, /*in_place=*/true, {{"q", &q}, {"k", &k}, {"k_cache", &k_cache}, {"v_cache", &v_cache}});

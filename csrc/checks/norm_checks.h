@@ -20,6 +20,7 @@ struct NormArgs {
   double eps = 1e-6;
   c10::string_view norm;
   double weight_offset = 0.0;
+  const std::optional<at::Tensor>& q_fp8_scale;
 };
 
 // A call as validated: the rotation's, plus the norm's (Meta-safe).
@@ -29,13 +30,18 @@ struct NormCall {
   const at::Tensor* weight[2] = {nullptr, nullptr};  // q's, k's; null: ones
   double eps = 1e-6;
   double weight_offset = 0.0;
+  const at::Tensor* q_fp8_scale = nullptr;  // out of place only: q returned as float8_e4m3fn
 };
 
+// in_place: the in-place ops (their q keeps its dtype: no q_fp8_scale).
 NormCall check_norm_rope_inputs(
     const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs, const RopeArgs& args,
-    const NormArgs& norm);
+    const NormArgs& norm, bool in_place);
 // The norm's part, for a rotation validated already (the KV op's).
-NormCall check_norm_args(const char* op, RopeCall rope, const at::Tensor& q, const NormArgs& norm);
+NormCall check_norm_args(const char* op, RopeCall rope, const at::Tensor& q, const NormArgs& norm, bool in_place);
+
+// The out-of-place q: q's dtype, or float8_e4m3fn with q_fp8_scale (Meta too).
+at::Tensor make_q_output(const at::Tensor& q, const NormCall& call);
 
 // The heads axis of q / k as passed (the norm "heads" reduces over it and
 // head_dim).

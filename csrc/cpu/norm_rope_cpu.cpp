@@ -50,9 +50,11 @@ void norm_tensor_tile(
   using acc_t = at::opmath_type<scalar_t>;
   const HeadTensor& t = i == 0 ? p.q : p.k;
   const bool across = n.kind == NormKind::kHeads;
+  const float* fp8_scale = i == 0 ? n.q_scale : nullptr;  // q as float8_e4m3fn bytes
+  const int64_t out_elem = fp8_scale ? 1 : int64_t(sizeof(scalar_t));
   const NormRun<scalar_t> r{
       static_cast<const scalar_t*>(t.in) + b * t.in_stride[0] + s0 * t.in_stride[2],
-      static_cast<scalar_t*>(t.out) + b * t.out_stride[0] + s0 * t.out_stride[2],
+      static_cast<char*>(t.out) + (b * t.out_stride[0] + s0 * t.out_stride[2]) * out_elem,
       tile, t.in_stride[2], t.out_stride[2],
       t.heads, t.in_stride[1], t.out_stride[1],
       t.in_stride[3], t.out_stride[3],
@@ -60,7 +62,8 @@ void norm_tensor_tile(
       static_cast<const acc_t*>(n.weight[i]), across ? p.head_dim : 0,
       p.head_dim, p.rotary_offset, p.rotary_dim,
       n.eps, across, p.interleaved,
-      scratch};
+      scratch,
+      fp8_scale, n.q_scale_stride};
   norm_rotate_run(r, cap);
 }
 

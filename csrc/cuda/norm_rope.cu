@@ -19,7 +19,11 @@ void launch_norm_rope(const kernel::RopeParams& p, const kernel::NormParams& n, 
   // Blocks grid-stride over rows; 16 resident per SM covers the latency.
   const int64_t blocks = std::min<int64_t>(rows, int64_t{16} * sms);
   const dim3 block(32, kernel::kNormWarps);
-  kernel::norm_rope_kernel<T><<<static_cast<unsigned>(blocks), block, 0, stream>>>(p, n);
+  if (n.q_scale != nullptr) {
+    kernel::norm_rope_kernel<T, true><<<static_cast<unsigned>(blocks), block, 0, stream>>>(p, n);
+  } else {
+    kernel::norm_rope_kernel<T, false><<<static_cast<unsigned>(blocks), block, 0, stream>>>(p, n);
+  }
 }
 
 template void launch_norm_rope<float>(const kernel::RopeParams&, const kernel::NormParams&, cudaStream_t);

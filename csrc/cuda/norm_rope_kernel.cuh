@@ -14,6 +14,7 @@
 // kernel's bits. Index walks over (head, dim) step without division.
 #pragma once
 
+#include "params/fp8.h"
 #include "params/norm_params.h"
 #include "params/rope_params.h"
 #include "rope_vector.cuh"
@@ -27,32 +28,54 @@ constexpr int kNormWarps = 4;
 constexpr int kNormThreads = 32 * kNormWarps;
 
 // Heads [0, heads) of one tensor of token (b, s); elements are in_elem apart.
-template <typename T>
+// kFp8Q: the instantiation that can write q as float8_e4m3fn (its own
+// kernel, so the plain one carries none of its state).
+template <typename T, bool kFp8Q>
 struct NormUnit {
+  using value_type = T;
   using acc_t = typename Acc<T>::type;
   const T* in;
-  T* out;
+  void* out;  // T, or float8_e4m3fn bytes with fp8_scale
   int64_t in_head, out_head, in_elem, out_elem;
   const acc_t* weight;
   int64_t weight_head;  // 0 for norm "head": one weight row for every head
   int32_t heads;
+  // q as fp8 (kFp8Q only): head h of the unit is q head h0 + h. Its scale
+  // is read from the parameters at the store, so nothing more stays live.
+  bool fp8;
+  int32_t h0;
+
+  ROTARY_HOST_DEVICE void put(const NormParams& n, int32_t h, int64_t at, acc_t v) const {
+    if constexpr (kFp8Q) {
+      if (fp8) {
+        static_cast<uint8_t*>(out)[at] = quantize_fp8(v, n.q_scale + (h0 + h) * n.q_scale_stride);
+        return;
+      }
+    }
+    static_cast<T*>(out)[at] = from_acc<T>(v);
+  }
 };
 
 // Tensor i (0: q, 1: k) of token (b, s), heads [h, h + heads).
-template <typename T>
-ROTARY_HOST_DEVICE NormUnit<T> norm_unit(
+template <typename T, bool kFp8Q>
+ROTARY_HOST_DEVICE NormUnit<T, kFp8Q> norm_unit(
     const RopeParams& p, const NormParams& n, int i, int64_t b, int64_t s, int64_t h, int32_t heads) {
   using acc_t = typename Acc<T>::type;
   const HeadTensor& t = i == 0 ? p.q : p.k;
   const bool across = n.kind == NormKind::kHeads;
-  NormUnit<T> u;
+  NormUnit<T, kFp8Q> u;
   u.in = static_cast<const T*>(t.in) + b * t.in_stride[0] + s * t.in_stride[2] + h * t.in_stride[1];
-  u.out = static_cast<T*>(t.out) + b * t.out_stride[0] + s * t.out_stride[2] + h * t.out_stride[1];
+  u.fp8 = kFp8Q && i == 0 && n.q_scale != nullptr;
+  u.h0 = static_cast<int32_t>(h);
+  const int64_t out_elem = u.fp8 ? 1 : static_cast<int64_t>(sizeof(T));
+  u.out = static_cast<char*>(t.out) + (b * t.out_stride[0] + s * t.out_stride[2] + h * t.out_stride[1]) * out_elem;
   u.in_head = t.in_stride[1];
   u.out_head = t.out_stride[1];
   u.in_elem = t.in_stride[3];
   u.out_elem = t.out_stride[3];
-  u.weight = static_cast<const acc_t*>(n.weight[i]) + (across ? h * p.head_dim : 0);
+  // Selects, not runtime indexing: an indexed kernel parameter would be
+  // copied to local memory (the SASS contract forbids it).
+  u.weight = static_cast<const acc_t*>(i == 0 ? n.weight[0] : n.weight[1]) + (across ? h * p.head_dim : 0);
   u.weight_head = across ? p.head_dim : 0;
   u.heads = heads;
   return u;
@@ -76,10 +99,9 @@ struct HeadWalk {
 };
 
 // Phase 1: thread tid of `threads` sums the squares of its elements.
-template <typename T>
-ROTARY_HOST_DEVICE typename Acc<T>::type norm_partial(
-    const NormUnit<T>& u, int32_t head_dim, int32_t tid, int32_t threads) {
-  using acc_t = typename Acc<T>::type;
+template <typename Unit>
+ROTARY_HOST_DEVICE typename Unit::acc_t norm_partial(const Unit& u, int32_t head_dim, int32_t tid, int32_t threads) {
+  using acc_t = typename Unit::acc_t;
   acc_t ss = 0;
   for (HeadWalk w(tid, head_dim); w.h < u.heads; w.next(threads, head_dim)) {
     const acc_t x = to_acc(u.in[w.h * u.in_head + w.i * u.in_elem]);
@@ -91,17 +113,18 @@ ROTARY_HOST_DEVICE typename Acc<T>::type norm_partial(
 // Phase 2: thread tid writes its items of every head: pairs [0, R/2)
 // rotated, then the pass-through dims normalized. Each element is read and
 // written by one thread, after every thread's phase 1 (in place is safe).
-template <typename T>
+template <typename Unit>
 ROTARY_HOST_DEVICE void norm_finish(
-    const RopeParams& p, const NormUnit<T>& u, typename Acc<T>::type scale, int64_t b, int64_t s, int64_t pos,
-    int32_t tid, int32_t threads) {
-  using acc_t = typename Acc<T>::type;
+    const RopeParams& p, const NormParams& n, const Unit& u, typename Unit::acc_t scale, int64_t b, int64_t s,
+    int64_t pos, int32_t tid, int32_t threads) {
+  using T = typename Unit::value_type;
+  using acc_t = typename Unit::acc_t;
   const int32_t pairs = static_cast<int32_t>(p.rotary_dim / 2);
   const int32_t off = static_cast<int32_t>(p.rotary_offset);
   const int32_t width = static_cast<int32_t>(p.head_dim) - pairs;  // items per head
   for (HeadWalk w(tid, width); w.h < u.heads; w.next(threads, width)) {
     const T* in = u.in + w.h * u.in_head;
-    T* out = u.out + w.h * u.out_head;
+    const int64_t out = w.h * u.out_head;
     const acc_t* wt = u.weight + w.h * u.weight_head;
     if (w.i < pairs) {
       const int64_t j = w.i;
@@ -112,12 +135,12 @@ ROTARY_HOST_DEVICE void norm_finish(
       acc_t c, sn, y0, y1;
       rotation_of<acc_t>(p, pair_position(p, b, s, pos, j), j, c, sn);
       rotate_pair(x0, x1, c, sn, y0, y1);
-      out[d0 * u.out_elem] = from_acc<T>(y0);
-      out[d1 * u.out_elem] = from_acc<T>(y1);
+      u.put(n, w.h, out + d0 * u.out_elem, y0);
+      u.put(n, w.h, out + d1 * u.out_elem, y1);
     } else {
       const int32_t k = w.i - pairs;
       const int64_t d = k < off ? k : k + p.rotary_dim;
-      out[d * u.out_elem] = from_acc<T>(normalized(to_acc(in[d * u.in_elem]), scale, wt[d]));
+      u.put(n, w.h, out + d * u.out_elem, normalized(to_acc(in[d * u.in_elem]), scale, wt[d]));
     }
   }
 }
@@ -148,29 +171,30 @@ __device__ __forceinline__ acc_t warp_sum(acc_t v) {
   return v;
 }
 
-template <typename T>
+template <typename T, bool kFp8Q>
 __global__ void __launch_bounds__(kNormThreads) norm_rope_kernel(
     const __grid_constant__ RopeParams p, const __grid_constant__ NormParams n) {
   using acc_t = typename Acc<T>::type;
   __shared__ acc_t warp_total[kNormWarps];
   const int32_t lane = threadIdx.x, warp = threadIdx.y, tid = warp * 32 + lane;
   const int32_t D = static_cast<int32_t>(p.head_dim);
-  const int32_t heads[2] = {static_cast<int32_t>(p.q.heads), static_cast<int32_t>(p.k.heads)};
+  const int32_t q_heads = static_cast<int32_t>(p.q.heads), k_heads = static_cast<int32_t>(p.k.heads);
   const int64_t rows = p.batch * p.seq;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const int64_t b = row / p.seq, s = row - b * p.seq;
     const int64_t pos = position_of(p, b, s);
     if (n.kind == NormKind::kHead) {
-      for (int32_t h = warp; h < heads[0] + heads[1]; h += kNormWarps) {
-        const int i = h < heads[0] ? 0 : 1;
-        const NormUnit<T> u = norm_unit<T>(p, n, i, b, s, i ? h - heads[0] : h, 1);
+      for (int32_t h = warp; h < q_heads + k_heads; h += kNormWarps) {
+        const int i = h < q_heads ? 0 : 1;
+        const auto u = norm_unit<T, kFp8Q>(p, n, i, b, s, i ? h - q_heads : h, 1);
         const acc_t scale = rms_scale(warp_sum(norm_partial(u, D, lane, 32)), D, n.eps);
-        norm_finish(p, u, scale, b, s, pos, lane, 32);
+        norm_finish(p, n, u, scale, b, s, pos, lane, 32);
       }
       continue;
     }
     for (int i = 0; i < 2; ++i) {
-      const NormUnit<T> u = norm_unit<T>(p, n, i, b, s, 0, heads[i]);
+      const int32_t heads = i == 0 ? q_heads : k_heads;
+      const auto u = norm_unit<T, kFp8Q>(p, n, i, b, s, 0, heads);
       const acc_t sum = warp_sum(norm_partial(u, D, tid, kNormThreads));
       if (lane == 0) warp_total[warp] = sum;
       __syncthreads();
@@ -178,7 +202,7 @@ __global__ void __launch_bounds__(kNormThreads) norm_rope_kernel(
 #pragma unroll
       for (int w = 1; w < kNormWarps; ++w) total += warp_total[w];
       __syncthreads();  // warp_total is rewritten by the next unit
-      norm_finish(p, u, rms_scale(total, static_cast<int64_t>(heads[i]) * D, n.eps), b, s, pos, tid, kNormThreads);
+      norm_finish(p, n, u, rms_scale(total, static_cast<int64_t>(heads) * D, n.eps), b, s, pos, tid, kNormThreads);
     }
   }
 }

@@ -52,13 +52,15 @@ void apply_rope_with_kv_cache_meta(ROTARY_KV_TENSORS ROTARY_KV_PARAMS) {
 
 std::tuple<at::Tensor, at::Tensor> apply_qk_norm_rope_meta(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs ROTARY_ROPE_PARAMS ROTARY_NORM_PARAMS) {
-  detail::check_norm_rope_inputs("apply_qk_norm_rope", q, k, freqs, {ROTARY_META_ARGS}, {ROTARY_NORM_NAME_LIST});
-  return {detail::make_output(q), detail::make_output(k)};
+  const auto call = detail::check_norm_rope_inputs(
+      "apply_qk_norm_rope", q, k, freqs, {ROTARY_META_ARGS}, {ROTARY_NORM_NAME_LIST}, /*in_place=*/false);
+  return {detail::make_q_output(q, call), detail::make_output(k)};
 }
 
 void apply_qk_norm_rope_inplace_meta(
     at::Tensor& q, at::Tensor& k, const at::Tensor& freqs ROTARY_ROPE_PARAMS ROTARY_NORM_PARAMS) {
-  detail::check_norm_rope_inputs("apply_qk_norm_rope_", q, k, freqs, {ROTARY_META_ARGS}, {ROTARY_NORM_NAME_LIST});
+  detail::check_norm_rope_inputs(
+      "apply_qk_norm_rope_", q, k, freqs, {ROTARY_META_ARGS}, {ROTARY_NORM_NAME_LIST}, /*in_place=*/true);
 }
 
 void apply_qk_norm_rope_with_kv_cache_meta(ROTARY_KV_TENSORS ROTARY_KV_PARAMS ROTARY_NORM_PARAMS) {
@@ -68,7 +70,7 @@ void apply_qk_norm_rope_with_kv_cache_meta(ROTARY_KV_TENSORS ROTARY_KV_PARAMS RO
       {known(start_pos), interleaved, offsets, position_ids, inverse, cu_seqlens, inv_freq, layout, rotary_offset,
        pair_axes},
       {cache_positions, slot_mapping, kv_layout, k_scale, v_scale});
-  detail::check_norm_args(op, call.rope, q, {ROTARY_NORM_NAME_LIST});
+  detail::check_norm_args(op, call.rope, q, {ROTARY_NORM_NAME_LIST}, /*in_place=*/true);
 }
 
 }  // namespace

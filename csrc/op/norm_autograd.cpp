@@ -121,7 +121,11 @@ class NormRopeFunction : public torch::autograd::Function<NormRopeFunction> {
 std::tuple<at::Tensor, at::Tensor> apply_qk_norm_rope_autograd(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs ROTARY_ROPE_PARAMS ROTARY_NORM_PARAMS) {
   const at::Tensor qw = q_weight.value_or(at::Tensor()), kw = k_weight.value_or(at::Tensor());
-  if (!torch::autograd::compute_requires_grad(q, k, qw, kw, freqs)) {
+  const bool grad = torch::autograd::compute_requires_grad(q, k, qw, kw, freqs);
+  TORCH_CHECK_VALUE(
+      !(grad && q_fp8_scale), "apply_qk_norm_rope: q_fp8_scale returns q as float8_e4m3fn, which is not ",
+      "differentiable; call under torch.no_grad() / inference mode, or drop q_fp8_scale");
+  if (!grad) {
     at::AutoDispatchBelowADInplaceOrView guard;
     return apply_qk_norm_rope(q, k, freqs ROTARY_ROPE_NAMES ROTARY_NORM_NAMES);
   }

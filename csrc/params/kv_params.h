@@ -3,6 +3,7 @@
 // and its host-emulation test include this file.
 #pragma once
 
+#include "fp8.h"
 #include "rope_params.h"
 
 #include <cstdint>
@@ -69,46 +70,13 @@ ROTARY_HOST_DEVICE bool cache_row(const KVCacheParams& p, int64_t b, int64_t s, 
   return outer < p.outer && inner >= 0 && inner < p.inner;
 }
 
-// float -> float8_e4m3fn bits, round to nearest even; |f| >= 480 and NaN give
-// NaN (0x7f). The same arithmetic as c10's fp8e4m3fn_from_fp32_value, so the
-// cache holds the bits torch's .to(torch.float8_e4m3fn) gives.
-ROTARY_HOST_DEVICE uint8_t fp8_e4m3fn_bits(float f) {
-  uint32_t bits;
-  memcpy(&bits, &f, sizeof(bits));
-  const uint32_t sign = bits & 0x80000000u;
-  bits ^= sign;
-  uint8_t result;
-  if (bits >= (1087u << 20)) {
-    result = 0x7f;
-  } else if (bits < (121u << 23)) {  // below 2^-6: subnormal, rounded by a float add
-    constexpr uint32_t denorm_bits = 141u << 23;
-    float x, denorm;
-    memcpy(&x, &bits, sizeof(x));
-    memcpy(&denorm, &denorm_bits, sizeof(denorm));
-    const float summed = x + denorm;
-    uint32_t out;
-    memcpy(&out, &summed, sizeof(out));
-    result = static_cast<uint8_t>(out - denorm_bits);
-  } else {
-    const uint32_t mant_odd = (bits >> 20) & 1u;
-    bits += (static_cast<uint32_t>(7 - 127) << 23) + 0x7FFFFu + mant_odd;
-    result = static_cast<uint8_t>(bits >> 20);
-  }
-  return static_cast<uint8_t>(result | (sign >> 24));
-}
-
-// One element into the cache: a copy in the same dtype, or x / scale clamped
-// to +-448 and rounded to float8_e4m3fn. The division runs in float32
-// (float64 for double input), once: 16-bit inputs are not rounded to their
-// own dtype first.
+// One element into the cache: a copy in the same dtype, or quantize_fp8 of
+// it (16-bit inputs are not rounded to their own dtype first).
 template <typename T, typename Cache>
 ROTARY_HOST_DEVICE void store_cache(Cache* dst, const T& x, const float* scale) {
   if constexpr (sizeof(Cache) == 1 && sizeof(T) != 1) {
     using acc_t = typename std::conditional<sizeof(T) == 8, double, float>::type;
-    acc_t v = static_cast<acc_t>(x);
-    if (scale != nullptr) v = v / static_cast<acc_t>(*scale);
-    v = v > acc_t(448) ? acc_t(448) : (v < acc_t(-448) ? acc_t(-448) : v);  // NaN stays NaN
-    *dst = fp8_e4m3fn_bits(static_cast<float>(v));
+    *dst = quantize_fp8(static_cast<acc_t>(x), scale);
   } else {
     *dst = x;
   }

@@ -3,6 +3,7 @@
 // CUDA kernels. No torch headers: the CUDA translation units include it.
 #pragma once
 
+#include "fp8.h"
 #include "rope_params.h"
 
 #include <cmath>
@@ -23,6 +24,11 @@ struct NormParams {
   // for kHead, [heads * head_dim] of that tensor for kHeads.
   const void* weight[2] = {nullptr, nullptr};
   double eps = 0;
+  // q written as float8_e4m3fn (q.out then holds bytes): (value / scale)
+  // clamped to +-448, rounded to nearest even; the scale of q head h at
+  // q_scale[h * q_scale_stride] (stride 0: one per tensor). Null: q as k.
+  const float* q_scale = nullptr;
+  int64_t q_scale_stride = 0;
 };
 
 // 1 / sqrt(mean square + eps). Division and square root are correctly

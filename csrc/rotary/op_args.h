@@ -57,7 +57,8 @@
   ROTARY_OPT_TENSOR_ARG_(X, k_weight)                                               \
   X(double, double, eps, 1e-6, "float eps=1e-06")                                \
   X(c10::string_view, c10::string_view, norm, "head", "str norm=\"head\"")       \
-  X(double, double, weight_offset, 0.0, "float weight_offset=0.0")
+  X(double, double, weight_offset, 0.0, "float weight_offset=0.0")               \
+  ROTARY_OPT_TENSOR_ARG_(X, q_fp8_scale)
 
 // Each with a leading comma, to follow the tensors of a parameter list.
 #define ROTARY_ARG_DECL(api, kernel, name, dflt, schema) , api name = dflt

@@ -96,6 +96,9 @@ void apply_rope_with_kv_cache_(
 //   norm          "head": each head over its head_dim (Qwen3, Gemma 3);
 //                 "heads": all heads of a token together (OLMo2).
 //   weight_offset added to the weight in fp32: 1.0 gives Gemma's (1 + w).
+//   q_fp8_scale   float32 [] / [1] / [heads] (out of place only): q comes
+//                 back as float8_e4m3fn, (result / scale) clamped to +-448,
+//                 rounded once. Not differentiable.
 // The norm covers the whole head: dims outside the rotated span are
 // normalized and scaled but not rotated. Differentiable in q, k and both
 // weights.

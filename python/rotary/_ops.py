@@ -278,7 +278,9 @@ _NORM_DOC = """
     ``[heads * head_dim]`` of that tensor for ``"heads"``; ``None`` is a
     weight of ones. ``weight_offset`` is added to the weight (``1.0`` gives
     Gemma's ``1 + w``). The whole head is normalized; only the rotated span
-    turns."""
+    turns. ``q_fp8_scale`` (float32 ``[]``, ``[1]`` or ``[heads]``; out of
+    place only): q is returned as ``float8_e4m3fn``, the result divided by
+    the scale, clamped to +-448 and rounded once."""
 apply_qk_norm_rope = _generate("apply_qk_norm_rope", None, """RMS-normalize q and k, scale them by their weights and rotate them, in
     one pass. Returns ``(q_out, k_out)``; differentiable in q, k and both
     weights.""" + _NORM_DOC + _ARGS_DOC)

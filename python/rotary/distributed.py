@@ -61,7 +61,7 @@ __all__ = ["register"]
 OP_NAMES = ("apply_rope", "apply_rope_qk", "apply_rope_", "apply_rope_qk_", "apply_qk_norm_rope",
             "apply_qk_norm_rope_")
 _DATA_ARGS = ("x", "q", "k")  # the rotated tensors; everything else is an option
-_REPLICATED_ARGS = ("freqs", "inv_freq", "cu_seqlens", "q_weight", "k_weight")
+_REPLICATED_ARGS = ("freqs", "inv_freq", "cu_seqlens", "q_weight", "k_weight", "q_fp8_scale")
 # Position arguments, by schema name: what each one holds.
 #   offsets:      []/[batch], added to start_pos + s
 #   position_ids: absolute ids [seq] / [batch, seq] ([total_tokens] packed)
@@ -228,6 +228,9 @@ def _handler(op, args, kwargs):
         if n == data[0]:
             x_offset, x_local = offset, local[n]
 
+    scale = local.get("q_fp8_scale")
+    if sharded and scale is not None and scale.dim() == 1 and scale.shape[0] > 1:  # per q head: this rank's heads
+        local["q_fp8_scale"] = scale.narrow(0, x_offset[dims[1]], x_local.shape[dims[1]])
     if sharded and bound.get("pair_axes") is not None:
         _refuse(op, "pair_axes (N-D positions) with sharded DTensor inputs is not supported; replicate q and k")
     if dims is not None:

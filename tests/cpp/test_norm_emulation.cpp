@@ -28,7 +28,7 @@ using rotary::kernel::RopeParams;
 
 // The kernel's loop nest, run thread by thread: `blocks` blocks stride over
 // the rows; each reduction sees every thread's phase 1 before any phase 2.
-template <typename T>
+template <typename T, bool kFp8Q>
 void emulate(const RopeParams& p, const NormParams& n, int64_t blocks) {
   using acc_t = typename rotary::kernel::Acc<T>::type;
   const int32_t D = static_cast<int32_t>(p.head_dim);
@@ -42,17 +42,17 @@ void emulate(const RopeParams& p, const NormParams& n, int64_t blocks) {
         for (int32_t warp = 0; warp < kNormWarps; ++warp) {
           for (int32_t h = warp; h < heads[0] + heads[1]; h += kNormWarps) {
             const int i = h < heads[0] ? 0 : 1;
-            const auto u = rotary::kernel::norm_unit<T>(p, n, i, b, s, i ? h - heads[0] : h, 1);
+            const auto u = rotary::kernel::norm_unit<T, kFp8Q>(p, n, i, b, s, i ? h - heads[0] : h, 1);
             acc_t lane[32];
             for (int l = 0; l < 32; ++l) lane[l] = rotary::kernel::norm_partial(u, D, l, 32);
             const acc_t scale = rotary::kernel::rms_scale(rotary::kernel::warp_reduce_order(lane), D, n.eps);
-            for (int l = 0; l < 32; ++l) rotary::kernel::norm_finish(p, u, scale, b, s, pos, l, 32);
+            for (int l = 0; l < 32; ++l) rotary::kernel::norm_finish(p, n, u, scale, b, s, pos, l, 32);
           }
         }
         continue;
       }
       for (int i = 0; i < 2; ++i) {
-        const auto u = rotary::kernel::norm_unit<T>(p, n, i, b, s, 0, heads[i]);
+        const auto u = rotary::kernel::norm_unit<T, kFp8Q>(p, n, i, b, s, 0, heads[i]);
         acc_t warp_total[kNormWarps];
         for (int w = 0; w < kNormWarps; ++w) {
           acc_t lane[32];
@@ -61,7 +61,7 @@ void emulate(const RopeParams& p, const NormParams& n, int64_t blocks) {
         }
         const acc_t scale = rotary::kernel::rms_scale(
             rotary::kernel::block_reduce_order(warp_total), static_cast<int64_t>(heads[i]) * D, n.eps);
-        for (int t = 0; t < kNormThreads; ++t) rotary::kernel::norm_finish(p, u, scale, b, s, pos, t, kNormThreads);
+        for (int t = 0; t < kNormThreads; ++t) rotary::kernel::norm_finish(p, n, u, scale, b, s, pos, t, kNormThreads);
       }
     }
   }
@@ -83,13 +83,18 @@ struct Case {
   bool interleaved;
   int64_t D, r, off, Hq, Hk;
   bool in_place;
+  bool fp8_q = false;  // q out as float8_e4m3fn, per-head scales
 };
 
 class NormEmulation : public ::testing::TestWithParam<Case> {};
 
 template <typename T>
 void run_case(const Case& c, const rotary::detail::PreparedNormRope& prepared, int64_t blocks) {
-  emulate<T>(prepared.rope.params, prepared.norm.params, blocks);
+  if (prepared.norm.params.q_scale != nullptr) {
+    emulate<T, true>(prepared.rope.params, prepared.norm.params, blocks);
+  } else {
+    emulate<T, false>(prepared.rope.params, prepared.norm.params, blocks);
+  }
 }
 
 void emulate_dtype(const Case& c, const rotary::detail::PreparedNormRope& prepared, int64_t blocks) {
@@ -120,10 +125,15 @@ TEST_P(NormEmulation, MatchesReferenceOnEveryGrid) {
     at::Tensor q = q0.clone(), k = k0.clone();
     const std::optional<at::Tensor> oqw(qw), okw(kw);
     std::optional<at::Tensor> none;
+    const std::optional<at::Tensor> q_scale =
+        c.fp8_q ? std::optional<at::Tensor>(at::linspace(0.004, 0.02, c.Hq)) : std::nullopt;
     const rotary::detail::RopeArgs args{start, c.interleaved, none, none, false, none, none, "BHSD", c.off, {}};
-    const rotary::detail::NormArgs nargs{oqw, okw, 1e-5, c.heads ? "heads" : "head", 0.0};
+    const rotary::detail::NormArgs nargs{oqw, okw, 1e-5, c.heads ? "heads" : "head", 0.0, q_scale};
     const auto prepared = rotary::detail::prepare_norm_rope("emulation", q, k, table, args, nargs, c.in_place);
-    if (!c.in_place) {
+    if (c.fp8_q) {
+      prepared.rope.out_q.view(at::kByte).fill_(0x7f);  // NaN in float8_e4m3fn
+      prepared.rope.out_k.fill_(std::numeric_limits<double>::quiet_NaN());
+    } else if (!c.in_place) {
       prepared.rope.out_q.fill_(std::numeric_limits<double>::quiet_NaN());
       prepared.rope.out_k.fill_(std::numeric_limits<double>::quiet_NaN());
     }
@@ -137,6 +147,11 @@ TEST_P(NormEmulation, MatchesReferenceOnEveryGrid) {
       const at::Tensor y = ref_norm(*x[t], *w[t], c.heads, 1e-5);
       at::Tensor want = y.clone();
       want.narrow(3, c.off, c.r).copy_(rotary_test::ref_rope(y.narrow(3, c.off, c.r), start, c.interleaved));
+      if (c.fp8_q && t == 0) {  // fp8: x / scale, saturated, within half an fp8 ulp (2^-4)
+        const at::Tensor q8 = (want / q_scale->to(at::kDouble).view({1, c.Hq, 1, 1})).clamp(-448, 448);
+        EXPECT_TRUE(rotary_test::AllClose(out[i][t].to(at::kDouble), q8, {1e-3, 0.0625})) << c.name << " fp8 q";
+        continue;
+      }
       EXPECT_TRUE(rotary_test::AllClose(out[i][t], want, rotary_test::tolerance_for(c.dtype)))
           << c.name << (t ? " k" : " q") << " blocks " << blocks;
     }
@@ -154,7 +169,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"bf16_head_d256_gqa", at::kBFloat16, false, false, 256, 256, 0, 8, 1, false},
         Case{"fp16_heads_in_place", at::kHalf, true, false, 48, 16, 8, 2, 2, true},
         Case{"fp64_head_d512", at::kDouble, false, true, 512, 128, 0, 2, 1, true},
-        Case{"fp32_head_d16", at::kFloat, false, true, 16, 8, 4, 5, 3, false}),
+        Case{"fp32_head_d16", at::kFloat, false, true, 16, 8, 4, 5, 3, false},
+        Case{"bf16_head_fp8_q", at::kBFloat16, false, false, 64, 32, 16, 4, 2, false, true},
+        Case{"fp32_heads_fp8_q", at::kFloat, true, true, 32, 32, 0, 3, 1, false, true}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 }  // namespace

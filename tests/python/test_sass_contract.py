@@ -95,7 +95,7 @@ def test_the_built_kernels_keep_the_contract():
     assert not bad, "\n".join(bad)
 
 
-NORM = "_ZN6rotary6kernel16norm_rope_kernelI13__nv_bfloat16EEvNS0_10RopeParamsENS0_10NormParamsE"
+NORM = "_ZN6rotary6kernel16norm_rope_kernelI13__nv_bfloat16Lb0EEEvNS0_10RopeParamsENS0_10NormParamsE"
 NORM_GOOD = ["LDG.E.U16 R4, desc[UR4][R2.64]"] + [f"SHFL.BFLY PT, R5, R4, {m}, 0x1f" for m in (16, 8, 4, 2, 1)] + [
     "MUFU.RSQ R6, R5", "STG.E.U16 desc[UR4][R2.64], R6", "EXIT"]
 
@@ -113,9 +113,20 @@ def test_each_norm_rule_can_fail(case, edit, expect):
     assert bad == ["norm_rope_kernel<bf16>: 136 registers leave 3 resident blocks of 128 threads per SM, fewer than 4"]
 
 
+def test_the_fp8_spill_budget_is_a_bound():
+    fp8 = NORM.replace("Lb0E", "Lb1E")
+    spills = [f"STL [R1+0x{4 * i:x}], R{i}" for i in range(contract.FP8_SPILL_BUDGET)]
+    n, bad = contract.check_norm(listing(fp8, *(spills + NORM_GOOD)), res(fp8, 72))
+    assert bad == []
+    n, bad = contract.check_norm(listing(fp8, *(spills + ["LDL R9, [R1+0x40]"] + NORM_GOOD)), res(fp8, 72))
+    assert len(bad) == contract.FP8_SPILL_BUDGET + 1 and "local memory" in bad[0]
+    n, bad = contract.check_norm(listing(NORM, *(spills[:1] + NORM_GOOD)), res(NORM, 72))
+    assert bad and "local memory" in bad[0]  # the plain kernels get no budget
+
+
 @pytest.mark.skipif(not BUILT_WITH_CUDA, reason="rotary was built without CUDA: no cubin to read")
 def test_the_built_prologue_kernels_keep_the_contract():
     sass, usage = contract.dump(rotary.library_path(), contract.find_cuobjdump())
     n, bad = contract.check_norm(sass, usage)
-    assert n == 4, f"{n} norm_rope_kernel instantiations in the sm_90 cubin, expected 4"
+    assert n == 8, f"{n} norm_rope_kernel instantiations in the sm_90 cubin, expected 8"
     assert not bad, "\n".join(bad)

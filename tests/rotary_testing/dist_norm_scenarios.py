@@ -62,6 +62,20 @@ def norm_tp_head(mesh):
     _case(mesh, [Shard(1)], "head", True, True, "TP heads, norm head, training with replicated DTensor weights")
 
 
+def norm_tp_fp8_q(mesh):
+    """A per-head fp8 scale is cut to each rank's heads."""
+    W = mesh.size()
+    q, k = _rand(1, 2 * W, 3, D, seed=11), _rand(1, W, 3, D, seed=12)
+    f, scale = rotary.freqs_table(D, L), torch.linspace(0.004, 0.05, 2 * W)
+    full_q, full_k = OPS.apply_qk_norm_rope(q, k, f, 1, q_fp8_scale=scale)
+    dq, _ = dshard(q, mesh, [Shard(1)])
+    dk, _ = dshard(k, mesh, [Shard(1)])
+    oq, ok = OPS.apply_qk_norm_rope(dq, dk, f, 1, q_fp8_scale=scale)
+    want = local_part(full_q, mesh, [Shard(1)])
+    assert oq.dtype == torch.float8_e4m3fn and torch.equal(oq.to_local().view(torch.uint8), want.view(torch.uint8))
+    assert torch.equal(ok.to_local(), local_part(full_k, mesh, [Shard(1)]))
+
+
 def norm_cp_heads(mesh):
     _case(mesh, [Shard(2)], "heads", False, False, "CP seq, norm heads, inference")
     _case(mesh, [Shard(2)], "heads", True, True, "CP seq, norm heads, training")
@@ -102,4 +116,5 @@ def norm_refusals(mesh):
 
 
 def scenarios():
-    return [("norm_tp_head", norm_tp_head), ("norm_cp_heads", norm_cp_heads), ("norm_refusals", norm_refusals)]
+    return [("norm_tp_head", norm_tp_head), ("norm_tp_fp8_q", norm_tp_fp8_q), ("norm_cp_heads", norm_cp_heads),
+            ("norm_refusals", norm_refusals)]

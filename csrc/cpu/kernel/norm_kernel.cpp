@@ -7,6 +7,7 @@
 #include "norm_kernel.h"
 #include "vec_isa.h"
 
+#include "params/fp8.h"
 #include "params/norm_params.h"
 
 #include <ATen/cpu/vec/functional.h>
@@ -61,6 +62,29 @@ C10_ALWAYS_INLINE acc_t reduce_parts(const acc_t (&p)[kParts]) {
   return (b0 + b2) + (b1 + b3);
 }
 
+// Where a row's values go: storage type T (one rounding), or float8_e4m3fn
+// bytes (uint8_t) divided by the head's fp8 scale.
+template <typename T, typename acc_t>
+struct Sink {
+  const float* fp8_scale;
+  C10_ALWAYS_INLINE void put(T* p, acc_t v) const {
+    if constexpr (std::is_same_v<T, uint8_t>) {
+      *p = kernel::quantize_fp8(v, fp8_scale);
+    } else {
+      *p = to_storage<T>(v);
+    }
+  }
+  C10_ALWAYS_INLINE void put(T* p, const Vectorized<acc_t>& v) const {
+    if constexpr (std::is_same_v<T, uint8_t>) {
+      __at_align__ acc_t a[Vectorized<acc_t>::size()];
+      v.store(a);
+      for (int i = 0; i < Vectorized<acc_t>::size(); ++i) p[i] = kernel::quantize_fp8(a[i], fp8_scale);
+    } else {
+      store<false>(p, v);
+    }
+  }
+};
+
 // One row being written: its acc_t copy x, its weight w, its scale.
 template <typename acc_t>
 struct Row {
@@ -74,20 +98,23 @@ struct Row {
 };
 
 // Dims [from, to) normalized, unrotated.
-template <typename scalar_t, typename acc_t>
-C10_ALWAYS_INLINE void put_plain(const Row<acc_t>& y, scalar_t* out, int64_t inner, int64_t from, int64_t to) {
+template <typename T, typename acc_t>
+C10_ALWAYS_INLINE void put_plain(
+    const Row<acc_t>& y, const Sink<T, acc_t>& sink, T* out, int64_t inner, int64_t from, int64_t to) {
   using Vec = Vectorized<acc_t>;
   int64_t i = from;
   if (inner == 1) {
-    for (; i + Vec::size() <= to; i += Vec::size()) store<false>(out + i, y.at(i));
+    for (; i + Vec::size() <= to; i += Vec::size()) sink.put(out + i, y.at(i));
   }
-  for (; i < to; ++i) out[i * inner] = to_storage<scalar_t>(y[i]);
+  for (; i < to; ++i) sink.put(out + i * inner, y[i]);
 }
 
 // The span [0, dim) of y normalized and rotated into o with coefficients c
 // (rope_kernel.h): rope_kernel's products and sums.
-template <typename scalar_t, typename acc_t>
-C10_ALWAYS_INLINE void put_rotated(const Row<acc_t>& y, scalar_t* o, int64_t inner, const acc_t* c, int64_t dim, bool interleaved) {
+template <typename T, typename acc_t>
+C10_ALWAYS_INLINE void put_rotated(
+    const Row<acc_t>& y, const Sink<T, acc_t>& sink, T* o, int64_t inner, const acc_t* c, int64_t dim,
+    bool interleaved) {
   using Vec = Vectorized<acc_t>;
   constexpr int64_t L = Vec::size();
   int64_t i = 0;
@@ -96,13 +123,13 @@ C10_ALWAYS_INLINE void put_rotated(const Row<acc_t>& y, scalar_t* o, int64_t inn
     if (inner == 1) {
       for (; i + L <= dim; i += L) {
         const Vec v = y.at(i);
-        store<false>(o + i, v * Vec::loadu(c + i) + swap_pairs(v) * Vec::loadu(s + i));
+        sink.put(o + i, v * Vec::loadu(c + i) + swap_pairs(v) * Vec::loadu(s + i));
       }
     }
     for (; i < dim; i += 2) {
       const acc_t x0 = y[i], x1 = y[i + 1];
-      o[i * inner] = to_storage<scalar_t>(x0 * c[i] + x1 * s[i]);
-      o[(i + 1) * inner] = to_storage<scalar_t>(x1 * c[i + 1] + x0 * s[i + 1]);
+      sink.put(o + i * inner, x0 * c[i] + x1 * s[i]);
+      sink.put(o + (i + 1) * inner, x1 * c[i + 1] + x0 * s[i + 1]);
     }
   } else {
     const int64_t half = dim / 2;
@@ -111,36 +138,38 @@ C10_ALWAYS_INLINE void put_rotated(const Row<acc_t>& y, scalar_t* o, int64_t inn
       for (; i + L <= half; i += L) {
         const Vec x0 = y.at(i), x1 = y.at(half + i);
         const Vec ci = Vec::loadu(c + i), si = Vec::loadu(s + i);
-        store<false>(o + i, x0 * ci - x1 * si);
-        store<false>(o + half + i, x0 * si + x1 * ci);
+        sink.put(o + i, x0 * ci - x1 * si);
+        sink.put(o + half + i, x0 * si + x1 * ci);
       }
     }
     for (; i < half; ++i) {
       const acc_t x0 = y[i], x1 = y[i + half];
-      o[i * inner] = to_storage<scalar_t>(x0 * c[i] - x1 * s[i]);
-      o[(i + half) * inner] = to_storage<scalar_t>(x0 * s[i] + x1 * c[i]);
+      sink.put(o + i * inner, x0 * c[i] - x1 * s[i]);
+      sink.put(o + (i + half) * inner, x0 * s[i] + x1 * c[i]);
     }
   }
 }
 
-template <typename scalar_t, typename acc_t>
-C10_ALWAYS_INLINE void put_row(const NormRun<scalar_t>& r, const Row<acc_t>& y, scalar_t* out, const acc_t* c) {
+template <typename scalar_t, typename T, typename acc_t>
+C10_ALWAYS_INLINE void put_row(
+    const NormRun<scalar_t>& r, const Row<acc_t>& y, const Sink<T, acc_t>& sink, T* out, const acc_t* c) {
   const int64_t off = r.rotary_offset, end = off + r.rotary_dim;
-  put_plain(y, out, r.out_inner, 0, off);
+  put_plain(y, sink, out, r.out_inner, 0, off);
   const Row<acc_t> span{y.x + off, y.w + off, y.scale};
-  put_rotated(span, out + off * r.out_inner, r.out_inner, c, r.rotary_dim, r.interleaved);
-  put_plain(y, out, r.out_inner, end, r.head_dim);
+  put_rotated(span, sink, out + off * r.out_inner, r.out_inner, c, r.rotary_dim, r.interleaved);
+  put_plain(y, sink, out, r.out_inner, end, r.head_dim);
 }
 
-}  // namespace
-
-template <typename scalar_t>
-void norm_rotate_run(const NormRun<scalar_t>& r) {
+template <typename T, typename scalar_t>
+void norm_rows(const NormRun<scalar_t>& r) {
   using acc_t = typename NormRun<scalar_t>::acc_t;
   const int64_t D = r.head_dim;
+  const auto sink_of = [&](int64_t h) {
+    return Sink<T, acc_t>{r.fp8_scale ? r.fp8_scale + h * r.fp8_scale_head : nullptr};
+  };
   for (int64_t t = 0; t < r.tokens; ++t) {
     const scalar_t* in = r.in + t * r.in_tok;
-    scalar_t* out = r.out + t * r.out_tok;
+    T* out = static_cast<T*>(r.out) + t * r.out_tok;
     const acc_t* c = r.coef + t * r.coef_tok;
     if (r.across_heads) {
       // Every head of the token is read before any is written (in place).
@@ -148,7 +177,8 @@ void norm_rotate_run(const NormRun<scalar_t>& r) {
       for (int64_t h = 0; h < r.heads; ++h) load_squares(in + h * r.in_head, r.in_inner, D, r.scratch + h * D, part);
       const acc_t scale = kernel::rms_scale(reduce_parts(part), r.heads * D, r.eps);
       for (int64_t h = 0; h < r.heads; ++h) {
-        put_row(r, Row<acc_t>{r.scratch + h * D, r.weight + h * r.weight_head, scale}, out + h * r.out_head, c);
+        const Row<acc_t> y{r.scratch + h * D, r.weight + h * r.weight_head, scale};
+        put_row(r, y, sink_of(h), out + h * r.out_head, c);
       }
       continue;
     }
@@ -156,8 +186,20 @@ void norm_rotate_run(const NormRun<scalar_t>& r) {
       acc_t part[kParts] = {};
       load_squares(in + h * r.in_head, r.in_inner, D, r.scratch, part);
       const acc_t scale = kernel::rms_scale(reduce_parts(part), D, r.eps);
-      put_row(r, Row<acc_t>{r.scratch, r.weight + h * r.weight_head, scale}, out + h * r.out_head, c);
+      const Row<acc_t> y{r.scratch, r.weight + h * r.weight_head, scale};
+      put_row(r, y, sink_of(h), out + h * r.out_head, c);
     }
+  }
+}
+
+}  // namespace
+
+template <typename scalar_t>
+void norm_rotate_run(const NormRun<scalar_t>& r) {
+  if (r.fp8_scale != nullptr) {
+    norm_rows<uint8_t>(r);
+  } else {
+    norm_rows<scalar_t>(r);
   }
 }
 

@@ -13,19 +13,21 @@
 namespace rotary {
 namespace cpu {
 
-// Vector (t, h) starts at in + t * in_tok + h * in_head (likewise out), its
-// elements in_inner (out_inner) apart. Each is normalized over its head_dim
+// Vector (t, h) starts at in + t * in_tok + h * in_head (likewise out, in
+// elements of the output type), its elements in_inner (out_inner) apart. Each is normalized over its head_dim
 // (across_heads: over all `heads` vectors of its token), scaled by
 // weight + h * weight_head, and its dims [rotary_offset, rotary_offset +
 // rotary_dim) rotated with token t's coefficients at coef + t * coef_tok;
 // the other dims are written normalized. scratch holds head_dim acc_t
 // values (across_heads: heads * head_dim). Every capability gives the same
-// bits: the sum of squares keeps 16 partial sums in a fixed order.
+// bits: the sum of squares keeps 16 partial sums in a fixed order. With
+// fp8_scale, out holds float8_e4m3fn bytes: each value divided by
+// fp8_scale[h * fp8_scale_head], clamped to +-448, rounded once.
 template <typename scalar_t>
 struct NormRun {
   using acc_t = at::opmath_type<scalar_t>;
   const scalar_t* in;
-  scalar_t* out;
+  void* out;  // scalar_t, or uint8_t with fp8_scale
   int64_t tokens, in_tok, out_tok;
   int64_t heads, in_head, out_head;
   int64_t in_inner, out_inner;
@@ -37,6 +39,8 @@ struct NormRun {
   double eps;
   bool across_heads, interleaved;
   acc_t* scratch;
+  const float* fp8_scale;
+  int64_t fp8_scale_head;
 };
 
 #define ROTARY_CPU_NORM_KERNEL_DECLARE(CAP)                                              \
