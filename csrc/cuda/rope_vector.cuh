@@ -48,24 +48,8 @@ struct alignas(kVectorBytes) Vector {
   uint32_t w[4];
 };
 
-ROTARY_HOST_DEVICE float word_to_float(uint32_t w) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(w);
-#else
-  float f;
-  std::memcpy(&f, &w, sizeof f);
-  return f;
-#endif
-}
-ROTARY_HOST_DEVICE uint32_t float_to_word(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  uint32_t w;
-  std::memcpy(&w, &f, sizeof w);
-  return w;
-#endif
-}
+ROTARY_HOST_DEVICE float word_to_float(uint32_t w) { return float_of_bits(w); }
+ROTARY_HOST_DEVICE uint32_t float_to_word(float f) { return bits_of_float(f); }
 template <typename P>
 ROTARY_HOST_DEVICE uint32_t pack_word(P pair) {
   uint32_t w;

@@ -10,27 +10,6 @@
 namespace rotary {
 namespace kernel {
 
-// Bit casts without memcpy on the device (a memcpy there can go through
-// local memory).
-ROTARY_HOST_DEVICE uint32_t bits_of_float(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof(u));
-  return u;
-#endif
-}
-ROTARY_HOST_DEVICE float float_of_bits(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-#endif
-}
-
 // float -> float8_e4m3fn bits, round to nearest even; |f| >= 480 and NaN give
 // NaN (0x7f). The same arithmetic as c10's fp8e4m3fn_from_fp32_value, so the
 // cache holds the bits torch's .to(torch.float8_e4m3fn) gives.

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #if defined(__CUDACC__)
 #define ROTARY_HOST_DEVICE __host__ __device__ __forceinline__
@@ -79,6 +80,27 @@ struct RopeParams {
   bool interleaved = true;  // pairs (2j, 2j+1); false: (j, j + rotary_dim/2)
   bool inverse = false;     // rotate by -angle (the backward pass)
 };
+
+// Bit casts without memcpy on the device (a memcpy there can go through
+// local memory).
+ROTARY_HOST_DEVICE uint32_t bits_of_float(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+#endif
+}
+ROTARY_HOST_DEVICE float float_of_bits(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+#endif
+}
 
 ROTARY_HOST_DEVICE int64_t cu_seqlen(const RopeParams& p, int64_t n) {
   const int64_t i = n * p.cu_seqlens_stride;
