@@ -203,8 +203,13 @@ class SweepResults(dict):
         self.fused = set()
 
 
+def _max_diff(got, ref):
+    """The largest logit difference of two _outputs results."""
+    return max((a.double() - b.double()).abs().max().item() for a, b in zip(got[0], ref[0]))
+
+
 def _matches(got, ref):
-    diff = max((a.double() - b.double()).abs().max().item() for a, b in zip(got[0], ref[0]))
+    diff = _max_diff(got, ref)
     return diff if diff <= TOL and torch.equal(got[1], ref[1]) else None
 
 
@@ -243,7 +248,7 @@ def check_family(model_type, cls_name):
         return f"the patched model fails ({type(e).__name__}: {_short(e)})", None, False
     finally:
         unpatch(model)
-    diff = max((a.double() - b.double()).abs().max().item() for a, b in zip(got[0], ref[0]))
+    diff = _max_diff(got, ref)
     if not diff <= TOL:
         return ("patched logits differ from the unpatched model's (its pairing or span is not the one rotary reads)",
                 None, False)
