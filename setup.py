@@ -102,6 +102,7 @@ setup(
     version="0.1.0",
     description="Rotary Position Embedding (RoPE) as LibTorch dispatcher ops: C++, CUDA and Python",
     packages=["rotary", "rotary.integrations"],
+    package_data={"rotary.integrations": ["hub_kernel/*"]},
     package_dir={"": "python"},
     ext_modules=[Extension("rotary._C", sources=[])],
     cmdclass={"build_ext": CMakeBuild},

@@ -66,6 +66,15 @@ void apply_qk_norm_rope_with_kv_cache_(ROTARY_KV_TENSORS ROTARY_KV_PARAMS ROTARY
   op.call(q, k, v, k_cache, v_cache, freqs ROTARY_KV_NAMES ROTARY_NORM_NAMES);
 }
 
+std::tuple<at::Tensor, at::Tensor> apply_rope_cos_sin(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+    const std::optional<at::Tensor>& sin ROTARY_COS_SIN_PARAMS) {
+  static auto op = find_op<std::tuple<at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>& ROTARY_COS_SIN_TYPES)>(
+      "rotary::apply_rope_cos_sin");
+  return op.call(q, k, cos, sin ROTARY_COS_SIN_NAMES);
+}
+
 TORCH_LIBRARY(rotary, m) {
   m.def("apply_rope(Tensor x, Tensor freqs" ROTARY_ROPE_SCHEMA ") -> Tensor");
   m.def("apply_rope_qk(Tensor q, Tensor k, Tensor freqs" ROTARY_ROPE_SCHEMA ") -> (Tensor, Tensor)");
@@ -84,6 +93,7 @@ TORCH_LIBRARY(rotary, m) {
   m.def(
       "apply_qk_norm_rope_with_kv_cache_(Tensor(a!) q, Tensor(b!) k, Tensor v, Tensor(c!) k_cache, "
       "Tensor(d!) v_cache, Tensor freqs" ROTARY_KV_SCHEMA ROTARY_NORM_SCHEMA ") -> ()");
+  m.def("apply_rope_cos_sin(Tensor q, Tensor k, Tensor cos, Tensor? sin" ROTARY_COS_SIN_SCHEMA ") -> (Tensor, Tensor)");
 }
 
 }  // namespace rotary

@@ -98,6 +98,20 @@
 #define ROTARY_ROPE_NAME_LIST ROTARY_DROP_FIRST(ROTARY_ROPE_NAMES)
 #define ROTARY_NORM_NAME_LIST ROTARY_DROP_FIRST(ROTARY_NORM_NAMES)
 
+// apply_rope_cos_sin's, after q, k, cos and sin (keyword-only): the tables
+// as callers hand them, so its own list and defaults (rotate_half tables).
+#define ROTARY_COS_SIN_ARGS(X)                                                   \
+  X(ROTARY_OPT_TENSOR_, ROTARY_OPT_TENSOR_, position_ids, std::nullopt, "*, Tensor? position_ids=None") \
+  X(bool, bool, interleaved, false, "bool interleaved=False")                    \
+  X(c10::string_view, c10::string_view, layout, "BHSD", "str layout=\"BHSD\"")   \
+  X(int64_t, int64_t, rotary_offset, 0, "int rotary_offset=0")                   \
+  X(bool, bool, inverse, false, "bool inverse=False")
+#define ROTARY_COS_SIN_DECLS ROTARY_COS_SIN_ARGS(ROTARY_ARG_DECL)
+#define ROTARY_COS_SIN_PARAMS ROTARY_COS_SIN_ARGS(ROTARY_ARG_PARAM)
+#define ROTARY_COS_SIN_TYPES ROTARY_COS_SIN_ARGS(ROTARY_ARG_TYPE)
+#define ROTARY_COS_SIN_NAMES ROTARY_COS_SIN_ARGS(ROTARY_ARG_NAME)
+#define ROTARY_COS_SIN_SCHEMA ROTARY_COS_SIN_ARGS(ROTARY_ARG_SCHEMA)
+
 // Registers one dispatch key's five kernels in a TORCH_LIBRARY_IMPL, named
 // after the op and the key (apply_rope_meta; in place: apply_rope_inplace_meta).
 #define ROTARY_IMPL_ALL(m, suffix)                                        \

@@ -126,4 +126,24 @@ void apply_qk_norm_rope_with_kv_cache_(
     at::Tensor& v_cache,
     const at::Tensor& freqs ROTARY_KV_DECLS ROTARY_NORM_DECLS);
 
+// Rotates q and k by cos/sin tables as callers hand them (a composite over
+// apply_rope_qk: one pass turns the rows it needs into its table, in float32).
+//   cos, sin     Hugging Face's per-token tables [seq, R] or [batch | 1, seq,
+//                R], R = rotary_dim, in any float dtype: rotate_half tables
+//                repeat their first R/2 values (interleaved: each value
+//                twice), which is checked (an error otherwise). With
+//                position_ids they are [max_pos, R] tables indexed by it.
+//   sin = None   cos is vLLM's / FlashInfer's cos_sin_cache [max_pos, R]:
+//                R/2 cos then R/2 sin per row; position_ids required.
+//   position_ids [seq] or [batch, seq] (3-D q: [tokens]), any integer dtype.
+//   q, k         4-D in `layout` as apply_rope, or [tokens, heads, head_dim]
+//                (vLLM); dims past rotary_offset + R pass through.
+//   interleaved  pairs (2j, 2j+1); default false: rotate_half (j, j + R/2).
+//   inverse      rotates by the negative angle.
+std::tuple<at::Tensor, at::Tensor> apply_rope_cos_sin(
+    const at::Tensor& q,
+    const at::Tensor& k,
+    const at::Tensor& cos,
+    const std::optional<at::Tensor>& sin ROTARY_COS_SIN_DECLS);
+
 }  // namespace rotary

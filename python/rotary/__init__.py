@@ -14,6 +14,7 @@ import torch  # noqa: F401  (loads libtorch before our extension)
 from . import _C  # registers torch.ops.rotary via librotary
 from ._ops import apply_rope, apply_rope_, apply_rope_qk, apply_rope_qk_, apply_rope_with_kv_cache_
 from ._ops import apply_qk_norm_rope, apply_qk_norm_rope_, apply_qk_norm_rope_with_kv_cache_
+from ._ops import apply_rope_cos_sin
 from ._ops import freqs_table, inv_frequencies
 from ._ops import rope_freqs, rope_frequencies  # deprecated aliases, removed in the next release
 from ._C import alibi_bias, alibi_slopes, sinusoidal_table  # the older position schemes, for comparison
@@ -54,6 +55,7 @@ __all__ = [
     "apply_qk_norm_rope",
     "apply_qk_norm_rope_",
     "apply_qk_norm_rope_with_kv_cache_",
+    "apply_rope_cos_sin",
     "freqs_table",
     "inv_frequencies",
     "library_path",

@@ -186,12 +186,13 @@ _CHECK = {"int": "_int_arg", "float": "_float_arg", "Optional[List[int]]": "_pai
 
 def _generate(name: str, returns: Optional[str], doc: str):
     schema = getattr(torch.ops.rotary, name).default._schema
-    legacy = name.startswith("apply_rope") and name != "apply_rope_with_kv_cache_"  # positions= (deprecated)
+    names = {arg.name for arg in schema.arguments}
+    legacy = "offsets" in names and name != "apply_rope_with_kv_cache_"  # positions= (deprecated)
     params, star, call, body = [], False, [], []
     if legacy:
         body.append(f"start_pos, offsets, position_ids = _route(positions, offsets, position_ids, start_pos, "
                     f"cu_seqlens, {name!r})")
-    else:
+    elif "start_pos" in names:
         body.append(f"start_pos = _start_pos({name!r}, start_pos)")
     body.append("kw = {}")
     for arg in schema.arguments:
@@ -292,3 +293,28 @@ apply_qk_norm_rope_with_kv_cache_ = _generate("apply_qk_norm_rope_with_kv_cache_
     ``v_cache`` as :func:`apply_rope_with_kv_cache_` writes them, in every
     cache layout and dtype it takes (contiguous, paged, float8_e4m3fn).
     Returns ``(q, k)``. Not differentiable.""" + _NORM_DOC)
+
+apply_rope_cos_sin = _generate("apply_rope_cos_sin", None, """Rotate q and k by cos/sin tables as callers hand them; returns
+    ``(q_rotated, k_rotated)``, differentiable in q and k.
+
+    * Hugging Face: ``cos``, ``sin`` ``[seq, R]`` or ``[batch | 1, seq, R]``
+      (R = rotary_dim), the pair its rotary embedding returns, in any float
+      dtype. rotate_half tables repeat their first R/2 values (``interleaved=True``:
+      each value twice, as ``repeat_interleave`` builds them); that is checked,
+      and other tables are an error. With ``position_ids`` they are
+      ``[max_pos, R]`` tables indexed by it.
+    * vLLM / FlashInfer: ``sin=None`` and ``cos`` the ``cos_sin_cache``
+      ``[max_pos, R]`` (R/2 cos then R/2 sin per row) with ``position_ids``.
+
+    ``position_ids``: ``[seq]`` or ``[batch, seq]``, any integer dtype. q and
+    k are 4-D in ``layout`` (``"BHSD"``: Hugging Face's ``unsqueeze_dim=1``,
+    ``"BSHD"``: ``unsqueeze_dim=2``, ``"SBHD"``), or ``[tokens, heads,
+    head_dim]`` (vLLM's, positions ``[tokens]``). Dims outside
+    ``[rotary_offset, rotary_offset + R)`` pass through. ``interleaved``
+    (default ``False``: rotate_half) and ``inverse`` are :func:`apply_rope`'s.
+
+    A composite over :func:`apply_rope_qk` (so every backend, autograd and
+    ``torch.compile`` come with it): the rows of the call are read once into
+    its float32 table, then q and k are rotated in one kernel call. A caller
+    that keeps its tables across calls is faster with :func:`apply_rope_qk`
+    and a table built once.""")
