@@ -1,0 +1,79 @@
+"""rotary as a kernel layer for Hugging Face's ``kernels`` route: the
+``rotary_pos_emb`` name that transformers' modeling code registers its
+``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`` under. No
+monkey-patching: ``kernels.kernelize`` swaps the function's forward for
+:class:`RotaryPosEmb`'s, which rotates with :func:`rotary.apply_rope_cos_sin`
+from the cos/sin the model computed.
+
+    from kernels import Mode, kernelize, use_kernel_mapping
+    from rotary.integrations.hub import kernel_mapping
+
+    with use_kernel_mapping(kernel_mapping()):
+        model = kernelize(model, mode=Mode.INFERENCE, device="cpu")
+
+:func:`kernel_repository` is the local kernel repository (a directory the
+``kernels`` package loads: ``metadata.json`` and ``__init__.py``, whose
+``layers`` holds :class:`RotaryPosEmb`). Importing this module does not
+import ``kernels`` or ``transformers``.
+"""
+
+import pathlib
+import types
+from typing import Tuple
+
+import torch
+from torch import nn
+
+from .._ops import apply_rope_cos_sin
+
+__all__ = ["RotaryPosEmb", "apply_rotary_transformers", "kernel_mapping", "kernel_repository", "layers"]
+
+LAYER_NAME = "rotary_pos_emb"  # transformers' name for apply_rotary_pos_emb
+_LAYOUTS = {1: "BHSD", 2: "BSHD"}  # unsqueeze_dim: heads at dim 1 or 2 of q
+
+
+def apply_rotary_transformers(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Hugging Face's ``apply_rotary_pos_emb`` contract: q, k ``[batch,
+    heads, seq, head_dim]`` (``unsqueeze_dim=2``: ``[batch, seq, heads,
+    head_dim]``), cos/sin ``[batch, seq, R]`` rotate_half tables (R <=
+    head_dim: the first R dims rotate, as the partial-rotary families split
+    them). A table that is not rotate_half is an error, never misread."""
+    layout = _LAYOUTS.get(unsqueeze_dim)
+    if layout is None or q.dim() != 4:
+        raise ValueError(
+            f"rotary_pos_emb: rotary serves 4-D q and k with unsqueeze_dim 1 ([batch, heads, seq, head_dim]) or 2 "
+            f"([batch, seq, heads, head_dim]), got q of shape {tuple(q.shape)} and unsqueeze_dim={unsqueeze_dim!r}"
+        )
+    return apply_rope_cos_sin(q, k, cos, sin, layout=layout)
+
+
+class RotaryPosEmb(nn.Module):
+    """The layer ``kernels`` swaps in: stateless, with the forward signature
+    of the function it replaces."""
+
+    can_torch_compile = True
+    has_backward = True
+
+    def forward(self, q, k, cos, sin, unsqueeze_dim=1):
+        return apply_rotary_transformers(q, k, cos, sin, unsqueeze_dim)
+
+
+layers = types.SimpleNamespace(RotaryPosEmb=RotaryPosEmb)
+
+
+def kernel_repository() -> pathlib.Path:
+    """The local kernel repository of :class:`RotaryPosEmb` (installed with
+    the package)."""
+    return pathlib.Path(__file__).resolve().parent / "hub_kernel"
+
+
+def kernel_mapping(devices=("cpu", "cuda")) -> dict:
+    """``{"rotary_pos_emb": {device: {Mode.FALLBACK: repository}}}`` for
+    ``kernels.use_kernel_mapping`` / ``register_kernel_mapping``: every mode
+    (inference, training, torch.compile), on each device."""
+    from kernels import LocalLayerRepository, Mode
+
+    repo = LocalLayerRepository(repo_path=kernel_repository(), layer_name="RotaryPosEmb")
+    return {LAYER_NAME: {device: {Mode.FALLBACK: repo} for device in devices}}

@@ -1,0 +1,142 @@
+"""The Hub route: rotary as the ``kernels`` layer for transformers'
+``rotary_pos_emb``. A tiny random-weight Llama kernelized with rotary's layer
+matches the unpatched model (fp32 logits and greedy decode with a KV cache),
+and so does the model patched the existing way; the layer function matches
+transformers' own apply_rotary_pos_emb, and refuses tables it cannot read.
+
+transformers 5.24 turns its ``kernels`` route on only with kernels >= 0.18.2,
+which PyPI here does not have (0.17.2 is the newest); with an older kernels
+its decorators are no-ops. So the test applies the same two decorators
+transformers applies with a newer kernels (``use_kernel_forward_from_hub``
+on apply_rotary_pos_emb, ``use_kernelized_func`` on the attention class),
+from the installed ``kernels`` itself, then kernelizes as a user would."""
+
+import contextlib
+
+import pytest
+import torch
+
+kernels = pytest.importorskip("kernels")
+transformers = pytest.importorskip("transformers")
+
+from rotary.integrations import apply_rotary_to_model, unpatch  # noqa: E402
+from rotary.integrations import hub  # noqa: E402
+from rotary.integrations.hub import RotaryPosEmb, apply_rotary_transformers, kernel_mapping  # noqa: E402
+from rotary_testing.rope_testing import gen, randn  # noqa: E402
+from transformers.models.llama import modeling_llama  # noqa: E402
+
+TOL = 2e-5
+
+
+def tiny_llama(**extra):
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                   pad_token_id=0, **extra)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    return modeling_llama.LlamaForCausalLM(cfg).eval()
+
+
+@contextlib.contextmanager
+def hub_decorated():
+    """Llama's modeling module as transformers decorates it with kernels >= 0.18.2."""
+    fn, init = modeling_llama.apply_rotary_pos_emb, modeling_llama.LlamaAttention.__init__
+    hub_fn = kernels.use_kernel_forward_from_hub("rotary_pos_emb")(fn)
+    modeling_llama.apply_rotary_pos_emb = hub_fn
+    kernels.use_kernelized_func(hub_fn)(modeling_llama.LlamaAttention)
+    try:
+        yield hub_fn
+    finally:
+        modeling_llama.apply_rotary_pos_emb, modeling_llama.LlamaAttention.__init__ = fn, init
+
+
+@torch.no_grad()
+def outputs(model):
+    ids = torch.randint(3, 128, (2, 12), generator=gen(1))
+    pos = torch.arange(12).expand(2, 12) + torch.tensor([[40], [7]])
+    logits = [model(input_ids=ids).logits, model(input_ids=ids, position_ids=pos).logits]
+    tokens = model.generate(input_ids=ids[:1, :6], max_new_tokens=4, do_sample=False, use_cache=True, pad_token_id=0)
+    return logits, tokens
+
+
+def assert_same(got, ref):
+    for g, r in zip(got[0], ref[0]):
+        torch.testing.assert_close(g, r, rtol=TOL, atol=TOL)
+    assert torch.equal(got[1], ref[1])
+
+
+def test_kernelized_llama_matches_unpatched_and_patched(monkeypatch):
+    ref = outputs(tiny_llama())
+    with hub_decorated() as hub_fn:
+        model = tiny_llama()
+        assert_same(outputs(model), ref)  # decorated, not yet kernelized: transformers' own code
+        with kernels.use_kernel_mapping(kernel_mapping()):
+            kernels.kernelize(model, mode=kernels.Mode.INFERENCE, device="cpu", use_fallback=False)
+        assert hub_fn.forward.__func__ is RotaryPosEmb.forward  # swapped in, not a fallback
+        calls = []
+        original = hub.apply_rope_cos_sin
+        monkeypatch.setattr(hub, "apply_rope_cos_sin", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+        assert_same(outputs(model), ref)
+        assert len(calls) >= 2 * 2  # both layers of both forwards rotated through rotary
+    patched = apply_rotary_to_model(tiny_llama())
+    try:
+        assert_same(outputs(patched), ref)
+    finally:
+        unpatch(patched)
+
+
+def test_kernelized_for_training_and_compile():
+    """The layer is registered for every mode: kernelize accepts training
+    and torch.compile, and gradients equal transformers' own."""
+    ref = tiny_llama().train()
+    ids = torch.randint(3, 128, (1, 8), generator=gen(2))
+    ref(input_ids=ids, labels=ids).loss.backward()
+    with hub_decorated():
+        model = tiny_llama().train()
+        with kernels.use_kernel_mapping(kernel_mapping()):
+            kernels.kernelize(model, mode=kernels.Mode.TRAINING | kernels.Mode.TORCH_COMPILE, device="cpu",
+                              use_fallback=False)
+        model(input_ids=ids, labels=ids).loss.backward()
+    for (name, p), (_, r) in zip(model.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(p.grad, r.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("unsqueeze_dim", [1, 2])
+def test_layer_function_matches_transformers(dtype, unsqueeze_dim):
+    """apply_rotary_transformers against transformers' apply_rotary_pos_emb,
+    with the cos/sin of its own rotary embedding (llama3 rule, batch rows at
+    different positions); in bf16 rotary rounds once, transformers several
+    times, so each is held against a float64 evaluation."""
+    cfg = transformers.LlamaConfig(hidden_size=64, num_attention_heads=4, max_position_embeddings=256, rope_parameters={
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64})
+    emb = modeling_llama.LlamaRotaryEmbedding(cfg)
+    x = randn((2, 4, 6, 16), torch.float32, 3)
+    pos = torch.arange(6).expand(2, 6) + torch.tensor([[0], [100]])
+    cos, sin = emb(x, pos)
+    q, k = randn((2, 4, 6, 16), dtype, 4), randn((2, 2, 6, 16), dtype, 5)
+    if unsqueeze_dim == 2:
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+    got = apply_rotary_transformers(q, k, cos.to(dtype), sin.to(dtype), unsqueeze_dim)
+    want = modeling_llama.apply_rotary_pos_emb(q, k, cos.to(dtype), sin.to(dtype), unsqueeze_dim)
+    exact = modeling_llama.apply_rotary_pos_emb(q.double(), k.double(), cos.to(dtype).double(),
+                                                sin.to(dtype).double(), unsqueeze_dim)
+    for g, w, e in zip(got, want, exact):
+        assert g.dtype == dtype
+        if dtype == torch.float32:
+            torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+        else:
+            assert (g.double() - e).abs().max() <= (w.double() - e).abs().max()
+
+
+def test_layer_refuses_what_it_cannot_read():
+    """An interleaved (repeat_interleave) table is an error, not a wrong
+    rotation; so is an unsqueeze_dim rotary does not serve."""
+    q, k = randn((1, 2, 4, 8), torch.float32, 6), randn((1, 2, 4, 8), torch.float32, 7)
+    a = torch.rand(1, 4, 4, generator=gen(8)) * 3
+    cos, sin = a.cos().repeat_interleave(2, -1), a.sin().repeat_interleave(2, -1)
+    with pytest.raises(RuntimeError, match="must be rotate_half tables"):
+        apply_rotary_transformers(q, k, cos, sin)
+    with pytest.raises(ValueError, match="unsqueeze_dim 1 .* or 2"):
+        apply_rotary_transformers(q, k, torch.cat([a.cos()] * 2, -1), torch.cat([a.sin()] * 2, -1), 0)
