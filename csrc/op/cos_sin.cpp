@@ -101,11 +101,16 @@ std::tuple<at::Tensor, at::Tensor> apply_rope_cos_sin_composite(
     // non-RoPE table would be read as one (one more pass; asynchronous).
     const at::Tensor same = at::logical_and(at::eq(half(cr, interleaved, false), half(cr, interleaved, true)).all(),
                                             at::eq(half(sr, interleaved, false), half(sr, interleaved, true)).all());
-    at::_assert_async(same, interleaved
+    const char* const why = interleaved
         ? "apply_rope_cos_sin: with interleaved=True, cos and sin must repeat each value twice ([c0, c0, c1, c1, "
           "...], repeat_interleave'd); these do not, so they are not RoPE tables for that pairing"
         : "apply_rope_cos_sin: cos and sin must be rotate_half tables, their two halves equal ([c | c]); these "
-          "are not (for repeat_interleave'd tables pass interleaved=True)");
+          "are not (for repeat_interleave'd tables pass interleaved=True)";
+    if (concrete_cpu(cr) && concrete_cpu(sr)) {
+      TORCH_CHECK_VALUE(same.item<bool>(), why);  // on the host: a ValueError, as every other check
+    } else {
+      at::_assert_async(same, why);  // elsewhere reading it would sync (or trace data)
+    }
     c = half(cr, interleaved, false);
     s = half(sr, interleaved, false);
   } else {

@@ -25,7 +25,7 @@ import traceback
 # Share of random cases per family (the op cases dominate: five entry points).
 FAMILIES = [("op", 30), ("kv", 14), ("rotary_offset", 5), ("pair_axes", 6), ("freqs_real", 4), ("views", 7),
             ("index_dtypes", 7), ("scalars", 5), ("module", 8), ("module_options", 6), ("kv_module", 4), ("hf", 4),
-            ("state", 4), ("scheme", 3), ("concurrent", 3), ("norm", 6)]
+            ("state", 4), ("scheme", 3), ("concurrent", 3), ("norm", 6), ("cos_sin", 4)]
 
 
 def _schedule():
@@ -51,7 +51,7 @@ def family_of(seed: int) -> str:
 
 def run_item(item: str):
     """-> (kind, status, detail); status is accepted / refused / finding."""
-    from fuzz import arg_cases, kv_cases, module_cases, norm_cases, op_cases, regressions
+    from fuzz import arg_cases, cos_sin_cases, kv_cases, module_cases, norm_cases, op_cases, regressions
     from fuzz.common import Finding, current
 
     current["kind"] = "?"
@@ -66,7 +66,8 @@ def run_item(item: str):
                   "scalars": arg_cases.run_scalars, "module": module_cases.run_module,
                   "module_options": module_cases.run_module_options, "kv_module": kv_cases.run_kv_module,
                   "hf": module_cases.run_hf, "state": module_cases.run_state, "scheme": module_cases.run_scheme,
-                  "concurrent": module_cases.run_concurrent, "norm": norm_cases.run_norm}[family_of(seed)]
+                  "concurrent": module_cases.run_concurrent, "norm": norm_cases.run_norm,
+                  "cos_sin": cos_sin_cases.run_cos_sin}[family_of(seed)]
             kind, outcome = fn(seed)
     except Finding as f:
         return current["kind"], "finding", str(f)

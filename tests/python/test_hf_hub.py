@@ -136,7 +136,7 @@ def test_layer_refuses_what_it_cannot_read():
     q, k = randn((1, 2, 4, 8), torch.float32, 6), randn((1, 2, 4, 8), torch.float32, 7)
     a = torch.rand(1, 4, 4, generator=gen(8)) * 3
     cos, sin = a.cos().repeat_interleave(2, -1), a.sin().repeat_interleave(2, -1)
-    with pytest.raises(RuntimeError, match="must be rotate_half tables"):
+    with pytest.raises(ValueError, match="must be rotate_half tables"):
         apply_rotary_transformers(q, k, cos, sin)
     with pytest.raises(ValueError, match="unsqueeze_dim 1 .* or 2"):
         apply_rotary_transformers(q, k, torch.cat([a.cos()] * 2, -1), torch.cat([a.sin()] * 2, -1), 0)
