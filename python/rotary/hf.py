@@ -13,9 +13,11 @@ import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from . import _C
+from ._hf_parts import layer_theta as _layer_theta, layer_thetas as _layer_thetas
+from ._hf_parts import rule_of as _rule_of, sections as _sections
 from .hf_families import GENERIC_FIELDS, Family, family_of
 
-__all__ = ["layer_types_of", "rope_kwargs_from_hf_config"]
+__all__ = ["layer_thetas_of", "layer_types_of", "rope_kwargs_from_hf_config"]
 
 _DEFAULT_THETA = 10000.0
 # Keys of rope_parameters that describe the model rather than the rule.
@@ -91,10 +93,6 @@ def _given_params(config: Any) -> Any:
     return _get(config, "rope_parameters") or _get(config, "rope_scaling") or {}
 
 
-def _rule_of(params: Mapping) -> str:  # 'type' is rope_type's alias; None counts as absent
-    return params.get("rope_type") or params.get("type") or "default"
-
-
 def layer_types_of(config: Any) -> Optional[List[str]]:
     """The layer types a config's rope_parameters is keyed by (Gemma 3,
     OLMo 3, ModernBERT, ...), sorted; None for one rule for every layer."""
@@ -136,34 +134,6 @@ def _rope_params(config: Any, layer_type: Optional[str] = None, attention_keys=(
     return params
 
 
-def _sections(params: Dict[str, Any], fam: Family, model_type: str):
-    """(mrope_section, mrope_interleaved, axial) popped from params, defaulted
-    as the family's rotary class does; the rule left is the plain one."""
-    # Multimodal RoPE: the sections go to the module (the frequencies are the
-    # plain rule's).
-    mrope = params.pop("mrope_section", None)
-    mrope_inter = params.pop("mrope_interleaved", None)
-    if fam.mrope_section is not None:
-        if mrope_inter is not None and bool(mrope_inter) != fam.mrope_interleaved:
-            raise ValueError(f"from_hf_config: mrope_interleaved={mrope_inter!r}, but transformers' {model_type} "
-                             f"always lays sections out {'interleaved' if fam.mrope_interleaved else 'contiguous'}")
-        mrope_inter = fam.mrope_interleaved
-        if mrope is None:
-            mrope = list(fam.mrope_section)
-    elif (mrope is not None or mrope_inter is not None) and model_type:
-        name, value = ("mrope_section", mrope) if mrope is not None else ("mrope_interleaved", mrope_inter)
-        raise ValueError(f"from_hf_config: rope_parameters['{name}']={value!r} is not read for model_type "
-                         f"{model_type!r} (its layout is family-specific)")
-    mrope_inter = bool(mrope_inter)
-    # mrope, and Pixtral's 2-D "axial" (one spectrum dealt to the h and w
-    # axes): the plain rule's frequencies, the axes in the module's options.
-    axial = _rule_of(params) == "axial"
-    if _rule_of(params) in ("mrope", "axial"):
-        params["rope_type"] = "default"
-        params.pop("type", None)
-    return mrope, mrope_inter, axial
-
-
 def _span(config: Any, fam: Family, partial: float, model_type: str, field) -> Tuple[int, int]:
     """(rotary_dim, rotary_offset): the rotated dims of a head, as the family
     lays them out."""
@@ -174,6 +144,10 @@ def _span(config: Any, fam: Family, partial: float, model_type: str, field) -> T
                              "qk_rope_head_dim dims")
         rotary_dim = _int_field(config, "qk_rope_head_dim", model_type)
         offset = _int_field(config, "qk_nope_head_dim", model_type)
+        table = fam.table_dim_field
+        if table and _int_field(config, table, model_type) != rotary_dim:
+            raise ValueError(f"from_hf_config: {table}={_get(config, table)!r}: {model_type}'s rotary class sizes "
+                             f"its table by {table}, which must equal qk_rope_head_dim={rotary_dim}")
         head_dim = offset + rotary_dim
     else:
         head_dim = _get(config, "head_dim") if fam.span == "leading" else None
@@ -223,8 +197,19 @@ def _scaling(config: Any, params: Dict[str, Any], max_pos: Optional[int], rotary
     return spec
 
 
+def layer_thetas_of(config: Any) -> Optional[List[float]]:
+    """The bases of a config whose layers each have their own (GraniteSWA's
+    ``layer_rope_theta``; 0: no RoPE), distinct and sorted; None otherwise."""
+    config = _text_config(config)
+    model_type = str(_get(config, "model_type", ""))
+    field = getattr(family_of(model_type), "layer_theta_field", None)
+    values = _get(config, field) if field else None
+    return None if values is None else _layer_thetas(values, field, model_type)
+
+
 def rope_kwargs_from_hf_config(
-    config: Any, max_seq_len: Optional[int] = None, layer_type: Optional[str] = None
+    config: Any, max_seq_len: Optional[int] = None, layer_type: Optional[str] = None,
+    layer_theta: Optional[float] = None, *, allow_inverse: bool = False,
 ) -> Dict[str, Any]:
     """Keyword arguments of ``rotary.RotaryEmbedding`` (and
     ``rotary.CppRotaryEmbedding``) for the rotary embedding ``config`` describes.
@@ -264,12 +249,16 @@ def rope_kwargs_from_hf_config(
     MLA with ``rope_interleave`` keeps each pair in place where DeepSeek-V3
     writes evens then odds: q . k is the same. YaRN's softmax mscale is the
     attention's, not returned here. ``rope_parameters`` keyed by layer type
-    (Gemma 3, OLMo 3: :func:`layer_types_of`) is read for ``layer_type``.
+    (Gemma 3, OLMo 3: :func:`layer_types_of`) is read for ``layer_type``;
+    per-layer bases (GraniteSWA: :func:`layer_thetas_of`) for ``layer_theta``.
 
     Raises ``ValueError``, naming the field and its value, for what it cannot
     represent: a rope-related field it does not read, a key of
     ``rope_parameters`` no rule reads, a refused family, per-layer-type rope
-    parameters without ``layer_type``, an odd rotary dim, an unknown ``rope_type``, sections that do
+    parameters without ``layer_type`` (several per-layer bases without
+    ``layer_theta``), a family rotating by the negative angle (NanoChat;
+    ``allow_inverse=True``: the caller passes ``inverse=True`` to the ops, as
+    the transformers patch does), an odd rotary dim, an unknown ``rope_type``, sections that do
     not sum to ``dim / 2``; and for missing or invalid fields.
     """
     config = _text_config(config)
@@ -277,6 +266,9 @@ def rope_kwargs_from_hf_config(
     family = family_of(model_type)
     if family is not None and family.refuse:
         raise ValueError(f"from_hf_config: model_type {model_type!r} is not supported: {family.refuse}")
+    if family is not None and family.inverse and not allow_inverse:
+        raise ValueError(f"from_hf_config: model_type {model_type!r} rotates by the negative angle, which "
+                         "RotaryEmbedding has no option for (the ops take inverse=True)")
     _check_fields(config, model_type, family)
     fam = family or Family()
 
@@ -303,10 +295,17 @@ def rope_kwargs_from_hf_config(
         params.get("rope_theta"), _get(config, "rope_theta"), _get(config, "rotary_emb_base"),
         _get(config, "default_theta", _DEFAULT_THETA),
     )
+    per_layer = _get(config, fam.layer_theta_field) if fam.layer_theta_field else None
+    if per_layer is not None:  # the layers' own bases: rope_theta only filled them in
+        theta = _layer_theta(per_layer, fam.layer_theta_field, layer_theta, model_type)
+    elif layer_theta is not None:
+        raise ValueError(f"from_hf_config: layer_theta={layer_theta!r}, but {model_type or 'the config'} has no "
+                         "per-layer bases (rotary.hf.layer_thetas_of)")
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0.0 < theta < math.inf:
         raise ValueError(f"from_hf_config: rope_theta must be a finite number > 0, got {theta!r}")
     partial = _first(
-        params.get("partial_rotary_factor"), _get(config, "partial_rotary_factor"), _get(config, "rotary_pct"), 1.0
+        params.get("partial_rotary_factor"), _get(config, "partial_rotary_factor"), _get(config, "rotary_pct"),
+        fam.partial_default,
     )
     if isinstance(partial, bool) or not isinstance(partial, (int, float)) or not 0.0 < partial <= 1.0:
         raise ValueError(

@@ -35,6 +35,28 @@ class Family:
     # Keys of rope_parameters the family's attention reads, not its rotation
     # (Ministral 3 scales q by position with llama_4_scaling_beta).
     attention_keys: Tuple[str, ...] = ()
+    # The layout ("BHSD" / "BSHD") in which apply_rotary_emb(xq, xk, freqs_cis)
+    # rotates: the rotary_emb returns one complex freqs_cis, not (cos, sin).
+    freqs_cis_layout: Optional[str] = None
+    # (modeling function, pairing) where one pairs unlike the family's attention
+    # (DeepSeek-V3.2's indexer calls a rotate_half apply_rotary_pos_emb).
+    function_pairing: Tuple[Tuple[str, str], ...] = ()
+    # Rope-named config fields that are not the rotation's: which layers rotate
+    # (SmolLM3's no_rope_layers, read by the attention), or none's (documented,
+    # never read by transformers' code).
+    layer_fields: Tuple[str, ...] = ()
+    # A config list of per-layer bases (0: no RoPE), one table per distinct
+    # base (GraniteSWA's layer_rope_theta).
+    layer_theta_field: Optional[str] = None
+    # The rotated share where rope_parameters gives none (MiMo-V2-Flash: 0.334).
+    partial_default: float = 1.0
+    # The rotary class sizes its table by this field, not by the span: refused
+    # unless they agree (LongCat-Flash's head_dim, unlike other MLA configs,
+    # is not set to qk_rope_head_dim).
+    table_dim_field: Optional[str] = None
+    # Rotates by the negative angle (NanoChat's rotate_half is cat((x2, -x1))):
+    # the patch passes inverse=True to the ops; RotaryEmbedding has no such option.
+    inverse: bool = False
     # Set: the family is refused, with this reason.
     refuse: Optional[str] = None
 
@@ -42,7 +64,8 @@ class Family:
     def fields(self) -> Tuple[str, ...]:
         """Family-specific config fields this entry reads."""
         out = {"rotary_dim": ("rotary_dim",), "mla": ("qk_rope_head_dim", "qk_nope_head_dim", "qk_head_dim")}
-        return out.get(self.span, ()) + ((self.interleave_field,) if self.interleave_field else ())
+        own = (self.interleave_field, self.layer_theta_field)
+        return out.get(self.span, ()) + tuple(f for f in own if f) + self.layer_fields
 
 
 # Rope-named config fields whose meaning is the same in every family.
@@ -72,34 +95,72 @@ FAMILIES: Dict[str, Family] = {
     "qwen2_vl": _QWEN2_VL, "qwen2_vl_text": _QWEN2_VL,
     "qwen2_5_vl": _QWEN2_VL, "qwen2_5_vl_text": _QWEN2_VL,
     "qwen3_vl": _QWEN3_VL, "qwen3_vl_text": _QWEN3_VL,
+    # Cohere Compass: Qwen3-VL's layout and sections, per layer type (None: no RoPE).
+    "cohere_compass_text": _QWEN3_VL,
     "qwen3_5_text": _QWEN3_5, "qwen3_5_moe_text": _QWEN3_5,
     # (2j, 2j+1) pairs: rotate_every_two, or cos/sin built with repeat_interleave
     "gptj": _GPTJ, "codegen": _GPTJ,
     **{name: _INTER for name in ("cohere", "glm", "glm4", "helium", "ernie4_5", "ernie4_5_moe")},
     # MLA [nope | rope] heads: DeepSeek-V2 rotates complex pairs (interleaved);
     # DeepSeek-V3 / GLM-4.7-Flash interleave when rope_interleave (default True).
-    "deepseek_v2": Family(pairing="interleaved", span="mla"),
+    "deepseek_v2": Family(pairing="interleaved", span="mla", freqs_cis_layout="BHSD"),
     "deepseek_v3": Family(span="mla", interleave_field="rope_interleave", interleave_default=True),
+    # Sarvam-105B is DeepseekV3ForCausalLM with its own config class.
+    "sarvam_mla": Family(span="mla", interleave_field="rope_interleave", interleave_default=True),
     "glm4_moe_lite": Family(span="mla", interleave_field="rope_interleave", interleave_default=True),
     "axk1": Family(span="mla", interleave_field="rope_interleave", interleave_default=True),
     "youtu": Family(span="mla", interleave_field="rope_interleave", interleave_default=True),
     # MLA heads rotated with rotate_half on q_rot / k_rot.
     "minicpm3": Family(span="mla"), "hy_v4": Family(span="mla"),
-    # Two pairings in one model: the attention's rope is interleaved, its
-    # sparse-attention indexer's rotate_half.
-    **{name: Family(refuse="its attention and its indexer pair dims differently (interleaved and rotate_half)")
-       for name in ("axk2", "deepseek_v32", "glm_moe_dsa")},
-    # Refused: RoPE on some layers only, or pairings / spans not verified.
-    "cohere2": Family(refuse="RoPE is applied on its sliding-window layers only (the others have none)"),
-    "llama4": Family(refuse="RoPE is skipped on its no_rope_layers, and its pairing is complex-interleaved"),
-    "smollm3": Family(refuse="RoPE is skipped on its no_rope_layers"),
+    # MLA always through apply_rotary_pos_emb_interleave (no rope_interleave
+    # field), GlmMoeDsa's sparse-attention indexer too; BailingHybrid's linear
+    # attention layers have no RoPE (its config.json says model_max_length).
+    "glm_moe_dsa": Family(pairing="interleaved", span="mla"),
+    "longcat_flash": Family(pairing="interleaved", span="mla", table_dim_field="head_dim"),
+    "bailing_hybrid": Family(pairing="interleaved", span="mla",
+                             aliases=(("max_position_embeddings", "model_max_length"),)),
+    # The same, but the indexer's apply_rotary_pos_emb is rotate_half.
+    **{name: Family(pairing="interleaved", span="mla", function_pairing=(("apply_rotary_pos_emb", "half"),))
+       for name in ("axk2", "deepseek_v32")},
+    # RoPE on some layers only: the others never call apply_rotary_pos_emb.
+    # Cohere 2 rotates its sliding-window layers (and Cohere2Moe's force_rope
+    # ones), pairs (2j, 2j+1) over the whole head.
+    **{name: _INTER for name in ("cohere2", "cohere2_moe")},
+    "smollm3": Family(layer_fields=("no_rope_layers", "no_rope_layer_interval")),
+    # Zamba2's shared attention rotates only with use_mem_rope (no rotary_emb without it).
+    "zamba2": Family(layer_fields=("use_mem_rope",)),
+    **{name: Family(layer_theta_field="layer_rope_theta") for name in ("granite_swa", "granitemoe_swa")},
+    # Per-layer-type rules, each rotating int(head_dim * partial_rotary_factor).
+    "mimo_v2_flash": Family(partial_default=0.334),
+    # MiniMax-M3 rotates int(head_dim * partial_rotary_factor) dims; its
+    # documented rotary_dim is never read.
+    "minimax_m3_vl_text": Family(layer_fields=("rotary_dim",)),
+    # NanoChat's rotate_half is cat(x2, -x1): the negative angle.
+    "nanochat": Family(inverse=True),
+    # Llama 4: complex pairs (2j, 2j+1) from a freqs_cis in BSHD, none on its no_rope_layers.
+    **{name: Family(pairing="interleaved", freqs_cis_layout="BSHD",
+                    layer_fields=("no_rope_layers", "no_rope_layer_interval")) for name in ("llama4", "llama4_text")},
+    # Read from their modeling code: rotations beyond q and k, or none through rotary_emb.
+    "deepseek_v4": Family(refuse="it also rotates v (k = v) and, with -sin, the attention output; its "
+                                 "compressors rotate at their own positions"),
+    "inkling2_text": Family(refuse="its text layers have no RoPE (a relative position bias); only its vision "
+                                   "tower rotates, through apply_rotary_pos_emb_vision"),
+    # Qwen4-Exp: Qwen3.5's M-RoPE ((11, 11, 10) interleaved), but over the whole position history.
+    "qwen4_exp_text": Family(refuse="its attention and QSA indexer index the (cos, sin) of the whole position "
+                                    "history (cos[:, -n:], cos[b].index_select(0, block_starts)) and the indexer "
+                                    "rotates q alone: the patch returns no table to index"),
+    # Dots3-Note: MLA through apply_rotary_pos_emb_interleave (its indexer too).
+    "dots3_note_text": Family(refuse="its MLA span is per layer type (per_layer_config), each table sized by "
+                                     "partial_rotary_factor = qk_rope_head_dim / head_dim of that type: rotary "
+                                     "reads one span"),
+    "roformer": Family(refuse="a staticmethod of its attention rotates with an nn.Embedding sinusoidal table "
+                              "(no rotary_emb to patch)"),
     **{name: Family(refuse=_NOT_VERIFIED) for name in (
-        "bailing_hybrid", "blt", "cohere2_moe", "deepseek_v4", "dots3_note",
-        "dots3_note_text", "efficientloftr", "hy_v4_vl", "hy_v4_vl_text", "lightglue", "longcat_flash",
+        "blt", "dots3_note", "efficientloftr", "hy_v4_vl", "hy_v4_vl_text", "lightglue",
         "mistral4", "mistral_large4", "mistral_large4_text", "moonshine", "moonshine_streaming",
-        "llama4_text", "blt_global_transformer", "blt_local_decoder", "blt_local_encoder",
+        "blt_global_transformer", "blt_local_decoder", "blt_local_encoder",
         "blt_patcher", "ernie4_5_vl_moe", "ernie4_5_vl_moe_text", "glm4v", "glm4v_text", "glm_ocr", "glm_ocr_text",
-        "inkling2", "inkling2_text", "moonshine_streaming_encoder", "neomme", "openai_privacy_filter", "roformer",
+        "inkling2", "moonshine_streaming_encoder", "neomme", "openai_privacy_filter",
         "edgetam_video", "sam2_video", "sam3", "sam3_tracker_video")},
 }
 

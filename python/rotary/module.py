@@ -92,13 +92,15 @@ class RotaryEmbedding(nn.Module):
 
     @classmethod
     def from_hf_config(cls, config, *, max_seq_len: Optional[int] = None, angle_dtype: AngleDtype = "float64",
-                       layer_type: Optional[str] = None):
+                       layer_type: Optional[str] = None, layer_theta: Optional[float] = None):
         """The module a transformers config (or its dict form) describes, for
-        ``layer_type`` when its rule differs per layer type (``rotary.hf.layer_types_of``);
+        ``layer_type`` when its rule differs per layer type (``rotary.hf.layer_types_of``),
+        ``layer_theta`` when its layers have their own bases (``rotary.hf.layer_thetas_of``);
         one it cannot serve is refused by name (docs/scaling.md)."""
         from .hf import rope_kwargs_from_hf_config
 
-        return cls(**rope_kwargs_from_hf_config(config, max_seq_len, layer_type), angle_dtype=angle_dtype)
+        kwargs = rope_kwargs_from_hf_config(config, max_seq_len, layer_type, layer_theta)
+        return cls(**kwargs, angle_dtype=angle_dtype)
 
     def _install(self, freqs: torch.Tensor, inv_freq: torch.Tensor) -> None:
         self._buffers["freqs"], self._buffers["inv_freq"] = freqs, inv_freq

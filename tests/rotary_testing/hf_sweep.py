@@ -11,14 +11,16 @@ sweep and fails when either differs from what it finds.
 """
 
 import argparse
-import importlib
+import copy
 import inspect
 import pathlib
+import re
 import sys
 import warnings
 
 import torch
 
+from .hf_tiny import MAMBA, VL_FAMILIES, VOCAB, _config_of, tiny_model, tiny_vl  # noqa: F401
 from .rope_testing import gen
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -26,28 +28,13 @@ TABLE = ROOT / "python" / "rotary" / "integrations" / "hf_support.py"
 DOC = ROOT / "docs" / "transformers.md"
 DOC_BEGIN, DOC_END = "<!-- hf-sweep: begin -->", "<!-- hf-sweep: end -->"
 
-VOCAB, SEQ, NEW_TOKENS = 128, 12, 4
-MAX_PARAMS = 3_000_000
+SEQ, NEW_TOKENS = 12, 4
 TOL = 2e-5  # fp32 logits, patched vs unpatched (one rounding of q and k apart)
 
-# Small everything: each field a family's config has (attribute_map sends the
-# standard names to its own spelling).
-TINY = dict(
-    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-    head_dim=16, vocab_size=VOCAB, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-    tie_word_embeddings=False, rotary_dim=8,
-    # mixture of experts
-    num_experts=4, num_local_experts=4, n_routed_experts=4, moe_num_experts=4, num_experts_per_tok=2,
-    moe_intermediate_size=32, shared_expert_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1,
-    n_group=1, topk_group=1, moe_topk=2,
-    # multi-head latent attention
-    kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
-    # hybrids: an attention layer among the two (the one RoPE is tested on)
-    attn_layer_period=2, attn_layer_offset=1, attn_layer_indices=[1],
-)
-# Mamba mixers sized to the tiny hidden size: a second try, for the hybrids
-# whose first build fails (others, e.g. Falcon-H1, build with their own).
-MAMBA = dict(mamba_n_heads=4, mamba_d_head=32, mamba_expand=2, mamba_n_groups=1, mamba_d_state=16)
+
+# A call of an apply_rotary* function, not its def or the kernels decorator
+# naming it (Jamba and Nemotron-H keep both, and never rotate).
+_CALLS_ROTARY = re.compile(r"(?<!def )(?<!use_kernelized_func\()\bapply_rotary\w*\(")
 
 
 def rotary_families():
@@ -64,108 +51,21 @@ def rotary_families():
         except Exception:  # not importable here (a missing optional dependency)
             out[model_type] = cls_name
             continue
-        if "rotary_emb" in src or "RotaryEmbedding" in src or "apply_rotary" in src:
+        if "rotary_emb" in src or "RotaryEmbedding" in src or _CALLS_ROTARY.search(src):
             out[model_type] = cls_name
-    return out
+    for model_type, cls_name in list(out.items()):  # a composite's causal LM is its text model: swept as that
+        text = getattr(getattr(getattr(transformers, cls_name, None), "config_class", None), "model_type", None)
+        if text and text != model_type and text not in out and text in _composite_parts(model_type):
+            out[text] = cls_name
+    return dict(sorted(out.items()))
 
 
-# A family whose defaults need a wider head than TINY's: Qwen3.5's M-RoPE
-# sections (11, 11, 10) cover 64 rotated dims, a quarter of the head.
-TINY_FOR = {"qwen3_5_text": dict(head_dim=256), "qwen3_5_moe_text": dict(head_dim=256)}
-
-
-def _shrink(config, extra=None):
-    for name, value in {**TINY, **TINY_FOR.get(config.model_type, {}), **(extra or {})}.items():
-        if name in getattr(config, "attribute_map", {}) or hasattr(config, name):  # only fields it has
-            try:
-                setattr(config, name, value)
-            except Exception:
-                pass
-    if getattr(config, "qk_rope_head_dim", None) and getattr(config, "head_dim", None):
-        config.head_dim = config.qk_rope_head_dim  # MLA: the rotary module's width is the rope part
-    if getattr(config, "kv_lora_rank", None):
-        config.num_key_value_heads = config.num_attention_heads  # MLA: k has every head
-    types = getattr(config, "layer_types", None)
-    if isinstance(types, (list, tuple)) and types:
-        kinds = list(dict.fromkeys(types))  # one layer of each kind, at least two layers
-        if all(k in ("linear_attention", "mamba") for k in kinds):
-            kinds.append("full_attention")  # a hybrid's attention layer, where RoPE is
-        kinds = kinds if len(kinds) > 1 else kinds * 2
-        try:
-            config.layer_types = kinds
-            config.num_hidden_layers = len(kinds)
-        except Exception:
-            pass
-    config._attn_implementation = "eager"
-    return config
-
-
-def _config_of(model_type):
-    """The family's default config."""
-    from transformers import AutoConfig
-
-    return AutoConfig.for_model(model_type)
-
-
-def tiny_model(model_type, cls_name, extra=None):
-    import transformers
-    from transformers import AutoConfig
-
-    config = _shrink(AutoConfig.for_model(model_type), extra)
-    cls = getattr(transformers, cls_name)
-    with torch.device("meta"):
-        n = sum(p.numel() for p in cls(config).parameters())
-    if n > MAX_PARAMS:
-        raise RuntimeError(f"{n} parameters with the tiny settings (a composite or unusual config)")
-    torch.manual_seed(0)
-    return cls(config).eval()
-
-
-# Multimodal-RoPE families, outside the causal-LM mapping: a hand-built tiny
-# model each (a vision tower too), swept like the rest.
-VL_FAMILIES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
-               "qwen3_vl": "Qwen3VLForConditionalGeneration"}
-
-
-def tiny_vl(family):
-    """A random-weight multimodal-RoPE model and inputs with an image (so
-    get_rope_index builds image-grid positions)."""
-    import transformers
-
-    torch.manual_seed(0)
-    text = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=256)
-    if family == "qwen2_vl":
-        text["rope_parameters"] = {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0}
-        cfg = transformers.Qwen2VLConfig(
-            text_config=text, vision_config=dict(depth=1, embed_dim=32, hidden_size=64, num_heads=2, patch_size=2,
-                                                 spatial_merge_size=2, temporal_patch_size=2, in_channels=3, mlp_ratio=2),
-            image_token_id=100, video_token_id=101, vision_start_token_id=102, vision_end_token_id=103)
-        model = transformers.Qwen2VLForConditionalGeneration(cfg)
-    elif family == "qwen2_5_vl":
-        text["rope_parameters"] = {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0}
-        cfg = transformers.Qwen2_5_VLConfig(
-            text_config=text, vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
-                                                 patch_size=2, spatial_merge_size=2, temporal_patch_size=2,
-                                                 in_channels=3, out_hidden_size=64, window_size=8,
-                                                 fullatt_block_indexes=[0]),
-            image_token_id=100, video_token_id=101, vision_start_token_id=102, vision_end_token_id=103)
-        model = transformers.Qwen2_5_VLForConditionalGeneration(cfg)
-    else:
-        text["rope_parameters"] = {"rope_type": "default", "mrope_section": [4, 2, 2], "mrope_interleaved": True,
-                                   "rope_theta": 10000.0}
-        text["head_dim"] = 16
-        cfg = transformers.Qwen3VLConfig(
-            text_config=text, vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
-                                                 patch_size=2, spatial_merge_size=2, temporal_patch_size=2,
-                                                 in_channels=3, out_hidden_size=64, num_position_embeddings=16,
-                                                 deepstack_visual_indexes=[]),
-            image_token_id=100, video_token_id=101, vision_start_token_id=102, vision_end_token_id=103)
-        model = transformers.Qwen3VLForConditionalGeneration(cfg)
-    ids = torch.tensor([[5, 6, 102] + [100] * 4 + [103, 7, 8]])
-    inputs = dict(input_ids=ids, pixel_values=torch.randn(16, 24, generator=gen(6)),
-                  image_grid_thw=torch.tensor([[1, 4, 4]]), mm_token_type_ids=(ids == 100).long())
-    return model.eval(), inputs
+def _composite_parts(model_type):
+    try:
+        config = _config_of(model_type)
+    except Exception:
+        return ()
+    return {getattr(getattr(config, n, None), "model_type", None) for n in getattr(config, "sub_configs", {})}
 
 
 def _calls(model_type, cls_name):
@@ -194,6 +94,48 @@ def _outputs(model, calls, prompt):
     return logits, tokens
 
 
+class _RotaryOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the rotary ops a forward runs."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func.namespace == "rotary"
+        return func(*args, **(kwargs or {}))
+
+
+@torch.no_grad()
+def _rotations(model, kw):
+    """How many times one forward rotates: the unpatched model's calls of its
+    modeling modules' rotation functions (the ones the patch replaces)."""
+    from rotary.integrations import _hf_functions
+    from rotary.integrations.transformers import _attention_modules
+
+    count, saved = [0], []
+    for name in _attention_modules(model, "BHSD"):  # every rotation function, the complex form too
+        module = sys.modules[name]
+        for f in _hf_functions.FUNC_NAMES:
+            fn = getattr(module, f, None)
+            if callable(fn):
+                saved.append((module, f, fn))
+                setattr(module, f, lambda *a, _fn=fn, **k: count.__setitem__(0, count[0] + 1) or _fn(*a, **k))
+    try:
+        model(**kw)
+    finally:
+        for module, f, fn in saved:
+            setattr(module, f, fn)
+    return count[0]
+
+
+@torch.no_grad()
+def _rotary_calls(model, kw):
+    with _RotaryOps() as mode:
+        model(**kw)
+    return mode.count
+
+
 class SweepResults(dict):
     """{model_type: reason or None}; .fused: the families whose patched model
     with fused q/k norms (fuse_qk_norm) also equals the unpatched one."""
@@ -201,6 +143,7 @@ class SweepResults(dict):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.fused = set()
+        self.bf16 = {}  # family: (patched, unpatched) bf16 error against fp32
 
 
 def _max_diff(got, ref):
@@ -228,14 +171,45 @@ def check_fused(model, calls, prompt, ref):
         unpatch(model)
 
 
-def check_family(model_type, cls_name):
+# Families also checked in bf16: one per pairing, span and table kind.
+BF16 = frozenset({"llama", "qwen3", "gemma3_text", "gptj", "glm4", "phi3", "deepseek_v3", "llama4_text", "olmo2"})
+
+
+@torch.no_grad()
+def check_bf16(model, kw, ref32):
+    """(patched, unpatched) mean |logit - fp32 logit| of the model in bf16:
+    rotary rounds q and k once where transformers rounds each product, so
+    its error must not exceed transformers' own by more than chance (1.5x)."""
+    from rotary.integrations.transformers import _patch, unpatch
+
+    model = copy.deepcopy(model).to(torch.bfloat16)  # a copy: the fp32 weights stay exact
+    theirs = (model(**kw).logits.double() - ref32.double()).abs().mean().item()
+    _patch(model)
+    try:
+        ours = (model(**kw).logits.double() - ref32.double()).abs().mean().item()
+    finally:
+        unpatch(model)
+    return ours, theirs
+
+
+def check_family(model_type, cls_name, bf16=None):
     """(None, max logit difference, fused) when the family passes, else
-    (reason, None, False); fused: it passes with fused q/k norms too."""
+    (reason, None, False); fused: it passes with fused q/k norms too. With a
+    dict bf16, a family of BF16 is also checked in bf16 (its errors stored
+    there)."""
     from rotary.integrations.transformers import _patch, unpatch
 
     try:
         model, calls, prompt = _calls(model_type, cls_name)
+    except Exception as e:
+        return f"the sweep builds no tiny model ({type(e).__name__}: {_short(e)})", None, False
+    built = getattr(model.config, "model_type", model_type)
+    if built != model_type:  # AutoModelForCausalLM gives its text model, not one of this model_type
+        return (f"its causal LM is its text model, model_type {built!r} (swept under that name); its multimodal "
+                f"model is not swept"), None, False
+    try:
         ref = _outputs(model, calls, prompt)
+        rotations = _rotations(model, calls[0])
     except Exception as e:
         return f"the sweep builds no tiny model ({type(e).__name__}: {_short(e)})", None, False
     try:
@@ -244,6 +218,7 @@ def check_family(model_type, cls_name):
         return f"{_short(e)}", None, False
     try:
         got = _outputs(model, calls, prompt)
+        served = _rotary_calls(model, calls[0])
     except Exception as e:
         return f"the patched model fails ({type(e).__name__}: {_short(e)})", None, False
     finally:
@@ -254,6 +229,15 @@ def check_family(model_type, cls_name):
                 None, False)
     if not torch.equal(got[1], ref[1]):
         return "greedy decode with a KV cache differs", None, False
+    if served == 0 or served < rotations:  # equal logits prove nothing where transformers' code still rotates
+        return (f"the patched model rotates through rotary {served} times a forward, the unpatched one {rotations} "
+                f"times", None, False)
+    if bf16 is not None and model_type in BF16:
+        ours, theirs = check_bf16(model, calls[0], ref[0][0])
+        if not ours <= 1.5 * theirs:
+            return (f"bf16 logits are {ours:.2g} from fp32 (mean), transformers' own bf16 forward {theirs:.2g}",
+                    None, False)
+        bf16[model_type] = (ours, theirs)
     return None, diff, check_fused(model, calls, prompt, ref)
 
 
@@ -270,15 +254,31 @@ def sweep(verbose=False):
     try:
         out = SweepResults()
         for model_type, cls_name in {**rotary_families(), **VL_FAMILIES}.items():
-            out[model_type], diff, fused = check_family(model_type, cls_name)
+            out[model_type], diff, fused = check_family(model_type, cls_name, out.bf16)
             if fused:
                 out.fused.add(model_type)
             if verbose:
                 ok = f"ok {diff:.1e}{' (fused q/k norm too)' if fused else ''}" if diff is not None else out[model_type]
+                if model_type in out.bf16:
+                    ok += " bf16 %.2g vs transformers' %.2g" % out.bf16[model_type]
                 print(f"{model_type:28s} {ok}")
         return out
     finally:
         torch.set_num_threads(threads)
+
+
+_KINDS = (("its causal LM is its text model", "composite: its causal LM is a text model swept under its own name"),
+          ("the sweep builds no tiny model", "no tiny model builds"),
+          ("is not supported", "a rotation rotary does not serve"))
+
+
+def _reasons(refused):
+    """[(kind of reason, count)] of the refused families."""
+    counts = {}
+    for _, why in refused:
+        kind = next((k for prefix, k in _KINDS if prefix in why), "other")
+        counts[kind] = counts.get(kind, 0) + 1
+    return sorted(counts.items(), key=lambda kv: -kv[1])
 
 
 def render_table(results):
@@ -292,6 +292,9 @@ def render_table(results):
              "Supported: " + ", ".join(f"`{k}`" for k in supported) + ".", "",
              f"Their q/k RMSNorm runs inside the rotation (`apply_qk_norm_rope`) for {len(results.fused)}: "
              + ", ".join(f"`{k}`" for k in sorted(results.fused)) + ".", "",
+             f"Also checked in bf16 (patched logits no further from the fp32 ones than 1.5x transformers' own bf16 "
+             f"forward, mean): " + ", ".join(f"`{k}`" for k in sorted(results.bf16)) + ".", "",
+             "Refused, by reason: " + "; ".join(f"{n} {why}" for why, n in _reasons(refused)) + ".", "",
              "| refused family | why |", "| --- | --- |"]
     lines += [f"| `{k}` | {v.replace('|', '/')} |" for k, v in refused]
     return "\n".join(lines + ["", DOC_END])

@@ -94,6 +94,14 @@ def take(q: torch.Tensor, k: torch.Tensor) -> Optional[Tuple[NormSpec, NormSpec]
     return records[0][1], records[1][1]
 
 
+def refuse_pending() -> None:
+    """Raises if a norm was deferred before a one-tensor rotation, which cannot fuse it."""
+    if _pending():
+        _pending().clear()
+        raise RuntimeError("rotary: a q/k norm was deferred before a one-tensor apply_rotary_pos_emb, which "
+                           "cannot fuse it; patch with fuse_qk_norm=False")
+
+
 def norm_kind(spec: NormSpec, x: torch.Tensor, layout: str) -> str:
     """"head" or "heads" for a weight over head_dim or over all heads."""
     heads = x.shape[1] if layout == "BHSD" else x.shape[2]

@@ -10,8 +10,9 @@ from ..module import RotaryEmbedding
 class _RopeState:
     """One patched rotary embedding: our module and its tables per device."""
 
-    def __init__(self, rope: RotaryEmbedding) -> None:
+    def __init__(self, rope: RotaryEmbedding, inverse: bool = False) -> None:
         self.rope = rope
+        self.inverse = inverse  # the family rotates by the negative angle (rotary.hf_families)
         self._cache: Dict[torch.device, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def tables(self, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -24,9 +24,11 @@ import torch
 from torch import nn
 
 from .._ops import apply_qk_norm_rope, apply_rope, apply_rope_qk
-from ..hf import layer_types_of
+from ..hf import layer_types_of, rope_kwargs_from_hf_config
+from ..hf_families import Family, family_of
 from ..module import RotaryEmbedding
 from . import _hf_functions, _qk_norm, hf_support
+from ._hf_embeddings import layer_config, rotary_embeddings
 from ._hf_functions import FUNC_NAME as _FUNC_NAME
 from ._hf_functions import lock as _lock
 from ._hf_functions import module_patches as _module_patches  # noqa: F401  (tests read it)
@@ -56,11 +58,18 @@ _STATE_ATTR = "_rotary_integration_state"
 _apply_qk, _apply_one, _apply_fused = apply_rope_qk, apply_rope, apply_qk_norm_rope
 
 
+def _layout(unsqueeze_dim: int) -> str:
+    if unsqueeze_dim not in (1, 2):
+        raise ValueError(f"rotary: apply_rotary_pos_emb with unsqueeze_dim={unsqueeze_dim} is not supported")
+    return "BHSD" if unsqueeze_dim == 1 else "BSHD"
+
+
 class RotaryPositions:
     """What a patched rotary embedding returns twice in place of ``(cos,
     sin)``: the ``position_ids`` of one forward pass and the rotary table to
     use. Only the patched ``apply_rotary_pos_emb`` understands it; any other
-    use (arithmetic, indexing) raises."""
+    use (arithmetic, indexing other than ``[..., :n]`` keeping every rotated
+    dim) raises."""
 
     __slots__ = ("position_ids", "_state")
 
@@ -72,27 +81,47 @@ class RotaryPositions:
     def rope(self) -> RotaryEmbedding:
         return self._state.rope
 
-    def apply(self, q: torch.Tensor, k: torch.Tensor, unsqueeze_dim: int = 1) -> Tuple[torch.Tensor, torch.Tensor]:
+    def __getitem__(self, index: Any) -> "RotaryPositions":
+        # cos[..., :n] with n >= the rotated width is the same rotation
+        # (MiniMax-M3's indexer cuts the pair to its own head_dim).
+        cut = index[1] if isinstance(index, tuple) and len(index) == 2 and index[0] is Ellipsis else None
+        if (isinstance(cut, slice) and cut.start in (None, 0) and cut.step in (None, 1)
+                and (cut.stop is None or (isinstance(cut.stop, int) and cut.stop >= self.rope.dim))):
+            return self
+        raise TypeError(f"rotary: the patched rotary embedding's (cos, sin) cannot be indexed by {index!r} "
+                        f"(only [..., :n] with n >= its rotary dim {self.rope.dim})")
+
+    def apply(self, q: torch.Tensor, k: torch.Tensor, unsqueeze_dim: int = 1,
+              interleaved: Optional[bool] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         """Rotate q and k (``[batch, heads, seq, head_dim]``, or ``[batch, seq,
-        heads, head_dim]`` for ``unsqueeze_dim=2``) with our kernel."""
-        if unsqueeze_dim not in (1, 2):
-            raise ValueError(f"rotary: apply_rotary_pos_emb with unsqueeze_dim={unsqueeze_dim} is not supported")
+        heads, head_dim]`` for ``unsqueeze_dim=2``) with our kernel; interleaved:
+        the calling function's pairing where it is not the rope's."""
+        layout = _layout(unsqueeze_dim)
         freqs, kw = self._args(q)
-        layout = "BHSD" if unsqueeze_dim == 1 else "BSHD"
+        interleaved = self.rope.interleaved if interleaved is None else interleaved
         fused = _qk_norm.take(q, k)  # the q/k norms deferred to here (fuse_qk_norm)
         if fused is None:
-            return _apply_qk(q, k, freqs, 0, self.rope.interleaved, layout=layout, **kw)
+            return _apply_qk(q, k, freqs, 0, interleaved, layout=layout, **kw)
         sq, sk = fused
         kind = _qk_norm.norm_kind(sq, q, layout)
         if _qk_norm.norm_kind(sk, k, layout) != kind:
             raise RuntimeError("rotary: q_norm and k_norm cover different dims; patch with fuse_qk_norm=False")
-        return _apply_fused(q, k, freqs, 0, self.rope.interleaved, layout=layout, q_weight=sq.weight,
+        return _apply_fused(q, k, freqs, 0, interleaved, layout=layout, q_weight=sq.weight,
                             k_weight=sk.weight, eps=sq.eps, norm=kind, weight_offset=sq.offset, **kw)
 
-    def apply_one(self, x: torch.Tensor) -> torch.Tensor:
-        """GPT-J's per-tensor form: rotate ``x`` (``[batch, seq, heads, rotary_dim]``) alone."""
+    def apply_one(self, x: torch.Tensor, unsqueeze_dim: int = 2, interleaved: Optional[bool] = None) -> torch.Tensor:
+        """The per-tensor form: rotate ``x`` alone, laid out as in :meth:`apply`
+        (GPT-J's ``[batch, seq, heads, rotary_dim]``; Gemma 3n / 4 rotate q and
+        k apart, and q only on KV-shared layers)."""
+        layout = _layout(unsqueeze_dim)
+        _qk_norm.refuse_pending()
         freqs, kw = self._args(x)
-        return _apply_one(x, freqs, 0, self.rope.interleaved, layout="BSHD", **kw)
+        interleaved = self.rope.interleaved if interleaved is None else interleaved
+        return _apply_one(x, freqs, 0, interleaved, layout=layout, **kw)
+
+    def to(self, *args: Any, **kwargs: Any) -> "RotaryPositions":
+        """DeepSeek-V2 moves its freqs_cis to q's device: the ids move in _args."""
+        return self
 
     def _args(self, x: torch.Tensor):
         # The family's pairing (rotary.hf_families); the span starts at 0 here: the
@@ -101,7 +130,7 @@ class RotaryPositions:
         pos = self.position_ids if self.position_ids.device == x.device else self.position_ids.to(x.device)
         # Multimodal [3, batch, seq] ids: each pair at its axis (rope.pair_axes).
         axes = self.rope.pair_axes if pos.dim() == 3 else None
-        return freqs, {"position_ids": pos, "inv_freq": inv_freq, "pair_axes": axes}
+        return freqs, {"position_ids": pos, "inv_freq": inv_freq, "pair_axes": axes, "inverse": self._state.inverse}
 
     def __repr__(self) -> str:
         return f"RotaryPositions(position_ids={tuple(self.position_ids.shape)}, rope={self.rope.extra_repr()})"
@@ -118,18 +147,15 @@ class _ModelPatch:
         self.norms: List[tuple] = []  # the deferred q/k norms (_qk_norm.install)
 
 
-def _rotary_owners(model: nn.Module) -> List[nn.Module]:
-    return [m for m in model.modules() if isinstance(getattr(m, "rotary_emb", None), nn.Module)]
-
-
-def _attention_modules(model: nn.Module) -> List[str]:
+def _attention_modules(model: nn.Module, layout: Optional[str]) -> List[str]:
     names = []
     for m in model.modules():
         cls = type(m)
-        if not cls.__name__.endswith("Attention"):
+        if not cls.__name__.endswith(("Attention", "MLA")):  # LongCat-Flash's attention is LongcatFlashMLA
             continue
         py = sys.modules.get(cls.__module__)
-        if py is not None and callable(getattr(py, _FUNC_NAME, None)) and cls.__module__ not in names:
+        wraps = py is not None and any(_hf_functions.wraps_function(py, f, layout) for f in _hf_functions.FUNC_NAMES)
+        if wraps and cls.__module__ not in names:
             names.append(cls.__module__)
     return names
 
@@ -142,9 +168,10 @@ def _module_device(module: nn.Module, fallback: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def _make_forward(states: Dict[Optional[str], _RopeState]) -> Callable:
+def _make_forward(states: Dict[Optional[str], _RopeState], single: bool = False) -> Callable:
     """The patched rotary embedding's forward; states maps each layer type (None
-    when the config has one rule for every layer) to its table."""
+    when the config has one rule for every layer) to its table; single: it
+    returns one handle, in place of a complex freqs_cis."""
 
     def forward(x: torch.Tensor, position_ids: Optional[torch.Tensor] = None, layer_type: Any = None):
         state = states.get(layer_type)
@@ -167,7 +194,7 @@ def _make_forward(states: Dict[Optional[str], _RopeState]) -> Callable:
             )
         state.prepare(position_ids)
         handle = RotaryPositions(position_ids, state)
-        return handle, handle
+        return handle if single else (handle, handle)
 
     return forward
 
@@ -188,8 +215,9 @@ def apply_rotary_to_model(
     ``SUPPORTED_MODEL_TYPES``, the HF sweep's) rotate q and k with
     ``torch.ops.rotary``; returns ``model``. Idempotent.
 
-    Each module owning a ``rotary_emb`` gets ``RotaryEmbedding.from_hf_config``
-    of its config (one per layer type where the rule differs), on the rotary
+    Each rotary embedding of the text model (a ``rotary_emb``, or one by what
+    it is: docs/transformers.md) gets ``RotaryEmbedding.from_hf_config`` of
+    its config (one per layer type where the rule differs), on the rotary
     embedding's device; ``max_seq_len``: table rows (default
     ``max_position_embeddings``; later positions are computed exactly). A
     family the sweep refused is refused by name; ``allow_unverified=True``
@@ -227,32 +255,37 @@ def _patch(model: nn.Module, max_seq_len: Optional[int] = None, fuse_qk_norm: bo
     if is_patched(model):
         return model
     config = getattr(model, "config", None)
-    owners = _rotary_owners(model)
-    if not owners:
-        raise ValueError(f"rotary: {type(model).__name__} has no rotary_emb module to patch")
-    modules = _attention_modules(model)
+    model_type = getattr(config, "model_type", None)
+    family = family_of(model_type) or Family()
+    if family.refuse:  # before the checks below: the family's own reason
+        raise ValueError(f"rotary: model_type {model_type!r} is not supported: {family.refuse}")
+    embeddings = rotary_embeddings(model)
+    if not embeddings:
+        raise ValueError(f"rotary: {type(model).__name__} has no rotary embedding module (rotary_emb) to patch")
+    modules = _attention_modules(model, family.freqs_cis_layout)
     if not modules:
         raise ValueError(f"rotary: {type(model).__name__} has no attention calling {_FUNC_NAME}")
 
     # Build everything first so that a config error leaves the model untouched.
     built = []
-    for owner in owners:
-        emb = owner.rotary_emb
-        rope_config = getattr(owner, "config", None) or getattr(emb, "config", None) or config
+    for emb, rope_config, theta in embeddings:
         states = {}
         for layer_type in layer_types_of(rope_config) or [None]:  # one table per layer type (Gemma 3, ...)
-            rope = RotaryEmbedding.from_hf_config(rope_config, max_seq_len=max_seq_len, layer_type=layer_type)
-            states[layer_type] = _RopeState(rope.to(_module_device(emb, model)))
+            # allow_inverse: the family's negative angle goes to the ops (_RopeState.inverse).
+            rope = RotaryEmbedding(**rope_kwargs_from_hf_config(layer_config(rope_config, layer_type), max_seq_len,
+                                                                layer_type, theta, allow_inverse=True))
+            states[layer_type] = _RopeState(rope.to(_module_device(emb, model)), family.inverse)
         built.append((emb, states))
 
     patch = _ModelPatch()
     with _lock:
         for emb, states in built:
             previous = emb.__dict__.get("forward")
-            emb.forward = _make_forward(states)
+            emb.forward = _make_forward(states, single=family.freqs_cis_layout is not None)
             patch.rotary.append((emb, previous, states))
         for name in modules:
-            _hf_functions.acquire(name, RotaryPositions)
+            pairing = {f: p == "interleaved" for f, p in family.function_pairing}
+            _hf_functions.acquire(name, RotaryPositions, pairing, family.freqs_cis_layout)
             patch.modules.append(name)
         if fuse_qk_norm:
             patch.norms = _qk_norm.install(model)

@@ -1,0 +1,62 @@
+"""Pieces of reading a Hugging Face config (rotary.hf) that belong to one
+rule or one kind of family: the rule's name, multimodal sections, and the
+per-layer bases of GraniteSWA's layer_rope_theta."""
+
+import math
+from typing import Any, Dict, List, Mapping, Optional
+
+from .hf_families import Family
+
+
+def rule_of(params: Mapping) -> str:  # 'type' is rope_type's alias; None counts as absent
+    return params.get("rope_type") or params.get("type") or "default"
+
+
+def sections(params: Dict[str, Any], fam: Family, model_type: str):
+    """(mrope_section, mrope_interleaved, axial) popped from params, defaulted
+    as the family's rotary class does; the rule left is the plain one."""
+    # Multimodal RoPE: the sections go to the module (the frequencies are the
+    # plain rule's).
+    mrope = params.pop("mrope_section", None)
+    mrope_inter = params.pop("mrope_interleaved", None)
+    if fam.mrope_section is not None:
+        if mrope_inter is not None and bool(mrope_inter) != fam.mrope_interleaved:
+            raise ValueError(f"from_hf_config: mrope_interleaved={mrope_inter!r}, but transformers' {model_type} "
+                             f"always lays sections out {'interleaved' if fam.mrope_interleaved else 'contiguous'}")
+        mrope_inter = fam.mrope_interleaved
+        if mrope is None:
+            mrope = list(fam.mrope_section)
+    elif (mrope is not None or mrope_inter is not None) and model_type:
+        name, value = ("mrope_section", mrope) if mrope is not None else ("mrope_interleaved", mrope_inter)
+        raise ValueError(f"from_hf_config: rope_parameters['{name}']={value!r} is not read for model_type "
+                         f"{model_type!r} (its layout is family-specific)")
+    mrope_inter = bool(mrope_inter)
+    # mrope, and Pixtral's 2-D "axial" (one spectrum dealt to the h and w
+    # axes): the plain rule's frequencies, the axes in the module's options.
+    axial = rule_of(params) == "axial"
+    if rule_of(params) in ("mrope", "axial"):
+        params["rope_type"] = "default"
+        params.pop("type", None)
+    return mrope, mrope_inter, axial
+
+
+def layer_thetas(values: Any, field: str, model_type: str) -> List[float]:
+    """The distinct non-zero bases of a per-layer base list (0: that layer has no RoPE), sorted."""
+    if not isinstance(values, (list, tuple)) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v < math.inf for v in values):
+        raise ValueError(f"from_hf_config: {model_type} needs {field}, a list of bases >= 0, got {values!r}")
+    return sorted({float(v) for v in values if v})
+
+
+def layer_theta(values: Any, field: str, selected: Optional[float], model_type: str) -> float:
+    """The base of the layers that ``selected`` (None: the only one) names."""
+    bases = layer_thetas(values, field, model_type)
+    if selected is None and len(bases) == 1:
+        return bases[0]
+    if selected is None:
+        why = f"its layers have {len(bases)} bases {bases}" if bases else "no layer has RoPE"
+        raise ValueError(f"from_hf_config: {field}={values!r}: {why}; pass layer_theta= one of "
+                         f"rotary.hf.layer_thetas_of(config): one RotaryEmbedding per base")
+    if selected not in bases:
+        raise ValueError(f"from_hf_config: layer_theta={selected!r} is not a base of {field} ({bases})")
+    return float(selected)
