@@ -7,8 +7,9 @@ per --threads count, refused on a loaded machine):
   unpatched  the model's own forward (cos/sin tables, rotate_half)
   patched    the same weights, rotary.integrations.transformers applied
 
-Families: llama (plain), qwen3 (q/k norm before the rotation) and gemma3_text
-(one rule per layer type). Logits are checked equal before timing.
+Families: llama (plain), qwen3 (q/k norm before the rotation), gemma3_text
+(one rule per layer type) and deepseek_v3 (MLA: the trailing rope dims of each
+head, interleaved). Logits are checked equal before timing.
 
 Usage: PYTHONPATH=python python benchmarks/bench_hf.py [--seq 2048] [--layers 2]
        [--hidden 1024] [--dtype fp32] [--repeat 15] [--threads 1,2] [--quick]
@@ -41,17 +42,21 @@ def build(family: str, hidden: int, layers: int, seq: int, dtype: torch.dtype):
         "llama": lambda: transformers.LlamaConfig(**common),
         "qwen3": lambda: transformers.Qwen3Config(**common),
         "gemma3_text": lambda: transformers.Gemma3TextConfig(**common, sliding_window=seq),
+        # MLA ([nope | rope] heads, interleaved pairs; the rotary module is sized by head_dim), dense layers.
+        "deepseek_v3": lambda: transformers.DeepseekV3Config(
+            **{**common, "num_key_value_heads": heads, "head_dim": 64}, kv_lora_rank=hidden // 2, q_lora_rank=hidden,
+            qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, first_k_dense_replace=layers),
     }[family]()
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     cls = {"llama": transformers.LlamaForCausalLM, "qwen3": transformers.Qwen3ForCausalLM,
-           "gemma3_text": transformers.Gemma3ForCausalLM}[family]
+           "gemma3_text": transformers.Gemma3ForCausalLM, "deepseek_v3": transformers.DeepseekV3ForCausalLM}[family]
     return cls(config).eval().to(dtype)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--families", default="llama,qwen3,gemma3_text")
+    ap.add_argument("--families", default="llama,qwen3,gemma3_text,deepseek_v3")
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=2)
