@@ -99,6 +99,15 @@ const float* scale_of(const std::optional<at::Tensor>& s, int64_t& stride) {
   return s->data_ptr<float>();
 }
 
+// Equal shapes but for the last dim (head_dim in every layout).
+bool same_but_head_dim(const at::Tensor& a, const at::Tensor& b) {
+  if (a.dim() != b.dim()) return false;
+  for (int64_t i = 0; i + 1 < a.dim(); ++i) {
+    if (a.sym_size(i) != b.sym_size(i)) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 KVCall check_kv_inputs(
@@ -111,7 +120,8 @@ KVCall check_kv_inputs(
       v.scalar_type() == k.scalar_type(), op, ": v has dtype ", v.scalar_type(), " but k has dtype ", k.scalar_type(),
       "; k and v must share one dtype");
   TORCH_CHECK_VALUE(
-      v.sym_sizes() == k.sym_sizes(), op, ": v must have the shape of k, got v ", v.sym_sizes(), " and k ",
+      same_but_head_dim(v, k) && v.sym_size(-1) > 0, op,
+      ": v must have the shape of k but for head_dim (MLA's v_head_dim may differ), got v ", v.sym_sizes(), " and k ",
       k.sym_sizes());
   TORCH_CHECK_VALUE(
       v.device() == q.device(), op, ": v is on ", v.device(), " but q is on ", q.device(), "; move both to the same device");
@@ -120,7 +130,7 @@ KVCall check_kv_inputs(
   const at::Tensor kc = cache_view(op, "k_cache", k_cache, kv.kv_layout);
   const at::Tensor vc = cache_view(op, "v_cache", v_cache, kv.kv_layout);
   TORCH_CHECK_VALUE(
-      k_cache.sym_sizes() == v_cache.sym_sizes(), op, ": k_cache and v_cache must have one shape, got ",
+      same_but_head_dim(k_cache, v_cache), op, ": k_cache and v_cache must have one shape but for head_dim, got ",
       k_cache.sym_sizes(), " and ", v_cache.sym_sizes());
   const auto ct = k_cache.scalar_type();
   TORCH_CHECK_TYPE(
@@ -138,6 +148,9 @@ KVCall check_kv_inputs(
       kc.sym_size(1) == kview.sym_size(1) && kc.sym_size(3) == kview.sym_size(3), op,
       ": the caches must have k's kv_heads = ", kview.sym_size(1), " and head_dim = ", kview.sym_size(3),
       " (kv_layout ", kv.kv_layout, "), got k_cache of shape ", k_cache.sym_sizes());
+  TORCH_CHECK_VALUE(
+      vc.sym_size(3) == vview.sym_size(3), op, ": v_cache must have v's head_dim = ", vview.sym_size(3),
+      " (k's and v's may differ, as MLA's v_head_dim), got v_cache of shape ", v_cache.sym_sizes());
   if (!paged) {
     const auto seqs = args.cu_seqlens ? args.cu_seqlens->sym_size(0) - 1 : kview.sym_size(0);
     TORCH_CHECK_VALUE(
@@ -210,6 +223,7 @@ PreparedKV prepare_kv(
   p.rope = r.rope.params;
   p.v = vview.data_ptr();
   fill4(p.v_stride, vview);
+  p.v_dim = vview.size(3);
   p.k_cache = kc.data_ptr();
   p.v_cache = vc.data_ptr();
   fill4(p.kc_stride, kc);

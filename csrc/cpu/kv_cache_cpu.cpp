@@ -29,7 +29,9 @@ void write_rows(const KVCacheParams& p, int64_t b, int64_t s0, int64_t n, int64_
     if (!kernel::cache_row(p, b, s, outer, inner)) continue;  // slot -1
     for (int64_t h = h0; h < h1; ++h) {
       if (!rows) {
-        for (int64_t d = 0; d < dim; ++d) kernel::write_kv_element<T, Cache>(p, b, s, h, d, outer, inner);
+        for (int64_t d = 0; d < kernel::kv_row_dim(p); ++d) {
+          kernel::write_kv_element<T, Cache>(p, b, s, h, d, outer, inner);
+        }
         continue;
       }
       const T* k = static_cast<const T*>(r.k.out) + b * r.k.out_stride[0] + h * r.k.out_stride[1] + s * r.k.out_stride[2];
@@ -37,7 +39,7 @@ void write_rows(const KVCacheParams& p, int64_t b, int64_t s0, int64_t n, int64_
       T* kc = static_cast<T*>(p.k_cache) + outer * p.kc_stride[0] + h * p.kc_stride[1] + inner * p.kc_stride[2];
       T* vc = static_cast<T*>(p.v_cache) + outer * p.vc_stride[0] + h * p.vc_stride[1] + inner * p.vc_stride[2];
       std::memcpy(kc, k, dim * sizeof(T));
-      std::memcpy(vc, v, dim * sizeof(T));
+      std::memcpy(vc, v, p.v_dim * sizeof(T));
     }
   }
 }

@@ -1,6 +1,7 @@
 // Framework-free CUDA kernel of the KV-cache write of
-// apply_rope_with_kv_cache_: one thread per element of k (rotated in place
-// just before, on the same stream) and of v. Each thread's body is
+// apply_rope_with_kv_cache_: one thread per element of a head row of k
+// (rotated in place just before, on the same stream) and of v (MLA's v rows
+// may be narrower or wider than k's). Each thread's body is
 // __host__ __device__, so a CPU test runs the whole grid with no GPU.
 #pragma once
 
@@ -12,7 +13,7 @@ namespace rotary {
 namespace kernel {
 
 inline int64_t kv_cache_threads(const KVCacheParams& p) {
-  return p.rope.batch * p.rope.seq * p.rope.k.heads * p.rope.head_dim;
+  return p.rope.batch * p.rope.seq * p.rope.k.heads * kv_row_dim(p);
 }
 
 // Thread i: element d (fastest, so a warp writes neighbouring bytes) of head
@@ -20,7 +21,7 @@ inline int64_t kv_cache_threads(const KVCacheParams& p) {
 // (device-side values are not checked before the launch) writes nothing.
 template <typename T, typename Cache>
 ROTARY_HOST_DEVICE void kv_cache_thread(const KVCacheParams& p, int64_t i) {
-  const int64_t dim = p.rope.head_dim;
+  const int64_t dim = kv_row_dim(p);
   const int64_t d = i % dim;
   const int64_t h = (i / dim) % p.rope.k.heads;
   const int64_t t = i / (dim * p.rope.k.heads);

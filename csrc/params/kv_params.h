@@ -17,9 +17,11 @@ struct KVCacheParams {
   // Token positions, varlen boundaries and the head counts of the call;
   // rope.k describes k after its in-place rotation.
   RopeParams rope;
-  // v read as [batch, heads, seq, head_dim], like k.
+  // v read as [batch, heads, seq, v_dim], like k but for its head_dim (MLA's
+  // v_head_dim); the v cache's rows are v_dim wide.
   const void* v = nullptr;
   int64_t v_stride[4] = {0, 0, 0, 0};
+  int64_t v_dim = 0;
   // Caches seen as [outer, heads, inner, head_dim]: contiguous caches are
   // [batch, heads, S_max, D] (outer = sequence, inner = position), paged ones
   // [num_blocks, heads, block_size, D] (slot = outer * block_size + inner).
@@ -82,8 +84,14 @@ ROTARY_HOST_DEVICE void store_cache(Cache* dst, const T& x, const float* scale) 
   }
 }
 
+// The elements of a head row the write covers: k's head_dim and v's v_dim.
+ROTARY_HOST_DEVICE int64_t kv_row_dim(const KVCacheParams& p) {
+  return p.rope.head_dim > p.v_dim ? p.rope.head_dim : p.v_dim;
+}
+
 // Element d of head h of token (b, s): k (already rotated) and v into their
-// caches. The CPU loop and the CUDA kernel both call this.
+// caches, each where d is inside its row. The CPU loop and the CUDA kernel
+// both call this.
 template <typename T, typename Cache>
 ROTARY_HOST_DEVICE void write_kv_element(
     const KVCacheParams& p, int64_t b, int64_t s, int64_t h, int64_t d, int64_t outer, int64_t inner) {
@@ -92,14 +100,18 @@ ROTARY_HOST_DEVICE void write_kv_element(
   const T* v = static_cast<const T*>(p.v);
   const int64_t kc = outer * p.kc_stride[0] + h * p.kc_stride[1] + inner * p.kc_stride[2] + d * p.kc_stride[3];
   const int64_t vc = outer * p.vc_stride[0] + h * p.vc_stride[1] + inner * p.vc_stride[2] + d * p.vc_stride[3];
-  store_cache<T, Cache>(
-      static_cast<Cache*>(p.k_cache) + kc,
-      k[b * r.k.out_stride[0] + h * r.k.out_stride[1] + s * r.k.out_stride[2] + d * r.k.out_stride[3]],
-      p.k_scale ? p.k_scale + h * p.k_scale_stride : nullptr);
-  store_cache<T, Cache>(
-      static_cast<Cache*>(p.v_cache) + vc,
-      v[b * p.v_stride[0] + h * p.v_stride[1] + s * p.v_stride[2] + d * p.v_stride[3]],
-      p.v_scale ? p.v_scale + h * p.v_scale_stride : nullptr);
+  if (d < r.head_dim) {
+    store_cache<T, Cache>(
+        static_cast<Cache*>(p.k_cache) + kc,
+        k[b * r.k.out_stride[0] + h * r.k.out_stride[1] + s * r.k.out_stride[2] + d * r.k.out_stride[3]],
+        p.k_scale ? p.k_scale + h * p.k_scale_stride : nullptr);
+  }
+  if (d < p.v_dim) {
+    store_cache<T, Cache>(
+        static_cast<Cache*>(p.v_cache) + vc,
+        v[b * p.v_stride[0] + h * p.v_stride[1] + s * p.v_stride[2] + d * p.v_stride[3]],
+        p.v_scale ? p.v_scale + h * p.v_scale_stride : nullptr);
+  }
 }
 
 }  // namespace kernel

@@ -242,7 +242,8 @@ apply_rope_qk_ = _generate("apply_rope_qk_", "q, k", """Rotate q and k in place 
 apply_rope_with_kv_cache_ = _generate("apply_rope_with_kv_cache_", "q, k", """Rotate q and k in place, as :func:`apply_rope_qk_` does, and write the
     rotated k and the raw v of every token into ``k_cache`` / ``v_cache``, in
     one call. Returns ``(q, k)``. Positions and the q/k/v layout are those of
-    :func:`apply_rope_qk_`; v has the shape of k.
+    :func:`apply_rope_qk_`; v has the shape of k but for head_dim (MLA's
+    ``v_head_dim`` may differ; each cache's rows are its tensor's width).
 
     ``kv_layout``: contiguous per sequence ``"BHSD"`` ``[batch, kv_heads,
     max_seq_len, head_dim]`` or ``"BSHD"`` ``[batch, max_seq_len, kv_heads,

@@ -279,6 +279,31 @@ TEST(KVCacheEmulation, WholeGridMatchesCpuOpAndSkipsBadSlots) {
     }
   }
 }
+
+// MLA: v rows narrower or wider than k's; the grid covers the wider row.
+TEST(KVCacheEmulation, VHeadDimOfItsOwn) {
+  for (const int64_t vd : {6, 24}) {
+    const auto q = at::randn({1, 2, 5, 16}), k = at::randn({1, 2, 5, 16}), v = at::randn({1, 2, 5, vd});
+    const auto kc = at::full({1, 2, 8, 16}, NAN), vc = at::full({1, 2, 8, vd}, NAN);
+    const auto freqs = rotary::rope_freqs(8, 32);
+    at::Tensor eq = q.clone(), ek = k.clone(), ekc = kc.clone(), evc = vc.clone();
+    at::Tensor oq = q.clone(), ok = k.clone(), okc = kc.clone(), ovc = vc.clone();
+    const rotary::detail::RopeArgs args{2, false, std::nullopt, std::nullopt, false, std::nullopt, std::nullopt,
+                                        "BHSD", 8};
+    const rotary::detail::KVArgs kv{std::nullopt, std::nullopt, "BHSD", std::nullopt, std::nullopt};
+    auto prepared = rotary::detail::prepare_kv("test", eq, ek, v, ekc, evc, freqs, args, kv);
+    rotary::cpu::rope_cpu(prepared.params.rope, at::kFloat);
+    emulate<float, float>(prepared.params);
+    rotary::apply_rope_with_kv_cache_(oq, ok, v, okc, ovc, freqs, 2, false, std::nullopt, std::nullopt, std::nullopt,
+                                      std::nullopt, "BHSD", std::nullopt, std::nullopt, "BHSD", std::nullopt,
+                                      std::nullopt, false, 8);
+    expect_same_bits(ek, ok, "k");
+    expect_same_bits(ekc, okc, "k_cache");
+    expect_same_bits(evc, ovc, "v_cache");
+    EXPECT_TRUE(at::equal(ovc.narrow(2, 2, 5), v)) << "v rows at positions 2..6";
+    EXPECT_TRUE(at::isnan(ovc.narrow(2, 0, 2)).all().item<bool>()) << "rows before start_pos untouched";
+  }
+}
 #endif
 
 }  // namespace
