@@ -184,10 +184,14 @@ _ANNOTATION = {"Tensor": "torch.Tensor", "Optional[Tensor]": "Optional[torch.Ten
 _CHECK = {"int": "_int_arg", "float": "_float_arg", "Optional[List[int]]": "_pair_axes"}
 
 
+# The ops that had positions= before offsets= / position_ids= replaced it.
+_LEGACY_POSITIONS = ("apply_rope", "apply_rope_qk", "apply_rope_", "apply_rope_qk_")
+
+
 def _generate(name: str, returns: Optional[str], doc: str):
     schema = getattr(torch.ops.rotary, name).default._schema
     names = {arg.name for arg in schema.arguments}
-    legacy = "offsets" in names and name != "apply_rope_with_kv_cache_"  # positions= (deprecated)
+    legacy = name in _LEGACY_POSITIONS  # positions= (deprecated)
     params, star, call, body = [], False, [], []
     if legacy:
         body.append(f"start_pos, offsets, position_ids = _route(positions, offsets, position_ids, start_pos, "

@@ -4,6 +4,7 @@ names, any integer dtype, one rule for start_pos, and the deprecated
 result is compared with the float64 reference (reference.positions_grid:
 offsets [] / [B] add to start_pos + s, ids [B, S] are absolute)."""
 
+import inspect
 import warnings
 
 import pytest
@@ -125,6 +126,16 @@ def test_deprecated_positions_with_a_new_name_is_refused():
     x = torch.randn(1, 1, 2, 8)
     with pytest.raises(ValueError, match="positions= is deprecated; pass offsets= or position_ids= alone"):
         rotary.apply_rope(x, rotary.freqs_table(8, 16), positions=torch.tensor(0), offsets=torch.tensor(0))
+
+
+def test_only_the_old_ops_take_the_deprecated_positions():
+    """positions= stays where it was before offsets= / position_ids=; the
+    later ops (KV cache, prologue, cos/sin tables) never had it."""
+    old = {"apply_rope", "apply_rope_qk", "apply_rope_", "apply_rope_qk_"}
+    for name in old | {"apply_rope_with_kv_cache_", "apply_qk_norm_rope", "apply_qk_norm_rope_",
+                       "apply_qk_norm_rope_with_kv_cache_", "apply_rope_cos_sin"}:
+        takes = "positions" in inspect.signature(getattr(rotary, name)).parameters
+        assert takes == (name in old), name
 
 
 def test_new_names_emit_no_warning():
