@@ -20,7 +20,9 @@ FUNC_NAME = "apply_rotary_pos_emb"
 # replaced only where the family names its layout (Family.freqs_cis_layout).
 FUNC_NAMES = (FUNC_NAME, "apply_rotary_pos_emb_interleave", "apply_rotary_emb")
 _COMPLEX = ["xq", "xk", "freqs_cis"]
-_UNSQUEEZE = {"BHSD": 1, "BSHD": 2}
+# unsqueeze_dim of transformers' rotation functions: heads at dim 1 or 2 of q.
+LAYOUTS = {1: "BHSD", 2: "BSHD"}
+_UNSQUEEZE = {layout: dim for dim, layout in LAYOUTS.items()}
 
 lock = threading.Lock()
 # modeling module name -> [{function name: original}, number of patched models using it]

@@ -25,11 +25,11 @@ import torch
 from torch import nn
 
 from .._ops import apply_rope_cos_sin
+from ._hf_functions import LAYOUTS
 
 __all__ = ["RotaryPosEmb", "apply_rotary_transformers", "kernel_mapping", "kernel_repository", "layers"]
 
 LAYER_NAME = "rotary_pos_emb"  # transformers' name for apply_rotary_pos_emb
-_LAYOUTS = {1: "BHSD", 2: "BSHD"}  # unsqueeze_dim: heads at dim 1 or 2 of q
 
 
 def apply_rotary_transformers(
@@ -40,7 +40,7 @@ def apply_rotary_transformers(
     head_dim]``), cos/sin ``[batch, seq, R]`` rotate_half tables (R <=
     head_dim: the first R dims rotate, as the partial-rotary families split
     them). A table that is not rotate_half is an error, never misread."""
-    layout = _LAYOUTS.get(unsqueeze_dim)
+    layout = LAYOUTS.get(unsqueeze_dim)
     if layout is None or q.dim() != 4:
         raise ValueError(
             f"rotary_pos_emb: rotary serves 4-D q and k with unsqueeze_dim 1 ([batch, heads, seq, head_dim]) or 2 "

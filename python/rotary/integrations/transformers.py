@@ -59,9 +59,9 @@ _apply_qk, _apply_one, _apply_fused = apply_rope_qk, apply_rope, apply_qk_norm_r
 
 
 def _layout(unsqueeze_dim: int) -> str:
-    if unsqueeze_dim not in (1, 2):
+    if unsqueeze_dim not in _hf_functions.LAYOUTS:
         raise ValueError(f"rotary: apply_rotary_pos_emb with unsqueeze_dim={unsqueeze_dim} is not supported")
-    return "BHSD" if unsqueeze_dim == 1 else "BSHD"
+    return _hf_functions.LAYOUTS[unsqueeze_dim]
 
 
 class RotaryPositions:
