@@ -16,6 +16,15 @@ round trip, and a predicted time / clone:
   partial pass of the grid-stride loop runs with fewer blocks in flight;
 - our bytes are the copy's plus one read of the table rows used.
 
+The decode step with a KV cache (apply_rope_with_kv_cache_, the decode
+case's shapes, bf16, contiguous and paged caches, same-dtype and fp8) is
+latency-bound, not bandwidth-bound: its GPU time is modelled as launches x
+LAUNCH_US plus dependent memory round trips x TRIP_US. The fused launch
+(rotary._C._cuda_kv_launch says whether the call gets it) has one launch
+and two round trips (the rotation's loads, then the cache copy's); the two
+launches have the RoPE kernel's one and the element-wise cache kernel's
+three (slot, then k, then v after the k store).
+
 Every kernel change states its predicted effect here before a device
 confirms it (benchmarks/gpu_check.sh times the same cases).
 
@@ -41,6 +50,8 @@ import contract  # noqa: E402
 SMS, MAX_BLOCKS_PER_SM, MAX_THREADS_PER_SM = 132, 32, 2048
 NEED_KB = (20.0, 34.0)  # Little's law on the H200: bytes in flight per SM for full bandwidth
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+LAUNCH_US = (1.5, 2.0)  # one small kernel on a stream: launch, ramp and drain
+TRIP_US = (0.5, 0.8)    # one dependent DRAM round trip at low occupancy
 
 
 def predicted(rows_total, row_blocks, grid, inflight_kb, data_bytes, table_bytes, need_kb):
@@ -87,6 +98,34 @@ def model_rows():
                            inflight_kb=inflight_kb, now=now, two=two)
 
 
+def decode_rows():
+    """The decode step with a KV cache: launches, grid and predicted GPU time."""
+    for case in (c for c in CUDA_CASES if c.decode):
+        B, Hq, _, D = case.q_shape
+        Hk = case.k_shape[1]
+        for kv_layout in ("BHSD", "NHD"):
+            for cache in ("bf16", "fp8"):
+                cdt = torch.bfloat16 if cache == "bf16" else torch.float8_e4m3fn
+                q = torch.empty(case.q_shape, dtype=torch.bfloat16)
+                k = torch.empty(case.k_shape, dtype=torch.bfloat16)
+                v = torch.empty(case.k_shape, dtype=torch.bfloat16)
+                if kv_layout == "BHSD":
+                    shape, slots = (B, Hk, 64, D), None
+                else:
+                    shape, slots = (B * 4, 16, Hk, D), torch.arange(B, dtype=torch.int64).reshape(B, 1) * 64
+                kc, vc = torch.empty(shape, dtype=cdt), torch.empty(shape, dtype=cdt)
+                freqs = rotary.freqs_table(D, 64)
+                s = rotary._C._cuda_kv_launch(q, k, v, kc, vc, freqs, 7, slots, kv_layout)
+                if not s:
+                    raise SystemExit("librotary was built without CUDA kernels: nothing to model")
+                trips = 2 if s["fused"] else 1 + 3
+                us = [s["launches"] * l + trips * t for l, t in zip(LAUNCH_US, TRIP_US)]
+                unfused = [2 * l + 4 * t for l, t in zip(LAUNCH_US, TRIP_US)]
+                yield dict(case=case.name, kv_layout=kv_layout, cache=cache, fused=bool(s["fused"]),
+                           launches=s["launches"], grid=s["row_blocks"], block=s["block_threads"], trips=trips,
+                           us=us, ratio=[a / b for a, b in zip(us, unfused)])
+
+
 def main() -> int:
     print("| case | dtype | pairing | instantiation | regs | grid x block | blocks / warps per SM | "
           "KB in flight per SM per trip | predicted / clone | if 2 trips per row |")
@@ -100,6 +139,15 @@ def main() -> int:
     print(f"\nH200: {SMS} SMs; need {NEED_KB[0]:.0f}-{NEED_KB[1]:.0f} KB in flight per SM (Little's law); "
           "the copy's bandwidth is the 1.00 line. A model, not a measurement: benchmarks/gpu_check.sh owes the "
           "figures.")
+    print("\n| decode step | cache | fused | launches | row blocks x block | dependent round trips | "
+          "predicted GPU time | / two launches |")
+    print("|---|---|---|--:|--:|--:|--:|--:|")
+    for m in decode_rows():
+        print(f"| {m['case']} {m['kv_layout']} | {m['cache']} | {'yes' if m['fused'] else 'no'} | {m['launches']} | "
+              f"{m['grid']} x {m['block']} | {m['trips']} | {m['us'][0]:.1f}-{m['us'][1]:.1f} us | "
+              f"{m['ratio'][0]:.2f}-{m['ratio'][1]:.2f} |")
+    print(f"\n{LAUNCH_US[0]}-{LAUNCH_US[1]} us per launch, {TRIP_US[0]}-{TRIP_US[1]} us per dependent round trip: "
+          "a model of a latency-bound step; gpu_check.sh's decode rows owe the figures.")
     return 0
 
 

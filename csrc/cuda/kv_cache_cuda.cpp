@@ -1,5 +1,7 @@
-// CUDA apply_rope_with_kv_cache_ glue: the RoPE kernel rotates q and k in
-// place, then the cache kernel writes k and v, on the current stream. No
+// CUDA apply_rope_with_kv_cache_ glue: one launch rotates q and k in place
+// and writes k and v into the caches (the element-wise cache kernel after
+// the RoPE launch where a cache is not vector-addressable); the prologue's
+// kernel is followed by the cache kernel. All on the current stream. No
 // host sync anywhere, so it captures in a CUDA graph with device-side
 // positions and slot_mapping.
 #include "op/kv_backend.h"
@@ -20,12 +22,10 @@ void run_cuda(const detail::PreparedKV& prepared, at::ScalarType dtype) {
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "rotary_kv_cache_cuda", [&] {
     using T = typename cuda::CudaType<scalar_t>::type;
-    cuda::launch_rope<T>(prepared.params.rope, stream);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
     if (prepared.params.fp8) {
-      cuda::launch_kv_cache<T, uint8_t>(prepared.params, stream);
+      cuda::launch_rope_with_kv_cache<T, uint8_t>(prepared.params, stream);
     } else {
-      cuda::launch_kv_cache<T, T>(prepared.params, stream);
+      cuda::launch_rope_with_kv_cache<T, T>(prepared.params, stream);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });

@@ -33,6 +33,13 @@ struct DirectStore {
   ROTARY_HOST_DEVICE static void put(Vector* at, const Vector& v) { store_stream(at, v); }
 };
 
+// Where a row's rotated k goes besides k: nowhere in a plain launch. The
+// fused KV-cache launch passes a CacheSink (rope_kv_kernel.cuh), which also
+// takes each rotated k vector and copies the row's other cache dims.
+struct NoSink {
+  static constexpr bool kOn = false;
+};
+
 // cos/sin of pairs [j0, j0 + kPairs) of token (b, s) at position pos: one
 // aligned row read of the table when possible, else rotation_of pair by pair
 // (N-D positions: each pair at its own axis's position).
@@ -120,10 +127,10 @@ ROTARY_HOST_DEVICE void load_heads(
 // Rotates what load_heads loaded and stores it: every load of the group was
 // issued before the first store (in and out may alias, so the compiler could
 // not reorder them itself).
-template <typename T, bool kInterleaved, bool kVectorized, typename Index, typename Store>
+template <typename T, bool kInterleaved, bool kVectorized, typename Index, typename Store, typename Sink>
 ROTARY_HOST_DEVICE void rotate_store(
     const RowPointers<T, Index>& row, Index h0, Index step, Index heads, Index a0, Index a1,
-    const HeadLoads<T, kInterleaved, kVectorized>& l,
+    const HeadLoads<T, kInterleaved, kVectorized>& l, const Sink& sink,
     const typename Acc<T>::type (&c)[Tile<T, kInterleaved, kVectorized>::kPairs],
     const typename Acc<T>::type (&sn)[Tile<T, kInterleaved, kVectorized>::kPairs]) {
   using acc_t = typename Acc<T>::type;
@@ -143,6 +150,9 @@ ROTARY_HOST_DEVICE void rotate_store(
         Pairs<T>::put(y, j, y0, y1);
       }
       Store::put(reinterpret_cast<Vector*>(dst + a0), y);
+      if constexpr (Sink::kOn) {
+        if (h >= row.q_heads) sink.put_k(h - row.q_heads, a0, y);
+      }
     } else if constexpr (kVectorized) {  // pair j is element j of the low and of the high vector
       Vector ylo, yhi;
 #pragma unroll
@@ -157,7 +167,14 @@ ROTARY_HOST_DEVICE void rotate_store(
       }
       Store::put(reinterpret_cast<Vector*>(dst + a0), ylo);
       Store::put(reinterpret_cast<Vector*>(dst + a1), yhi);
+      if constexpr (Sink::kOn) {
+        if (h >= row.q_heads) {
+          sink.put_k(h - row.q_heads, a0, ylo);
+          sink.put_k(h - row.q_heads, a1, yhi);
+        }
+      }
     } else {
+      static_assert(!Sink::kOn, "the fused cache write needs the vector path");
       acc_t y0, y1;
       rotate_pair<acc_t>(to_acc(l.x[i][0]), to_acc(l.x[i][1]), c[0], sn[0], y0, y1);
       const Index e = row.dst_elem(h);
@@ -193,9 +210,14 @@ ROTARY_HOST_DEVICE void copy_heads(const RowPointers<T, Index>& row, Index h0, I
 // The body of one CUDA thread (thread `tid` of block `block` in a grid of
 // `num_blocks`), as a plain function of its indices so that a CPU test can
 // run the whole grid and check the indexing without a GPU. Index is int32_t
-// when fits_int32() holds, int64_t otherwise.
-template <typename T, bool kInterleaved, bool kVectorized, typename Index, typename Store = DirectStore>
-ROTARY_HOST_DEVICE void rope_thread(const RopeParams& p, const Grid& g, int64_t block, int64_t num_blocks, int32_t tid) {
+// when fits_int32() holds, int64_t otherwise. A CacheSink makes it the fused
+// KV-cache launch: per row, the cache row is found once, rotated k vectors go
+// to it as they are stored, and the rest of the row (k's pass-through dims,
+// v) is copied after the rotation.
+template <typename T, bool kInterleaved, bool kVectorized, typename Index, typename Store = DirectStore,
+          typename Sink = NoSink>
+ROTARY_HOST_DEVICE void rope_thread(const RopeParams& p, const Grid& g, int64_t block, int64_t num_blocks, int32_t tid,
+                                    Sink sink = Sink()) {
   using acc_t = typename Acc<T>::type;
   using TileT = Tile<T, kInterleaved, kVectorized>;
   const int32_t row_in_block = tid / g.lanes;
@@ -217,6 +239,7 @@ ROTARY_HOST_DEVICE void rope_thread(const RopeParams& p, const Grid& g, int64_t 
     const Index s = r - b * seq;
     const RowPointers<T, Index> row(p, b, s);
     const int64_t pos = position_of(p, b, s);
+    if constexpr (Sink::kOn) sink.start_row(b, s, pos);
 #pragma unroll 1
     for (int32_t group = group0; group < g.groups; group += g.group_threads) {
       if (group < g.rotary_groups) {
@@ -234,7 +257,7 @@ ROTARY_HOST_DEVICE void rope_thread(const RopeParams& p, const Grid& g, int64_t 
         load_rotations<acc_t, TileT::kPairs>(p, g, b, s, pos, j0, c, sn);
 #pragma unroll 1
         for (;;) {
-          rotate_store<T, kInterleaved, kVectorized, Index, Store>(row, h0, chunks, heads, a0, a1, l, c, sn);
+          rotate_store<T, kInterleaved, kVectorized, Index, Store>(row, h0, chunks, heads, a0, a1, l, sink, c, sn);
           h0 += TileT::kHeads * chunks;
           if (h0 >= heads) break;
           load_heads<T, kInterleaved, kVectorized, Index>(row, h0, chunks, heads, a0, a1, l);
@@ -249,6 +272,7 @@ ROTARY_HOST_DEVICE void rope_thread(const RopeParams& p, const Grid& g, int64_t 
         }
       }
     }
+    if constexpr (Sink::kOn) sink.template copy_row<TileT::kHeads>(row, b, s, pos, group0, g.group_threads, chunk, chunks);
   }
 }
 

@@ -81,6 +81,18 @@ ROTARY_HOST_DEVICE void store_stream(Vector* p, const Vector& v) {
   *p = v;
 #endif
 }
+// A 16-byte store with the default policy (the cache rows, which attention
+// reads next) as one st.global.v4: a plain uint4 store may be split into
+// words, and __stwb is a strong store.
+ROTARY_HOST_DEVICE void store_vector(Vector* p, const Vector& v) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.w[0]), "r"(v.w[1]), "r"(v.w[2]),
+               "r"(v.w[3])
+               : "memory");
+#else
+  *p = v;
+#endif
+}
 ROTARY_HOST_DEVICE float4 load_table(const float4* p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   float4 v;

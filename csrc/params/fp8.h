@@ -35,11 +35,17 @@ ROTARY_HOST_DEVICE uint8_t fp8_e4m3fn_bits(float f) {
 // v / scale clamped to +-448 and rounded to float8_e4m3fn, the division in
 // acc_t (float32, or float64 for double data), once: the bits of torch's
 // (x / scale).clamp(-448, 448).to(torch.float8_e4m3fn).
+// The scale by value (`scaled` false: none), for callers that hold it in a
+// register.
 template <typename acc_t>
-ROTARY_HOST_DEVICE uint8_t quantize_fp8(acc_t v, const float* scale) {
-  if (scale != nullptr) v = v / static_cast<acc_t>(*scale);
+ROTARY_HOST_DEVICE uint8_t quantize_fp8(acc_t v, bool scaled, float scale) {
+  if (scaled) v = v / static_cast<acc_t>(scale);
   v = v > acc_t(448) ? acc_t(448) : (v < acc_t(-448) ? acc_t(-448) : v);  // NaN stays NaN
   return fp8_e4m3fn_bits(static_cast<float>(v));
+}
+template <typename acc_t>
+ROTARY_HOST_DEVICE uint8_t quantize_fp8(acc_t v, const float* scale) {
+  return quantize_fp8<acc_t>(v, scale != nullptr, scale != nullptr ? *scale : 1.0f);
 }
 
 }  // namespace kernel

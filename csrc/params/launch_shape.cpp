@@ -3,6 +3,7 @@
 #ifdef ROTARY_WITH_CUDA
 #include "cuda/cuda_types.h"
 #include "cuda/rope_grid.cuh"
+#include "cuda/rope_kv_grid.cuh"
 
 #include <ATen/Dispatch.h>
 #endif
@@ -24,6 +25,19 @@ std::map<std::string, int64_t> cuda_launch_shape(const kernel::RopeParams& p, at
 #else
   (void)p;
   (void)dtype;
+#endif
+  return out;
+}
+
+std::map<std::string, int64_t> cuda_kv_launch(const kernel::KVCacheParams& p, at::ScalarType dtype) {
+  std::map<std::string, int64_t> out = cuda_launch_shape(p.rope, dtype);
+#ifdef ROTARY_WITH_CUDA
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "rotary_kv_launch", [&] {
+    using T = typename cuda::CudaType<scalar_t>::type;
+    const bool fused = p.fp8 ? kernel::can_fuse_cache<T, uint8_t>(p) : kernel::can_fuse_cache<T, T>(p);
+    out["fused"] = fused;
+    out["launches"] = fused ? 1 : 2;
+  });
 #endif
   return out;
 }

@@ -3,6 +3,7 @@
 // every build.
 #pragma once
 
+#include "kv_params.h"
 #include "rope_params.h"
 
 #include <ATen/core/ATen_fwd.h>
@@ -18,6 +19,10 @@ namespace detail {
 // Fields of kernel::LaunchShape by name (vectorized, int32, load_bytes and
 // the Grid's); empty when librotary was built without CUDA.
 std::map<std::string, int64_t> cuda_launch_shape(const kernel::RopeParams& p, at::ScalarType dtype);
+
+// The same for apply_rope_with_kv_cache_, plus "fused" (one launch also
+// writes the caches: can_fuse_cache) and "launches".
+std::map<std::string, int64_t> cuda_kv_launch(const kernel::KVCacheParams& p, at::ScalarType dtype);
 
 }  // namespace detail
 }  // namespace rotary

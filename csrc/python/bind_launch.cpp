@@ -1,8 +1,10 @@
-// rotary._C._cuda_launch_shape: the CUDA launch one apply_rope_qk call would
-// make, for the launch model (benchmarks/launch_model.py). It validates and
-// describes the call exactly as the op does (prepare_rope); no GPU needed.
+// rotary._C._cuda_launch_shape and _cuda_kv_launch: the CUDA launch one
+// apply_rope_qk or apply_rope_with_kv_cache_ call would make, for the launch
+// model (benchmarks/launch_model.py). They validate and describe the call
+// exactly as the op does (prepare_rope, prepare_kv); no GPU needed.
 #include "convert.h"
 #include "checks/checks.h"
+#include "checks/kv_checks.h"
 #include "params/launch_shape.h"
 
 #include <torch/python.h>
@@ -22,6 +24,21 @@ void bind_launch(py::module_& m) {
       },
       py::arg("q"), py::arg("k"), py::arg("freqs"), py::arg("interleaved") = true, py::arg("in_place") = false,
       "Fields of the CUDA launch (kernel::LaunchShape) for BHSD q and k; {} without CUDA kernels.");
+  m.def(
+      "_cuda_kv_launch",
+      [](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& k_cache,
+         const torch::Tensor& v_cache, const torch::Tensor& freqs, int64_t start_pos,
+         const std::optional<torch::Tensor>& slot_mapping, const std::string& kv_layout) {
+        const std::optional<torch::Tensor> none;
+        const detail::RopeArgs args{start_pos, true, none, none, false, none, none, "BHSD"};
+        const detail::KVArgs kv{none, slot_mapping, kv_layout, none, none};
+        const auto prepared = detail::prepare_kv("_cuda_kv_launch", q, k, v, k_cache, v_cache, freqs, args, kv);
+        return detail::cuda_kv_launch(prepared.params, q.scalar_type());
+      },
+      py::arg("q"), py::arg("k"), py::arg("v"), py::arg("k_cache"), py::arg("v_cache"), py::arg("freqs"),
+      py::arg("start_pos") = 0, py::arg("slot_mapping") = py::none(), py::arg("kv_layout") = "BHSD",
+      "The CUDA launch apply_rope_with_kv_cache_ would make for BHSD q/k/v (interleaved): the RoPE launch's fields, "
+      "'fused' and 'launches'; {} without CUDA kernels.");
 }
 
 }  // namespace python

@@ -46,3 +46,31 @@ def test_every_case_predicted_within_five_percent():
     for m in rows:
         assert max(m["now"]) <= 1.05, m
         assert min(m["two"]) >= min(m["now"]), m  # two round trips per row never model faster
+
+
+def test_kv_launch_fused_when_the_caches_are_vector_addressable():
+    q = torch.empty(4, 8, 1, 64, dtype=torch.bfloat16)
+    k = torch.empty(4, 2, 1, 64, dtype=torch.bfloat16)
+    v = torch.empty(4, 2, 1, 64, dtype=torch.bfloat16)
+    f = rotary.freqs_table(64, 32)
+    for cdt in (torch.bfloat16, torch.float8_e4m3fn):
+        kc, vc = torch.empty(4, 2, 32, 64, dtype=cdt), torch.empty(4, 2, 32, 64, dtype=cdt)
+        s = rotary._C._cuda_kv_launch(q, k, v, kc, vc, f, 3)
+        assert s["fused"] == 1 and s["launches"] == 1 and s["rows"] == 4, (cdt, s)
+        # Rows one element apart cannot be vector-addressed: the two launches.
+        wide = torch.empty(4, 2, 32, 65, dtype=cdt)[..., :64]
+        s = rotary._C._cuda_kv_launch(q, k, v, wide, vc, f, 3)
+        assert s["fused"] == 0 and s["launches"] == 2, (cdt, s)
+    fp64 = [t.double() for t in (q, k, v)]
+    s = rotary._C._cuda_kv_launch(*fp64, torch.empty(4, 2, 32, 64, dtype=torch.float8_e4m3fn),
+                                  torch.empty(4, 2, 32, 64, dtype=torch.float8_e4m3fn), f, 3)
+    assert s["fused"] == 0  # float64 with an fp8 cache keeps the two launches
+    with pytest.raises(IndexError, match="_cuda_kv_launch"):  # validated as the op validates
+        rotary._C._cuda_kv_launch(q, k, v, kc, vc, rotary.freqs_table(64, 64), 40)  # past the cache rows
+
+
+def test_decode_fused_predicted_at_most_0_6_of_two_launches():
+    rows = list(load_model().decode_rows())
+    assert len(rows) == 4 and all(m["fused"] and m["launches"] == 1 for m in rows), rows
+    for m in rows:
+        assert max(m["ratio"]) <= 0.6, m

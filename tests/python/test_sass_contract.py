@@ -95,6 +95,57 @@ def test_the_built_kernels_keep_the_contract():
     assert not bad, "\n".join(bad)
 
 
+FUSED = "_ZN6rotary6kernel14rope_kv_kernelI13__nv_bfloat16Lb0ES2_iEEvNS0_13KVCacheParamsENS0_4GridE"
+FUSED_FP8 = FUSED.replace("Lb0ES2_iE", "Lb0EhiE")
+FUSED_FP32_FP8 = FUSED.replace("13__nv_bfloat16Lb0ES2_iE", "fLb1EhlE")
+
+
+def fused_listing(name, cache_store):
+    """GOOD with the cache writes of the rotated k and of a v vector."""
+    return listing(name, *(GOOD[:5] + [f"{cache_store} desc[UR4][R20.64], R4", "LDG.E.EF.128 R8, desc[UR4][R22.64]",
+                                       f"{cache_store} desc[UR4][R24.64], R8"] + GOOD[5:]))
+
+
+@pytest.mark.parametrize("name,good,wrong", [
+    (FUSED, "STG.E.128", "STG.E"),
+    (FUSED_FP8, "STG.E.64", "STG.E.128"),
+    (FUSED_FP32_FP8, "STG.E", "STG.E.U16"),
+])
+def test_each_fused_rule_can_fail(name, good, wrong):
+    n, bad = contract.check(fused_listing(name, good), res(name, 120), pattern=contract.FUSED_KERNEL)
+    assert n == 1 and bad == [], bad
+    n, bad = contract.check(fused_listing(name, wrong), res(name, 120), pattern=contract.FUSED_KERNEL)
+    assert len(bad) == 2 and all("a cache store" in b for b in bad), bad
+    # The rope_kernel rules hold for it too.
+    n, bad = contract.check(listing(name, GOOD[2], *GOOD[:2], *GOOD[3:]), res(name, 120), pattern=contract.FUSED_KERNEL)
+    assert any("not preceded by a data load" in b for b in bad), bad
+    n, bad = contract.check(listing(name, *GOOD), res(name, 136), pattern=contract.FUSED_KERNEL)
+    assert any("fewer than 2" in b for b in bad), bad
+
+
+def test_the_fused_fp8_spill_budget_is_a_bound():
+    spills = [f"STL [R1+0x{4 * i:x}], R{i}" for i in range(contract.FUSED_FP8_SPILL_BUDGET)]
+    for name, store in ((FUSED_FP8, "STG.E.64"), (FUSED, "STG.E.128")):
+        n, bad = contract.check(listing(name, *(spills + GOOD[:5] + [f"{store} desc[UR4][R20.64], R4"] + GOOD[5:])),
+                                res(name, 120), pattern=contract.FUSED_KERNEL)
+        if name == FUSED_FP8:
+            assert bad == [], bad
+        else:  # the same-dtype kernels get no budget
+            assert len(bad) == contract.FUSED_FP8_SPILL_BUDGET and "local memory" in bad[0], bad
+    over = spills + ["LDL R9, [R1+0x40]"]
+    n, bad = contract.check(listing(FUSED_FP8, *(over + GOOD)), res(FUSED_FP8, 120), pattern=contract.FUSED_KERNEL)
+    assert len(bad) == contract.FUSED_FP8_SPILL_BUDGET + 1 and "local memory" in bad[0]
+
+
+@pytest.mark.skipif(not BUILT_WITH_CUDA, reason="rotary was built without CUDA: no cubin to read")
+def test_the_built_fused_kernels_keep_the_contract():
+    sass, usage = contract.dump(rotary.library_path(), contract.find_cuobjdump())
+    n, bad = contract.check(sass, usage, pattern=contract.FUSED_KERNEL)
+    # 4 dtypes x 2 pairings x 2 index widths x (same-dtype, fp8) cache, less float64 with fp8.
+    assert n == 28, f"{n} rope_kv_kernel instantiations in the sm_90 cubin, expected 28"
+    assert not bad, "\n".join(bad)
+
+
 NORM = "_ZN6rotary6kernel16norm_rope_kernelI13__nv_bfloat16Lb0EEEvNS0_10RopeParamsENS0_10NormParamsE"
 NORM_GOOD = ["LDG.E.U16 R4, desc[UR4][R2.64]"] + [f"SHFL.BFLY PT, R5, R4, {m}, 0x1f" for m in (16, 8, 4, 2, 1)] + [
     "MUFU.RSQ R6, R5", "STG.E.U16 desc[UR4][R2.64], R6", "EXIT"]

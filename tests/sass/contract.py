@@ -14,6 +14,15 @@ and for every vectorized one:
   each 128-bit table load (no .EF), a streaming data load comes before any
   store or the kernel's start.
 
+For every instantiation of rotary::kernel::rope_kv_kernel (the fused
+KV-cache launch), the rope_kernel rules above, and:
+- cache rows are written with one store per 16-byte vector of q/k data:
+  128-bit for a cache of the data's dtype, 64-bit for an fp8 cache of 16-bit
+  data, 32-bit for one of float32 data; nothing narrower or wider;
+- the fp8-cache ones spill at most FUSED_FP8_SPILL_BUDGET values to the
+  stack today (per-row setup values, around the rotation), a known gap; the
+  others none.
+
 For every instantiation of rotary::kernel::norm_rope_kernel (the prologue,
 with and without the fp8 q output):
 - no local memory outside the subroutines it calls; the fp8 q ones spill
@@ -41,7 +50,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 KERNEL = re.compile(r"rope_kernelI(?P<T>13__nv_bfloat16|6__half|f|d)Lb(?P<il>[01])ELb(?P<vec>[01])E(?P<idx>[il])E")
 NORM_KERNEL = re.compile(r"norm_rope_kernelI(?P<T>13__nv_bfloat16|6__half|f|d)Lb(?P<fp8>[01])E")
+FUSED_KERNEL = re.compile(
+    r"rope_kv_kernelI(?P<T>13__nv_bfloat16|6__half|f|d)Lb(?P<il>[01])E(?P<cache>h|S2_|f|d)(?P<idx>[il])E")
 TYPES = {"13__nv_bfloat16": "bf16", "6__half": "fp16", "f": "fp32", "d": "fp64"}
+FP8_CACHE_STORE = {"bf16": ".E.64", "fp16": ".E.64", "fp32": ".E"}  # one byte per element of 16 bytes
+FUSED_FP8_SPILL_BUDGET = 10
 NORM_BLOCK_THREADS, NORM_MIN_BLOCKS = 128, 4
 INSTR = re.compile(r"/\*(?P<addr>[0-9a-f]{4,})\*/\s+(?P<text>[^;]*);")
 MEM = re.compile(r"^(?:@!?U?P\w+\s+)?(?P<op>LDG|STG|LDL|STL)(?P<mods>(?:\.[A-Z0-9_]+)*)\s")
@@ -61,6 +74,10 @@ class Kernel:
 
     @property
     def label(self) -> str:
+        f = FUSED_KERNEL.search(self.name)
+        if f:
+            return (f"rope_kv_kernel<{TYPES[f['T']]}, {'interleaved' if f['il'] == '1' else 'half'}, "
+                    f"{'fp8' if f['cache'] == 'h' else 'same-dtype'} cache, {'int32' if f['idx'] == 'i' else 'int64'}>")
         n = NORM_KERNEL.search(self.name)
         if n:
             return f"norm_rope_kernel<{TYPES[n['T']]}{', fp8 q' if n['fp8'] == '1' else ''}>"
@@ -73,7 +90,15 @@ class Kernel:
     @property
     def vectorized(self) -> bool:
         m = KERNEL.search(self.name)
-        return bool(m) and m["vec"] == "1"
+        return bool(m) and m["vec"] == "1" or bool(FUSED_KERNEL.search(self.name))
+
+    @property
+    def cache_store(self) -> Optional[str]:
+        """The modifiers of a fused kernel's cache stores (None: not fused)."""
+        f = FUSED_KERNEL.search(self.name)
+        if not f:
+            return None
+        return FP8_CACHE_STORE.get(TYPES[f["T"]], "?") if f["cache"] == "h" else ".E.128"
 
 
 def parse_sass(text: str) -> Dict[str, Kernel]:
@@ -119,9 +144,7 @@ def check_norm_kernel(k: Kernel) -> List[str]:
     mem = [(a, t, m["op"], m["mods"]) for a, t in body for m in [MEM.match(t)] if m]
     n = NORM_KERNEL.search(k.name)
     if n and n["fp8"] == "1":
-        spills = [(a, t, op, mods) for a, t, op, mods in mem if op in ("LDL", "STL") and "[R1" in t]
-        if len(spills) <= FP8_SPILL_BUDGET:
-            mem = [m for m in mem if m not in spills]
+        mem = _spill_budget(mem, FP8_SPILL_BUDGET)
     bad = _common(k, mem, NORM_BLOCK_THREADS, NORM_MIN_BLOCKS)
     shuffles = sum("SHFL.BFLY" in t for _, t in body)
     if shuffles < 5:
@@ -129,9 +152,18 @@ def check_norm_kernel(k: Kernel) -> List[str]:
     return bad
 
 
+def _spill_budget(mem, budget: int):
+    """mem without its stack-frame LDL/STL when there are at most budget."""
+    spills = [(a, t, op, mods) for a, t, op, mods in mem if op in ("LDL", "STL") and "[R1" in t]
+    return [m for m in mem if m not in spills] if len(spills) <= budget else mem
+
+
 def check_kernel(k: Kernel, block_threads: int = 256, min_blocks: int = 2) -> List[str]:
     body = _body(k)
     mem = [(a, t, m["op"], m["mods"]) for a, t in body for m in [MEM.match(t)] if m]
+    cache_store = k.cache_store
+    if cache_store is not None and cache_store != ".E.128":
+        mem = _spill_budget(mem, FUSED_FP8_SPILL_BUDGET)
     bad = _common(k, mem, block_threads, min_blocks)
     if not k.vectorized:
         return bad
@@ -141,7 +173,11 @@ def check_kernel(k: Kernel, block_threads: int = 256, min_blocks: int = 2) -> Li
             f"{k.label}: a store narrower than 128 bits at 0x{a:04x}: {t}"
             for a, t, op, mods in mem if op == "STG" and ".128" not in mods]
     for a, t, op, mods in mem:
-        if op == "STG" and ".128" not in mods:
+        if op == "STG" and cache_store is not None and ".EF" not in mods:
+            if mods != cache_store:
+                bad.append(f"{k.label}: a cache store {mods or 'STG'} at 0x{a:04x}, not one STG{cache_store} per "
+                           f"16 bytes of data: {t}")
+        elif op == "STG" and ".128" not in mods:
             bad.append(f"{k.label}: a store narrower than 128 bits at 0x{a:04x}: {t}")
         if op == "LDG" and ".EF" in mods and ".128" not in mods:
             bad.append(f"{k.label}: a data load narrower than 128 bits at 0x{a:04x}: {t}")
@@ -173,14 +209,16 @@ def check_norm(sass: str, res_usage: str = "") -> Tuple[int, List[str]]:
     return len(kernels), bad + ([] if kernels else ["no norm_rope_kernel instantiation in the listing"])
 
 
-def check(sass: str, res_usage: str = "", block_threads: int = 256, min_blocks: int = 2) -> Tuple[int, List[str]]:
-    """(kernels checked, violations)."""
-    kernels = kernels_of(sass, res_usage)
+def check(sass: str, res_usage: str = "", block_threads: int = 256, min_blocks: int = 2,
+          pattern: "re.Pattern[str]" = KERNEL) -> Tuple[int, List[str]]:
+    """(kernels checked, violations); pattern FUSED_KERNEL checks the fused
+    KV-cache kernels."""
+    kernels = kernels_of(sass, res_usage, pattern)
     bad: List[str] = []
     for k in kernels:
         bad += check_kernel(k, block_threads, min_blocks)
     if not kernels:
-        bad.append("no rope_kernel instantiation in the listing")
+        bad.append(f"no {'rope_kv_kernel' if pattern is FUSED_KERNEL else 'rope_kernel'} instantiation in the listing")
     return len(kernels), bad
 
 
@@ -219,11 +257,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     sass, res = dump(args.object, tool)
     n, bad = check(sass, res, args.block_threads, args.min_blocks)
+    n_fused, bad_fused = check(sass, res, args.block_threads, args.min_blocks, FUSED_KERNEL)
     n_norm, bad_norm = check_norm(sass, res)
-    bad += bad_norm
+    bad += bad_fused + bad_norm
     for line in bad:
         print(line)
-    print(f"{n} rope_kernel and {n_norm} norm_rope_kernel instantiations, {len(bad)} violations")
+    print(f"{n} rope_kernel, {n_fused} rope_kv_kernel and {n_norm} norm_rope_kernel instantiations, "
+          f"{len(bad)} violations")
     return 1 if bad else 0
 
 

@@ -1,0 +1,60 @@
+// Grid sizing shared by the RoPE launches: SM count per device and resident
+// blocks per SM per (kernel, warps per block, device), queried once and then
+// read lock-free (0 = not yet known); a launch puts every block resident at
+// once (whole waves) and its blocks grid-stride over rows.
+#pragma once
+
+#include "rope_grid.cuh"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+
+namespace rotary {
+namespace cuda {
+
+constexpr int kMaxDevices = 64;
+constexpr int kMaxWarps = kernel::kMaxBlockThreads / 32;
+
+inline int sm_count(int device) {
+  static std::atomic<int> cache[kMaxDevices];
+  int n = device < kMaxDevices ? cache[device].load(std::memory_order_relaxed) : 0;
+  if (n == 0) {
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || n <= 0) {
+      cudaGetLastError();  // leave no sticky error for the launch check
+      n = 1;
+    }
+    if (device < kMaxDevices) cache[device].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
+// One cache per kernel (the template argument keys it).
+template <auto Kernel>
+int resident_blocks(int device, int block_threads) {
+  static std::atomic<int> cache[kMaxDevices][kMaxWarps + 1];
+  const int warps = (block_threads + 31) / 32;
+  int n = device < kMaxDevices ? cache[device][warps].load(std::memory_order_relaxed) : 0;
+  if (n == 0) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, Kernel, warps * 32, 0) != cudaSuccess || n <= 0) {
+      cudaGetLastError();
+      n = 1;
+    }
+    if (device < kMaxDevices) cache[device][warps].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
+// Blocks for grid g of Kernel on the current device.
+template <auto Kernel>
+unsigned resident_grid(const kernel::Grid& g) {
+  int device = 0;
+  cudaGetDevice(&device);
+  const int64_t full = static_cast<int64_t>(sm_count(device)) * resident_blocks<Kernel>(device, g.block_threads);
+  return static_cast<unsigned>(std::min(g.row_blocks, full));
+}
+
+}  // namespace cuda
+}  // namespace rotary

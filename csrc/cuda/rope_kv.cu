@@ -1,0 +1,52 @@
+#include "kv_cache_launch.h"
+#include "occupancy.cuh"
+#include "rope_kv_kernel.cuh"
+#include "rope_launch.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace rotary {
+namespace cuda {
+namespace {
+
+template <typename T, bool kInterleaved, typename Cache, typename Index>
+void launch_grid(const kernel::KVCacheParams& p, const kernel::Grid& g, cudaStream_t stream) {
+  constexpr auto kernel = &kernel::rope_kv_kernel<T, kInterleaved, Cache, Index>;
+  kernel<<<resident_grid<kernel>(g), g.block_threads, 0, stream>>>(p, g);
+}
+
+template <typename T, bool kInterleaved, typename Cache>
+void launch(const kernel::KVCacheParams& p, const kernel::LaunchShape& s, cudaStream_t stream) {
+  if (s.int32) {
+    launch_grid<T, kInterleaved, Cache, int32_t>(p, s.grid, stream);
+  } else {
+    launch_grid<T, kInterleaved, Cache, int64_t>(p, s.grid, stream);
+  }
+}
+
+}  // namespace
+
+template <typename T, typename Cache>
+void launch_rope_with_kv_cache(const kernel::KVCacheParams& p, cudaStream_t stream) {
+  if constexpr (kernel::kFusedCache<T, Cache>) {
+    if (kernel::can_fuse_cache<T, Cache>(p)) {
+      const kernel::LaunchShape s = kernel::launch_shape<T>(p.rope);
+      p.rope.interleaved ? launch<T, true, Cache>(p, s, stream) : launch<T, false, Cache>(p, s, stream);
+      return;
+    }
+  }
+  launch_rope<T>(p.rope, stream);
+  launch_kv_cache<T, Cache>(p, stream);
+}
+
+#define ROTARY_ROPE_KV_INSTANTIATE(T)                                                              \
+  template void launch_rope_with_kv_cache<T, T>(const kernel::KVCacheParams&, cudaStream_t);       \
+  template void launch_rope_with_kv_cache<T, uint8_t>(const kernel::KVCacheParams&, cudaStream_t);
+ROTARY_ROPE_KV_INSTANTIATE(float)
+ROTARY_ROPE_KV_INSTANTIATE(double)
+ROTARY_ROPE_KV_INSTANTIATE(__half)
+ROTARY_ROPE_KV_INSTANTIATE(__nv_bfloat16)
+
+}  // namespace cuda
+}  // namespace rotary

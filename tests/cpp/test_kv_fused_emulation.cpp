@@ -1,0 +1,300 @@
+// Host emulation of the fused KV-cache launch (cuda/rope_kv_kernel.cuh): the
+// RoPE kernel's per-thread body with a CacheSink, run over its whole grid
+// on the CPU, must leave q, k and both caches with the bits the CPU op
+// gives, for every dtype, cache dtype (fp8 with per-tensor and per-head
+// scales), cache layout, pairing and feature of the op (start_pos, partial
+// rotary inside the head, inverse, cache_positions, packed varlen, N-D ids
+// with pair_axes, MLA's own v_dim, skipped and out-of-range slots), at both
+// index widths and with a grid that wraps. Caches the fused kernel cannot
+// vector-address take the two-launch path, emulated the same way.
+#ifdef ROTARY_WITH_CUDA
+
+#include "checks/kv_checks.h"
+#include "cuda/kv_cache_kernel.cuh"
+#include "cuda/rope_kv_kernel.cuh"
+#include "helpers.h"
+
+#include <rotary/freqs.h>
+#include <rotary/ops.h>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+using rotary::kernel::Grid;
+using rotary::kernel::KVCacheParams;
+
+struct Case {
+  std::string name;
+  at::ScalarType dtype = at::kBFloat16;
+  bool fp8 = false;
+  bool per_head_scale = false;
+  std::string kv_layout = "BHSD";
+  std::string layout = "BHSD";
+  bool interleaved = false;
+  int64_t B = 2, S = 3, Hq = 4, Hk = 2, D = 32, rotary_dim = 32, vd = 32;
+  int64_t start = 3, rotary_offset = 0;
+  bool inverse = false;
+  std::string pos = "local";  // local, cache_positions, ids, axes, varlen
+  bool fusable = true;        // can_fuse_cache must say so
+  bool misaligned = false;    // cache rows one element apart from aligned
+};
+
+bool paged(const Case& c) {
+  return c.kv_layout == "NHD" || c.kv_layout == "HND";
+}
+
+constexpr int64_t kBlock = 16, kRows = 24;
+
+struct Inputs {
+  at::Tensor q, k, v, kc, vc, freqs, slots, cache_positions, position_ids, cu_seqlens, k_scale, v_scale;
+};
+
+// A cache of `width` dims per head row in c's layout, filled with random
+// values (fp8: their bits), or a view with rows one element wider.
+at::Tensor make_cache(const Case& c, int64_t outer, int64_t width) {
+  const int64_t w = width + (c.misaligned ? 1 : 0);
+  std::vector<int64_t> shape;
+  if (c.kv_layout == "BHSD" || c.kv_layout == "HND") {
+    shape = {outer, c.Hk, paged(c) ? kBlock : kRows, w};
+  } else {
+    shape = {outer, paged(c) ? kBlock : kRows, c.Hk, w};
+  }
+  at::Tensor t = (at::randn(shape) * 3).to(c.fp8 ? at::kFloat8_e4m3fn : c.dtype);
+  return c.misaligned ? t.narrow(3, 0, width) : t;
+}
+
+// q/k/v as [B, H, S, D] or [B, S, H, D] per c.layout (varlen: [T, H, D]).
+at::Tensor make_heads(const Case& c, int64_t heads, int64_t dim, int64_t seq, int64_t batch) {
+  const std::vector<int64_t> shape = c.pos == "varlen"   ? std::vector<int64_t>{seq, heads, dim}
+                                     : c.layout == "BHSD" ? std::vector<int64_t>{batch, heads, seq, dim}
+                                                          : std::vector<int64_t>{batch, seq, heads, dim};
+  return at::randn(shape).to(c.dtype);
+}
+
+Inputs make(const Case& c, int64_t seed) {
+  at::manual_seed(seed);
+  Inputs in;
+  const bool varlen = c.pos == "varlen";
+  const std::vector<int64_t> lens = {3, 1, 4};
+  const int64_t batch = varlen ? 1 : c.B, seq = varlen ? 8 : c.S;
+  in.q = make_heads(c, c.Hq, c.D, seq, batch);
+  in.k = make_heads(c, c.Hk, c.D, seq, batch);
+  in.v = make_heads(c, c.Hk, c.vd, seq, batch);
+  in.freqs = rotary::rope_freqs(c.rotary_dim, 64);
+  const int64_t outer = paged(c) ? (c.B * c.S + 5) / kBlock + 2 : (varlen ? 3 : c.B);
+  in.kc = make_cache(c, outer, c.D);
+  in.vc = make_cache(c, outer, c.vd);
+  if (paged(c)) {
+    in.slots = at::randperm(outer * kBlock, at::kLong).narrow(0, 0, batch * seq).reshape({batch, seq}).contiguous();
+    in.slots[0][0] = -1;
+  }
+  if (varlen) in.cu_seqlens = at::tensor(std::vector<int64_t>{0, 3, 4, 8}, at::kInt);
+  if (c.pos == "cache_positions" || c.pos == "axes") {
+    std::vector<at::Tensor> rows;
+    for (int64_t b = 0; b < batch; ++b) rows.push_back(at::randperm(kRows, at::kLong).narrow(0, 0, seq));
+    in.cache_positions = at::stack(rows).to(at::kInt);
+  }
+  if (c.pos == "ids") {  // distinct rows start + id < kRows
+    std::vector<at::Tensor> rows;
+    for (int64_t b = 0; b < batch; ++b) rows.push_back(at::randperm(kRows - c.start, at::kLong).narrow(0, 0, seq));
+    in.position_ids = at::stack(rows);
+  }
+  if (c.pos == "axes") in.position_ids = at::randint(0, 40, {3, batch, seq}, at::kLong);
+  if (c.fp8) {
+    in.k_scale = c.per_head_scale ? at::rand({c.Hk}) + 0.25 : at::tensor(0.5f);
+    in.v_scale = c.per_head_scale ? at::rand({c.Hk}) + 0.25 : at::tensor(0.25f);
+  }
+  return in;
+}
+
+// Copies with the same strides (a misaligned view stays misaligned).
+Inputs clone(const Inputs& in) {
+  Inputs out = in;
+  for (at::Tensor* t : {&out.q, &out.k, &out.v, &out.kc, &out.vc, &out.slots}) {
+    if (t->defined()) *t = at::empty_strided(t->sizes(), t->strides(), t->options()).copy_(*t);
+  }
+  return out;
+}
+
+std::optional<at::Tensor> opt(const at::Tensor& t) {
+  return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
+}
+
+std::vector<int64_t> pair_axes(const Case& c) {
+  std::vector<int64_t> axes;
+  for (int64_t j = 0; j < c.rotary_dim / 2; ++j) axes.push_back((j * 7) % 3);
+  return axes;
+}
+
+// The CUDA storage type of a torch dtype, and the CPU type the element-wise
+// cache kernel is emulated with.
+template <typename scalar_t>
+using CudaT = std::conditional_t<std::is_same_v<scalar_t, at::Half>, __half,
+                                 std::conditional_t<std::is_same_v<scalar_t, at::BFloat16>, __nv_bfloat16, scalar_t>>;
+
+template <typename T, bool kIl, bool kVec, typename Index, typename Sink = rotary::kernel::NoSink>
+void run_grid(const KVCacheParams& kv, const Grid& g, int64_t max_blocks, Sink sink = Sink()) {
+  const int64_t blocks = std::min(g.row_blocks, max_blocks);
+  for (int64_t block = 0; block < blocks; ++block) {
+    for (int32_t tid = 0; tid < g.block_threads; ++tid) {
+      rotary::kernel::rope_thread<T, kIl, kVec, Index, rotary::kernel::DirectStore, Sink>(kv.rope, g, block, blocks,
+                                                                                          tid, sink);
+    }
+  }
+}
+
+template <typename T, bool kIl, bool kVec, typename Sink = rotary::kernel::NoSink>
+void run_widths(const KVCacheParams& kv, bool index64, int64_t max_blocks, Sink sink = Sink()) {
+  const Grid g = rotary::kernel::make_grid<T, kIl, kVec>(kv.rope);
+  if (g.row_blocks == 0) return;
+  if (!index64 && rotary::kernel::fits_int32(kv.rope, g)) {
+    run_grid<T, kIl, kVec, int32_t>(kv, g, max_blocks, sink);
+  } else {
+    run_grid<T, kIl, kVec, int64_t>(kv, g, max_blocks, sink);
+  }
+}
+
+// What launch_rope_with_kv_cache runs, on the CPU: the fused grid when
+// can_fuse_cache holds, else the RoPE grid then the element-wise cache grid.
+template <typename scalar_t, typename CacheCpu>
+void emulate(const KVCacheParams& kv, bool index64, int64_t max_blocks, bool expect_fused, const std::string& what) {
+  using T = CudaT<scalar_t>;
+  using Cache = std::conditional_t<std::is_same_v<CacheCpu, uint8_t>, uint8_t, T>;
+  const bool fused = rotary::kernel::can_fuse_cache<T, Cache>(kv);
+  EXPECT_EQ(fused, expect_fused) << what << ": can_fuse_cache";
+  if (fused) {
+    if constexpr (rotary::kernel::kFusedCache<T, Cache>) {
+      const rotary::kernel::CacheSink<T, Cache> sink(kv);
+      kv.rope.interleaved ? run_widths<T, true, true>(kv, index64, max_blocks, sink)
+                          : run_widths<T, false, true>(kv, index64, max_blocks, sink);
+    }
+    return;
+  }
+  const bool vec = rotary::kernel::can_vectorize<T>(kv.rope);
+  if (kv.rope.interleaved) {
+    vec ? run_widths<T, true, true>(kv, index64, max_blocks) : run_widths<T, true, false>(kv, index64, max_blocks);
+  } else {
+    vec ? run_widths<T, false, true>(kv, index64, max_blocks) : run_widths<T, false, false>(kv, index64, max_blocks);
+  }
+  for (int64_t i = 0; i < rotary::kernel::kv_cache_threads(kv); ++i) {
+    rotary::kernel::kv_cache_thread<scalar_t, CacheCpu>(kv, i);
+  }
+}
+
+void expect_same_bits(const at::Tensor& a, const at::Tensor& b, const std::string& what) {
+  const auto bytes = [](const at::Tensor& t) { return t.contiguous().view(at::kByte); };
+  EXPECT_TRUE(at::equal(bytes(a), bytes(b))) << what;
+}
+
+void check(const Case& c) {
+  for (const bool index64 : {false, true}) {
+    for (const int64_t max_blocks : {int64_t{1} << 40, int64_t{2}}) {
+      const std::string what = c.name + (index64 ? " int64" : " int32") + (max_blocks == 2 ? " wrapped" : "");
+      const Inputs op = make(c, 7);
+      Inputs emu = clone(op);
+      const std::vector<int64_t> axes = pair_axes(c);
+      const at::OptionalIntArrayRef axes_ref = c.pos == "axes" ? at::OptionalIntArrayRef(axes) : std::nullopt;
+      const auto offsets = std::optional<at::Tensor>(), inv_freq = std::optional<at::Tensor>();
+      const auto ids = opt(emu.position_ids), cu = opt(emu.cu_seqlens), cache_pos = opt(emu.cache_positions);
+      const auto slots = opt(emu.slots), k_scale = opt(emu.k_scale), v_scale = opt(emu.v_scale);
+      const rotary::detail::RopeArgs args{c.start, c.interleaved, offsets, ids, c.inverse, cu, inv_freq,
+                                          c.layout, c.rotary_offset, axes_ref};
+      const rotary::detail::KVArgs kvargs{cache_pos, slots, c.kv_layout, k_scale, v_scale};
+      auto prepared = rotary::detail::prepare_kv("test", emu.q, emu.k, emu.v, emu.kc, emu.vc, emu.freqs, args, kvargs);
+      Inputs want = op;  // the CPU op's inputs; device-side bad slots become its -1
+      if (paged(c)) {     // out of range after the host check, as device-side values are: skipped
+        emu.slots[1][1] = emu.kc.size(0) * kBlock;
+        emu.slots[1][2] = -5;
+        want.slots = op.slots.clone();
+        want.slots[1][1] = want.slots[1][2] = -1;
+      }
+      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, c.dtype, "emulate", [&] {
+        if (c.fp8) {
+          emulate<scalar_t, uint8_t>(prepared.params, index64, max_blocks, c.fusable, what);
+        } else {
+          emulate<scalar_t, scalar_t>(prepared.params, index64, max_blocks, c.fusable, what);
+        }
+      });
+      const at::Tensor kc_before = op.kc.clone();
+      rotary::apply_rope_with_kv_cache_(want.q, want.k, want.v, want.kc, want.vc, want.freqs, c.start, c.interleaved,
+                                        std::nullopt, opt(want.position_ids), opt(want.cu_seqlens), std::nullopt,
+                                        c.layout, opt(want.cache_positions), opt(want.slots), c.kv_layout,
+                                        opt(want.k_scale), opt(want.v_scale), c.inverse, c.rotary_offset, axes_ref);
+      // The op wrote rows (so equal bits are not two untouched caches).
+      ASSERT_FALSE(at::equal(kc_before.contiguous().view(at::kByte), want.kc.contiguous().view(at::kByte))) << what;
+      expect_same_bits(emu.q, want.q, what + " q");
+      expect_same_bits(emu.k, want.k, what + " k");
+      expect_same_bits(emu.kc, want.kc, what + " k_cache");
+      expect_same_bits(emu.vc, want.vc, what + " v_cache");
+    }
+  }
+}
+
+std::string dtype_name(at::ScalarType t) {
+  return c10::toString(t);
+}
+
+// Every dtype, cache dtype, cache layout and pairing.
+TEST(KVFusedEmulation, DtypesLayoutsPairings) {
+  for (const auto dtype : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16}) {
+    for (const bool fp8 : {false, true}) {
+      for (const std::string layout : {"BHSD", "BSHD", "NHD", "HND"}) {
+        for (const bool interleaved : {false, true}) {
+          Case c;
+          c.name = dtype_name(dtype) + (fp8 ? " fp8 " : " ") + layout + (interleaved ? " interleaved" : " half");
+          c.dtype = dtype;
+          c.fp8 = fp8;
+          c.kv_layout = layout;
+          c.interleaved = interleaved;
+          c.fusable = !(fp8 && dtype == at::kDouble);  // float64 with fp8 keeps two launches
+          check(c);
+        }
+      }
+    }
+  }
+}
+
+// Every feature of the op, on the fused path, both pairings.
+TEST(KVFusedEmulation, Features) {
+  std::vector<Case> cases;
+  auto add = [&](const std::string& name, auto edit) {
+    for (const bool interleaved : {false, true}) {
+      Case c;
+      c.name = name + (interleaved ? " interleaved" : " half");
+      c.interleaved = interleaved;
+      edit(c);
+      cases.push_back(c);
+    }
+  };
+  add("partial span inside the head", [](Case& c) { c.D = 64, c.rotary_dim = 32, c.rotary_offset = 16, c.vd = 64; });
+  add("partial span at the start", [](Case& c) { c.D = 48, c.rotary_dim = 32, c.vd = 48, c.kv_layout = "NHD"; });
+  add("inverse", [](Case& c) { c.inverse = true, c.kv_layout = "HND"; });
+  add("start 0, decode S=1", [](Case& c) { c.start = 0, c.S = 1, c.B = 5; });
+  add("cache_positions", [](Case& c) { c.pos = "cache_positions"; });
+  add("position_ids", [](Case& c) { c.pos = "ids", c.start = 0, c.kv_layout = "BSHD"; });
+  add("pair_axes", [](Case& c) { c.pos = "axes", c.start = 0; });
+  add("varlen", [](Case& c) { c.pos = "varlen"; });
+  add("BSHD q/k/v", [](Case& c) { c.layout = "BSHD", c.kv_layout = "NHD"; });
+  add("MLA v_dim 16", [](Case& c) { c.vd = 16, c.kv_layout = "HND"; });
+  add("MLA v_dim 48", [](Case& c) { c.vd = 48; });
+  add("fp8 per-head scales", [](Case& c) { c.fp8 = true, c.per_head_scale = true, c.kv_layout = "NHD"; });
+  add("fp32 fp8 partial", [](Case& c) {
+    c.dtype = at::kFloat, c.fp8 = true, c.D = 48, c.rotary_dim = 16, c.rotary_offset = 8, c.vd = 24;
+  });
+  add("GQA 8/1 heads", [](Case& c) { c.Hq = 8, c.Hk = 1; });
+  // Not vector-addressable: the two launches.
+  add("misaligned cache rows", [](Case& c) { c.misaligned = true, c.fusable = false; });
+  add("v_dim not a whole vector", [](Case& c) { c.vd = 12, c.fusable = false; });
+  for (const Case& c : cases) check(c);
+}
+
+}  // namespace
+
+#endif  // ROTARY_WITH_CUDA
