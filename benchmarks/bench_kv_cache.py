@@ -16,10 +16,14 @@ block 16 (one slot per sequence); prefill one sequence of S tokens into a
 paged NHD cache and into a contiguous BHSD one.
 Timed with benchmarks/protocol.py: every variant once per round in a seeded
 shuffled order, medians, CPU time / wall next to each ratio, one pass per
---threads count (CPU), refused on a loaded machine.
+--threads count (CPU), refused on a loaded machine. On CUDA, --graph
+captures each variant's calls of a sample in one CUDA graph and times its
+replay: GPU time, without the host's launch path (a decode step's GPU work
+is far shorter than it). A variant that cannot be captured is left out and
+named.
 
     PYTHONPATH=python .venv/bin/python benchmarks/bench_kv_cache.py [--threads 1,2] [--dtype bfloat16]
-        [--device cpu] [--no-compile] [--quick]
+        [--device cpu] [--no-compile] [--quick] [--graph]
 """
 
 import argparse
@@ -107,6 +111,28 @@ def cases(device, dtype, B, S, Hq, Hk, D, kv_layout, block=16, start=100, compil
     return fns
 
 
+def graphed(fns, calls):
+    """Each variant as the replay of one CUDA graph of `calls` calls."""
+    out = {}
+    for name, fn in fns.items():
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # warm up off the capture stream (compiles, allocations)
+                for _ in range(3):
+                    fn()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(calls):
+                    fn()
+            out[name] = graph.replay
+        except Exception as e:  # noqa: BLE001 (a peer's failure leaves it out, named)
+            torch.cuda.synchronize()
+            print(f"  {name}: not captured in a CUDA graph ({type(e).__name__}: {str(e)[:120]}); left out")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
@@ -115,8 +141,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=11)
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile variants")
     ap.add_argument("--quick", action="store_true", help="S=64, 3 rounds, few calls, no compile: a smoke run")
+    ap.add_argument("--graph", action="store_true", help="CUDA: time CUDA-graph replays (GPU time)")
     add_protocol_args(ap)
     a = ap.parse_args()
+    if a.graph and a.device != "cuda":
+        ap.error("--graph needs --device cuda")
     if a.quick:
         a.prefill, a.rounds, a.no_compile = a.prefill or 64, 3, True
     guard = check_load(a)
@@ -140,8 +169,11 @@ def main() -> None:
         print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
         for title, kw, calls in shapes:
             fns = cases(a.device, dtype, Hq=32, Hk=8, D=128, compile_=not a.no_compile, **kw)
+            per = 1
+            if a.graph:
+                fns, per, calls = graphed(fns, calls), calls, 1
             t = time_interleaved(fns, a.rounds, calls=calls, warmup=3, seed=a.seed, sync=sync)
-            us = " | ".join(f"{t[n].median * 1e6:.1f}" if n in t else "-" for n in ("fused",) + cols)
+            us = " | ".join(f"{t[n].median * 1e6 / per:.1f}" if n in t else "-" for n in ("fused",) + cols)
             ratios = " | ".join(ratio_cell(t["fused"], t[n], guard) if n in t else "-" for n in cols)
             print(f"| {title} | {us} | {ratios} |")
     print("\n" + guard.finish())

@@ -137,14 +137,23 @@ for layout in ("hf", "bhsd"):
         rope = rotary.RotaryEmbedding(D, S, interleaved=interleaved).cuda()
         rope(q, k)
         torch.ops.rotary.apply_rope_qk_(q, k, rope.freqs, 0, interleaved)
+# The decode step with a paged cache (B=64, one token each): the fused launch, bf16 and fp8.
+B, D = 64, 128
+q = torch.randn(B, 1, HQ, D, device="cuda", dtype=torch.bfloat16)
+k, v = (torch.randn(B, 1, HK, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+slots = torch.arange(B, device="cuda") * 64 + 7
+f = rotary.freqs_table(D, 64).cuda()
+for cdt in (torch.bfloat16, torch.float8_e4m3fn):
+    kc, vc = (torch.zeros(B * 4, 16, HK, D, device="cuda", dtype=cdt) for _ in range(2))
+    rotary.apply_rope_with_kv_cache_(q, k, v, kc, vc, f, 7, False, layout="BSHD", slot_mapping=slots, kv_layout="NHD")
 torch.cuda.synchronize()
-print("ncu driver: 8 launches (hf/bhsd x interleaved/half x out of place/in place)")
+print("ncu driver: 10 launches (hf/bhsd x interleaved/half x out of place/in place; decode with a bf16 and an fp8 cache)")
 '
 if ((built && have_gpu)) && command -v ncu > /dev/null; then
   metrics=dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active
   metrics+=,sm__maximum_warps_per_active_cycle_pct,launch__registers_per_thread,launch__grid_size
   metrics+=,launch__block_size,gpu__time_duration.sum
-  step ncu 180 env PYTHONPATH="$ROOT/python" ncu --clock-control none --kernel-name regex:rope_kernel \
+  step ncu 180 env PYTHONPATH="$ROOT/python" ncu --clock-control none --kernel-name regex:rope_k \
     --metrics "$metrics" --csv "$PY" -c "$NCU_DRIVER"
 else
   skip ncu "needs the build, a GPU and ncu"
@@ -164,6 +173,10 @@ fi
 if ((built && have_gpu)); then
   step bench 420 env PYTHONPATH="$BENCH_PATH" "$PY" benchmarks/bench.py --device cuda --repeat 15 --wait-load 60 --max-load 4 \
     --markdown "$LOG_DIR/bench_gpu.md"
+  # The fused KV-cache write (one launch) vs the RoPE launch + index_copy_, torch.compile and the
+  # copy floor, as GPU time of CUDA-graph replays: decode B=64 and prefill S=8192.
+  step bench_kv_cache 240 env PYTHONPATH="$ROOT/python" "$PY" benchmarks/bench_kv_cache.py --device cuda --graph \
+    --rounds 11 --max-load 4
   # The prologue (q/k RMSNorm + RoPE): fused vs unfused vs torch.compile vs the copy floor.
   step bench_qk_norm 240 env PYTHONPATH="$ROOT/python" "$PY" benchmarks/bench_qk_norm.py --device cuda --rounds 11 \
     --threads 1 --max-load 4

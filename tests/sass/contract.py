@@ -19,9 +19,9 @@ KV-cache launch), the rope_kernel rules above, and:
 - cache rows are written with one store per 16-byte vector of q/k data:
   128-bit for a cache of the data's dtype, 64-bit for an fp8 cache of 16-bit
   data, 32-bit for one of float32 data; nothing narrower or wider;
-- the fp8-cache ones spill at most FUSED_FP8_SPILL_BUDGET values to the
-  stack today (per-row setup values, around the rotation), a known gap; the
-  others none.
+- the fp8-cache ones make at most FUSED_FP8_SPILL_BUDGET stack accesses
+  (four of them spill row-setup values today, 7-9 accesses), a known gap;
+  the others none.
 
 For every instantiation of rotary::kernel::norm_rope_kernel (the prologue,
 with and without the fp8 q output):
