@@ -9,7 +9,8 @@ namespace {
 template <typename T, bool kInterleaved, bool kVectorized, typename Index>
 void launch_grid(const kernel::RopeParams& p, const kernel::Grid& g, cudaStream_t stream) {
   constexpr auto kernel = &kernel::rope_kernel<T, kInterleaved, kVectorized, Index>;
-  kernel<<<resident_grid<kernel>(g), g.block_threads, 0, stream>>>(p, g);
+  const unsigned blocks = resident_grid<kernel>(g);
+  kernel<<<blocks, g.block_threads, 0, stream>>>(p, kernel::launched(p, g, blocks));
 }
 
 // The instantiation launch_shape chose, with its grid.

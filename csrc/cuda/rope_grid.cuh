@@ -54,7 +54,21 @@ struct Grid {
   int64_t rows = 0;           // batch * seq
   int64_t row_blocks = 0;     // ceil(rows / rows_per_block)
   bool table_vector = false;  // a row of the table is readable as aligned float4
+  // Set by launched(): the grid's blocks, and the (b, s) step of the
+  // grid-stride loop over rows, so that a thread advances without dividing.
+  int64_t blocks = 0;
+  int64_t step_b = 0;
+  int64_t step_s = 0;
 };
+
+// Grid g of p as launched with `blocks` blocks (1 to row_blocks).
+inline Grid launched(const RopeParams& p, Grid g, int64_t blocks) {
+  g.blocks = blocks;
+  const int64_t step = blocks * g.rows_per_block;
+  g.step_b = p.seq > 0 ? step / p.seq : 0;
+  g.step_s = step - g.step_b * p.seq;
+  return g;
+}
 
 template <typename T, bool kInterleaved, bool kVectorized>
 inline Grid make_grid(const RopeParams& p) {

@@ -207,8 +207,8 @@ ROTARY_HOST_DEVICE void copy_heads(const RowPointers<T, Index>& row, Index h0, I
   }
 }
 
-// The body of one CUDA thread (thread `tid` of block `block` in a grid of
-// `num_blocks`), as a plain function of its indices so that a CPU test can
+// The body of one CUDA thread (thread `tid` of block `block` of grid g, as
+// launched()), as a plain function of its indices so that a CPU test can
 // run the whole grid and check the indexing without a GPU. Index is int32_t
 // when fits_int32() holds, int64_t otherwise. A CacheSink makes it the fused
 // KV-cache launch: per row, the cache row is found once, rotated k vectors go
@@ -216,8 +216,7 @@ ROTARY_HOST_DEVICE void copy_heads(const RowPointers<T, Index>& row, Index h0, I
 // v) is copied after the rotation.
 template <typename T, bool kInterleaved, bool kVectorized, typename Index, typename Store = DirectStore,
           typename Sink = NoSink>
-ROTARY_HOST_DEVICE void rope_thread(const RopeParams& p, const Grid& g, int64_t block, int64_t num_blocks, int32_t tid,
-                                    Sink sink = Sink()) {
+ROTARY_HOST_DEVICE void rope_thread(const RopeParams& p, const Grid& g, int64_t block, int32_t tid, Sink sink = Sink()) {
   using acc_t = typename Acc<T>::type;
   using TileT = Tile<T, kInterleaved, kVectorized>;
   const int32_t row_in_block = tid / g.lanes;
@@ -230,16 +229,22 @@ ROTARY_HOST_DEVICE void rope_thread(const RopeParams& p, const Grid& g, int64_t 
   const Index half = static_cast<Index>(p.rotary_dim / 2);
   const Index off = static_cast<Index>(p.rotary_offset);
   const Index seq = static_cast<Index>(p.seq);
+  // (b, s) of the thread's first row (one division per thread), then
+  // advanced by the grid's step (kernel parameters, no registers): none per
+  // row.
+  const int64_t r0 = block * g.rows_per_block + row_in_block;
+  Index b = static_cast<Index>(r0 / p.seq);
+  Index s = static_cast<Index>(r0 - static_cast<int64_t>(b) * p.seq);
 
 #pragma unroll 1
-  for (int64_t rb = block; rb < g.row_blocks; rb += num_blocks) {
-    const Index r = static_cast<Index>(rb * g.rows_per_block + row_in_block);
-    if (r >= g.rows) return;  // only the last row block is partial
-    const Index b = r / seq;
-    const Index s = r - b * seq;
+  for (int64_t rb = block; rb < g.row_blocks; rb += g.blocks) {
+    if (rb * g.rows_per_block + row_in_block >= g.rows) return;  // only the last row block is partial
     const RowPointers<T, Index> row(p, b, s);
-    const int64_t pos = position_of(p, b, s);
-    if constexpr (Sink::kOn) sink.start_row(b, s, pos);
+    // The row's place (position, packed sequence, cache row) is looked up
+    // once its first data loads are in flight: a varlen binary search then
+    // overlaps their round trip. Only the position stays live.
+    int64_t pos = 0;
+    bool placed = false;
 #pragma unroll 1
     for (int32_t group = group0; group < g.groups; group += g.group_threads) {
       if (group < g.rotary_groups) {
@@ -253,6 +258,12 @@ ROTARY_HOST_DEVICE void rope_thread(const RopeParams& p, const Grid& g, int64_t 
         HeadLoads<T, kInterleaved, kVectorized> l;
         Index h0 = chunk;
         load_heads<T, kInterleaved, kVectorized, Index>(row, h0, chunks, heads, a0, a1, l);
+        if (!placed) {
+          const TokenPlace place = place_of(p, b, s);
+          if constexpr (Sink::kOn) sink.start_row(b, s, place);
+          pos = place.pos;
+          placed = true;
+        }
         acc_t c[TileT::kPairs], sn[TileT::kPairs];
         load_rotations<acc_t, TileT::kPairs>(p, g, b, s, pos, j0, c, sn);
 #pragma unroll 1
@@ -272,7 +283,16 @@ ROTARY_HOST_DEVICE void rope_thread(const RopeParams& p, const Grid& g, int64_t 
         }
       }
     }
-    if constexpr (Sink::kOn) sink.template copy_row<TileT::kHeads>(row, b, s, pos, group0, g.group_threads, chunk, chunks);
+    if constexpr (Sink::kOn) {
+      if (!placed) sink.start_row(b, s, place_of(p, b, s));
+      sink.template copy_row<TileT::kHeads>(row, b, s, group0, g.group_threads, chunk, chunks);
+    }
+    b += static_cast<Index>(g.step_b);
+    s += static_cast<Index>(g.step_s);
+    if (s >= seq) {
+      s -= seq;
+      ++b;
+    }
   }
 }
 
@@ -287,7 +307,7 @@ constexpr int kMinBlocks = 2;
 
 template <typename T, bool kInterleaved, bool kVectorized, typename Index>
 __global__ void __launch_bounds__(kMaxBlockThreads, kMinBlocks) rope_kernel(const __grid_constant__ RopeParams p, const Grid g) {
-  rope_thread<T, kInterleaved, kVectorized, Index>(p, g, blockIdx.x, gridDim.x, static_cast<int32_t>(threadIdx.x));
+  rope_thread<T, kInterleaved, kVectorized, Index>(p, g, blockIdx.x, static_cast<int32_t>(threadIdx.x));
 }
 #endif
 

@@ -13,7 +13,8 @@ namespace {
 template <typename T, bool kInterleaved, typename Cache, typename Index>
 void launch_grid(const kernel::KVCacheParams& p, const kernel::Grid& g, cudaStream_t stream) {
   constexpr auto kernel = &kernel::rope_kv_kernel<T, kInterleaved, Cache, Index>;
-  kernel<<<resident_grid<kernel>(g), g.block_threads, 0, stream>>>(p, g);
+  const unsigned blocks = resident_grid<kernel>(g);
+  kernel<<<blocks, g.block_threads, 0, stream>>>(p, kernel::launched(p.rope, g, blocks));
 }
 
 template <typename T, bool kInterleaved, typename Cache>

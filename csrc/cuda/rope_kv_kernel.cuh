@@ -49,15 +49,15 @@ struct CacheSink {
   static constexpr int kElems = CacheChunk<T, Cache>::kElems;
   const KVCacheParams& p;
   // This row's k cache row at head 0, null when the token is not written.
-  // Only it lives through the rotation (the v side is found again in
-  // copy_row): more would spill on the fp8 paths.
+  // Only it lives through the rotation (copy_row finds the v side again):
+  // more would spill on the fp8 paths.
   Cache* kc = nullptr;
 
   ROTARY_HOST_DEVICE explicit CacheSink(const KVCacheParams& params) : p(params) {}
 
-  ROTARY_HOST_DEVICE void start_row(int64_t b, int64_t s, int64_t pos) {
+  ROTARY_HOST_DEVICE void start_row(int64_t b, int64_t s, const TokenPlace& place) {
     int64_t outer = 0, inner = 0;
-    kc = cache_row(p, b, s, pos, outer, inner)
+    kc = cache_row(p, b, s, place, outer, inner)
         ? static_cast<Cache*>(p.k_cache) + (outer * p.kc_stride[0] + inner * p.kc_stride[2])
         : nullptr;
   }
@@ -72,10 +72,12 @@ struct CacheSink {
   // dims ([0, rotary_offset), then past the span), the rest v's. The row's
   // threads split them as they split pair groups and heads.
   template <int kHeads, typename Index>
-  ROTARY_HOST_DEVICE void copy_row(const RowPointers<T, Index>& row, int64_t b, int64_t s, int64_t pos, int32_t group0,
+  // The cache row is found again (found at start_row; keeping it live
+  // through the rotation would spill).
+  ROTARY_HOST_DEVICE void copy_row(const RowPointers<T, Index>& row, int64_t b, int64_t s, int32_t group0,
                                    int32_t group_threads, Index chunk, Index chunks) const {
     int64_t outer = 0, inner = 0;
-    if (kc == nullptr || !cache_row(p, b, s, pos, outer, inner)) return;
+    if (kc == nullptr || !cache_row(p, b, s, outer, inner)) return;
     Cache* const vc = static_cast<Cache*>(p.v_cache) + (outer * p.vc_stride[0] + inner * p.vc_stride[2]);
     const T* const v = static_cast<const T*>(p.v) + (b * p.v_stride[0] + s * p.v_stride[2]);
     const RopeParams& r = p.rope;
@@ -118,7 +120,7 @@ template <typename T, bool kInterleaved, typename Cache, typename Index>
 __global__ void __launch_bounds__(kMaxBlockThreads, kMinBlocks)
     rope_kv_kernel(const __grid_constant__ KVCacheParams p, const Grid g) {
   rope_thread<T, kInterleaved, true, Index, DirectStore, CacheSink<T, Cache>>(
-      p.rope, g, blockIdx.x, gridDim.x, static_cast<int32_t>(threadIdx.x), CacheSink<T, Cache>(p));
+      p.rope, g, blockIdx.x, static_cast<int32_t>(threadIdx.x), CacheSink<T, Cache>(p));
 }
 #endif
 

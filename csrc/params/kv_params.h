@@ -59,9 +59,9 @@ ROTARY_HOST_DEVICE int64_t dest_entry(const KVCacheParams& p, int64_t b, int64_t
 // -1, or a device-side slot or position outside the cache (those raise on
 // the host before the launch; on the device they are skipped, never written
 // out of bounds).
-// `pos` is position_of(p.rope, b, s).
-ROTARY_HOST_DEVICE bool cache_row(const KVCacheParams& p, int64_t b, int64_t s, int64_t pos, int64_t& outer,
-                                  int64_t& inner) {
+// `place` is place_of(p.rope, b, s) (unread for paged caches).
+ROTARY_HOST_DEVICE bool cache_row(const KVCacheParams& p, int64_t b, int64_t s, const TokenPlace& place,
+                                  int64_t& outer, int64_t& inner) {
   if (p.paged) {
     const int64_t slot = dest_entry(p, b, s);
     if (slot < 0 || slot >= p.outer * p.inner) return false;
@@ -69,12 +69,12 @@ ROTARY_HOST_DEVICE bool cache_row(const KVCacheParams& p, int64_t b, int64_t s, 
     inner = slot % p.inner;
     return true;
   }
-  outer = p.rope.cu_seqlens != nullptr ? sequence_of(p.rope, s) : b;
-  inner = p.dest != nullptr ? dest_entry(p, b, s) : pos;
+  outer = place.sequence;
+  inner = p.dest != nullptr ? dest_entry(p, b, s) : place.pos;
   return outer < p.outer && inner >= 0 && inner < p.inner;
 }
 ROTARY_HOST_DEVICE bool cache_row(const KVCacheParams& p, int64_t b, int64_t s, int64_t& outer, int64_t& inner) {
-  return cache_row(p, b, s, p.paged ? 0 : position_of(p.rope, b, s), outer, inner);
+  return cache_row(p, b, s, p.paged ? TokenPlace() : place_of(p.rope, b, s), outer, inner);
 }
 
 // One element into the cache: a copy in the same dtype, or quantize_fp8 of

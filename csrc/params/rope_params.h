@@ -123,12 +123,6 @@ ROTARY_HOST_DEVICE int64_t sequence_of(const RopeParams& p, int64_t s) {
   return lo;
 }
 
-// Index of token s inside its own sequence.
-ROTARY_HOST_DEVICE int64_t local_index(const RopeParams& p, int64_t s) {
-  if (p.cu_seqlens == nullptr) return s;
-  return s - cu_seqlen(p, sequence_of(p, s));
-}
-
 // The entry of the positions tensor (offset or id) for token (b, s) on `axis`.
 ROTARY_HOST_DEVICE int64_t given_position(const RopeParams& p, int64_t b, int64_t s, int64_t axis = 0) {
   const int64_t i = axis * p.pos_stride_axis + b * p.pos_stride_b + s * p.pos_stride_s;
@@ -136,10 +130,29 @@ ROTARY_HOST_DEVICE int64_t given_position(const RopeParams& p, int64_t b, int64_
                            : static_cast<const int64_t*>(p.positions)[i];
 }
 
+// Where token (b, s) is: its sequence (b, or its packed sequence with
+// cu_seqlens: one search, shared by the rotation and the cache row) and its
+// rotary position.
+struct TokenPlace {
+  int64_t sequence = 0;
+  int64_t pos = 0;
+};
+
+ROTARY_HOST_DEVICE TokenPlace place_of(const RopeParams& p, int64_t b, int64_t s) {
+  TokenPlace t;
+  t.sequence = b;
+  int64_t local = s;  // index of the token inside its own sequence
+  if (p.cu_seqlens != nullptr) {
+    t.sequence = sequence_of(p, s);
+    local = s - cu_seqlen(p, t.sequence);
+  }
+  t.pos = p.positions == nullptr ? p.start_pos + local
+                                 : p.start_pos + given_position(p, b, s) + (p.positions_are_offsets ? local : 0);
+  return t;
+}
+
 ROTARY_HOST_DEVICE int64_t position_of(const RopeParams& p, int64_t b, int64_t s) {
-  const int64_t local = local_index(p, s);
-  if (p.positions == nullptr) return p.start_pos + local;
-  return p.start_pos + given_position(p, b, s) + (p.positions_are_offsets ? local : 0);
+  return place_of(p, b, s).pos;
 }
 
 // The position pair j of token (b, s) turns by; `pos` is position_of(p, b, s).

@@ -52,9 +52,10 @@ struct CountingStore {
 template <typename T, bool kInterleaved, bool kVectorized, typename Index, typename Store>
 void emulate_launch(const RopeParams& p, const Grid& g, int64_t max_blocks) {
   const int64_t blocks = std::min(g.row_blocks, max_blocks);
+  const Grid launched = rotary::kernel::launched(p, g, blocks);
   for (int64_t block = 0; block < blocks; ++block) {
     for (int32_t tid = 0; tid < g.block_threads; ++tid) {
-      rotary::kernel::rope_thread<T, kInterleaved, kVectorized, Index, Store>(p, g, block, blocks, tid);
+      rotary::kernel::rope_thread<T, kInterleaved, kVectorized, Index, Store>(p, launched, block, tid);
     }
   }
 }

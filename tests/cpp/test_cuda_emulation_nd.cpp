@@ -22,9 +22,10 @@ using rotary::kernel::RopeParams;
 template <typename T, bool kInterleaved, bool kVectorized>
 void emulate(const RopeParams& p) {
   const Grid g = rotary::kernel::make_grid<T, kInterleaved, kVectorized>(p);
+  const Grid launched = rotary::kernel::launched(p, g, g.row_blocks);
   for (int64_t block = 0; block < g.row_blocks; ++block) {
     for (int32_t tid = 0; tid < g.block_threads; ++tid) {
-      rotary::kernel::rope_thread<T, kInterleaved, kVectorized, int64_t>(p, g, block, g.row_blocks, tid);
+      rotary::kernel::rope_thread<T, kInterleaved, kVectorized, int64_t>(p, launched, block, tid);
     }
   }
 }

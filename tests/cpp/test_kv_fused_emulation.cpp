@@ -5,8 +5,9 @@
 // scales), cache layout, pairing and feature of the op (start_pos, partial
 // rotary inside the head, inverse, cache_positions, packed varlen, N-D ids
 // with pair_axes, MLA's own v_dim, skipped and out-of-range slots), at both
-// index widths and with a grid that wraps. Caches the fused kernel cannot
-// vector-address take the two-launch path, emulated the same way.
+// index widths, and with one block walking every row block. Caches the
+// fused kernel cannot vector-address take the two-launch path, emulated
+// the same way.
 #ifdef ROTARY_WITH_CUDA
 
 #include "checks/kv_checks.h"
@@ -50,7 +51,7 @@ bool paged(const Case& c) {
   return c.kv_layout == "NHD" || c.kv_layout == "HND";
 }
 
-constexpr int64_t kBlock = 16, kRows = 24;
+constexpr int64_t kBlock = 16, kRows = 64;
 
 struct Inputs {
   at::Tensor q, k, v, kc, vc, freqs, slots, cache_positions, position_ids, cu_seqlens, k_scale, v_scale;
@@ -142,9 +143,10 @@ using CudaT = std::conditional_t<std::is_same_v<scalar_t, at::Half>, __half,
 template <typename T, bool kIl, bool kVec, typename Index, typename Sink = rotary::kernel::NoSink>
 void run_grid(const KVCacheParams& kv, const Grid& g, int64_t max_blocks, Sink sink = Sink()) {
   const int64_t blocks = std::min(g.row_blocks, max_blocks);
+  const Grid launched = rotary::kernel::launched(kv.rope, g, blocks);
   for (int64_t block = 0; block < blocks; ++block) {
     for (int32_t tid = 0; tid < g.block_threads; ++tid) {
-      rotary::kernel::rope_thread<T, kIl, kVec, Index, rotary::kernel::DirectStore, Sink>(kv.rope, g, block, blocks,
+      rotary::kernel::rope_thread<T, kIl, kVec, Index, rotary::kernel::DirectStore, Sink>(kv.rope, launched, block,
                                                                                           tid, sink);
     }
   }
@@ -195,8 +197,8 @@ void expect_same_bits(const at::Tensor& a, const at::Tensor& b, const std::strin
 
 void check(const Case& c) {
   for (const bool index64 : {false, true}) {
-    for (const int64_t max_blocks : {int64_t{1} << 40, int64_t{2}}) {
-      const std::string what = c.name + (index64 ? " int64" : " int32") + (max_blocks == 2 ? " wrapped" : "");
+    for (const int64_t max_blocks : {int64_t{1} << 40, int64_t{1}}) {  // one block: it walks every row block
+      const std::string what = c.name + (index64 ? " int64" : " int32") + (max_blocks == 1 ? " one block" : "");
       const Inputs op = make(c, 7);
       Inputs emu = clone(op);
       const std::vector<int64_t> axes = pair_axes(c);
@@ -289,6 +291,8 @@ TEST(KVFusedEmulation, Features) {
     c.dtype = at::kFloat, c.fp8 = true, c.D = 48, c.rotary_dim = 16, c.rotary_offset = 8, c.vd = 24;
   });
   add("GQA 8/1 heads", [](Case& c) { c.Hq = 8, c.Hk = 1; });
+  add("many rows, paged", [](Case& c) { c.B = 4, c.S = 45, c.kv_layout = "HND"; });
+  add("many rows, contiguous", [](Case& c) { c.B = 3, c.S = 50, c.start = 7, c.pos = "cache_positions"; });
   // Not vector-addressable: the two launches.
   add("misaligned cache rows", [](Case& c) { c.misaligned = true, c.fusable = false; });
   add("v_dim not a whole vector", [](Case& c) { c.vd = 12, c.fusable = false; });
