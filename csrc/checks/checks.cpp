@@ -64,11 +64,6 @@ at::Tensor check_head_tensor(const char* op, const char* name, const at::Tensor&
   return v;
 }
 
-void check_same_device(const char* op, const char* name, const at::Tensor& t, const at::Tensor& q) {
-  TORCH_CHECK_VALUE(
-      t.device() == q.device(), op, ": ", name, " is on ", t.device(), " but q/x is on ", q.device(),
-      "; move both to the same device");
-}
 
 // offsets: [] or [batch] (per-sequence start), position_ids: [seq] or
 // [batch, seq] (absolute, as in Hugging Face); packed: [] / [total_tokens].
@@ -85,9 +80,7 @@ void check_positions_shape(const char* op, const at::Tensor& q_view, const RopeA
   const bool ids = args.position_ids.has_value();
   const at::Tensor& p = ids ? *args.position_ids : *args.offsets;
   const char* name = ids ? "position_ids" : "offsets";
-  TORCH_CHECK_TYPE(
-      at::isIntegralType(p.scalar_type(), /*includeBool=*/false), op, ": ", name, " must have an integer dtype (int64 or int32 are read ",
-      "without a copy), got ", p.scalar_type());
+  check_integer_dtype(op, name, p);
   if (args.pair_axes) return;  // N-D shapes: check_axes_positions
   const auto batch = q_view.sym_size(0);
   const auto seq = q_view.sym_size(2);
@@ -206,6 +199,17 @@ RopeCall check_rope_inputs(
   if (args.cu_seqlens) call.cu_seqlens = &*args.cu_seqlens;
   if (args.inv_freq) call.inv_freq = &*args.inv_freq;
   return call;
+}
+
+void check_same_device(const char* op, const char* name, const at::Tensor& t, const at::Tensor& q) {
+  TORCH_CHECK_VALUE(
+      t.device() == q.device(), op, ": ", name, " is on ", t.device(), " but q/x is on ", q.device(),
+      "; move both to the same device");
+}
+
+void check_integer_dtype(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK_TYPE(at::isIntegralType(t.scalar_type(), /*includeBool=*/false), op, ": ", name,
+                   " must have an integer dtype (int64 or int32 are read without a copy), got ", t.scalar_type());
 }
 
 at::Tensor RopeCall::table() const {

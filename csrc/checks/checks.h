@@ -73,6 +73,11 @@ at::Tensor canonical_view(const char* op, const char* name, const at::Tensor& x,
 // The same view of a tensor already checked (an output shaped like its input).
 at::Tensor canonical_view(const at::Tensor& x, Layout layout, bool varlen);
 
+// `name` on q's device, and an integer (not bool) tensor: the words every
+// op's messages use.
+void check_same_device(const char* op, const char* name, const at::Tensor& t, const at::Tensor& q);
+void check_integer_dtype(const char* op, const char* name, const at::Tensor& t);
+
 // In-place targets: no two elements of x share memory; w shares none with t
 // (exact for any strides, overlap.h). `why` ends the message.
 void check_distinct(const char* op, const char* name, const at::Tensor& x);

@@ -7,6 +7,7 @@
 #include <rotary/op_args.h>
 #include <rotary/ops.h>
 
+#include "checks/checks.h"
 #include "params/layouts.h"
 
 #include <ATen/ATen.h>
@@ -28,7 +29,7 @@ at::Tensor half(const at::Tensor& t, bool interleaved, bool second) {
 void check_table(const at::Tensor& t, const char* name, const at::Tensor& q) {
   TORCH_CHECK_TYPE(at::isFloatingType(t.scalar_type()), kOp, ": ", name, " must be a float tensor, got ",
                    t.scalar_type());
-  TORCH_CHECK_VALUE(t.device() == q.device(), kOp, ": ", name, " is on ", t.device(), " but q is on ", q.device());
+  detail::check_same_device(kOp, name, t, q);
   TORCH_CHECK_VALUE(!(at::GradMode::is_enabled() && t.requires_grad()), kOp, ": ", name,
                     " requires grad, but gradients with respect to the tables are not supported; pass ", name,
                     ".detach()");
@@ -80,11 +81,8 @@ std::tuple<at::Tensor, at::Tensor> apply_rope_cos_sin_composite(
 
   check_table(cos, "cos", q);
   if (position_ids) {
-    TORCH_CHECK_TYPE(!at::isFloatingType(position_ids->scalar_type()) && !position_ids->is_complex() &&
-                         position_ids->scalar_type() != at::kBool,
-                     kOp, ": position_ids must be an integer tensor, got ", position_ids->scalar_type());
-    TORCH_CHECK_VALUE(position_ids->device() == q.device(), kOp, ": position_ids is on ", position_ids->device(),
-                      " but q is on ", q.device());
+    detail::check_integer_dtype(kOp, "position_ids", *position_ids);
+    detail::check_same_device(kOp, "position_ids", *position_ids, q);
     const auto& p = *position_ids;
     const bool per_token = p.dim() == 1 && p.sym_size(0) == seq;
     TORCH_CHECK_VALUE(per_token || (!tokens && p.dim() == 2 && p.sym_size(0) == batch && p.sym_size(1) == seq), kOp,
