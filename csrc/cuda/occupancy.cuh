@@ -1,7 +1,8 @@
-// Grid sizing shared by the RoPE launches: SM count per device and resident
-// blocks per SM per (kernel, warps per block, device), queried once and then
-// read lock-free (0 = not yet known); a launch puts every block resident at
-// once (whole waves) and its blocks grid-stride over rows.
+// Grid sizing and launch shared by the RoPE launches: SM count per device
+// and resident blocks per SM per (kernel, warps per block, device), queried
+// once and then read lock-free (0 = not yet known); a launch puts every
+// block resident at once (whole waves) and its blocks grid-stride over rows.
+// CUDA source: included by .cu files only.
 #pragma once
 
 #include "rope_grid.cuh"
@@ -54,6 +55,21 @@ unsigned resident_grid(const kernel::Grid& g) {
   cudaGetDevice(&device);
   const int64_t full = static_cast<int64_t>(sm_count(device)) * resident_blocks<Kernel>(device, g.block_threads);
   return static_cast<unsigned>(std::min(g.row_blocks, full));
+}
+
+// Launches the instantiation of the index width s chose (Kernel32 or
+// Kernel64, each taking (params, grid)) over s's grid of rows of `rope`.
+template <auto Kernel32, auto Kernel64, typename Params>
+void launch_rows(const Params& params, const kernel::RopeParams& rope, const kernel::LaunchShape& s,
+                 cudaStream_t stream) {
+  const kernel::Grid& g = s.grid;
+  if (s.int32) {
+    const unsigned blocks = resident_grid<Kernel32>(g);
+    Kernel32<<<blocks, g.block_threads, 0, stream>>>(params, kernel::launched(rope, g, blocks));
+  } else {
+    const unsigned blocks = resident_grid<Kernel64>(g);
+    Kernel64<<<blocks, g.block_threads, 0, stream>>>(params, kernel::launched(rope, g, blocks));
+  }
 }
 
 }  // namespace cuda

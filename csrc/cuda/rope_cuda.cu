@@ -6,21 +6,11 @@ namespace rotary {
 namespace cuda {
 namespace {
 
-template <typename T, bool kInterleaved, bool kVectorized, typename Index>
-void launch_grid(const kernel::RopeParams& p, const kernel::Grid& g, cudaStream_t stream) {
-  constexpr auto kernel = &kernel::rope_kernel<T, kInterleaved, kVectorized, Index>;
-  const unsigned blocks = resident_grid<kernel>(g);
-  kernel<<<blocks, g.block_threads, 0, stream>>>(p, kernel::launched(p, g, blocks));
-}
-
 // The instantiation launch_shape chose, with its grid.
 template <typename T, bool kInterleaved, bool kVectorized>
 void launch(const kernel::RopeParams& p, const kernel::LaunchShape& s, cudaStream_t stream) {
-  if (s.int32) {
-    launch_grid<T, kInterleaved, kVectorized, int32_t>(p, s.grid, stream);
-  } else {
-    launch_grid<T, kInterleaved, kVectorized, int64_t>(p, s.grid, stream);
-  }
+  launch_rows<&kernel::rope_kernel<T, kInterleaved, kVectorized, int32_t>,
+              &kernel::rope_kernel<T, kInterleaved, kVectorized, int64_t>>(p, p, s, stream);
 }
 
 }  // namespace

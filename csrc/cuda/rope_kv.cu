@@ -10,20 +10,10 @@ namespace rotary {
 namespace cuda {
 namespace {
 
-template <typename T, bool kInterleaved, typename Cache, typename Index>
-void launch_grid(const kernel::KVCacheParams& p, const kernel::Grid& g, cudaStream_t stream) {
-  constexpr auto kernel = &kernel::rope_kv_kernel<T, kInterleaved, Cache, Index>;
-  const unsigned blocks = resident_grid<kernel>(g);
-  kernel<<<blocks, g.block_threads, 0, stream>>>(p, kernel::launched(p.rope, g, blocks));
-}
-
 template <typename T, bool kInterleaved, typename Cache>
 void launch(const kernel::KVCacheParams& p, const kernel::LaunchShape& s, cudaStream_t stream) {
-  if (s.int32) {
-    launch_grid<T, kInterleaved, Cache, int32_t>(p, s.grid, stream);
-  } else {
-    launch_grid<T, kInterleaved, Cache, int64_t>(p, s.grid, stream);
-  }
+  launch_rows<&kernel::rope_kv_kernel<T, kInterleaved, Cache, int32_t>,
+              &kernel::rope_kv_kernel<T, kInterleaved, Cache, int64_t>>(p, p.rope, s, stream);
 }
 
 }  // namespace
