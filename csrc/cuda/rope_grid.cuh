@@ -54,8 +54,9 @@ struct Grid {
   int64_t rows = 0;           // batch * seq
   int64_t row_blocks = 0;     // ceil(rows / rows_per_block)
   bool table_vector = false;  // a row of the table is readable as aligned float4
-  // Set by launched(): the grid's blocks, and the (b, s) step of the
-  // grid-stride loop over rows, so that a thread advances without dividing.
+  // Set by launched() (make_grid: one block per row block): the blocks and
+  // the (b, s) step of the grid-stride loop, so a thread advances without
+  // dividing.
   int64_t blocks = 0;
   int64_t step_b = 0;
   int64_t step_s = 0;
@@ -101,7 +102,7 @@ inline Grid make_grid(const RopeParams& p) {
   g.row_blocks = (g.rows + best - 1) / best;
   g.table_vector = TileT::kPairs % 2 == 0 && p.freqs_stride_pair == 1 && p.freqs_stride_pos % 2 == 0 &&
       reinterpret_cast<uintptr_t>(p.freqs) % 16 == 0;
-  return g;
+  return launched(p, g, g.row_blocks);  // one block per row block until a launch says otherwise
 }
 
 // True when every element offset of q and k (in and out), every row index and
