@@ -45,6 +45,7 @@ struct Case {
   std::string pos = "local";  // local, cache_positions, ids, axes, varlen
   bool fusable = true;        // can_fuse_cache must say so
   bool misaligned = false;    // cache rows one element apart from aligned
+  bool packed = false;        // q, k, v as head slices of one [B, S, Hq + 2 Hk, D] projection (BSHD)
 };
 
 bool paged(const Case& c) {
@@ -85,9 +86,16 @@ Inputs make(const Case& c, int64_t seed) {
   const bool varlen = c.pos == "varlen";
   const std::vector<int64_t> lens = {3, 1, 4};
   const int64_t batch = varlen ? 1 : c.B, seq = varlen ? 8 : c.S;
-  in.q = make_heads(c, c.Hq, c.D, seq, batch);
-  in.k = make_heads(c, c.Hk, c.D, seq, batch);
-  in.v = make_heads(c, c.Hk, c.vd, seq, batch);
+  if (c.packed) {
+    const at::Tensor qkv = at::randn({batch, seq, c.Hq + 2 * c.Hk, c.D}).to(c.dtype);
+    in.q = qkv.narrow(2, 0, c.Hq);
+    in.k = qkv.narrow(2, c.Hq, c.Hk);
+    in.v = qkv.narrow(2, c.Hq + c.Hk, c.Hk);
+  } else {
+    in.q = make_heads(c, c.Hq, c.D, seq, batch);
+    in.k = make_heads(c, c.Hk, c.D, seq, batch);
+    in.v = make_heads(c, c.Hk, c.vd, seq, batch);
+  }
   in.freqs = rotary::rope_freqs(c.rotary_dim, 64);
   const int64_t outer = paged(c) ? (c.B * c.S + 5) / kBlock + 2 : (varlen ? 3 : c.B);
   in.kc = make_cache(c, outer, c.D);
@@ -291,6 +299,8 @@ TEST(KVFusedEmulation, Features) {
     c.dtype = at::kFloat, c.fp8 = true, c.D = 48, c.rotary_dim = 16, c.rotary_offset = 8, c.vd = 24;
   });
   add("GQA 8/1 heads", [](Case& c) { c.Hq = 8, c.Hk = 1; });
+  add("packed qkv projection", [](Case& c) { c.packed = true, c.layout = "BSHD", c.kv_layout = "NHD"; });
+  add("packed qkv, fp8", [](Case& c) { c.packed = true, c.layout = "BSHD", c.fp8 = true; });
   add("many rows, paged", [](Case& c) { c.B = 4, c.S = 45, c.kv_layout = "HND"; });
   add("many rows, contiguous", [](Case& c) { c.B = 3, c.S = 50, c.start = 7, c.pos = "cache_positions"; });
   // Not vector-addressable: the two launches.
