@@ -1,5 +1,6 @@
 #include "kv_cache_kernel.cuh"
 #include "kv_cache_launch.h"
+#include "rope_vector.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -22,10 +23,7 @@ void launch_kv_cache(const kernel::KVCacheParams& p, cudaStream_t stream) {
 #define ROTARY_KV_INSTANTIATE(T)                                                        \
   template void launch_kv_cache<T, T>(const kernel::KVCacheParams&, cudaStream_t);       \
   template void launch_kv_cache<T, uint8_t>(const kernel::KVCacheParams&, cudaStream_t);
-ROTARY_KV_INSTANTIATE(float)
-ROTARY_KV_INSTANTIATE(double)
-ROTARY_KV_INSTANTIATE(__half)
-ROTARY_KV_INSTANTIATE(__nv_bfloat16)
+ROTARY_CUDA_STORAGE_TYPES(ROTARY_KV_INSTANTIATE)
 
 }  // namespace cuda
 }  // namespace rotary

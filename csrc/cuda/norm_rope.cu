@@ -26,10 +26,9 @@ void launch_norm_rope(const kernel::RopeParams& p, const kernel::NormParams& n, 
   }
 }
 
-template void launch_norm_rope<float>(const kernel::RopeParams&, const kernel::NormParams&, cudaStream_t);
-template void launch_norm_rope<double>(const kernel::RopeParams&, const kernel::NormParams&, cudaStream_t);
-template void launch_norm_rope<__half>(const kernel::RopeParams&, const kernel::NormParams&, cudaStream_t);
-template void launch_norm_rope<__nv_bfloat16>(const kernel::RopeParams&, const kernel::NormParams&, cudaStream_t);
+#define ROTARY_NORM_INSTANTIATE(T) \
+  template void launch_norm_rope<T>(const kernel::RopeParams&, const kernel::NormParams&, cudaStream_t);
+ROTARY_CUDA_STORAGE_TYPES(ROTARY_NORM_INSTANTIATE)
 
 }  // namespace cuda
 }  // namespace rotary

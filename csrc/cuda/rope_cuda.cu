@@ -26,10 +26,8 @@ void launch_rope(const kernel::RopeParams& p, cudaStream_t stream) {
   }
 }
 
-template void launch_rope<float>(const kernel::RopeParams&, cudaStream_t);
-template void launch_rope<double>(const kernel::RopeParams&, cudaStream_t);
-template void launch_rope<__half>(const kernel::RopeParams&, cudaStream_t);
-template void launch_rope<__nv_bfloat16>(const kernel::RopeParams&, cudaStream_t);
+#define ROTARY_ROPE_INSTANTIATE(T) template void launch_rope<T>(const kernel::RopeParams&, cudaStream_t);
+ROTARY_CUDA_STORAGE_TYPES(ROTARY_ROPE_INSTANTIATE)
 
 }  // namespace cuda
 }  // namespace rotary

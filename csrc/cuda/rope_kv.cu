@@ -34,10 +34,7 @@ void launch_rope_with_kv_cache(const kernel::KVCacheParams& p, cudaStream_t stre
 #define ROTARY_ROPE_KV_INSTANTIATE(T)                                                              \
   template void launch_rope_with_kv_cache<T, T>(const kernel::KVCacheParams&, cudaStream_t);       \
   template void launch_rope_with_kv_cache<T, uint8_t>(const kernel::KVCacheParams&, cudaStream_t);
-ROTARY_ROPE_KV_INSTANTIATE(float)
-ROTARY_ROPE_KV_INSTANTIATE(double)
-ROTARY_ROPE_KV_INSTANTIATE(__half)
-ROTARY_ROPE_KV_INSTANTIATE(__nv_bfloat16)
+ROTARY_CUDA_STORAGE_TYPES(ROTARY_ROPE_KV_INSTANTIATE)
 
 }  // namespace cuda
 }  // namespace rotary

@@ -40,6 +40,10 @@ ROTARY_HOST_DEVICE __half from_acc<__half>(float v) { return __float2half_rn(v);
 template <>
 ROTARY_HOST_DEVICE __nv_bfloat16 from_acc<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
+// Every storage type the kernels are built for, as an X-macro for the
+// launches' explicit instantiations.
+#define ROTARY_CUDA_STORAGE_TYPES(X) X(float) X(double) X(__half) X(__nv_bfloat16)
+
 constexpr int kVectorBytes = 16;
 
 // 16 bytes of any element type, as 32-bit words: a 16-bit pair is one word,
