@@ -216,7 +216,8 @@ ROTARY_HOST_DEVICE void copy_heads(const RowPointers<T, Index>& row, Index h0, I
 // v) is copied after the rotation.
 template <typename T, bool kInterleaved, bool kVectorized, typename Index, typename Store = DirectStore,
           typename Sink = NoSink>
-ROTARY_HOST_DEVICE void rope_thread(const RopeParams& p, const Grid& g, int64_t block, int32_t tid, Sink sink = Sink()) {
+ROTARY_HOST_DEVICE void rope_thread(const RopeParams& p, const Grid& g, int64_t block, int32_t tid,
+                                    Sink sink = Sink()) {
   using acc_t = typename Acc<T>::type;
   using TileT = Tile<T, kInterleaved, kVectorized>;
   const int32_t row_in_block = tid / g.lanes;

@@ -65,15 +65,16 @@ struct CacheSink {
   // Rotated vector y of k head h at element offset `at`.
   ROTARY_HOST_DEVICE void put_k(int64_t h, int64_t at, const Vector& y) const {
     if (kc == nullptr) return;
-    store_chunk<T, Cache>(kc + (h * p.kc_stride[1] + at), y, p.k_scale != nullptr ? p.k_scale + h * p.k_scale_stride : nullptr);
+    const float* scale = p.k_scale != nullptr ? p.k_scale + h * p.k_scale_stride : nullptr;
+    store_chunk<T, Cache>(kc + (h * p.kc_stride[1] + at), y, scale);
   }
 
   // The row's other cache vectors: chunks [0, pass) are k's pass-through
   // dims ([0, rotary_offset), then past the span), the rest v's. The row's
-  // threads split them as they split pair groups and heads.
+  // threads split them as they split pair groups and heads. The cache row
+  // is looked up again (keeping start_row's live through the rotation would
+  // spill).
   template <int kHeads, typename Index>
-  // The cache row is found again (found at start_row; keeping it live
-  // through the rotation would spill).
   ROTARY_HOST_DEVICE void copy_row(const RowPointers<T, Index>& row, int64_t b, int64_t s, int32_t group0,
                                    int32_t group_threads, Index chunk, Index chunks) const {
     int64_t outer = 0, inner = 0;
@@ -108,7 +109,8 @@ struct CacheSink {
 #pragma unroll
         for (int i = 0; i < kHeads; ++i) {
           const int64_t h = h0 + i * static_cast<int64_t>(chunks);
-          if (h < heads) store_chunk<T, Cache>(dst + h * dst_head, x[i], scale != nullptr ? scale + h * scale_head : nullptr);
+          if (h >= heads) continue;
+          store_chunk<T, Cache>(dst + h * dst_head, x[i], scale != nullptr ? scale + h * scale_head : nullptr);
         }
       }
     }
