@@ -64,7 +64,6 @@ at::Tensor check_head_tensor(const char* op, const char* name, const at::Tensor&
   return v;
 }
 
-
 // offsets: [] or [batch] (per-sequence start), position_ids: [seq] or
 // [batch, seq] (absolute, as in Hugging Face); packed: [] / [total_tokens].
 // Each message names the other argument, so the two are never confused.

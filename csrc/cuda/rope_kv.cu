@@ -21,8 +21,8 @@ void launch(const kernel::KVCacheParams& p, const kernel::LaunchShape& s, cudaSt
 template <typename T, typename Cache>
 void launch_rope_with_kv_cache(const kernel::KVCacheParams& p, cudaStream_t stream) {
   if constexpr (kernel::kFusedCache<T, Cache>) {
-    if (kernel::can_fuse_cache<T, Cache>(p)) {
-      const kernel::LaunchShape s = kernel::launch_shape<T>(p.rope);
+    const kernel::LaunchShape s = kernel::launch_shape<T>(p.rope);
+    if (kernel::can_fuse_cache<T, Cache>(p, s)) {
       p.rope.interleaved ? launch<T, true, Cache>(p, s, stream) : launch<T, false, Cache>(p, s, stream);
       return;
     }

@@ -31,15 +31,15 @@ struct CacheChunk {
 template <typename T, typename Cache>
 constexpr bool kFusedCache = !(sizeof(T) == 8 && sizeof(Cache) == 1);
 
-// True when the fused launch serves p: a kernel for (T, Cache), the RoPE
-// vector path, a grid with pair groups, and every cache and v row
-// vector-addressable (unit element stride, chunk-aligned bases and strides,
-// v_dim a whole number of vectors).
+// True when the fused launch serves p, whose RoPE launch is s
+// (launch_shape<T>(p.rope)): a kernel for (T, Cache), the RoPE vector path,
+// a grid with pair groups, and every cache and v row vector-addressable
+// (unit element stride, chunk-aligned bases and strides, v_dim a whole
+// number of vectors).
 template <typename T, typename Cache>
-inline bool can_fuse_cache(const KVCacheParams& p) {
+inline bool can_fuse_cache(const KVCacheParams& p, const LaunchShape& s) {
   constexpr int64_t kElems = CacheChunk<T, Cache>::kElems;
   if (!kFusedCache<T, Cache>) return false;
-  const LaunchShape s = launch_shape<T>(p.rope);
   if (!s.vectorized || s.grid.row_blocks == 0 || s.grid.rotary_groups == 0 || p.rope.k.heads == 0) return false;
   if (p.v_dim % kElems != 0) return false;
   auto addressable = [](const void* base, const int64_t* stride, int64_t elem_bytes, int64_t chunk) {

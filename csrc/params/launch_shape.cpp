@@ -34,7 +34,8 @@ std::map<std::string, int64_t> cuda_kv_launch(const kernel::KVCacheParams& p, at
 #ifdef ROTARY_WITH_CUDA
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "rotary_kv_launch", [&] {
     using T = typename cuda::CudaType<scalar_t>::type;
-    const bool fused = p.fp8 ? kernel::can_fuse_cache<T, uint8_t>(p) : kernel::can_fuse_cache<T, T>(p);
+    const auto s = kernel::launch_shape<T>(p.rope);
+    const bool fused = p.fp8 ? kernel::can_fuse_cache<T, uint8_t>(p, s) : kernel::can_fuse_cache<T, T>(p, s);
     out["fused"] = fused;
     out["launches"] = fused ? 1 : 2;
   });

@@ -131,6 +131,24 @@ void ExpectError(F&& f, const std::vector<std::string>& parts) {
   }
 }
 
+// Bitwise equality through an integer view of the same width (fp8 bytes
+// too), naming the first element that differs.
+inline ::testing::AssertionResult SameBits(const at::Tensor& a, const at::Tensor& b) {
+  if (a.sizes() != b.sizes() || a.element_size() != b.element_size()) {
+    return ::testing::AssertionFailure() << "shapes or element sizes differ: " << a.sizes() << " vs " << b.sizes();
+  }
+  const auto size = a.element_size();
+  const auto int_type = size == 8 ? at::kLong : size == 4 ? at::kInt : size == 2 ? at::kShort : at::kByte;
+  const at::Tensor ia = a.contiguous().view(int_type), ib = b.contiguous().view(int_type);
+  const at::Tensor diff = ia.ne(ib);
+  const int64_t n = diff.sum().item<int64_t>();
+  if (n == 0) return ::testing::AssertionSuccess();
+  const int64_t at_ = diff.flatten().nonzero()[0][0].item<int64_t>();
+  return ::testing::AssertionFailure() << n << " of " << a.numel() << " elements differ; first at flat index "
+                                       << at_ << ": " << ia.flatten()[at_].item<int64_t>() << " vs "
+                                       << ib.flatten()[at_].item<int64_t>();
+}
+
 inline std::string dtype_name(at::ScalarType t) {
   switch (t) {
     case at::kFloat: return "fp32";

@@ -24,6 +24,7 @@ namespace {
 using rotary::cpu::Capability;
 using rotary_test::AllClose;
 using rotary_test::dtype_name;
+using rotary_test::SameBits;
 using rotary_test::tolerance_for;
 
 std::vector<Capability> runnable_capabilities() {
@@ -92,19 +93,6 @@ std::pair<at::Tensor, at::Tensor> run(
   }
   rotary::cpu::rope_cpu(prepared.params, q.scalar_type(), cap);
   return {prepared.out_q, prepared.out_k};
-}
-
-// Bitwise equality through an integer view of the same width.
-::testing::AssertionResult SameBits(const at::Tensor& a, const at::Tensor& b) {
-  const auto int_type = a.element_size() == 8 ? at::kLong : a.element_size() == 4 ? at::kInt : at::kShort;
-  const at::Tensor ia = a.contiguous().view(int_type), ib = b.contiguous().view(int_type);
-  const at::Tensor diff = ia.ne(ib);
-  const int64_t n = diff.sum().item<int64_t>();
-  if (n == 0) return ::testing::AssertionSuccess();
-  const int64_t at_ = diff.flatten().nonzero()[0][0].item<int64_t>();
-  return ::testing::AssertionFailure() << n << " of " << a.numel() << " elements differ; first at flat index "
-                                       << at_ << ": " << ia.flatten()[at_].item<int64_t>() << " vs "
-                                       << ib.flatten()[at_].item<int64_t>();
 }
 
 // The BHSD view of a tensor given in `layout`, as float64, for the reference.

@@ -5,6 +5,7 @@
 #ifdef ROTARY_WITH_CUDA
 
 #include "checks/checks.h"
+#include "cuda/cuda_types.h"
 #include "cuda/rope_kernel.cuh"
 #include "helpers.h"
 #include "reference.h"
@@ -189,9 +190,7 @@ at::Tensor reference_partial(
 template <typename Store = rotary::kernel::DirectStore>
 void emulate_dtype(at::ScalarType dtype, const RopeParams& p, const Variant& v) {
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "emulate", [&] {
-    using T = std::conditional_t<
-        std::is_same_v<scalar_t, at::Half>, __half,
-        std::conditional_t<std::is_same_v<scalar_t, at::BFloat16>, __nv_bfloat16, scalar_t>>;
+    using T = typename rotary::cuda::CudaType<scalar_t>::type;
     emulate<T, Store>(p, v);
   });
 }
@@ -206,9 +205,7 @@ void emulate_dtype(at::ScalarType dtype, const RopeParams& p, bool vectorized) {
 Grid grid_for(at::ScalarType dtype, const RopeParams& p, bool vectorized) {
   Grid g;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "grid", [&] {
-    using T = std::conditional_t<
-        std::is_same_v<scalar_t, at::Half>, __half,
-        std::conditional_t<std::is_same_v<scalar_t, at::BFloat16>, __nv_bfloat16, scalar_t>>;
+    using T = typename rotary::cuda::CudaType<scalar_t>::type;
     if (p.interleaved) {
       g = vectorized ? rotary::kernel::make_grid<T, true, true>(p) : rotary::kernel::make_grid<T, true, false>(p);
     } else {
@@ -221,9 +218,7 @@ Grid grid_for(at::ScalarType dtype, const RopeParams& p, bool vectorized) {
 bool vectorizable(at::ScalarType dtype, const RopeParams& p) {
   bool result = false;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "vectorizable", [&] {
-    using T = std::conditional_t<
-        std::is_same_v<scalar_t, at::Half>, __half,
-        std::conditional_t<std::is_same_v<scalar_t, at::BFloat16>, __nv_bfloat16, scalar_t>>;
+    using T = typename rotary::cuda::CudaType<scalar_t>::type;
     result = rotary::kernel::can_vectorize<T>(p);
   });
   return result;

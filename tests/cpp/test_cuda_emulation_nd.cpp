@@ -4,6 +4,7 @@
 #ifdef ROTARY_WITH_CUDA
 
 #include "checks/checks.h"
+#include "cuda/cuda_types.h"
 #include "cuda/rope_kernel.cuh"
 #include "reference.h"
 
@@ -88,9 +89,7 @@ void run(at::ScalarType dtype, bool interleaved, int64_t offset, bool nd, bool v
   prepared.out_q.fill_(std::numeric_limits<double>::quiet_NaN());
   prepared.out_k.fill_(std::numeric_limits<double>::quiet_NaN());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "emulate", [&] {
-    using T = std::conditional_t<
-        std::is_same_v<scalar_t, at::Half>, __half,
-        std::conditional_t<std::is_same_v<scalar_t, at::BFloat16>, __nv_bfloat16, scalar_t>>;
+    using T = typename rotary::cuda::CudaType<scalar_t>::type;
     const bool aligned = !strided && offset % 8 == 0;
     ASSERT_EQ(rotary::kernel::can_vectorize<T>(prepared.params), aligned) << "the vector path needs an aligned span";
     emulate_path<T>(prepared.params, vectorized && aligned);

@@ -25,6 +25,7 @@
 
 namespace {
 
+using rotary_test::SameBits;
 using rotary_test::AllClose;
 using rotary_test::ExpectError;
 using rotary_test::ref_rope;
@@ -110,11 +111,6 @@ void unfused(Inputs& in, const std::string& layout, int64_t block, int64_t start
   }
 }
 
-void expect_same_bits(const at::Tensor& a, const at::Tensor& b, const std::string& what) {
-  const auto bytes = [](const at::Tensor& t) { return t.contiguous().view(at::kByte); };
-  EXPECT_TRUE(at::equal(bytes(a), bytes(b))) << what;
-}
-
 TEST(KVCache, SameBitsAsUnfusedAndCloseToReference) {
   for (const auto dtype : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16}) {
     for (const auto& layout : kLayouts) {
@@ -127,10 +123,10 @@ TEST(KVCache, SameBitsAsUnfusedAndCloseToReference) {
           const at::Tensor k_in = fused.k.clone();
           call(fused, layout, 4, interleaved);
           unfused(ref, layout, block, 4, interleaved, [](const at::Tensor& x, bool) { return x; });
-          expect_same_bits(fused.q, ref.q, what + " q");
-          expect_same_bits(fused.k, ref.k, what + " k");
-          expect_same_bits(fused.kc, ref.kc, what + " k_cache");
-          expect_same_bits(fused.vc, ref.vc, what + " v_cache");
+          EXPECT_TRUE(SameBits(fused.q, ref.q)) << what + " q";
+          EXPECT_TRUE(SameBits(fused.k, ref.k)) << what + " k";
+          EXPECT_TRUE(SameBits(fused.kc, ref.kc)) << what + " k_cache";
+          EXPECT_TRUE(SameBits(fused.vc, ref.vc)) << what + " v_cache";
           const at::Tensor expect = ref_rope(k_in, 4, interleaved);
           for (int64_t b = 0; b < 2; ++b) {
             for (int64_t s = 0; s < 3; ++s) {
@@ -174,14 +170,14 @@ TEST(KVCache, InverseAndRotaryOffset) {
           view_of(ref.vc, layout).select(0, o).select(1, i).copy_(ref.v.select(0, b).select(1, s));
         }
       }
-      expect_same_bits(fused.q, ref.q, what + " q");
-      expect_same_bits(fused.k, ref.k, what + " k");
-      expect_same_bits(fused.kc, ref.kc, what + " k_cache");
-      expect_same_bits(fused.vc, ref.vc, what + " v_cache");
+      EXPECT_TRUE(SameBits(fused.q, ref.q)) << what + " q";
+      EXPECT_TRUE(SameBits(fused.k, ref.k)) << what + " k";
+      EXPECT_TRUE(SameBits(fused.kc, ref.kc)) << what + " k_cache";
+      EXPECT_TRUE(SameBits(fused.vc, ref.vc)) << what + " v_cache";
       const at::Tensor span = ref_rope(k_in.narrow(3, 4, 8), 4, interleaved, std::nullopt, /*inverse=*/true);
       EXPECT_TRUE(AllClose(fused.k.narrow(3, 4, 8), span, tolerance_for(at::kFloat))) << what;
-      expect_same_bits(fused.k.narrow(3, 0, 4), k_in.narrow(3, 0, 4), what + " dims before the span");
-      expect_same_bits(fused.k.narrow(3, 12, 4), k_in.narrow(3, 12, 4), what + " dims after the span");
+      EXPECT_TRUE(SameBits(fused.k.narrow(3, 0, 4), k_in.narrow(3, 0, 4))) << what + " dims before the span";
+      EXPECT_TRUE(SameBits(fused.k.narrow(3, 12, 4), k_in.narrow(3, 12, 4))) << what + " dims after the span";
     }
   }
 }
@@ -206,8 +202,8 @@ TEST(KVCache, Fp8CacheMatchesTorchConversion) {
         call(fused, layout, 2, true, ks, vs);
         unfused(ref, layout, 16, 2, true, [&](const at::Tensor& x, bool is_k) { return quantize(x, is_k ? ks : vs); });
         const std::string what = rotary_test::dtype_name(dtype) + " " + layout + (per_head ? " per head" : "");
-        expect_same_bits(fused.kc, ref.kc, what + " k_cache");
-        expect_same_bits(fused.vc, ref.vc, what + " v_cache");
+        EXPECT_TRUE(SameBits(fused.kc, ref.kc)) << what + " k_cache";
+        EXPECT_TRUE(SameBits(fused.vc, ref.vc)) << what + " v_cache";
       }
     }
   }
@@ -273,9 +269,9 @@ TEST(KVCacheEmulation, WholeGridMatchesCpuOpAndSkipsBadSlots) {
         emulate<c10::BFloat16, c10::BFloat16>(prepared.params);
       }
       call(op, layout, 1, true, scale, scale);
-      expect_same_bits(emu.k, op.k, layout + " k");
-      expect_same_bits(emu.kc, op.kc, layout + " k_cache");
-      expect_same_bits(emu.vc, op.vc, layout + " v_cache");
+      EXPECT_TRUE(SameBits(emu.k, op.k)) << layout + " k";
+      EXPECT_TRUE(SameBits(emu.kc, op.kc)) << layout + " k_cache";
+      EXPECT_TRUE(SameBits(emu.vc, op.vc)) << layout + " v_cache";
     }
   }
 }
@@ -297,9 +293,9 @@ TEST(KVCacheEmulation, VHeadDimOfItsOwn) {
     rotary::apply_rope_with_kv_cache_(oq, ok, v, okc, ovc, freqs, 2, false, std::nullopt, std::nullopt, std::nullopt,
                                       std::nullopt, "BHSD", std::nullopt, std::nullopt, "BHSD", std::nullopt,
                                       std::nullopt, false, 8);
-    expect_same_bits(ek, ok, "k");
-    expect_same_bits(ekc, okc, "k_cache");
-    expect_same_bits(evc, ovc, "v_cache");
+    EXPECT_TRUE(SameBits(ek, ok)) << "k";
+    EXPECT_TRUE(SameBits(ekc, okc)) << "k_cache";
+    EXPECT_TRUE(SameBits(evc, ovc)) << "v_cache";
     EXPECT_TRUE(at::equal(ovc.narrow(2, 2, 5), v)) << "v rows at positions 2..6";
     EXPECT_TRUE(at::isnan(ovc.narrow(2, 0, 2)).all().item<bool>()) << "rows before start_pos untouched";
   }

@@ -11,6 +11,7 @@
 #ifdef ROTARY_WITH_CUDA
 
 #include "checks/kv_checks.h"
+#include "cuda/cuda_types.h"
 #include "cuda/kv_cache_kernel.cuh"
 #include "cuda/rope_kv_kernel.cuh"
 #include "helpers.h"
@@ -29,6 +30,8 @@
 namespace {
 
 using rotary::kernel::Grid;
+using rotary_test::dtype_name;
+using rotary_test::SameBits;
 using rotary::kernel::KVCacheParams;
 
 struct Case {
@@ -142,12 +145,6 @@ std::vector<int64_t> pair_axes(const Case& c) {
   return axes;
 }
 
-// The CUDA storage type of a torch dtype, and the CPU type the element-wise
-// cache kernel is emulated with.
-template <typename scalar_t>
-using CudaT = std::conditional_t<std::is_same_v<scalar_t, at::Half>, __half,
-                                 std::conditional_t<std::is_same_v<scalar_t, at::BFloat16>, __nv_bfloat16, scalar_t>>;
-
 template <typename T, bool kIl, bool kVec, typename Index, typename Sink = rotary::kernel::NoSink>
 void run_grid(const KVCacheParams& kv, const Grid& g, int64_t max_blocks, Sink sink = Sink()) {
   const int64_t blocks = std::min(g.row_blocks, max_blocks);
@@ -172,12 +169,13 @@ void run_widths(const KVCacheParams& kv, bool index64, int64_t max_blocks, Sink 
 }
 
 // What launch_rope_with_kv_cache runs, on the CPU: the fused grid when
-// can_fuse_cache holds, else the RoPE grid then the element-wise cache grid.
+// can_fuse_cache holds, else the RoPE grid then the element-wise cache grid
+// (run with the torch types, which share the CUDA types' bits).
 template <typename scalar_t, typename CacheCpu>
 void emulate(const KVCacheParams& kv, bool index64, int64_t max_blocks, bool expect_fused, const std::string& what) {
-  using T = CudaT<scalar_t>;
+  using T = typename rotary::cuda::CudaType<scalar_t>::type;
   using Cache = std::conditional_t<std::is_same_v<CacheCpu, uint8_t>, uint8_t, T>;
-  const bool fused = rotary::kernel::can_fuse_cache<T, Cache>(kv);
+  const bool fused = rotary::kernel::can_fuse_cache<T, Cache>(kv, rotary::kernel::launch_shape<T>(kv.rope));
   EXPECT_EQ(fused, expect_fused) << what << ": can_fuse_cache";
   if (fused) {
     if constexpr (rotary::kernel::kFusedCache<T, Cache>) {
@@ -196,11 +194,6 @@ void emulate(const KVCacheParams& kv, bool index64, int64_t max_blocks, bool exp
   for (int64_t i = 0; i < rotary::kernel::kv_cache_threads(kv); ++i) {
     rotary::kernel::kv_cache_thread<scalar_t, CacheCpu>(kv, i);
   }
-}
-
-void expect_same_bits(const at::Tensor& a, const at::Tensor& b, const std::string& what) {
-  const auto bytes = [](const at::Tensor& t) { return t.contiguous().view(at::kByte); };
-  EXPECT_TRUE(at::equal(bytes(a), bytes(b))) << what;
 }
 
 void check(const Case& c) {
@@ -239,16 +232,12 @@ void check(const Case& c) {
                                         opt(want.k_scale), opt(want.v_scale), c.inverse, c.rotary_offset, axes_ref);
       // The op wrote rows (so equal bits are not two untouched caches).
       ASSERT_FALSE(at::equal(kc_before.contiguous().view(at::kByte), want.kc.contiguous().view(at::kByte))) << what;
-      expect_same_bits(emu.q, want.q, what + " q");
-      expect_same_bits(emu.k, want.k, what + " k");
-      expect_same_bits(emu.kc, want.kc, what + " k_cache");
-      expect_same_bits(emu.vc, want.vc, what + " v_cache");
+      EXPECT_TRUE(SameBits(emu.q, want.q)) << what + " q";
+      EXPECT_TRUE(SameBits(emu.k, want.k)) << what + " k";
+      EXPECT_TRUE(SameBits(emu.kc, want.kc)) << what + " k_cache";
+      EXPECT_TRUE(SameBits(emu.vc, want.vc)) << what + " v_cache";
     }
   }
-}
-
-std::string dtype_name(at::ScalarType t) {
-  return c10::toString(t);
 }
 
 // Every dtype, cache dtype, cache layout and pairing.
