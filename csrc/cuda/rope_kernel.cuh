@@ -41,8 +41,9 @@ struct NoSink {
 };
 
 // cos/sin of pairs [j0, j0 + kPairs) of token (b, s) at position pos: one
-// aligned row read of the table when possible, else rotation_of pair by pair
-// (N-D positions: each pair at its own axis's position).
+// aligned row read of the table when possible, else rotation_of pair by pair.
+// N-D positions (pair j at its axis's position): one position read per run
+// of pairs on one axis, so a group on one axis reads it once per row.
 template <typename acc_t, int kPairs>
 ROTARY_HOST_DEVICE void load_rotations(
     const RopeParams& p, const Grid& g, int64_t b, int64_t s_idx, int64_t pos, int64_t j0, acc_t (&c)[kPairs],
@@ -61,8 +62,15 @@ ROTARY_HOST_DEVICE void load_rotations(
       return;
     }
   }
+  int axis = -1;  // of the run of pairs pos is read for (1-D: none)
 #pragma unroll
-  for (int j = 0; j < kPairs; ++j) rotation_of<acc_t>(p, pair_position(p, b, s_idx, pos, j0 + j), j0 + j, c[j], s[j]);
+  for (int j = 0; j < kPairs; ++j) {
+    if (p.num_axes > 0 && p.pair_axis[j0 + j] != axis) {
+      axis = p.pair_axis[j0 + j];
+      pos = pair_position(p, b, s_idx, pos, j0 + j);
+    }
+    rotation_of<acc_t>(p, pos, j0 + j, c[j], s[j]);
+  }
 }
 
 // Base pointers of one row (b, s) of q and k; head h adds h * stride[1].
@@ -207,6 +215,11 @@ ROTARY_HOST_DEVICE void copy_heads(const RowPointers<T, Index>& row, Index h0, I
   }
 }
 
+// A row's sequence as the next row's search start (-1: none).
+ROTARY_HOST_DEVICE int32_t hint_of(const TokenPlace& place) {
+  return place.sequence <= INT32_MAX ? static_cast<int32_t>(place.sequence) : -1;
+}
+
 // The body of one CUDA thread (thread `tid` of block `block` of grid g, as
 // launched()), as a plain function of its indices so that a CPU test can
 // run the whole grid and check the indexing without a GPU. Index is int32_t
@@ -236,14 +249,19 @@ ROTARY_HOST_DEVICE void rope_thread(const RopeParams& p, const Grid& g, int64_t 
   const int64_t r0 = block * g.rows_per_block + row_in_block;
   Index b = static_cast<Index>(r0 / p.seq);
   Index s = static_cast<Index>(r0 - static_cast<int64_t>(b) * p.seq);
+  // The packed sequence of the thread's last row: rows only move forward
+  // (a varlen call is one batch), so the next row's search starts there.
+  // The fused KV-cache kernels, at their register cap, search from scratch
+  // (one more live register spills their fp8 instantiations).
+  int32_t sequence = -1;
 
 #pragma unroll 1
   for (int64_t rb = block; rb < g.row_blocks; rb += g.blocks) {
     if (rb * g.rows_per_block + row_in_block >= g.rows) return;  // only the last row block is partial
     const RowPointers<T, Index> row(p, b, s);
     // The row's place (position, packed sequence, cache row) is looked up
-    // once its first data loads are in flight: a varlen binary search then
-    // overlaps their round trip. Only the position stays live.
+    // once its first data loads are in flight: a varlen search then overlaps
+    // their round trip. Only the position stays live.
     int64_t pos = 0;
     bool placed = false;
 #pragma unroll 1
@@ -260,9 +278,10 @@ ROTARY_HOST_DEVICE void rope_thread(const RopeParams& p, const Grid& g, int64_t 
         Index h0 = chunk;
         load_heads<T, kInterleaved, kVectorized, Index>(row, h0, chunks, heads, a0, a1, l);
         if (!placed) {
-          const TokenPlace place = place_of(p, b, s);
+          const TokenPlace place = place_of(p, b, s, Sink::kOn ? -1 : sequence);
           if constexpr (Sink::kOn) sink.start_row(b, s, place);
           pos = place.pos;
+          sequence = hint_of(place);
           placed = true;
         }
         acc_t c[TileT::kPairs], sn[TileT::kPairs];

@@ -108,12 +108,19 @@ ROTARY_HOST_DEVICE int64_t cu_seqlen(const RopeParams& p, int64_t n) {
                             : static_cast<const int64_t*>(p.cu_seqlens)[i];
 }
 
-// The packed sequence token s belongs to (0 without cu_seqlens).
-ROTARY_HOST_DEVICE int64_t sequence_of(const RopeParams& p, int64_t s) {
+// The packed sequence token s belongs to (0 without cu_seqlens): a binary
+// search, or, given `from` (the sequence of an earlier token), one load while
+// s is still in that sequence and a binary search over the later ones when
+// it is not. A walk over increasing tokens then mostly pays one load a token.
+ROTARY_HOST_DEVICE int64_t sequence_of(const RopeParams& p, int64_t s, int64_t from = -1) {
   if (p.cu_seqlens == nullptr) return 0;
-  int64_t lo = 0, hi = p.num_seqs - 1;  // binary search, never leaves [0, num_seqs)
+  int64_t lo = 0, hi = p.num_seqs - 1;  // never leaves [0, num_seqs)
+  if (from >= 0 && from <= hi) {
+    if (from == hi || cu_seqlen(p, from + 1) > s) return from;
+    lo = from + 1;
+  }
   while (lo < hi) {
-    const int64_t mid = (lo + hi + 1) / 2;
+    const int64_t mid = lo + (hi - lo + 1) / 2;
     if (cu_seqlen(p, mid) <= s) {
       lo = mid;
     } else {
@@ -138,12 +145,13 @@ struct TokenPlace {
   int64_t pos = 0;
 };
 
-ROTARY_HOST_DEVICE TokenPlace place_of(const RopeParams& p, int64_t b, int64_t s) {
+// `from`: as for sequence_of (a kernel's previous row passes its sequence).
+ROTARY_HOST_DEVICE TokenPlace place_of(const RopeParams& p, int64_t b, int64_t s, int64_t from = -1) {
   TokenPlace t;
   t.sequence = b;
   int64_t local = s;  // index of the token inside its own sequence
   if (p.cu_seqlens != nullptr) {
-    t.sequence = sequence_of(p, s);
+    t.sequence = sequence_of(p, s, from);
     local = s - cu_seqlen(p, t.sequence);
   }
   t.pos = p.positions == nullptr ? p.start_pos + local

@@ -407,32 +407,65 @@ TEST(CudaEmulation, PositionsPastTableUseInvFreq) {
   }
 }
 
+// Packed sequences, with empty ones and, in the second batch, more
+// sequences than rows a grid step covers: a thread's search from its last
+// row's sequence then gallops over several of them.
 TEST(CudaEmulation, PackedVarlen) {
   at::manual_seed(18);
-  const int64_t D = 64, T = 11;
-  for (auto cu_dtype : {at::kInt, at::kLong}) {
-    for (bool interleaved : {true, false}) {
-      auto q = at::randn({T, 4, D}, at::kBFloat16);
-      auto k = at::randn({T, 2, D}, at::kBFloat16);
-      const auto cu = at::tensor({int64_t{0}, int64_t{3}, int64_t{3}, int64_t{10}, int64_t{11}}).to(cu_dtype);
-      const auto freqs = reference_table(32, D);
-      const Opt none;
-      const Opt cu_opt(cu);
-      const rotary::detail::RopeArgs args{2, interleaved, none, none, false, cu_opt, none, "THD"};
-      auto prepared = rotary::detail::prepare_rope("emulate", q, &k, freqs, args, false);
-      for (bool vectorized : {true, false}) {
-        for (const Variant& v : variants(vectorized)) {
-          poison(prepared);
-          emulate_dtype(at::kBFloat16, prepared.params, v);
-          // Reference: each sequence on its own, starting at start_pos.
-          for (auto [begin, end] : {std::pair<int64_t, int64_t>{0, 3}, {3, 10}, {10, 11}}) {
-            for (const auto& [in, out] : {std::pair{q, prepared.out_q}, std::pair{k, prepared.out_k}}) {
-              const auto seq_in = in.narrow(0, begin, end - begin).transpose(0, 1).unsqueeze(0);
-              const auto expected = rotary_test::ref_rope(seq_in, 2, interleaved)[0].transpose(0, 1);
-              EXPECT_TRUE(at::allclose(out.narrow(0, begin, end - begin).to(at::kDouble), expected, 3e-2, 3e-2));
+  const int64_t D = 256;  // 32 lanes a row: 8 rows a block
+  const std::vector<std::vector<int64_t>> batches = {
+      {0, 3, 3, 10, 11}, {0, 0, 1, 1, 1, 4, 5, 5, 9, 10, 12, 12, 13, 14, 20, 21, 22, 23, 23, 30}};
+  for (const auto& ends : batches) {
+    const int64_t T = ends.back();
+    for (auto cu_dtype : {at::kInt, at::kLong}) {
+      for (bool interleaved : {true, false}) {
+        auto q = at::randn({T, 4, D}, at::kBFloat16);
+        auto k = at::randn({T, 2, D}, at::kBFloat16);
+        const auto cu = at::tensor(ends).to(cu_dtype);
+        const auto freqs = reference_table(32, D);
+        const Opt none;
+        const Opt cu_opt(cu);
+        const rotary::detail::RopeArgs args{2, interleaved, none, none, false, cu_opt, none, "THD"};
+        auto prepared = rotary::detail::prepare_rope("emulate", q, &k, freqs, args, false);
+        if (T > 11) EXPECT_GT(grid_for(at::kBFloat16, prepared.params, true).row_blocks, 2) << "two blocks walk";
+        for (bool vectorized : {true, false}) {
+          for (const Variant& v : variants(vectorized)) {
+            poison(prepared);
+            emulate_dtype(at::kBFloat16, prepared.params, v);
+            // Reference: each sequence on its own, starting at start_pos.
+            for (size_t n = 0; n + 1 < ends.size(); ++n) {
+              const int64_t begin = ends[n], len = ends[n + 1] - ends[n];
+              if (len == 0) continue;
+              for (const auto& [in, out] : {std::pair{q, prepared.out_q}, std::pair{k, prepared.out_k}}) {
+                const auto seq_in = in.narrow(0, begin, len).transpose(0, 1).unsqueeze(0);
+                const auto expected = rotary_test::ref_rope(seq_in, 2, interleaved)[0].transpose(0, 1);
+                EXPECT_TRUE(at::allclose(out.narrow(0, begin, len).to(at::kDouble), expected, 3e-2, 3e-2))
+                    << "sequence " << n << ", max_blocks " << v.max_blocks;
+              }
             }
           }
         }
+      }
+    }
+  }
+}
+
+// The forward search a kernel's row walk uses equals the binary search from
+// every earlier sequence, empty sequences included.
+TEST(CudaEmulation, VarlenSearchFromAnEarlierSequence) {
+  const std::vector<int64_t> ends = {0, 0, 1, 1, 1, 4, 5, 5, 9, 10, 12, 12, 13, 14, 20, 21, 22, 23, 23, 30};
+  for (auto cu_dtype : {at::kInt, at::kLong}) {
+    const auto cu = at::tensor(ends).to(cu_dtype);
+    RopeParams p;
+    p.cu_seqlens = cu.data_ptr();
+    p.cu_seqlens_int32 = cu_dtype == at::kInt;
+    p.num_seqs = static_cast<int64_t>(ends.size()) - 1;
+    for (int64_t s = 0; s < ends.back(); ++s) {
+      int64_t want = 0;  // the last sequence starting at or before s
+      for (int64_t n = 0; n < p.num_seqs; ++n) want = ends[n] <= s ? n : want;
+      EXPECT_EQ(rotary::kernel::sequence_of(p, s), want) << "token " << s;
+      for (int64_t from = 0; from <= want; ++from) {
+        EXPECT_EQ(rotary::kernel::sequence_of(p, s, from), want) << "token " << s << " from " << from;
       }
     }
   }

@@ -77,7 +77,8 @@ void run(at::ScalarType dtype, bool interleaved, int64_t offset, bool nd, bool v
   at::Tensor q = strided ? at::randn({B, Hq, S, D, 2}, opts).select(4, 1) : at::randn({B, Hq, S, D}, opts);
   at::Tensor k = at::randn({B, Hk, S, D}, opts);
   std::vector<int64_t> axes;
-  for (int64_t j = 0; j < R / 2; ++j) axes.push_back(nd ? (j < 8 ? 0 : 1 + j % 2) : 0);
+  // Pair groups on one axis (0, then 2) and groups that mix axes 1 and 2.
+  for (int64_t j = 0; j < R / 2; ++j) axes.push_back(nd ? (j < 8 ? 0 : j < 12 ? 2 : 1 + j % 2) : 0);
   const int64_t n_axes = nd ? 3 : 1;
   const auto ids = at::randint(0, L, {n_axes, B, S}, at::kLong);
   const auto freqs = at::polar(
