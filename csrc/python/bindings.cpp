@@ -4,6 +4,7 @@
 // and, through bind_*.cpp, the modules' shell and the C++ RotaryEmbedding.
 #include "convert.h"
 #include "checks/checks_positions.h"
+#include "params/layouts.h"
 
 #include <rotary/rotary.h>
 
@@ -128,6 +129,10 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "rotary: C++ RotaryEmbedding, frequency rules and tables (ops live in torch.ops.rotary)";
   // The positions bound (rotary/bounds.h), for the Python fast paths.
   m.attr("MAX_POSITION") = rotary::kMaxPosition;
+  // The seq dim of each 4-D layout (params/layouts.h), for the module's fast path.
+  py::dict seq_axis;
+  for (const char* name : {"BHSD", "BSHD", "SBHD"}) seq_axis[name] = rotary::axes_of(rotary::parse_layout(name)).seq;
+  m.attr("SEQ_AXIS") = seq_axis;
 
   bind_rules(m);
   bind_schemes(m);

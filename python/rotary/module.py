@@ -14,8 +14,7 @@ AngleDtype = Union[str, torch.dtype]
 _MAX_START_POS = _C.MAX_POSITION  # rotary/bounds.h; the message comes from C++
 _APPLY = torch.ops.rotary.apply_rope.default
 _APPLY_QK = torch.ops.rotary.apply_rope_qk.default
-# The seq dim of each layout the ops take (head_dim is last in all of them).
-_SEQ_AXIS = {"BHSD": 2, "BSHD": 1, "SBHD": 0}
+_SEQ_AXIS = _C.SEQ_AXIS  # the seq dim of each 4-D layout (params/layouts.h)
 
 # torch.compiler.disable, importing torch._dynamo at the first call (not at import).
 _eager_only = getattr(torch, "_disable_dynamo", None) or torch.compiler.disable
