@@ -10,6 +10,9 @@ Per shape, the median time of one step of:
             costs about as much as copying both caches)
   floor     the copy floor: copy_ of q+k+v bytes and of k bytes (reads and
             writes q + 2k + v, what the step must move at least)
+  flashinfer  FlashInfer's fused RoPE + paged append (RopeQuantizeAppendPagedKVCache,
+            scale 1, q to its own buffer), paged shapes on CUDA, when
+            benchmarks/peers/build_flashinfer.py built it
 q, k, v are token-major ([batch, seq, heads, head_dim], layout BSHD), as a
 projection leaves them. Shapes: decode B=64, 32/8 heads, D=128, paged NHD
 block 16 (one slot per sequence); prefill one sequence of S tokens into a
@@ -31,6 +34,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_common import flashinfer_ops, flashinfer_table  # noqa: E402
 from protocol import add_protocol_args, check_load, ratio_cell, thread_passes, time_interleaved  # noqa: E402
 
 import torch  # noqa: E402
@@ -108,7 +112,50 @@ def cases(device, dtype, B, S, Hq, Hk, D, kv_layout, block=16, start=100, compil
         dst_k.copy_(src_k)
 
     fns["floor"] = floor
+    if kv_layout == "NHD" and device == "cuda":
+        add_flashinfer(fns, q, k, v, kc, vc, f, start, block)
     return fns
+
+
+def add_flashinfer(fns, q, k, v, kc, vc, f, start, block):
+    """FlashInfer's fused step (RoPE on q and k, k and v appended to the paged
+    cache; q to a second buffer, where ours rotates it in place), after a
+    check that it fills the cache and q as ours does."""
+    ops, why = flashinfer_ops()
+    if ops is None:
+        print(f"  flashinfer: {why}; left out")
+        return
+    B, S, Hq, D = q.shape
+    dev = q.device
+    per = (start + S + block - 1) // block  # pages per sequence, as make() lays them out
+    indptr = (torch.arange(B + 1, device=dev) * per).int()
+    indices = torch.arange(B * per, device=dev).int()
+    batch = torch.arange(B, device=dev).repeat_interleave(S).int()
+    positions = (start + torch.arange(S, device=dev)).repeat(B).int()
+    pos_ids = positions.long()
+    table = flashinfer_table(f)
+    rows = lambda x: x.reshape(B * S, x.shape[2], D)  # noqa: E731 (token-major views)
+    q_out = torch.empty_like(rows(q))
+
+    def step(q, k, v, kc, vc, q_out):
+        ops.flashinfer_rope_append_paged(rows(q), rows(k), rows(v), q_out, kc, vc, indptr, indices, batch, positions,
+                                         table, pos_ids, False, 1.0, 1.0)
+
+    mine = [t.clone() for t in (q, k, v, kc, vc)]
+    rotary.apply_rope_with_kv_cache_(*mine, f, start, False, layout="BSHD", slot_mapping=(
+        batch.long() * per * block + positions.long()), kv_layout="NHD")
+    theirs = [t.clone() for t in (q, k, v, kc, vc)]
+    theirs_q = torch.empty_like(q_out)
+    step(*theirs, theirs_q)
+    tol = dict(atol=2e-2, rtol=2e-2)
+    try:
+        torch.testing.assert_close(theirs_q, rows(mine[0]), **tol)
+        torch.testing.assert_close(theirs[3], mine[3], **tol)
+        torch.testing.assert_close(theirs[4], mine[4], **tol)
+    except AssertionError as e:
+        print(f"  flashinfer: differs from ours ({str(e).splitlines()[0][:120]}); left out")
+        return
+    fns["flashinfer"] = lambda: step(q, k, v, kc, vc, q_out)
 
 
 def graphed(fns, calls):
@@ -160,13 +207,13 @@ def main() -> None:
     cuda = a.device == "cuda"
     sync = torch.cuda.synchronize if cuda else None
     print(guard.header())
-    cols = ("unfused", "compiled", "compiled_put", "floor")
+    cols = ("unfused", "compiled", "compiled_put", "floor", "flashinfer")
     for nt in thread_passes([None] if cuda else a.threads, reset_compiled=not a.no_compile):
         where = f"{a.device}" + (f", {torch.cuda.get_device_name()}" if cuda else f", {nt} thread(s)")
         print(f"\n{a.dtype}, {where}, median of {a.rounds} interleaved rounds{guard.marker()}\n")
-        print("| shape | fused us | unfused us | compiled us | compiled put us | floor us | fused/unfused "
-              "| fused/compiled | fused/compiled put | fused/floor |")
-        print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+        print("| shape | fused us | unfused us | compiled us | compiled put us | floor us | FlashInfer us "
+              "| fused/unfused | fused/compiled | fused/compiled put | fused/floor | fused/FlashInfer |")
+        print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
         for title, kw, calls in shapes:
             fns = cases(a.device, dtype, Hq=32, Hk=8, D=128, compile_=not a.no_compile, **kw)
             per = 1

@@ -6,7 +6,8 @@
 #   compute-sanitizer memcheck and racecheck over the gtests' CUDA cases, an Nsight
 #   Compute summary of the bf16 prefill launches (DRAM %, achieved occupancy,
 #   registers), and the GPU benchmark table (clone, torch.compile of the HF
-#   formula, Liger).
+#   formula, Liger, FlashInfer), the fused KV-cache step against the unfused
+#   one and FlashInfer's, and the q/k-norm prologue.
 # Each step has its own timeout and log under $OUT (or /tmp/rotary-gpu); a
 # failed step is reported at the end and the later steps still run.
 #
@@ -14,9 +15,12 @@
 #   cp -r /usr/src/googletest .gtest-src          # GoogleTest source (no package there)
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #     --platform manylinux_2_28_x86_64 -d .whl liger-kernel
+#   .venv/bin/python benchmarks/peers/build_flashinfer.py   # FlashInfer's RoPE kernels, built for sm_90
 # liger-kernel is a pure-Python wheel (py3-none-any), so the platform tag does
 # not matter; it installs with --no-deps into /tmp/site (triton and torch are
-# in the image). Both folders are git-ignored: pass them in the run's carry.
+# in the image). The FlashInfer wheel is over the carry limit: its RoPE header
+# is compiled here into .peers/lib/rotary_flashinfer_peer.so (a few MB). The
+# folders are git-ignored: pass .gtest-src, .whl and .peers/lib in the carry.
 #
 # The image sets CXX and CUDAHOSTCXX to /opt/gcc/bin/g++, whose libstdc++.so
 # is a broken link (it would link a private static C++ runtime into the
@@ -166,6 +170,11 @@ if compgen -G ".whl/*.whl" > /dev/null; then
     BENCH_PATH=$BENCH_PATH:/tmp/site
 else
   echo "=== liger: no .whl/*.whl carried, the Liger column is skipped"
+fi
+if [ -f .peers/lib/rotary_flashinfer_peer.so ]; then
+  echo "=== flashinfer: .peers/lib/rotary_flashinfer_peer.so carried (the FlashInfer columns)"
+else
+  echo "=== flashinfer: no .peers/lib carried, the FlashInfer columns are skipped"
 fi
 if ((built)); then  # the prediction the table below confirms or refutes
   step launch_model 60 env PYTHONPATH="$ROOT/python" "$PY" benchmarks/launch_model.py
