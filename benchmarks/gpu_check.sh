@@ -26,9 +26,15 @@
 # is a broken link (it would link a private static C++ runtime into the
 # libraries): the build uses /usr/bin/g++ for both.
 #
+# Order: build, gtest, the figures (launch model, benchmark table, fused
+# KV-cache step, ncu), then the Python suites, the sanitizers and the prologue
+# benchmark. The run keeps to GPU_CHECK_BUDGET seconds (570: a device command
+# may run 10 minutes); a step that would not fit is skipped, named, so a
+# second run can take the rest (T_BENCH=0 ... skips the steps already done).
+#
 # Usage: bash benchmarks/gpu_check.sh
-# Env:   PYTHON (python3), OUT (log dir), BUILD_DIR (build-gpu),
-#        T_<STEP> overrides a step's timeout in seconds (T_BUILD=300 ...).
+# Env:   PYTHON (python3), OUT (log dir), BUILD_DIR (build-gpu), GPU_CHECK_BUDGET (570),
+#        T_<STEP> overrides a step's timeout in seconds (T_BUILD=300 ...; 0 skips it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -42,6 +48,9 @@ export PYTHONUNBUFFERED=1
 failed=()
 passed=()
 T0=$SECONDS
+# The whole run's budget: a device command may run 10 minutes. A step gets
+# at most what is left of it, and is skipped, named, when too little is.
+BUDGET=${GPU_CHECK_BUDGET:-570}
 
 # step NAME SECONDS CMD...: runs CMD under a timeout, logs to $LOG_DIR/NAME.log.
 step() {
@@ -49,6 +58,16 @@ step() {
   shift 2
   local var="T_${name^^}"
   secs=${!var:-$secs}
+  local left=$((BUDGET - (SECONDS - T0) - 20))  # 20 s for the summary
+  if ((secs == 0)); then
+    skip "$name" "$var=0"
+    return 1
+  fi
+  if ((left < 30)); then
+    skip "$name" "the run's ${BUDGET} s budget is spent"
+    return 1
+  fi
+  ((secs > left)) && secs=$left
   echo "=== $name (timeout ${secs}s): $*"
   local start=$SECONDS
   timeout --kill-after=10 "$secs" "$@" > "$LOG_DIR/$name.log" 2>&1
@@ -99,29 +118,36 @@ if ((built)); then
     # No GTEST_SKIP may hide a GPU test here: count them.
     grep -q "SKIPPED" "$LOG_DIR/gtest.log" && echo "gtest: some tests were skipped (see gtest.log)"
   fi
-  step pytest_cuda 300 env PYTHONPATH="$ROOT/python" "$PY" -m pytest -q -rs tests/python -k cuda
-  # Error messages that format numbers must come back whole (no private C++ runtime).
-  step cxx_runtime 60 ctest --test-dir "$BUILD" -R cxx_runtime --output-on-failure
-  step pytest_errors_variants 240 env PYTHONPATH="$ROOT/python" "$PY" -m pytest -q -rs \
-    tests/python/test_errors.py tests/python/test_layouts.py tests/python/test_varlen.py \
-    tests/python/test_partial_rotary.py tests/python/test_position_forms.py tests/python/test_inv_freq.py \
-    tests/python/test_inplace.py tests/python/test_variant_gradients.py tests/python/test_variant_opcheck.py \
-    tests/python/test_variant_compile.py tests/python/test_variant_errors.py tests/python/test_runtime.py
 else
   skip gtest "build failed"
-  skip pytest_cuda "build failed"
-  skip cxx_runtime "build failed"
-  skip pytest_errors_variants "build failed"
 fi
 
-# ---- sanitizers and the profile (need a GPU)
-if ((built && have_gpu)) && command -v compute-sanitizer > /dev/null; then
-  step memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 1 \
-    "$TESTS" --gtest_filter='*/cuda:RopeErrors.DeviceMismatch'
-  step racecheck 120 compute-sanitizer --tool racecheck --error-exitcode 1 "$TESTS" --gtest_filter='*/cuda:RopeErrors.DeviceMismatch'
+# ---- the figures first, after the gtests (the GPU benchmark table checks
+# ours against the references before timing; Liger from the carried wheel)
+BENCH_PATH=$ROOT/python
+if compgen -G ".whl/*.whl" > /dev/null; then
+  step liger_install 60 "$PY" -m pip install --no-index --no-deps --target /tmp/site .whl/*.whl &&
+    BENCH_PATH=$BENCH_PATH:/tmp/site
 else
-  skip memcheck "needs the build, a GPU and compute-sanitizer"
-  skip racecheck "needs the build, a GPU and compute-sanitizer"
+  echo "=== liger: no .whl/*.whl carried, the Liger column is skipped"
+fi
+if [ -f .peers/lib/rotary_flashinfer_peer.so ]; then
+  echo "=== flashinfer: .peers/lib/rotary_flashinfer_peer.so carried (the FlashInfer columns)"
+else
+  echo "=== flashinfer: no .peers/lib carried, the FlashInfer columns are skipped"
+fi
+if ((built)); then  # the prediction the table below confirms or refutes
+  step launch_model 60 env PYTHONPATH="$ROOT/python" "$PY" benchmarks/launch_model.py
+fi
+if ((built && have_gpu)); then
+  step bench 420 env PYTHONPATH="$BENCH_PATH" "$PY" benchmarks/bench.py --device cuda --cuda-dtype bf16,fp32 --repeat 11 --wait-load 60 --max-load 4 \
+    --markdown "$LOG_DIR/bench_gpu.md"
+  # The fused KV-cache write (one launch) vs the RoPE launch + index_copy_, torch.compile and the
+  # copy floor, as GPU time of CUDA-graph replays: decode B=64 and prefill S=8192.
+  step bench_kv_cache 240 env PYTHONPATH="$ROOT/python" "$PY" benchmarks/bench_kv_cache.py --device cuda --graph \
+    --rounds 11 --max-load 4
+else
+  skip bench "needs the build and a GPU"
 fi
 
 # One run of each variant of the bf16 prefill case (S=8192, 32/8 heads, D=128):
@@ -163,34 +189,37 @@ else
   skip ncu "needs the build, a GPU and ncu"
 fi
 
-# ---- the benchmark table (Liger from the carried wheel when there is one)
-BENCH_PATH=$ROOT/python
-if compgen -G ".whl/*.whl" > /dev/null; then
-  step liger_install 60 "$PY" -m pip install --no-index --no-deps --target /tmp/site .whl/*.whl &&
-    BENCH_PATH=$BENCH_PATH:/tmp/site
+# ---- the Python suites on the GPU
+if ((built)); then
+  step pytest_cuda 300 env PYTHONPATH="$ROOT/python" "$PY" -m pytest -q -rs tests/python -k cuda
+  # Error messages that format numbers must come back whole (no private C++ runtime).
+  step cxx_runtime 60 ctest --test-dir "$BUILD" -R cxx_runtime --output-on-failure
+  step pytest_errors_variants 240 env PYTHONPATH="$ROOT/python" "$PY" -m pytest -q -rs \
+    tests/python/test_errors.py tests/python/test_layouts.py tests/python/test_varlen.py \
+    tests/python/test_partial_rotary.py tests/python/test_position_forms.py tests/python/test_inv_freq.py \
+    tests/python/test_inplace.py tests/python/test_variant_gradients.py tests/python/test_variant_opcheck.py \
+    tests/python/test_variant_compile.py tests/python/test_variant_errors.py tests/python/test_runtime.py
 else
-  echo "=== liger: no .whl/*.whl carried, the Liger column is skipped"
+  skip pytest_cuda "build failed"
+  skip cxx_runtime "build failed"
+  skip pytest_errors_variants "build failed"
 fi
-if [ -f .peers/lib/rotary_flashinfer_peer.so ]; then
-  echo "=== flashinfer: .peers/lib/rotary_flashinfer_peer.so carried (the FlashInfer columns)"
+# ---- sanitizers (need a GPU)
+if ((built && have_gpu)) && command -v compute-sanitizer > /dev/null; then
+  step memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 1 \
+    "$TESTS" --gtest_filter='*/cuda:RopeErrors.DeviceMismatch'
+  step racecheck 120 compute-sanitizer --tool racecheck --error-exitcode 1 "$TESTS" --gtest_filter='*/cuda:RopeErrors.DeviceMismatch'
 else
-  echo "=== flashinfer: no .peers/lib carried, the FlashInfer columns are skipped"
+  skip memcheck "needs the build, a GPU and compute-sanitizer"
+  skip racecheck "needs the build, a GPU and compute-sanitizer"
 fi
-if ((built)); then  # the prediction the table below confirms or refutes
-  step launch_model 60 env PYTHONPATH="$ROOT/python" "$PY" benchmarks/launch_model.py
-fi
+
 if ((built && have_gpu)); then
-  step bench 420 env PYTHONPATH="$BENCH_PATH" "$PY" benchmarks/bench.py --device cuda --repeat 15 --wait-load 60 --max-load 4 \
-    --markdown "$LOG_DIR/bench_gpu.md"
-  # The fused KV-cache write (one launch) vs the RoPE launch + index_copy_, torch.compile and the
-  # copy floor, as GPU time of CUDA-graph replays: decode B=64 and prefill S=8192.
-  step bench_kv_cache 240 env PYTHONPATH="$ROOT/python" "$PY" benchmarks/bench_kv_cache.py --device cuda --graph \
-    --rounds 11 --max-load 4
   # The prologue (q/k RMSNorm + RoPE): fused vs unfused vs torch.compile vs the copy floor.
   step bench_qk_norm 240 env PYTHONPATH="$ROOT/python" "$PY" benchmarks/bench_qk_norm.py --device cuda --rounds 11 \
     --threads 1 --max-load 4
 else
-  skip bench "needs the build and a GPU"
+  skip bench_qk_norm "needs the build and a GPU"
 fi
 
 # ---- the short summary last (the device reply carries the end of the output)

@@ -53,3 +53,22 @@ def test_flashinfer_rows_are_views_of_q_and_k():
     assert "flashinfer" not in fns and notes["flashinfer"] == "CUDA only"
     if not os.path.exists(bench_common.FLASHINFER_LIB):
         assert bench_common.flashinfer_ops() == (None, "not built (benchmarks/peers/build_flashinfer.py)")
+
+
+@pytest.mark.parametrize("env, why", [({"T_CONFIGURE": "0"}, "configure: skipped (T_CONFIGURE=0)"),
+                                      ({"GPU_CHECK_BUDGET": "40"}, "configure: skipped (the run's 40 s budget is spent)")])
+def test_gpu_check_names_what_it_skips(tmp_path, env, why):
+    """benchmarks/gpu_check.sh keeps to its budget and T_<STEP>=0 skips a step:
+    what is not run is named in its summary, and the run fails, never passes."""
+    import subprocess
+
+    root = os.path.join(HERE, "..", "..")
+    run_env = dict(os.environ, OUT=str(tmp_path / "logs"), BUILD_DIR=str(tmp_path / "build"), PYTHON=sys.executable,
+                   **env)
+    r = subprocess.run(["bash", "benchmarks/gpu_check.sh"], cwd=root, env=run_env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert why in r.stdout and "gpu_check: FAILED or skipped:" in r.stdout, r.stdout
+    for later in ("gtest(skipped)", "bench(skipped)", "pytest_cuda(skipped)", "memcheck(skipped)"):
+        assert later in r.stdout, r.stdout
+    assert not (tmp_path / "build").exists()
