@@ -5,6 +5,7 @@ kernel peers that are imported or loaded when present (Liger, FlashInfer)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import sys
 from typing import Tuple
@@ -136,6 +137,7 @@ FLASHINFER_LIB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__
                               "rotary_flashinfer_peer.so")
 
 
+@functools.lru_cache(maxsize=None)  # loaded once per process, not once per row
 def flashinfer_ops():
     """torch.ops.rotary_peers (FlashInfer's RoPE kernels: flashinfer_peer.cu),
     or None with the reason when it is not built or does not load."""

@@ -113,11 +113,11 @@ def cases(device, dtype, B, S, Hq, Hk, D, kv_layout, block=16, start=100, compil
 
     fns["floor"] = floor
     if kv_layout == "NHD" and device == "cuda":
-        add_flashinfer(fns, q, k, v, kc, vc, f, start, block)
+        add_flashinfer(fns, q, k, v, kc, vc, f, start, block, extra)
     return fns
 
 
-def add_flashinfer(fns, q, k, v, kc, vc, f, start, block):
+def add_flashinfer(fns, q, k, v, kc, vc, f, start, block, extra):
     """FlashInfer's fused step (RoPE on q and k, k and v appended to the paged
     cache; q to a second buffer, where ours rotates it in place), after a
     check that it fills the cache and q as ours does."""
@@ -142,8 +142,8 @@ def add_flashinfer(fns, q, k, v, kc, vc, f, start, block):
                                          table, pos_ids, False, 1.0, 1.0)
 
     mine = [t.clone() for t in (q, k, v, kc, vc)]
-    rotary.apply_rope_with_kv_cache_(*mine, f, start, False, layout="BSHD", slot_mapping=(
-        batch.long() * per * block + positions.long()), kv_layout="NHD")
+    # Ours with make()'s own slots: the check also holds FlashInfer's pages to them.
+    rotary.apply_rope_with_kv_cache_(*mine, f, start, False, layout="BSHD", **extra)
     theirs = [t.clone() for t in (q, k, v, kc, vc)]
     theirs_q = torch.empty_like(q_out)
     step(*theirs, theirs_q)
