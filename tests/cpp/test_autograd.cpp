@@ -8,7 +8,8 @@
 #include <rotary/ops.h>
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/autograd.h>
+#include <torch/types.h>
 
 #include <optional>
 

@@ -7,7 +7,10 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/cuda.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/serialize.h>
+#include <torch/types.h>
 
 #include <limits>
 #include <map>

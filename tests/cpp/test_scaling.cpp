@@ -6,7 +6,7 @@
 
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <algorithm>
 #include <cmath>
