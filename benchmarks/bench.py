@@ -44,103 +44,15 @@ import os
 import platform
 import subprocess
 import sys
-import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_common import (CPU_CASES, CUDA_CASES, DTYPES, QUICK_CASE, Case, Timer, case_bytes,  # noqa: E402
-                          fmt_time, hf_rope_qk, hf_tables, liger_fn, log, reference_rope_qk)
+from bench_common import (CPU_CASES, CUDA_CASES, DTYPES, QUICK_CASE, Case, Timer, build_peers,  # noqa: E402
+                          case_bytes, fmt_time, log)
 from protocol import (LoadGuard, Stats, add_protocol_args, check_load, ratio_cell,  # noqa: E402
                       thread_passes, time_interleaved)
 
 import torch  # noqa: E402
-
-
-# --------------------------------------------------------------------------
-# Peers for one case
-
-
-def try_compile(fn, device: str):
-    try:
-        import torch._dynamo  # noqa: F401
-
-        return torch.compile(fn, dynamic=False, fullgraph=False)
-    except Exception as e:  # pragma: no cover - depends on the toolchain
-        log(f"  torch.compile unavailable: {e!r}")
-        return None
-
-
-
-def build_peers(
-    case: Case, dtype: torch.dtype, device: str, compile_refs: bool
-) -> Tuple[Dict[str, Callable[[], object]], Dict[str, str]]:
-    """Returns ({name: fn}, {name: note}). Also checks that ours agrees with
-    the references, so a wrong kernel can never post a good time."""
-    import rotary  # noqa: F401  (registers torch.ops.rotary)
-
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    q = torch.randn(case.q_shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
-    k = torch.randn(case.k_shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
-    seq, head_dim = case.q_shape[2], case.q_shape[3]
-    start_pos = 7 if case.decode else 0
-    freqs = rotary.freqs_table(head_dim, start_pos + seq).to(device)
-    cos, sin = hf_tables(freqs, seq, dtype, start_pos)
-    op = torch.ops.rotary.apply_rope_qk
-
-    fns: Dict[str, Callable[[], object]] = {}
-    notes: Dict[str, str] = {}
-    fns["clone"] = lambda: (q.clone(), k.clone())
-    if case.decode:
-        fns["add"] = lambda: (torch.add(q, q), torch.add(k, k))
-    fns["ours"] = lambda: op(q, k, freqs, start_pos, True)
-    fns["ours_half"] = lambda: op(q, k, freqs, start_pos, False)
-    # In place rotates q and k again on every call; a rotation keeps their norms.
-    qi, ki = q.clone(), k.clone()
-    fns["ours_"] = lambda: torch.ops.rotary.apply_rope_qk_(qi, ki, freqs, start_pos, True)
-    fns["reference"] = lambda: reference_rope_qk(q, k, freqs, start_pos)
-    fns["rotate_half"] = lambda: hf_rope_qk(q, k, cos, sin)
-
-    # Correctness first (bf16 tolerances cover the peers' bf16 math).
-    tol = dict(atol=1e-5, rtol=1e-5) if dtype in (torch.float32, torch.float64) else dict(atol=5e-2, rtol=2e-2)
-    ref = reference_rope_qk(q, k, freqs, start_pos)
-    for got, want in zip(fns["ours"](), ref):
-        torch.testing.assert_close(got, want, **tol)
-    for got, want in zip(fns["ours_half"](), hf_rope_qk(q, k, cos, sin)):
-        torch.testing.assert_close(got, want, **tol)
-    fns["ours_"]()  # the first in-place call must give exactly the out-of-place result
-    for got, want in zip((qi, ki), fns["ours"]()):
-        assert torch.equal(got, want), "apply_rope_qk_ differs from apply_rope_qk"
-
-    if compile_refs:
-        c_reference = try_compile(reference_rope_qk, device)
-        c_hf = try_compile(hf_rope_qk, device)
-        for name, cfn, args, want in (
-            ("compile(reference)", c_reference, (q, k, freqs, start_pos), ref),
-            ("compile(rotate_half)", c_hf, (q, k, cos, sin), None),
-        ):
-            if cfn is None:
-                continue
-            log(f"  compiling {name} ...")
-            t0 = time.perf_counter()
-            try:
-                out = cfn(*args)
-                if want is not None:
-                    for got, w in zip(out, want):
-                        torch.testing.assert_close(got, w, **tol)
-            except Exception as e:  # pragma: no cover - depends on the toolchain
-                log(f"  {name} failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
-                notes[name] = "failed"
-                continue
-            log(f"  compiled {name} in {time.perf_counter() - t0:.1f} s")
-            fns[name] = (lambda f=cfn, a=args: f(*a))
-
-    if device == "cuda":
-        liger = liger_fn()
-        if liger is not None:
-            # Liger wants cos/sin [1, S, D]; it rotates half (NeoX) pairs.
-            lc, ls = cos.unsqueeze(0), sin.unsqueeze(0)
-            fns["liger"] = lambda: liger(q, k, lc, ls)
-    return fns, notes
 
 
 # --------------------------------------------------------------------------
