@@ -111,8 +111,11 @@ struct PreparedRope {
 PreparedRope prepare_rope(
     const char* op, const at::Tensor& q, const at::Tensor* k, const at::Tensor& freqs, const RopeArgs& args,
     bool in_place);
-// The same for a call check_rope_inputs has validated already.
-PreparedRope prepare_rope(const char* op, const at::Tensor& q, const at::Tensor* k, const RopeCall& call, bool in_place);
+// The same for a call check_rope_inputs has validated already; out_q, when
+// given, is the out-of-place q the caller allocated (the prologue's fp8 q).
+PreparedRope prepare_rope(
+    const char* op, const at::Tensor& q, const at::Tensor* k, const RopeCall& call, bool in_place,
+    const at::Tensor* out_q = nullptr);
 
 }  // namespace detail
 }  // namespace rotary

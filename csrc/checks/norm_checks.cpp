@@ -101,15 +101,19 @@ NormWeights prepare_norm_weights(
   }
   NormWeights r;
   const auto acc = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  const at::Tensor* views[2] = {&call.rope.q, &call.rope.k};
+  // The kernels read both weights in q's dtype when both are contiguous in
+  // it, else both in the accumulation type: a weight that is neither, or
+  // strided, is converted here (a copy per call only for that weight).
+  auto as_is = [&](int i, at::ScalarType t) {
+    return !call.weight[i] || (call.weight[i]->is_contiguous() && call.weight[i]->scalar_type() == t);
+  };
+  r.params.weight_acc = !(as_is(0, q.scalar_type()) && as_is(1, q.scalar_type()));
   for (int i = 0; i < 2; ++i) {
-    const at::Tensor& v = *views[i];
-    const int64_t n = call.kind == kernel::NormKind::kHeads ? v.size(1) * v.size(3) : v.size(3);
-    at::Tensor w = call.weight[i] ? call.weight[i]->to(acc) : at::ones({n}, q.options().dtype(acc));
-    if (call.weight_offset != 0) w = w + call.weight_offset;
-    r.weight[i] = w.contiguous();
+    if (!call.weight[i]) continue;  // ones: nothing to read
+    r.weight[i] = !r.params.weight_acc || as_is(i, acc) ? *call.weight[i] : call.weight[i]->to(acc).contiguous();
     r.params.weight[i] = r.weight[i].data_ptr();
   }
+  r.params.weight_offset = call.weight_offset;
   r.params.kind = call.kind;
   r.params.eps = call.eps;
   if (call.q_fp8_scale) {
@@ -126,14 +130,9 @@ PreparedNormRope prepare_norm_rope(
   const NormCall call = check_norm_rope_inputs(op, q, k, freqs, args, norm, in_place);
   PreparedNormRope r;
   r.norm = prepare_norm_weights(op, call, q, in_place, {{"q", &q}, {"k", &k}});
-  r.rope = prepare_rope(op, q, &k, call.rope, in_place);
-  if (call.q_fp8_scale) {  // q out as bytes, with the strides of its own view
-    r.rope.out_q = make_q_output(q, call);
-    const at::Tensor view = canonical_view(r.rope.out_q, call.rope.layout, call.rope.cu_seqlens != nullptr);
-    auto& t = r.rope.params.q;
-    t.out = view.data_ptr();
-    for (int d = 0; d < 4; ++d) t.out_stride[d] = view.stride(d);
-  }
+  // With q_fp8_scale, q comes out as float8_e4m3fn bytes (its own strides).
+  const at::Tensor fp8_q = call.q_fp8_scale ? make_q_output(q, call) : at::Tensor();
+  r.rope = prepare_rope(op, q, &k, call.rope, in_place, fp8_q.defined() ? &fp8_q : nullptr);
   return r;
 }
 

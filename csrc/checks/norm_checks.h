@@ -49,7 +49,7 @@ int64_t heads_axis(Layout layout, bool varlen);
 
 // The weights as the kernels read them, and the norm's launch description.
 struct NormWeights {
-  at::Tensor weight[2];  // weight + weight_offset, in the accumulation type
+  at::Tensor weight[2];  // what params.weight points at (undefined: none)
   kernel::NormParams params;
 };
 // In place, each weight must not overlap what the call writes (`written`).

@@ -134,13 +134,15 @@ PreparedRope prepare_rope(
   return prepare_rope(op, q, k, check_rope_inputs(op, q, k, freqs, args), in_place);
 }
 
-PreparedRope prepare_rope(const char* op, const at::Tensor& q, const at::Tensor* k, const RopeCall& call, bool in_place) {
+PreparedRope prepare_rope(
+    const char* op, const at::Tensor& q, const at::Tensor* k, const RopeCall& call, bool in_place,
+    const at::Tensor* out_q) {
   const at::Tensor& qv = call.q;
   const at::Tensor& kv = call.k;
   if (in_place) check_in_place_targets(op, qv, k ? &kv : nullptr, call);
 
   PreparedRope r;
-  r.out_q = in_place ? q : make_output(q);
+  r.out_q = in_place ? q : out_q ? *out_q : make_output(q);
   if (k) r.out_k = in_place ? *k : make_output(*k);
   auto& p = r.params;
   fill_head_tensor(p.q, qv, in_place ? qv : canonical_view(r.out_q, call.layout, call.cu_seqlens != nullptr));

@@ -46,7 +46,8 @@ void norm_rotate_run(const NormRun<scalar_t>& r, Capability cap) {
 template <typename scalar_t>
 void norm_tensor_tile(
     const RopeParams& p, const NormParams& n, int i, int64_t b, int64_t s0, int64_t tile,
-    const at::opmath_type<scalar_t>* coef, at::opmath_type<scalar_t>* scratch, Capability cap) {
+    const at::opmath_type<scalar_t>* coef, const at::opmath_type<scalar_t>* weight, at::opmath_type<scalar_t>* scratch,
+    Capability cap) {
   using acc_t = at::opmath_type<scalar_t>;
   const HeadTensor& t = i == 0 ? p.q : p.k;
   const bool across = n.kind == NormKind::kHeads;
@@ -59,7 +60,7 @@ void norm_tensor_tile(
       t.heads, t.in_stride[1], t.out_stride[1],
       t.in_stride[3], t.out_stride[3],
       coef, 2 * p.rotary_dim,
-      static_cast<const acc_t*>(n.weight[i]), across ? p.head_dim : 0,
+      weight, across ? p.head_dim : 0,
       p.head_dim, p.rotary_offset, p.rotary_dim,
       n.eps, across, p.interleaved,
       scratch,
@@ -77,18 +78,29 @@ void norm_rope_kernel(const RopeParams& p, const NormParams& n, Capability cap, 
   const int64_t tasks = p.batch * tiles_per_batch;
   const int64_t task_elems = tile * (p.q.heads + p.k.heads) * p.head_dim;
   const int64_t grain = std::max<int64_t>(1, kGrainElems / std::max<int64_t>(task_elems, 1));
-  const int64_t scratch_len = (n.kind == NormKind::kHeads ? std::max(p.q.heads, p.k.heads) : 1) * p.head_dim;
+  const bool across = n.kind == NormKind::kHeads;
+  const int64_t scratch_len = (across ? std::max(p.q.heads, p.k.heads) : 1) * p.head_dim;
+  const int64_t weight_len[2] = {(across ? p.q.heads : 1) * p.head_dim, (across ? p.k.heads : 1) * p.head_dim};
+  const acc_t offset = static_cast<acc_t>(n.weight_offset);
   at::parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
     // Uninitialised: fill_coefficients and the kernel write before they read.
     const std::unique_ptr<acc_t[]> coef(new acc_t[static_cast<size_t>(tile * coef_per_token)]);
     const std::unique_ptr<acc_t[]> scratch(new acc_t[static_cast<size_t>(scratch_len)]);
+    // Each weight as the kernel multiplies by it, in acc_t (weight_of).
+    std::unique_ptr<acc_t[]> weight[2];
+    for (int i = 0; i < 2; ++i) {
+      weight[i].reset(new acc_t[static_cast<size_t>(weight_len[i])]);
+      for (int64_t d = 0; d < weight_len[i]; ++d) {
+        weight[i][d] = kernel::weight_of<scalar_t, acc_t>(n.weight[i], n.weight_acc, offset, d);
+      }
+    }
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / tiles_per_batch;
       const int64_t s0 = (task % tiles_per_batch) * tile;
       const int64_t len = std::min(tile, p.seq - s0);
       for (int64_t s = 0; s < len; ++s) fill_coefficients(p, b, s0 + s, coef.get() + s * coef_per_token);
-      norm_tensor_tile<scalar_t>(p, n, 0, b, s0, len, coef.get(), scratch.get(), cap);
-      norm_tensor_tile<scalar_t>(p, n, 1, b, s0, len, coef.get(), scratch.get(), cap);
+      norm_tensor_tile<scalar_t>(p, n, 0, b, s0, len, coef.get(), weight[0].get(), scratch.get(), cap);
+      norm_tensor_tile<scalar_t>(p, n, 1, b, s0, len, coef.get(), weight[1].get(), scratch.get(), cap);
       if (hook != nullptr) hook->fn(hook->ctx, b, s0, len, 0, p.k.heads);
     }
   });

@@ -37,13 +37,19 @@ struct NormUnit {
   const T* in;
   void* out;  // T, or float8_e4m3fn bytes with fp8_scale
   int64_t in_head, out_head, in_elem, out_elem;
-  const acc_t* weight;
+  const void* weight;   // weight_of's: null (ones), acc_t or T elements
   int64_t weight_head;  // 0 for norm "head": one weight row for every head
   int32_t heads;
   // q as fp8 (kFp8Q only): head h of the unit is q head h0 + h. Its scale
   // is read from the parameters at the store, so nothing more stays live.
   bool fp8;
   int32_t h0;
+
+  // Weight element d of head h of the unit; the flag and the offset stay in
+  // the parameters, not in registers.
+  ROTARY_HOST_DEVICE acc_t weight_at(const NormParams& n, int32_t h, int64_t d) const {
+    return weight_of<T, acc_t>(weight, n.weight_acc, static_cast<acc_t>(n.weight_offset), h * weight_head + d);
+  }
 
   ROTARY_HOST_DEVICE void put(const NormParams& n, int32_t h, int64_t at, acc_t v) const {
     if constexpr (kFp8Q) {
@@ -75,7 +81,9 @@ ROTARY_HOST_DEVICE NormUnit<T, kFp8Q> norm_unit(
   u.out_elem = t.out_stride[3];
   // Selects, not runtime indexing: an indexed kernel parameter would be
   // copied to local memory (the SASS contract forbids it).
-  u.weight = static_cast<const acc_t*>(i == 0 ? n.weight[0] : n.weight[1]) + (across ? h * p.head_dim : 0);
+  // A norm "heads" unit holds every head of its tensor (h is 0): its head
+  // h's weights are row h. Norm "head" units share one row.
+  u.weight = i == 0 ? n.weight[0] : n.weight[1];
   u.weight_head = across ? p.head_dim : 0;
   u.heads = heads;
   return u;
@@ -125,13 +133,12 @@ ROTARY_HOST_DEVICE void norm_finish(
   for (HeadWalk w(tid, width); w.h < u.heads; w.next(threads, width)) {
     const T* in = u.in + w.h * u.in_head;
     const int64_t out = w.h * u.out_head;
-    const acc_t* wt = u.weight + w.h * u.weight_head;
     if (w.i < pairs) {
       const int64_t j = w.i;
       const int64_t d0 = off + pair_first(j, p.rotary_dim, p.interleaved);
       const int64_t d1 = off + pair_second(j, p.rotary_dim, p.interleaved);
-      const acc_t x0 = normalized(to_acc(in[d0 * u.in_elem]), scale, wt[d0]);
-      const acc_t x1 = normalized(to_acc(in[d1 * u.in_elem]), scale, wt[d1]);
+      const acc_t x0 = normalized(to_acc(in[d0 * u.in_elem]), scale, u.weight_at(n, w.h, d0));
+      const acc_t x1 = normalized(to_acc(in[d1 * u.in_elem]), scale, u.weight_at(n, w.h, d1));
       acc_t c, sn, y0, y1;
       rotation_of<acc_t>(p, pair_position(p, b, s, pos, j), j, c, sn);
       rotate_pair(x0, x1, c, sn, y0, y1);
@@ -140,7 +147,7 @@ ROTARY_HOST_DEVICE void norm_finish(
     } else {
       const int32_t k = w.i - pairs;
       const int64_t d = k < off ? k : k + p.rotary_dim;
-      u.put(n, w.h, out + d * u.out_elem, normalized(to_acc(in[d * u.in_elem]), scale, wt[d]));
+      u.put(n, w.h, out + d * u.out_elem, normalized(to_acc(in[d * u.in_elem]), scale, u.weight_at(n, w.h, d)));
     }
   }
 }

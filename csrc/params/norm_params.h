@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 namespace rotary {
 namespace kernel {
@@ -19,10 +20,15 @@ enum class NormKind : uint8_t {
 
 struct NormParams {
   NormKind kind = NormKind::kHead;
-  // q's and k's weight with weight_offset added, in the accumulation type
-  // (double for float64 tensors, float otherwise), contiguous: [head_dim]
-  // for kHead, [heads * head_dim] of that tensor for kHeads.
+  // q's and k's weight, contiguous: [head_dim] for kHead, [heads *
+  // head_dim] of that tensor for kHeads; null for none (ones). Both are read
+  // in the accumulation type (double for float64 tensors, float otherwise)
+  // when weight_acc, else in the tensors' dtype: the caller's own weights,
+  // no per-call copy. One flag for both, so the CUDA kernel reads it from
+  // the parameters. weight_offset is added as weight_of says.
   const void* weight[2] = {nullptr, nullptr};
+  bool weight_acc = true;
+  double weight_offset = 0;
   double eps = 0;
   // q written as float8_e4m3fn (q.out then holds bytes): (value / scale)
   // clamped to +-448, rounded to nearest even; the scale of q head h at
@@ -42,6 +48,22 @@ ROTARY_HOST_DEVICE acc_t rms_scale(acc_t sumsq, int64_t count, double eps) {
 #else
   return acc_t(1) / std::sqrt(ms);
 #endif
+}
+
+// Element d of a weight as the norm multiplies by it: w[d] (1 without a
+// weight) in acc_t, plus the offset when there is one (Gemma's 1 + w; added
+// only when non-zero, so a -0 weight keeps its sign as it would unshifted).
+template <typename T, typename acc_t>
+ROTARY_HOST_DEVICE acc_t weight_of(const void* w, bool in_acc, acc_t offset, int64_t d) {
+  acc_t x = acc_t(1);
+  if (w != nullptr) {
+    if constexpr (std::is_same_v<T, acc_t>) {
+      x = static_cast<const acc_t*>(w)[d];  // one dtype: no flag to test
+    } else {
+      x = in_acc ? static_cast<const acc_t*>(w)[d] : static_cast<acc_t>(static_cast<const T*>(w)[d]);
+    }
+  }
+  return offset != acc_t(0) ? x + offset : x;
 }
 
 // One element normalized: x times its vector's scale, then its weight (the

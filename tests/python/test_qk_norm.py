@@ -147,6 +147,47 @@ def test_empty_decode_and_no_weight(device):
     check(ok, ref_prologue(k, None, 8, start=40, offset=0.5), torch.float32)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("norm", ["head", "heads"])
+def test_weight_dtypes_and_strides(device, dtype, norm):
+    """A weight in each float dtype (read as it is when it is the
+    accumulation type or q's, else converted once), strided, or none, with
+    and without Gemma's offset: the reference's result, and the same bits as
+    the weight given in the accumulation type."""
+    B, Hq, Hk, S, D = 2, 4, 2, 3, 16
+    q, k = randn((B, Hq, S, D), dtype, 1, device), randn((B, Hk, S, D), dtype, 2, device)
+    freqs = rotary.freqs_table(D, MAX_LEN).to(device)
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    for i, wdtype in enumerate(DTYPES):
+        for strided in (False, True):
+            qw = heads_weight(norm, Hq, D, wdtype, 10 + i, device)
+            qw = torch.stack([qw, -qw], dim=-1).flatten()[::2] if strided else qw  # stride 2
+            kw = None if strided else heads_weight(norm, Hk, D, wdtype, 20 + i, device)
+            for offset in (0.0, 1.0):
+                args = dict(start_pos=2, norm=norm, weight_offset=offset)
+                oq, ok = rotary.apply_qk_norm_rope(q, k, freqs, q_weight=qw, k_weight=kw, **args)
+                check(oq, ref_prologue(q, qw, D, start=2, norm=norm, offset=offset), dtype)
+                check(ok, ref_prologue(k, kw, D, start=2, norm=norm, offset=offset), dtype)
+                aq, ak = rotary.apply_qk_norm_rope(q, k, freqs, q_weight=qw.to(acc),
+                                                   k_weight=None if kw is None else kw.to(acc), **args)
+                assert torch.equal(oq, aq) and torch.equal(ok, ak), (wdtype, strided, offset)
+
+
+def test_weights_are_read_in_place():
+    """Weights in q's dtype, in fp32 or absent, with or without the offset:
+    the call converts, fills or adds nothing (on CUDA each would be a launch)."""
+    from torch.profiler import profile
+    q, k = randn((4, 1, 16, 32), torch.bfloat16, 1, "cpu"), randn((4, 1, 8, 32), torch.bfloat16, 2, "cpu")
+    freqs = rotary.freqs_table(32, MAX_LEN)
+    for wdtype in (torch.bfloat16, torch.float32, None):
+        w = None if wdtype is None else heads_weight("head", 16, 32, wdtype, 3, "cpu")
+        for offset in (0.0, 1.0):
+            with profile() as prof:
+                rotary.apply_qk_norm_rope(q, k, freqs, 3, layout="BSHD", q_weight=w, k_weight=w, weight_offset=offset)
+            ops = {e.name for e in prof.events()} & {"aten::_to_copy", "aten::add", "aten::fill_", "aten::ones"}
+            assert not ops, (wdtype, offset, ops)
+
+
 @pytest.mark.parametrize("norm", ["head", "heads"])
 def test_gradients(norm):
     """gradcheck and gradgradcheck in float64 through q, k and both weights,
@@ -242,52 +283,6 @@ def test_hf_norms_then_rope():
                                                k_weight=kn.weight, eps=1e-6, norm=kind, weight_offset=offset)
         torch.testing.assert_close(oq.transpose(1, 2), want_q, rtol=2e-5, atol=2e-5, msg=norm_cls.__name__)
         torch.testing.assert_close(ok.transpose(1, 2), want_k, rtol=2e-5, atol=2e-5, msg=norm_cls.__name__)
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("per_head", [False, True])
-def test_fp8_q_bits(device, dtype, per_head):
-    """q as float8_e4m3fn: the bits of torch's (q / scale).clamp(-448, 448)
-    .to(float8_e4m3fn) on the unrounded result (the op in fp32 on the
-    widened inputs; fp64 itself), some values saturating; k unchanged."""
-    B, Hq, Hk, S, D, r = 2, 4, 2, 3, 16, 8
-    q, k = randn((B, S, Hq, D), dtype, 1, device), randn((B, S, Hk, D), dtype, 2, device)
-    qw, kw = heads_weight("head", Hq, D, torch.float32, 3, device), heads_weight("head", Hk, D, torch.float32, 4, device)
-    scale = (torch.linspace(0.004, 0.05, Hq) if per_head else torch.tensor(0.006)).to(device)
-    freqs = rotary.freqs_table(r, MAX_LEN).to(device)
-    args = dict(layout="BSHD", rotary_offset=4, q_weight=qw, k_weight=kw)
-    q8, k_out = rotary.apply_qk_norm_rope(q, k, freqs, 2, False, q_fp8_scale=scale, **args)
-    assert q8.dtype == torch.float8_e4m3fn and q8.shape == q.shape and k_out.dtype == dtype
-    wide = torch.float64 if dtype == torch.float64 else torch.float32
-    exact_q, _ = rotary.apply_qk_norm_rope(q.to(wide), k.to(wide), freqs, 2, False, **args)
-    _, want_k = rotary.apply_qk_norm_rope(q, k, freqs, 2, False, **args)
-    s = scale.view(1, 1, Hq, 1) if per_head else scale
-    want = (exact_q / s).clamp(-448, 448).to(torch.float8_e4m3fn)
-    assert (exact_q / s).abs().max() > 448  # saturation is exercised
-    assert torch.equal(q8.view(torch.uint8), want.view(torch.uint8))
-    assert torch.equal(k_out, want_k)
-
-
-def test_fp8_q_refusals():
-    q, k = randn((1, 2, 3, 8), torch.float32, 1), randn((1, 1, 3, 8), torch.float32, 2)
-    freqs = rotary.freqs_table(8, MAX_LEN)
-    with pytest.raises(ValueError, match=r"q_fp8_scale must be \[\], \[1\] or \[heads\] = \[2\]"):
-        rotary.apply_qk_norm_rope(q, k, freqs, q_fp8_scale=torch.ones(3))
-    with pytest.raises(TypeError, match="q_fp8_scale must be float32, got Double"):
-        rotary.apply_qk_norm_rope(q, k, freqs, q_fp8_scale=torch.ones((), dtype=torch.float64))
-    saved = q.clone()
-    with pytest.raises(ValueError, match="q_fp8_scale .* needs the out-of-place apply_qk_norm_rope"):
-        rotary.apply_qk_norm_rope_(q, k, freqs, q_fp8_scale=torch.ones(()))
-    assert torch.equal(q, saved)
-    with pytest.raises(ValueError, match="float8_e4m3fn, which is not differentiable"):
-        rotary.apply_qk_norm_rope(q.requires_grad_(), k, freqs, q_fp8_scale=torch.ones(()))
-    with torch.no_grad():
-        q8, _ = rotary.apply_qk_norm_rope(q, k, freqs, q_fp8_scale=torch.ones(()))
-    assert q8.dtype == torch.float8_e4m3fn
-    # Meta: the dtype and shape without running.
-    qm, km = torch.ops.rotary.apply_qk_norm_rope(q.detach().to("meta"), k.to("meta"), freqs.to("meta"),
-                                                 q_fp8_scale=torch.ones((), device="meta"))
-    assert qm.dtype == torch.float8_e4m3fn and qm.shape == q.shape and km.dtype == torch.float32
 
 
 def _snapshot(*ts):
