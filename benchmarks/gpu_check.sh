@@ -138,6 +138,8 @@ else
 fi
 if ((built)); then  # the prediction the table below confirms or refutes
   step launch_model 60 env PYTHONPATH="$ROOT/python" "$PY" benchmarks/launch_model.py
+else
+  skip launch_model "build failed"
 fi
 if ((built && have_gpu)); then
   step bench 420 env PYTHONPATH="$BENCH_PATH" "$PY" benchmarks/bench.py --device cuda --cuda-dtype bf16,fp32 --repeat 11 --wait-load 60 --max-load 4 \
@@ -148,6 +150,7 @@ if ((built && have_gpu)); then
     --rounds 11 --max-load 4
 else
   skip bench "needs the build and a GPU"
+  skip bench_kv_cache "needs the build and a GPU"
 fi
 
 # One run of each variant of the bf16 prefill case (S=8192, 32/8 heads, D=128):
