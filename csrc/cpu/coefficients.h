@@ -4,10 +4,26 @@
 
 #include "params/rope_params.h"
 
+#include <algorithm>
 #include <cstdint>
 
 namespace rotary {
 namespace cpu {
+
+// Tokens per tile: a head is streamed in runs of that many tokens (the L2
+// prefetcher restarts at every 4 KiB page, so longer is better), and their
+// coefficients (2 * rotary_dim acc_t each) stay within 64 KiB of L2.
+template <typename acc_t>
+inline int64_t tile_tokens(const kernel::RopeParams& p) {
+  constexpr int64_t kCoefBytes = 64 * 1024;
+  const int64_t per_token = 2 * p.rotary_dim * int64_t(sizeof(acc_t));
+  return std::min<int64_t>(p.seq, std::max<int64_t>(1, kCoefBytes / per_token));
+}
+
+// Tasks per parallel chunk: at least 2^15 elements.
+inline int64_t grain_tasks(int64_t task_elems) {
+  return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(task_elems, 1));
+}
 
 // Coefficients of token (b, s) (layout: kernel/rope_kernel.h). In-table rows
 // with contiguous pairs and one position per token are read straight;

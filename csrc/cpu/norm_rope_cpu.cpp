@@ -23,10 +23,6 @@ using kernel::NormKind;
 using kernel::NormParams;
 using kernel::RopeParams;
 
-// Coefficients of a tile stay within L2 (as rope_cpu.cpp's tiles do).
-constexpr int64_t kCoefBytes = 64 * 1024;
-constexpr int64_t kGrainElems = int64_t{1} << 15;
-
 template <typename scalar_t>
 void norm_rotate_run(const NormRun<scalar_t>& r, Capability cap) {
   switch (cap) {
@@ -72,12 +68,11 @@ template <typename scalar_t>
 void norm_rope_kernel(const RopeParams& p, const NormParams& n, Capability cap, const TileHook* hook) {
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t coef_per_token = 2 * p.rotary_dim;
-  const int64_t tile =
-      std::min<int64_t>(p.seq, std::max<int64_t>(1, kCoefBytes / (coef_per_token * int64_t(sizeof(acc_t)))));
+  const int64_t tile = tile_tokens<acc_t>(p);
   const int64_t tiles_per_batch = (p.seq + tile - 1) / tile;
   const int64_t tasks = p.batch * tiles_per_batch;
   const int64_t task_elems = tile * (p.q.heads + p.k.heads) * p.head_dim;
-  const int64_t grain = std::max<int64_t>(1, kGrainElems / std::max<int64_t>(task_elems, 1));
+  const int64_t grain = grain_tasks(task_elems);
   const bool across = n.kind == NormKind::kHeads;
   const int64_t scratch_len = (across ? std::max(p.q.heads, p.k.heads) : 1) * p.head_dim;
   const int64_t weight_len[2] = {(across ? p.q.heads : 1) * p.head_dim, (across ? p.k.heads : 1) * p.head_dim};

@@ -60,10 +60,6 @@ const char* capability_name(Capability cap) {
 
 namespace {
 
-// Tokens per task: a head is streamed in runs of that many tokens (the L2
-// prefetcher restarts at every 4 KiB page, so longer is better), and their
-// coefficients (2 * rotary_dim acc_t each) stay within L2.
-constexpr int64_t kCoefBytes = 64 * 1024;
 // Fresh output pages of at least this many bytes are mapped up front
 // (populate).
 constexpr int64_t kPopulateBytes = int64_t{16} << 20;
@@ -88,8 +84,6 @@ int64_t stream_bytes() {
   }();
   return bytes;
 }
-// At least this many elements per parallel chunk.
-constexpr int64_t kGrainElems = int64_t{1} << 15;
 
 // An out-of-place output's fresh pages, mapped in parallel before the
 // rotation (each thread one contiguous slice). True when they are mapped now.
@@ -213,8 +207,7 @@ template <typename scalar_t>
 void rope_cpu_kernel(const RopeParams& p, Capability cap, const TileHook* hook) {
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t coef_per_token = 2 * p.rotary_dim;
-  const int64_t tile =
-      std::min<int64_t>(p.seq, std::max<int64_t>(1, kCoefBytes / (coef_per_token * int64_t(sizeof(acc_t)))));
+  const int64_t tile = tile_tokens<acc_t>(p);
   const int64_t tiles_per_batch = (p.seq + tile - 1) / tile;
   const int64_t all_heads = p.q.heads + p.k.heads;
   const bool split_heads = tiles_per_batch > 1 && heads_major(p.q) && (p.k.heads == 0 || heads_major(p.k));
@@ -222,7 +215,7 @@ void rope_cpu_kernel(const RopeParams& p, Capability cap, const TileHook* hook) 
   const int64_t group_heads = (all_heads + groups - 1) / groups;
   const int64_t tasks = p.batch * groups * tiles_per_batch;
   const int64_t task_elems = tile * group_heads * p.head_dim;
-  const int64_t grain = std::max<int64_t>(1, kGrainElems / std::max<int64_t>(task_elems, 1));
+  const int64_t grain = grain_tasks(task_elems);
   const int64_t out_bytes = all_heads * p.batch * p.seq * p.head_dim * int64_t(sizeof(scalar_t));
   const bool nt_q = stream_output<scalar_t>(p, p.q, out_bytes, cap);
   const bool nt_k = stream_output<scalar_t>(p, p.k, out_bytes, cap);

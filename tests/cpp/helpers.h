@@ -58,6 +58,16 @@ inline std::map<at::ScalarType, Tolerance> read_tolerances(const std::string& pa
   return table;
 }
 
+// Unit-normal data drawn in float32 and rounded once to dtype, so the
+// reference sees exactly the values the kernel sees.
+inline at::Tensor randn(at::IntArrayRef sizes, at::ScalarType dtype = at::kFloat) {
+  return at::randn(sizes, at::kFloat).to(dtype);
+}
+
+inline at::Tensor longs(const std::vector<int64_t>& v) {
+  return at::tensor(v, at::kLong);
+}
+
 // The table's entry for t; other dtypes compare exactly.
 inline Tolerance tolerance_for(at::ScalarType t) {
   static const std::map<at::ScalarType, Tolerance> table = read_tolerances(ROTARY_TOLERANCES_FILE);

@@ -35,7 +35,7 @@ std::vector<Capability> runnable_capabilities() {
   return caps;
 }
 
-struct Case {
+struct CapabilityCase {
   const char* name;
   std::vector<int64_t> q_shape, k_shape;  // in `layout`
   const char* layout;
@@ -47,7 +47,7 @@ struct Case {
 // Heads-major (blocks of 4 heads plus a remainder), token-major, decode,
 // partial rotary, head_dim with a tail past the last full vector, strided
 // elements, in place, and one case big enough for the streaming stores.
-std::vector<Case> cases() {
+std::vector<CapabilityCase> cases() {
   return {
       {"bhsd", {2, 5, 33, 64}, {2, 3, 33, 64}, "BHSD", 64, true, false, false},
       {"bhsd_half", {2, 5, 33, 64}, {2, 3, 33, 64}, "BHSD", 64, false, false, false},
@@ -81,7 +81,7 @@ at::Tensor make_input(const std::vector<int64_t>& shape, at::ScalarType dtype, b
 
 // The launch of one case under one capability; returns (out_q, out_k).
 std::pair<at::Tensor, at::Tensor> run(
-    const Case& c, const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs, Capability cap) {
+    const CapabilityCase& c, const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs, Capability cap) {
   const std::optional<at::Tensor> none;
   const rotary::detail::RopeArgs args{3, c.interleaved, none, none, c.inverse, none, none, c.layout};
   const at::Tensor qi = c.in_place ? q.clone() : q;
@@ -102,7 +102,7 @@ at::Tensor to_bhsd(const at::Tensor& x, const std::string& layout) {
   return x;
 }
 
-at::Tensor reference(const Case& c, const at::Tensor& x) {
+at::Tensor reference(const CapabilityCase& c, const at::Tensor& x) {
   const at::Tensor v = to_bhsd(x, c.layout).to(at::kDouble);
   at::Tensor out = v.clone();
   out.narrow(3, 0, c.rotary_dim).copy_(rotary_test::ref_rope(
@@ -143,7 +143,7 @@ TEST(CpuCapability, EveryBuildGivesTheBitsOfDefault) {
           EXPECT_TRUE(AllClose(to_bhsd(base.second, c.layout), reference(c, k), tolerance_for(dtype))) << where;
         }
         if (c.strided_last_dim) {  // the scalar path against the vector one
-          Case dense = c;
+          CapabilityCase dense = c;
           dense.strided_last_dim = false;
           const auto d = run(dense, q.contiguous(), k.contiguous(), freqs, Capability::kDefault);
           EXPECT_TRUE(SameBits(base.first, d.first)) << where << " q strided vs contiguous";

@@ -150,7 +150,7 @@ double tolerance(at::ScalarType dtype) {
   }
 }
 
-struct Case {
+struct EmulationCase {
   at::ScalarType dtype;
   int64_t head_dim;
   int64_t hq, hk;
@@ -224,7 +224,7 @@ bool vectorizable(at::ScalarType dtype, const RopeParams& p) {
   return result;
 }
 
-std::string describe(const Case& c) {
+std::string describe(const EmulationCase& c) {
   return std::string(c10::toString(c.dtype)) + " D=" + std::to_string(c.head_dim) + " Hq=" +
       std::to_string(c.hq) + " Hk=" + std::to_string(c.hk) + " S=" + std::to_string(c.seq) + " start=" +
       std::to_string(c.start_pos) + (c.interleaved ? " interleaved " : " half ") + layout_name(c.layout) +
@@ -234,7 +234,7 @@ std::string describe(const Case& c) {
 
 // Runs one case through the emulated grid (vector path when allowed, and the
 // strided path always) and checks every output element against the reference.
-void run_case(const Case& c) {
+void run_case(const EmulationCase& c) {
   SCOPED_TRACE(describe(c));
   const int64_t B = 2;
   const int64_t table_len = c.start_pos + c.seq + 8;
@@ -478,7 +478,7 @@ TEST(CudaEmulation, PartialRowBlocksAndGridStride) {
   for (bool interleaved : {true, false}) {
     for (auto layout : {Layout::kContiguous, Layout::kTransposed}) {
       // 27 + 3 heads: not a multiple of the 4 or 8 heads a thread holds.
-      const Case c{at::kBFloat16, 128, 27, 3, 5, 9, interleaved, layout, -1, false};
+      const EmulationCase c{at::kBFloat16, 128, 27, 3, 5, 9, interleaved, layout, -1, false};
       auto q = at::randn({2, 27, 5, 128}, at::kBFloat16);
       auto k = at::randn({2, 3, 5, 128}, at::kBFloat16);
       const Opt none;

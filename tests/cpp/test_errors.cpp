@@ -21,9 +21,7 @@ namespace {
 
 using rotary_test::ExpectError;
 
-at::Tensor randn(at::IntArrayRef sizes, at::ScalarType dtype = at::kFloat) {
-  return at::randn(sizes, at::kFloat).to(dtype);
-}
+using rotary_test::randn;
 
 const at::Tensor& freqs8() {
   static const at::Tensor f = rotary::rope_freqs(8, 16);  // [16, 4], head_dim 8
@@ -441,9 +439,7 @@ struct BadInput {
   std::function<void(std::vector<at::Tensor>&)> call;     // gets the inputs
 };
 
-at::Tensor longs(std::vector<int64_t> v) {
-  return at::tensor(v, at::kLong);
-}
+using rotary_test::longs;
 
 std::vector<BadInput> bad_inputs() {
   const auto f = [] { return rotary::rope_freqs(8, 16); };

@@ -55,9 +55,9 @@ bool share_elements(const at::Tensor& a, const at::Tensor& b) {
   return false;
 }
 
-struct Case {
+struct FuzzCase {
   std::mt19937_64 rng;
-  explicit Case(uint64_t seed) : rng(seed) {}
+  explicit FuzzCase(uint64_t seed) : rng(seed) {}
   int64_t pick(int64_t lo, int64_t hi) {  // [lo, hi]
     return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
   }
@@ -98,7 +98,7 @@ struct Case {
 };
 
 void run_case(uint64_t seed) {
-  Case c(seed);
+  FuzzCase c(seed);
   const int op = static_cast<int>(c.pick(0, 3));  // apply_rope, apply_rope_qk, apply_rope_, apply_rope_qk_
   const bool qk = op % 2 == 1, in_place = op >= 2;
   const at::ScalarType dtype = std::vector<at::ScalarType>{at::kFloat, at::kDouble, at::kHalf, at::kBFloat16}[c.pick(0, 3)];

@@ -34,7 +34,7 @@ using rotary_test::dtype_name;
 using rotary_test::SameBits;
 using rotary::kernel::KVCacheParams;
 
-struct Case {
+struct FusedCase {
   std::string name;
   at::ScalarType dtype = at::kBFloat16;
   bool fp8 = false;
@@ -51,19 +51,19 @@ struct Case {
   bool packed = false;        // q, k, v as head slices of one [B, S, Hq + 2 Hk, D] projection (BSHD)
 };
 
-bool paged(const Case& c) {
+bool paged(const FusedCase& c) {
   return c.kv_layout == "NHD" || c.kv_layout == "HND";
 }
 
 constexpr int64_t kBlock = 16, kRows = 64;
 
-struct Inputs {
+struct FusedInputs {
   at::Tensor q, k, v, kc, vc, freqs, slots, cache_positions, position_ids, cu_seqlens, k_scale, v_scale;
 };
 
 // A cache of `width` dims per head row in c's layout, filled with random
 // values (fp8: their bits), or a view with rows one element wider.
-at::Tensor make_cache(const Case& c, int64_t outer, int64_t width) {
+at::Tensor make_cache(const FusedCase& c, int64_t outer, int64_t width) {
   const int64_t w = width + (c.misaligned ? 1 : 0);
   std::vector<int64_t> shape;
   if (c.kv_layout == "BHSD" || c.kv_layout == "HND") {
@@ -76,16 +76,16 @@ at::Tensor make_cache(const Case& c, int64_t outer, int64_t width) {
 }
 
 // q/k/v as [B, H, S, D] or [B, S, H, D] per c.layout (varlen: [T, H, D]).
-at::Tensor make_heads(const Case& c, int64_t heads, int64_t dim, int64_t seq, int64_t batch) {
+at::Tensor make_heads(const FusedCase& c, int64_t heads, int64_t dim, int64_t seq, int64_t batch) {
   const std::vector<int64_t> shape = c.pos == "varlen"   ? std::vector<int64_t>{seq, heads, dim}
                                      : c.layout == "BHSD" ? std::vector<int64_t>{batch, heads, seq, dim}
                                                           : std::vector<int64_t>{batch, seq, heads, dim};
   return at::randn(shape).to(c.dtype);
 }
 
-Inputs make(const Case& c, int64_t seed) {
+FusedInputs make(const FusedCase& c, int64_t seed) {
   at::manual_seed(seed);
-  Inputs in;
+  FusedInputs in;
   const bool varlen = c.pos == "varlen";
   const std::vector<int64_t> lens = {3, 1, 4};
   const int64_t batch = varlen ? 1 : c.B, seq = varlen ? 8 : c.S;
@@ -127,8 +127,8 @@ Inputs make(const Case& c, int64_t seed) {
 }
 
 // Copies with the same strides (a misaligned view stays misaligned).
-Inputs clone(const Inputs& in) {
-  Inputs out = in;
+FusedInputs clone(const FusedInputs& in) {
+  FusedInputs out = in;
   for (at::Tensor* t : {&out.q, &out.k, &out.v, &out.kc, &out.vc, &out.slots}) {
     if (t->defined()) *t = at::empty_strided(t->sizes(), t->strides(), t->options()).copy_(*t);
   }
@@ -139,7 +139,7 @@ std::optional<at::Tensor> opt(const at::Tensor& t) {
   return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
 }
 
-std::vector<int64_t> pair_axes(const Case& c) {
+std::vector<int64_t> pair_axes(const FusedCase& c) {
   std::vector<int64_t> axes;
   for (int64_t j = 0; j < c.rotary_dim / 2; ++j) axes.push_back((j * 7) % 3);
   return axes;
@@ -196,12 +196,12 @@ void emulate(const KVCacheParams& kv, bool index64, int64_t max_blocks, bool exp
   }
 }
 
-void check(const Case& c) {
+void check(const FusedCase& c) {
   for (const bool index64 : {false, true}) {
     for (const int64_t max_blocks : {int64_t{1} << 40, int64_t{1}}) {  // one block: it walks every row block
       const std::string what = c.name + (index64 ? " int64" : " int32") + (max_blocks == 1 ? " one block" : "");
-      const Inputs op = make(c, 7);
-      Inputs emu = clone(op);
+      const FusedInputs op = make(c, 7);
+      FusedInputs emu = clone(op);
       const std::vector<int64_t> axes = pair_axes(c);
       const at::OptionalIntArrayRef axes_ref = c.pos == "axes" ? at::OptionalIntArrayRef(axes) : std::nullopt;
       const auto offsets = std::optional<at::Tensor>(), inv_freq = std::optional<at::Tensor>();
@@ -211,7 +211,7 @@ void check(const Case& c) {
                                           c.layout, c.rotary_offset, axes_ref};
       const rotary::detail::KVArgs kvargs{cache_pos, slots, c.kv_layout, k_scale, v_scale};
       auto prepared = rotary::detail::prepare_kv("test", emu.q, emu.k, emu.v, emu.kc, emu.vc, emu.freqs, args, kvargs);
-      Inputs want = op;  // the CPU op's inputs; device-side bad slots become its -1
+      FusedInputs want = op;  // the CPU op's inputs; device-side bad slots become its -1
       if (paged(c)) {     // out of range after the host check, as device-side values are: skipped
         emu.slots[1][1] = emu.kc.size(0) * kBlock;
         emu.slots[1][2] = -5;
@@ -246,7 +246,7 @@ TEST(KVFusedEmulation, DtypesLayoutsPairings) {
     for (const bool fp8 : {false, true}) {
       for (const std::string layout : {"BHSD", "BSHD", "NHD", "HND"}) {
         for (const bool interleaved : {false, true}) {
-          Case c;
+          FusedCase c;
           c.name = dtype_name(dtype) + (fp8 ? " fp8 " : " ") + layout + (interleaved ? " interleaved" : " half");
           c.dtype = dtype;
           c.fp8 = fp8;
@@ -262,40 +262,40 @@ TEST(KVFusedEmulation, DtypesLayoutsPairings) {
 
 // Every feature of the op, on the fused path, both pairings.
 TEST(KVFusedEmulation, Features) {
-  std::vector<Case> cases;
+  std::vector<FusedCase> cases;
   auto add = [&](const std::string& name, auto edit) {
     for (const bool interleaved : {false, true}) {
-      Case c;
+      FusedCase c;
       c.name = name + (interleaved ? " interleaved" : " half");
       c.interleaved = interleaved;
       edit(c);
       cases.push_back(c);
     }
   };
-  add("partial span inside the head", [](Case& c) { c.D = 64, c.rotary_dim = 32, c.rotary_offset = 16, c.vd = 64; });
-  add("partial span at the start", [](Case& c) { c.D = 48, c.rotary_dim = 32, c.vd = 48, c.kv_layout = "NHD"; });
-  add("inverse", [](Case& c) { c.inverse = true, c.kv_layout = "HND"; });
-  add("start 0, decode S=1", [](Case& c) { c.start = 0, c.S = 1, c.B = 5; });
-  add("cache_positions", [](Case& c) { c.pos = "cache_positions"; });
-  add("position_ids", [](Case& c) { c.pos = "ids", c.start = 0, c.kv_layout = "BSHD"; });
-  add("pair_axes", [](Case& c) { c.pos = "axes", c.start = 0; });
-  add("varlen", [](Case& c) { c.pos = "varlen"; });
-  add("BSHD q/k/v", [](Case& c) { c.layout = "BSHD", c.kv_layout = "NHD"; });
-  add("MLA v_dim 16", [](Case& c) { c.vd = 16, c.kv_layout = "HND"; });
-  add("MLA v_dim 48", [](Case& c) { c.vd = 48; });
-  add("fp8 per-head scales", [](Case& c) { c.fp8 = true, c.per_head_scale = true, c.kv_layout = "NHD"; });
-  add("fp32 fp8 partial", [](Case& c) {
+  add("partial span inside the head", [](FusedCase& c) { c.D = 64, c.rotary_dim = 32, c.rotary_offset = 16, c.vd = 64; });
+  add("partial span at the start", [](FusedCase& c) { c.D = 48, c.rotary_dim = 32, c.vd = 48, c.kv_layout = "NHD"; });
+  add("inverse", [](FusedCase& c) { c.inverse = true, c.kv_layout = "HND"; });
+  add("start 0, decode S=1", [](FusedCase& c) { c.start = 0, c.S = 1, c.B = 5; });
+  add("cache_positions", [](FusedCase& c) { c.pos = "cache_positions"; });
+  add("position_ids", [](FusedCase& c) { c.pos = "ids", c.start = 0, c.kv_layout = "BSHD"; });
+  add("pair_axes", [](FusedCase& c) { c.pos = "axes", c.start = 0; });
+  add("varlen", [](FusedCase& c) { c.pos = "varlen"; });
+  add("BSHD q/k/v", [](FusedCase& c) { c.layout = "BSHD", c.kv_layout = "NHD"; });
+  add("MLA v_dim 16", [](FusedCase& c) { c.vd = 16, c.kv_layout = "HND"; });
+  add("MLA v_dim 48", [](FusedCase& c) { c.vd = 48; });
+  add("fp8 per-head scales", [](FusedCase& c) { c.fp8 = true, c.per_head_scale = true, c.kv_layout = "NHD"; });
+  add("fp32 fp8 partial", [](FusedCase& c) {
     c.dtype = at::kFloat, c.fp8 = true, c.D = 48, c.rotary_dim = 16, c.rotary_offset = 8, c.vd = 24;
   });
-  add("GQA 8/1 heads", [](Case& c) { c.Hq = 8, c.Hk = 1; });
-  add("packed qkv projection", [](Case& c) { c.packed = true, c.layout = "BSHD", c.kv_layout = "NHD"; });
-  add("packed qkv, fp8", [](Case& c) { c.packed = true, c.layout = "BSHD", c.fp8 = true; });
-  add("many rows, paged", [](Case& c) { c.B = 4, c.S = 45, c.kv_layout = "HND"; });
-  add("many rows, contiguous", [](Case& c) { c.B = 3, c.S = 50, c.start = 7, c.pos = "cache_positions"; });
+  add("GQA 8/1 heads", [](FusedCase& c) { c.Hq = 8, c.Hk = 1; });
+  add("packed qkv projection", [](FusedCase& c) { c.packed = true, c.layout = "BSHD", c.kv_layout = "NHD"; });
+  add("packed qkv, fp8", [](FusedCase& c) { c.packed = true, c.layout = "BSHD", c.fp8 = true; });
+  add("many rows, paged", [](FusedCase& c) { c.B = 4, c.S = 45, c.kv_layout = "HND"; });
+  add("many rows, contiguous", [](FusedCase& c) { c.B = 3, c.S = 50, c.start = 7, c.pos = "cache_positions"; });
   // Not vector-addressable: the two launches.
-  add("misaligned cache rows", [](Case& c) { c.misaligned = true, c.fusable = false; });
-  add("v_dim not a whole vector", [](Case& c) { c.vd = 12, c.fusable = false; });
-  for (const Case& c : cases) check(c);
+  add("misaligned cache rows", [](FusedCase& c) { c.misaligned = true, c.fusable = false; });
+  add("v_dim not a whole vector", [](FusedCase& c) { c.vd = 12, c.fusable = false; });
+  for (const FusedCase& c : cases) check(c);
 }
 
 }  // namespace

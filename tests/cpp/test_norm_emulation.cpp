@@ -76,7 +76,7 @@ at::Tensor ref_norm(const at::Tensor& x, const at::Tensor& w, bool heads, double
   return xd / at::sqrt(ms + eps) * wb;
 }
 
-struct Case {
+struct NormCase {
   std::string name;
   at::ScalarType dtype;
   bool heads;
@@ -86,10 +86,10 @@ struct Case {
   bool fp8_q = false;  // q out as float8_e4m3fn, per-head scales
 };
 
-class NormEmulation : public ::testing::TestWithParam<Case> {};
+class NormEmulation : public ::testing::TestWithParam<NormCase> {};
 
 template <typename T>
-void run_case(const Case& c, const rotary::detail::PreparedNormRope& prepared, int64_t blocks) {
+void run_case(const NormCase& c, const rotary::detail::PreparedNormRope& prepared, int64_t blocks) {
   if (prepared.norm.params.q_scale != nullptr) {
     emulate<T, true>(prepared.rope.params, prepared.norm.params, blocks);
   } else {
@@ -97,7 +97,7 @@ void run_case(const Case& c, const rotary::detail::PreparedNormRope& prepared, i
   }
 }
 
-void emulate_dtype(const Case& c, const rotary::detail::PreparedNormRope& prepared, int64_t blocks) {
+void emulate_dtype(const NormCase& c, const rotary::detail::PreparedNormRope& prepared, int64_t blocks) {
   switch (c.dtype) {
     case at::kFloat: return run_case<float>(c, prepared, blocks);
     case at::kDouble: return run_case<double>(c, prepared, blocks);
@@ -107,7 +107,7 @@ void emulate_dtype(const Case& c, const rotary::detail::PreparedNormRope& prepar
 }
 
 TEST_P(NormEmulation, MatchesReferenceOnEveryGrid) {
-  const Case& c = GetParam();
+  const NormCase& c = GetParam();
   const int64_t B = 2, S = 3;
   const auto opts = at::TensorOptions().dtype(c.dtype);
   // BSHD storage read as BHSD: strided heads, as a projection output is.
@@ -164,15 +164,15 @@ TEST_P(NormEmulation, MatchesReferenceOnEveryGrid) {
 INSTANTIATE_TEST_SUITE_P(
     Grid, NormEmulation,
     ::testing::Values(
-        Case{"fp32_head_half_partial", at::kFloat, false, false, 64, 32, 16, 4, 2, false},
-        Case{"fp32_heads_interleaved", at::kFloat, true, true, 32, 32, 0, 3, 1, false},
-        Case{"bf16_head_d256_gqa", at::kBFloat16, false, false, 256, 256, 0, 8, 1, false},
-        Case{"fp16_heads_in_place", at::kHalf, true, false, 48, 16, 8, 2, 2, true},
-        Case{"fp64_head_d512", at::kDouble, false, true, 512, 128, 0, 2, 1, true},
-        Case{"fp32_head_d16", at::kFloat, false, true, 16, 8, 4, 5, 3, false},
-        Case{"bf16_head_fp8_q", at::kBFloat16, false, false, 64, 32, 16, 4, 2, false, true},
-        Case{"fp32_heads_fp8_q", at::kFloat, true, true, 32, 32, 0, 3, 1, false, true}),
-    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+        NormCase{"fp32_head_half_partial", at::kFloat, false, false, 64, 32, 16, 4, 2, false},
+        NormCase{"fp32_heads_interleaved", at::kFloat, true, true, 32, 32, 0, 3, 1, false},
+        NormCase{"bf16_head_d256_gqa", at::kBFloat16, false, false, 256, 256, 0, 8, 1, false},
+        NormCase{"fp16_heads_in_place", at::kHalf, true, false, 48, 16, 8, 2, 2, true},
+        NormCase{"fp64_head_d512", at::kDouble, false, true, 512, 128, 0, 2, 1, true},
+        NormCase{"fp32_head_d16", at::kFloat, false, true, 16, 8, 4, 5, 3, false},
+        NormCase{"bf16_head_fp8_q", at::kBFloat16, false, false, 64, 32, 16, 4, 2, false, true},
+        NormCase{"fp32_heads_fp8_q", at::kFloat, true, true, 32, 32, 0, 3, 1, false, true}),
+    [](const ::testing::TestParamInfo<NormCase>& info) { return info.param.name; });
 
 }  // namespace
 

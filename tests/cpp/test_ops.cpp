@@ -27,11 +27,7 @@ using rotary_test::tolerance_for;
 constexpr Tolerance kF32{1e-5, 0.0};
 constexpr Tolerance kF64{1e-6, 0.0};
 
-// Unit-normal data drawn in float32 and rounded once to dtype, so the
-// reference sees exactly the values the kernel sees.
-at::Tensor randn(at::IntArrayRef sizes, at::ScalarType dtype = at::kFloat) {
-  return at::randn(sizes, at::kFloat).to(dtype);
-}
+using rotary_test::randn;
 
 class Seeded : public ::testing::Test {
  protected:

@@ -105,7 +105,7 @@ Ref reference(int64_t d, double theta, const RopeScaling& s, int64_t seq_len) {
   return r;
 }
 
-struct Case {
+struct ScalingCase {
   int64_t d;
   double theta;
   RopeScaling s;
@@ -117,14 +117,14 @@ struct Case {
   }
 };
 
-std::vector<Case> random_cases() {
+std::vector<ScalingCase> random_cases() {
   std::mt19937_64 rng(20240611);
   auto uni = [&](double a, double b) { return std::uniform_real_distribution<double>(a, b)(rng); };
   auto pick = [&](std::vector<double> v) { return v[rng() % v.size()]; };
-  std::vector<Case> cases;
+  std::vector<ScalingCase> cases;
   for (const char* type : {"default", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope"}) {
     for (int i = 0; i < 6; ++i) {
-      Case c{static_cast<int64_t>(pick({4, 8, 16, 64, 128, 256})), pick({10000.0, 500000.0, uni(50.0, 2e6)}),
+      ScalingCase c{static_cast<int64_t>(pick({4, 8, 16, 64, 128, 256})), pick({10000.0, 500000.0, uni(50.0, 2e6)}),
              RopeScaling(type), 0};
       const std::string t = type;
       if (t != "default" && t != "longrope") c.s.factor(pick({2.0, 8.0, uni(1.0, 40.0)}));
@@ -180,7 +180,7 @@ void expect_value_error(Fn fn, const std::string& needle) {
 // compute_frequencies
 // ---------------------------------------------------------------------------
 TEST(ScalingFormula, EveryRuleMatchesIndependentFormula) {
-  for (const Case& c : random_cases()) {
+  for (const ScalingCase& c : random_cases()) {
     const RopeFrequencies f = rotary::compute_frequencies(c.d, c.theta, c.s, c.seq_len);
     const Ref r = reference(c.d, c.theta, c.s, c.seq_len);
     ASSERT_EQ(f.inv_freq.size(), r.inv.size()) << c.describe();
@@ -224,7 +224,7 @@ TEST(ScalingFormula, DefaultRuleIsRopeFreqs) {
 TEST(ScalingTable, EntriesAreScaledExponentials) {
   const auto cases = random_cases();
   for (size_t n = 0; n < cases.size(); n += 5) {
-    const Case& c = cases[n];
+    const ScalingCase& c = cases[n];
     const int64_t rows = c.d <= 16 ? 65536 : 2048;
     const auto table = rotary::rope_freqs(c.d, rows, c.theta, c.s, c.seq_len);
     ASSERT_EQ(table.scalar_type(), torch::kComplexFloat);

@@ -22,13 +22,13 @@ using rotary::RotaryEmbedding;
 using rotary::RotaryEmbeddingOptions;
 using rotary_test::ExpectError;
 
-rotary::RopeScaling yarn() {
+rotary::RopeScaling yarn64() {
   return rotary::RopeScaling("yarn").factor(4.0).original_max_position_embeddings(64);
 }
-rotary::RopeScaling dynamic() {
+rotary::RopeScaling dynamic64() {
   return rotary::RopeScaling("dynamic").factor(2.0).max_position_embeddings(64);
 }
-rotary::RopeScaling longrope() {
+rotary::RopeScaling longrope64() {
   return rotary::RopeScaling("longrope")
       .short_factor({1.0, 1.5, 2.0, 3.0})
       .long_factor({2.0, 3.0, 4.0, 6.0})
@@ -52,7 +52,7 @@ void run_threads(int n, F body) {
 }
 
 TEST(ModuleState, OneModuleManyThreads) {
-  for (const auto& scaling : {rotary::RopeScaling(), yarn()}) {
+  for (const auto& scaling : {rotary::RopeScaling(), yarn64()}) {
     RotaryEmbedding rope(RotaryEmbeddingOptions(32).max_seq_len(64).scaling(scaling));
     const int n = 8, rounds = 20;
     std::vector<at::Tensor> qs, ks;
@@ -77,7 +77,7 @@ TEST(ModuleState, OneModuleManyThreads) {
 // to the original frequencies. Every call must see the table of its own
 // reach even while other threads rebuild it.
 TEST(ModuleState, HostDrivenRuleManyThreads) {
-  const auto options = RotaryEmbeddingOptions(16).max_seq_len(64).interleaved(false).scaling(dynamic());
+  const auto options = RotaryEmbeddingOptions(16).max_seq_len(64).interleaved(false).scaling(dynamic64());
   RotaryEmbedding rope(options);
   const auto x = at::randn({1, 2, 16, 16});
   const auto short_want = RotaryEmbedding(options)->forward(x, 0);
@@ -100,10 +100,10 @@ at::Tensor forward_far(RotaryEmbedding& m, const at::Tensor& x) {
 TEST(ModuleState, SaveLoadRoundTrip) {
   const std::vector<RotaryEmbeddingOptions> specs = {
       RotaryEmbeddingOptions(8).max_seq_len(64).theta(500.0),
-      RotaryEmbeddingOptions(8).max_seq_len(64).theta(500.0).scaling(yarn()),
+      RotaryEmbeddingOptions(8).max_seq_len(64).theta(500.0).scaling(yarn64()),
       RotaryEmbeddingOptions(8).max_seq_len(64).theta(500.0).angle_dtype(torch::kFloat32),
-      RotaryEmbeddingOptions(8).max_seq_len(64).theta(500.0).scaling(longrope()),
-      RotaryEmbeddingOptions(8).max_seq_len(64).theta(500.0).scaling(dynamic()),
+      RotaryEmbeddingOptions(8).max_seq_len(64).theta(500.0).scaling(longrope64()),
+      RotaryEmbeddingOptions(8).max_seq_len(64).theta(500.0).scaling(dynamic64()),
   };
   const auto x = at::randn({1, 2, 8, 8});
   for (const auto& o : specs) {
@@ -134,7 +134,7 @@ TEST(ModuleState, LoadingOtherTablesThrows) {
   const auto longer = RotaryEmbeddingOptions(8).max_seq_len(1024);
   const std::vector<Mismatch> cases = {
       {"theta", RotaryEmbeddingOptions(base).theta(5e5), base, {"theta=10000", "'inv_freq'[1] =", "these options give"}},
-      {"rule", RotaryEmbeddingOptions(base).scaling(yarn()), base, {"rope_type=default", "'inv_freq'["}},
+      {"rule", RotaryEmbeddingOptions(base).scaling(yarn64()), base, {"rope_type=default", "'inv_freq'["}},
       {"max_seq_len", RotaryEmbeddingOptions(base).max_seq_len(48), base, {"'freqs' has 48 rows", "max_seq_len is 32"}},
       {"dim", RotaryEmbeddingOptions(16).max_seq_len(32), base, {"'freqs' must be complex64 [rows, dim / 2] = [*, 4]", "[32, 8]"}},
       {"angle_dtype", RotaryEmbeddingOptions(longer).angle_dtype(torch::kFloat32), longer,
@@ -178,7 +178,7 @@ TEST(ModuleState, LoadTablesRejectsCorruption) {
 }
 
 TEST(ModuleState, LoadRestoresGrownDynamicState) {
-  const auto o = RotaryEmbeddingOptions(8).max_seq_len(64).scaling(dynamic());
+  const auto o = RotaryEmbeddingOptions(8).max_seq_len(64).scaling(dynamic64());
   RotaryEmbedding a(o);
   const auto x = at::randn({1, 1, 4, 8});
   a->forward(x, 196);  // reach 200 > 64: grown
@@ -217,11 +217,11 @@ TEST(RopeTables, StatesOfTheHostDrivenRules) {
   EXPECT_EQ(dyn.state(), 0);
   EXPECT_EQ(dyn.state_for_reach(24), 0);  // under max_position_embeddings: unchanged
   EXPECT_EQ(dyn.state_for_reach(40), 40);  // grows
-  rotary::RopeTables lr(RotaryEmbeddingOptions(8).scaling(longrope()));
+  rotary::RopeTables lr(RotaryEmbeddingOptions(8).scaling(longrope64()));
   EXPECT_TRUE(lr.host_driven());
   EXPECT_EQ(lr.state_for_reach(64), 0);
   EXPECT_EQ(lr.state_for_reach(65), 65);  // long factors
-  rotary::RopeTables plain(RotaryEmbeddingOptions(8).scaling(yarn()));
+  rotary::RopeTables plain(RotaryEmbeddingOptions(8).scaling(yarn64()));
   EXPECT_FALSE(plain.host_driven());
   EXPECT_EQ(plain.state_for_reach(1 << 20), 0);
   // The unset max_position_embeddings of dynamic is max_seq_len.
@@ -232,7 +232,7 @@ TEST(RopeTables, StatesOfTheHostDrivenRules) {
 }
 
 TEST(RopeTables, RunRecordsTheStateOnlyWhenTheOpReturns) {
-  rotary::RopeTables t(RotaryEmbeddingOptions(8).max_seq_len(64).scaling(dynamic()));
+  rotary::RopeTables t(RotaryEmbeddingOptions(8).max_seq_len(64).scaling(dynamic64()));
   EXPECT_THROW(
       t.run(200, at::kCPU, [](const rotary::RopeTableSet* fresh) -> int {
         EXPECT_NE(fresh, nullptr);
@@ -259,7 +259,7 @@ TEST(RopeTables, RunRecordsTheStateOnlyWhenTheOpReturns) {
 // head_dim) must not grow the dynamic table, nor a failed allocation record
 // the new length.
 TEST(RopeTables, RefusedCallLeavesTheModuleAsItWas) {
-  const auto o = RotaryEmbeddingOptions(8).max_seq_len(64).scaling(dynamic());
+  const auto o = RotaryEmbeddingOptions(8).max_seq_len(64).scaling(dynamic64());
   RotaryEmbedding rope(o);
   const auto freqs = rope->freqs.clone();
   const auto inv = rope->inv_freq.clone();

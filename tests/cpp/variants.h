@@ -28,14 +28,6 @@ using OptTensor = std::optional<at::Tensor>;
 
 constexpr Tolerance kF64{1e-6, 0.0};
 
-inline at::Tensor randn(at::IntArrayRef sizes, at::ScalarType dtype = at::kFloat) {
-  return at::randn(sizes, at::kFloat).to(dtype);
-}
-
-inline at::Tensor longs(const std::vector<int64_t>& v) {
-  return at::tensor(v, at::kLong);
-}
-
 inline at::Tensor cu_from_lens(const std::vector<int64_t>& lens, at::ScalarType dtype = at::kLong) {
   std::vector<int64_t> cu{0};
   for (int64_t n : lens) cu.push_back(cu.back() + n);
