@@ -1,7 +1,7 @@
 // CUDA apply_rope_with_kv_cache_ glue: one launch rotates q and k in place
 // and writes k and v into the caches (the element-wise cache kernel after
 // the RoPE launch where a cache is not vector-addressable); the prologue's
-// kernel is followed by the cache kernel. All on the current stream. No
+// kernel writes the caches in its own launch. All on the current stream. No
 // host sync anywhere, so it captures in a CUDA graph with device-side
 // positions and slot_mapping.
 #include "op/kv_backend.h"
@@ -31,18 +31,16 @@ void run_cuda(const detail::PreparedKV& prepared, at::ScalarType dtype) {
   });
 }
 
-// The prologue's kernel, then the same cache write.
+// The prologue's kernel, writing the caches in the same launch.
 void run_norm_cuda(const detail::PreparedNormKV& prepared, at::ScalarType dtype) {
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const auto& params = prepared.kv.params;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "rotary_norm_kv_cache_cuda", [&] {
     using T = typename cuda::CudaType<scalar_t>::type;
-    cuda::launch_norm_rope<T>(params.rope, prepared.norm.params, stream);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
     if (params.fp8) {
-      cuda::launch_kv_cache<T, uint8_t>(params, stream);
+      cuda::launch_norm_rope<T, uint8_t>(params, prepared.norm.params, stream);
     } else {
-      cuda::launch_kv_cache<T, T>(params, stream);
+      cuda::launch_norm_rope<T, T>(params, prepared.norm.params, stream);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });

@@ -2,13 +2,15 @@
 #include "norm_rope_launch.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <type_traits>
 
 namespace rotary {
 namespace cuda {
 
-template <typename T>
-void launch_norm_rope(const kernel::RopeParams& p, const kernel::NormParams& n, cudaStream_t stream) {
-  const int64_t rows = p.batch * p.seq;
+template <typename T, typename Cache>
+void launch_norm_rope(const kernel::KVCacheParams& kv, const kernel::NormParams& n, cudaStream_t stream) {
+  const int64_t rows = kv.rope.batch * kv.rope.seq;
   if (rows == 0) return;
   int device = 0, sms = 1;
   cudaGetDevice(&device);
@@ -19,15 +21,19 @@ void launch_norm_rope(const kernel::RopeParams& p, const kernel::NormParams& n, 
   // Blocks grid-stride over rows; 16 resident per SM covers the latency.
   const int64_t blocks = std::min<int64_t>(rows, int64_t{16} * sms);
   const dim3 block(32, kernel::kNormWarps);
-  if (n.q_scale != nullptr) {
-    kernel::norm_rope_kernel<T, true><<<static_cast<unsigned>(blocks), block, 0, stream>>>(p, n);
-  } else {
-    kernel::norm_rope_kernel<T, false><<<static_cast<unsigned>(blocks), block, 0, stream>>>(p, n);
+  if constexpr (std::is_void_v<Cache>) {  // fp8 q is out of place, so never with a cache
+    if (n.q_scale != nullptr) {
+      kernel::norm_rope_kernel<T, true, void><<<static_cast<unsigned>(blocks), block, 0, stream>>>(kv, n);
+      return;
+    }
   }
+  kernel::norm_rope_kernel<T, false, Cache><<<static_cast<unsigned>(blocks), block, 0, stream>>>(kv, n);
 }
 
-#define ROTARY_NORM_INSTANTIATE(T) \
-  template void launch_norm_rope<T>(const kernel::RopeParams&, const kernel::NormParams&, cudaStream_t);
+#define ROTARY_NORM_INSTANTIATE(T)                                                                              \
+  template void launch_norm_rope<T, void>(const kernel::KVCacheParams&, const kernel::NormParams&, cudaStream_t); \
+  template void launch_norm_rope<T, T>(const kernel::KVCacheParams&, const kernel::NormParams&, cudaStream_t);    \
+  template void launch_norm_rope<T, uint8_t>(const kernel::KVCacheParams&, const kernel::NormParams&, cudaStream_t);
 ROTARY_CUDA_STORAGE_TYPES(ROTARY_NORM_INSTANTIATE)
 
 }  // namespace cuda

@@ -15,7 +15,9 @@ namespace {
 void run_cuda(const detail::PreparedNormRope& prepared, at::ScalarType dtype) {
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "rotary_norm_cuda", [&] {
-    cuda::launch_norm_rope<typename cuda::CudaType<scalar_t>::type>(prepared.rope.params, prepared.norm.params, stream);
+    kernel::KVCacheParams kv;  // no caches
+    kv.rope = prepared.rope.params;
+    cuda::launch_norm_rope<typename cuda::CudaType<scalar_t>::type, void>(kv, prepared.norm.params, stream);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }

@@ -12,14 +12,18 @@
 // emulation both run them, with the reductions in the same order
 // (warp_reduce_order / block_reduce_order), so the emulation gives the
 // kernel's bits. Index walks over (head, dim) step without division.
+// apply_qk_norm_rope_with_kv_cache_ runs the same launch with a cache type:
+// once a row's k is finished, the block writes it and v into the caches.
 #pragma once
 
 #include "params/fp8.h"
+#include "params/kv_params.h"
 #include "params/norm_params.h"
 #include "params/rope_params.h"
 #include "rope_vector.cuh"
 
 #include <cstdint>
+#include <type_traits>
 
 namespace rotary {
 namespace kernel {
@@ -152,6 +156,22 @@ ROTARY_HOST_DEVICE void norm_finish(
   }
 }
 
+// Phase 3 (with a cache): thread tid writes its elements of token (b, s)'s
+// k and v head rows into their cache rows, as the element-wise cache kernel
+// does; k is the row's finished output, read back after the block's
+// barrier. A token whose slot is -1, or whose device-side slot or position
+// is outside the cache, writes nothing.
+template <typename T, typename Cache>
+ROTARY_HOST_DEVICE void norm_cache_row(const KVCacheParams& kv, int64_t b, int64_t s, int32_t tid, int32_t threads) {
+  int64_t outer = 0, inner = 0;
+  if (!cache_row(kv, b, s, outer, inner)) return;
+  const int32_t dim = static_cast<int32_t>(kv_row_dim(kv));
+  const int32_t heads = static_cast<int32_t>(kv.rope.k.heads);
+  for (HeadWalk w(tid, dim); w.h < heads; w.next(threads, dim)) {
+    write_kv_element<T, Cache>(kv, b, s, w.h, w.i, outer, inner);
+  }
+}
+
 // The sums' order, as the kernel reduces them: a xor butterfly within a warp
 // (every lane ends with the same value), then the warps in index order.
 template <typename acc_t>
@@ -178,10 +198,13 @@ __device__ __forceinline__ acc_t warp_sum(acc_t v) {
   return v;
 }
 
-template <typename T, bool kFp8Q>
+// Cache: void (apply_qk_norm_rope), or the cache element (T, or uint8_t for
+// float8_e4m3fn) of apply_qk_norm_rope_with_kv_cache_.
+template <typename T, bool kFp8Q, typename Cache>
 __global__ void __launch_bounds__(kNormThreads) norm_rope_kernel(
-    const __grid_constant__ RopeParams p, const __grid_constant__ NormParams n) {
+    const __grid_constant__ KVCacheParams kv, const __grid_constant__ NormParams n) {
   using acc_t = typename Acc<T>::type;
+  const RopeParams& p = kv.rope;
   __shared__ acc_t warp_total[kNormWarps];
   const int32_t lane = threadIdx.x, warp = threadIdx.y, tid = warp * 32 + lane;
   const int32_t D = static_cast<int32_t>(p.head_dim);
@@ -197,19 +220,23 @@ __global__ void __launch_bounds__(kNormThreads) norm_rope_kernel(
         const acc_t scale = rms_scale(warp_sum(norm_partial(u, D, lane, 32)), D, n.eps);
         norm_finish(p, n, u, scale, b, s, pos, lane, 32);
       }
-      continue;
-    }
-    for (int i = 0; i < 2; ++i) {
-      const int32_t heads = i == 0 ? q_heads : k_heads;
-      const auto u = norm_unit<T, kFp8Q>(p, n, i, b, s, 0, heads);
-      const acc_t sum = warp_sum(norm_partial(u, D, tid, kNormThreads));
-      if (lane == 0) warp_total[warp] = sum;
-      __syncthreads();
-      acc_t total = warp_total[0];
+    } else {
+      for (int i = 0; i < 2; ++i) {
+        const int32_t heads = i == 0 ? q_heads : k_heads;
+        const auto u = norm_unit<T, kFp8Q>(p, n, i, b, s, 0, heads);
+        const acc_t sum = warp_sum(norm_partial(u, D, tid, kNormThreads));
+        if (lane == 0) warp_total[warp] = sum;
+        __syncthreads();
+        acc_t total = warp_total[0];
 #pragma unroll
-      for (int w = 1; w < kNormWarps; ++w) total += warp_total[w];
-      __syncthreads();  // warp_total is rewritten by the next unit
-      norm_finish(p, n, u, rms_scale(total, static_cast<int64_t>(heads) * D, n.eps), b, s, pos, tid, kNormThreads);
+        for (int w = 1; w < kNormWarps; ++w) total += warp_total[w];
+        __syncthreads();  // warp_total is rewritten by the next unit
+        norm_finish(p, n, u, rms_scale(total, static_cast<int64_t>(heads) * D, n.eps), b, s, pos, tid, kNormThreads);
+      }
+    }
+    if constexpr (!std::is_void_v<Cache>) {
+      __syncthreads();  // every warp's k elements of the row are written
+      norm_cache_row<T, Cache>(kv, b, s, tid, kNormThreads);
     }
   }
 }

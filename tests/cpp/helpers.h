@@ -68,6 +68,11 @@ inline at::Tensor longs(const std::vector<int64_t>& v) {
   return at::tensor(v, at::kLong);
 }
 
+// t as an optional argument: none when undefined.
+inline std::optional<at::Tensor> opt(const at::Tensor& t) {
+  return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
+}
+
 // The table's entry for t; other dtypes compare exactly.
 inline Tolerance tolerance_for(at::ScalarType t) {
   static const std::map<at::ScalarType, Tolerance> table = read_tolerances(ROTARY_TOLERANCES_FILE);

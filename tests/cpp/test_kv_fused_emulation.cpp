@@ -31,6 +31,7 @@ namespace {
 
 using rotary::kernel::Grid;
 using rotary_test::dtype_name;
+using rotary_test::opt;
 using rotary_test::SameBits;
 using rotary::kernel::KVCacheParams;
 
@@ -133,10 +134,6 @@ FusedInputs clone(const FusedInputs& in) {
     if (t->defined()) *t = at::empty_strided(t->sizes(), t->strides(), t->options()).copy_(*t);
   }
   return out;
-}
-
-std::optional<at::Tensor> opt(const at::Tensor& t) {
-  return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
 }
 
 std::vector<int64_t> pair_axes(const FusedCase& c) {

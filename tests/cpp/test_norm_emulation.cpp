@@ -7,8 +7,8 @@
 #ifdef ROTARY_WITH_CUDA
 
 #include "checks/norm_checks.h"
-#include "cuda/norm_rope_kernel.cuh"
 #include "helpers.h"
+#include "norm_emulation.h"
 #include "reference.h"
 
 #include <ATen/ATen.h>
@@ -18,54 +18,6 @@
 #include <string>
 
 namespace {
-
-using rotary::kernel::kNormThreads;
-using rotary::kernel::kNormWarps;
-using rotary::kernel::NormKind;
-using rotary::kernel::NormParams;
-using rotary::kernel::NormUnit;
-using rotary::kernel::RopeParams;
-
-// The kernel's loop nest, run thread by thread: `blocks` blocks stride over
-// the rows; each reduction sees every thread's phase 1 before any phase 2.
-template <typename T, bool kFp8Q>
-void emulate(const RopeParams& p, const NormParams& n, int64_t blocks) {
-  using acc_t = typename rotary::kernel::Acc<T>::type;
-  const int32_t D = static_cast<int32_t>(p.head_dim);
-  const int32_t heads[2] = {static_cast<int32_t>(p.q.heads), static_cast<int32_t>(p.k.heads)};
-  const int64_t rows = p.batch * p.seq;
-  for (int64_t block = 0; block < blocks; ++block) {
-    for (int64_t row = block; row < rows; row += blocks) {
-      const int64_t b = row / p.seq, s = row - b * p.seq;
-      const int64_t pos = rotary::kernel::position_of(p, b, s);
-      if (n.kind == NormKind::kHead) {
-        for (int32_t warp = 0; warp < kNormWarps; ++warp) {
-          for (int32_t h = warp; h < heads[0] + heads[1]; h += kNormWarps) {
-            const int i = h < heads[0] ? 0 : 1;
-            const auto u = rotary::kernel::norm_unit<T, kFp8Q>(p, n, i, b, s, i ? h - heads[0] : h, 1);
-            acc_t lane[32];
-            for (int l = 0; l < 32; ++l) lane[l] = rotary::kernel::norm_partial(u, D, l, 32);
-            const acc_t scale = rotary::kernel::rms_scale(rotary::kernel::warp_reduce_order(lane), D, n.eps);
-            for (int l = 0; l < 32; ++l) rotary::kernel::norm_finish(p, n, u, scale, b, s, pos, l, 32);
-          }
-        }
-        continue;
-      }
-      for (int i = 0; i < 2; ++i) {
-        const auto u = rotary::kernel::norm_unit<T, kFp8Q>(p, n, i, b, s, 0, heads[i]);
-        acc_t warp_total[kNormWarps];
-        for (int w = 0; w < kNormWarps; ++w) {
-          acc_t lane[32];
-          for (int l = 0; l < 32; ++l) lane[l] = rotary::kernel::norm_partial(u, D, w * 32 + l, kNormThreads);
-          warp_total[w] = rotary::kernel::warp_reduce_order(lane);
-        }
-        const acc_t scale = rotary::kernel::rms_scale(
-            rotary::kernel::block_reduce_order(warp_total), static_cast<int64_t>(heads[i]) * D, n.eps);
-        for (int t = 0; t < kNormThreads; ++t) rotary::kernel::norm_finish(p, n, u, scale, b, s, pos, t, kNormThreads);
-      }
-    }
-  }
-}
 
 // float64 norm (over head_dim, or over heads and head_dim) of [B, H, S, D].
 at::Tensor ref_norm(const at::Tensor& x, const at::Tensor& w, bool heads, double eps) {
@@ -90,10 +42,12 @@ class NormEmulation : public ::testing::TestWithParam<NormCase> {};
 
 template <typename T>
 void run_case(const NormCase& c, const rotary::detail::PreparedNormRope& prepared, int64_t blocks) {
+  rotary::kernel::KVCacheParams kv;  // no caches
+  kv.rope = prepared.rope.params;
   if (prepared.norm.params.q_scale != nullptr) {
-    emulate<T, true>(prepared.rope.params, prepared.norm.params, blocks);
+    rotary_test::emulate_norm_rope<T, true>(kv, prepared.norm.params, blocks);
   } else {
-    emulate<T, false>(prepared.rope.params, prepared.norm.params, blocks);
+    rotary_test::emulate_norm_rope<T, false>(kv, prepared.norm.params, blocks);
   }
 }
 

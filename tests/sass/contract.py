@@ -24,7 +24,7 @@ KV-cache launch), the rope_kernel rules above, and:
   accesses in the int64-index ones), a known gap; the others none.
 
 For every instantiation of rotary::kernel::norm_rope_kernel (the prologue,
-with and without the fp8 q output):
+with and without the fp8 q output, and with the KV-cache write):
 - no local memory outside the subroutines it calls; the fp8 q ones spill
   two values to the stack today (six LDL/STL at [R1 + ...]), a known gap:
   more than that, or any other local access, is a violation;
@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 KERNEL = re.compile(r"rope_kernelI(?P<T>13__nv_bfloat16|6__half|f|d)Lb(?P<il>[01])ELb(?P<vec>[01])E(?P<idx>[il])E")
-NORM_KERNEL = re.compile(r"norm_rope_kernelI(?P<T>13__nv_bfloat16|6__half|f|d)Lb(?P<fp8>[01])E")
+NORM_KERNEL = re.compile(r"norm_rope_kernelI(?P<T>13__nv_bfloat16|6__half|f|d)Lb(?P<fp8>[01])E(?P<cache>v|h|S\d*_|f|d)E")
 FUSED_KERNEL = re.compile(
     r"rope_kv_kernelI(?P<T>13__nv_bfloat16|6__half|f|d)Lb(?P<il>[01])E(?P<cache>h|S2_|f|d)(?P<idx>[il])E")
 TYPES = {"13__nv_bfloat16": "bf16", "6__half": "fp16", "f": "fp32", "d": "fp64"}
@@ -81,7 +81,8 @@ class Kernel:
                     f"{'fp8' if f['cache'] == 'h' else 'same-dtype'} cache, {'int32' if f['idx'] == 'i' else 'int64'}>")
         n = NORM_KERNEL.search(self.name)
         if n:
-            return f"norm_rope_kernel<{TYPES[n['T']]}{', fp8 q' if n['fp8'] == '1' else ''}>"
+            cache = {"v": ""}.get(n["cache"], ", fp8 cache" if n["cache"] == "h" else ", same-dtype cache")
+            return f"norm_rope_kernel<{TYPES[n['T']]}{', fp8 q' if n['fp8'] == '1' else ''}{cache}>"
         m = KERNEL.search(self.name)
         if not m:
             return self.name

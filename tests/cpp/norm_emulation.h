@@ -1,0 +1,61 @@
+// The prologue's CUDA kernel (cuda/norm_rope_kernel.cuh) run on the CPU:
+// its loop nest, thread by thread, through the kernel's own phase functions
+// and reduction order, so the result has the kernel's bits. Used by the
+// emulation tests of apply_qk_norm_rope and of its KV-cache form.
+#pragma once
+
+#include "cuda/norm_rope_kernel.cuh"
+
+#include <cstdint>
+#include <type_traits>
+
+namespace rotary_test {
+
+// `blocks` blocks stride over the rows; each reduction sees every thread's
+// phase 1 before any phase 2, and with a Cache (not void) every thread's
+// phase 2 before any cache write, as the kernel's barriers order them.
+template <typename T, bool kFp8Q, typename Cache = void>
+void emulate_norm_rope(const rotary::kernel::KVCacheParams& kv, const rotary::kernel::NormParams& n, int64_t blocks) {
+  namespace k = rotary::kernel;
+  using acc_t = typename k::Acc<T>::type;
+  const k::RopeParams& p = kv.rope;
+  const int32_t D = static_cast<int32_t>(p.head_dim);
+  const int32_t heads[2] = {static_cast<int32_t>(p.q.heads), static_cast<int32_t>(p.k.heads)};
+  const int64_t rows = p.batch * p.seq;
+  for (int64_t block = 0; block < blocks; ++block) {
+    for (int64_t row = block; row < rows; row += blocks) {
+      const int64_t b = row / p.seq, s = row - b * p.seq;
+      const int64_t pos = k::position_of(p, b, s);
+      if (n.kind == k::NormKind::kHead) {
+        for (int32_t warp = 0; warp < k::kNormWarps; ++warp) {
+          for (int32_t h = warp; h < heads[0] + heads[1]; h += k::kNormWarps) {
+            const int i = h < heads[0] ? 0 : 1;
+            const auto u = k::norm_unit<T, kFp8Q>(p, n, i, b, s, i ? h - heads[0] : h, 1);
+            acc_t lane[32];
+            for (int l = 0; l < 32; ++l) lane[l] = k::norm_partial(u, D, l, 32);
+            const acc_t scale = k::rms_scale(k::warp_reduce_order(lane), D, n.eps);
+            for (int l = 0; l < 32; ++l) k::norm_finish(p, n, u, scale, b, s, pos, l, 32);
+          }
+        }
+      } else {
+        for (int i = 0; i < 2; ++i) {
+          const auto u = k::norm_unit<T, kFp8Q>(p, n, i, b, s, 0, heads[i]);
+          acc_t warp_total[k::kNormWarps];
+          for (int w = 0; w < k::kNormWarps; ++w) {
+            acc_t lane[32];
+            for (int l = 0; l < 32; ++l) lane[l] = k::norm_partial(u, D, w * 32 + l, k::kNormThreads);
+            warp_total[w] = k::warp_reduce_order(lane);
+          }
+          const acc_t scale =
+              k::rms_scale(k::block_reduce_order(warp_total), static_cast<int64_t>(heads[i]) * D, n.eps);
+          for (int t = 0; t < k::kNormThreads; ++t) k::norm_finish(p, n, u, scale, b, s, pos, t, k::kNormThreads);
+        }
+      }
+      if constexpr (!std::is_void_v<Cache>) {
+        for (int t = 0; t < k::kNormThreads; ++t) k::norm_cache_row<T, Cache>(kv, b, s, t, k::kNormThreads);
+      }
+    }
+  }
+}
+
+}  // namespace rotary_test

@@ -1,0 +1,226 @@
+// Host emulation of apply_qk_norm_rope_with_kv_cache_'s one CUDA launch
+// (norm_rope_kernel with a cache type: the blocks that normalize and rotate
+// a row write its k and v into the caches), run over its whole grid on the
+// CPU. It must leave q, k and both caches with the bits of the two launches
+// it replaces (the prologue kernel, then the element-wise cache kernel), for
+// every dtype, cache dtype (fp8 with per-tensor and per-head scales), cache
+// layout, norm kind and feature (partial rotary inside the head, MLA's own
+// v_dim, cache_positions, skipped and device-side out-of-range slots), with
+// one block walking every row too; and agree with the CPU op.
+#ifdef ROTARY_WITH_CUDA
+
+#include "checks/norm_checks.h"
+#include "cuda/cuda_types.h"
+#include "cuda/kv_cache_kernel.cuh"
+#include "helpers.h"
+#include "norm_emulation.h"
+
+#include <rotary/freqs.h>
+#include <rotary/ops.h>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+using rotary_test::dtype_name;
+using rotary_test::opt;
+using rotary_test::SameBits;
+
+struct NormKVCase {
+  std::string name;
+  at::ScalarType dtype = at::kBFloat16;
+  bool fp8 = false;
+  bool per_head_scale = false;
+  std::string kv_layout = "NHD";
+  bool heads = false;  // norm "heads" (one norm over every head), else "head"
+  bool interleaved = false;
+  int64_t B = 2, S = 3, Hq = 4, Hk = 2, D = 32, rotary_dim = 32, rotary_offset = 0, vd = 32, start = 3;
+  bool cache_positions = false;
+};
+
+constexpr int64_t kPageRows = 8, kCacheRows = 16;  // paged block size; contiguous S_max
+
+bool paged(const NormKVCase& c) {
+  return c.kv_layout == "NHD" || c.kv_layout == "HND";
+}
+
+struct NormKVInputs {
+  at::Tensor q, k, v, kc, vc, slots, cache_positions, k_scale, v_scale;
+};
+
+// A cache of `width` dims per head row in c's layout, random (fp8: its bits).
+at::Tensor make_cache(const NormKVCase& c, int64_t width) {
+  const int64_t outer = paged(c) ? (c.B * c.S + 2) / kPageRows + 2 : c.B;
+  const int64_t inner = paged(c) ? kPageRows : kCacheRows;
+  const bool heads_first = c.kv_layout == "BHSD" || c.kv_layout == "HND";
+  const std::vector<int64_t> shape = heads_first ? std::vector<int64_t>{outer, c.Hk, inner, width}
+                                                 : std::vector<int64_t>{outer, inner, c.Hk, width};
+  return (at::randn(shape) * 3).to(c.fp8 ? at::kFloat8_e4m3fn : c.dtype);
+}
+
+// q, k and v as [B, H, S, D] views of [B, S, H, D] storage (strided heads).
+NormKVInputs make(const NormKVCase& c, int64_t seed) {
+  at::manual_seed(seed);
+  NormKVInputs in;
+  in.q = at::randn({c.B, c.S, c.Hq, c.D}).to(c.dtype).transpose(1, 2);
+  in.k = at::randn({c.B, c.S, c.Hk, c.D}).to(c.dtype).transpose(1, 2);
+  in.v = at::randn({c.B, c.S, c.Hk, c.vd}).to(c.dtype).transpose(1, 2);
+  in.kc = make_cache(c, c.D);
+  in.vc = make_cache(c, c.vd);
+  if (paged(c)) {
+    in.slots = at::randperm(in.kc.size(0) * kPageRows, at::kLong).narrow(0, 0, c.B * c.S).reshape({c.B, c.S}).contiguous();
+    in.slots[0][0] = -1;
+  }
+  if (c.cache_positions) {
+    std::vector<at::Tensor> rows;
+    for (int64_t b = 0; b < c.B; ++b) rows.push_back(at::randperm(kCacheRows, at::kLong).narrow(0, 0, c.S));
+    in.cache_positions = at::stack(rows).to(at::kInt);
+  }
+  if (c.fp8) {
+    in.k_scale = c.per_head_scale ? at::rand({c.Hk}) + 0.25 : at::tensor(0.5f);
+    in.v_scale = c.per_head_scale ? at::rand({c.Hk}) + 0.25 : at::tensor(0.25f);
+  }
+  return in;
+}
+
+// Copies with the same strides.
+NormKVInputs clone(const NormKVInputs& in) {
+  NormKVInputs out = in;
+  for (at::Tensor* t : {&out.q, &out.k, &out.v, &out.kc, &out.vc, &out.slots}) {
+    if (t->defined()) *t = at::empty_strided(t->sizes(), t->strides(), t->options()).copy_(*t);
+  }
+  return out;
+}
+
+// The fused launch on `fused`; the prologue launch then the element-wise
+// cache kernel on `two` (run with the torch types, which share the CUDA
+// types' bits).
+template <typename scalar_t, typename CacheCpu>
+void emulate(const rotary::detail::PreparedNormKV& fused, const rotary::detail::PreparedNormKV& two, int64_t blocks) {
+  using T = typename rotary::cuda::CudaType<scalar_t>::type;
+  using Cache = std::conditional_t<std::is_same_v<CacheCpu, uint8_t>, uint8_t, T>;
+  rotary_test::emulate_norm_rope<T, false, Cache>(fused.kv.params, fused.norm.params, blocks);
+  rotary_test::emulate_norm_rope<T, false>(two.kv.params, two.norm.params, blocks);
+  for (int64_t i = 0; i < rotary::kernel::kv_cache_threads(two.kv.params); ++i) {
+    rotary::kernel::kv_cache_thread<scalar_t, CacheCpu>(two.kv.params, i);
+  }
+}
+
+// A cache as float64 values (fp8 bytes decoded).
+at::Tensor values(const at::Tensor& cache) {
+  return cache.to(at::kDouble);
+}
+
+void check(const NormKVCase& c) {
+  const at::Tensor freqs = rotary::rope_freqs(c.rotary_dim, 64);
+  const at::Tensor qw = 1 + 0.5 * at::randn({c.heads ? c.Hq * c.D : c.D});
+  const at::Tensor kw = 1 + 0.5 * at::randn({c.heads ? c.Hk * c.D : c.D});
+  const std::optional<at::Tensor> oqw(qw), okw(kw), none;
+  const char* norm = c.heads ? "heads" : "head";
+  for (const int64_t blocks : {int64_t{1} << 20, int64_t{1}}) {  // one block: it walks every row
+    const std::string what = c.name + (blocks == 1 ? " one block" : "");
+    const NormKVInputs op = make(c, 11);
+    NormKVInputs fused = clone(op), two = clone(op);
+    auto prepare = [&](NormKVInputs& in) {
+      const auto cache_pos = opt(in.cache_positions), slots = opt(in.slots);
+      const auto k_scale = opt(in.k_scale), v_scale = opt(in.v_scale);
+      const rotary::detail::RopeArgs args{c.start, c.interleaved, none, none, false, none, none,
+                                          "BHSD", c.rotary_offset, std::nullopt};
+      const rotary::detail::KVArgs kvargs{cache_pos, slots, c.kv_layout, k_scale, v_scale};
+      const rotary::detail::NormArgs nargs{oqw, okw, 1e-5, norm, 0.0, none};
+      return rotary::detail::prepare_norm_kv("test", in.q, in.k, in.v, in.kc, in.vc, freqs, args, kvargs, nargs);
+    };
+    const auto p_fused = prepare(fused);
+    const auto p_two = prepare(two);
+    NormKVInputs want = op;  // the CPU op's inputs; device-side bad slots become its -1
+    if (paged(c)) {  // out of range after the host check, as device-side values are: skipped
+      const int64_t n = c.B * c.S;  // the last two tokens (the first is -1 already)
+      for (NormKVInputs* in : {&fused, &two}) {
+        in->slots.view(-1)[n - 1] = in->kc.size(0) * kPageRows;
+        in->slots.view(-1)[n - 2] = -5;
+      }
+      want.slots = op.slots.clone();
+      want.slots.view(-1)[n - 1] = want.slots.view(-1)[n - 2] = -1;
+    }
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, c.dtype, "emulate", [&] {
+      if (c.fp8) {
+        emulate<scalar_t, uint8_t>(p_fused, p_two, blocks);
+      } else {
+        emulate<scalar_t, scalar_t>(p_fused, p_two, blocks);
+      }
+    });
+    // The launch wrote rows (so equal bits are not two untouched caches).
+    ASSERT_FALSE(SameBits(fused.kc, op.kc)) << what;
+    ASSERT_FALSE(SameBits(fused.vc, op.vc)) << what;
+    EXPECT_TRUE(SameBits(fused.q, two.q)) << what + " q";
+    EXPECT_TRUE(SameBits(fused.k, two.k)) << what + " k";
+    EXPECT_TRUE(SameBits(fused.kc, two.kc)) << what + " k_cache";
+    EXPECT_TRUE(SameBits(fused.vc, two.vc)) << what + " v_cache";
+
+    // The CPU op (its own kernel and reduction order): q and k within the
+    // dtype's tolerance, v's cache rows equal, k's within one rounding of
+    // the cache dtype (fp8: 2^-3 relative).
+    rotary::apply_qk_norm_rope_with_kv_cache_(
+        want.q, want.k, want.v, want.kc, want.vc, freqs, c.start, c.interleaved, std::nullopt, std::nullopt,
+        std::nullopt, std::nullopt, "BHSD", opt(want.cache_positions), opt(want.slots), c.kv_layout,
+        opt(want.k_scale), opt(want.v_scale), false, c.rotary_offset, std::nullopt, oqw, okw, 1e-5, norm);
+    const auto tol = rotary_test::tolerance_for(c.dtype);
+    EXPECT_TRUE(rotary_test::AllClose(fused.q, want.q, tol)) << what + " q vs CPU";
+    EXPECT_TRUE(rotary_test::AllClose(fused.k, want.k, tol)) << what + " k vs CPU";
+    EXPECT_TRUE(SameBits(fused.vc, want.vc)) << what + " v_cache vs CPU";
+    const rotary_test::Tolerance cache_tol = c.fp8 ? rotary_test::Tolerance{0.13, 1e-2} : tol;
+    EXPECT_TRUE(rotary_test::AllClose(values(fused.kc), values(want.kc), cache_tol)) << what + " k_cache vs CPU";
+  }
+}
+
+// Every dtype, cache dtype, cache layout and norm kind.
+TEST(NormKVEmulation, DtypesLayoutsNorms) {
+  for (const auto dtype : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16}) {
+    for (const bool fp8 : {false, true}) {
+      for (const std::string layout : {"BHSD", "BSHD", "NHD", "HND"}) {
+        for (const bool heads : {false, true}) {
+          NormKVCase c;
+          c.name = dtype_name(dtype) + (fp8 ? " fp8 " : " ") + layout + (heads ? " heads" : " head");
+          c.dtype = dtype;
+          c.fp8 = fp8;
+          c.kv_layout = layout;
+          c.heads = heads;
+          c.interleaved = heads;
+          check(c);
+        }
+      }
+    }
+  }
+}
+
+// The op's features, both pairings.
+TEST(NormKVEmulation, Features) {
+  std::vector<NormKVCase> cases;
+  auto add = [&](const std::string& name, auto edit) {
+    for (const bool interleaved : {false, true}) {
+      NormKVCase c;
+      c.name = name + (interleaved ? " interleaved" : " half");
+      c.interleaved = interleaved;
+      edit(c);
+      cases.push_back(c);
+    }
+  };
+  add("partial span inside the head", [](NormKVCase& c) { c.D = 64, c.rotary_dim = 32, c.rotary_offset = 16, c.vd = 64; });
+  add("decode S=1, start 0", [](NormKVCase& c) { c.start = 0, c.S = 1, c.B = 5; });
+  add("cache_positions", [](NormKVCase& c) { c.cache_positions = true, c.kv_layout = "BSHD"; });
+  add("MLA v_dim 16", [](NormKVCase& c) { c.vd = 16, c.kv_layout = "HND"; });
+  add("MLA v_dim 48, norm heads", [](NormKVCase& c) { c.vd = 48, c.heads = true; });
+  add("fp8 per-head scales", [](NormKVCase& c) { c.fp8 = true, c.per_head_scale = true; });
+  add("GQA 8/1 heads, D 128", [](NormKVCase& c) { c.Hq = 8, c.Hk = 1, c.D = 128, c.rotary_dim = 64, c.vd = 128; });
+  add("many rows", [](NormKVCase& c) { c.B = 3, c.S = 20, c.kv_layout = "HND"; });
+  for (const NormKVCase& c : cases) check(c);
+}
+
+}  // namespace
+
+#endif  // ROTARY_WITH_CUDA
