@@ -10,6 +10,9 @@ Per shape, the median time of one step of:
             costs about as much as copying both caches)
   floor     the copy floor: copy_ of q+k+v bytes and of k bytes (reads and
             writes q + 2k + v, what the step must move at least)
+  prologue  rotary.apply_qk_norm_rope_with_kv_cache_ (q/k RMSNorm, RoPE and
+            the cache write: one launch on CUDA), against
+  prologue unfused  rotary.apply_qk_norm_rope_ + the same two index_copy_
   flashinfer  FlashInfer's fused RoPE + paged append (RopeQuantizeAppendPagedKVCache,
             scale 1, q to its own buffer), paged shapes on CUDA, when
             benchmarks/peers/build_flashinfer.py built it
@@ -98,7 +101,17 @@ def cases(device, dtype, B, S, Hq, Hk, D, kv_layout, block=16, start=100, compil
             x.copy_(torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], -1))
         (write_put if put else write)(kc, vc, k, v)
 
-    fns = {"fused": fused, "unfused": unfused}
+    qw, kw = (torch.rand(D, generator=torch.Generator().manual_seed(i)).to(device, dtype) + 0.5 for i in (1, 2))
+
+    def prologue():
+        rotary.apply_qk_norm_rope_with_kv_cache_(q, k, v, kc, vc, f, start, False, layout="BSHD", q_weight=qw,
+                                                 k_weight=kw, **extra)
+
+    def prologue_unfused():
+        rotary.apply_qk_norm_rope_(q, k, f, start, False, layout="BSHD", q_weight=qw, k_weight=kw)
+        write(kc, vc, k, v)
+
+    fns = {"fused": fused, "unfused": unfused, "prologue": prologue, "prologue_unfused": prologue_unfused}
     if compile_:
         compiled_fn = torch.compile(eager, fullgraph=True, dynamic=False)
         compiled_put = torch.compile(lambda *a: eager(*a, put=True), fullgraph=True, dynamic=False)
@@ -212,8 +225,9 @@ def main() -> None:
         where = f"{a.device}" + (f", {torch.cuda.get_device_name()}" if cuda else f", {nt} thread(s)")
         print(f"\n{a.dtype}, {where}, median of {a.rounds} interleaved rounds{guard.marker()}\n")
         print("| shape | fused us | unfused us | compiled us | compiled put us | floor us | FlashInfer us "
-              "| fused/unfused | fused/compiled | fused/compiled put | fused/floor | fused/FlashInfer |")
-        print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+              "| fused/unfused | fused/compiled | fused/compiled put | fused/floor | fused/FlashInfer "
+              "| prologue us | prologue unfused us | prologue/unfused |")
+        print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
         for title, kw, calls in shapes:
             fns = cases(a.device, dtype, Hq=32, Hk=8, D=128, compile_=not a.no_compile, **kw)
             per = 1
@@ -222,7 +236,9 @@ def main() -> None:
             t = time_interleaved(fns, a.rounds, calls=calls, warmup=3, seed=a.seed, sync=sync)
             us = " | ".join(f"{t[n].median * 1e6 / per:.1f}" if n in t else "-" for n in ("fused",) + cols)
             ratios = " | ".join(ratio_cell(t["fused"], t[n], guard) if n in t else "-" for n in cols)
-            print(f"| {title} | {us} | {ratios} |")
+            pro = " | ".join(f"{t[n].median * 1e6 / per:.1f}" if n in t else "-" for n in ("prologue", "prologue_unfused"))
+            pro_ratio = ratio_cell(t["prologue"], t["prologue_unfused"], guard) if "prologue" in t else "-"
+            print(f"| {title} | {us} | {ratios} | {pro} | {pro_ratio} |")
     print("\n" + guard.finish())
 
 
