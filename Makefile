@@ -94,8 +94,9 @@ test-runtime:
 	bash tests/runtime/run.sh
 
 # The gtest suite under AddressSanitizer + UndefinedBehaviorSanitizer, in its
-# own build directory: CPU kernels only, no Python, benchmarks or examples,
-# -O1. LeakSanitizer stays on for everything but allocations made inside
+# own build directory: CPU kernels only, no Python, benchmarks or examples;
+# librotary at -O0 (the tests keep their -O1): 173 CPU-s to compile instead
+# of 318 at -O1, for a run 23 s longer (80 s). LeakSanitizer stays on for everything but allocations made inside
 # libtorch / libc10 (none are reported today; the suppressions keep a torch
 # upgrade from failing CI on torch's own caches). allocator_may_return_null:
 # tests of refused giant allocations expect c10's out-of-memory error, which
@@ -106,7 +107,7 @@ ASAN_BUILD := build-asan
 test-asan-build: $(DEPS_STAMP)
 	cmake -S . -B $(ASAN_BUILD) $(NINJA_GENERATOR) -DROTARY_SANITIZE=ON -DROTARY_CUDA=OFF -DROTARY_BUILD_PYTHON=OFF \
 	  -DROTARY_BUILD_BENCHMARKS=OFF -DROTARY_BUILD_EXAMPLES=OFF \
-	  -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG" \
+	  -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS_RELEASE=-O0 -DNDEBUG" \
 	  -DCMAKE_PREFIX_PATH="$$($(VPY) -c 'import torch; print(torch.utils.cmake_prefix_path)')" > /dev/null
 	cmake --build $(ASAN_BUILD) -j$(JOBS) --target rotary_tests
 

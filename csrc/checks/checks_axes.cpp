@@ -6,6 +6,7 @@
 
 #include <rotary/bounds.h>
 
+#include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
