@@ -162,6 +162,18 @@ def test_each_norm_rule_can_fail(case, edit, expect):
     assert bad == ["norm_rope_kernel<bf16>: 136 registers leave 3 resident blocks of 128 threads per SM, fewer than 4"]
 
 
+def test_a_cache_instantiation_needs_the_barrier_before_its_cache_write():
+    cached = NORM.replace("Lb0EvE", "Lb0EhE")
+    bars = ["BAR.SYNC.DEFER_BLOCKING 0x0"] * 2
+    n, bad = contract.check_norm(listing(cached, *(bars + NORM_GOOD)), res(cached, 72))
+    assert bad == ["norm_rope_kernel<bf16, fp8 cache>: 2 BAR.SYNC: the cache write must wait at a block barrier "
+                   "for the row's k"]
+    n, bad = contract.check_norm(listing(cached, *(bars * 2 + NORM_GOOD)), res(cached, 72))
+    assert bad == []
+    n, bad = contract.check_norm(listing(NORM, *(bars + NORM_GOOD)), res(NORM, 72))
+    assert bad == []  # no cache: the norm's two are enough
+
+
 def test_the_fp8_spill_budget_is_a_bound():
     fp8 = NORM.replace("Lb0E", "Lb1E")
     spills = [f"STL [R1+0x{4 * i:x}], R{i}" for i in range(contract.FP8_SPILL_BUDGET)]

@@ -30,7 +30,10 @@ with and without the fp8 q output, and with the KV-cache write):
   more than that, or any other local access, is a violation;
 - registers leave room for at least 4 resident blocks of its 128 threads;
 - the per-head sum of squares is reduced in registers: a warp butterfly of
-  at least five SHFL.BFLY, no shared-memory round trip for it.
+  at least five SHFL.BFLY, no shared-memory round trip for it;
+- with a cache, a block barrier beyond the norm's two (three BAR.SYNC): the
+  cache write reads k back from the row's other warps, which the host
+  emulation cannot check.
 
 Usage: python tests/sass/contract.py OBJECT [--cuobjdump PATH]; exit status 1
 on a violation, each printed. tests/python/test_sass_contract.py runs it on
@@ -151,6 +154,9 @@ def check_norm_kernel(k: Kernel) -> List[str]:
     shuffles = sum("SHFL.BFLY" in t for _, t in body)
     if shuffles < 5:
         bad.append(f"{k.label}: {shuffles} SHFL.BFLY: the per-head sum of squares must reduce as a warp butterfly")
+    barriers = sum("BAR.SYNC" in t for _, t in body)
+    if n and n["cache"] != "v" and barriers < 3:
+        bad.append(f"{k.label}: {barriers} BAR.SYNC: the cache write must wait at a block barrier for the row's k")
     return bad
 
 
