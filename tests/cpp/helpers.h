@@ -16,6 +16,7 @@
 #include <stdexcept>
 #include <string>
 #include <typeinfo>
+#include <utility>
 #include <vector>
 
 namespace rotary_test {
@@ -207,5 +208,46 @@ inline std::string device_name(const ::testing::TestParamInfo<c10::DeviceType>& 
 
 #define ROTARY_ON_DEVICES(Suite) \
   INSTANTIATE_TEST_SUITE_P(Devices, Suite, ::testing::Values(c10::kCPU, c10::kCUDA), rotary_test::device_name)
+
+// A copy with t's sizes and strides (a view's layout kept); undefined stays so.
+inline at::Tensor same_strides(const at::Tensor& t) {
+  return t.defined() ? at::empty_strided(t.sizes(), t.strides(), t.options()).copy_(t) : t;
+}
+
+// k_scale and v_scale of an fp8 cache: per tensor, or one per head.
+inline std::pair<at::Tensor, at::Tensor> fp8_scales(bool per_head, int64_t heads) {
+  if (!per_head) return {at::tensor(0.5f), at::tensor(0.25f)};
+  return {at::rand({heads}) + 0.25, at::rand({heads}) + 0.25};
+}
+
+// fn(c) for a Case{} per dtype, cache dtype (its own, then fp8) and cache
+// layout, named after them.
+template <typename Case, typename Fn>
+void for_each_cache_case(Fn fn) {
+  for (const auto dtype : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16}) {
+    for (const bool fp8 : {false, true}) {
+      for (const std::string layout : {"BHSD", "BSHD", "NHD", "HND"}) {
+        Case c;
+        c.name = dtype_name(dtype) + (fp8 ? " fp8 " : " ") + layout;
+        c.dtype = dtype;
+        c.fp8 = fp8;
+        c.kv_layout = layout;
+        fn(c);
+      }
+    }
+  }
+}
+
+// Two cases of a named edit of Case{}: rotate-half pairs, then interleaved.
+template <typename Case, typename Edit>
+void add_both_pairings(std::vector<Case>& cases, const std::string& name, Edit edit) {
+  for (const bool interleaved : {false, true}) {
+    Case c;
+    c.name = name + (interleaved ? " interleaved" : " half");
+    c.interleaved = interleaved;
+    edit(c);
+    cases.push_back(c);
+  }
+}
 
 }  // namespace rotary_test

@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -120,19 +121,14 @@ FusedInputs make(const FusedCase& c, int64_t seed) {
     in.position_ids = at::stack(rows);
   }
   if (c.pos == "axes") in.position_ids = at::randint(0, 40, {3, batch, seq}, at::kLong);
-  if (c.fp8) {
-    in.k_scale = c.per_head_scale ? at::rand({c.Hk}) + 0.25 : at::tensor(0.5f);
-    in.v_scale = c.per_head_scale ? at::rand({c.Hk}) + 0.25 : at::tensor(0.25f);
-  }
+  if (c.fp8) std::tie(in.k_scale, in.v_scale) = rotary_test::fp8_scales(c.per_head_scale, c.Hk);
   return in;
 }
 
 // Copies with the same strides (a misaligned view stays misaligned).
 FusedInputs clone(const FusedInputs& in) {
   FusedInputs out = in;
-  for (at::Tensor* t : {&out.q, &out.k, &out.v, &out.kc, &out.vc, &out.slots}) {
-    if (t->defined()) *t = at::empty_strided(t->sizes(), t->strides(), t->options()).copy_(*t);
-  }
+  for (at::Tensor* t : {&out.q, &out.k, &out.v, &out.kc, &out.vc, &out.slots}) *t = rotary_test::same_strides(*t);
   return out;
 }
 
@@ -239,36 +235,21 @@ void check(const FusedCase& c) {
 
 // Every dtype, cache dtype, cache layout and pairing.
 TEST(KVFusedEmulation, DtypesLayoutsPairings) {
-  for (const auto dtype : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16}) {
-    for (const bool fp8 : {false, true}) {
-      for (const std::string layout : {"BHSD", "BSHD", "NHD", "HND"}) {
-        for (const bool interleaved : {false, true}) {
-          FusedCase c;
-          c.name = dtype_name(dtype) + (fp8 ? " fp8 " : " ") + layout + (interleaved ? " interleaved" : " half");
-          c.dtype = dtype;
-          c.fp8 = fp8;
-          c.kv_layout = layout;
-          c.interleaved = interleaved;
-          c.fusable = !(fp8 && dtype == at::kDouble);  // float64 with fp8 keeps two launches
-          check(c);
-        }
-      }
+  rotary_test::for_each_cache_case<FusedCase>([](const FusedCase& base) {
+    for (const bool interleaved : {false, true}) {
+      FusedCase c = base;
+      c.name += interleaved ? " interleaved" : " half";
+      c.interleaved = interleaved;
+      c.fusable = !(c.fp8 && c.dtype == at::kDouble);  // float64 with fp8 keeps two launches
+      check(c);
     }
-  }
+  });
 }
 
 // Every feature of the op, on the fused path, both pairings.
 TEST(KVFusedEmulation, Features) {
   std::vector<FusedCase> cases;
-  auto add = [&](const std::string& name, auto edit) {
-    for (const bool interleaved : {false, true}) {
-      FusedCase c;
-      c.name = name + (interleaved ? " interleaved" : " half");
-      c.interleaved = interleaved;
-      edit(c);
-      cases.push_back(c);
-    }
-  };
+  auto add = [&](const std::string& name, auto edit) { rotary_test::add_both_pairings(cases, name, edit); };
   add("partial span inside the head", [](FusedCase& c) { c.D = 64, c.rotary_dim = 32, c.rotary_offset = 16, c.vd = 64; });
   add("partial span at the start", [](FusedCase& c) { c.D = 48, c.rotary_dim = 32, c.vd = 48, c.kv_layout = "NHD"; });
   add("inverse", [](FusedCase& c) { c.inverse = true, c.kv_layout = "HND"; });

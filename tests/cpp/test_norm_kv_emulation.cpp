@@ -22,6 +22,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -81,19 +82,14 @@ NormKVInputs make(const NormKVCase& c, int64_t seed) {
     for (int64_t b = 0; b < c.B; ++b) rows.push_back(at::randperm(kCacheRows, at::kLong).narrow(0, 0, c.S));
     in.cache_positions = at::stack(rows).to(at::kInt);
   }
-  if (c.fp8) {
-    in.k_scale = c.per_head_scale ? at::rand({c.Hk}) + 0.25 : at::tensor(0.5f);
-    in.v_scale = c.per_head_scale ? at::rand({c.Hk}) + 0.25 : at::tensor(0.25f);
-  }
+  if (c.fp8) std::tie(in.k_scale, in.v_scale) = rotary_test::fp8_scales(c.per_head_scale, c.Hk);
   return in;
 }
 
 // Copies with the same strides.
 NormKVInputs clone(const NormKVInputs& in) {
   NormKVInputs out = in;
-  for (at::Tensor* t : {&out.q, &out.k, &out.v, &out.kc, &out.vc, &out.slots}) {
-    if (t->defined()) *t = at::empty_strided(t->sizes(), t->strides(), t->options()).copy_(*t);
-  }
+  for (at::Tensor* t : {&out.q, &out.k, &out.v, &out.kc, &out.vc, &out.slots}) *t = rotary_test::same_strides(*t);
   return out;
 }
 
@@ -180,36 +176,21 @@ void check(const NormKVCase& c) {
 
 // Every dtype, cache dtype, cache layout and norm kind.
 TEST(NormKVEmulation, DtypesLayoutsNorms) {
-  for (const auto dtype : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16}) {
-    for (const bool fp8 : {false, true}) {
-      for (const std::string layout : {"BHSD", "BSHD", "NHD", "HND"}) {
-        for (const bool heads : {false, true}) {
-          NormKVCase c;
-          c.name = dtype_name(dtype) + (fp8 ? " fp8 " : " ") + layout + (heads ? " heads" : " head");
-          c.dtype = dtype;
-          c.fp8 = fp8;
-          c.kv_layout = layout;
-          c.heads = heads;
-          c.interleaved = heads;
-          check(c);
-        }
-      }
+  rotary_test::for_each_cache_case<NormKVCase>([](const NormKVCase& base) {
+    for (const bool heads : {false, true}) {
+      NormKVCase c = base;
+      c.name += heads ? " heads" : " head";
+      c.heads = heads;
+      c.interleaved = heads;
+      check(c);
     }
-  }
+  });
 }
 
 // The op's features, both pairings.
 TEST(NormKVEmulation, Features) {
   std::vector<NormKVCase> cases;
-  auto add = [&](const std::string& name, auto edit) {
-    for (const bool interleaved : {false, true}) {
-      NormKVCase c;
-      c.name = name + (interleaved ? " interleaved" : " half");
-      c.interleaved = interleaved;
-      edit(c);
-      cases.push_back(c);
-    }
-  };
+  auto add = [&](const std::string& name, auto edit) { rotary_test::add_both_pairings(cases, name, edit); };
   add("partial span inside the head", [](NormKVCase& c) { c.D = 64, c.rotary_dim = 32, c.rotary_offset = 16, c.vd = 64; });
   add("decode S=1, start 0", [](NormKVCase& c) { c.start = 0, c.S = 1, c.B = 5; });
   add("cache_positions", [](NormKVCase& c) { c.cache_positions = true, c.kv_layout = "BSHD"; });
