@@ -19,15 +19,6 @@
 
 namespace {
 
-// float64 norm (over head_dim, or over heads and head_dim) of [B, H, S, D].
-at::Tensor ref_norm(const at::Tensor& x, const at::Tensor& w, bool heads, double eps) {
-  const at::Tensor xd = x.to(at::kDouble);
-  const at::Tensor ms = heads ? (xd * xd).mean({1, 3}, true) : (xd * xd).mean({3}, true);
-  const at::Tensor wd = w.to(at::kDouble);
-  const at::Tensor wb = heads ? wd.view({1, x.size(1), 1, x.size(3)}) : wd;
-  return xd / at::sqrt(ms + eps) * wb;
-}
-
 struct NormCase {
   std::string name;
   at::ScalarType dtype;
@@ -98,9 +89,8 @@ TEST_P(NormEmulation, MatchesReferenceOnEveryGrid) {
     const at::Tensor* x[2] = {&q0, &k0};
     const at::Tensor* w[2] = {&qw, &kw};
     for (int t = 0; t < 2; ++t) {
-      const at::Tensor y = ref_norm(*x[t], *w[t], c.heads, 1e-5);
-      at::Tensor want = y.clone();
-      want.narrow(3, c.off, c.r).copy_(rotary_test::ref_rope(y.narrow(3, c.off, c.r), start, c.interleaved));
+      const at::Tensor want =
+          rotary_test::ref_norm_rope(*x[t], *w[t], c.heads, 1e-5, 0.0, start, c.interleaved, c.off, c.r);
       if (c.fp8_q && t == 0) {  // fp8: x / scale, saturated, within half an fp8 ulp (2^-4)
         const at::Tensor q8 = (want / q_scale->to(at::kDouble).view({1, c.Hq, 1, 1})).clamp(-448, 448);
         EXPECT_TRUE(rotary_test::AllClose(out[i][t].to(at::kDouble), q8, {1e-3, 0.0625})) << c.name << " fp8 q";

@@ -19,15 +19,10 @@ namespace {
 using rotary_test::AllClose;
 using rotary_test::tolerance_for;
 
-// float64: x / sqrt(mean(x^2) + eps) * (w + offset) over head_dim, then the
-// rotation of dims [0, r) at positions start + s.
+// The float64 prologue over head_dim, rotating dims [0, r).
 at::Tensor ref_prologue(const at::Tensor& x, const at::Tensor& w, double eps, double offset, int64_t r, int64_t start,
                         bool interleaved) {
-  const at::Tensor xd = x.to(at::kCPU, at::kDouble);
-  const at::Tensor y = xd / at::sqrt((xd * xd).mean({3}, true) + eps) * (w.to(at::kCPU, at::kFloat).to(at::kDouble) + offset);
-  at::Tensor out = y.clone();
-  out.narrow(3, 0, r).copy_(rotary_test::ref_rope(y.narrow(3, 0, r), start, interleaved));
-  return out;
+  return rotary_test::ref_norm_rope(x, w, false, eps, offset, start, interleaved, 0, r);
 }
 
 class QkNorm : public rotary_test::OnDevice {};
