@@ -96,9 +96,10 @@ test-runtime:
 # The gtest suite under AddressSanitizer + UndefinedBehaviorSanitizer, in its
 # own build directory: CPU kernels only, no Python, benchmarks or examples;
 # librotary at -O0 (the tests keep their -O1): 173 CPU-s to compile instead
-# of 318 at -O1, for a run 23 s longer (80 s). LeakSanitizer stays on for everything but allocations made inside
-# libtorch / libc10 (none are reported today; the suppressions keep a torch
-# upgrade from failing CI on torch's own caches). allocator_may_return_null:
+# of 318 at -O1, for a run 23 s longer (80 s). LeakSanitizer stays on for
+# everything but allocations made inside libtorch / libc10 (none are
+# reported today; the suppressions keep a torch upgrade from failing CI on
+# torch's own caches). allocator_may_return_null:
 # tests of refused giant allocations expect c10's out-of-memory error, which
 # ASan would otherwise turn into an abort.
 ASAN_BUILD := build-asan
