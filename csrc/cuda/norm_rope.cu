@@ -20,14 +20,15 @@ void launch_norm_rope(const kernel::KVCacheParams& kv, const kernel::NormParams&
   }
   // Blocks grid-stride over rows; 16 resident per SM covers the latency.
   const int64_t blocks = std::min<int64_t>(rows, int64_t{16} * sms);
+  const kernel::NormGrid g = kernel::norm_grid(kv.rope, blocks);
   const dim3 block(32, kernel::kNormWarps);
   if constexpr (std::is_void_v<Cache>) {  // fp8 q is out of place, so never with a cache
     if (n.q_scale != nullptr) {
-      kernel::norm_rope_kernel<T, true, void><<<static_cast<unsigned>(blocks), block, 0, stream>>>(kv, n);
+      kernel::norm_rope_kernel<T, true, void><<<static_cast<unsigned>(blocks), block, 0, stream>>>(kv, n, g);
       return;
     }
   }
-  kernel::norm_rope_kernel<T, false, Cache><<<static_cast<unsigned>(blocks), block, 0, stream>>>(kv, n);
+  kernel::norm_rope_kernel<T, false, Cache><<<static_cast<unsigned>(blocks), block, 0, stream>>>(kv, n, g);
 }
 
 #define ROTARY_NORM_INSTANTIATE(T)                                                                              \

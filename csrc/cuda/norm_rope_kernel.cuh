@@ -11,9 +11,11 @@
 // two phases are norm_partial and norm_finish; the kernel and the host
 // emulation both run them, with the reductions in the same order
 // (warp_reduce_order / block_reduce_order), so the emulation gives the
-// kernel's bits. Index walks over (head, dim) step without division.
+// kernel's bits. Index walks over rows (NormRows) and over (head, dim)
+// (HeadWalk) step without division.
 // apply_qk_norm_rope_with_kv_cache_ runs the same launch with a cache type:
-// once a row's k is finished, the block writes it and v into the caches.
+// once a row's k is finished, the block writes it and v into the caches,
+// at the cache row one thread found for the block (CacheDest).
 #pragma once
 
 #include "params/fp8.h"
@@ -110,6 +112,45 @@ struct HeadWalk {
   }
 };
 
+// The launch's grid-stride over token rows: `blocks` blocks, that stride as
+// a step in (b, s), found once on the host (norm_grid) so the kernel reads
+// it from its parameters and divides nothing per row.
+struct NormGrid {
+  int64_t step_b, step_s;
+};
+inline NormGrid norm_grid(const RopeParams& p, int64_t blocks) {
+  NormGrid g;
+  g.step_b = p.seq > 0 ? blocks / p.seq : 0;
+  g.step_s = blocks - g.step_b * p.seq;
+  return g;
+}
+
+// The token rows block `block` owns: block, block + blocks, ... as (b, s).
+// The first costs one division, later ones step by g without any; b past
+// the batch ends the walk (only b and s stay live across rows). `place` is
+// the row's position and sequence, shared by the rotation and the cache
+// write.
+struct NormRows {
+  int64_t b, s;
+  TokenPlace place;
+  ROTARY_HOST_DEVICE NormRows(const RopeParams& p, int64_t block) : b(p.batch), s(0) {
+    if (block >= p.batch * p.seq) return;  // rows > 0: seq > 0
+    b = block / p.seq;
+    s = block - b * p.seq;
+    place = place_of(p, b, s);
+  }
+  ROTARY_HOST_DEVICE bool more(const RopeParams& p) const { return b < p.batch; }
+  ROTARY_HOST_DEVICE void next(const RopeParams& p, const NormGrid& g) {
+    b += g.step_b;
+    s += g.step_s;
+    if (s >= p.seq) {
+      s -= p.seq;
+      ++b;
+    }
+    if (b < p.batch) place = place_of(p, b, s);
+  }
+};
+
 // Phase 1: thread tid of `threads` sums the squares of its elements.
 template <typename Unit>
 ROTARY_HOST_DEVICE typename Unit::acc_t norm_partial(const Unit& u, int32_t head_dim, int32_t tid, int32_t threads) {
@@ -156,19 +197,35 @@ ROTARY_HOST_DEVICE void norm_finish(
   }
 }
 
+// A row's cache destination (cache_row), found by one thread of the block
+// while the row is normalized and shared through shared memory (a plain
+// struct: __shared__ takes no initializers). write is false when the token
+// is not written: slot -1, or a device-side slot or position outside the
+// cache.
+struct CacheDest {
+  int64_t outer, inner;
+  bool write;
+};
+ROTARY_HOST_DEVICE CacheDest cache_dest(const KVCacheParams& kv, int64_t b, int64_t s, const TokenPlace& place) {
+  CacheDest d;
+  d.outer = 0;
+  d.inner = 0;
+  d.write = cache_row(kv, b, s, place, d.outer, d.inner);
+  return d;
+}
+
 // Phase 3 (with a cache): thread tid writes its elements of token (b, s)'s
-// k and v head rows into their cache rows, as the element-wise cache kernel
-// does; k is the row's finished output, read back after the block's
-// barrier. A token whose slot is -1, or whose device-side slot or position
-// is outside the cache, writes nothing.
+// k and v head rows into their cache rows at `dest`, as the element-wise
+// cache kernel does; k is the row's finished output, read back after the
+// block's barrier.
 template <typename T, typename Cache>
-ROTARY_HOST_DEVICE void norm_cache_row(const KVCacheParams& kv, int64_t b, int64_t s, int32_t tid, int32_t threads) {
-  int64_t outer = 0, inner = 0;
-  if (!cache_row(kv, b, s, outer, inner)) return;
+ROTARY_HOST_DEVICE void norm_cache_row(const KVCacheParams& kv, const CacheDest& dest, int64_t b, int64_t s,
+                                       int32_t tid, int32_t threads) {
+  if (!dest.write) return;
   const int32_t dim = static_cast<int32_t>(kv_row_dim(kv));
   const int32_t heads = static_cast<int32_t>(kv.rope.k.heads);
   for (HeadWalk w(tid, dim); w.h < heads; w.next(threads, dim)) {
-    write_kv_element<T, Cache>(kv, b, s, w.h, w.i, outer, inner);
+    write_kv_element<T, Cache>(kv, b, s, w.h, w.i, dest.outer, dest.inner);
   }
 }
 
@@ -202,17 +259,23 @@ __device__ __forceinline__ acc_t warp_sum(acc_t v) {
 // float8_e4m3fn) of apply_qk_norm_rope_with_kv_cache_.
 template <typename T, bool kFp8Q, typename Cache>
 __global__ void __launch_bounds__(kNormThreads) norm_rope_kernel(
-    const __grid_constant__ KVCacheParams kv, const __grid_constant__ NormParams n) {
+    const __grid_constant__ KVCacheParams kv, const __grid_constant__ NormParams n, const NormGrid g) {
   using acc_t = typename Acc<T>::type;
   const RopeParams& p = kv.rope;
   __shared__ acc_t warp_total[kNormWarps];
+  // With a cache: the rows' destinations, two so that thread 0 can write the
+  // next row's while other warps still read this one's (the next row's
+  // barrier comes before the one after it).
+  __shared__ CacheDest dest[2];
+  int32_t parity = 0;
   const int32_t lane = threadIdx.x, warp = threadIdx.y, tid = warp * 32 + lane;
   const int32_t D = static_cast<int32_t>(p.head_dim);
   const int32_t q_heads = static_cast<int32_t>(p.q.heads), k_heads = static_cast<int32_t>(p.k.heads);
-  const int64_t rows = p.batch * p.seq;
-  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const int64_t b = row / p.seq, s = row - b * p.seq;
-    const int64_t pos = position_of(p, b, s);
+  for (NormRows r(p, blockIdx.x); r.more(p); r.next(p, g)) {
+    const int64_t b = r.b, s = r.s, pos = r.place.pos;
+    if constexpr (!std::is_void_v<Cache>) {
+      if (tid == 0) dest[parity] = cache_dest(kv, b, s, r.place);  // read after the barrier below
+    }
     if (n.kind == NormKind::kHead) {
       for (int32_t h = warp; h < q_heads + k_heads; h += kNormWarps) {
         const int i = h < q_heads ? 0 : 1;
@@ -235,8 +298,9 @@ __global__ void __launch_bounds__(kNormThreads) norm_rope_kernel(
       }
     }
     if constexpr (!std::is_void_v<Cache>) {
-      __syncthreads();  // every warp's k elements of the row are written
-      norm_cache_row<T, Cache>(kv, b, s, tid, kNormThreads);
+      __syncthreads();  // every warp's k elements of the row, and dest[parity], are written
+      norm_cache_row<T, Cache>(kv, dest[parity], b, s, tid, kNormThreads);
+      parity ^= 1;
     }
   }
 }

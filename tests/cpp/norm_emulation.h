@@ -21,11 +21,10 @@ void emulate_norm_rope(const rotary::kernel::KVCacheParams& kv, const rotary::ke
   const k::RopeParams& p = kv.rope;
   const int32_t D = static_cast<int32_t>(p.head_dim);
   const int32_t heads[2] = {static_cast<int32_t>(p.q.heads), static_cast<int32_t>(p.k.heads)};
-  const int64_t rows = p.batch * p.seq;
+  const k::NormGrid g = k::norm_grid(p, blocks);
   for (int64_t block = 0; block < blocks; ++block) {
-    for (int64_t row = block; row < rows; row += blocks) {
-      const int64_t b = row / p.seq, s = row - b * p.seq;
-      const int64_t pos = k::position_of(p, b, s);
+    for (k::NormRows r(p, block); r.more(p); r.next(p, g)) {
+      const int64_t b = r.b, s = r.s, pos = r.place.pos;
       if (n.kind == k::NormKind::kHead) {
         for (int32_t warp = 0; warp < k::kNormWarps; ++warp) {
           for (int32_t h = warp; h < heads[0] + heads[1]; h += k::kNormWarps) {
@@ -52,7 +51,8 @@ void emulate_norm_rope(const rotary::kernel::KVCacheParams& kv, const rotary::ke
         }
       }
       if constexpr (!std::is_void_v<Cache>) {
-        for (int t = 0; t < k::kNormThreads; ++t) k::norm_cache_row<T, Cache>(kv, b, s, t, k::kNormThreads);
+        const k::CacheDest dest = k::cache_dest(kv, b, s, r.place);  // thread 0's, shared
+        for (int t = 0; t < k::kNormThreads; ++t) k::norm_cache_row<T, Cache>(kv, dest, b, s, t, k::kNormThreads);
       }
     }
   }
