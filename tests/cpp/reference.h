@@ -112,16 +112,17 @@ inline at::Tensor ref_rope(
 // sqrt(mean(x^2) + eps), the mean over head_dim (norm "heads": over every
 // head and head_dim), times w + offset (w [D], or [H * D] for "heads");
 // then ref_rope of dims [rotary_offset, rotary_offset + rotary_dim) at
-// positions start_pos + s.
+// the positions RefPositions gives (start_pos + s without a tensor).
 inline at::Tensor ref_norm_rope(const at::Tensor& x, const at::Tensor& w, bool heads, double eps, double offset,
-                                int64_t start_pos, bool interleaved, int64_t rotary_offset, int64_t rotary_dim) {
+                                int64_t start_pos, bool interleaved, int64_t rotary_offset, int64_t rotary_dim,
+                                const std::optional<at::Tensor>& positions = std::nullopt) {
   const at::Tensor xd = x.detach().to(at::kCPU, at::kDouble);
   const at::Tensor ms = heads ? (xd * xd).mean({1, 3}, true) : (xd * xd).mean({3}, true);
   const at::Tensor wd = w.detach().to(at::kCPU, at::kDouble) + offset;
   const at::Tensor y = xd / at::sqrt(ms + eps) * (heads ? wd.view({1, x.size(1), 1, x.size(3)}) : wd);
   at::Tensor out = y.contiguous();
   out.narrow(3, rotary_offset, rotary_dim)
-      .copy_(ref_rope(y.narrow(3, rotary_offset, rotary_dim), start_pos, interleaved));
+      .copy_(ref_rope(y.narrow(3, rotary_offset, rotary_dim), start_pos, interleaved, positions));
   return out;
 }
 

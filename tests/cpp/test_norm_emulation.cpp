@@ -1,9 +1,10 @@
 // Host emulation of the prologue's CUDA kernel (cuda/norm_rope_kernel.cuh):
 // every block of the grid and every thread of it, through norm_partial and
 // norm_finish with the kernel's reduction order, on the CPU; compared with a
-// float64 norm-then-rope reference, and the bits with a second grid size.
-// Checks the CUDA indexing (head walks, pass-through dims, grid stride) in
-// CI, where there is no GPU.
+// float64 norm-then-rope reference, and the bits across grid sizes. Checks
+// the CUDA indexing (head walks, pass-through dims, the grid-stride row walk
+// with its (b, s) step and packed-sequence search) in CI, where there is no
+// GPU.
 #ifdef ROTARY_WITH_CUDA
 
 #include "checks/norm_checks.h"
@@ -14,8 +15,11 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <iterator>
 #include <limits>
+#include <optional>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -27,7 +31,38 @@ struct NormCase {
   int64_t D, r, off, Hq, Hk;
   bool in_place;
   bool fp8_q = false;  // q out as float8_e4m3fn, per-head scales
+  // Token positions: start + s; + offsets[b]; ids[b][s]; or packed
+  // sequences (cu_seqlens, THD), start + the index within each sequence.
+  enum class Pos { kLocal, kOffsets, kIds, kVarlen } pos = Pos::kLocal;
 };
+
+// Packed sequences of 4, 1 and 6 tokens: a grid stride of 2 or 5 rows
+// crosses into the next sequence and past it.
+constexpr int64_t kPacked[] = {0, 4, 5, 11};
+
+// Position inputs of case c for q [B, H, S, D]: the op's, and the float64
+// reference's (packed positions as ids: each token's index in its sequence).
+struct NormPositions {
+  std::optional<at::Tensor> offsets, ids, cu_seqlens, ref;
+};
+NormPositions positions_of(const NormCase& c, int64_t B, int64_t S) {
+  NormPositions p;
+  switch (c.pos) {
+    case NormCase::Pos::kLocal: break;
+    case NormCase::Pos::kOffsets: p.offsets = p.ref = at::randint(0, 40, {B}, at::kInt); break;
+    case NormCase::Pos::kIds: p.ids = p.ref = at::randint(0, 50, {B, S}, at::kLong); break;
+    case NormCase::Pos::kVarlen: {
+      p.cu_seqlens = at::tensor(std::vector<int64_t>(std::begin(kPacked), std::end(kPacked)), at::kInt);
+      std::vector<int64_t> local;
+      for (size_t i = 0; i + 1 < std::size(kPacked); ++i) {
+        for (int64_t t = 0; t < kPacked[i + 1] - kPacked[i]; ++t) local.push_back(t);
+      }
+      p.ref = at::tensor(local, at::kLong).view({1, S});
+      break;
+    }
+  }
+  return p;
+}
 
 class NormEmulation : public ::testing::TestWithParam<NormCase> {};
 
@@ -53,26 +88,34 @@ void emulate_dtype(const NormCase& c, const rotary::detail::PreparedNormRope& pr
 
 TEST_P(NormEmulation, MatchesReferenceOnEveryGrid) {
   const NormCase& c = GetParam();
-  const int64_t B = 2, S = 3;
+  const bool varlen = c.pos == NormCase::Pos::kVarlen;
+  const int64_t B = varlen ? 1 : 2, S = varlen ? kPacked[std::size(kPacked) - 1] : 3;
   const auto opts = at::TensorOptions().dtype(c.dtype);
-  // BSHD storage read as BHSD: strided heads, as a projection output is.
+  // BSHD storage read as BHSD: strided heads, as a projection output is;
+  // packed inputs are THD, that storage without the batch.
   const at::Tensor q0 = at::randn({B, S, c.Hq, c.D}, opts).transpose(1, 2);
   const at::Tensor k0 = at::randn({B, S, c.Hk, c.D}, opts).transpose(1, 2);
+  const auto op_view = [&](const at::Tensor& x) { return varlen ? x.squeeze(0).transpose(0, 1) : x; };
+  const auto ref_view = [&](const at::Tensor& x) { return varlen ? x.transpose(0, 1).unsqueeze(0) : x; };
+  const NormPositions pos = positions_of(c, B, S);
   const at::Tensor qw = 1 + 0.5 * at::randn({c.heads ? c.Hq * c.D : c.D});
   const at::Tensor kw = 1 + 0.5 * at::randn({c.heads ? c.Hk * c.D : c.D});
   const at::Tensor table = at::polar(
       at::ones({64, c.r / 2}),
       at::outer(at::arange(64, at::kDouble), 1.0 / at::pow(10000.0, at::arange(0, c.r, 2, at::kDouble) / c.r))
           .to(at::kFloat));
-  const int64_t start = 5;
-  at::Tensor out[2][2];
-  for (int64_t blocks : {int64_t{1} << 20, int64_t{2}}) {
-    at::Tensor q = q0.clone(), k = k0.clone();
+  const int64_t start = c.pos == NormCase::Pos::kIds ? 0 : 5;  // ids are absolute
+  constexpr int64_t kGrids[] = {int64_t{1} << 20, 2, 5};  // a block per row; steps of (0, 2) and (1, 2) rows
+  at::Tensor out[3][2];
+  for (int i = 0; i < 3; ++i) {
+    const int64_t blocks = kGrids[i];
+    at::Tensor q = op_view(q0).clone(), k = op_view(k0).clone();
     const std::optional<at::Tensor> oqw(qw), okw(kw);
     std::optional<at::Tensor> none;
     const std::optional<at::Tensor> q_scale =
         c.fp8_q ? std::optional<at::Tensor>(at::linspace(0.004, 0.02, c.Hq)) : std::nullopt;
-    const rotary::detail::RopeArgs args{start, c.interleaved, none, none, false, none, none, "BHSD", c.off, {}};
+    const rotary::detail::RopeArgs args{
+        start, c.interleaved, pos.offsets, pos.ids, false, pos.cu_seqlens, none, varlen ? "THD" : "BHSD", c.off, {}};
     const rotary::detail::NormArgs nargs{oqw, okw, 1e-5, c.heads ? "heads" : "head", 0.0, q_scale};
     const auto prepared = rotary::detail::prepare_norm_rope("emulation", q, k, table, args, nargs, c.in_place);
     if (c.fp8_q) {
@@ -83,14 +126,13 @@ TEST_P(NormEmulation, MatchesReferenceOnEveryGrid) {
       prepared.rope.out_k.fill_(std::numeric_limits<double>::quiet_NaN());
     }
     emulate_dtype(c, prepared, blocks);
-    const int i = blocks == 2;
-    out[i][0] = prepared.rope.out_q;
-    out[i][1] = prepared.rope.out_k;
+    out[i][0] = ref_view(prepared.rope.out_q);
+    out[i][1] = ref_view(prepared.rope.out_k);
     const at::Tensor* x[2] = {&q0, &k0};
     const at::Tensor* w[2] = {&qw, &kw};
     for (int t = 0; t < 2; ++t) {
       const at::Tensor want =
-          rotary_test::ref_norm_rope(*x[t], *w[t], c.heads, 1e-5, 0.0, start, c.interleaved, c.off, c.r);
+          rotary_test::ref_norm_rope(*x[t], *w[t], c.heads, 1e-5, 0.0, start, c.interleaved, c.off, c.r, pos.ref);
       if (c.fp8_q && t == 0) {  // fp8: x / scale, saturated, within half an fp8 ulp (2^-4)
         const at::Tensor q8 = (want / q_scale->to(at::kDouble).view({1, c.Hq, 1, 1})).clamp(-448, 448);
         EXPECT_TRUE(rotary_test::AllClose(out[i][t].to(at::kDouble), q8, {1e-3, 0.0625})) << c.name << " fp8 q";
@@ -100,8 +142,11 @@ TEST_P(NormEmulation, MatchesReferenceOnEveryGrid) {
           << c.name << (t ? " k" : " q") << " blocks " << blocks;
     }
   }
-  for (int t = 0; t < 2; ++t) {
-    EXPECT_TRUE(at::equal(out[0][t].to(at::kDouble), out[1][t].to(at::kDouble))) << c.name << ": grid-dependent bits";
+  for (int i = 1; i < 3; ++i) {
+    for (int t = 0; t < 2; ++t) {
+      EXPECT_TRUE(at::equal(out[0][t].to(at::kDouble), out[i][t].to(at::kDouble)))
+          << c.name << ": grid-dependent bits, " << kGrids[i] << " blocks";
+    }
   }
 }
 
@@ -115,7 +160,15 @@ INSTANTIATE_TEST_SUITE_P(
         NormCase{"fp64_head_d512", at::kDouble, false, true, 512, 128, 0, 2, 1, true},
         NormCase{"fp32_head_d16", at::kFloat, false, true, 16, 8, 4, 5, 3, false},
         NormCase{"bf16_head_fp8_q", at::kBFloat16, false, false, 64, 32, 16, 4, 2, false, true},
-        NormCase{"fp32_heads_fp8_q", at::kFloat, true, true, 32, 32, 0, 3, 1, false, true}),
+        NormCase{"fp32_heads_fp8_q", at::kFloat, true, true, 32, 32, 0, 3, 1, false, true},
+        NormCase{"bf16_head_offsets", at::kBFloat16, false, false, 64, 64, 0, 4, 2, false, false,
+                 NormCase::Pos::kOffsets},
+        NormCase{"fp32_heads_ids", at::kFloat, true, true, 32, 16, 8, 3, 1, true, false, NormCase::Pos::kIds},
+        NormCase{"fp16_head_varlen", at::kHalf, false, false, 64, 32, 16, 4, 2, false, false, NormCase::Pos::kVarlen},
+        NormCase{"fp64_heads_varlen_in_place", at::kDouble, true, true, 32, 32, 0, 2, 2, true, false,
+                 NormCase::Pos::kVarlen},
+        NormCase{"bf16_head_varlen_fp8_q", at::kBFloat16, false, true, 64, 64, 0, 4, 2, false, true,
+                 NormCase::Pos::kVarlen}),
     [](const ::testing::TestParamInfo<NormCase>& info) { return info.param.name; });
 
 }  // namespace
