@@ -153,8 +153,10 @@ void check(const NormKVCase& c) {
   const at::Tensor kw = 1 + 0.5 * at::randn({c.heads ? c.Hk * c.D : c.D});
   const std::optional<at::Tensor> oqw(qw), okw(kw), none;
   const char* norm = c.heads ? "heads" : "head";
-  for (const int64_t blocks : {int64_t{1} << 20, int64_t{1}}) {  // one block: it walks every row
-    const std::string what = c.name + (blocks == 1 ? " one block" : "");
+  // A block per row; one block walking every row; 2 blocks, a stride of 2
+  // rows that wraps past a batch row's S = 3 (the (b, s) step's carry).
+  for (const int64_t blocks : {int64_t{1} << 20, int64_t{1}, int64_t{2}}) {
+    const std::string what = c.name + (blocks < 4 ? " " + std::to_string(blocks) + " blocks" : "");
     const NormKVInputs op = make(c, 11);
     NormKVInputs fused = clone(op), two = clone(op);
     auto prepare = [&](NormKVInputs& in) {
