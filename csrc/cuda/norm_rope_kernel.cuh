@@ -11,8 +11,8 @@
 // two phases are norm_partial and norm_finish; the kernel and the host
 // emulation both run them, with the reductions in the same order
 // (warp_reduce_order / block_reduce_order), so the emulation gives the
-// kernel's bits. Index walks over rows (NormRows) and over (head, dim)
-// (HeadWalk) step without division.
+// kernel's bits. The walks over rows (NormRows) and over (head, dim)
+// (HeadWalk) step without a division per item.
 // apply_qk_norm_rope_with_kv_cache_ runs the same launch with a cache type:
 // once a row's k is finished, the block writes it and v into the caches,
 // at the cache row one thread found for the block (CacheDest).
@@ -112,9 +112,9 @@ struct HeadWalk {
   }
 };
 
-// The launch's grid-stride over token rows: `blocks` blocks, that stride as
-// a step in (b, s), found once on the host (norm_grid) so the kernel reads
-// it from its parameters and divides nothing per row.
+// The launch's grid stride over token rows (its block count) as a step in
+// (b, s), found once on the host (norm_grid) so that the kernel reads it
+// from its parameters and divides nothing per row.
 struct NormGrid {
   int64_t step_b, step_s;
 };
