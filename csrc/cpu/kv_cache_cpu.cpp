@@ -27,17 +27,16 @@ void write_rows(const KVCacheParams& p, int64_t b, int64_t s0, int64_t n, int64_
   for (int64_t s = s0; s < s0 + n; ++s) {
     int64_t outer = 0, inner = 0;
     if (!kernel::cache_row(p, b, s, outer, inner)) continue;  // slot -1
+    const kernel::KVRow row = kernel::kv_row(p, b, s, outer, inner);
     for (int64_t h = h0; h < h1; ++h) {
       if (!rows) {
-        for (int64_t d = 0; d < kernel::kv_row_dim(p); ++d) {
-          kernel::write_kv_element<T, Cache>(p, b, s, h, d, outer, inner);
-        }
+        for (int64_t d = 0; d < kernel::kv_row_dim(p); ++d) kernel::write_kv_element<T, Cache>(p, row, h, d);
         continue;
       }
-      const T* k = static_cast<const T*>(r.k.out) + b * r.k.out_stride[0] + h * r.k.out_stride[1] + s * r.k.out_stride[2];
-      const T* v = static_cast<const T*>(p.v) + b * p.v_stride[0] + h * p.v_stride[1] + s * p.v_stride[2];
-      T* kc = static_cast<T*>(p.k_cache) + outer * p.kc_stride[0] + h * p.kc_stride[1] + inner * p.kc_stride[2];
-      T* vc = static_cast<T*>(p.v_cache) + outer * p.vc_stride[0] + h * p.vc_stride[1] + inner * p.vc_stride[2];
+      const T* k = static_cast<const T*>(r.k.out) + row.k + h * r.k.out_stride[1];
+      const T* v = static_cast<const T*>(p.v) + row.v + h * p.v_stride[1];
+      T* kc = static_cast<T*>(p.k_cache) + row.kc + h * p.kc_stride[1];
+      T* vc = static_cast<T*>(p.v_cache) + row.vc + h * p.vc_stride[1];
       std::memcpy(kc, k, dim * sizeof(T));
       std::memcpy(vc, v, p.v_dim * sizeof(T));
     }

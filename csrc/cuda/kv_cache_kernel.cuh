@@ -28,7 +28,7 @@ ROTARY_HOST_DEVICE void kv_cache_thread(const KVCacheParams& p, int64_t i) {
   const int64_t b = t / p.rope.seq, s = t % p.rope.seq;
   int64_t outer = 0, inner = 0;
   if (!cache_row(p, b, s, outer, inner)) return;
-  write_kv_element<T, Cache>(p, b, s, h, d, outer, inner);
+  write_kv_element<T, Cache>(p, kv_row(p, b, s, outer, inner), h, d);
 }
 
 #if defined(__CUDACC__)

@@ -197,35 +197,34 @@ ROTARY_HOST_DEVICE void norm_finish(
   }
 }
 
-// A row's cache destination (cache_row), found by one thread of the block
-// while the row is normalized and shared through shared memory (a plain
-// struct: __shared__ takes no initializers). write is false when the token
-// is not written: slot -1, or a device-side slot or position outside the
-// cache.
+// A row's cache destination: its rows (kv_row) at cache_row's, found by one
+// thread of the block while the row is normalized and shared through shared
+// memory (a plain struct: __shared__ takes no initializers). write is false
+// when the token is not written: slot -1, or a device-side slot or position
+// outside the cache.
 struct CacheDest {
-  int64_t outer, inner;
+  KVRow row;
   bool write;
 };
 ROTARY_HOST_DEVICE CacheDest cache_dest(const KVCacheParams& kv, int64_t b, int64_t s, const TokenPlace& place) {
   CacheDest d;
-  d.outer = 0;
-  d.inner = 0;
-  d.write = cache_row(kv, b, s, place, d.outer, d.inner);
+  int64_t outer = 0, inner = 0;
+  d.write = cache_row(kv, b, s, place, outer, inner);
+  d.row = kv_row(kv, b, s, outer, inner);
   return d;
 }
 
-// Phase 3 (with a cache): thread tid writes its elements of token (b, s)'s
-// k and v head rows into their cache rows at `dest`, as the element-wise
-// cache kernel does; k is the row's finished output, read back after the
-// block's barrier.
+// Phase 3 (with a cache): thread tid writes its elements of the row's k and
+// v head rows into their cache rows at `dest`, as the element-wise cache
+// kernel does; k is the row's finished output, read back after the block's
+// barrier.
 template <typename T, typename Cache>
-ROTARY_HOST_DEVICE void norm_cache_row(const KVCacheParams& kv, const CacheDest& dest, int64_t b, int64_t s,
-                                       int32_t tid, int32_t threads) {
+ROTARY_HOST_DEVICE void norm_cache_row(const KVCacheParams& kv, const CacheDest& dest, int32_t tid, int32_t threads) {
   if (!dest.write) return;
   const int32_t dim = static_cast<int32_t>(kv_row_dim(kv));
   const int32_t heads = static_cast<int32_t>(kv.rope.k.heads);
   for (HeadWalk w(tid, dim); w.h < heads; w.next(threads, dim)) {
-    write_kv_element<T, Cache>(kv, b, s, w.h, w.i, dest.outer, dest.inner);
+    write_kv_element<T, Cache>(kv, dest.row, w.h, w.i);
   }
 }
 
@@ -299,7 +298,7 @@ __global__ void __launch_bounds__(kNormThreads) norm_rope_kernel(
     }
     if constexpr (!std::is_void_v<Cache>) {
       __syncthreads();  // every warp's k elements of the row, and dest[parity], are written
-      norm_cache_row<T, Cache>(kv, dest[parity], b, s, tid, kNormThreads);
+      norm_cache_row<T, Cache>(kv, dest[parity], tid, kNormThreads);
       parity ^= 1;
     }
   }

@@ -94,27 +94,38 @@ ROTARY_HOST_DEVICE int64_t kv_row_dim(const KVCacheParams& p) {
   return p.rope.head_dim > p.v_dim ? p.rope.head_dim : p.v_dim;
 }
 
-// Element d of head h of token (b, s): k (already rotated) and v into their
-// caches, each where d is inside its row. The CPU loop and the CUDA kernel
-// both call this.
-template <typename T, typename Cache>
-ROTARY_HOST_DEVICE void write_kv_element(
-    const KVCacheParams& p, int64_t b, int64_t s, int64_t h, int64_t d, int64_t outer, int64_t inner) {
+// Token (b, s)'s rows as element offsets: k (already rotated) and v where
+// they are read, and their cache rows at (outer, inner) from cache_row.
+// Found once per token; each head and element adds only its own strides.
+struct KVRow {
+  int64_t k, v, kc, vc;
+};
+ROTARY_HOST_DEVICE KVRow kv_row(const KVCacheParams& p, int64_t b, int64_t s, int64_t outer, int64_t inner) {
   const RopeParams& r = p.rope;
-  const T* k = static_cast<const T*>(r.k.out);
-  const T* v = static_cast<const T*>(p.v);
-  const int64_t kc = outer * p.kc_stride[0] + h * p.kc_stride[1] + inner * p.kc_stride[2] + d * p.kc_stride[3];
-  const int64_t vc = outer * p.vc_stride[0] + h * p.vc_stride[1] + inner * p.vc_stride[2] + d * p.vc_stride[3];
+  KVRow row;
+  row.k = b * r.k.out_stride[0] + s * r.k.out_stride[2];
+  row.v = b * p.v_stride[0] + s * p.v_stride[2];
+  row.kc = outer * p.kc_stride[0] + inner * p.kc_stride[2];
+  row.vc = outer * p.vc_stride[0] + inner * p.vc_stride[2];
+  return row;
+}
+
+// Element d of head h of a token's rows: k and v into their caches, each
+// where d is inside its row. The CPU loop and both CUDA kernels that write
+// a cache element by element call this.
+template <typename T, typename Cache>
+ROTARY_HOST_DEVICE void write_kv_element(const KVCacheParams& p, const KVRow& row, int64_t h, int64_t d) {
+  const RopeParams& r = p.rope;
   if (d < r.head_dim) {
     store_cache<T, Cache>(
-        static_cast<Cache*>(p.k_cache) + kc,
-        k[b * r.k.out_stride[0] + h * r.k.out_stride[1] + s * r.k.out_stride[2] + d * r.k.out_stride[3]],
+        static_cast<Cache*>(p.k_cache) + row.kc + h * p.kc_stride[1] + d * p.kc_stride[3],
+        static_cast<const T*>(r.k.out)[row.k + h * r.k.out_stride[1] + d * r.k.out_stride[3]],
         p.k_scale ? p.k_scale + h * p.k_scale_stride : nullptr);
   }
   if (d < p.v_dim) {
     store_cache<T, Cache>(
-        static_cast<Cache*>(p.v_cache) + vc,
-        v[b * p.v_stride[0] + h * p.v_stride[1] + s * p.v_stride[2] + d * p.v_stride[3]],
+        static_cast<Cache*>(p.v_cache) + row.vc + h * p.vc_stride[1] + d * p.vc_stride[3],
+        static_cast<const T*>(p.v)[row.v + h * p.v_stride[1] + d * p.v_stride[3]],
         p.v_scale ? p.v_scale + h * p.v_scale_stride : nullptr);
   }
 }

@@ -52,7 +52,7 @@ void emulate_norm_rope(const rotary::kernel::KVCacheParams& kv, const rotary::ke
       }
       if constexpr (!std::is_void_v<Cache>) {
         const k::CacheDest dest = k::cache_dest(kv, b, s, r.place);  // thread 0's, shared
-        for (int t = 0; t < k::kNormThreads; ++t) k::norm_cache_row<T, Cache>(kv, dest, b, s, t, k::kNormThreads);
+        for (int t = 0; t < k::kNormThreads; ++t) k::norm_cache_row<T, Cache>(kv, dest, t, k::kNormThreads);
       }
     }
   }
