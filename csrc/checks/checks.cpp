@@ -178,7 +178,10 @@ RopeCall check_rope_inputs(
     check_same_device(op, "inv_freq", inv, q);
   }
   if (args.pair_axes) check_axes_positions(op, qv, freqs, args);
-  RopeCall call{qv, kv, &freqs};
+  RopeCall call;
+  call.q = qv;
+  call.k = kv;
+  call.freqs = &freqs;
   auto& pos = call.positions;
   if (args.offsets || args.position_ids) {
     check_positions_shape(op, qv, args);

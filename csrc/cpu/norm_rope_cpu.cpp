@@ -44,7 +44,6 @@ void norm_tensor_tile(
     const RopeParams& p, const NormParams& n, int i, int64_t b, int64_t s0, int64_t tile,
     const at::opmath_type<scalar_t>* coef, const at::opmath_type<scalar_t>* weight, at::opmath_type<scalar_t>* scratch,
     Capability cap) {
-  using acc_t = at::opmath_type<scalar_t>;
   const HeadTensor& t = i == 0 ? p.q : p.k;
   const bool across = n.kind == NormKind::kHeads;
   const float* fp8_scale = i == 0 ? n.q_scale : nullptr;  // q as float8_e4m3fn bytes
