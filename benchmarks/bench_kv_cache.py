@@ -101,15 +101,20 @@ def cases(device, dtype, B, S, Hq, Hk, D, kv_layout, block=16, start=100, compil
             x.copy_(torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], -1))
         (write_put if put else write)(kc, vc, k, v)
 
-    qw, kw = (torch.rand(D, generator=torch.Generator().manual_seed(i)).to(device, dtype) + 0.5 for i in (1, 2))
+    # The prologue rows run in place on their own q and k, each call on the
+    # last one's output, so with unit weights: a weight below 1 would shrink
+    # its dims every call, into subnormals (which slowed every variant that
+    # shared q and k about 20x on the CPU) and zeros.
+    qp, kp = q.clone(), k.clone()
+    qw = kw = torch.ones(D, dtype=dtype, device=device)
 
     def prologue():
-        rotary.apply_qk_norm_rope_with_kv_cache_(q, k, v, kc, vc, f, start, False, layout="BSHD", q_weight=qw,
+        rotary.apply_qk_norm_rope_with_kv_cache_(qp, kp, v, kc, vc, f, start, False, layout="BSHD", q_weight=qw,
                                                  k_weight=kw, **extra)
 
     def prologue_unfused():
-        rotary.apply_qk_norm_rope_(q, k, f, start, False, layout="BSHD", q_weight=qw, k_weight=kw)
-        write(kc, vc, k, v)
+        rotary.apply_qk_norm_rope_(qp, kp, f, start, False, layout="BSHD", q_weight=qw, k_weight=kw)
+        write(kc, vc, kp, v)
 
     fns = {"fused": fused, "unfused": unfused, "prologue": prologue, "prologue_unfused": prologue_unfused}
     if compile_:
@@ -127,7 +132,18 @@ def cases(device, dtype, B, S, Hq, Hk, D, kv_layout, block=16, start=100, compil
     fns["floor"] = floor
     if kv_layout == "NHD" and device == "cuda":
         add_flashinfer(fns, q, k, v, kc, vc, f, start, block, extra)
-    return fns
+    return fns, {"q": q, "k": k, "prologue's q": qp, "prologue's k": kp}
+
+
+def check_inputs(title, tensors):
+    """Refuse a row whose in-place inputs left the normal range during the
+    timed calls (subnormals, zeros, inf or NaN): it would time the slow path
+    of denormal arithmetic, not the op."""
+    for name, x in tensors.items():
+        xf = x.float()
+        frac = ((~torch.isfinite(xf)) | (xf.abs() < torch.finfo(x.dtype).tiny)).float().mean().item()
+        if frac > 1e-3:
+            raise SystemExit(f"{title}: {frac:.1%} of {name} is subnormal, zero or not finite after the timed calls")
 
 
 def add_flashinfer(fns, q, k, v, kc, vc, f, start, block, extra):
@@ -229,11 +245,12 @@ def main() -> None:
               "| prologue us | prologue unfused us | prologue/unfused |")
         print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
         for title, kw, calls in shapes:
-            fns = cases(a.device, dtype, Hq=32, Hk=8, D=128, compile_=not a.no_compile, **kw)
+            fns, inputs = cases(a.device, dtype, Hq=32, Hk=8, D=128, compile_=not a.no_compile, **kw)
             per = 1
             if a.graph:
                 fns, per, calls = graphed(fns, calls), calls, 1
             t = time_interleaved(fns, a.rounds, calls=calls, warmup=3, seed=a.seed, sync=sync)
+            check_inputs(title, inputs)
             us = " | ".join(f"{t[n].median * 1e6 / per:.1f}" if n in t else "-" for n in ("fused",) + cols)
             ratios = " | ".join(ratio_cell(t["fused"], t[n], guard) if n in t else "-" for n in cols)
             pro = " | ".join(f"{t[n].median * 1e6 / per:.1f}" if n in t else "-" for n in ("prologue", "prologue_unfused"))
