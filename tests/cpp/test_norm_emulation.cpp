@@ -105,7 +105,7 @@ TEST_P(NormEmulation, MatchesReferenceOnEveryGrid) {
       at::outer(at::arange(64, at::kDouble), 1.0 / at::pow(10000.0, at::arange(0, c.r, 2, at::kDouble) / c.r))
           .to(at::kFloat));
   const int64_t start = c.pos == NormCase::Pos::kIds ? 0 : 5;  // ids are absolute
-  constexpr int64_t kGrids[] = {int64_t{1} << 20, 2, 5};  // a block per row; steps of (0, 2) and (1, 2) rows
+  constexpr int64_t kGrids[] = {int64_t{1} << 20, 2, 5};  // a block per row; (b, s) steps (0, 2), (1, 2) at S = 3
   at::Tensor out[3][2];
   for (int i = 0; i < 3; ++i) {
     const int64_t blocks = kGrids[i];
