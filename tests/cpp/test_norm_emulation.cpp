@@ -40,17 +40,19 @@ struct NormCase {
 // crosses into the next sequence and past it.
 constexpr int64_t kPacked[] = {0, 4, 5, 11};
 
-// Position inputs of case c for q [B, H, S, D]: the op's, and the float64
-// reference's (packed positions as ids: each token's index in its sequence).
+// Positions of case c for q [B, H, S, D] in the float64 reference's
+// convention (op_positions turns them into the op's arguments), and the
+// packed sequences, whose reference positions are ids: each token's index in
+// its sequence, for the reference only.
 struct NormPositions {
-  std::optional<at::Tensor> offsets, ids, cu_seqlens, ref;
+  std::optional<at::Tensor> cu_seqlens, ref;
 };
 NormPositions positions_of(const NormCase& c, int64_t B, int64_t S) {
   NormPositions p;
   switch (c.pos) {
     case NormCase::Pos::kLocal: break;
-    case NormCase::Pos::kOffsets: p.offsets = p.ref = at::randint(0, 40, {B}, at::kInt); break;
-    case NormCase::Pos::kIds: p.ids = p.ref = at::randint(0, 50, {B, S}, at::kLong); break;
+    case NormCase::Pos::kOffsets: p.ref = at::randint(0, 40, {B}, at::kInt); break;
+    case NormCase::Pos::kIds: p.ref = at::randint(0, 50, {B, S}, at::kLong); break;
     case NormCase::Pos::kVarlen: {
       p.cu_seqlens = at::tensor(std::vector<int64_t>(std::begin(kPacked), std::end(kPacked)), at::kInt);
       std::vector<int64_t> local;
@@ -104,7 +106,8 @@ TEST_P(NormEmulation, MatchesReferenceOnEveryGrid) {
       at::ones({64, c.r / 2}),
       at::outer(at::arange(64, at::kDouble), 1.0 / at::pow(10000.0, at::arange(0, c.r, 2, at::kDouble) / c.r))
           .to(at::kFloat));
-  const int64_t start = c.pos == NormCase::Pos::kIds ? 0 : 5;  // ids are absolute
+  const int64_t start = 5;
+  const rotary_test::OpPositions op_pos = rotary_test::op_positions(start, varlen ? std::nullopt : pos.ref);
   constexpr int64_t kGrids[] = {int64_t{1} << 20, 2, 5};  // a block per row; (b, s) steps (0, 2), (1, 2) at S = 3
   at::Tensor out[3][2];
   for (int i = 0; i < 3; ++i) {
@@ -114,8 +117,8 @@ TEST_P(NormEmulation, MatchesReferenceOnEveryGrid) {
     std::optional<at::Tensor> none;
     const std::optional<at::Tensor> q_scale =
         c.fp8_q ? std::optional<at::Tensor>(at::linspace(0.004, 0.02, c.Hq)) : std::nullopt;
-    const rotary::detail::RopeArgs args{
-        start, c.interleaved, pos.offsets, pos.ids, false, pos.cu_seqlens, none, varlen ? "THD" : "BHSD", c.off, {}};
+    const rotary::detail::RopeArgs args{op_pos.start_pos, c.interleaved, op_pos.offsets, op_pos.position_ids, false,
+                                        pos.cu_seqlens, none, varlen ? "THD" : "BHSD", c.off, {}};
     const rotary::detail::NormArgs nargs{oqw, okw, 1e-5, c.heads ? "heads" : "head", 0.0, q_scale};
     const auto prepared = rotary::detail::prepare_norm_rope("emulation", q, k, table, args, nargs, c.in_place);
     if (c.fp8_q) {
