@@ -142,11 +142,12 @@ fuzz: build
 	else echo "fuzz: no GPU with the CUDA kernels; CUDA fuzz skipped"; fi; \
 	exit $$status
 
-# The CPU kernel builds with clang too: its three capability objects
-# (csrc/cpu/kernel/rope_kernel.cpp as DEFAULT, AVX2, AVX512) compiled by
-# clang++ with the flags CMake gives them, and the AVX2 / AVX-512 objects
-# really hold 256- / 512-bit vector code (ymm / zmm registers) while DEFAULT
-# holds none. Only those objects are built (x86-64 hosts).
+# The CPU kernel builds with clang too: its capability objects
+# (csrc/cpu/kernel/rope_kernel.cpp as DEFAULT, AVX2, AVX512, AVX512_BF16)
+# compiled by clang++ with the flags CMake gives them, and the AVX2 / AVX-512
+# objects really hold 256- / 512-bit vector code (ymm / zmm registers) while
+# DEFAULT holds none; AVX512_BF16 holds the bf16 conversion instructions.
+# Only those objects are built (x86-64 hosts).
 CLANG_BUILD := build-clang
 CLANGXX ?= clang++
 .PHONY: test-clang
@@ -154,14 +155,22 @@ test-clang: $(DEPS_STAMP)
 	cmake -S . -B $(CLANG_BUILD) -DCMAKE_CXX_COMPILER=$(CLANGXX) -DROTARY_CUDA=OFF -DROTARY_BUILD_PYTHON=OFF \
 	  -DROTARY_BUILD_TESTS=OFF -DROTARY_BUILD_BENCHMARKS=OFF -DROTARY_BUILD_EXAMPLES=OFF \
 	  -DCMAKE_PREFIX_PATH="$$($(VPY) -c 'import torch; print(torch.utils.cmake_prefix_path)')" > /dev/null
-	cmake --build $(CLANG_BUILD) -j$(JOBS) --target rotary_cpu_default rotary_cpu_avx2 rotary_cpu_avx512
-	@set -e; for spec in default:ymm:0 default:zmm:0 avx2:ymm:1 avx2:zmm:0 avx512:zmm:1; do \
+	cmake --build $(CLANG_BUILD) -j$(JOBS) --target rotary_cpu_default rotary_cpu_avx2 rotary_cpu_avx512 \
+	  rotary_cpu_avx512_bf16
+	@set -e; for spec in default:ymm:0 default:zmm:0 avx2:ymm:1 avx2:zmm:0 avx512:zmm:1 avx512_bf16:zmm:1; do \
 	  cap=$${spec%%:*}; rest=$${spec#*:}; reg=$${rest%%:*}; want=$${rest#*:}; \
 	  obj=$$(find $(CLANG_BUILD)/CMakeFiles/rotary_cpu_$$cap.dir -name 'rope_kernel.cpp.o'); \
 	  n=$$(objdump -d --no-show-raw-insn $$obj | grep -c "%$$reg" || true); \
 	  echo "clang $$cap: $$n instructions on $$reg"; \
 	  if [ $$want = 1 ] && [ $$n -lt 100 ]; then echo "clang $$cap: expected $$reg vector code"; exit 1; fi; \
 	  if [ $$want = 0 ] && [ $$n -ne 0 ]; then echo "clang $$cap: unexpected $$reg code"; exit 1; fi; \
+	done; \
+	for cap in avx512 avx512_bf16; do \
+	  obj=$$(find $(CLANG_BUILD)/CMakeFiles/rotary_cpu_$$cap.dir -name 'rope_kernel.cpp.o'); \
+	  n=$$(objdump -d --no-show-raw-insn $$obj | grep -c 'vcvtne2\?ps2bf16' || true); \
+	  echo "clang $$cap: $$n bf16 conversion instructions"; \
+	  if [ $$cap = avx512 ] && [ $$n -ne 0 ]; then echo "clang avx512: unexpected bf16 instructions"; exit 1; fi; \
+	  if [ $$cap = avx512_bf16 ] && [ $$n -lt 4 ]; then echo "clang avx512_bf16: expected bf16 instructions"; exit 1; fi; \
 	done
 
 # The demo, in its own build tree with only what it runs (no CUDA kernels,

@@ -26,6 +26,10 @@ using kernel::RopeParams;
 template <typename scalar_t>
 void norm_rotate_run(const NormRun<scalar_t>& r, Capability cap) {
   switch (cap) {
+#if defined(ROTARY_CPU_AVX512_BF16)
+    case Capability::kAvx512Bf16:
+      return AVX512_BF16::norm_rotate_run(r);
+#endif
 #if defined(ROTARY_CPU_AVX512)
     case Capability::kAvx512:
       return AVX512::norm_rotate_run(r);
@@ -106,12 +110,17 @@ void run_cpu(const detail::PreparedNormRope& prepared, at::ScalarType dtype) {
 
 }  // namespace
 
-void norm_rope_cpu(const RopeParams& p, const NormParams& n, at::ScalarType dtype, const TileHook* hook) {
-  static const Capability cap = capability_from_aten();
+void norm_rope_cpu(
+    const RopeParams& p, const NormParams& n, at::ScalarType dtype, const TileHook* hook, Capability cap) {
   if (p.batch * p.seq == 0) return;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "rotary_norm_cpu", [&] {
     norm_rope_kernel<scalar_t>(p, n, cap, hook);
   });
+}
+
+void norm_rope_cpu(const RopeParams& p, const NormParams& n, at::ScalarType dtype, const TileHook* hook) {
+  static const Capability cap = capability_from_aten();
+  norm_rope_cpu(p, n, dtype, hook, cap);
 }
 
 }  // namespace cpu

@@ -38,6 +38,9 @@ using kernel::RopeParams;
 Capability capability_from_aten() {
   // ATen's pick: the best its CPU check allows, or ATEN_CPU_CAPABILITY.
   const std::string aten = at::get_cpu_capability();
+#if defined(ROTARY_CPU_AVX512_BF16)
+  if (aten == "AVX512" && __builtin_cpu_supports("avx512bf16")) return Capability::kAvx512Bf16;
+#endif
 #if defined(ROTARY_CPU_AVX512)
   if (aten == "AVX512") return Capability::kAvx512;
 #endif
@@ -49,6 +52,8 @@ Capability capability_from_aten() {
 
 const char* capability_name(Capability cap) {
   switch (cap) {
+    case Capability::kAvx512Bf16:
+      return "AVX512_BF16";
     case Capability::kAvx512:
       return "AVX512";
     case Capability::kAvx2:
@@ -132,6 +137,10 @@ bool stream_output(const RopeParams& p, const HeadTensor& t, int64_t out_bytes, 
 template <typename scalar_t>
 void rotate_run(const Run<scalar_t>& r, int64_t dim, bool interleaved, Capability cap, bool nt) {
   switch (cap) {
+#if defined(ROTARY_CPU_AVX512_BF16)
+    case Capability::kAvx512Bf16:
+      return AVX512_BF16::rotate_run(r, dim, interleaved, nt);
+#endif
 #if defined(ROTARY_CPU_AVX512)
     case Capability::kAvx512:
       return AVX512::rotate_run(r, dim, interleaved, nt);

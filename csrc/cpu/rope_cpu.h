@@ -12,12 +12,14 @@ namespace rotary {
 namespace cpu {
 
 // The builds of the kernel (kernel/rope_kernel.cpp), as ATen names its CPU
-// capabilities. AVX2 and AVX512 exist on x86-64 builds only.
-enum class Capability { kDefault = 0, kAvx2 = 1, kAvx512 = 2 };
+// capabilities, plus AVX512_BF16: AVX512 with the fp32 -> bf16 conversion
+// instruction. The x86 builds exist on x86-64 only; each runs where every
+// lower one does.
+enum class Capability { kDefault = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3 };
 
 // The build the ops run: ATen's capability (at::get_cpu_capability(), which
 // honours ATEN_CPU_CAPABILITY=default|avx2|avx512), capped at what this
-// library was built with.
+// library was built with; AVX512 becomes AVX512_BF16 on a CPU with it.
 Capability capability_from_aten();
 const char* capability_name(Capability cap);
 
@@ -43,6 +45,10 @@ void rope_cpu(const kernel::RopeParams& p, at::ScalarType dtype, Capability cap)
 // by p, in one pass; hook (may be null) as for rope_cpu, after each tile's k.
 void norm_rope_cpu(
     const kernel::RopeParams& p, const kernel::NormParams& n, at::ScalarType dtype, const TileHook* hook);
+// The same with the kernel build chosen by the caller (as rope_cpu's).
+void norm_rope_cpu(
+    const kernel::RopeParams& p, const kernel::NormParams& n, at::ScalarType dtype, const TileHook* hook,
+    Capability cap);
 
 }  // namespace cpu
 }  // namespace rotary

@@ -1,13 +1,16 @@
-// The CPU kernel is built once per capability (DEFAULT, AVX2, AVX512). Each
-// build this CPU can run is forced in turn on the same launch: every one must
-// match the float64 reference and give exactly the bits of DEFAULT (portable
-// at::vec arrays), on finite inputs and on NaN, Inf and denormals alike.
+// The CPU kernels are built once per capability (DEFAULT, AVX2, AVX512,
+// AVX512_BF16). Each build this CPU can run is forced in turn on the same
+// launch: every one must match the float64 reference and give exactly the
+// bits of DEFAULT (portable at::vec arrays), on finite inputs and on NaN, Inf
+// and denormals alike. The prologue kernel is held to DEFAULT's bits too (its
+// float64 reference is the prologue op tests', on the build the ops pick).
 #include "helpers.h"
 #include "reference.h"
 
 #include <rotary/freqs.h>
 
 #include "checks/checks.h"
+#include "checks/norm_checks.h"
 #include "cpu/rope_cpu.h"
 
 #include <ATen/ATen.h>
@@ -152,6 +155,91 @@ TEST(CpuCapability, EveryBuildGivesTheBitsOfDefault) {
         for (const auto cap : caps) {
           if (cap == Capability::kDefault) continue;
           const auto got = run(c, q, k, freqs, cap);
+          EXPECT_TRUE(SameBits(got.first, base.first)) << where << " q " << rotary::cpu::capability_name(cap);
+          EXPECT_TRUE(SameBits(got.second, base.second)) << where << " k " << rotary::cpu::capability_name(cap);
+        }
+      }
+    }
+  }
+}
+
+struct NormCapabilityCase {
+  const char* name;
+  std::vector<int64_t> q_shape, k_shape;  // in `layout`
+  const char* layout;
+  bool interleaved, heads, in_place, fp8_q;
+};
+
+// Norm per head and across heads, both pairings, decode, in place, fp8 q.
+std::vector<NormCapabilityCase> norm_cases() {
+  return {
+      {"head", {2, 4, 9, 64}, {2, 2, 9, 64}, "BHSD", true, false, false, false},
+      {"heads_half", {2, 9, 4, 128}, {2, 9, 2, 128}, "BSHD", false, true, false, false},
+      {"decode", {8, 1, 32, 128}, {8, 1, 8, 128}, "BSHD", true, false, false, false},
+      {"in_place_half", {1, 3, 17, 96}, {1, 1, 17, 96}, "BHSD", false, false, true, false},
+      {"fp8_q", {2, 4, 5, 64}, {2, 2, 5, 64}, "BHSD", true, false, false, true},
+  };
+}
+
+int64_t heads_of(const NormCapabilityCase& c, const std::vector<int64_t>& shape) {
+  return std::string(c.layout) == "BHSD" ? shape[1] : shape[2];
+}
+
+// The prologue (apply_qk_norm_rope) of one case under one capability.
+std::pair<at::Tensor, at::Tensor> run_norm(
+    const NormCapabilityCase& c, const at::Tensor& q, const at::Tensor& k, const at::Tensor& qw,
+    const at::Tensor& kw, const at::Tensor& freqs, Capability cap) {
+  const std::optional<at::Tensor> none, oqw(qw), okw(kw);
+  const std::optional<at::Tensor> scale =
+      c.fp8_q ? std::optional<at::Tensor>(at::linspace(0.004, 0.02, heads_of(c, c.q_shape))) : none;
+  const rotary::detail::RopeArgs args{3, c.interleaved, none, none, false, none, none, c.layout};
+  const rotary::detail::NormArgs nargs{oqw, okw, 1e-5, c.heads ? "heads" : "head", 0.0, scale};
+  const at::Tensor qi = c.in_place ? q.clone() : q;
+  const at::Tensor ki = c.in_place ? k.clone() : k;
+  const auto prepared = rotary::detail::prepare_norm_rope("test", qi, ki, freqs, args, nargs, c.in_place);
+  if (c.fp8_q) {
+    prepared.rope.out_q.view(at::kByte).fill_(0x7f);  // NaN in float8_e4m3fn
+  } else if (!c.in_place) {
+    prepared.rope.out_q.fill_(std::numeric_limits<double>::quiet_NaN());
+  }
+  if (!c.in_place) prepared.rope.out_k.fill_(std::numeric_limits<double>::quiet_NaN());
+  rotary::cpu::norm_rope_cpu(prepared.rope.params, prepared.norm.params, q.scalar_type(), nullptr, cap);
+  return {c.fp8_q ? prepared.rope.out_q.view(at::kByte) : prepared.rope.out_q, prepared.rope.out_k};
+}
+
+TEST(CpuCapability, EveryPrologueBuildGivesTheBitsOfDefault) {
+  const auto caps = runnable_capabilities();
+  at::manual_seed(12);
+  for (const auto dtype : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16}) {
+    for (const auto& c : norm_cases()) {
+      const int64_t D = c.q_shape.back();
+      const auto freqs = rotary::rope_freqs(D, 4096);
+      for (const bool specials : {false, true}) {
+        at::Tensor q = at::randn(c.q_shape, at::kDouble), k = at::randn(c.k_shape, at::kDouble);
+        // Norm "heads": one weight per element of a token's heads.
+        at::Tensor qw = 1 + 0.5 * at::randn({c.heads ? heads_of(c, c.q_shape) * D : D});
+        at::Tensor kw = 1 + 0.5 * at::randn({c.heads ? heads_of(c, c.k_shape) * D : D});
+        if (specials) {
+          // A NaN in one head and an Inf in another (their heads' sums), and
+          // fp32-denormal weights, whose outputs round from fp32 denormals.
+          q.view({-1})[3] = std::numeric_limits<double>::quiet_NaN();
+          k.view({-1})[D + 5] = std::numeric_limits<double>::infinity();
+          qw.slice(0, 0, qw.numel(), 7).fill_(1e-39);
+          kw.slice(0, 1, kw.numel(), 5).fill_(-3e-39);
+        }
+        q = q.to(dtype);
+        k = k.to(dtype);
+        qw = qw.to(at::kFloat);
+        kw = kw.to(at::kFloat);
+        const auto base = run_norm(c, q, k, qw, kw, freqs, Capability::kDefault);
+        const std::string where =
+            std::string(c.name) + " " + dtype_name(dtype) + (specials ? " specials" : " finite");
+        if (!specials) {
+          EXPECT_FALSE(base.second.isnan().any().item<bool>()) << where << ": k left unwritten";
+        }
+        for (const auto cap : caps) {
+          if (cap == Capability::kDefault) continue;
+          const auto got = run_norm(c, q, k, qw, kw, freqs, cap);
           EXPECT_TRUE(SameBits(got.first, base.first)) << where << " q " << rotary::cpu::capability_name(cap);
           EXPECT_TRUE(SameBits(got.second, base.second)) << where << " k " << rotary::cpu::capability_name(cap);
         }

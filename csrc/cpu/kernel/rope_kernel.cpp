@@ -1,5 +1,6 @@
 // The CPU kernel, compiled once per capability (CMake: DEFAULT, AVX2, AVX512
-// with ATen's -m flags and -ffp-contract=off) on at::vec::Vectorized<acc_t>.
+// with ATen's -m flags, AVX512_BF16, all with -ffp-contract=off) on
+// at::vec::Vectorized<acc_t>.
 // Heads-major runs walk a block of heads over the tile's tokens, so reads and
 // writes are long sequential streams; token-major runs walk token by token
 // over the heads. The coefficients of one token are loaded once per block of
@@ -60,14 +61,6 @@ inline int64_t rotate_bf16_pairs(
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
   const __m512i high = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
-  const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7FFF);
-  // Round to nearest even, kept in the word's high half (NaN: 0x7FC0).
-  const auto round_high = [&](__m512 y) {
-    const __m512i u = _mm512_castps_si512(y);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
-    const __m512i r = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(u, lsb), bias), high);
-    return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC00000));
-  };
   int64_t i = 0;
   for (; i + 32 <= dim; i += 32) {
     // Coefficients are stored per element, (c, c) and (-s, s): take c and s once per pair.
@@ -79,7 +72,7 @@ inline int64_t rotate_bf16_pairs(
       const __m512 x1 = _mm512_castsi512_ps(_mm512_and_si512(w, high));
       const __m512 y0 = _mm512_sub_ps(_mm512_mul_ps(x0, cp), _mm512_mul_ps(x1, sp));
       const __m512 y1 = _mm512_add_ps(_mm512_mul_ps(x1, cp), _mm512_mul_ps(x0, sp));
-      const __m512i r = _mm512_or_si512(_mm512_srli_epi32(round_high(y0), 16), round_high(y1));
+      const __m512i r = bf16_words(y0, y1);
       NT ? _mm512_stream_si512(reinterpret_cast<__m512i*>(out[h] + i), r)
          : _mm512_storeu_si512(out[h] + i, r);
     }

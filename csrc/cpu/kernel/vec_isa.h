@@ -72,18 +72,49 @@ inline Vectorized<float> swap_pairs(const Vectorized<float>& x) {
 inline Vectorized<double> swap_pairs(const Vectorized<double>& x) {
   return _mm512_permute_pd(x, 0x55);
 }
-inline __m256i bf16_bits(__m512 v) {
+// v rounded to bf16 by integer arithmetic, in the high half of each 32-bit
+// lane (low half zero; NaN: 0x7FC0).
+inline __m512i bf16_high(__m512 v) {
   const __m512i u = _mm512_castps_si512(v);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, lsb), _mm512_set1_epi32(0x7FFF)), 16);
-  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC0)));
+  const __m512i r = _mm512_and_si512(
+      _mm512_add_epi32(_mm512_add_epi32(u, lsb), _mm512_set1_epi32(0x7FFF)), _mm512_set1_epi32(int32_t(0xFFFF0000u)));
+  return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC00000));
+}
+#if defined(__AVX512BF16__)
+// The AVX512_BF16 build converts with vcvtne(2)ps2bf16, which rounds to
+// nearest even as above except in two cases: it keeps a NaN's sign and
+// payload, and flushes fp32 denormals to zero. A vector with either takes
+// the integer rounding, so every build writes the same bits.
+inline bool bf16_insn_exact(__m512 v) {
+  return _mm512_fpclass_ps_mask(v, 0x01 | 0x20 | 0x80) == 0;  // quiet NaN, denormal, signalling NaN
+}
+#endif
+inline __m256i bf16_bits(__m512 v) {
+#if defined(__AVX512BF16__)
+  if (bf16_insn_exact(v)) return (__m256i)_mm512_cvtneps_pbh(v);
+#endif
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_high(v), 16));
+}
+// One 32-bit word per lane: bf16(lo) in its low half, bf16(hi) in its high.
+inline __m512i bf16_words(__m512 lo, __m512 hi) {
+#if defined(__AVX512BF16__)
+  if (bf16_insn_exact(lo) && bf16_insn_exact(hi)) {
+    // The instruction packs lo's 16 values, then hi's; interleave them.
+    const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
+                                           6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    return _mm512_permutexvar_epi16(order, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+  }
+#endif
+  return _mm512_or_si512(_mm512_srli_epi32(bf16_high(lo), 16), bf16_high(hi));
 }
 inline __m256i half_bits(__m512 v) {
   const __m256i h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  if (nan == 0) return h;  // NaN lanes are rare: canonicalise only vectors with one
   const __m512i sign = _mm512_srli_epi32(_mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(INT32_MIN)), 16);
   const __m256i canon = _mm512_cvtepi32_epi16(_mm512_or_si512(sign, _mm512_set1_epi32(0x7E00)));
-  return _mm256_mask_mov_epi16(h, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), canon);
+  return _mm256_mask_mov_epi16(h, nan, canon);
 }
 template <bool NT>
 inline void put(void* p, __m256i v) {
@@ -119,9 +150,11 @@ inline __m128i bf16_bits(__m256 v) {
 }
 inline __m128i half_bits(__m256 v) {
   const __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 unord = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+  if (_mm256_movemask_ps(unord) == 0) return h;  // as on AVX512: only vectors with a NaN
   const __m256i sign = _mm256_srli_epi32(_mm256_and_si256(_mm256_castps_si256(v), _mm256_set1_epi32(INT32_MIN)), 16);
   const __m128i canon = pack_low16(_mm256_or_si256(sign, _mm256_set1_epi32(0x7E00)));
-  const __m128i nan = pack_low16(_mm256_srli_epi32(_mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)), 16));
+  const __m128i nan = pack_low16(_mm256_srli_epi32(_mm256_castps_si256(unord), 16));
   return _mm_blendv_epi8(h, canon, nan);
 }
 template <bool NT>
