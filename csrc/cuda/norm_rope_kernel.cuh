@@ -151,14 +151,35 @@ struct NormRows {
   }
 };
 
-// Phase 1: thread tid of `threads` sums the squares of its elements.
+// Loads a thread issues before it sums any of them in phase 1.
+constexpr int kNormBatch = 8;
+
+// Phase 1: thread tid of `threads` sums the squares of its elements, in
+// element order. Loads go out kNormBatch at a time: a loop that summed each
+// element before loading the next would wait a memory round trip per
+// element. The loads are unconditional (past the end, of the unit's first
+// element) and widened only in the sum, so no branch waits on one; past the
+// end the sum adds +0, which leaves its bits alone.
 template <typename Unit>
 ROTARY_HOST_DEVICE typename Unit::acc_t norm_partial(const Unit& u, int32_t head_dim, int32_t tid, int32_t threads) {
+  using T = typename Unit::value_type;
   using acc_t = typename Unit::acc_t;
   acc_t ss = 0;
-  for (HeadWalk w(tid, head_dim); w.h < u.heads; w.next(threads, head_dim)) {
-    const acc_t x = to_acc(u.in[w.h * u.in_head + w.i * u.in_elem]);
-    ss += x * x;
+  HeadWalk w(tid, head_dim);
+  while (w.h < u.heads) {
+    T raw[kNormBatch];
+    bool in[kNormBatch];
+#pragma unroll
+    for (int j = 0; j < kNormBatch; ++j) {
+      in[j] = w.h < u.heads;
+      raw[j] = u.in[in[j] ? w.h * u.in_head + w.i * u.in_elem : 0];
+      if (in[j]) w.next(threads, head_dim);
+    }
+#pragma unroll
+    for (int j = 0; j < kNormBatch; ++j) {
+      const acc_t x = in[j] ? to_acc(raw[j]) : acc_t(0);
+      ss += x * x;
+    }
   }
   return ss;
 }

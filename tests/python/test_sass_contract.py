@@ -145,14 +145,25 @@ def test_the_built_fused_kernels_keep_the_contract():
 
 
 NORM = "_ZN6rotary6kernel16norm_rope_kernelI13__nv_bfloat16Lb0EvEEvNS0_13KVCacheParamsENS0_10NormParamsE"
-NORM_GOOD = ["LDG.E.U16 R4, desc[UR4][R2.64]"] + [f"SHFL.BFLY PT, R5, R4, {m}, 0x1f" for m in (16, 8, 4, 2, 1)] + [
+# One batch of the sum of squares: its loads, then its square sums.
+BATCH = ([f"LDG.E.U16 R{10 + i}, desc[UR4][R2.64+0x{2 * i:x}]" for i in range(contract.NORM_BATCH)]
+         + [f"FFMA R4, R{10 + i}, R{10 + i}, R4" for i in range(contract.NORM_BATCH)])
+NORM_GOOD = BATCH + BATCH + [f"SHFL.BFLY PT, R5, R4, {m}, 0x1f" for m in (16, 8, 4, 2, 1)] + [
     "MUFU.RSQ R6, R5", "STG.E.U16 desc[UR4][R2.64], R6", "EXIT"]
+
+
+def unbatched(g):
+    """Each square summed right after its own load."""
+    loads, sums = [t for t in g if t.startswith("LDG")], [t for t in g if t.startswith("FFMA")]
+    return [t for pair in zip(loads, sums) for t in pair] + [t for t in g if t not in loads and t not in sums]
 
 
 @pytest.mark.parametrize("case,edit,expect", [
     ("compliant", lambda g: g, None),
-    ("local memory", lambda g: ["STL.64 [R1], R4"] + g, "local memory outside the slow path"),
+    ("local memory", lambda g: ["STL.64 [R1], R4"] * 3 + g, "local memory outside the slow path"),
     ("no butterfly", lambda g: [t for t in g if "SHFL" not in t], "0 SHFL.BFLY"),
+    ("a load per square", unbatched, "0 runs of"),
+    ("one batched path", lambda g: g[len(BATCH):], "1 runs of"),
 ])
 def test_each_norm_rule_can_fail(case, edit, expect):
     n, bad = contract.check_norm(listing(NORM, *edit(list(NORM_GOOD))), res(NORM, 72))
@@ -174,15 +185,14 @@ def test_a_cache_instantiation_needs_the_barrier_before_its_cache_write():
     assert bad == []  # no cache: the norm's two are enough
 
 
-def test_the_fp8_spill_budget_is_a_bound():
-    fp8 = NORM.replace("Lb0E", "Lb1E")
-    spills = [f"STL [R1+0x{4 * i:x}], R{i}" for i in range(contract.FP8_SPILL_BUDGET)]
-    n, bad = contract.check_norm(listing(fp8, *(spills + NORM_GOOD)), res(fp8, 72))
+def test_the_prologue_spill_budget_is_a_bound():
+    spills = [f"STL [R1+0x{4 * i:x}], R{i}" for i in range(contract.NORM_SPILL_BUDGET)]
+    n, bad = contract.check_norm(listing(NORM, *(spills + NORM_GOOD)), res(NORM, 72))
     assert bad == []
-    n, bad = contract.check_norm(listing(fp8, *(spills + ["LDL R9, [R1+0x40]"] + NORM_GOOD)), res(fp8, 72))
-    assert len(bad) == contract.FP8_SPILL_BUDGET + 1 and "local memory" in bad[0]
-    n, bad = contract.check_norm(listing(NORM, *(spills[:1] + NORM_GOOD)), res(NORM, 72))
-    assert bad and "local memory" in bad[0]  # the plain kernels get no budget
+    n, bad = contract.check_norm(listing(NORM, *(spills + ["LDL R9, [R1+0x40]"] + NORM_GOOD)), res(NORM, 72))
+    assert len(bad) == contract.NORM_SPILL_BUDGET + 1 and "local memory" in bad[0]
+    n, bad = contract.check_norm(listing(NORM, *(["LDL R9, [R2]"] + NORM_GOOD)), res(NORM, 72))
+    assert bad and "local memory" in bad[0]  # the budget is for stack-frame spills only
 
 
 @pytest.mark.skipif(not BUILT_WITH_CUDA, reason="rotary was built without CUDA: no cubin to read")

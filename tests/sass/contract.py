@@ -25,10 +25,16 @@ KV-cache launch), the rope_kernel rules above, and:
 
 For every instantiation of rotary::kernel::norm_rope_kernel (the prologue,
 with and without the fp8 q output, and with the KV-cache write):
-- no local memory outside the subroutines it calls; the fp8 q ones spill
-  two values to the stack today (six LDL/STL at [R1 + ...]), a known gap:
-  more than that, or any other local access, is a violation;
+- no local memory outside the subroutines it calls, but for NORM_SPILL_BUDGET
+  stack accesses (LDL/STL at [R1 + ...]): the float32 ones with a cache
+  spill one per-row predicate across the sin/cos slow-path call today (two
+  accesses), a known gap; more, or any other local access, is a violation;
 - registers leave room for at least 4 resident blocks of its 128 threads;
+- the sum of squares goes NORM_BATCH loads at a time: at least two runs
+  (the per-head and the across-heads norm) of NORM_BATCH square-sum FMAs
+  with no load or branch between them, so the loads they sum were all
+  issued before the first (one memory round trip per batch, not per
+  element);
 - the per-head sum of squares is reduced in registers: a warp butterfly of
   at least five SHFL.BFLY, no shared-memory round trip for it;
 - with a cache, a block barrier beyond the norm's two (three BAR.SYNC): the
@@ -141,16 +147,35 @@ def _common(k: Kernel, mem, block_threads: int, min_blocks: int) -> List[str]:
     return bad
 
 
-FP8_SPILL_BUDGET = 6  # stack-frame LDL/STL the fp8 q instantiations have today (a known gap)
+NORM_SPILL_BUDGET = 2  # stack-frame LDL/STL a prologue instantiation may make (a known gap)
+# kNormBatch, read from the kernel's source.
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "csrc", "cuda",
+                       "norm_rope_kernel.cuh")) as _src:
+    NORM_BATCH = int(re.search(r"constexpr int kNormBatch = (\d+);", _src.read()).group(1))
+# x * x into a sum (or the first product), fp32 or fp64.
+SQUARE = re.compile(r"\b(?:FFMA|DFMA)(?:\.\w+)* R\d+, (?P<a>R\d+), (?P=a), |\b(?:FMUL|DMUL)(?:\.\w+)* R\d+, (?P<b>R\d+), (?P=b) ;")
+
+
+def square_runs(body: List[Tuple[int, str]]) -> List[int]:
+    """Lengths of the runs of square ops with no load or branch between them."""
+    runs, cur = [], 0
+    for _, t in body:
+        if SQUARE.search(t):
+            cur += 1
+        elif "LDG" in t or "BRA" in t:
+            runs, cur = runs + [cur] if cur else runs, 0
+    return runs + [cur] if cur else runs
 
 
 def check_norm_kernel(k: Kernel) -> List[str]:
     body = _body(k)
     mem = [(a, t, m["op"], m["mods"]) for a, t in body for m in [MEM.match(t)] if m]
+    bad = _common(k, _spill_budget(mem, NORM_SPILL_BUDGET), NORM_BLOCK_THREADS, NORM_MIN_BLOCKS)
     n = NORM_KERNEL.search(k.name)
-    if n and n["fp8"] == "1":
-        mem = _spill_budget(mem, FP8_SPILL_BUDGET)
-    bad = _common(k, mem, NORM_BLOCK_THREADS, NORM_MIN_BLOCKS)
+    batched = sum(r >= NORM_BATCH for r in square_runs(body))
+    if batched < 2:
+        bad.append(f"{k.label}: {batched} runs of {NORM_BATCH} square sums with no load between them (2 wanted): "
+                   "the sum of squares must load a batch before it sums one")
     shuffles = sum("SHFL.BFLY" in t for _, t in body)
     if shuffles < 5:
         bad.append(f"{k.label}: {shuffles} SHFL.BFLY: the per-head sum of squares must reduce as a warp butterfly")
