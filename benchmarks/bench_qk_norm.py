@@ -27,6 +27,11 @@ import torch  # noqa: E402
 import rotary  # noqa: E402
 
 
+# (name, B, S, Hq, Hk, D); benchmarks/launch_model.py models the CUDA ones.
+CPU_SHAPES = [("prefill", 1, 2048, 16, 8, 128), ("decode", 64, 1, 16, 8, 128)]
+CUDA_SHAPES = [("prefill", 1, 8192, 32, 8, 128), ("decode", 64, 1, 16, 8, 128)]
+
+
 def hf_norm(x, w, eps=1e-6):  # transformers' Qwen3RMSNorm.forward
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
@@ -88,9 +93,7 @@ def main() -> None:
         a.rounds, a.no_compile = 2, True
     guard = check_load(a)
     dtype = getattr(torch, a.dtype)
-    shapes = [("prefill", 1, 2048, 16, 8, 128), ("decode", 64, 1, 16, 8, 128)]
-    if a.device.startswith("cuda"):
-        shapes[0] = ("prefill", 1, 8192, 32, 8, 128)
+    shapes = list(CUDA_SHAPES if a.device.startswith("cuda") else CPU_SHAPES)
     if a.quick:
         shapes = [("prefill", 1, 16, 4, 2, 64), ("decode", 4, 1, 4, 2, 64)]
     print(guard.header())

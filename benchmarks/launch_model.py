@@ -25,6 +25,17 @@ and two round trips (the rotation's loads, then the cache copy's); the two
 launches have the RoPE kernel's one and the element-wise cache kernel's
 three (slot, then k, then v after the k store).
 
+The prologue (apply_qk_norm_rope, bench_qk_norm.py's CUDA shapes) loads
+element by element: a thread has `batch` loads of its phase-1 elements in
+flight (rotary._C._cuda_norm_launch), then re-reads its pairs from L1 and
+reads their table entries (phase 2), one dependent on-chip trip per item.
+Its bytes in flight per SM are warps x 32 lanes x batch x element bytes,
+weighted by the share of a warp's time spent waiting on DRAM (phase-1
+trips x TRIP_US against phase-2 items x ONCHIP_US); prefill is predicted as
+need / that, and decode (one row per block, a warp's heads in turn) as a
+launch plus its warps' dependent trips. The last column is the kernel
+before it batched its loads (one per trip).
+
 Every kernel change states its predicted effect here before a device
 confirms it (benchmarks/gpu_check.sh times the same cases).
 
@@ -45,6 +56,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "sass"))
 from bench import CUDA_CASES  # noqa: E402
+from bench_qk_norm import CUDA_SHAPES as PROLOGUE_SHAPES  # noqa: E402
 import contract  # noqa: E402
 
 SMS, MAX_BLOCKS_PER_SM, MAX_THREADS_PER_SM = 132, 32, 2048
@@ -52,6 +64,7 @@ NEED_KB = (20.0, 34.0)  # Little's law on the H200: bytes in flight per SM for f
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 LAUNCH_US = (1.5, 2.0)  # one small kernel on a stream: launch, ramp and drain
 TRIP_US = (0.5, 0.8)    # one dependent DRAM round trip at low occupancy
+ONCHIP_US = (0.15, 0.3)  # one dependent L1 / L2 hit (the prologue's phase 2)
 
 
 def predicted(rows_total, row_blocks, grid, inflight_kb, data_bytes, table_bytes, need_kb):
@@ -65,12 +78,17 @@ def predicted(rows_total, row_blocks, grid, inflight_kb, data_bytes, table_bytes
     return t * (data_bytes + table_bytes) / data_bytes
 
 
-def model_rows():
+def cubin_regs(pattern=contract.KERNEL):
+    """Registers of each instantiation in librotary's sm_90 cubin, by label."""
     tool = contract.find_cuobjdump()
     if tool is None:
         raise SystemExit("no cuobjdump: install nvidia-cuda-cuobjdump or the CUDA toolkit")
     sass, usage = contract.dump(rotary.library_path(), tool)
-    regs = {k.label: k.regs for k in contract.kernels_of(sass, usage)}
+    return {k.label: k.regs for k in contract.kernels_of(sass, usage, pattern)}
+
+
+def model_rows():
+    regs = cubin_regs()
     for case in (c for c in CUDA_CASES if not c.decode):
         for dname, dtype in DTYPES.items():
             for interleaved in (True, False):
@@ -126,6 +144,42 @@ def decode_rows():
                            us=us, ratio=[a / b for a, b in zip(us, unfused)])
 
 
+def prologue_rows():
+    """The prologue without a cache: per shape, dtype and norm, the launch, the
+    bytes in flight, and prefill time / copy floor or decode GPU time, for
+    the kernel as built and with one load per trip (before the batching)."""
+    regs = cubin_regs(contract.NORM_KERNEL)
+    for name, B, S, Hq, Hk, D in PROLOGUE_SHAPES:
+        for dname, dtype in DTYPES.items():
+            for norm in ("head", "heads"):
+                q, k = torch.empty(B, Hq, S, D, dtype=dtype), torch.empty(B, Hk, S, D, dtype=dtype)
+                s = rotary._C._cuda_norm_launch(q, k, rotary.freqs_table(D, S), norm, SMS)
+                if not s:
+                    raise SystemExit("librotary was built without CUDA kernels: nothing to model")
+                r, bt = regs[f"norm_rope_kernel<{dname}>"], s["block_threads"]
+                per_sm = min(contract.resident_blocks(r, bt), MAX_BLOCKS_PER_SM, math.ceil(s["blocks"] / SMS))
+                warps = per_sm * bt // 32
+                # A unit: one head for a warp ("head"), or q's heads for the block ("heads").
+                unit_threads, unit = (32, D) if norm == "head" else (bt, Hq * D)
+                per_thread = math.ceil(unit / unit_threads)
+                items = math.ceil(unit // 2 / unit_threads)  # phase 2: pairs (the whole head rotates)
+                units = math.ceil((Hq + Hk) / (bt // 32)) if norm == "head" else 2
+                out = dict(case=name, dtype=dname, norm=norm, regs=r, grid=s["blocks"], block=bt,
+                           blocks_per_sm=per_sm, warps=warps)
+                for key, batch in (("now", s["batch"]), ("before", 1)):
+                    b = min(batch, per_thread)
+                    trips = math.ceil(per_thread / b)
+                    kb = warps * 32 * b * q.element_size() / 1024
+                    duty = [trips * d / (trips * d + items * o) for d, o in zip(TRIP_US, ONCHIP_US)]
+                    if name == "decode":  # latency: a launch, then a block's units in turn
+                        per_unit = [trips * d + items * o for d, o in zip(TRIP_US, ONCHIP_US)]
+                        out[key] = [l + units * u for l, u in zip(LAUNCH_US, per_unit)]
+                    else:  # bandwidth: Little's law on the bytes in flight while waiting on DRAM
+                        out[key] = [max(1.0, NEED_KB[0] / (kb * max(duty))), max(1.0, NEED_KB[1] / (kb * min(duty)))]
+                    out[key + "_kb"] = kb
+                yield out
+
+
 def main() -> int:
     print("| case | dtype | pairing | instantiation | regs | grid x block | blocks / warps per SM | "
           "KB in flight per SM per trip | predicted / clone | if 2 trips per row |")
@@ -148,6 +202,16 @@ def main() -> int:
               f"{m['ratio'][0]:.2f}-{m['ratio'][1]:.2f} |")
     print(f"\n{LAUNCH_US[0]}-{LAUNCH_US[1]} us per launch, {TRIP_US[0]}-{TRIP_US[1]} us per dependent round trip: "
           "a model of a latency-bound step; gpu_check.sh's decode rows owe the figures.")
+    print("\n| prologue | dtype | norm | regs | grid x block | blocks / warps per SM | KB in flight per SM "
+          "(before) | predicted: prefill / copy floor, decode GPU time | one load per trip (before) |")
+    print("|---|---|---|--:|--:|--:|--:|--:|--:|")
+    for m in prologue_rows():
+        unit = " us" if m["case"] == "decode" else ""
+        print(f"| {m['case']} | {m['dtype']} | {m['norm']} | {m['regs']} | {m['grid']} x {m['block']} | "
+              f"{m['blocks_per_sm']} / {m['warps']} | {m['now_kb']:.1f} ({m['before_kb']:.1f}) | "
+              f"{m['now'][0]:.1f}-{m['now'][1]:.1f}{unit} | {m['before'][0]:.1f}-{m['before'][1]:.1f}{unit} |")
+    print(f"\nPhase-2 items at {ONCHIP_US[0]}-{ONCHIP_US[1]} us per dependent on-chip trip. A model, not a "
+          "measurement: bench_qk_norm.py --device cuda owes the figures.")
     return 0
 
 

@@ -1,7 +1,6 @@
 #include "norm_rope_kernel.cuh"
 #include "norm_rope_launch.h"
 
-#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -18,8 +17,7 @@ void launch_norm_rope(const kernel::KVCacheParams& kv, const kernel::NormParams&
     cudaGetLastError();
     sms = 1;
   }
-  // Blocks grid-stride over rows; 16 resident per SM covers the latency.
-  const int64_t blocks = std::min<int64_t>(rows, int64_t{16} * sms);
+  const int64_t blocks = kernel::norm_blocks(rows, sms);
   const kernel::NormGrid g = kernel::norm_grid(kv.rope, blocks);
   const dim3 block(32, kernel::kNormWarps);
   if constexpr (std::is_void_v<Cache>) {  // fp8 q is out of place, so never with a cache

@@ -33,6 +33,13 @@ namespace kernel {
 constexpr int kNormWarps = 4;
 constexpr int kNormThreads = 32 * kNormWarps;
 
+// The launch: one block per row, at most kNormBlocksPerSm per SM, which
+// then grid-stride over the rows (16 resident per SM cover the latency).
+constexpr int64_t kNormBlocksPerSm = 16;
+inline int64_t norm_blocks(int64_t rows, int64_t sms) {
+  return rows < kNormBlocksPerSm * sms ? rows : kNormBlocksPerSm * sms;
+}
+
 // Heads [0, heads) of one tensor of token (b, s); elements are in_elem apart.
 // kFp8Q: the instantiation that can write q as float8_e4m3fn (its own
 // kernel, so the plain one carries none of its state).

@@ -2,6 +2,7 @@
 
 #ifdef ROTARY_WITH_CUDA
 #include "cuda/cuda_types.h"
+#include "cuda/norm_rope_kernel.cuh"
 #include "cuda/rope_grid.cuh"
 #include "cuda/rope_kv_grid.cuh"
 
@@ -39,6 +40,19 @@ std::map<std::string, int64_t> cuda_kv_launch(const kernel::KVCacheParams& p, at
     out["fused"] = fused;
     out["launches"] = fused ? 1 : 2;
   });
+#endif
+  return out;
+}
+
+std::map<std::string, int64_t> cuda_norm_launch(const kernel::RopeParams& p, int64_t sms) {
+  std::map<std::string, int64_t> out;
+#ifdef ROTARY_WITH_CUDA
+  const int64_t rows = p.batch * p.seq;
+  out = {{"rows", rows}, {"blocks", kernel::norm_blocks(rows, sms)}, {"block_threads", kernel::kNormThreads},
+         {"batch", kernel::kNormBatch}};
+#else
+  (void)p;
+  (void)sms;
 #endif
   return out;
 }

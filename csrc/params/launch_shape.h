@@ -24,5 +24,10 @@ std::map<std::string, int64_t> cuda_launch_shape(const kernel::RopeParams& p, at
 // writes the caches: can_fuse_cache) and "launches".
 std::map<std::string, int64_t> cuda_kv_launch(const kernel::KVCacheParams& p, at::ScalarType dtype);
 
+// The prologue's launch (apply_qk_norm_rope) on a GPU of `sms` SMs: rows,
+// blocks, block_threads and batch (loads per thread before the sum of
+// squares sums them).
+std::map<std::string, int64_t> cuda_norm_launch(const kernel::RopeParams& p, int64_t sms);
+
 }  // namespace detail
 }  // namespace rotary

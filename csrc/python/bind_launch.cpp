@@ -1,10 +1,13 @@
-// rotary._C._cuda_launch_shape and _cuda_kv_launch: the CUDA launch one
-// apply_rope_qk or apply_rope_with_kv_cache_ call would make, for the launch
-// model (benchmarks/launch_model.py). They validate and describe the call
-// exactly as the op does (prepare_rope, prepare_kv); no GPU needed.
+// rotary._C._cuda_launch_shape, _cuda_kv_launch and _cuda_norm_launch: the
+// CUDA launch one apply_rope_qk, apply_rope_with_kv_cache_ or
+// apply_qk_norm_rope call would make, for the launch model
+// (benchmarks/launch_model.py). They validate and describe the call exactly
+// as the op does (prepare_rope, prepare_kv, prepare_norm_rope); no GPU
+// needed.
 #include "convert.h"
 #include "checks/checks.h"
 #include "checks/kv_checks.h"
+#include "checks/norm_checks.h"
 #include "params/launch_shape.h"
 
 #include <torch/python.h>
@@ -39,6 +42,19 @@ void bind_launch(py::module_& m) {
       py::arg("start_pos") = 0, py::arg("slot_mapping") = py::none(), py::arg("kv_layout") = "BHSD",
       "The CUDA launch apply_rope_with_kv_cache_ would make for BHSD q/k/v (interleaved): the RoPE launch's fields, "
       "'fused' and 'launches'; {} without CUDA kernels.");
+  m.def(
+      "_cuda_norm_launch",
+      [](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& freqs, const std::string& norm,
+         int64_t sms) {
+        const std::optional<torch::Tensor> none;
+        const detail::RopeArgs args{0, true, none, none, false, none, none, "BHSD"};
+        const detail::NormArgs nargs{none, none, 1e-6, norm, 0.0, none};
+        const auto prepared = detail::prepare_norm_rope("_cuda_norm_launch", q, k, freqs, args, nargs, false);
+        return detail::cuda_norm_launch(prepared.rope.params, sms);
+      },
+      py::arg("q"), py::arg("k"), py::arg("freqs"), py::arg("norm") = "head", py::arg("sms") = 132,
+      "The CUDA launch apply_qk_norm_rope would make for BHSD q and k on a GPU of `sms` SMs: rows, blocks, "
+      "block_threads and batch; {} without CUDA kernels.");
 }
 
 }  // namespace python

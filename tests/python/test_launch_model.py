@@ -74,3 +74,24 @@ def test_decode_fused_predicted_at_most_0_6_of_two_launches():
     assert len(rows) == 4 and all(m["fused"] and m["launches"] == 1 for m in rows), rows
     for m in rows:
         assert max(m["ratio"]) <= 0.6, m
+
+
+def test_norm_launch_is_the_ops_grid():
+    q = torch.empty(3, 4, 5, 64, dtype=torch.bfloat16)
+    k = torch.empty(3, 2, 5, 64, dtype=torch.bfloat16)
+    f = rotary.freqs_table(64, 16)
+    s = rotary._C._cuda_norm_launch(q, k, f, "head", 132)
+    assert s == {"rows": 15, "blocks": 15, "block_threads": 128, "batch": 8}, s
+    assert rotary._C._cuda_norm_launch(q, k, f, "heads", 1)["blocks"] == 15  # at most 16 blocks per SM
+    assert rotary._C._cuda_norm_launch(torch.empty(2, 4, 9, 64, dtype=torch.bfloat16),
+                                       torch.empty(2, 2, 9, 64, dtype=torch.bfloat16), f, "head", 1)["blocks"] == 16
+    with pytest.raises(ValueError, match="norm"):  # validated as the op validates
+        rotary._C._cuda_norm_launch(q, k, f, "tokens", 132)
+
+
+def test_prologue_batching_never_models_slower():
+    rows = list(load_model().prologue_rows())
+    assert len(rows) == 8  # 2 shapes x 2 dtypes x 2 norms
+    for m in rows:
+        assert m["now_kb"] > m["before_kb"], m
+        assert 1.0 <= m["now"][0] <= m["now"][1] and m["now"][1] <= m["before"][1], m
