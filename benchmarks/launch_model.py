@@ -33,8 +33,9 @@ Its bytes in flight per SM are warps x 32 lanes x batch x element bytes,
 weighted by the share of a warp's time spent waiting on DRAM (phase-1
 trips x TRIP_US against phase-2 items x ONCHIP_US); prefill is predicted as
 need / that, and decode (one row per block, a warp's heads in turn) as a
-launch plus its warps' dependent trips. The last column is the kernel
-before it batched its loads (one per trip).
+launch plus its warps' dependent trips; with a cache, plus the write's
+trips for v (batch elements of k and v loaded per trip). The last column
+is the kernel before it batched its loads (one per trip).
 
 Every kernel change states its predicted effect here before a device
 confirms it (benchmarks/gpu_check.sh times the same cases).
@@ -145,18 +146,20 @@ def decode_rows():
 
 
 def prologue_rows():
-    """The prologue without a cache: per shape, dtype and norm, the launch, the
-    bytes in flight, and prefill time / copy floor or decode GPU time, for
-    the kernel as built and with one load per trip (before the batching)."""
+    """The prologue: per shape, dtype and norm (and at decode, with a
+    same-dtype cache), the launch, the bytes in flight, and prefill time /
+    copy floor or decode GPU time, for the kernel as built and with one load
+    per trip (before the batching)."""
     regs = cubin_regs(contract.NORM_KERNEL)
     for name, B, S, Hq, Hk, D in PROLOGUE_SHAPES:
         for dname, dtype in DTYPES.items():
-            for norm in ("head", "heads"):
+            for norm, cache in [("head", False), ("heads", False)] + ([("head", True)] if name == "decode" else []):
                 q, k = torch.empty(B, Hq, S, D, dtype=dtype), torch.empty(B, Hk, S, D, dtype=dtype)
                 s = rotary._C._cuda_norm_launch(q, k, rotary.freqs_table(D, S), norm, SMS)
                 if not s:
                     raise SystemExit("librotary was built without CUDA kernels: nothing to model")
-                r, bt = regs[f"norm_rope_kernel<{dname}>"], s["block_threads"]
+                r = regs[f"norm_rope_kernel<{dname}{', same-dtype cache' if cache else ''}>"]
+                bt = s["block_threads"]
                 per_sm = min(contract.resident_blocks(r, bt), MAX_BLOCKS_PER_SM, math.ceil(s["blocks"] / SMS))
                 warps = per_sm * bt // 32
                 # A unit: one head for a warp ("head"), or q's heads for the block ("heads").
@@ -164,16 +167,18 @@ def prologue_rows():
                 per_thread = math.ceil(unit / unit_threads)
                 items = math.ceil(unit // 2 / unit_threads)  # phase 2: pairs (the whole head rotates)
                 units = math.ceil((Hq + Hk) / (bt // 32)) if norm == "head" else 2
-                out = dict(case=name, dtype=dname, norm=norm, regs=r, grid=s["blocks"], block=bt,
-                           blocks_per_sm=per_sm, warps=warps)
+                cache_elems = math.ceil(Hk * D / bt)  # a thread's k and v elements of the row
+                out = dict(case=name + (", cache" if cache else ""), dtype=dname, norm=norm, regs=r,
+                           grid=s["blocks"], block=bt, blocks_per_sm=per_sm, warps=warps)
                 for key, batch in (("now", s["batch"]), ("before", 1)):
                     b = min(batch, per_thread)
                     trips = math.ceil(per_thread / b)
                     kb = warps * 32 * b * q.element_size() / 1024
                     duty = [trips * d / (trips * d + items * o) for d, o in zip(TRIP_US, ONCHIP_US)]
-                    if name == "decode":  # latency: a launch, then a block's units in turn
+                    if name == "decode":  # latency: a launch, a block's units in turn, then its cache write
                         per_unit = [trips * d + items * o for d, o in zip(TRIP_US, ONCHIP_US)]
-                        out[key] = [l + units * u for l, u in zip(LAUNCH_US, per_unit)]
+                        write = math.ceil(cache_elems / min(batch, cache_elems)) if cache else 0  # v from DRAM
+                        out[key] = [l + units * u + write * d for l, u, d in zip(LAUNCH_US, per_unit, TRIP_US)]
                     else:  # bandwidth: Little's law on the bytes in flight while waiting on DRAM
                         out[key] = [max(1.0, NEED_KB[0] / (kb * max(duty))), max(1.0, NEED_KB[1] / (kb * min(duty)))]
                     out[key + "_kb"] = kb
@@ -206,7 +211,7 @@ def main() -> int:
           "(before) | predicted: prefill / copy floor, decode GPU time | one load per trip (before) |")
     print("|---|---|---|--:|--:|--:|--:|--:|--:|")
     for m in prologue_rows():
-        unit = " us" if m["case"] == "decode" else ""
+        unit = " us" if m["case"].startswith("decode") else ""
         print(f"| {m['case']} | {m['dtype']} | {m['norm']} | {m['regs']} | {m['grid']} x {m['block']} | "
               f"{m['blocks_per_sm']} / {m['warps']} | {m['now_kb']:.1f} ({m['before_kb']:.1f}) | "
               f"{m['now'][0]:.1f}-{m['now'][1]:.1f}{unit} | {m['before'][0]:.1f}-{m['before'][1]:.1f}{unit} |")

@@ -21,6 +21,7 @@
 #include "params/fp8.h"
 #include "params/kv_params.h"
 #include "params/norm_params.h"
+#include "norm_grid.cuh"
 #include "params/rope_params.h"
 #include "rope_vector.cuh"
 
@@ -30,15 +31,6 @@
 namespace rotary {
 namespace kernel {
 
-constexpr int kNormWarps = 4;
-constexpr int kNormThreads = 32 * kNormWarps;
-
-// The launch: one block per row, at most kNormBlocksPerSm per SM, which
-// then grid-stride over the rows (16 resident per SM cover the latency).
-constexpr int64_t kNormBlocksPerSm = 16;
-inline int64_t norm_blocks(int64_t rows, int64_t sms) {
-  return rows < kNormBlocksPerSm * sms ? rows : kNormBlocksPerSm * sms;
-}
 
 // Heads [0, heads) of one tensor of token (b, s); elements are in_elem apart.
 // kFp8Q: the instantiation that can write q as float8_e4m3fn (its own
@@ -119,19 +111,6 @@ struct HeadWalk {
   }
 };
 
-// The launch's grid stride over token rows (its block count) as a step in
-// (b, s), found once on the host (norm_grid) so that the kernel reads it
-// from its parameters and divides nothing per row.
-struct NormGrid {
-  int64_t step_b, step_s;
-};
-inline NormGrid norm_grid(const RopeParams& p, int64_t blocks) {
-  NormGrid g;
-  g.step_b = p.seq > 0 ? blocks / p.seq : 0;
-  g.step_s = blocks - g.step_b * p.seq;
-  return g;
-}
-
 // The token rows block `block` owns: block, block + blocks, ... as (b, s).
 // The first costs one division, later ones step by g without any; b past
 // the batch ends the walk (only b and s stay live across rows). `place` is
@@ -157,9 +136,6 @@ struct NormRows {
     if (b < p.batch) place = place_of(p, b, s);
   }
 };
-
-// Loads a thread issues before it sums any of them in phase 1.
-constexpr int kNormBatch = 8;
 
 // Phase 1: thread tid of `threads` sums the squares of its elements, in
 // element order. Loads go out kNormBatch at a time: a loop that summed each
@@ -245,14 +221,28 @@ ROTARY_HOST_DEVICE CacheDest cache_dest(const KVCacheParams& kv, int64_t b, int6
 // Phase 3 (with a cache): thread tid writes its elements of the row's k and
 // v head rows into their cache rows at `dest`, as the element-wise cache
 // kernel does; k is the row's finished output, read back after the block's
-// barrier.
+// barrier. Like phase 1 it loads kNormBatch elements (past the end, of head
+// 0, never stored) before it stores any.
 template <typename T, typename Cache>
 ROTARY_HOST_DEVICE void norm_cache_row(const KVCacheParams& kv, const CacheDest& dest, int32_t tid, int32_t threads) {
   if (!dest.write) return;
   const int32_t dim = static_cast<int32_t>(kv_row_dim(kv));
   const int32_t heads = static_cast<int32_t>(kv.rope.k.heads);
-  for (HeadWalk w(tid, dim); w.h < heads; w.next(threads, dim)) {
-    write_kv_element<T, Cache>(kv, dest.row, w.h, w.i);
+  HeadWalk w(tid, dim);
+  while (w.h < heads) {
+    KVValues<T> x[kNormBatch];
+    int32_t h[kNormBatch], i[kNormBatch];
+#pragma unroll
+    for (int j = 0; j < kNormBatch; ++j) {
+      h[j] = w.h;
+      i[j] = w.i;
+      x[j] = load_kv_element<T>(kv, dest.row, w.h < heads ? w.h : 0, w.i);
+      if (w.h < heads) w.next(threads, dim);
+    }
+#pragma unroll
+    for (int j = 0; j < kNormBatch; ++j) {
+      if (h[j] < heads) store_kv_element<T, Cache>(kv, dest.row, h[j], i[j], x[j]);
+    }
   }
 }
 

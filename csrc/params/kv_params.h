@@ -110,24 +110,43 @@ ROTARY_HOST_DEVICE KVRow kv_row(const KVCacheParams& p, int64_t b, int64_t s, in
   return row;
 }
 
-// Element d of head h of a token's rows: k and v into their caches, each
-// where d is inside its row. The CPU loop and both CUDA kernels that write
-// a cache element by element call this.
-template <typename T, typename Cache>
-ROTARY_HOST_DEVICE void write_kv_element(const KVCacheParams& p, const KVRow& row, int64_t h, int64_t d) {
+// Element d of head h of a token's k and v rows, read where d is inside
+// each row; past a row's end its first element is read instead (and not
+// stored), so that a batch of these loads can go out unconditionally.
+template <typename T>
+struct KVValues {
+  T k, v;
+};
+template <typename T>
+ROTARY_HOST_DEVICE KVValues<T> load_kv_element(const KVCacheParams& p, const KVRow& row, int64_t h, int64_t d) {
   const RopeParams& r = p.rope;
-  if (d < r.head_dim) {
-    store_cache<T, Cache>(
-        static_cast<Cache*>(p.k_cache) + row.kc + h * p.kc_stride[1] + d * p.kc_stride[3],
-        static_cast<const T*>(r.k.out)[row.k + h * r.k.out_stride[1] + d * r.k.out_stride[3]],
-        p.k_scale ? p.k_scale + h * p.k_scale_stride : nullptr);
+  KVValues<T> x;
+  x.k = static_cast<const T*>(r.k.out)[row.k + h * r.k.out_stride[1] + (d < r.head_dim ? d : 0) * r.k.out_stride[3]];
+  x.v = p.v_dim > 0 ? static_cast<const T*>(p.v)[row.v + h * p.v_stride[1] + (d < p.v_dim ? d : 0) * p.v_stride[3]]
+                    : x.k;
+  return x;
+}
+
+// Those values into the caches, each where d is inside its row.
+template <typename T, typename Cache>
+ROTARY_HOST_DEVICE void store_kv_element(
+    const KVCacheParams& p, const KVRow& row, int64_t h, int64_t d, const KVValues<T>& x) {
+  if (d < p.rope.head_dim) {
+    store_cache<T, Cache>(static_cast<Cache*>(p.k_cache) + row.kc + h * p.kc_stride[1] + d * p.kc_stride[3], x.k,
+                          p.k_scale ? p.k_scale + h * p.k_scale_stride : nullptr);
   }
   if (d < p.v_dim) {
-    store_cache<T, Cache>(
-        static_cast<Cache*>(p.v_cache) + row.vc + h * p.vc_stride[1] + d * p.vc_stride[3],
-        static_cast<const T*>(p.v)[row.v + h * p.v_stride[1] + d * p.v_stride[3]],
-        p.v_scale ? p.v_scale + h * p.v_scale_stride : nullptr);
+    store_cache<T, Cache>(static_cast<Cache*>(p.v_cache) + row.vc + h * p.vc_stride[1] + d * p.vc_stride[3], x.v,
+                          p.v_scale ? p.v_scale + h * p.v_scale_stride : nullptr);
   }
+}
+
+// Element d of head h of a token's rows, k and v, into their caches. The
+// CPU loop and the element-wise CUDA kernel call this; the prologue kernel
+// loads a batch before it stores one.
+template <typename T, typename Cache>
+ROTARY_HOST_DEVICE void write_kv_element(const KVCacheParams& p, const KVRow& row, int64_t h, int64_t d) {
+  store_kv_element<T, Cache>(p, row, h, d, load_kv_element<T>(p, row, h, d));
 }
 
 }  // namespace kernel

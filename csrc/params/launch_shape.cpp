@@ -2,7 +2,7 @@
 
 #ifdef ROTARY_WITH_CUDA
 #include "cuda/cuda_types.h"
-#include "cuda/norm_rope_kernel.cuh"
+#include "cuda/norm_grid.cuh"
 #include "cuda/rope_grid.cuh"
 #include "cuda/rope_kv_grid.cuh"
 

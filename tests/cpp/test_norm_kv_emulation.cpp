@@ -251,6 +251,9 @@ TEST(NormKVEmulation, Features) {
   add("fp8 per-head scales", [](NormKVCase& c) { c.fp8 = true, c.per_head_scale = true; });
   add("GQA 8/1 heads, D 128", [](NormKVCase& c) { c.Hq = 8, c.Hk = 1, c.D = 128, c.rotary_dim = 64, c.vd = 128; });
   add("many rows", [](NormKVCase& c) { c.B = 3, c.S = 20, c.kv_layout = "HND"; });
+  // 12 x 96 cache elements a row: 9 per thread of 128, a full batch and
+  // one more, whose elements cross heads (96 is not the thread count).
+  add("wide rows, two cache batches", [](NormKVCase& c) { c.Hq = 24, c.Hk = 12, c.D = 96, c.rotary_dim = 96, c.vd = 96; });
   for (const NormKVCase& c : cases) check(c);
 }
 

@@ -91,7 +91,7 @@ def test_norm_launch_is_the_ops_grid():
 
 def test_prologue_batching_never_models_slower():
     rows = list(load_model().prologue_rows())
-    assert len(rows) == 8  # 2 shapes x 2 dtypes x 2 norms
+    assert len(rows) == 10  # 2 shapes x 2 dtypes x 2 norms, and decode with a cache per dtype
     for m in rows:
         assert m["now_kb"] > m["before_kb"], m
         assert 1.0 <= m["now"][0] <= m["now"][1] and m["now"][1] <= m["before"][1], m

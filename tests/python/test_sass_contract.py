@@ -173,16 +173,33 @@ def test_each_norm_rule_can_fail(case, edit, expect):
     assert bad == ["norm_rope_kernel<bf16>: 136 registers leave 3 resident blocks of 128 threads per SM, fewer than 4"]
 
 
+# The cache write of one batch: k and v loads, then their cache stores.
+CACHE_BATCH = ([f"LDG.E.U16 R{20 + i}, desc[UR4][R6.64+0x{2 * i:x}]" for i in range(2 * contract.NORM_BATCH)]
+               + [f"STG.E.U16 desc[UR4][R8.64+0x{2 * i:x}], R{20 + i}" for i in range(2 * contract.NORM_BATCH)])
+
+
 def test_a_cache_instantiation_needs_the_barrier_before_its_cache_write():
     cached = NORM.replace("Lb0EvE", "Lb0EhE")
     bars = ["BAR.SYNC.DEFER_BLOCKING 0x0"] * 2
-    n, bad = contract.check_norm(listing(cached, *(bars + NORM_GOOD)), res(cached, 72))
+    body = NORM_GOOD[:-1]  # without its EXIT
+    n, bad = contract.check_norm(listing(cached, *(bars + body + CACHE_BATCH + ["EXIT"])), res(cached, 72))
     assert bad == ["norm_rope_kernel<bf16, fp8 cache>: 2 BAR.SYNC: the cache write must wait at a block barrier "
                    "for the row's k"]
-    n, bad = contract.check_norm(listing(cached, *(bars * 2 + NORM_GOOD)), res(cached, 72))
+    n, bad = contract.check_norm(listing(cached, *(bars + body + bars[:1] + CACHE_BATCH + ["EXIT"])), res(cached, 72))
     assert bad == []
     n, bad = contract.check_norm(listing(NORM, *(bars + NORM_GOOD)), res(NORM, 72))
     assert bad == []  # no cache: the norm's two are enough
+
+
+def test_the_cache_write_loads_a_batch_before_it_stores():
+    cached = NORM.replace("Lb0EvE", "Lb0ES2_E")
+    bars = ["BAR.SYNC.DEFER_BLOCKING 0x0"] * 3
+    loads, stores = CACHE_BATCH[:2 * contract.NORM_BATCH], CACHE_BATCH[2 * contract.NORM_BATCH:]
+    one_by_one = [t for pair in zip(loads, stores) for t in pair]  # each element stored as it arrives
+    n, bad = contract.check_norm(listing(cached, *(bars[:2] + NORM_GOOD[:-1] + bars[:1] + one_by_one + ["EXIT"])),
+                                 res(cached, 72))
+    assert bad == ["norm_rope_kernel<bf16, same-dtype cache>: 1 loads before the cache write's first store (16 "
+                   "wanted): the write must load a batch of k and v before it stores one"], bad
 
 
 def test_the_prologue_spill_budget_is_a_bound():

@@ -39,7 +39,8 @@ with and without the fp8 q output, and with the KV-cache write):
   at least five SHFL.BFLY, no shared-memory round trip for it;
 - with a cache, a block barrier beyond the norm's two (three BAR.SYNC): the
   cache write reads k back from the row's other warps, which the host
-  emulation cannot check.
+  emulation cannot check; after the last barrier the write loads a batch
+  (2 x NORM_BATCH loads: k and v) before its first store.
 
 Usage: python tests/sass/contract.py OBJECT [--cuobjdump PATH]; exit status 1
 on a violation, each printed. tests/python/test_sass_contract.py runs it on
@@ -148,9 +149,9 @@ def _common(k: Kernel, mem, block_threads: int, min_blocks: int) -> List[str]:
 
 
 NORM_SPILL_BUDGET = 2  # stack-frame LDL/STL a prologue instantiation may make (a known gap)
-# kNormBatch, read from the kernel's source.
+# kNormBatch, read from the kernel's launch description.
 with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "csrc", "cuda",
-                       "norm_rope_kernel.cuh")) as _src:
+                       "norm_grid.cuh")) as _src:
     NORM_BATCH = int(re.search(r"constexpr int kNormBatch = (\d+);", _src.read()).group(1))
 # x * x into a sum (or the first product), fp32 or fp64.
 SQUARE = re.compile(r"\b(?:FFMA|DFMA)(?:\.\w+)* R\d+, (?P<a>R\d+), (?P=a), |\b(?:FMUL|DMUL)(?:\.\w+)* R\d+, (?P<b>R\d+), (?P=b) ;")
@@ -179,9 +180,18 @@ def check_norm_kernel(k: Kernel) -> List[str]:
     shuffles = sum("SHFL.BFLY" in t for _, t in body)
     if shuffles < 5:
         bad.append(f"{k.label}: {shuffles} SHFL.BFLY: the per-head sum of squares must reduce as a warp butterfly")
-    barriers = sum("BAR.SYNC" in t for _, t in body)
-    if n and n["cache"] != "v" and barriers < 3:
-        bad.append(f"{k.label}: {barriers} BAR.SYNC: the cache write must wait at a block barrier for the row's k")
+    barriers = [i for i, (_, t) in enumerate(body) if "BAR.SYNC" in t]
+    if n and n["cache"] != "v":
+        if len(barriers) < 3:
+            bad.append(f"{k.label}: {len(barriers)} BAR.SYNC: the cache write must wait at a block barrier for the "
+                       "row's k")
+        else:
+            after = [t for _, t in body[barriers[-1]:]]
+            first_store = next((i for i, t in enumerate(after) if "STG" in t), len(after))
+            loads = sum("LDG" in t for t in after[:first_store])
+            if loads < 2 * NORM_BATCH:
+                bad.append(f"{k.label}: {loads} loads before the cache write's first store ({2 * NORM_BATCH} wanted): "
+                           "the write must load a batch of k and v before it stores one")
     return bad
 
 
