@@ -18,10 +18,10 @@
 // at the cache row one thread found for the block (CacheDest).
 #pragma once
 
+#include "norm_grid.cuh"
 #include "params/fp8.h"
 #include "params/kv_params.h"
 #include "params/norm_params.h"
-#include "norm_grid.cuh"
 #include "params/rope_params.h"
 #include "rope_vector.cuh"
 
@@ -30,7 +30,6 @@
 
 namespace rotary {
 namespace kernel {
-
 
 // Heads [0, heads) of one tensor of token (b, s); elements are in_elem apart.
 // kFp8Q: the instantiation that can write q as float8_e4m3fn (its own

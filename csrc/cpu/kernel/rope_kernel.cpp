@@ -50,31 +50,30 @@ void rotate_scalar(
   }
 }
 
-#if defined(CPU_CAPABILITY_AVX512)
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
 // bf16, interleaved: a 32-bit word holds one pair, so its members widen to
-// fp32 with a shift and a mask (no pair swap), and round back into one word.
-// The same products, sums and rounding as the generic path: the same bits.
-// Returns how many elements it rotated (a multiple of 32).
+// fp32 with a shift and a mask (no pair swap), and round back into one word
+// (bf16_words). The same products, sums and rounding as the generic path:
+// the same bits. Returns how many elements it rotated (a multiple of 2L).
 template <bool NT, int M>
 inline int64_t rotate_bf16_pairs(
     const c10::BFloat16* const* in, c10::BFloat16* const* out, const float* c, const float* s, int64_t dim) {
-  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-  const __m512i high = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+  using Vec = Vectorized<float>;
+  using Words = Vectorized<int32_t>;
+  constexpr int64_t L = Vec::size();  // pairs per vector
+  const Words high(static_cast<int32_t>(0xFFFF0000u)), sixteen(16);
   int64_t i = 0;
-  for (; i + 32 <= dim; i += 32) {
+  for (; i + 2 * L <= dim; i += 2 * L) {
     // Coefficients are stored per element, (c, c) and (-s, s): take c and s once per pair.
-    const __m512 cp = _mm512_permutex2var_ps(_mm512_loadu_ps(c + i), even, _mm512_loadu_ps(c + i + 16));
-    const __m512 sp = _mm512_permutex2var_ps(_mm512_loadu_ps(s + i), odd, _mm512_loadu_ps(s + i + 16));
+    const Vec cp = at::vec::deinterleave2(Vec::loadu(c + i), Vec::loadu(c + i + L)).first;
+    const Vec sp = at::vec::deinterleave2(Vec::loadu(s + i), Vec::loadu(s + i + L)).second;
     for (int h = 0; h < M; ++h) {
-      const __m512i w = _mm512_loadu_si512(in[h] + i);
-      const __m512 x0 = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-      const __m512 x1 = _mm512_castsi512_ps(_mm512_and_si512(w, high));
-      const __m512 y0 = _mm512_sub_ps(_mm512_mul_ps(x0, cp), _mm512_mul_ps(x1, sp));
-      const __m512 y1 = _mm512_add_ps(_mm512_mul_ps(x1, cp), _mm512_mul_ps(x0, sp));
-      const __m512i r = bf16_words(y0, y1);
-      NT ? _mm512_stream_si512(reinterpret_cast<__m512i*>(out[h] + i), r)
-         : _mm512_storeu_si512(out[h] + i, r);
+      const Words w = Words::loadu(in[h] + i);
+      const Vec x0 = at::vec::cast<float>(w << sixteen);
+      const Vec x1 = at::vec::cast<float>(w & high);
+      const Vec y0 = x0 * cp - x1 * sp;
+      const Vec y1 = x1 * cp + x0 * sp;
+      put<NT>(out[h] + i, bf16_words(y0, y1));
     }
   }
   return i;
@@ -100,7 +99,7 @@ inline void rotate_block(const Run<scalar_t>& r, int64_t t, int64_t h0, int64_t 
   int64_t i = 0;
   if (interleaved) {
     const acc_t* s = c + dim;
-#if defined(CPU_CAPABILITY_AVX512)
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
     if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) i = rotate_bf16_pairs<NT, M>(in, out, c, s, dim);
 #endif
     for (; i < end; i += L) {

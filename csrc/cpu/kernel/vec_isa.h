@@ -4,6 +4,8 @@
 //   swap_pairs   (x0, x1, x2, x3, ...) -> (x1, x0, x3, x2, ...)
 //   store<NT>    one vector to storage type T; NT: a streaming (non-temporal)
 //                store, whose address the caller aligns to the vector width
+//   bf16_words   two fp32 vectors rounded to bf16, interleaved: one 32-bit
+//                word per lane (x86 builds), stored with put<NT>
 //   stream_fence orders streaming stores before the task returns
 // Conversions to 16-bit types round to nearest even with canonical NaNs, the
 // bits of c10::BFloat16(float) and of c10::Half(float) on the DEFAULT build
@@ -73,12 +75,12 @@ inline Vectorized<double> swap_pairs(const Vectorized<double>& x) {
   return _mm512_permute_pd(x, 0x55);
 }
 // v rounded to bf16 by integer arithmetic, in the high half of each 32-bit
-// lane (low half zero; NaN: 0x7FC0).
+// lane (NaN: 0x7FC0); the low half is left for the caller to shift out or
+// clear.
 inline __m512i bf16_high(__m512 v) {
   const __m512i u = _mm512_castps_si512(v);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i r = _mm512_and_si512(
-      _mm512_add_epi32(_mm512_add_epi32(u, lsb), _mm512_set1_epi32(0x7FFF)), _mm512_set1_epi32(int32_t(0xFFFF0000u)));
+  const __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, lsb), _mm512_set1_epi32(0x7FFF));
   return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC00000));
 }
 #if defined(__AVX512BF16__)
@@ -106,7 +108,8 @@ inline __m512i bf16_words(__m512 lo, __m512 hi) {
     return _mm512_permutexvar_epi16(order, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
   }
 #endif
-  return _mm512_or_si512(_mm512_srli_epi32(bf16_high(lo), 16), bf16_high(hi));
+  return _mm512_or_si512(_mm512_srli_epi32(bf16_high(lo), 16),
+                         _mm512_and_si512(bf16_high(hi), _mm512_set1_epi32(int32_t(0xFFFF0000u))));
 }
 inline __m256i half_bits(__m512 v) {
   const __m256i h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -119,6 +122,10 @@ inline __m256i half_bits(__m512 v) {
 template <bool NT>
 inline void put(void* p, __m256i v) {
   NT ? _mm256_stream_si256(static_cast<__m256i*>(p), v) : _mm256_storeu_si256(static_cast<__m256i*>(p), v);
+}
+template <bool NT>
+inline void put(void* p, __m512i v) {
+  NT ? _mm512_stream_si512(static_cast<__m512i*>(p), v) : _mm512_storeu_si512(p, v);
 }
 template <bool NT>
 inline void store(float* p, const Vectorized<float>& v) {
@@ -141,13 +148,24 @@ inline Vectorized<double> swap_pairs(const Vectorized<double>& x) {
 inline __m128i pack_low16(__m256i r) {
   return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
 }
-inline __m128i bf16_bits(__m256 v) {
+// As on AVX512: bf16 in the high half of each lane (NaN: 0x7FC0, the low
+// half left as it is), the blend only for vectors that hold a NaN.
+inline __m256i bf16_high(__m256 v) {
   const __m256i u = _mm256_castps_si256(v);
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, lsb), _mm256_set1_epi32(0x7FFF)), 16);
+  __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, lsb), _mm256_set1_epi32(0x7FFF));
   const __m256 unord = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
-  if (_mm256_movemask_ps(unord) != 0) r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), _mm256_castps_si256(unord));
-  return pack_low16(r);
+  if (_mm256_movemask_ps(unord) != 0) {
+    r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC00000), _mm256_castps_si256(unord));
+  }
+  return r;
+}
+inline __m128i bf16_bits(__m256 v) {
+  return pack_low16(_mm256_srli_epi32(bf16_high(v), 16));
+}
+inline __m256i bf16_words(__m256 lo, __m256 hi) {
+  return _mm256_or_si256(_mm256_srli_epi32(bf16_high(lo), 16),
+                         _mm256_and_si256(bf16_high(hi), _mm256_set1_epi32(int32_t(0xFFFF0000u))));
 }
 inline __m128i half_bits(__m256 v) {
   const __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -161,6 +179,10 @@ inline __m128i half_bits(__m256 v) {
 template <bool NT>
 inline void put(void* p, __m128i v) {
   NT ? _mm_stream_si128(static_cast<__m128i*>(p), v) : _mm_storeu_si128(static_cast<__m128i*>(p), v);
+}
+template <bool NT>
+inline void put(void* p, __m256i v) {
+  NT ? _mm256_stream_si256(static_cast<__m256i*>(p), v) : _mm256_storeu_si256(static_cast<__m256i*>(p), v);
 }
 template <bool NT>
 inline void store(float* p, const Vectorized<float>& v) {
