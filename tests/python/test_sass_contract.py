@@ -207,7 +207,7 @@ def test_the_prologue_spill_budget_is_a_bound():
     n, bad = contract.check_norm(listing(NORM, *(spills + NORM_GOOD)), res(NORM, 72))
     assert bad == []
     n, bad = contract.check_norm(listing(NORM, *(spills + ["LDL R9, [R1+0x40]"] + NORM_GOOD)), res(NORM, 72))
-    assert len(bad) == contract.NORM_SPILL_BUDGET + 1 and "local memory" in bad[0]
+    assert len(bad) == contract.NORM_SPILL_BUDGET + 1 and "local memory" in bad[0]  # past it, every one counts
     n, bad = contract.check_norm(listing(NORM, *(["LDL R9, [R2]"] + NORM_GOOD)), res(NORM, 72))
     assert bad and "local memory" in bad[0]  # the budget is for stack-frame spills only
 
