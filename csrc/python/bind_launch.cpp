@@ -46,6 +46,7 @@ void bind_launch(py::module_& m) {
       "_cuda_norm_launch",
       [](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& freqs, const std::string& norm,
          int64_t sms) {
+        TORCH_CHECK_VALUE(sms >= 1, "_cuda_norm_launch: sms must be at least 1, got ", sms);
         const std::optional<torch::Tensor> none;
         const detail::RopeArgs args{0, true, none, none, false, none, none, "BHSD"};
         const detail::NormArgs nargs{none, none, 1e-6, norm, 0.0, none};

@@ -87,6 +87,8 @@ def test_norm_launch_is_the_ops_grid():
                                        torch.empty(2, 2, 9, 64, dtype=torch.bfloat16), f, "head", 1)["blocks"] == 16
     with pytest.raises(ValueError, match="norm"):  # validated as the op validates
         rotary._C._cuda_norm_launch(q, k, f, "tokens", 132)
+    with pytest.raises(ValueError, match="sms must be at least 1, got 0"):
+        rotary._C._cuda_norm_launch(q, k, f, "head", 0)
 
 
 def test_prologue_batching_never_models_slower():
