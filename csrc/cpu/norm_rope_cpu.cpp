@@ -25,22 +25,7 @@ using kernel::RopeParams;
 
 template <typename scalar_t>
 void norm_rotate_run(const NormRun<scalar_t>& r, Capability cap) {
-  switch (cap) {
-#if defined(ROTARY_CPU_AVX512_BF16)
-    case Capability::kAvx512Bf16:
-      return AVX512_BF16::norm_rotate_run(r);
-#endif
-#if defined(ROTARY_CPU_AVX512)
-    case Capability::kAvx512:
-      return AVX512::norm_rotate_run(r);
-#endif
-#if defined(ROTARY_CPU_AVX2)
-    case Capability::kAvx2:
-      return AVX2::norm_rotate_run(r);
-#endif
-    default:
-      return DEFAULT::norm_rotate_run(r);
-  }
+  ROTARY_CPU_DISPATCH(cap, isa::norm_rotate_run(r))
 }
 
 template <typename scalar_t>

@@ -39,7 +39,10 @@ Capability capability_from_aten() {
   // ATen's pick: the best its CPU check allows, or ATEN_CPU_CAPABILITY.
   const std::string aten = at::get_cpu_capability();
 #if defined(ROTARY_CPU_AVX512_BF16)
-  if (aten == "AVX512" && __builtin_cpu_supports("avx512bf16")) return Capability::kAvx512Bf16;
+  // ATEN_CPU_CAPABILITY=avx512 asks for that build: AVX512 as it is.
+  const char* asked = std::getenv("ATEN_CPU_CAPABILITY");
+  const bool plain = asked != nullptr && std::string(asked) == "avx512";
+  if (aten == "AVX512" && !plain && __builtin_cpu_supports("avx512bf16")) return Capability::kAvx512Bf16;
 #endif
 #if defined(ROTARY_CPU_AVX512)
   if (aten == "AVX512") return Capability::kAvx512;
@@ -136,22 +139,7 @@ bool stream_output(const RopeParams& p, const HeadTensor& t, int64_t out_bytes, 
 
 template <typename scalar_t>
 void rotate_run(const Run<scalar_t>& r, int64_t dim, bool interleaved, Capability cap, bool nt) {
-  switch (cap) {
-#if defined(ROTARY_CPU_AVX512_BF16)
-    case Capability::kAvx512Bf16:
-      return AVX512_BF16::rotate_run(r, dim, interleaved, nt);
-#endif
-#if defined(ROTARY_CPU_AVX512)
-    case Capability::kAvx512:
-      return AVX512::rotate_run(r, dim, interleaved, nt);
-#endif
-#if defined(ROTARY_CPU_AVX2)
-    case Capability::kAvx2:
-      return AVX2::rotate_run(r, dim, interleaved, nt);
-#endif
-    default:
-      return DEFAULT::rotate_run(r, dim, interleaved, false);
-  }
+  ROTARY_CPU_DISPATCH(cap, isa::rotate_run(r, dim, interleaved, nt))
 }
 
 // Out of place, dims [from, to) of every vector of the run (whose pointers

@@ -19,7 +19,8 @@ enum class Capability { kDefault = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3 };
 
 // The build the ops run: ATen's capability (at::get_cpu_capability(), which
 // honours ATEN_CPU_CAPABILITY=default|avx2|avx512), capped at what this
-// library was built with; AVX512 becomes AVX512_BF16 on a CPU with it.
+// library was built with; AVX512 becomes AVX512_BF16 on a CPU with it,
+// unless ATEN_CPU_CAPABILITY=avx512 asked for plain AVX512.
 Capability capability_from_aten();
 const char* capability_name(Capability cap);
 

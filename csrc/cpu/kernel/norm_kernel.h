@@ -4,6 +4,8 @@
 // norm_kernel.cpp is compiled once per CPU capability, like rope_kernel.cpp.
 #pragma once
 
+#include "builds.h"
+
 #include <ATen/OpMathType.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -43,7 +45,7 @@ struct NormRun {
   int64_t fp8_scale_head;
 };
 
-#define ROTARY_CPU_NORM_KERNEL_DECLARE(CAP)                                              \
+#define ROTARY_CPU_NORM_KERNEL_DECLARE(CAP, ...)                                            \
   namespace CAP {                                                                       \
   template <typename scalar_t>                                                          \
   void norm_rotate_run(const NormRun<scalar_t>& r);                                     \
@@ -53,16 +55,7 @@ struct NormRun {
   extern template void norm_rotate_run<c10::BFloat16>(const NormRun<c10::BFloat16>&);   \
   }
 
-ROTARY_CPU_NORM_KERNEL_DECLARE(DEFAULT)
-#if defined(ROTARY_CPU_AVX2)
-ROTARY_CPU_NORM_KERNEL_DECLARE(AVX2)
-#endif
-#if defined(ROTARY_CPU_AVX512)
-ROTARY_CPU_NORM_KERNEL_DECLARE(AVX512)
-#endif
-#if defined(ROTARY_CPU_AVX512_BF16)
-ROTARY_CPU_NORM_KERNEL_DECLARE(AVX512_BF16)
-#endif
+ROTARY_CPU_BUILDS(ROTARY_CPU_NORM_KERNEL_DECLARE, )
 #undef ROTARY_CPU_NORM_KERNEL_DECLARE
 
 }  // namespace cpu

@@ -4,6 +4,8 @@
 // as ATen compiles native/cpu; the driver picks one at run time.
 #pragma once
 
+#include "builds.h"
+
 #include <ATen/OpMathType.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -39,7 +41,7 @@ struct Run {
 // Rotates dims [0, dim) of every vector of r. nt: streaming stores (the
 // caller checked their alignment); a no-op request on DEFAULT. Multiplies and
 // adds round separately in every capability, so all give the same bits.
-#define ROTARY_CPU_KERNEL_DECLARE(CAP)                                                       \
+#define ROTARY_CPU_KERNEL_DECLARE(CAP, ...)                                                     \
   namespace CAP {                                                                           \
   template <typename scalar_t>                                                              \
   void rotate_run(const Run<scalar_t>& r, int64_t dim, bool interleaved, bool nt);          \
@@ -49,16 +51,7 @@ struct Run {
   extern template void rotate_run<c10::BFloat16>(const Run<c10::BFloat16>&, int64_t, bool, bool); \
   }
 
-ROTARY_CPU_KERNEL_DECLARE(DEFAULT)
-#if defined(ROTARY_CPU_AVX2)
-ROTARY_CPU_KERNEL_DECLARE(AVX2)
-#endif
-#if defined(ROTARY_CPU_AVX512)
-ROTARY_CPU_KERNEL_DECLARE(AVX512)
-#endif
-#if defined(ROTARY_CPU_AVX512_BF16)
-ROTARY_CPU_KERNEL_DECLARE(AVX512_BF16)
-#endif
+ROTARY_CPU_BUILDS(ROTARY_CPU_KERNEL_DECLARE, )
 #undef ROTARY_CPU_KERNEL_DECLARE
 
 }  // namespace cpu
