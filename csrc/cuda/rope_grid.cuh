@@ -16,6 +16,13 @@ namespace kernel {
 
 constexpr int kMaxBlockThreads = 256;
 
+// True when the cos/sin of `pairs` pairs from an even pair index are one
+// aligned float4 read per two pairs (load_rotations' fast path).
+inline bool table_rows_vector(const RopeParams& p, int pairs) {
+  return pairs % 2 == 0 && p.freqs_stride_pair == 1 && p.freqs_stride_pos % 2 == 0 &&
+      reinterpret_cast<uintptr_t>(p.freqs) % 16 == 0;
+}
+
 // One pair group of one head as loaded: a vector (interleaved), a vector
 // from each half (half split), or one pair (strided path).
 template <typename T, bool kInterleaved, bool kVectorized>
@@ -100,8 +107,7 @@ inline Grid make_grid(const RopeParams& p) {
   g.rows_per_block = best;
   g.block_threads = best * g.lanes;
   g.row_blocks = (g.rows + best - 1) / best;
-  g.table_vector = TileT::kPairs % 2 == 0 && p.freqs_stride_pair == 1 && p.freqs_stride_pos % 2 == 0 &&
-      reinterpret_cast<uintptr_t>(p.freqs) % 16 == 0;
+  g.table_vector = table_rows_vector(p, TileT::kPairs);
   return launched(p, g, g.row_blocks);  // one block per row block until a launch says otherwise
 }
 
@@ -126,24 +132,28 @@ inline bool fits_int32(const RopeParams& p, const Grid& g) {
   return g.rows < kMax / 2;
 }
 
-// True when every load and store of q and k can be one aligned 16-byte vector.
-template <typename T>
-inline bool can_vectorize(const RopeParams& p) {
-  constexpr int64_t kElems = kVectorBytes / sizeof(T);
+// True when every load and store of q and k, of elements of elem_bytes, can
+// be one aligned 16-byte vector.
+inline bool can_vectorize(const RopeParams& p, int64_t elem_bytes) {
+  const int64_t kElems = kVectorBytes / elem_bytes;
   const int64_t span = p.interleaved ? p.rotary_dim : p.rotary_dim / 2;
   if (span % kElems != 0 || (p.head_dim - p.rotary_dim) % kElems != 0 || p.rotary_offset % kElems != 0) return false;
-  auto aligned = [](const HeadTensor& t) {
+  auto aligned = [elem_bytes](const HeadTensor& t) {
     if (t.heads == 0) return true;
     if (t.in_stride[3] != 1 || t.out_stride[3] != 1) return false;
     if (reinterpret_cast<uintptr_t>(t.in) % kVectorBytes != 0) return false;
     if (reinterpret_cast<uintptr_t>(t.out) % kVectorBytes != 0) return false;
     for (int d = 0; d < 3; ++d) {
-      if ((t.in_stride[d] * static_cast<int64_t>(sizeof(T))) % kVectorBytes != 0) return false;
-      if ((t.out_stride[d] * static_cast<int64_t>(sizeof(T))) % kVectorBytes != 0) return false;
+      if ((t.in_stride[d] * elem_bytes) % kVectorBytes != 0) return false;
+      if ((t.out_stride[d] * elem_bytes) % kVectorBytes != 0) return false;
     }
     return true;
   };
   return aligned(p.q) && aligned(p.k);
+}
+template <typename T>
+inline bool can_vectorize(const RopeParams& p) {
+  return can_vectorize(p, sizeof(T));
 }
 
 // What one call launches: the instantiation and its grid. The launch

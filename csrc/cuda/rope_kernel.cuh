@@ -15,6 +15,7 @@
 
 #include "params/rope_params.h"
 #include "rope_grid.cuh"
+#include "rope_rotations.cuh"
 #include "rope_vector.cuh"
 
 #include <cstdint>
@@ -39,39 +40,6 @@ struct DirectStore {
 struct NoSink {
   static constexpr bool kOn = false;
 };
-
-// cos/sin of pairs [j0, j0 + kPairs) of token (b, s) at position pos: one
-// aligned row read of the table when possible, else rotation_of pair by pair.
-// N-D positions (pair j at its axis's position): one position read per run
-// of pairs on one axis, so a group on one axis reads it once per row.
-template <typename acc_t, int kPairs>
-ROTARY_HOST_DEVICE void load_rotations(
-    const RopeParams& p, const Grid& g, int64_t b, int64_t s_idx, int64_t pos, int64_t j0, acc_t (&c)[kPairs],
-    acc_t (&s)[kPairs]) {
-  if constexpr (kPairs % 2 == 0) {
-    if (g.table_vector && p.num_axes == 0 && pos >= 0 && pos < p.freqs_len) {
-      const float4* f = reinterpret_cast<const float4*>(p.freqs + 2 * (pos * p.freqs_stride_pos + j0));
-#pragma unroll
-      for (int j = 0; j < kPairs / 2; ++j) {
-        const float4 e = load_table(f + j);
-        c[2 * j] = static_cast<acc_t>(e.x);
-        s[2 * j] = static_cast<acc_t>(p.inverse ? -e.y : e.y);
-        c[2 * j + 1] = static_cast<acc_t>(e.z);
-        s[2 * j + 1] = static_cast<acc_t>(p.inverse ? -e.w : e.w);
-      }
-      return;
-    }
-  }
-  int axis = -1;  // of the run of pairs pos is read for (1-D: none)
-#pragma unroll
-  for (int j = 0; j < kPairs; ++j) {
-    if (p.num_axes > 0 && p.pair_axis[j0 + j] != axis) {
-      axis = p.pair_axis[j0 + j];
-      pos = pair_position(p, b, s_idx, pos, j0 + j);
-    }
-    rotation_of<acc_t>(p, pos, j0 + j, c[j], s[j]);
-  }
-}
 
 // Base pointers of one row (b, s) of q and k; head h adds h * stride[1].
 template <typename T, typename Index>
@@ -285,7 +253,7 @@ ROTARY_HOST_DEVICE void rope_thread(const RopeParams& p, const Grid& g, int64_t 
           placed = true;
         }
         acc_t c[TileT::kPairs], sn[TileT::kPairs];
-        load_rotations<acc_t, TileT::kPairs>(p, g, b, s, pos, j0, c, sn);
+        load_rotations<acc_t, TileT::kPairs>(p, g.table_vector, b, s, pos, j0, c, sn);
 #pragma unroll 1
         for (;;) {
           rotate_store<T, kInterleaved, kVectorized, Index, Store>(row, h0, chunks, heads, a0, a1, l, sink, c, sn);
