@@ -25,17 +25,21 @@ and two round trips (the rotation's loads, then the cache copy's); the two
 launches have the RoPE kernel's one and the element-wise cache kernel's
 three (slot, then k, then v after the k store).
 
-The prologue (apply_qk_norm_rope, bench_qk_norm.py's CUDA shapes) loads
-element by element: a thread has `batch` loads of its phase-1 elements in
-flight (rotary._C._cuda_norm_launch), then re-reads its pairs from L1 and
-reads their table entries (phase 2), one dependent on-chip trip per item.
-Its bytes in flight per SM are warps x 32 lanes x batch x element bytes,
-weighted by the share of a warp's time spent waiting on DRAM (phase-1
-trips x TRIP_US against phase-2 items x ONCHIP_US); prefill is predicted as
-need / that, and decode (one row per block, a warp's heads in turn) as a
-launch plus its warps' dependent trips; with a cache, plus the write's
-trips for v (batch elements of k and v loaded per trip). The last column
-is the kernel before it batched its loads (one per trip).
+The prologue (apply_qk_norm_rope, bench_qk_norm.py's CUDA shapes) has two
+paths (rotary._C._cuda_norm_launch says which a call takes). The vector
+path (norm "head" on aligned rows): a lane loads its item of a head, two
+16-byte vectors, and its table reads in one trip, and keeps them for phase 2 (the weights: one on-chip trip); its
+bytes in flight per SM are warps x 32 lanes x the share of lanes with an
+item x the item's bytes. The element path (norm "heads", fp8 q, strided or
+unaligned rows): a thread has `batch` loads of its phase-1 elements in
+flight, then re-reads its pairs from L1 and reads their table entries
+(phase 2), one dependent on-chip trip per item; warps x 32 lanes x batch x
+element bytes in flight. Either is weighted by the share of a warp's time
+spent waiting on DRAM (trips x TRIP_US against on-chip trips x ONCHIP_US);
+prefill is predicted as need / that, and decode (one row per block, a
+warp's heads in turn) as a launch plus its warps' dependent trips; with a
+cache, plus the write's trips for v (batch elements of k and v loaded per
+trip). The last column is the element path for the same call.
 
 Every kernel change states its predicted effect here before a device
 confirms it (benchmarks/gpu_check.sh times the same cases).
@@ -146,38 +150,56 @@ def decode_rows():
 
 
 def prologue_rows():
-    """The prologue: per shape, dtype and norm (and at decode, with a
-    same-dtype cache), the launch, the bytes in flight, and prefill time /
-    copy floor or decode GPU time, for the kernel as built and with one load
-    per trip (before the batching)."""
+    """The prologue: per shape, dtype and norm (for norm "head", per pairing;
+    at decode, also with a same-dtype cache), the launch, the bytes in flight,
+    and prefill time / copy floor or decode GPU time, for the kernel as built
+    ("now": the vector path where the launch takes it) and the element path
+    ("before": what every call ran before the vector path)."""
     regs = cubin_regs(contract.NORM_KERNEL)
     for name, B, S, Hq, Hk, D in PROLOGUE_SHAPES:
         for dname, dtype in DTYPES.items():
-            for norm, cache in [("head", False), ("heads", False)] + ([("head", True)] if name == "decode" else []):
+            cases = [("head", True, False), ("head", False, False), ("heads", True, False)]
+            for norm, interleaved, cache in cases + ([("head", False, True)] if name == "decode" else []):
                 q, k = torch.empty(B, Hq, S, D, dtype=dtype), torch.empty(B, Hk, S, D, dtype=dtype)
-                s = rotary._C._cuda_norm_launch(q, k, rotary.freqs_table(D, S), norm, SMS)
+                s = rotary._C._cuda_norm_launch(q, k, rotary.freqs_table(D, S), norm, SMS, interleaved)
                 if not s:
                     raise SystemExit("librotary was built without CUDA kernels: nothing to model")
-                r = regs[f"norm_rope_kernel<{dname}{', same-dtype cache' if cache else ''}>"]
                 bt = s["block_threads"]
-                per_sm = min(contract.resident_blocks(r, bt), MAX_BLOCKS_PER_SM, math.ceil(s["blocks"] / SMS))
-                warps = per_sm * bt // 32
-                # A unit: one head for a warp ("head"), or q's heads for the block ("heads").
-                unit_threads, unit = (32, D) if norm == "head" else (bt, Hq * D)
-                per_thread = math.ceil(unit / unit_threads)
-                items = math.ceil(unit // 2 / unit_threads)  # phase 2: pairs (the whole head rotates)
-                units = math.ceil((Hq + Hk) / (bt // 32)) if norm == "head" else 2
                 cache_elems = math.ceil(Hk * D / bt)  # a thread's k and v elements of the row
-                out = dict(case=name + (", cache" if cache else ""), dtype=dname, norm=norm, regs=r,
-                           grid=s["blocks"], block=bt, blocks_per_sm=per_sm, warps=warps)
-                for key, batch in (("now", s["batch"]), ("before", 1)):
-                    b = min(batch, per_thread)
-                    trips = math.ceil(per_thread / b)
-                    kb = warps * 32 * b * q.element_size() / 1024
+                out = dict(case=name + (", cache" if cache else ""), dtype=dname, norm=norm,
+                           pairing="interleaved" if interleaved else "rotate_half", grid=s["blocks"], block=bt,
+                           vector=s["vector_items"] > 0)
+                for key in ("now", "before"):
+                    vector = key == "now" and out["vector"]
+                    suffix = (", same-dtype cache" if cache else "") + (", vector" if vector else "")
+                    r = regs[f"norm_rope_kernel<{dname}{suffix}>"]  # each path's own instantiation
+                    per_sm = min(contract.resident_blocks(r, bt), MAX_BLOCKS_PER_SM, math.ceil(s["blocks"] / SMS))
+                    warps = per_sm * bt // 32
+                    if key == "now":
+                        out.update(regs=r, blocks_per_sm=per_sm, warps=warps)
+                    if vector:
+                        # A lane's item (one or two vectors, and its table reads) in one trip; its
+                        # segment's warps step over 32 / lanes heads at a time. Phase 2: the weights,
+                        # one on-chip trip.
+                        lanes = s["vector_lanes"]
+                        lane_bytes = 32  # a rotated item: two 16-byte vectors
+                        kb = warps * 32 * (s["vector_items"] / lanes) * lane_bytes / 1024
+                        trips, items = 1, 1
+                        units = math.ceil((Hq + Hk) / (bt // 32 * (32 // lanes)))
+                    else:
+                        # Element path: a unit is one head for a warp ("head"), or q's heads for the
+                        # block ("heads"); `batch` loads per trip, phase 2 re-reads pairs on chip.
+                        unit_threads, unit = (32, D) if norm == "head" else (bt, Hq * D)
+                        per_thread = math.ceil(unit / unit_threads)
+                        b = min(s["batch"], per_thread)
+                        trips = math.ceil(per_thread / b)
+                        items = math.ceil(unit // 2 / unit_threads)  # phase 2: pairs (the whole head rotates)
+                        kb = warps * 32 * b * q.element_size() / 1024
+                        units = math.ceil((Hq + Hk) / (bt // 32)) if norm == "head" else 2
                     duty = [trips * d / (trips * d + items * o) for d, o in zip(TRIP_US, ONCHIP_US)]
                     if name == "decode":  # latency: a launch, a block's units in turn, then its cache write
                         per_unit = [trips * d + items * o for d, o in zip(TRIP_US, ONCHIP_US)]
-                        write = math.ceil(cache_elems / min(batch, cache_elems)) if cache else 0  # v from DRAM
+                        write = math.ceil(cache_elems / min(s["batch"], cache_elems)) if cache else 0  # v from DRAM
                         out[key] = [l + units * u + write * d for l, u, d in zip(LAUNCH_US, per_unit, TRIP_US)]
                     else:  # bandwidth: Little's law on the bytes in flight while waiting on DRAM
                         out[key] = [max(1.0, NEED_KB[0] / (kb * max(duty))), max(1.0, NEED_KB[1] / (kb * min(duty)))]
@@ -207,12 +229,13 @@ def main() -> int:
               f"{m['ratio'][0]:.2f}-{m['ratio'][1]:.2f} |")
     print(f"\n{LAUNCH_US[0]}-{LAUNCH_US[1]} us per launch, {TRIP_US[0]}-{TRIP_US[1]} us per dependent round trip: "
           "a model of a latency-bound step; gpu_check.sh's decode rows owe the figures.")
-    print("\n| prologue | dtype | norm | regs | grid x block | blocks / warps per SM | KB in flight per SM "
-          "(before) | predicted: prefill / copy floor, decode GPU time | one load per trip (before) |")
-    print("|---|---|---|--:|--:|--:|--:|--:|--:|")
+    print("\n| prologue | dtype | norm | pairing | path | regs | grid x block | blocks / warps per SM | "
+          "KB in flight per SM (element path) | predicted: prefill / copy floor, decode GPU time | element path |")
+    print("|---|---|---|---|---|--:|--:|--:|--:|--:|--:|")
     for m in prologue_rows():
         unit = " us" if m["case"].startswith("decode") else ""
-        print(f"| {m['case']} | {m['dtype']} | {m['norm']} | {m['regs']} | {m['grid']} x {m['block']} | "
+        print(f"| {m['case']} | {m['dtype']} | {m['norm']} | {m['pairing']} | "
+              f"{'vector' if m['vector'] else 'element'} | {m['regs']} | {m['grid']} x {m['block']} | "
               f"{m['blocks_per_sm']} / {m['warps']} | {m['now_kb']:.1f} ({m['before_kb']:.1f}) | "
               f"{m['now'][0]:.1f}-{m['now'][1]:.1f}{unit} | {m['before'][0]:.1f}-{m['before'][1]:.1f}{unit} |")
     print(f"\nPhase-2 items at {ONCHIP_US[0]}-{ONCHIP_US[1]} us per dependent on-chip trip. A model, not a "

@@ -1,10 +1,13 @@
 // The launch description of the prologue's CUDA kernel
-// (norm_rope_kernel.cuh): block shape, batch, grid and its stride in (b, s).
+// (norm_rope_kernel.cuh): block shape, batch, grid, its stride in (b, s) and
+// the vector path's split of a head.
 // Host code only, no device code and no torch headers: the launch, the host
 // emulation and rotary._C's launch model all include it.
 #pragma once
 
+#include "params/norm_params.h"
 #include "params/rope_params.h"
+#include "rope_grid.cuh"
 
 #include <cstdint>
 
@@ -26,14 +29,39 @@ inline int64_t norm_blocks(int64_t rows, int64_t sms) {
 
 // The launch's grid stride over token rows (its block count) as a step in
 // (b, s), found once on the host (norm_grid) so that the kernel reads it
-// from its parameters and divides nothing per row.
+// from its parameters and divides nothing per row. The vector path (16-
+// and 32-bit data, norm "head", q not fp8, 1-D positions, every q/k access an aligned 16-byte
+// vector and every cos/sin read an aligned float4): a head is
+// `items` items, the first `rotated` of them two vectors of pairs (adjacent
+// when interleaved, one from each half of the span for rotate_half), the
+// rest one pass-through vector each; 2^lanes_log2 lanes of a warp take a head, one
+// item each, and reduce within their segment. items 0: the element path.
 struct NormGrid {
   int64_t step_b, step_s;
+  int32_t items, rotated, lanes_log2;
 };
-inline NormGrid norm_grid(const RopeParams& p, int64_t blocks) {
+
+// Elements of elem_bytes per vector (the vector path's unit).
+inline int32_t norm_vector_elems(int64_t elem_bytes) { return static_cast<int32_t>(kVectorBytes / elem_bytes); }
+
+inline NormGrid norm_grid(const RopeParams& p, const NormParams& n, int64_t blocks, int64_t elem_bytes) {
   NormGrid g;
   g.step_b = p.seq > 0 ? blocks / p.seq : 0;
   g.step_s = blocks - g.step_b * p.seq;
+  g.items = g.rotated = g.lanes_log2 = 0;
+  const int64_t v = norm_vector_elems(elem_bytes);
+  // fp64 stays on the element path: its vector instantiations spill.
+  if (elem_bytes > 4 || n.kind != NormKind::kHead || n.q_scale != nullptr || p.num_axes > 0 ||
+      !can_vectorize(p, elem_bytes) ||
+      p.rotary_dim % (2 * v) != 0 || !table_rows_vector(p, static_cast<int>(v))) {
+    return g;
+  }
+  const int64_t rotated = p.rotary_dim / (2 * v);  // items of v pairs
+  const int64_t items = rotated + (p.head_dim - p.rotary_dim) / v;
+  if (items < 1 || items > 32) return g;  // a head wider than a warp's vectors: the element path
+  g.items = static_cast<int32_t>(items);
+  g.rotated = static_cast<int32_t>(rotated);
+  while ((int64_t{1} << g.lanes_log2) < items) ++g.lanes_log2;
   return g;
 }
 

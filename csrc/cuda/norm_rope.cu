@@ -18,15 +18,22 @@ void launch_norm_rope(const kernel::KVCacheParams& kv, const kernel::NormParams&
     sms = 1;
   }
   const int64_t blocks = kernel::norm_blocks(rows, sms);
-  const kernel::NormGrid g = kernel::norm_grid(kv.rope, blocks);
+  const kernel::NormGrid g = kernel::norm_grid(kv.rope, n, blocks, sizeof(T));
   const dim3 block(32, kernel::kNormWarps);
+  const unsigned grid = static_cast<unsigned>(blocks);
   if constexpr (std::is_void_v<Cache>) {  // fp8 q is out of place, so never with a cache
-    if (n.q_scale != nullptr) {
-      kernel::norm_rope_kernel<T, true, void><<<static_cast<unsigned>(blocks), block, 0, stream>>>(kv, n, g);
+    if (n.q_scale != nullptr) {  // never the vector path (norm_grid)
+      kernel::norm_rope_kernel<T, true, void, false><<<grid, block, 0, stream>>>(kv, n, g);
       return;
     }
   }
-  kernel::norm_rope_kernel<T, false, Cache><<<static_cast<unsigned>(blocks), block, 0, stream>>>(kv, n, g);
+  if constexpr (!std::is_same_v<T, double>) {  // fp64: never the vector path (norm_grid)
+    if (g.items > 0) {
+      kernel::norm_rope_kernel<T, false, Cache, true><<<grid, block, 0, stream>>>(kv, n, g);
+      return;
+    }
+  }
+  kernel::norm_rope_kernel<T, false, Cache, false><<<grid, block, 0, stream>>>(kv, n, g);
 }
 
 #define ROTARY_NORM_INSTANTIATE(T)                                                                              \

@@ -12,13 +12,16 @@
 // emulation both run them, with the reductions in the same order
 // (warp_reduce_order / block_reduce_order), so the emulation gives the
 // kernel's bits. The walks over rows (NormRows) and over (head, dim)
-// (HeadWalk) step without a division per item.
+// (HeadWalk) step without a division per item. Norm "head" on aligned,
+// unit-stride rows takes the vector path instead (norm_vector.cuh): a
+// segment of lanes per head, one 16-byte item per lane, loaded once.
 // apply_qk_norm_rope_with_kv_cache_ runs the same launch with a cache type:
 // once a row's k is finished, the block writes it and v into the caches,
 // at the cache row one thread found for the block (CacheDest).
 #pragma once
 
 #include "norm_grid.cuh"
+#include "norm_vector.cuh"
 #include "params/fp8.h"
 #include "params/kv_params.h"
 #include "params/norm_params.h"
@@ -245,11 +248,12 @@ ROTARY_HOST_DEVICE void norm_cache_row(const KVCacheParams& kv, const CacheDest&
   }
 }
 
-// The sums' order, as the kernel reduces them: a xor butterfly within a warp
-// (every lane ends with the same value), then the warps in index order.
+// The sums' order, as the kernel reduces them: a xor butterfly within each
+// segment of `width` lanes of a warp (a power of two; every lane ends with
+// its segment's sum, lane[0] is the first's), then the warps in index order.
 template <typename acc_t>
-ROTARY_HOST_DEVICE acc_t warp_reduce_order(acc_t (&lane)[32]) {
-  for (int m = 16; m > 0; m /= 2) {
+ROTARY_HOST_DEVICE acc_t warp_reduce_order(acc_t (&lane)[32], int width = 32) {
+  for (int m = width / 2; m > 0; m /= 2) {
     acc_t next[32];
     for (int l = 0; l < 32; ++l) next[l] = lane[l] + lane[l ^ m];
     for (int l = 0; l < 32; ++l) lane[l] = next[l];
@@ -265,15 +269,40 @@ ROTARY_HOST_DEVICE acc_t block_reduce_order(const acc_t (&warp)[kNormWarps]) {
 
 #if defined(__CUDACC__)
 template <typename acc_t>
-__device__ __forceinline__ acc_t warp_sum(acc_t v) {
+__device__ __forceinline__ acc_t warp_sum(acc_t v, int width = 32) {
 #pragma unroll
-  for (int m = 16; m > 0; m /= 2) v += __shfl_xor_sync(0xffffffffu, v, m);
+  for (int m = width / 2; m > 0; m /= 2) v += __shfl_xor_sync(0xffffffffu, v, m);
   return v;
 }
 
+// The vector path's heads of one row for warp `warp`: 32 >> lanes_log2
+// heads at a time, a segment of lanes each (every lane takes part in the
+// sums, idle ones with +0).
+template <typename T, bool kInterleaved>
+__device__ __forceinline__ void norm_vector_row(
+    const RopeParams& p, const NormParams& n, const NormGrid& g, int64_t b, int64_t s, int64_t pos, int32_t lane,
+    int32_t warp) {
+  using acc_t = typename Acc<T>::type;
+  const int32_t q_heads = static_cast<int32_t>(p.q.heads), total = q_heads + static_cast<int32_t>(p.k.heads);
+  const int32_t per_warp = 32 >> g.lanes_log2, slot = lane >> g.lanes_log2, item = lane & ((1 << g.lanes_log2) - 1);
+  for (int32_t h0 = warp * per_warp; h0 < total; h0 += kNormWarps * per_warp) {
+    const int32_t h = h0 + slot < total ? h0 + slot : 0;
+    const bool on = h0 + slot < total && item < g.items;
+    const int i = h < q_heads ? 0 : 1;
+    const auto u = norm_unit<T, false>(p, n, i, b, s, i ? h - q_heads : h, 1);
+    NormItem<T, kInterleaved> it;
+    const acc_t ss = on ? norm_item_load<kInterleaved>(p, g, u, pos, item, it) : acc_t(0);
+    const acc_t scale = rms_scale(warp_sum(ss, 1 << g.lanes_log2), p.head_dim, n.eps);
+    if (on) norm_item_store<kInterleaved>(n, u, it, scale);
+  }
+}
+
 // Cache: void (apply_qk_norm_rope), or the cache element (T, or uint8_t for
-// float8_e4m3fn) of apply_qk_norm_rope_with_kv_cache_.
-template <typename T, bool kFp8Q, typename Cache>
+// float8_e4m3fn) of apply_qk_norm_rope_with_kv_cache_. kVector: the launch
+// for NormGrid.items > 0, with the vector path (rows past the table still
+// take the element path); its own instantiation, so that the element
+// path's launches keep their lower register count.
+template <typename T, bool kFp8Q, typename Cache, bool kVector>
 __global__ void __launch_bounds__(kNormThreads) norm_rope_kernel(
     const __grid_constant__ KVCacheParams kv, const __grid_constant__ NormParams n, const NormGrid g) {
   using acc_t = typename Acc<T>::type;
@@ -292,7 +321,13 @@ __global__ void __launch_bounds__(kNormThreads) norm_rope_kernel(
     if constexpr (!std::is_void_v<Cache>) {
       if (tid == 0) dest[parity] = cache_dest(kv, b, s, r.place);  // read after the barrier below
     }
-    if (n.kind == NormKind::kHead) {
+    if (kVector && vector_row_at(p, g, pos)) {
+      if (p.interleaved) {
+        norm_vector_row<T, true>(p, n, g, b, s, pos, lane, warp);
+      } else {
+        norm_vector_row<T, false>(p, n, g, b, s, pos, lane, warp);
+      }
+    } else if (n.kind == NormKind::kHead) {
       for (int32_t h = warp; h < q_heads + k_heads; h += kNormWarps) {
         const int i = h < q_heads ? 0 : 1;
         const auto u = norm_unit<T, kFp8Q>(p, n, i, b, s, i ? h - q_heads : h, 1);

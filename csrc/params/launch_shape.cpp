@@ -44,14 +44,20 @@ std::map<std::string, int64_t> cuda_kv_launch(const kernel::KVCacheParams& p, at
   return out;
 }
 
-std::map<std::string, int64_t> cuda_norm_launch(const kernel::RopeParams& p, int64_t sms) {
+std::map<std::string, int64_t> cuda_norm_launch(
+    const kernel::RopeParams& p, const kernel::NormParams& n, at::ScalarType dtype, int64_t sms) {
   std::map<std::string, int64_t> out;
 #ifdef ROTARY_WITH_CUDA
   const int64_t rows = p.batch * p.seq;
-  out = {{"rows", rows}, {"blocks", kernel::norm_blocks(rows, sms)}, {"block_threads", kernel::kNormThreads},
-         {"batch", kernel::kNormBatch}};
+  const int64_t blocks = kernel::norm_blocks(rows, sms);
+  const kernel::NormGrid g = kernel::norm_grid(p, n, blocks, c10::elementSize(dtype));
+  out = {{"rows", rows}, {"blocks", blocks}, {"block_threads", kernel::kNormThreads}, {"batch", kernel::kNormBatch},
+         {"vector_items", g.items}, {"vector_rotated", g.rotated},
+         {"vector_lanes", g.items > 0 ? int64_t{1} << g.lanes_log2 : 0}};
 #else
   (void)p;
+  (void)n;
+  (void)dtype;
   (void)sms;
 #endif
   return out;

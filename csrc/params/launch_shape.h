@@ -4,6 +4,7 @@
 #pragma once
 
 #include "kv_params.h"
+#include "norm_params.h"
 #include "rope_params.h"
 
 #include <ATen/core/ATen_fwd.h>
@@ -25,9 +26,11 @@ std::map<std::string, int64_t> cuda_launch_shape(const kernel::RopeParams& p, at
 std::map<std::string, int64_t> cuda_kv_launch(const kernel::KVCacheParams& p, at::ScalarType dtype);
 
 // The prologue's launch (apply_qk_norm_rope) on a GPU of `sms` SMs: rows,
-// blocks, block_threads and batch (loads per thread before the sum of
-// squares sums them).
-std::map<std::string, int64_t> cuda_norm_launch(const kernel::RopeParams& p, int64_t sms);
+// blocks, block_threads, batch (loads per thread before the sum of squares
+// sums them) and the vector path's split of a head (norm_grid): vector_items
+// (0: the element path), vector_rotated and vector_lanes.
+std::map<std::string, int64_t> cuda_norm_launch(
+    const kernel::RopeParams& p, const kernel::NormParams& n, at::ScalarType dtype, int64_t sms);
 
 }  // namespace detail
 }  // namespace rotary

@@ -1,6 +1,6 @@
 // The prologue's CUDA kernel (cuda/norm_rope_kernel.cuh) run on the CPU:
 // its loop nest, thread by thread, through the kernel's own phase functions
-// and reduction order, so the result has the kernel's bits. Used by the
+// (the element path's and the vector path's) and reduction order, so the result has the kernel's bits. Used by the
 // emulation tests of apply_qk_norm_rope and of its KV-cache form.
 #pragma once
 
@@ -10,6 +10,38 @@
 #include <type_traits>
 
 namespace rotary_test {
+
+// The vector path's heads of one row for warp `warp`, as norm_vector_row
+// runs them: each lane's item loaded, the segments' sums in the kernel's
+// order, then each lane's stores.
+template <typename T, bool kInterleaved>
+void emulate_vector_row(
+    const rotary::kernel::RopeParams& p, const rotary::kernel::NormParams& n, const rotary::kernel::NormGrid& g,
+    int64_t b, int64_t s, int64_t pos, int32_t warp) {
+  namespace k = rotary::kernel;
+  using acc_t = typename k::Acc<T>::type;
+  const int32_t q_heads = static_cast<int32_t>(p.q.heads), total = q_heads + static_cast<int32_t>(p.k.heads);
+  const int32_t width = 1 << g.lanes_log2, per_warp = 32 >> g.lanes_log2;
+  for (int32_t h0 = warp * per_warp; h0 < total; h0 += k::kNormWarps * per_warp) {
+    k::NormItem<T, kInterleaved> it[32];
+    acc_t ss[32];
+    bool on[32];
+    k::NormUnit<T, false> u[32];
+    for (int32_t l = 0; l < 32; ++l) {
+      const int32_t h = h0 + (l >> g.lanes_log2), item = l & (width - 1);
+      on[l] = h < total && item < g.items;
+      ss[l] = 0;
+      if (!on[l]) continue;
+      const int i = h < q_heads ? 0 : 1;
+      u[l] = k::norm_unit<T, false>(p, n, i, b, s, i ? h - q_heads : h, 1);
+      ss[l] = k::norm_item_load<kInterleaved>(p, g, u[l], pos, item, it[l]);
+    }
+    k::warp_reduce_order(ss, width);
+    for (int32_t l = 0; l < 32; ++l) {
+      if (on[l]) k::norm_item_store<kInterleaved>(n, u[l], it[l], k::rms_scale(ss[l], p.head_dim, n.eps));
+    }
+  }
+}
 
 // `blocks` blocks stride over the rows; each reduction sees every thread's
 // phase 1 before any phase 2, and with a Cache (not void) every thread's
@@ -21,11 +53,19 @@ void emulate_norm_rope(const rotary::kernel::KVCacheParams& kv, const rotary::ke
   const k::RopeParams& p = kv.rope;
   const int32_t D = static_cast<int32_t>(p.head_dim);
   const int32_t heads[2] = {static_cast<int32_t>(p.q.heads), static_cast<int32_t>(p.k.heads)};
-  const k::NormGrid g = k::norm_grid(p, blocks);
+  const k::NormGrid g = k::norm_grid(p, n, blocks, sizeof(T));
   for (int64_t block = 0; block < blocks; ++block) {
     for (k::NormRows r(p, block); r.more(p); r.next(p, g)) {
       const int64_t b = r.b, s = r.s, pos = r.place.pos;
-      if (n.kind == k::NormKind::kHead) {
+      if (!kFp8Q && k::vector_row_at(p, g, pos)) {
+        for (int32_t warp = 0; warp < k::kNormWarps; ++warp) {
+          if (p.interleaved) {
+            emulate_vector_row<T, true>(p, n, g, b, s, pos, warp);
+          } else {
+            emulate_vector_row<T, false>(p, n, g, b, s, pos, warp);
+          }
+        }
+      } else if (n.kind == k::NormKind::kHead) {
         for (int32_t warp = 0; warp < k::kNormWarps; ++warp) {
           for (int32_t h = warp; h < heads[0] + heads[1]; h += k::kNormWarps) {
             const int i = h < heads[0] ? 0 : 1;

@@ -34,6 +34,7 @@ struct NormCase {
   // Token positions: start + s; + offsets[b]; ids[b][s]; or packed
   // sequences (cu_seqlens, THD), start + the index within each sequence.
   enum class Pos { kLocal, kOffsets, kIds, kVarlen } pos = Pos::kLocal;
+  bool vector = false;  // the case takes the vector path (norm_vector.cuh)
 };
 
 // Packed sequences of 4, 1 and 6 tokens: a grid stride of 2 or 5 rows
@@ -128,6 +129,9 @@ TEST_P(NormEmulation, MatchesReferenceOnEveryGrid) {
       prepared.rope.out_q.fill_(std::numeric_limits<double>::quiet_NaN());
       prepared.rope.out_k.fill_(std::numeric_limits<double>::quiet_NaN());
     }
+    const auto& rp = prepared.rope.params;
+    EXPECT_EQ(rotary::kernel::norm_grid(rp, prepared.norm.params, blocks, q.element_size()).items > 0, c.vector)
+        << c.name << ": the vector path's choice";
     emulate_dtype(c, prepared, blocks);
     out[i][0] = ref_view(prepared.rope.out_q);
     out[i][1] = ref_view(prepared.rope.out_k);
@@ -153,25 +157,40 @@ TEST_P(NormEmulation, MatchesReferenceOnEveryGrid) {
   }
 }
 
+constexpr NormCase::Pos kLocal = NormCase::Pos::kLocal;
+
 INSTANTIATE_TEST_SUITE_P(
     Grid, NormEmulation,
     ::testing::Values(
-        NormCase{"fp32_head_half_partial", at::kFloat, false, false, 64, 32, 16, 4, 2, false},
+        NormCase{"fp32_head_half_partial", at::kFloat, false, false, 64, 32, 16, 4, 2, false, false, kLocal, true},
         NormCase{"fp32_heads_interleaved", at::kFloat, true, true, 32, 32, 0, 3, 1, false},
-        NormCase{"bf16_head_d256_gqa", at::kBFloat16, false, false, 256, 256, 0, 8, 1, false},
+        NormCase{"bf16_head_d256_gqa", at::kBFloat16, false, false, 256, 256, 0, 8, 1, false, false, kLocal, true},
         NormCase{"fp16_heads_in_place", at::kHalf, true, false, 48, 16, 8, 2, 2, true},
         NormCase{"fp64_head_d512", at::kDouble, false, true, 512, 128, 0, 2, 1, true},
-        NormCase{"fp32_head_d16", at::kFloat, false, true, 16, 8, 4, 5, 3, false},
+        NormCase{"fp32_head_d16", at::kFloat, false, true, 16, 8, 4, 5, 3, false, false, kLocal, true},
         NormCase{"bf16_head_fp8_q", at::kBFloat16, false, false, 64, 32, 16, 4, 2, false, true},
         NormCase{"fp32_heads_fp8_q", at::kFloat, true, true, 32, 32, 0, 3, 1, false, true},
         NormCase{"bf16_head_offsets", at::kBFloat16, false, false, 64, 64, 0, 4, 2, false, false,
-                 NormCase::Pos::kOffsets},
+                 NormCase::Pos::kOffsets, true},
         NormCase{"fp32_heads_ids", at::kFloat, true, true, 32, 16, 8, 3, 1, true, false, NormCase::Pos::kIds},
-        NormCase{"fp16_head_varlen", at::kHalf, false, false, 64, 32, 16, 4, 2, false, false, NormCase::Pos::kVarlen},
+        NormCase{"fp16_head_varlen", at::kHalf, false, false, 64, 32, 16, 4, 2, false, false, NormCase::Pos::kVarlen,
+                 true},
         NormCase{"fp64_heads_varlen_in_place", at::kDouble, true, true, 32, 32, 0, 2, 2, true, false,
                  NormCase::Pos::kVarlen},
         NormCase{"bf16_head_varlen_fp8_q", at::kBFloat16, false, true, 64, 64, 0, 4, 2, false, true,
-                 NormCase::Pos::kVarlen}),
+                 NormCase::Pos::kVarlen},
+        // The vector path: interleaved in place, a head of 32 items (a whole
+        // warp). The element path: fp64 (either pairing), 40 items (wider
+        // than a warp), interleaved pairs of 1.5 vectors (24 dims of bf16).
+        NormCase{"bf16_head_interleaved_in_place", at::kBFloat16, false, true, 128, 128, 0, 4, 2, true, false, kLocal,
+                 true},
+        NormCase{"fp64_head_half_partial", at::kDouble, false, false, 32, 16, 8, 3, 1, false, false, kLocal, false},
+        NormCase{"fp64_head_interleaved", at::kDouble, false, true, 32, 32, 0, 2, 2, true, false, kLocal, false},
+        NormCase{"fp16_head_d512", at::kHalf, false, false, 512, 512, 0, 2, 1, false, false, kLocal, true},
+        NormCase{"bf16_head_d640_element_path", at::kBFloat16, false, false, 640, 640, 0, 2, 1, false, false, kLocal,
+                 false},
+        NormCase{"bf16_head_interleaved_r24_element_path", at::kBFloat16, false, true, 64, 24, 8, 4, 2, false, false,
+                 kLocal, false}),
     [](const ::testing::TestParamInfo<NormCase>& info) { return info.param.name; });
 
 }  // namespace

@@ -81,7 +81,15 @@ def test_norm_launch_is_the_ops_grid():
     k = torch.empty(3, 2, 5, 64, dtype=torch.bfloat16)
     f = rotary.freqs_table(64, 16)
     s = rotary._C._cuda_norm_launch(q, k, f, "head", 132)
-    assert s == {"rows": 15, "blocks": 15, "block_threads": 128, "batch": 8}, s
+    assert s == {"rows": 15, "blocks": 15, "block_threads": 128, "batch": 8, "vector_items": 4, "vector_rotated": 4,
+                 "vector_lanes": 4}, s  # interleaved bf16 D 64: 4 items of two vectors (8 pairs), 4 lanes per head
+    half = rotary._C._cuda_norm_launch(q, k, f, "head", 132, interleaved=False)
+    assert (half["vector_items"], half["vector_lanes"]) == (4, 4), half  # a vector from each half per lane
+    assert rotary._C._cuda_norm_launch(q, k, f, "heads", 132)["vector_items"] == 0  # across heads: element path
+    strided = torch.empty(3, 4, 64, 5, dtype=torch.bfloat16).transpose(-1, -2)
+    assert rotary._C._cuda_norm_launch(strided, k, f, "head", 132)["vector_items"] == 0
+    wide = torch.empty(1, 2, 5, 640, dtype=torch.bfloat16)  # 40 items: wider than a warp
+    assert rotary._C._cuda_norm_launch(wide, wide, rotary.freqs_table(640, 16), "head", 132)["vector_items"] == 0
     assert rotary._C._cuda_norm_launch(q, k, f, "heads", 1)["blocks"] == 15  # at most 16 blocks per SM
     assert rotary._C._cuda_norm_launch(torch.empty(2, 4, 9, 64, dtype=torch.bfloat16),
                                        torch.empty(2, 2, 9, 64, dtype=torch.bfloat16), f, "head", 1)["blocks"] == 16
@@ -91,9 +99,14 @@ def test_norm_launch_is_the_ops_grid():
         rotary._C._cuda_norm_launch(q, k, f, "head", 0)
 
 
-def test_prologue_batching_never_models_slower():
+def test_the_prologue_vector_path_never_models_slower():
     rows = list(load_model().prologue_rows())
-    assert len(rows) == 10  # 2 shapes x 2 dtypes x 2 norms, and decode with a cache per dtype
+    # 2 shapes x 2 dtypes x (head: both pairings, heads), and decode with a cache per dtype.
+    assert len(rows) == 14
     for m in rows:
-        assert m["now_kb"] > m["before_kb"], m
-        assert 1.0 <= m["now"][0] <= m["now"][1] and m["now"][1] <= m["before"][1], m
+        assert m["vector"] == (m["norm"] == "head"), m  # contiguous BHSD rows: "head" takes the vector path
+        assert 1.0 <= m["now"][0] <= m["now"][1], m
+        if m["vector"]:
+            assert m["now_kb"] >= m["before_kb"] and m["now"][1] < m["before"][1], m
+        else:
+            assert m["now"] == m["before"], m

@@ -144,11 +144,17 @@ def test_the_built_fused_kernels_keep_the_contract():
     assert not bad, "\n".join(bad)
 
 
-NORM = "_ZN6rotary6kernel16norm_rope_kernelI13__nv_bfloat16Lb0EvEEvNS0_13KVCacheParamsENS0_10NormParamsE"
+NORM = "_ZN6rotary6kernel16norm_rope_kernelI13__nv_bfloat16Lb0EvLb1EEEvNS0_13KVCacheParamsENS0_10NormParamsE"
 # One batch of the sum of squares: its loads, then its square sums.
 BATCH = ([f"LDG.E.U16 R{10 + i}, desc[UR4][R2.64+0x{2 * i:x}]" for i in range(contract.NORM_BATCH)]
          + [f"FFMA R4, R{10 + i}, R{10 + i}, R4" for i in range(contract.NORM_BATCH)])
-NORM_GOOD = BATCH + BATCH + [f"SHFL.BFLY PT, R5, R4, {m}, 0x1f" for m in (16, 8, 4, 2, 1)] + [
+# The vector path: a rotated item of half pairing (two q/k vectors, its
+# table reads in the same block) and a pass-through item.
+VECTOR = (["LDG.E.EF.128 R20, desc[UR8][R20.64]", "LDG.E.EF.128 R24, desc[UR8][R24.64]",
+           "LDG.E.128.CONSTANT R40, desc[UR6][R2.64]", "LDG.E.128.CONSTANT R44, desc[UR6][R2.64+0x10]",
+           "STG.E.EF.128 desc[UR8][R2.64], R68", "STG.E.EF.128 desc[UR8][R76.64], R4", "BRA 0x100",
+           "LDG.E.EF.128 R28, desc[UR8][R28.64]", "STG.E.EF.128 desc[UR8][R6.64], R28", "BRA 0x200"])
+NORM_GOOD = VECTOR + BATCH + BATCH + [f"SHFL.BFLY PT, R5, R4, {m}, 0x1f" for m in (16, 8, 4, 2, 1)] + [
     "MUFU.RSQ R6, R5", "STG.E.U16 desc[UR4][R2.64], R6", "EXIT"]
 
 
@@ -163,14 +169,26 @@ def unbatched(g):
     ("local memory", lambda g: ["STL.64 [R1], R4"] * 3 + g, "local memory outside the slow path"),
     ("no butterfly", lambda g: [t for t in g if "SHFL" not in t], "0 SHFL.BFLY"),
     ("a load per square", unbatched, "0 runs of"),
-    ("one batched path", lambda g: g[len(BATCH):], "1 runs of"),
+    ("one batched path", lambda g: g[:len(VECTOR)] + g[len(VECTOR) + len(BATCH):], "1 runs of"),
+    ("no vector path", lambda g: [t for t in g if ".128" not in t], "0 16-byte streaming loads and 0 stores"),
+    ("narrow q/k stores", lambda g: [t.replace("STG.E.EF.128", "STG.E.U16") for t in g], "3 16-byte streaming loads "
+     "and 0 stores"),
+    ("table read after a branch on the data", lambda g: g[:2] + ["@P0 BRA 0x80"] + g[2:], "no q/k vector load in its "
+     "block"),
 ])
 def test_each_norm_rule_can_fail(case, edit, expect):
     n, bad = contract.check_norm(listing(NORM, *edit(list(NORM_GOOD))), res(NORM, 72))
     assert n == 1
     assert (bad == []) if expect is None else any(expect in b for b in bad), (case, bad)
     n, bad = contract.check_norm(listing(NORM, *NORM_GOOD), res(NORM, 136))
-    assert bad == ["norm_rope_kernel<bf16>: 136 registers leave 3 resident blocks of 128 threads per SM, fewer than 4"]
+    assert bad == ["norm_rope_kernel<bf16, vector>: 136 registers leave 3 resident blocks of 128 threads per SM, "
+                   "fewer than 4"]
+
+
+def test_the_element_path_instantiations_have_no_vector_path_to_check():
+    for name in (NORM.replace("Lb0EvLb1E", "Lb1EvLb0E"), NORM.replace("Lb1EE", "Lb0EE")):  # fp8 q; element path
+        n, bad = contract.check_norm(listing(name, *NORM_GOOD[len(VECTOR):]), res(name, 72))
+        assert n == 1 and bad == [], (name, bad)
 
 
 # The cache write of one batch: k and v loads, then their cache stores.
@@ -179,12 +197,12 @@ CACHE_BATCH = ([f"LDG.E.U16 R{20 + i}, desc[UR4][R6.64+0x{2 * i:x}]" for i in ra
 
 
 def test_a_cache_instantiation_needs_the_barrier_before_its_cache_write():
-    cached = NORM.replace("Lb0EvE", "Lb0EhE")
+    cached = NORM.replace("Lb0EvL", "Lb0EhL")
     bars = ["BAR.SYNC.DEFER_BLOCKING 0x0"] * 2
     body = NORM_GOOD[:-1]  # without its EXIT
     n, bad = contract.check_norm(listing(cached, *(bars + body + CACHE_BATCH + ["EXIT"])), res(cached, 72))
-    assert bad == ["norm_rope_kernel<bf16, fp8 cache>: 2 BAR.SYNC: the cache write must wait at a block barrier "
-                   "for the row's k"]
+    assert bad == ["norm_rope_kernel<bf16, fp8 cache, vector>: 2 BAR.SYNC: the cache write must wait at a block "
+                   "barrier for the row's k"]
     n, bad = contract.check_norm(listing(cached, *(bars + body + bars[:1] + CACHE_BATCH + ["EXIT"])), res(cached, 72))
     assert bad == []
     n, bad = contract.check_norm(listing(NORM, *(bars + NORM_GOOD)), res(NORM, 72))
@@ -192,13 +210,13 @@ def test_a_cache_instantiation_needs_the_barrier_before_its_cache_write():
 
 
 def test_the_cache_write_loads_a_batch_before_it_stores():
-    cached = NORM.replace("Lb0EvE", "Lb0ES2_E")
+    cached = NORM.replace("Lb0EvL", "Lb0ES2_L")
     bars = ["BAR.SYNC.DEFER_BLOCKING 0x0"] * 3
     loads, stores = CACHE_BATCH[:2 * contract.NORM_BATCH], CACHE_BATCH[2 * contract.NORM_BATCH:]
     one_by_one = [t for pair in zip(loads, stores) for t in pair]  # each element stored as it arrives
     n, bad = contract.check_norm(listing(cached, *(bars[:2] + NORM_GOOD[:-1] + bars[:1] + one_by_one + ["EXIT"])),
                                  res(cached, 72))
-    assert bad == ["norm_rope_kernel<bf16, same-dtype cache>: 1 loads before the cache write's first store (16 "
+    assert bad == ["norm_rope_kernel<bf16, same-dtype cache, vector>: 1 loads before the cache write's first store (16 "
                    "wanted): the write must load a batch of k and v before it stores one"], bad
 
 
@@ -216,6 +234,7 @@ def test_the_prologue_spill_budget_is_a_bound():
 def test_the_built_prologue_kernels_keep_the_contract():
     sass, usage = contract.dump(rotary.library_path(), contract.find_cuobjdump())
     n, bad = contract.check_norm(sass, usage)
-    # 4 dtypes x (plain, fp8 q, same-dtype cache, fp8 cache).
-    assert n == 16, f"{n} norm_rope_kernel instantiations in the sm_90 cubin, expected 16"
+    # 4 dtypes x (fp8 q, plain, same-dtype cache, fp8 cache), and the last three with the vector path for all
+    # but fp64.
+    assert n == 25, f"{n} norm_rope_kernel instantiations in the sm_90 cubin, expected 25"
     assert not bad, "\n".join(bad)

@@ -34,6 +34,11 @@ with and without the fp8 q output, and with the KV-cache write):
   with no load or branch between them, so the loads they sum were all
   issued before the first (one memory round trip per batch, not per
   element);
+- the vector instantiations (kVector; without fp8 q, one per dtype and
+  cache) have a vector path: at least NORM_VECTOR_ACCESSES 16-byte
+  streaming loads and stores of q/k, and every 16-byte table read shares
+  its basic block with a q/k vector load (one round trip per head, not a
+  table read that waits for a branch on the data or the data on it);
 - the per-head sum of squares is reduced in registers: a warp butterfly of
   at least five SHFL.BFLY, no shared-memory round trip for it;
 - with a cache, a block barrier beyond the norm's two (three BAR.SYNC): the
@@ -59,7 +64,8 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 KERNEL = re.compile(r"rope_kernelI(?P<T>13__nv_bfloat16|6__half|f|d)Lb(?P<il>[01])ELb(?P<vec>[01])E(?P<idx>[il])E")
-NORM_KERNEL = re.compile(r"norm_rope_kernelI(?P<T>13__nv_bfloat16|6__half|f|d)Lb(?P<fp8>[01])E(?P<cache>v|h|S\d*_|f|d)E")
+NORM_KERNEL = re.compile(
+    r"norm_rope_kernelI(?P<T>13__nv_bfloat16|6__half|f|d)Lb(?P<fp8>[01])E(?P<cache>v|h|S\d*_|f|d)Lb(?P<vec>[01])EE")
 FUSED_KERNEL = re.compile(
     r"rope_kv_kernelI(?P<T>13__nv_bfloat16|6__half|f|d)Lb(?P<il>[01])E(?P<cache>h|S2_|f|d)(?P<idx>[il])E")
 TYPES = {"13__nv_bfloat16": "bf16", "6__half": "fp16", "f": "fp32", "d": "fp64"}
@@ -91,7 +97,8 @@ class Kernel:
         n = NORM_KERNEL.search(self.name)
         if n:
             cache = {"v": ""}.get(n["cache"], ", fp8 cache" if n["cache"] == "h" else ", same-dtype cache")
-            return f"norm_rope_kernel<{TYPES[n['T']]}{', fp8 q' if n['fp8'] == '1' else ''}{cache}>"
+            return (f"norm_rope_kernel<{TYPES[n['T']]}{', fp8 q' if n['fp8'] == '1' else ''}{cache}"
+                    f"{', vector' if n['vec'] == '1' else ''}>")
         m = KERNEL.search(self.name)
         if not m:
             return self.name
@@ -169,11 +176,42 @@ def square_runs(body: List[Tuple[int, str]]) -> List[int]:
     return runs + [cur] if cur else runs
 
 
+# The vector path (norm_vector.cuh) of the vector instantiations:
+# q/k as 16-byte streaming loads and stores (a rotated item of half
+# pairing is two, a pass-through item one), cos/sin as 16-byte table reads.
+NORM_VECTOR_ACCESSES = 3
+DATA_VECTOR_LOAD, DATA_VECTOR_STORE = re.compile(r"\bLDG\.E\.EF\.128\b"), re.compile(r"\bSTG\.E\.EF\.128\b")
+TABLE_VECTOR_LOAD = re.compile(r"\bLDG\.E\.128\.CONSTANT\b")
+
+
+def check_norm_vector(k: Kernel, body: List[Tuple[int, str]]) -> List[str]:
+    """The vector path's accesses, and its table reads issued with its data loads."""
+    loads = sum(bool(DATA_VECTOR_LOAD.search(t)) for _, t in body)
+    stores = sum(bool(DATA_VECTOR_STORE.search(t)) for _, t in body)
+    bad = []
+    if min(loads, stores) < NORM_VECTOR_ACCESSES:
+        bad.append(f"{k.label}: {loads} 16-byte streaming loads and {stores} stores of q/k "
+                   f"({NORM_VECTOR_ACCESSES} of each wanted): the vector path must move whole vectors")
+    texts = [t for _, t in body]
+    for i, t in enumerate(texts):
+        if not TABLE_VECTOR_LOAD.search(t):
+            continue
+        # The table read's basic block (up to the branches on either side).
+        lo = next((j + 1 for j in range(i - 1, -1, -1) if "BRA" in texts[j]), 0)
+        hi = next((j for j in range(i + 1, len(texts)) if "BRA" in texts[j] or "EXIT" in texts[j]), len(texts))
+        if not any(DATA_VECTOR_LOAD.search(u) for u in texts[lo:hi]):
+            bad.append(f"{k.label}: a table read at 0x{body[i][0]:04x} with no q/k vector load in its block: a head "
+                       "would cost two dependent round trips")
+    return bad
+
+
 def check_norm_kernel(k: Kernel) -> List[str]:
     body = _body(k)
     mem = [(a, t, m["op"], m["mods"]) for a, t in body for m in [MEM.match(t)] if m]
     bad = _common(k, _spill_budget(mem, NORM_SPILL_BUDGET), NORM_BLOCK_THREADS, NORM_MIN_BLOCKS)
     n = NORM_KERNEL.search(k.name)
+    if n and n["vec"] == "1":
+        bad += check_norm_vector(k, body)
     batched = sum(r >= NORM_BATCH for r in square_runs(body))
     if batched < 2:
         bad.append(f"{k.label}: {batched} runs of {NORM_BATCH} square sums with no load between them (2 wanted): "

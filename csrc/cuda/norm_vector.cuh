@@ -1,0 +1,144 @@
+// The prologue kernel's vector path (NormGrid.items > 0): norm "head" with
+// every q/k access an aligned 16-byte vector. A head is split into items
+// (norm_grid.cuh); a lane loads its item once, with the cos/sin of its
+// pairs, in phase 1, and keeps it in registers for phase 2: one memory
+// round trip per head and 16-byte stores, where the element path makes one
+// 2- or 4-byte access per element and reads each element twice. The kernel
+// and the host emulation both run these two functions, the segment sums in
+// one order (warp_reduce_order with the segment's width). No torch headers.
+#pragma once
+
+#include "norm_grid.cuh"
+#include "params/norm_params.h"
+#include "params/rope_params.h"
+#include "rope_rotations.cuh"
+#include "rope_vector.cuh"
+
+#include <cstdint>
+
+namespace rotary {
+namespace kernel {
+
+// True when the vector path serves a row at position pos: its cos/sin are
+// table reads. A row past the table (inv_freq) takes the element path, so
+// the vector path holds no sin/cos call.
+ROTARY_HOST_DEVICE bool vector_row_at(const RopeParams& p, const NormGrid& g, int64_t pos) {
+  return g.items > 0 && pos >= 0 && pos < p.freqs_len;
+}
+
+// One lane's item of one head: its vectors at element offsets a0 and a1
+// (a rotated item: kPairs pairs, as two adjacent vectors when interleaved,
+// one from each half of the span for rotate_half; a pass-through item: x[0]
+// only), and the cos/sin of its pairs.
+template <typename T, bool kInterleaved>
+struct NormItem {
+  using acc_t = typename Acc<T>::type;
+  static constexpr int kElems = kVectorBytes / static_cast<int>(sizeof(T));
+  static constexpr int kPairs = kElems;  // of a rotated item
+  static constexpr int kVectors = 2;     // of a rotated item
+  Vector x[kVectors];
+  acc_t c[kPairs], s[kPairs];
+  int32_t a0, a1;
+  bool rotated;
+};
+
+// The squares of a vector's elements added to ss, in element order.
+template <typename T>
+ROTARY_HOST_DEVICE void add_squares(const Vector& x, typename Acc<T>::type& ss) {
+  using acc_t = typename Acc<T>::type;
+#pragma unroll
+  for (int k = 0; k < kVectorBytes / static_cast<int>(sizeof(T)) / 2; ++k) {
+    acc_t e0, e1;
+    Pairs<T>::get(x, k, e0, e1);
+    ss += e0 * e0;
+    ss += e1 * e1;
+  }
+}
+
+// Phase 1: item `item` of unit u (one head of a token at position pos,
+// which vector_row_at checked) is loaded into it, data first, then its
+// cos/sin, so both round trips overlap; returns the sum of its squares.
+template <bool kInterleaved, typename Unit, typename T = typename Unit::value_type>
+ROTARY_HOST_DEVICE typename Acc<T>::type norm_item_load(
+    const RopeParams& p, const NormGrid& g, const Unit& u, int64_t pos, int32_t item,
+    NormItem<T, kInterleaved>& it) {
+  using Item = NormItem<T, kInterleaved>;
+  using acc_t = typename Acc<T>::type;
+  const int32_t off = static_cast<int32_t>(p.rotary_offset), R = static_cast<int32_t>(p.rotary_dim);
+  it.rotated = item < g.rotated;
+  acc_t ss = 0;
+  if (it.rotated) {
+    const int32_t j0 = item * Item::kPairs;
+    it.a0 = off + (kInterleaved ? 2 * j0 : j0);
+    it.a1 = kInterleaved ? it.a0 + Item::kElems : off + j0 + R / 2;
+    it.x[0] = load_stream(reinterpret_cast<const Vector*>(u.in + it.a0));
+    it.x[1] = load_stream(reinterpret_cast<const Vector*>(u.in + it.a1));
+    load_table_pairs<acc_t, Item::kPairs>(p, pos, j0, it.c, it.s);
+#pragma unroll
+    for (int v = 0; v < Item::kVectors; ++v) add_squares<T>(it.x[v], ss);
+  } else {
+    const int32_t from = (item - g.rotated) * Item::kElems;  // pass-through dims [0, off), then past the span
+    it.a0 = from < off ? from : from + R;
+    it.x[0] = load_stream(reinterpret_cast<const Vector*>(u.in + it.a0));
+    add_squares<T>(it.x[0], ss);
+  }
+  return ss;
+}
+
+// Phase 2: the item normalized by scale and the weights of its dims, its
+// pairs rotated, stored into u's head as 16-byte vectors.
+template <bool kInterleaved, typename Unit, typename T = typename Unit::value_type>
+ROTARY_HOST_DEVICE void norm_item_store(
+    const NormParams& n, const Unit& u, const NormItem<T, kInterleaved>& it, typename Acc<T>::type scale) {
+  using Item = NormItem<T, kInterleaved>;
+  using acc_t = typename Acc<T>::type;
+  T* out = static_cast<T*>(u.out);
+  const auto weight = [&](int32_t d) { return u.weight_at(n, 0, d); };
+  constexpr int kWords = Item::kElems / 2;  // element pairs per vector
+  Vector y[Item::kVectors];
+  if (!it.rotated) {
+#pragma unroll
+    for (int k = 0; k < kWords; ++k) {
+      acc_t e0, e1;
+      Pairs<T>::get(it.x[0], k, e0, e1);
+      const acc_t y0 = normalized(e0, scale, weight(it.a0 + 2 * k));
+      Pairs<T>::put(y[0], k, y0, normalized(e1, scale, weight(it.a0 + 2 * k + 1)));
+    }
+    store_stream(reinterpret_cast<Vector*>(out + it.a0), y[0]);
+    return;
+  }
+  if constexpr (kInterleaved) {  // pair v * kWords + j is elements (2j, 2j + 1) of vector v
+#pragma unroll
+    for (int v = 0; v < 2; ++v) {
+      const int32_t at = v ? it.a1 : it.a0;
+#pragma unroll
+      for (int j = 0; j < kWords; ++j) {
+        acc_t e0, e1, y0, y1;
+        Pairs<T>::get(it.x[v], j, e0, e1);
+        rotate_pair<acc_t>(normalized(e0, scale, weight(at + 2 * j)), normalized(e1, scale, weight(at + 2 * j + 1)),
+                           it.c[v * kWords + j], it.s[v * kWords + j], y0, y1);
+        Pairs<T>::put(y[v], j, y0, y1);
+      }
+    }
+  } else {  // pair j is element j of the low and of the high vector
+#pragma unroll
+    for (int k = 0; k < kWords; ++k) {
+      acc_t lo[2], hi[2], ylo[2], yhi[2];
+      Pairs<T>::get(it.x[0], k, lo[0], lo[1]);
+      Pairs<T>::get(it.x[1], k, hi[0], hi[1]);
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int j = 2 * k + e;
+        rotate_pair<acc_t>(normalized(lo[e], scale, weight(it.a0 + j)), normalized(hi[e], scale, weight(it.a1 + j)),
+                           it.c[j], it.s[j], ylo[e], yhi[e]);
+      }
+      Pairs<T>::put(y[0], k, ylo[0], ylo[1]);
+      Pairs<T>::put(y[1], k, yhi[0], yhi[1]);
+    }
+  }
+  store_stream(reinterpret_cast<Vector*>(out + it.a0), y[0]);
+  store_stream(reinterpret_cast<Vector*>(out + it.a1), y[1]);
+}
+
+}  // namespace kernel
+}  // namespace rotary
