@@ -27,8 +27,9 @@ three (slot, then k, then v after the k store).
 
 The prologue (apply_qk_norm_rope, bench_qk_norm.py's CUDA shapes) has two
 paths (rotary._C._cuda_norm_launch says which a call takes). The vector
-path (norm "head" on aligned rows): a lane loads its item of a head, two
-16-byte vectors, and its table reads in one trip, and keeps them for phase 2 (the weights: one on-chip trip); its
+path (norm "head" on aligned rows): a lane loads its item of two heads
+(vector_lane_heads), two 16-byte vectors each, and their shared table
+reads in one trip, and keeps them for phase 2 (the weights: one on-chip trip); its
 bytes in flight per SM are warps x 32 lanes x the share of lanes with an
 item x the item's bytes. The element path (norm "heads", fp8 q, strided or
 unaligned rows): a thread has `batch` loads of its phase-1 elements in
@@ -182,10 +183,10 @@ def prologue_rows():
                         # segment's warps step over 32 / lanes heads at a time. Phase 2: the weights,
                         # one on-chip trip.
                         lanes = s["vector_lanes"]
-                        lane_bytes = 32  # a rotated item: two 16-byte vectors
+                        lane_bytes = 32 * s["vector_lane_heads"]  # a rotated item: two 16-byte vectors a head
                         kb = warps * 32 * (s["vector_items"] / lanes) * lane_bytes / 1024
                         trips, items = 1, 1
-                        units = math.ceil((Hq + Hk) / (bt // 32 * (32 // lanes)))
+                        units = math.ceil((Hq + Hk) / (bt // 32 * (32 // lanes) * s["vector_lane_heads"]))
                     else:
                         # Element path: a unit is one head for a warp ("head"), or q's heads for the
                         # block ("heads"); `batch` loads per trip, phase 2 re-reads pairs on chip.

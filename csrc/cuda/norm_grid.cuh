@@ -19,6 +19,9 @@ constexpr int kNormThreads = 32 * kNormWarps;
 // Loads a thread issues before it uses any of them (the sum of squares, the
 // cache write).
 constexpr int kNormBatch = 8;
+// Heads a lane of the vector path has in flight (its item of each, with
+// the table reads they share).
+constexpr int kNormLaneHeads = 2;
 
 // The launch: one block per row, at most kNormBlocksPerSm per SM, which
 // then grid-stride over the rows (16 resident per SM cover the latency).

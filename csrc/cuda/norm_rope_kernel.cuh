@@ -275,9 +275,10 @@ __device__ __forceinline__ acc_t warp_sum(acc_t v, int width = 32) {
   return v;
 }
 
-// The vector path's heads of one row for warp `warp`: 32 >> lanes_log2
-// heads at a time, a segment of lanes each (every lane takes part in the
-// sums, idle ones with +0).
+// The vector path's heads of one row for warp `warp`: kNormLaneHeads x (32
+// >> lanes_log2) heads at a time; the lanes of segment `slot` take heads
+// h0 + slot, h0 + slot + per_warp, ... (every lane takes part in the sums,
+// idle ones with +0).
 template <typename T, bool kInterleaved>
 __device__ __forceinline__ void norm_vector_row(
     const RopeParams& p, const NormParams& n, const NormGrid& g, int64_t b, int64_t s, int64_t pos, int32_t lane,
@@ -285,15 +286,31 @@ __device__ __forceinline__ void norm_vector_row(
   using acc_t = typename Acc<T>::type;
   const int32_t q_heads = static_cast<int32_t>(p.q.heads), total = q_heads + static_cast<int32_t>(p.k.heads);
   const int32_t per_warp = 32 >> g.lanes_log2, slot = lane >> g.lanes_log2, item = lane & ((1 << g.lanes_log2) - 1);
-  for (int32_t h0 = warp * per_warp; h0 < total; h0 += kNormWarps * per_warp) {
-    const int32_t h = h0 + slot < total ? h0 + slot : 0;
-    const bool on = h0 + slot < total && item < g.items;
-    const int i = h < q_heads ? 0 : 1;
-    const auto u = norm_unit<T, false>(p, n, i, b, s, i ? h - q_heads : h, 1);
+  for (int32_t h0 = warp * per_warp * kNormLaneHeads; h0 < total; h0 += kNormWarps * per_warp * kNormLaneHeads) {
+    NormUnit<T, false> u[kNormLaneHeads];
+    bool on[kNormLaneHeads];
+#pragma unroll
+    for (int j = 0; j < kNormLaneHeads; ++j) {
+      const int32_t hj = h0 + j * per_warp + slot;
+      on[j] = hj < total && item < g.items;
+      const int32_t h = on[j] ? hj : 0;
+      const int i = h < q_heads ? 0 : 1;
+      u[j] = norm_unit<T, false>(p, n, i, b, s, i ? h - q_heads : h, 1);
+    }
     NormItem<T, kInterleaved> it;
-    const acc_t ss = on ? norm_item_load<kInterleaved>(p, g, u, pos, item, it) : acc_t(0);
-    const acc_t scale = rms_scale(warp_sum(ss, 1 << g.lanes_log2), p.head_dim, n.eps);
-    if (on) norm_item_store<kInterleaved>(n, u, it, scale);
+    acc_t ss[kNormLaneHeads];
+    if (on[0]) {
+      norm_item_load<kInterleaved>(p, g, u, on, pos, item, it, ss);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kNormLaneHeads; ++j) ss[j] = 0;
+    }
+#pragma unroll
+    for (int j = 0; j < kNormLaneHeads; ++j) ss[j] = rms_scale(warp_sum(ss[j], 1 << g.lanes_log2), p.head_dim, n.eps);
+#pragma unroll
+    for (int j = 0; j < kNormLaneHeads; ++j) {
+      if (on[j]) norm_item_store<kInterleaved>(n, u[j], it, j, ss[j]);
+    }
   }
 }
 

@@ -15,6 +15,7 @@
 #include "rope_vector.cuh"
 
 #include <cstdint>
+#include <type_traits>
 
 namespace rotary {
 namespace kernel {
@@ -26,17 +27,18 @@ ROTARY_HOST_DEVICE bool vector_row_at(const RopeParams& p, const NormGrid& g, in
   return g.items > 0 && pos >= 0 && pos < p.freqs_len;
 }
 
-// One lane's item of one head: its vectors at element offsets a0 and a1
-// (a rotated item: kPairs pairs, as two adjacent vectors when interleaved,
-// one from each half of the span for rotate_half; a pass-through item: x[0]
-// only), and the cos/sin of its pairs.
+// One lane's item of kNormLaneHeads heads: each head's vectors at element
+// offsets a0 and a1 (a rotated item: kPairs pairs, as two adjacent vectors
+// when interleaved, one from each half of the span for rotate_half; a
+// pass-through item: x[h][0] only), and the cos/sin of its pairs, which
+// every head of the row shares.
 template <typename T, bool kInterleaved>
 struct NormItem {
   using acc_t = typename Acc<T>::type;
   static constexpr int kElems = kVectorBytes / static_cast<int>(sizeof(T));
   static constexpr int kPairs = kElems;  // of a rotated item
-  static constexpr int kVectors = 2;     // of a rotated item
-  Vector x[kVectors];
+  static constexpr int kVectors = 2;     // of a rotated item, per head
+  Vector x[kNormLaneHeads][kVectors];
   acc_t c[kPairs], s[kPairs];
   int32_t a0, a1;
   bool rotated;
@@ -55,52 +57,61 @@ ROTARY_HOST_DEVICE void add_squares(const Vector& x, typename Acc<T>::type& ss) 
   }
 }
 
-// Phase 1: item `item` of unit u (one head of a token at position pos,
-// which vector_row_at checked) is loaded into it, data first, then its
-// cos/sin, so both round trips overlap; returns the sum of its squares.
+// Phase 1: item `item` of the heads u[h] with on[h] (a token at position
+// pos, which vector_row_at checked; on[0] holds) is loaded into it: every
+// head's data first, then the cos/sin, so all round trips overlap. The
+// loads are unconditional, so no branch sits between them: a head that is
+// off loads head 0's item, a pass-through item loads its vector twice and
+// reads the table's first pairs. ss[h] is head h's sum of squares (0 when
+// off).
 template <bool kInterleaved, typename Unit, typename T = typename Unit::value_type>
-ROTARY_HOST_DEVICE typename Acc<T>::type norm_item_load(
-    const RopeParams& p, const NormGrid& g, const Unit& u, int64_t pos, int32_t item,
-    NormItem<T, kInterleaved>& it) {
+ROTARY_HOST_DEVICE void norm_item_load(
+    const RopeParams& p, const NormGrid& g, const Unit (&u)[kNormLaneHeads], const bool (&on)[kNormLaneHeads],
+    int64_t pos, int32_t item, NormItem<T, kInterleaved>& it, typename Acc<T>::type (&ss)[kNormLaneHeads]) {
   using Item = NormItem<T, kInterleaved>;
   using acc_t = typename Acc<T>::type;
   const int32_t off = static_cast<int32_t>(p.rotary_offset), R = static_cast<int32_t>(p.rotary_dim);
   it.rotated = item < g.rotated;
-  acc_t ss = 0;
+  const int32_t j0 = it.rotated ? item * Item::kPairs : 0;
   if (it.rotated) {
-    const int32_t j0 = item * Item::kPairs;
     it.a0 = off + (kInterleaved ? 2 * j0 : j0);
     it.a1 = kInterleaved ? it.a0 + Item::kElems : off + j0 + R / 2;
-    it.x[0] = load_stream(reinterpret_cast<const Vector*>(u.in + it.a0));
-    it.x[1] = load_stream(reinterpret_cast<const Vector*>(u.in + it.a1));
-    load_table_pairs<acc_t, Item::kPairs>(p, pos, j0, it.c, it.s);
-#pragma unroll
-    for (int v = 0; v < Item::kVectors; ++v) add_squares<T>(it.x[v], ss);
   } else {
     const int32_t from = (item - g.rotated) * Item::kElems;  // pass-through dims [0, off), then past the span
-    it.a0 = from < off ? from : from + R;
-    it.x[0] = load_stream(reinterpret_cast<const Vector*>(u.in + it.a0));
-    add_squares<T>(it.x[0], ss);
+    it.a0 = it.a1 = from < off ? from : from + R;
   }
-  return ss;
+#pragma unroll
+  for (int h = 0; h < kNormLaneHeads; ++h) {
+    const T* in = on[h] ? u[h].in : u[0].in;
+    it.x[h][0] = load_stream(reinterpret_cast<const Vector*>(in + it.a0));
+    it.x[h][1] = load_stream(reinterpret_cast<const Vector*>(in + it.a1));
+  }
+  load_table_pairs<acc_t, Item::kPairs>(p, pos, j0, it.c, it.s);
+#pragma unroll
+  for (int h = 0; h < kNormLaneHeads; ++h) {
+    acc_t sum = 0;
+    add_squares<T>(it.x[h][0], sum);
+    if (it.rotated) add_squares<T>(it.x[h][1], sum);
+    ss[h] = on[h] ? sum : acc_t(0);
+  }
 }
 
-// Phase 2: the item normalized by scale and the weights of its dims, its
-// pairs rotated, stored into u's head as 16-byte vectors.
-template <bool kInterleaved, typename Unit, typename T = typename Unit::value_type>
-ROTARY_HOST_DEVICE void norm_item_store(
-    const NormParams& n, const Unit& u, const NormItem<T, kInterleaved>& it, typename Acc<T>::type scale) {
+// Phase 2 with the weights read as W (float, or T: one type per launch, so
+// each element holds one weight register, not one of each type).
+template <typename W, typename T, bool kInterleaved>
+ROTARY_HOST_DEVICE void norm_item_write(
+    const NormItem<T, kInterleaved>& it, int h, typename Acc<T>::type scale, const W* w, typename Acc<T>::type w_offset,
+    T* out) {
   using Item = NormItem<T, kInterleaved>;
   using acc_t = typename Acc<T>::type;
-  T* out = static_cast<T*>(u.out);
-  const auto weight = [&](int32_t d) { return u.weight_at(n, 0, d); };
+  const auto weight = [&](int32_t d) { return weight_element(w, w_offset, d); };
   constexpr int kWords = Item::kElems / 2;  // element pairs per vector
   Vector y[Item::kVectors];
   if (!it.rotated) {
 #pragma unroll
     for (int k = 0; k < kWords; ++k) {
       acc_t e0, e1;
-      Pairs<T>::get(it.x[0], k, e0, e1);
+      Pairs<T>::get(it.x[h][0], k, e0, e1);
       const acc_t y0 = normalized(e0, scale, weight(it.a0 + 2 * k));
       Pairs<T>::put(y[0], k, y0, normalized(e1, scale, weight(it.a0 + 2 * k + 1)));
     }
@@ -114,7 +125,7 @@ ROTARY_HOST_DEVICE void norm_item_store(
 #pragma unroll
       for (int j = 0; j < kWords; ++j) {
         acc_t e0, e1, y0, y1;
-        Pairs<T>::get(it.x[v], j, e0, e1);
+        Pairs<T>::get(it.x[h][v], j, e0, e1);
         rotate_pair<acc_t>(normalized(e0, scale, weight(at + 2 * j)), normalized(e1, scale, weight(at + 2 * j + 1)),
                            it.c[v * kWords + j], it.s[v * kWords + j], y0, y1);
         Pairs<T>::put(y[v], j, y0, y1);
@@ -124,8 +135,8 @@ ROTARY_HOST_DEVICE void norm_item_store(
 #pragma unroll
     for (int k = 0; k < kWords; ++k) {
       acc_t lo[2], hi[2], ylo[2], yhi[2];
-      Pairs<T>::get(it.x[0], k, lo[0], lo[1]);
-      Pairs<T>::get(it.x[1], k, hi[0], hi[1]);
+      Pairs<T>::get(it.x[h][0], k, lo[0], lo[1]);
+      Pairs<T>::get(it.x[h][1], k, hi[0], hi[1]);
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int j = 2 * k + e;
@@ -138,6 +149,22 @@ ROTARY_HOST_DEVICE void norm_item_store(
   }
   store_stream(reinterpret_cast<Vector*>(out + it.a0), y[0]);
   store_stream(reinterpret_cast<Vector*>(out + it.a1), y[1]);
+}
+
+// Phase 2: head h's item normalized by scale and the weights of its dims
+// (as weight_of reads them), its pairs rotated, stored into u (that head)
+// as 16-byte vectors.
+template <bool kInterleaved, typename Unit, typename T = typename Unit::value_type>
+ROTARY_HOST_DEVICE void norm_item_store(
+    const NormParams& n, const Unit& u, const NormItem<T, kInterleaved>& it, int h, typename Acc<T>::type scale) {
+  using acc_t = typename Acc<T>::type;
+  T* out = static_cast<T*>(u.out);
+  const acc_t offset = static_cast<acc_t>(n.weight_offset);
+  if (std::is_same_v<T, acc_t> || u.weight == nullptr || n.weight_acc) {
+    norm_item_write(it, h, scale, static_cast<const acc_t*>(u.weight), offset, out);
+  } else {
+    norm_item_write(it, h, scale, static_cast<const T*>(u.weight), offset, out);
+  }
 }
 
 }  // namespace kernel

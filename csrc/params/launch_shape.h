@@ -28,7 +28,7 @@ std::map<std::string, int64_t> cuda_kv_launch(const kernel::KVCacheParams& p, at
 // The prologue's launch (apply_qk_norm_rope) on a GPU of `sms` SMs: rows,
 // blocks, block_threads, batch (loads per thread before the sum of squares
 // sums them) and the vector path's split of a head (norm_grid): vector_items
-// (0: the element path), vector_rotated and vector_lanes.
+// (0: the element path), vector_rotated, vector_lanes and vector_lane_heads.
 std::map<std::string, int64_t> cuda_norm_launch(
     const kernel::RopeParams& p, const kernel::NormParams& n, at::ScalarType dtype, int64_t sms);
 

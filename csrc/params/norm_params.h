@@ -53,17 +53,19 @@ ROTARY_HOST_DEVICE acc_t rms_scale(acc_t sumsq, int64_t count, double eps) {
 // Element d of a weight as the norm multiplies by it: w[d] (1 without a
 // weight) in acc_t, plus the offset when there is one (Gemma's 1 + w; added
 // only when non-zero, so a -0 weight keeps its sign as it would unshifted).
+// weight_element: the same for a weight known to be stored as E (null: none).
+template <typename E, typename acc_t>
+ROTARY_HOST_DEVICE acc_t weight_element(const E* w, acc_t offset, int64_t d) {
+  const acc_t x = w != nullptr ? static_cast<acc_t>(w[d]) : acc_t(1);
+  return offset != acc_t(0) ? x + offset : x;
+}
 template <typename T, typename acc_t>
 ROTARY_HOST_DEVICE acc_t weight_of(const void* w, bool in_acc, acc_t offset, int64_t d) {
-  acc_t x = acc_t(1);
-  if (w != nullptr) {
-    if constexpr (std::is_same_v<T, acc_t>) {
-      x = static_cast<const acc_t*>(w)[d];  // one dtype: no flag to test
-    } else {
-      x = in_acc ? static_cast<const acc_t*>(w)[d] : static_cast<acc_t>(static_cast<const T*>(w)[d]);
-    }
+  // One dtype: no flag to test.
+  if (std::is_same_v<T, acc_t> || w == nullptr || in_acc) {
+    return weight_element(static_cast<const acc_t*>(w), offset, d);
   }
-  return offset != acc_t(0) ? x + offset : x;
+  return weight_element(static_cast<const T*>(w), offset, d);
 }
 
 // One element normalized: x times its vector's scale, then its weight (the

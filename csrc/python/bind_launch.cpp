@@ -56,7 +56,8 @@ void bind_launch(py::module_& m) {
       py::arg("q"), py::arg("k"), py::arg("freqs"), py::arg("norm") = "head", py::arg("sms") = 132,
       py::arg("interleaved") = true,
       "The CUDA launch apply_qk_norm_rope would make for BHSD q and k on a GPU of `sms` SMs: rows, blocks, "
-      "block_threads, batch, vector_items, vector_rotated and vector_lanes; {} without CUDA kernels.");
+      "block_threads, batch, vector_items, vector_rotated, vector_lanes and vector_lane_heads; {} without CUDA "
+      "kernels.");
 }
 
 }  // namespace python

@@ -12,33 +12,39 @@
 namespace rotary_test {
 
 // The vector path's heads of one row for warp `warp`, as norm_vector_row
-// runs them: each lane's item loaded, the segments' sums in the kernel's
-// order, then each lane's stores.
+// runs them: each lane's item of its heads loaded, the segments' sums in the
+// kernel's order, then each lane's stores.
 template <typename T, bool kInterleaved>
 void emulate_vector_row(
     const rotary::kernel::RopeParams& p, const rotary::kernel::NormParams& n, const rotary::kernel::NormGrid& g,
     int64_t b, int64_t s, int64_t pos, int32_t warp) {
   namespace k = rotary::kernel;
   using acc_t = typename k::Acc<T>::type;
+  constexpr int H = k::kNormLaneHeads;
   const int32_t q_heads = static_cast<int32_t>(p.q.heads), total = q_heads + static_cast<int32_t>(p.k.heads);
   const int32_t width = 1 << g.lanes_log2, per_warp = 32 >> g.lanes_log2;
-  for (int32_t h0 = warp * per_warp; h0 < total; h0 += k::kNormWarps * per_warp) {
+  for (int32_t h0 = warp * per_warp * H; h0 < total; h0 += k::kNormWarps * per_warp * H) {
     k::NormItem<T, kInterleaved> it[32];
-    acc_t ss[32];
-    bool on[32];
-    k::NormUnit<T, false> u[32];
+    acc_t ss[H][32];
+    bool on[32][H];
+    k::NormUnit<T, false> u[32][H];
     for (int32_t l = 0; l < 32; ++l) {
-      const int32_t h = h0 + (l >> g.lanes_log2), item = l & (width - 1);
-      on[l] = h < total && item < g.items;
-      ss[l] = 0;
-      if (!on[l]) continue;
-      const int i = h < q_heads ? 0 : 1;
-      u[l] = k::norm_unit<T, false>(p, n, i, b, s, i ? h - q_heads : h, 1);
-      ss[l] = k::norm_item_load<kInterleaved>(p, g, u[l], pos, item, it[l]);
+      const int32_t item = l & (width - 1);
+      for (int j = 0; j < H; ++j) {
+        const int32_t h = h0 + j * per_warp + (l >> g.lanes_log2);
+        on[l][j] = h < total && item < g.items;
+        const int i = h < q_heads ? 0 : 1;
+        if (on[l][j]) u[l][j] = k::norm_unit<T, false>(p, n, i, b, s, i ? h - q_heads : h, 1);
+      }
+      acc_t lane_ss[H] = {};
+      if (on[l][0]) k::norm_item_load<kInterleaved>(p, g, u[l], on[l], pos, item, it[l], lane_ss);
+      for (int j = 0; j < H; ++j) ss[j][l] = lane_ss[j];
     }
-    k::warp_reduce_order(ss, width);
+    for (int j = 0; j < H; ++j) k::warp_reduce_order(ss[j], width);
     for (int32_t l = 0; l < 32; ++l) {
-      if (on[l]) k::norm_item_store<kInterleaved>(n, u[l], it[l], k::rms_scale(ss[l], p.head_dim, n.eps));
+      for (int j = 0; j < H; ++j) {
+        if (on[l][j]) k::norm_item_store<kInterleaved>(n, u[l][j], it[l], j, k::rms_scale(ss[j][l], p.head_dim, n.eps));
+      }
     }
   }
 }

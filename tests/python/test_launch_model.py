@@ -82,7 +82,7 @@ def test_norm_launch_is_the_ops_grid():
     f = rotary.freqs_table(64, 16)
     s = rotary._C._cuda_norm_launch(q, k, f, "head", 132)
     assert s == {"rows": 15, "blocks": 15, "block_threads": 128, "batch": 8, "vector_items": 4, "vector_rotated": 4,
-                 "vector_lanes": 4}, s  # interleaved bf16 D 64: 4 items of two vectors (8 pairs), 4 lanes per head
+                 "vector_lanes": 4, "vector_lane_heads": 2}, s  # bf16 D 64: 4 items of 8 pairs, 4 lanes a head
     half = rotary._C._cuda_norm_launch(q, k, f, "head", 132, interleaved=False)
     assert (half["vector_items"], half["vector_lanes"]) == (4, 4), half  # a vector from each half per lane
     assert rotary._C._cuda_norm_launch(q, k, f, "heads", 132)["vector_items"] == 0  # across heads: element path

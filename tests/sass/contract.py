@@ -28,7 +28,8 @@ with and without the fp8 q output, and with the KV-cache write):
 - no local memory outside the subroutines it calls, but for NORM_SPILL_BUDGET
   stack accesses (LDL/STL at [R1 + ...]), none today (the fp8 q ones made
   four to six before the loads were batched);
-- registers leave room for at least 4 resident blocks of its 128 threads;
+- registers leave room for at least 4 resident blocks of its 128 threads
+  (3 for the vector instantiations, whose lanes hold two heads' items);
 - the sum of squares goes NORM_BATCH loads at a time: at least two runs
   (the per-head and the across-heads norm) of NORM_BATCH square-sum FMAs
   with no load or branch between them, so the loads they sum were all
@@ -71,7 +72,10 @@ FUSED_KERNEL = re.compile(
 TYPES = {"13__nv_bfloat16": "bf16", "6__half": "fp16", "f": "fp32", "d": "fp64"}
 FP8_CACHE_STORE = {"bf16": ".E.64", "fp16": ".E.64", "fp32": ".E"}  # one byte per element of 16 bytes
 FUSED_FP8_SPILL_BUDGET = 16
-NORM_BLOCK_THREADS, NORM_MIN_BLOCKS = 128, 4
+# The vector instantiations hold kNormLaneHeads heads' items per lane (64
+# bytes of bf16 in flight): 3 blocks of them keep more bytes in flight per
+# SM than 4 of the element path's (benchmarks/launch_model.py).
+NORM_BLOCK_THREADS, NORM_MIN_BLOCKS, NORM_VECTOR_MIN_BLOCKS = 128, 4, 3
 INSTR = re.compile(r"/\*(?P<addr>[0-9a-f]{4,})\*/\s+(?P<text>[^;]*);")
 MEM = re.compile(r"^(?:@!?U?P\w+\s+)?(?P<op>LDG|STG|LDL|STL)(?P<mods>(?:\.[A-Z0-9_]+)*)\s")
 CALL = re.compile(r"\bCALL\.\w+(?:\.\w+)*\s+(?P<target>0x[0-9a-f]+)")
@@ -208,9 +212,11 @@ def check_norm_vector(k: Kernel, body: List[Tuple[int, str]]) -> List[str]:
 def check_norm_kernel(k: Kernel) -> List[str]:
     body = _body(k)
     mem = [(a, t, m["op"], m["mods"]) for a, t in body for m in [MEM.match(t)] if m]
-    bad = _common(k, _spill_budget(mem, NORM_SPILL_BUDGET), NORM_BLOCK_THREADS, NORM_MIN_BLOCKS)
     n = NORM_KERNEL.search(k.name)
-    if n and n["vec"] == "1":
+    vector = bool(n) and n["vec"] == "1"
+    bad = _common(k, _spill_budget(mem, NORM_SPILL_BUDGET), NORM_BLOCK_THREADS,
+                  NORM_VECTOR_MIN_BLOCKS if vector else NORM_MIN_BLOCKS)
+    if vector:
         bad += check_norm_vector(k, body)
     batched = sum(r >= NORM_BATCH for r in square_runs(body))
     if batched < 2:
