@@ -1,15 +1,18 @@
 // The launch description of the prologue's CUDA kernel
-// (norm_rope_kernel.cuh): block shape, batch, grid, its stride in (b, s) and
-// the vector path's split of a head.
-// Host code only, no device code and no torch headers: the launch, the host
-// emulation and rotary._C's launch model all include it.
+// (norm_rope_kernel.cuh): block shape, batch, grid, its stride in (b, s),
+// the vector path's split of a head, and the (head, index) walk the kernel
+// steps by. No torch headers and nothing that needs nvcc: the launch, the
+// host emulation and rotary._C's launch model all include it.
 #pragma once
 
 #include "params/norm_params.h"
 #include "params/rope_params.h"
+#include "params/kv_params.h"
 #include "rope_grid.cuh"
+#include "rope_kv_grid.cuh"
 
 #include <cstdint>
+#include <type_traits>
 
 namespace rotary {
 namespace kernel {
@@ -42,6 +45,7 @@ inline int64_t norm_blocks(int64_t rows, int64_t sms) {
 struct NormGrid {
   int64_t step_b, step_s;
   int32_t items, rotated, lanes_log2;
+  bool cache_vector;  // the vector path's cache write (norm_grid_for)
 };
 
 // Elements of elem_bytes per vector (the vector path's unit).
@@ -52,6 +56,7 @@ inline NormGrid norm_grid(const RopeParams& p, const NormParams& n, int64_t bloc
   g.step_b = p.seq > 0 ? blocks / p.seq : 0;
   g.step_s = blocks - g.step_b * p.seq;
   g.items = g.rotated = g.lanes_log2 = 0;
+  g.cache_vector = false;
   const int64_t v = norm_vector_elems(elem_bytes);
   // fp64 stays on the element path: its vector instantiations spill.
   if (elem_bytes > 4 || n.kind != NormKind::kHead || n.q_scale != nullptr || p.num_axes > 0 ||
@@ -67,6 +72,33 @@ inline NormGrid norm_grid(const RopeParams& p, const NormParams& n, int64_t bloc
   while ((int64_t{1} << g.lanes_log2) < items) ++g.lanes_log2;
   return g;
 }
+
+// The launch's grid for elements T and a Cache (void: none): norm_grid, and
+// with a cache on the vector path, whether the write moves 16-byte vectors
+// of k's finished rows and v's (their caches vector-addressable).
+template <typename T, typename Cache>
+inline NormGrid norm_grid_for(const KVCacheParams& kv, const NormParams& n, int64_t blocks) {
+  NormGrid g = norm_grid(kv.rope, n, blocks, sizeof(T));
+  if constexpr (!std::is_void_v<Cache>) g.cache_vector = g.items > 0 && caches_vector_addressable<T, Cache>(kv);
+  return g;
+}
+
+// (head, index) of flat item `first` of rows of `width` items, and the step
+// to the next item `stride` on: subtraction only.
+struct HeadWalk {
+  int32_t h, i;
+  ROTARY_HOST_DEVICE HeadWalk(int32_t first, int32_t width) : h(0), i(first) { wrap(width); }
+  ROTARY_HOST_DEVICE void next(int32_t stride, int32_t width) {
+    i += stride;
+    wrap(width);
+  }
+  ROTARY_HOST_DEVICE void wrap(int32_t width) {
+    while (i >= width) {
+      i -= width;
+      ++h;
+    }
+  }
+};
 
 }  // namespace kernel
 }  // namespace rotary

@@ -18,7 +18,7 @@ void launch_norm_rope(const kernel::KVCacheParams& kv, const kernel::NormParams&
     sms = 1;
   }
   const int64_t blocks = kernel::norm_blocks(rows, sms);
-  const kernel::NormGrid g = kernel::norm_grid(kv.rope, n, blocks, sizeof(T));
+  const kernel::NormGrid g = kernel::norm_grid_for<T, Cache>(kv, n, blocks);
   const dim3 block(32, kernel::kNormWarps);
   const unsigned grid = static_cast<unsigned>(blocks);
   if constexpr (std::is_void_v<Cache>) {  // fp8 q is out of place, so never with a cache

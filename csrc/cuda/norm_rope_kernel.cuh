@@ -14,12 +14,14 @@
 // kernel's bits. The walks over rows (NormRows) and over (head, dim)
 // (HeadWalk) step without a division per item. Norm "head" on aligned,
 // unit-stride rows takes the vector path instead (norm_vector.cuh): a
-// segment of lanes per head, one 16-byte item per lane, loaded once.
-// apply_qk_norm_rope_with_kv_cache_ runs the same launch with a cache type:
-// once a row's k is finished, the block writes it and v into the caches,
-// at the cache row one thread found for the block (CacheDest).
+// segment of lanes per head, one item of two 16-byte vectors per lane and
+// head, loaded once. apply_qk_norm_rope_with_kv_cache_ runs the same launch
+// with a cache type: once a row's k is finished, the block writes it and v
+// into the caches (norm_cache.cuh), at the cache row one thread found for
+// the block (CacheDest).
 #pragma once
 
+#include "norm_cache.cuh"
 #include "norm_grid.cuh"
 #include "norm_vector.cuh"
 #include "params/fp8.h"
@@ -95,23 +97,6 @@ ROTARY_HOST_DEVICE NormUnit<T, kFp8Q> norm_unit(
   u.heads = heads;
   return u;
 }
-
-// (head, index) of flat item `first` of rows of `width` items, and the step
-// to the next item `stride` on: subtraction only.
-struct HeadWalk {
-  int32_t h, i;
-  ROTARY_HOST_DEVICE HeadWalk(int32_t first, int32_t width) : h(0), i(first) { wrap(width); }
-  ROTARY_HOST_DEVICE void next(int32_t stride, int32_t width) {
-    i += stride;
-    wrap(width);
-  }
-  ROTARY_HOST_DEVICE void wrap(int32_t width) {
-    while (i >= width) {
-      i -= width;
-      ++h;
-    }
-  }
-};
 
 // The token rows block `block` owns: block, block + blocks, ... as (b, s).
 // The first costs one division, later ones step by g without any; b past
@@ -199,51 +184,6 @@ ROTARY_HOST_DEVICE void norm_finish(
       const int32_t k = w.i - pairs;
       const int64_t d = k < off ? k : k + p.rotary_dim;
       u.put(n, w.h, out + d * u.out_elem, normalized(to_acc(in[d * u.in_elem]), scale, u.weight_at(n, w.h, d)));
-    }
-  }
-}
-
-// A row's cache destination: its rows (kv_row) at cache_row's, found by one
-// thread of the block while the row is normalized and shared through shared
-// memory (a plain struct: __shared__ takes no initializers). write is false
-// when the token is not written: slot -1, or a device-side slot or position
-// outside the cache.
-struct CacheDest {
-  KVRow row;
-  bool write;
-};
-ROTARY_HOST_DEVICE CacheDest cache_dest(const KVCacheParams& kv, int64_t b, int64_t s, const TokenPlace& place) {
-  CacheDest d;
-  int64_t outer = 0, inner = 0;
-  d.write = cache_row(kv, b, s, place, outer, inner);
-  d.row = kv_row(kv, b, s, outer, inner);
-  return d;
-}
-
-// Phase 3 (with a cache): thread tid writes its elements of the row's k and
-// v head rows into their cache rows at `dest`, as the element-wise cache
-// kernel does; k is the row's finished output, read back after the block's
-// barrier. Like phase 1 it loads kNormBatch elements (past the end, of head
-// 0, never stored) before it stores any.
-template <typename T, typename Cache>
-ROTARY_HOST_DEVICE void norm_cache_row(const KVCacheParams& kv, const CacheDest& dest, int32_t tid, int32_t threads) {
-  if (!dest.write) return;
-  const int32_t dim = static_cast<int32_t>(kv_row_dim(kv));
-  const int32_t heads = static_cast<int32_t>(kv.rope.k.heads);
-  HeadWalk w(tid, dim);
-  while (w.h < heads) {
-    KVValues<T> x[kNormBatch];
-    int32_t h[kNormBatch], i[kNormBatch];
-#pragma unroll
-    for (int j = 0; j < kNormBatch; ++j) {
-      h[j] = w.h;
-      i[j] = w.i;
-      x[j] = load_kv_element<T>(kv, dest.row, w.h < heads ? w.h : 0, w.i);
-      if (w.h < heads) w.next(threads, dim);
-    }
-#pragma unroll
-    for (int j = 0; j < kNormBatch; ++j) {
-      if (h[j] < heads) store_kv_element<T, Cache>(kv, dest.row, h[j], i[j], x[j]);
     }
   }
 }
@@ -367,7 +307,11 @@ __global__ void __launch_bounds__(kNormThreads) norm_rope_kernel(
     }
     if constexpr (!std::is_void_v<Cache>) {
       __syncthreads();  // every warp's k elements of the row, and dest[parity], are written
-      norm_cache_row<T, Cache>(kv, dest[parity], tid, kNormThreads);
+      if (kVector && g.cache_vector && vector_row_at(p, g, pos)) {
+        norm_cache_vectors<T, Cache>(kv, dest[parity], tid, kNormThreads);
+      } else {
+        norm_cache_row<T, Cache>(kv, dest[parity], tid, kNormThreads);
+      }
       parity ^= 1;
     }
   }

@@ -31,16 +31,13 @@ struct CacheChunk {
 template <typename T, typename Cache>
 constexpr bool kFusedCache = !(sizeof(T) == 8 && sizeof(Cache) == 1);
 
-// True when the fused launch serves p, whose RoPE launch is s
-// (launch_shape<T>(p.rope)): a kernel for (T, Cache), the RoPE vector path,
-// a grid with pair groups, and every cache and v row vector-addressable
-// (unit element stride, chunk-aligned bases and strides, v_dim a whole
-// number of vectors).
+// True when a kernel for (T, Cache) is built and p's cache and v rows are
+// vector-addressable (the fused launch's and the prologue's vector cache
+// write's condition; k's rows are the caller's to check).
 template <typename T, typename Cache>
-inline bool can_fuse_cache(const KVCacheParams& p, const LaunchShape& s) {
+inline bool caches_vector_addressable(const KVCacheParams& p) {
   constexpr int64_t kElems = CacheChunk<T, Cache>::kElems;
   if (!kFusedCache<T, Cache>) return false;
-  if (!s.vectorized || s.grid.row_blocks == 0 || s.grid.rotary_groups == 0 || p.rope.k.heads == 0) return false;
   if (p.v_dim % kElems != 0) return false;
   auto addressable = [](const void* base, const int64_t* stride, int64_t elem_bytes, int64_t chunk) {
     if (stride[3] != 1 || reinterpret_cast<uintptr_t>(base) % chunk != 0) return false;
@@ -53,6 +50,17 @@ inline bool can_fuse_cache(const KVCacheParams& p, const LaunchShape& s) {
   return addressable(p.k_cache, p.kc_stride, sizeof(Cache), kChunk) &&
       addressable(p.v_cache, p.vc_stride, sizeof(Cache), kChunk) &&
       addressable(p.v, p.v_stride, sizeof(T), kVectorBytes);
+}
+
+// True when the fused launch serves p, whose RoPE launch is s
+// (launch_shape<T>(p.rope)): a kernel for (T, Cache), the RoPE vector path,
+// a grid with pair groups, and every cache and v row vector-addressable
+// (unit element stride, chunk-aligned bases and strides, v_dim a whole
+// number of vectors).
+template <typename T, typename Cache>
+inline bool can_fuse_cache(const KVCacheParams& p, const LaunchShape& s) {
+  if (!s.vectorized || s.grid.row_blocks == 0 || s.grid.rotary_groups == 0 || p.rope.k.heads == 0) return false;
+  return caches_vector_addressable<T, Cache>(p);
 }
 
 }  // namespace kernel

@@ -9,6 +9,7 @@
 // the two launches (can_fuse_cache, rope_kv_grid.cuh).
 #pragma once
 
+#include "kv_store.cuh"
 #include "params/kv_params.h"
 #include "rope_kernel.cuh"
 #include "rope_kv_grid.cuh"
@@ -18,30 +19,6 @@
 
 namespace rotary {
 namespace kernel {
-
-// x into the cache at `at`: a copy, or quantize_fp8 of each element (the same
-// bits as the element-wise write, which reads k after its rounding to T).
-template <typename T, typename Cache>
-ROTARY_HOST_DEVICE void store_chunk(Cache* at, const Vector& x, const float* scale) {
-  using Chunk = CacheChunk<T, Cache>;
-  if constexpr (std::is_same_v<T, Cache>) {
-    store_vector(reinterpret_cast<Vector*>(at), x);
-  } else {
-    using acc_t = typename Acc<T>::type;
-    using W = typename Chunk::type;
-    const bool scaled = scale != nullptr;
-    const float value = scaled ? *scale : 1.0f;
-    W word = 0;
-#pragma unroll
-    for (int k = 0; k < Chunk::kElems / 2; ++k) {
-      acc_t a, b;
-      Pairs<T>::get(x, k, a, b);
-      word |= static_cast<W>(static_cast<W>(quantize_fp8<acc_t>(a, scaled, value)) << (16 * k));
-      word |= static_cast<W>(static_cast<W>(quantize_fp8<acc_t>(b, scaled, value)) << (16 * k + 8));
-    }
-    *reinterpret_cast<W*>(at) = word;
-  }
-}
 
 template <typename T, typename Cache>
 struct CacheSink {

@@ -59,7 +59,7 @@ void emulate_norm_rope(const rotary::kernel::KVCacheParams& kv, const rotary::ke
   const k::RopeParams& p = kv.rope;
   const int32_t D = static_cast<int32_t>(p.head_dim);
   const int32_t heads[2] = {static_cast<int32_t>(p.q.heads), static_cast<int32_t>(p.k.heads)};
-  const k::NormGrid g = k::norm_grid(p, n, blocks, sizeof(T));
+  const k::NormGrid g = k::norm_grid_for<T, Cache>(kv, n, blocks);
   for (int64_t block = 0; block < blocks; ++block) {
     for (k::NormRows r(p, block); r.more(p); r.next(p, g)) {
       const int64_t b = r.b, s = r.s, pos = r.place.pos;
@@ -98,7 +98,13 @@ void emulate_norm_rope(const rotary::kernel::KVCacheParams& kv, const rotary::ke
       }
       if constexpr (!std::is_void_v<Cache>) {
         const k::CacheDest dest = k::cache_dest(kv, b, s, r.place);  // thread 0's, shared
-        for (int t = 0; t < k::kNormThreads; ++t) k::norm_cache_row<T, Cache>(kv, dest, t, k::kNormThreads);
+        for (int t = 0; t < k::kNormThreads; ++t) {
+          if (g.cache_vector && k::vector_row_at(p, g, pos)) {
+            k::norm_cache_vectors<T, Cache>(kv, dest, t, k::kNormThreads);
+          } else {
+            k::norm_cache_row<T, Cache>(kv, dest, t, k::kNormThreads);
+          }
+        }
       }
     }
   }

@@ -23,6 +23,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -45,6 +46,7 @@ struct NormKVCase {
   bool interleaved = false;
   int64_t B = 2, S = 3, Hq = 4, Hk = 2, D = 32, rotary_dim = 32, rotary_offset = 0, vd = 32, start = 3;
   bool cache_positions = false;
+  std::optional<bool> vector_cache;  // the cache write's path, where a case checks it
 };
 
 constexpr int64_t kPageRows = 8, kCacheRows = 16;  // paged block size; contiguous S_max
@@ -100,7 +102,7 @@ NormKVInputs clone(const NormKVInputs& in) {
 // cache kernel on `two` (run with the torch types, which share the CUDA
 // types' bits).
 template <typename scalar_t, typename CacheCpu>
-void emulate(const rotary::detail::PreparedNormKV& fused, const rotary::detail::PreparedNormKV& two, int64_t blocks) {
+bool emulate(const rotary::detail::PreparedNormKV& fused, const rotary::detail::PreparedNormKV& two, int64_t blocks) {
   using T = typename rotary::cuda::CudaType<scalar_t>::type;
   using Cache = std::conditional_t<std::is_same_v<CacheCpu, uint8_t>, uint8_t, T>;
   rotary_test::emulate_norm_rope<T, false, Cache>(fused.kv.params, fused.norm.params, blocks);
@@ -108,6 +110,8 @@ void emulate(const rotary::detail::PreparedNormKV& fused, const rotary::detail::
   for (int64_t i = 0; i < rotary::kernel::kv_cache_threads(two.kv.params); ++i) {
     rotary::kernel::kv_cache_thread<scalar_t, CacheCpu>(two.kv.params, i);
   }
+  // Whether the launch writes the caches as vectors (norm_cache_vectors).
+  return rotary::kernel::norm_grid_for<T, Cache>(fused.kv.params, fused.norm.params, blocks).cache_vector;
 }
 
 // A cache as float64 values (fp8 bytes decoded), a copy.
@@ -180,13 +184,15 @@ void check(const NormKVCase& c) {
       want.slots = op.slots.clone();
       want.slots.view(-1)[n - 1] = want.slots.view(-1)[n - 2] = -1;
     }
+    bool vector_cache = false;
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, c.dtype, "emulate", [&] {
       if (c.fp8) {
-        emulate<scalar_t, uint8_t>(p_fused, p_two, blocks);
+        vector_cache = emulate<scalar_t, uint8_t>(p_fused, p_two, blocks);
       } else {
-        emulate<scalar_t, scalar_t>(p_fused, p_two, blocks);
+        vector_cache = emulate<scalar_t, scalar_t>(p_fused, p_two, blocks);
       }
     });
+    if (c.vector_cache) EXPECT_EQ(vector_cache, *c.vector_cache) << what + ": the cache write's path";
     // The launch wrote rows (so equal bits are not two untouched caches).
     ASSERT_FALSE(SameBits(fused.kc, op.kc)) << what;
     ASSERT_FALSE(SameBits(fused.vc, op.vc)) << what;
@@ -249,7 +255,13 @@ TEST(NormKVEmulation, Features) {
   add("MLA v_dim 16", [](NormKVCase& c) { c.vd = 16, c.kv_layout = "HND"; });
   add("MLA v_dim 48, norm heads", [](NormKVCase& c) { c.vd = 48, c.heads = true; });
   add("fp8 per-head scales", [](NormKVCase& c) { c.fp8 = true, c.per_head_scale = true; });
-  add("GQA 8/1 heads, D 128", [](NormKVCase& c) { c.Hq = 8, c.Hk = 1, c.D = 128, c.rotary_dim = 64, c.vd = 128; });
+  add("GQA 8/1 heads, D 128", [](NormKVCase& c) {
+    c.Hq = 8, c.Hk = 1, c.D = 128, c.rotary_dim = 64, c.vd = 128, c.vector_cache = true;
+  });
+  // v rows of 20 bf16 elements are not whole vectors: the vector path's
+  // launch writes the caches element by element.
+  add("v_dim 20, element-wise cache write", [](NormKVCase& c) { c.vd = 20, c.vector_cache = false; });
+  add("fp8, vector cache write", [](NormKVCase& c) { c.fp8 = true, c.vector_cache = true; });
   add("many rows", [](NormKVCase& c) { c.B = 3, c.S = 20, c.kv_layout = "HND"; });
   // 12 x 96 cache elements a row: 9 per thread of 128, a full batch and
   // one more, whose elements cross heads (96 is not the thread count).

@@ -199,13 +199,16 @@ CACHE_BATCH = ([f"LDG.E.U16 R{20 + i}, desc[UR4][R6.64+0x{2 * i:x}]" for i in ra
                + [f"STG.E.U16 desc[UR4][R8.64+0x{2 * i:x}], R{20 + i}" for i in range(2 * contract.NORM_BATCH)])
 
 
+ELEMENT = NORM.replace("Lb1EE", "Lb0EE")  # the element path's instantiation
+
+
 def test_a_cache_instantiation_needs_the_barrier_before_its_cache_write():
-    cached = NORM.replace("Lb0EvL", "Lb0EhL")
+    cached = ELEMENT.replace("Lb0EvL", "Lb0EhL")
     bars = ["BAR.SYNC.DEFER_BLOCKING 0x0"] * 2
     body = NORM_GOOD[:-1]  # without its EXIT
     n, bad = contract.check_norm(listing(cached, *(bars + body + CACHE_BATCH + ["EXIT"])), res(cached, 72))
-    assert bad == ["norm_rope_kernel<bf16, fp8 cache, vector>: 2 BAR.SYNC: the cache write must wait at a block "
-                   "barrier for the row's k"]
+    assert bad == ["norm_rope_kernel<bf16, fp8 cache>: 2 BAR.SYNC: the cache write must wait at a block barrier "
+                   "for the row's k"]
     n, bad = contract.check_norm(listing(cached, *(bars + body + bars[:1] + CACHE_BATCH + ["EXIT"])), res(cached, 72))
     assert bad == []
     n, bad = contract.check_norm(listing(NORM, *(bars + NORM_GOOD)), res(NORM, 72))
@@ -213,14 +216,36 @@ def test_a_cache_instantiation_needs_the_barrier_before_its_cache_write():
 
 
 def test_the_cache_write_loads_a_batch_before_it_stores():
-    cached = NORM.replace("Lb0EvL", "Lb0ES2_L")
+    cached = ELEMENT.replace("Lb0EvL", "Lb0ES2_L")
     bars = ["BAR.SYNC.DEFER_BLOCKING 0x0"] * 3
     loads, stores = CACHE_BATCH[:2 * contract.NORM_BATCH], CACHE_BATCH[2 * contract.NORM_BATCH:]
     one_by_one = [t for pair in zip(loads, stores) for t in pair]  # each element stored as it arrives
     n, bad = contract.check_norm(listing(cached, *(bars[:2] + NORM_GOOD[:-1] + bars[:1] + one_by_one + ["EXIT"])),
                                  res(cached, 72))
-    assert bad == ["norm_rope_kernel<bf16, same-dtype cache, vector>: 1 loads before the cache write's first store (16 "
+    assert bad == ["norm_rope_kernel<bf16, same-dtype cache>: 1 loads before the cache write's first store (16 "
                    "wanted): the write must load a batch of k and v before it stores one"], bad
+
+
+def vector_cache(store):
+    """The vector cache write of one batch: 16-byte loads of k and v, then their chunk stores."""
+    n = contract.NORM_CACHE_BATCH
+    return ([f"LDG.E.EF.128 R{40 + 4 * i}, desc[UR8][R10.64+0x{16 * i:x}]" for i in range(n)]
+            + [f"{store} desc[UR4][R12.64+0x{16 * i:x}], R{40 + 4 * i}" for i in range(n)])
+
+
+@pytest.mark.parametrize("cache,store", [("S2_", "STG.E.128"), ("h", "STG.E.64")])
+def test_a_vector_instantiation_writes_the_cache_as_vectors(cache, store):
+    cached = NORM.replace("Lb0EvL", f"Lb0E{cache}L")
+    bars = ["BAR.SYNC.DEFER_BLOCKING 0x0"] * 3
+    head = bars[:2] + NORM_GOOD[:-1] + bars[:1] + CACHE_BATCH
+    n, bad = contract.check_norm(listing(cached, *(head + vector_cache(store) + ["EXIT"])), res(cached, 72))
+    assert bad == [], bad
+    for broken in ([t.replace(".128", "") for t in vector_cache(store)],  # narrow loads
+                   [t.replace(store, "STG.E.U16") for t in vector_cache(store)],  # element stores
+                   [t for pair in zip(vector_cache(store)[:contract.NORM_CACHE_BATCH],
+                                      vector_cache(store)[contract.NORM_CACHE_BATCH:]) for t in pair]):  # one by one
+        n, bad = contract.check_norm(listing(cached, *(head + broken + ["EXIT"])), res(cached, 72))
+        assert len(bad) == 1 and "the vector cache write must move whole vectors" in bad[0], bad
 
 
 def test_the_prologue_spill_budget_is_a_bound():

@@ -45,7 +45,10 @@ with and without the fp8 q output, and with the KV-cache write):
 - with a cache, a block barrier beyond the norm's two (three BAR.SYNC): the
   cache write reads k back from the row's other warps, which the host
   emulation cannot check; after the last barrier the write loads a batch
-  (2 x NORM_BATCH loads: k and v) before its first store.
+  (2 x NORM_BATCH loads: k and v) before its first store, and the vector
+  instantiations also hold the vector write: NORM_CACHE_BATCH 16-byte
+  loads, then as many stores of the cache's chunk (16 bytes, or 8 / 4
+  bytes of fp8 for 16- / 32-bit data).
 
 Usage: python tests/sass/contract.py OBJECT [--cuobjdump PATH]; exit status 1
 on a violation, each printed. tests/python/test_sass_contract.py runs it on
@@ -163,6 +166,10 @@ NORM_SPILL_BUDGET = 0  # stack-frame LDL/STL a prologue instantiation may make
 with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "csrc", "cuda",
                        "norm_grid.cuh")) as _src:
     NORM_BATCH = int(re.search(r"constexpr int kNormBatch = (\d+);", _src.read()).group(1))
+# kNormCacheBatch, the vector cache write's loads before its stores.
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "csrc", "cuda",
+                       "norm_cache.cuh")) as _src:
+    NORM_CACHE_BATCH = int(re.search(r"constexpr int kNormCacheBatch = (\d+);", _src.read()).group(1))
 # x * x into a sum (or the first product), fp32 or fp64.
 SQUARE = re.compile(r"\b(?:FFMA|DFMA)(?:\.\w+)* R\d+, (?P<a>R\d+), (?P=a), "
                     r"|\b(?:FMUL|DMUL)(?:\.\w+)* R\d+, (?P<b>R\d+), (?P=b) ;")
@@ -209,6 +216,22 @@ def check_norm_vector(k: Kernel, body: List[Tuple[int, str]]) -> List[str]:
     return bad
 
 
+def check_norm_vector_cache(k: Kernel, n: "re.Match[str]", after: List[str]) -> List[str]:
+    """The vector cache write after the last barrier: NORM_CACHE_BATCH 16-byte
+    loads of k and v, then as many stores of the cache's chunk (16 bytes, or
+    one byte per element for fp8), the first after the batch's loads."""
+    width = FP8_CACHE_STORE[TYPES[n["T"]]] if n["cache"] == "h" else ".E.128"
+    store = re.compile(rf"\bSTG{re.escape(width)}\s")
+    loads = [i for i, t in enumerate(after) if DATA_VECTOR_LOAD.search(t)]
+    stores = [i for i, t in enumerate(after) if store.search(t)]
+    if (len(loads) < NORM_CACHE_BATCH or len(stores) < NORM_CACHE_BATCH
+            or stores[0] < loads[NORM_CACHE_BATCH - 1]):
+        return [f"{k.label}: {len(loads)} 16-byte loads and {len(stores)} STG{width} after the last barrier "
+                f"({NORM_CACHE_BATCH} loads, then {NORM_CACHE_BATCH} stores, wanted): the vector cache write must "
+                "move whole vectors, a batch at a time"]
+    return []
+
+
 def check_norm_kernel(k: Kernel) -> List[str]:
     body = _body(k)
     mem = [(a, t, m["op"], m["mods"]) for a, t in body for m in [MEM.match(t)] if m]
@@ -237,6 +260,8 @@ def check_norm_kernel(k: Kernel) -> List[str]:
             if loads < 2 * NORM_BATCH:
                 bad.append(f"{k.label}: {loads} loads before the cache write's first store ({2 * NORM_BATCH} wanted): "
                            "the write must load a batch of k and v before it stores one")
+            if vector:
+                bad += check_norm_vector_cache(k, n, after)
     return bad
 
 
