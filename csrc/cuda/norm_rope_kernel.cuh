@@ -75,7 +75,6 @@ struct NormUnit {
 template <typename T, bool kFp8Q>
 ROTARY_HOST_DEVICE NormUnit<T, kFp8Q> norm_unit(
     const RopeParams& p, const NormParams& n, int i, int64_t b, int64_t s, int64_t h, int32_t heads) {
-  using acc_t = typename Acc<T>::type;
   const HeadTensor& t = i == 0 ? p.q : p.k;
   const bool across = n.kind == NormKind::kHeads;
   NormUnit<T, kFp8Q> u;
