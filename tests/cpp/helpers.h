@@ -214,6 +214,16 @@ inline at::Tensor same_strides(const at::Tensor& t) {
   return t.defined() ? at::empty_strided(t.sizes(), t.strides(), t.options()).copy_(t) : t;
 }
 
+// A KV-cache call's inputs with q, k, v, the caches and the slots copied
+// with the same strides (a misaligned view stays misaligned); the rest
+// (tables, scales, positions) shared.
+template <typename Inputs>
+Inputs copy_cache_inputs(const Inputs& in) {
+  Inputs out = in;
+  for (at::Tensor* t : {&out.q, &out.k, &out.v, &out.kc, &out.vc, &out.slots}) *t = same_strides(*t);
+  return out;
+}
+
 // k_scale and v_scale of an fp8 cache: per tensor, or one per head.
 inline std::pair<at::Tensor, at::Tensor> fp8_scales(bool per_head, int64_t heads) {
   if (!per_head) return {at::tensor(0.5f), at::tensor(0.25f)};

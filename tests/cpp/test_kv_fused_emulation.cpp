@@ -125,13 +125,6 @@ FusedInputs make(const FusedCase& c, int64_t seed) {
   return in;
 }
 
-// Copies with the same strides (a misaligned view stays misaligned).
-FusedInputs clone(const FusedInputs& in) {
-  FusedInputs out = in;
-  for (at::Tensor* t : {&out.q, &out.k, &out.v, &out.kc, &out.vc, &out.slots}) *t = rotary_test::same_strides(*t);
-  return out;
-}
-
 std::vector<int64_t> pair_axes(const FusedCase& c) {
   std::vector<int64_t> axes;
   for (int64_t j = 0; j < c.rotary_dim / 2; ++j) axes.push_back((j * 7) % 3);
@@ -194,7 +187,7 @@ void check(const FusedCase& c) {
     for (const int64_t max_blocks : {int64_t{1} << 40, int64_t{1}}) {  // one block: it walks every row block
       const std::string what = c.name + (index64 ? " int64" : " int32") + (max_blocks == 1 ? " one block" : "");
       const FusedInputs op = make(c, 7);
-      FusedInputs emu = clone(op);
+      FusedInputs emu = rotary_test::copy_cache_inputs(op);
       const std::vector<int64_t> axes = pair_axes(c);
       const at::OptionalIntArrayRef axes_ref = c.pos == "axes" ? at::OptionalIntArrayRef(axes) : std::nullopt;
       const auto offsets = std::optional<at::Tensor>(), inv_freq = std::optional<at::Tensor>();

@@ -91,13 +91,6 @@ NormKVInputs make(const NormKVCase& c, int64_t seed) {
   return in;
 }
 
-// Copies with the same strides.
-NormKVInputs clone(const NormKVInputs& in) {
-  NormKVInputs out = in;
-  for (at::Tensor* t : {&out.q, &out.k, &out.v, &out.kc, &out.vc, &out.slots}) *t = rotary_test::same_strides(*t);
-  return out;
-}
-
 // The fused launch on `fused`; the prologue launch then the element-wise
 // cache kernel on `two` (run with the torch types, which share the CUDA
 // types' bits).
@@ -162,7 +155,7 @@ void check(const NormKVCase& c) {
   for (const int64_t blocks : {int64_t{1} << 20, int64_t{1}, int64_t{2}}) {
     const std::string what = c.name + (blocks < 4 ? " " + std::to_string(blocks) + " blocks" : "");
     const NormKVInputs op = make(c, 11);
-    NormKVInputs fused = clone(op), two = clone(op);
+    NormKVInputs fused = rotary_test::copy_cache_inputs(op), two = rotary_test::copy_cache_inputs(op);
     auto prepare = [&](NormKVInputs& in) {
       const auto cache_pos = opt(in.cache_positions), slots = opt(in.slots);
       const auto k_scale = opt(in.k_scale), v_scale = opt(in.v_scale);
