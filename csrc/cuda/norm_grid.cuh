@@ -5,9 +5,9 @@
 // host emulation and rotary._C's launch model all include it.
 #pragma once
 
+#include "params/kv_params.h"
 #include "params/norm_params.h"
 #include "params/rope_params.h"
-#include "params/kv_params.h"
 #include "rope_grid.cuh"
 #include "rope_kv_grid.cuh"
 
@@ -35,13 +35,14 @@ inline int64_t norm_blocks(int64_t rows, int64_t sms) {
 
 // The launch's grid stride over token rows (its block count) as a step in
 // (b, s), found once on the host (norm_grid) so that the kernel reads it
-// from its parameters and divides nothing per row. The vector path (16-
-// and 32-bit data, norm "head", q not fp8, 1-D positions, every q/k access an aligned 16-byte
-// vector and every cos/sin read an aligned float4): a head is
-// `items` items, the first `rotated` of them two vectors of pairs (adjacent
-// when interleaved, one from each half of the span for rotate_half), the
-// rest one pass-through vector each; 2^lanes_log2 lanes of a warp take a head, one
-// item each, and reduce within their segment. items 0: the element path.
+// from its parameters and divides nothing per row. The vector path (16- and
+// 32-bit data, norm "head", q not fp8, 1-D positions, every q/k access an
+// aligned 16-byte vector and every cos/sin read an aligned float4): a head
+// is `items` items, the first `rotated` of them two vectors of pairs
+// (adjacent when interleaved, one from each half of the span for
+// rotate_half), the rest one pass-through vector each. A segment of
+// 2^lanes_log2 lanes of a warp takes kNormLaneHeads heads, one item of each
+// per lane, and reduces within the segment. items 0: the element path.
 struct NormGrid {
   int64_t step_b, step_s;
   int32_t items, rotated, lanes_log2;
