@@ -29,8 +29,8 @@ The prologue (apply_qk_norm_rope, bench_qk_norm.py's CUDA shapes) has two
 paths (rotary._C._cuda_norm_launch says which a call takes). The vector
 path (norm "head" on aligned rows): a lane loads its item of two heads
 (vector_lane_heads), two 16-byte vectors each, and their shared table
-reads in one trip, and keeps them for phase 2 (the weights: one on-chip trip); its
-bytes in flight per SM are warps x 32 lanes x the share of lanes with an
+reads in one trip, and keeps them for phase 2 (the weights: one on-chip
+trip); its bytes in flight per SM are warps x 32 lanes x the share of lanes with an
 item x the item's bytes. The element path (norm "heads", fp8 q, strided or
 unaligned rows): a thread has `batch` loads of its phase-1 elements in
 flight, then re-reads its pairs from L1 and reads their table entries
@@ -179,9 +179,9 @@ def prologue_rows():
                     if key == "now":
                         out.update(regs=r, blocks_per_sm=per_sm, warps=warps)
                     if vector:
-                        # A lane's item (one or two vectors, and its table reads) in one trip; its
-                        # segment's warps step over 32 / lanes heads at a time. Phase 2: the weights,
-                        # one on-chip trip.
+                        # A lane's item of vector_lane_heads heads (two vectors each) and their shared
+                        # table reads in one trip; a warp steps over 32 / lanes x that many heads at a
+                        # time. Phase 2: the weights, one on-chip trip.
                         lanes = s["vector_lanes"]
                         lane_bytes = 32 * s["vector_lane_heads"]  # a rotated item: two 16-byte vectors a head
                         kb = warps * 32 * (s["vector_items"] / lanes) * lane_bytes / 1024

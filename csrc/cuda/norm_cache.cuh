@@ -101,9 +101,7 @@ ROTARY_HOST_DEVICE void norm_cache_vectors(
       Cache* dst = is_k ? static_cast<Cache*>(kv.k_cache) + dest.row.kc + h[j] * kv.kc_stride[1] + i[j] * kElems
                         : static_cast<Cache*>(kv.v_cache) + dest.row.vc + h[j] * kv.vc_stride[1] +
               (i[j] - k_vectors) * kElems;
-      const float* scale = is_k ? (kv.k_scale ? kv.k_scale + h[j] * kv.k_scale_stride : nullptr)
-                                : (kv.v_scale ? kv.v_scale + h[j] * kv.v_scale_stride : nullptr);
-      store_chunk<T, Cache>(dst, x[j], scale);
+      store_chunk<T, Cache>(dst, x[j], cache_scale(kv, !is_k, h[j]));
     }
   }
 }

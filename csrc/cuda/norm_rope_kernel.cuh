@@ -277,7 +277,8 @@ __global__ void __launch_bounds__(kNormThreads) norm_rope_kernel(
     if constexpr (!std::is_void_v<Cache>) {
       if (tid == 0) dest[parity] = cache_dest(kv, b, s, r.place);  // read after the barrier below
     }
-    if (kVector && vector_row_at(p, g, pos)) {
+    const bool vector = kVector && vector_row_at(p, g, pos);  // this row's path, for all three phases
+    if (vector) {
       if (p.interleaved) {
         norm_vector_row<T, true>(p, n, g, b, s, pos, lane, warp);
       } else {
@@ -306,7 +307,7 @@ __global__ void __launch_bounds__(kNormThreads) norm_rope_kernel(
     }
     if constexpr (!std::is_void_v<Cache>) {
       __syncthreads();  // every warp's k elements of the row, and dest[parity], are written
-      if (kVector && g.cache_vector && vector_row_at(p, g, pos)) {
+      if (vector && g.cache_vector) {
         norm_cache_vectors<T, Cache>(kv, dest[parity], tid, kNormThreads);
       } else {
         norm_cache_row<T, Cache>(kv, dest[parity], tid, kNormThreads);

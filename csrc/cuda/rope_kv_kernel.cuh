@@ -42,8 +42,7 @@ struct CacheSink {
   // Rotated vector y of k head h at element offset `at`.
   ROTARY_HOST_DEVICE void put_k(int64_t h, int64_t at, const Vector& y) const {
     if (kc == nullptr) return;
-    const float* scale = p.k_scale != nullptr ? p.k_scale + h * p.k_scale_stride : nullptr;
-    store_chunk<T, Cache>(kc + (h * p.kc_stride[1] + at), y, scale);
+    store_chunk<T, Cache>(kc + (h * p.kc_stride[1] + at), y, cache_scale(p, false, h));
   }
 
   // The row's other cache vectors: chunks [0, pass) are k's pass-through

@@ -89,6 +89,12 @@ ROTARY_HOST_DEVICE void store_cache(Cache* dst, const T& x, const float* scale) 
   }
 }
 
+// The fp8 scale of head h of k's cache (v: of v's), null when it has none.
+ROTARY_HOST_DEVICE const float* cache_scale(const KVCacheParams& p, bool v, int64_t h) {
+  const float* s = v ? p.v_scale : p.k_scale;
+  return s != nullptr ? s + h * (v ? p.v_scale_stride : p.k_scale_stride) : nullptr;
+}
+
 // The elements of a head row the write covers: k's head_dim and v's v_dim.
 ROTARY_HOST_DEVICE int64_t kv_row_dim(const KVCacheParams& p) {
   return p.rope.head_dim > p.v_dim ? p.rope.head_dim : p.v_dim;
@@ -133,11 +139,11 @@ ROTARY_HOST_DEVICE void store_kv_element(
     const KVCacheParams& p, const KVRow& row, int64_t h, int64_t d, const KVValues<T>& x) {
   if (d < p.rope.head_dim) {
     store_cache<T, Cache>(static_cast<Cache*>(p.k_cache) + row.kc + h * p.kc_stride[1] + d * p.kc_stride[3], x.k,
-                          p.k_scale ? p.k_scale + h * p.k_scale_stride : nullptr);
+                          cache_scale(p, false, h));
   }
   if (d < p.v_dim) {
     store_cache<T, Cache>(static_cast<Cache*>(p.v_cache) + row.vc + h * p.vc_stride[1] + d * p.vc_stride[3], x.v,
-                          p.v_scale ? p.v_scale + h * p.v_scale_stride : nullptr);
+                          cache_scale(p, true, h));
   }
 }
 

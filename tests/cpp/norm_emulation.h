@@ -1,7 +1,8 @@
 // The prologue's CUDA kernel (cuda/norm_rope_kernel.cuh) run on the CPU:
 // its loop nest, thread by thread, through the kernel's own phase functions
-// (the element path's and the vector path's) and reduction order, so the result has the kernel's bits. Used by the
-// emulation tests of apply_qk_norm_rope and of its KV-cache form.
+// (the element path's and the vector path's) and reduction order, so the
+// result has the kernel's bits. Used by the emulation tests of
+// apply_qk_norm_rope and of its KV-cache form.
 #pragma once
 
 #include "cuda/norm_rope_kernel.cuh"
@@ -63,7 +64,8 @@ void emulate_norm_rope(const rotary::kernel::KVCacheParams& kv, const rotary::ke
   for (int64_t block = 0; block < blocks; ++block) {
     for (k::NormRows r(p, block); r.more(p); r.next(p, g)) {
       const int64_t b = r.b, s = r.s, pos = r.place.pos;
-      if (!kFp8Q && k::vector_row_at(p, g, pos)) {
+      const bool vector = !kFp8Q && k::vector_row_at(p, g, pos);  // the row's path, as the kernel decides it
+      if (vector) {
         for (int32_t warp = 0; warp < k::kNormWarps; ++warp) {
           if (p.interleaved) {
             emulate_vector_row<T, true>(p, n, g, b, s, pos, warp);
@@ -99,7 +101,7 @@ void emulate_norm_rope(const rotary::kernel::KVCacheParams& kv, const rotary::ke
       if constexpr (!std::is_void_v<Cache>) {
         const k::CacheDest dest = k::cache_dest(kv, b, s, r.place);  // thread 0's, shared
         for (int t = 0; t < k::kNormThreads; ++t) {
-          if (g.cache_vector && k::vector_row_at(p, g, pos)) {
+          if (vector && g.cache_vector) {
             k::norm_cache_vectors<T, Cache>(kv, dest, t, k::kNormThreads);
           } else {
             k::norm_cache_row<T, Cache>(kv, dest, t, k::kNormThreads);
