@@ -118,3 +118,64 @@ def test_a_transformed_q_is_refused():
             _qk_norm.take(q * 2, k)
     finally:
         _qk_norm.remove(done)
+
+
+@pytest.mark.parametrize("model_type, cls_name", [FAMILIES[0], FAMILIES[2]])
+def test_fused_route_compiles_into_one_graph(model_type, cls_name):
+    """torch.compile(fullgraph=True) traces the deferred norms, their memory
+    check and the fused op into one graph per forward, one op per layer;
+    logits and gradients (through AOT autograd) equal the unpatched model's."""
+    g = torch.Generator().manual_seed(1)
+    model = hf_sweep.tiny_model(model_type, cls_name)
+    _randomize_norms(model, g)
+    ids = torch.randint(3, hf_sweep.VOCAB, (2, 7), generator=g)
+
+    def run(m):
+        model.zero_grad()
+        out = m(input_ids=ids).logits
+        out.pow(2).mean().backward()
+        return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if "norm" in n}
+
+    ref_logits, ref_grads = run(model)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+
+    with rt.rotary_patched(model):
+        torch._dynamo.reset()
+        try:
+            logits, grads = run(torch.compile(model, backend=backend, fullgraph=True))
+        finally:
+            torch._dynamo.reset()
+    assert len(graphs) == 1
+    fused = [n for n in graphs[0].graph.nodes if "apply_qk_norm_rope" in str(n.target)]
+    assert len(fused) == model.config.num_hidden_layers
+    torch.testing.assert_close(logits, ref_logits, rtol=2e-5, atol=2e-5)
+    assert any("q_norm" in n for n in grads)
+    for n in grads:
+        torch.testing.assert_close(grads[n], ref_grads[n], rtol=1e-4, atol=1e-6, msg=n)
+
+
+def test_a_transformed_q_is_refused_under_compile():
+    """The memory check holds in a compiled forward too: q scaled between its
+    norm and the rotation is refused (the error surfaces from the graph break)."""
+    m = _NoRopeAttention()
+    done = _qk_norm.install(m)
+
+    def attention(q, k):
+        qn, kn = m.q_norm(q), m.k_norm(k)
+        return _qk_norm.take(qn * 2, kn)
+
+    try:
+        torch._dynamo.reset()
+        with pytest.raises(RuntimeError, match="the q reaching apply_rotary_pos_emb is not the q_norm input"):
+            torch.compile(attention, backend="eager")(torch.randn(1, 2, 3, 4), torch.randn(1, 1, 3, 4))
+        # Views only: the norms come back, q's then k's.
+        sq, sk = torch.compile(lambda q, k: _qk_norm.take(m.q_norm(q).transpose(1, 2), m.k_norm(k)),
+                               backend="eager")(torch.randn(1, 2, 3, 4), torch.randn(1, 1, 3, 4))
+        assert sq.module is m.q_norm and sk.module is m.k_norm
+    finally:
+        torch._dynamo.reset()
+        _qk_norm.remove(done)

@@ -9,7 +9,8 @@ with the norms' weights, in one pass. Never silently wrong:
 - at patch time each norm is probed against the RMSNorm formulas the op runs
   (``w`` or Gemma's ``1 + w``); a norm that is neither is left alone;
 - the q and k that reach the rotation must be the recorded inputs (the same
-  memory: only views in between), else it raises;
+  memory: only views in between; under torch.compile, views of the same
+  root tensor), else it raises;
 - the attention module's forward hook raises if a recorded norm never
   reached the rotation (its layer has no RoPE, or the model uses it
   otherwise).
@@ -72,7 +73,18 @@ def _deferred(spec: NormSpec):
     return forward
 
 
+def _view_root(t: torch.Tensor) -> torch.Tensor:
+    return t if t._base is None else t._base
+
+
 def _same_memory(t: torch.Tensor, x: torch.Tensor) -> bool:
+    """Whether ``t`` views ``x``'s elements. Eager: the same storage, offset
+    and count. Under torch.compile dynamo cannot read a storage pointer or
+    offset, but it tracks view bases: a view of the same root tensor with the
+    same count (the model's code is what makes q a view of x, and that code
+    is the same compiled or not)."""
+    if torch.compiler.is_compiling():
+        return _view_root(t) is _view_root(x) and t.numel() == x.numel()
     return (t.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
             and t.storage_offset() == x.storage_offset() and t.numel() == x.numel())
 
