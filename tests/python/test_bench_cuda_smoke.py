@@ -73,3 +73,5 @@ def test_gpu_check_names_what_it_skips(tmp_path, env, why):
                   "pytest_cuda(skipped)", "memcheck(skipped)"):
         assert later in r.stdout, r.stdout
     assert not (tmp_path / "build").exists()
+    # Skipped for the budget: the summary gives the command for the rest.
+    assert ("gpu_check: the rest (configure): bash benchmarks/gpu_check.sh" in r.stdout) == ("GPU_CHECK_BUDGET" in env)
