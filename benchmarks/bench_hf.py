@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """A transformers model patched with rotary against the same model unpatched,
-at prefill, timed with benchmarks/protocol.py (every case once per round in a
+at prefill (or, with --decode, one decode step on a KV cache of --seq
+tokens), timed with benchmarks/protocol.py (every case once per round in a
 seeded shuffled order, medians, CPU time / wall next to each ratio, one pass
 per --threads count, refused on a loaded machine):
 
@@ -12,7 +13,7 @@ Families: llama (plain), qwen3 (q/k norm before the rotation), gemma3_text
 head, interleaved). Logits are checked equal before timing.
 
 Usage: PYTHONPATH=python python benchmarks/bench_hf.py [--seq 2048] [--layers 2]
-       [--hidden 1024] [--dtype fp32] [--repeat 15] [--threads 1,2] [--quick]
+       [--hidden 1024] [--dtype fp32] [--repeat 15] [--threads 1,2] [--decode] [--quick]
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--dtype", default="fp32", choices=sorted(DTYPES))
     ap.add_argument("--repeat", type=int, default=15)
+    ap.add_argument("--decode", action="store_true",
+                    help="time one decode step (batch --batch, one token each) on a KV cache of --seq tokens")
+    ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="one tiny case, no timing claims")
     add_protocol_args(ap)
     args = ap.parse_args()
@@ -76,19 +80,38 @@ def main() -> None:
     for family in args.families.split(","):
         plain = build(family, args.hidden, args.layers, args.seq, dtype)
         patched = apply_rotary_to_model(copy.deepcopy(plain))
-        ids = torch.randint(3, 1024, (1, args.seq), generator=torch.Generator().manual_seed(1))
+        ids = torch.randint(3, 1024, (args.batch, args.seq), generator=torch.Generator().manual_seed(1))
+        step = ids[:, :1]
+        caches = {}
 
         @torch.no_grad()
         def run(model):
-            return model(input_ids=ids).logits
+            if not args.decode:
+                return model(input_ids=ids).logits
+            # One token past a prefilled static cache of --seq + 1 slots: every
+            # step writes the same last slot, so each call sees the same cache.
+            if id(model) not in caches:
+                from transformers import StaticCache
+
+                cache = StaticCache(config=model.config, max_cache_len=args.seq + 1)
+                model(input_ids=ids, past_key_values=cache, use_cache=True)
+                caches[id(model)] = cache
+            cache = caches[id(model)]
+            out = model(input_ids=step, past_key_values=cache, use_cache=True,
+                        position_ids=torch.full_like(step, args.seq)).logits
+            for layer in cache.layers:  # the step's slot is written again next call
+                layer.cumulative_length.fill_(args.seq)
+            return out
 
         # Same results first (the speed of a wrong answer is not a number).
         tol = 1e-4 if dtype == torch.float32 else 5e-1
         torch.testing.assert_close(run(patched).float(), run(plain).float(), rtol=tol, atol=tol)
         cases = {"unpatched": lambda: run(plain), "patched": lambda: run(patched)}
         for nt in thread_passes(args.threads):
-            st = time_interleaved(cases, args.repeat, calls=1, warmup=1, seed=args.seed)
-            print(f"\n# {family} prefill, cpu, {args.dtype}, S={args.seq}, hidden {args.hidden}, "
+            st = time_interleaved(cases, args.repeat, calls=None if args.decode else 1, warmup=2 if args.decode else 1,
+                                  seed=args.seed, target_s=0.05)
+            what = f"decode step (batch {args.batch}, cache of" if args.decode else "prefill (S="
+            print(f"\n# {family} {what} {args.seq}), cpu, {args.dtype}, hidden {args.hidden}, "
                   f"{args.layers} layers, threads {torch.get_num_threads()}, {args.repeat} rounds, "
                   f"torch {torch.__version__}{guard.marker()}")
             print(f"{'case':<12}{'median ms':>12} {'x unpatched':>32}")
