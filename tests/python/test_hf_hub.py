@@ -4,14 +4,11 @@ matches the unpatched model (fp32 logits and greedy decode with a KV cache),
 and so does the model patched the existing way; the layer function matches
 transformers' own apply_rotary_pos_emb, and refuses tables it cannot read.
 
-transformers 5.24 turns its ``kernels`` route on only with kernels >= 0.18.2,
-which PyPI here does not have (0.17.2 is the newest); with an older kernels
-its decorators are no-ops. So the test applies the same two decorators
-transformers applies with a newer kernels (``use_kernel_forward_from_hub``
-on apply_rotary_pos_emb, ``use_kernelized_func`` on the attention class),
-from the installed ``kernels`` itself, then kernelizes as a user would."""
-
-import contextlib
+transformers 5.24 turns its ``kernels`` hooks on with 0.18.2 <= kernels <
+0.19 (requirements-test.txt pins 0.18.3): its decorators make the function a
+module and give every attention module its own copy, which ``kernelize``
+swaps. The other decorated layers (RMSNorm, SiLU) keep their own forward
+(``use_fallback``)."""
 
 import pytest
 import torch
@@ -37,17 +34,18 @@ def tiny_llama(**extra):
     return modeling_llama.LlamaForCausalLM(cfg).eval()
 
 
-@contextlib.contextmanager
-def hub_decorated():
-    """Llama's modeling module as transformers decorates it with kernels >= 0.18.2."""
-    fn, init = modeling_llama.apply_rotary_pos_emb, modeling_llama.LlamaAttention.__init__
-    hub_fn = kernels.use_kernel_forward_from_hub("rotary_pos_emb")(fn)
-    modeling_llama.apply_rotary_pos_emb = hub_fn
-    kernels.use_kernelized_func(hub_fn)(modeling_llama.LlamaAttention)
-    try:
-        yield hub_fn
-    finally:
-        modeling_llama.apply_rotary_pos_emb, modeling_llama.LlamaAttention.__init__ = fn, init
+def rotations(model):
+    """The per-attention copies of the hub function that kernelize swaps."""
+    funcs = [m._kernel_funcs[hub.LAYER_NAME] for m in model.modules() if hub.LAYER_NAME in getattr(m, "_kernel_funcs", {})]
+    assert funcs, "transformers' kernels hooks are off: they need 0.18.2 <= kernels < 0.19"
+    return funcs
+
+
+def kernelize(model, mode):
+    with kernels.use_kernel_mapping(kernel_mapping()):
+        kernels.kernelize(model, mode=mode, device="cpu")
+    for f in rotations(model):
+        assert f.forward.__func__ is RotaryPosEmb.forward  # swapped in, not a fallback
 
 
 @torch.no_grad()
@@ -67,17 +65,15 @@ def assert_same(got, ref):
 
 def test_kernelized_llama_matches_unpatched_and_patched(monkeypatch):
     ref = outputs(tiny_llama())
-    with hub_decorated() as hub_fn:
-        model = tiny_llama()
-        assert_same(outputs(model), ref)  # decorated, not yet kernelized: transformers' own code
-        with kernels.use_kernel_mapping(kernel_mapping()):
-            kernels.kernelize(model, mode=kernels.Mode.INFERENCE, device="cpu", use_fallback=False)
-        assert hub_fn.forward.__func__ is RotaryPosEmb.forward  # swapped in, not a fallback
-        calls = []
-        original = hub.apply_rope_cos_sin
-        monkeypatch.setattr(hub, "apply_rope_cos_sin", lambda *a, **kw: calls.append(1) or original(*a, **kw))
-        assert_same(outputs(model), ref)
-        assert len(calls) >= 2 * 2  # both layers of both forwards rotated through rotary
+    model = tiny_llama()
+    assert all(f.forward.__func__ is not RotaryPosEmb.forward for f in rotations(model))
+    kernelize(model, kernels.Mode.INFERENCE)
+    calls = []
+    original = hub.apply_rope_cos_sin
+    monkeypatch.setattr(hub, "apply_rope_cos_sin", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    assert_same(outputs(model), ref)
+    assert len(calls) >= 2 * 2  # both layers of both forwards rotated through rotary
+    monkeypatch.undo()
     patched = apply_rotary_to_model(tiny_llama())
     try:
         assert_same(outputs(patched), ref)
@@ -91,14 +87,33 @@ def test_kernelized_for_training_and_compile():
     ref = tiny_llama().train()
     ids = torch.randint(3, 128, (1, 8), generator=gen(2))
     ref(input_ids=ids, labels=ids).loss.backward()
-    with hub_decorated():
-        model = tiny_llama().train()
-        with kernels.use_kernel_mapping(kernel_mapping()):
-            kernels.kernelize(model, mode=kernels.Mode.TRAINING | kernels.Mode.TORCH_COMPILE, device="cpu",
-                              use_fallback=False)
-        model(input_ids=ids, labels=ids).loss.backward()
+    model = tiny_llama().train()
+    kernelize(model, kernels.Mode.TRAINING | kernels.Mode.TORCH_COMPILE)
+    model(input_ids=ids, labels=ids).loss.backward()
     for (name, p), (_, r) in zip(model.named_parameters(), ref.named_parameters()):
         torch.testing.assert_close(p.grad, r.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_transformers_kernel_config_reads_the_repository():
+    """transformers' own loader (from_pretrained(use_kernels=True,
+    kernel_config=...)) validates hub.kernel_config()'s mapping against the
+    model's registered layer; it loads kernels on GPU devices only (see the
+    CUDA test)."""
+    kc = hub.kernel_config()
+    kc.sanitize_kernel_mapping(tiny_llama())
+    assert kc.kernel_mapping == {hub.LAYER_NAME: f"{hub.kernel_repository()}:RotaryPosEmb"} and kc.use_local_kernel
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="transformers loads kernels on GPU devices only")
+def test_from_pretrained_use_kernels_cuda(tmp_path):
+    model = tiny_llama()
+    model.save_pretrained(tmp_path)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, device_map="cuda", use_kernels=True,
+                                                               kernel_config=hub.kernel_config()).eval()
+    for f in rotations(loaded):
+        assert f.forward.__func__ is RotaryPosEmb.forward
+    ref = outputs(model.cuda())
+    assert_same(outputs(loaded), ref)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -140,3 +155,16 @@ def test_layer_refuses_what_it_cannot_read():
         apply_rotary_transformers(q, k, cos, sin)
     with pytest.raises(ValueError, match="unsqueeze_dim 1 .* or 2"):
         apply_rotary_transformers(q, k, torch.cat([a.cos()] * 2, -1), torch.cat([a.sin()] * 2, -1), 0)
+
+
+def test_the_patch_reads_a_hub_function_signature():
+    """With the hooks live, apply_rotary_pos_emb is a module whose own
+    signature is (*args, **kwargs); the patch reads the function's from its
+    forward, so a positional unsqueeze_dim is still found."""
+    from rotary.integrations import _hf_functions
+
+    fn = modeling_llama.apply_rotary_pos_emb
+    assert isinstance(fn, torch.nn.Module)
+    assert _hf_functions._params(fn) == ["q", "k", "cos", "sin", "unsqueeze_dim"]
+    unsqueeze_of = _hf_functions._unsqueeze_of(fn, _hf_functions._params(fn), 4)
+    assert unsqueeze_of((2,), {}) == 2 and unsqueeze_of((), {}) == 1

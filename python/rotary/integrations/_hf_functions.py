@@ -29,9 +29,16 @@ lock = threading.Lock()
 module_patches: Dict[str, List[Any]] = {}
 
 
+def _signature(fn: Callable) -> inspect.Signature:
+    """fn's signature. With kernels >= 0.18.2, transformers' hub decorator
+    turns the function into a module whose own signature is (*args, **kwargs):
+    the function's is its forward's."""
+    return inspect.signature(fn.forward if hasattr(fn, "kernel_layer_name") else fn)
+
+
 def _params(fn: Callable) -> List[str]:
     try:
-        return list(inspect.signature(fn).parameters)
+        return list(_signature(fn).parameters)
     except (TypeError, ValueError):
         return []
 
@@ -40,7 +47,7 @@ def _unsqueeze_of(original: Callable, names: List[str], lead: int) -> Callable:
     """unsqueeze_dim of a call: among the positional args after the first
     `lead` parameters, else a keyword, else the function's default."""
     index = names.index("unsqueeze_dim") - lead if "unsqueeze_dim" in names else None
-    default = inspect.signature(original).parameters["unsqueeze_dim"].default if index is not None else 1
+    default = _signature(original).parameters["unsqueeze_dim"].default if index is not None else 1
     default = 1 if default is inspect.Parameter.empty else default
 
     def unsqueeze_of(args: tuple, kwargs: dict) -> Any:

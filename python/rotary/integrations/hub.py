@@ -11,6 +11,10 @@ from the cos/sin the model computed.
     with use_kernel_mapping(kernel_mapping()):
         model = kernelize(model, mode=Mode.INFERENCE, device="cpu")
 
+or, on a GPU, at load with transformers' own loader::
+
+    model = AutoModelForCausalLM.from_pretrained(path, use_kernels=True, kernel_config=kernel_config())
+
 :func:`kernel_repository` is the local kernel repository (a directory the
 ``kernels`` package loads: ``metadata.json`` and ``__init__.py``, whose
 ``layers`` holds :class:`RotaryPosEmb`). Importing this module does not
@@ -27,7 +31,8 @@ from torch import nn
 from .._ops import apply_rope_cos_sin
 from ._hf_functions import LAYOUTS
 
-__all__ = ["RotaryPosEmb", "apply_rotary_transformers", "kernel_mapping", "kernel_repository", "layers"]
+__all__ = ["RotaryPosEmb", "apply_rotary_transformers", "kernel_config", "kernel_mapping", "kernel_repository",
+           "layers"]
 
 LAYER_NAME = "rotary_pos_emb"  # transformers' name for apply_rotary_pos_emb
 
@@ -77,3 +82,13 @@ def kernel_mapping(devices=("cpu", "cuda")) -> dict:
 
     repo = LocalLayerRepository(repo_path=kernel_repository(), layer_name="RotaryPosEmb")
     return {LAYER_NAME: {device: {Mode.FALLBACK: repo} for device in devices}}
+
+
+def kernel_config():
+    """A ``transformers.KernelConfig`` naming :class:`RotaryPosEmb` in the local
+    repository, for ``from_pretrained(..., use_kernels=True,
+    kernel_config=kernel_config())`` (transformers loads kernels on GPU
+    devices only)."""
+    from transformers import KernelConfig
+
+    return KernelConfig({LAYER_NAME: f"{kernel_repository()}:RotaryPosEmb"}, use_local_kernel=True)
