@@ -465,6 +465,8 @@ def run_index_dtypes(seed):
     why = position_problem(pos, use_inv, d.L)
     if why:
         reasons.append(why)
+    if np.asarray(pos).size == 0:
+        either = True  # no token reads the values: refusing a bad one by value is as right as ignoring it
     if len(reasons) != 1:
         mention = None
     return run_call(d, q, k, d.table, start, kw, reasons=reasons, either=either and not reasons, mention=mention,

@@ -107,7 +107,7 @@ def run_cos_sin(seed: int) -> tuple[str, str]:
     elif mutation == "layout_3d" and layout == "THD":
         reasons.append("layout with 3-D q")
     elif mutation == "k_rank":
-        k = k[0] if k.dim() == 4 else k.unsqueeze(0)
+        k = k.flatten(0, 1) if k.dim() == 4 else k.unsqueeze(0)  # flatten: batch may be empty
         reasons.append("k rank != q rank")
     else:
         mutation = None
