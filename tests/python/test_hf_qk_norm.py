@@ -179,3 +179,22 @@ def test_a_transformed_q_is_refused_under_compile():
     finally:
         torch._dynamo.reset()
         _qk_norm.remove(done)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_fused_route_exports(strict):
+    """torch.export of a patched Qwen3 (the deferred norms traced like
+    torch.compile's): one fused op per layer in the exported graph, and the
+    exported program's logits equal the unpatched model's."""
+    g = torch.Generator().manual_seed(2)
+    model = hf_sweep.tiny_model("qwen3", "Qwen3ForCausalLM")
+    _randomize_norms(model, g)
+    ids = torch.randint(3, hf_sweep.VOCAB, (2, 7), generator=g)
+    with torch.no_grad():
+        ref = model(input_ids=ids, use_cache=False).logits
+        with rt.rotary_patched(model):
+            ep = torch.export.export(model, (), {"input_ids": ids, "use_cache": False}, strict=strict)
+        got = ep.module()(input_ids=ids, use_cache=False).logits
+    ops = [n for n in ep.graph.nodes if n.op == "call_function" and "apply_qk_norm_rope" in str(n.target)]
+    assert len(ops) == model.config.num_hidden_layers
+    torch.testing.assert_close(got, ref, rtol=2e-5, atol=2e-5)
