@@ -15,7 +15,7 @@ FAMILIES = ["codegen", "deepseek_v2", "gemma3n_text", "phi3", "qwen3", "qwen2_vl
 
 @pytest.fixture(scope="module")
 def families():
-    return {**hf_sweep.rotary_families(), **hf_sweep.VL_FAMILIES}
+    return hf_sweep.swept_families()
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)

@@ -36,16 +36,21 @@ def tiny_llama(**extra):
 
 def rotations(model):
     """The per-attention copies of the hub function that kernelize swaps."""
-    funcs = [m._kernel_funcs[hub.LAYER_NAME] for m in model.modules() if hub.LAYER_NAME in getattr(m, "_kernel_funcs", {})]
+    funcs = [m._kernel_funcs[hub.LAYER_NAME] for m in model.modules()
+             if hub.LAYER_NAME in getattr(m, "_kernel_funcs", {})]
     assert funcs, "transformers' kernels hooks are off: they need 0.18.2 <= kernels < 0.19"
     return funcs
+
+
+def assert_swapped(model):
+    for f in rotations(model):
+        assert f.forward.__func__ is RotaryPosEmb.forward  # swapped in, not a fallback
 
 
 def kernelize(model, mode):
     with kernels.use_kernel_mapping(kernel_mapping()):
         kernels.kernelize(model, mode=mode, device="cpu")
-    for f in rotations(model):
-        assert f.forward.__func__ is RotaryPosEmb.forward  # swapped in, not a fallback
+    assert_swapped(model)
 
 
 @torch.no_grad()
@@ -110,8 +115,7 @@ def test_from_pretrained_use_kernels_cuda(tmp_path):
     model.save_pretrained(tmp_path)
     loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, device_map="cuda", use_kernels=True,
                                                                kernel_config=hub.kernel_config()).eval()
-    for f in rotations(loaded):
-        assert f.forward.__func__ is RotaryPosEmb.forward
+    assert_swapped(loaded)
     ref = outputs(model.cuda())
     assert_same(outputs(loaded), ref)
 

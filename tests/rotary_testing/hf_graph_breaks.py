@@ -43,7 +43,7 @@ def check(model_type, cls_name):
 def main(argv):
     warnings.filterwarnings("ignore")
     torch._dynamo.config.cache_size_limit = 64
-    families = {**hf_sweep.rotary_families(), **hf_sweep.VL_FAMILIES}
+    families = hf_sweep.swept_families()
     failed = 0
     for model_type in argv or sorted(hf_support.SUPPORTED):
         try:

@@ -60,6 +60,12 @@ def rotary_families():
     return dict(sorted(out.items()))
 
 
+def swept_families():
+    """{model_type: class name} of every family the sweep runs: the rotary
+    causal LMs and the multimodal-RoPE models."""
+    return {**rotary_families(), **VL_FAMILIES}
+
+
 def _composite_parts(model_type):
     try:
         config = _config_of(model_type)
@@ -253,7 +259,7 @@ def sweep(verbose=False):
     torch.set_num_threads(1)  # tiny models: threads only add overhead
     try:
         out = SweepResults()
-        for model_type, cls_name in {**rotary_families(), **VL_FAMILIES}.items():
+        for model_type, cls_name in swept_families().items():
             out[model_type], diff, fused = check_family(model_type, cls_name, out.bf16)
             if fused:
                 out.fused.add(model_type)
