@@ -84,6 +84,22 @@ inline NormGrid norm_grid_for(const KVCacheParams& kv, const NormParams& n, int6
   return g;
 }
 
+// The instantiation of norm_rope_kernel a launch of T with a Cache runs,
+// passed to f as its kFp8Q and kVector (std::bool_constant): q as fp8
+// (never with a cache, never the vector path), the vector path
+// (NormGrid.items > 0; never fp64), or the element path alone. The launch
+// and the host emulation both choose through it.
+template <typename T, typename Cache, typename F>
+inline void with_norm_kernel(const NormParams& n, const NormGrid& g, F&& f) {
+  if constexpr (std::is_void_v<Cache>) {
+    if (n.q_scale != nullptr) return f(std::true_type(), std::false_type());
+  }
+  if constexpr (!std::is_same_v<T, double>) {
+    if (g.items > 0) return f(std::false_type(), std::true_type());
+  }
+  f(std::false_type(), std::false_type());
+}
+
 // (head, index) of flat item `first` of rows of `width` items, and the step
 // to the next item `stride` on: subtraction only.
 struct HeadWalk {

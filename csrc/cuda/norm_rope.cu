@@ -21,19 +21,10 @@ void launch_norm_rope(const kernel::KVCacheParams& kv, const kernel::NormParams&
   const kernel::NormGrid g = kernel::norm_grid_for<T, Cache>(kv, n, blocks);
   const dim3 block(32, kernel::kNormWarps);
   const unsigned grid = static_cast<unsigned>(blocks);
-  if constexpr (std::is_void_v<Cache>) {  // fp8 q is out of place, so never with a cache
-    if (n.q_scale != nullptr) {  // never the vector path (norm_grid)
-      kernel::norm_rope_kernel<T, true, void, false><<<grid, block, 0, stream>>>(kv, n, g);
-      return;
-    }
-  }
-  if constexpr (!std::is_same_v<T, double>) {  // fp64: never the vector path (norm_grid)
-    if (g.items > 0) {
-      kernel::norm_rope_kernel<T, false, Cache, true><<<grid, block, 0, stream>>>(kv, n, g);
-      return;
-    }
-  }
-  kernel::norm_rope_kernel<T, false, Cache, false><<<grid, block, 0, stream>>>(kv, n, g);
+  kernel::with_norm_kernel<T, Cache>(n, g, [&](auto fp8_q, auto vector) {
+    kernel::norm_rope_kernel<T, decltype(fp8_q)::value, Cache, decltype(vector)::value>
+        <<<grid, block, 0, stream>>>(kv, n, g);
+  });
 }
 
 #define ROTARY_NORM_INSTANTIATE(T)                                                                              \

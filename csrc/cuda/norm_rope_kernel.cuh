@@ -8,10 +8,10 @@
 // "heads": the whole block takes q's heads, then k's, reducing the warps'
 // sums through shared memory in a fixed order. Then every thread writes its
 // pairs (rotated) and its pass-through dims (normalized). Per thread, the
-// two phases are norm_partial and norm_finish; the kernel and the host
-// emulation both run them, with the reductions in the same order
-// (warp_reduce_order / block_reduce_order), so the emulation gives the
-// kernel's bits. The walks over rows (NormRows) and over (head, dim)
+// two phases are norm_partial and norm_finish. The whole body is
+// norm_rope_thread, which the host emulation runs for every thread, its
+// barriers and shuffles through a Sync of its own, so the emulation gives
+// the kernel's bits. The walks over rows (NormRows) and over (head, dim)
 // (HeadWalk) step without a division per item. Norm "head" on aligned,
 // unit-stride rows takes the vector path instead (norm_vector.cuh): a
 // segment of lanes per head, one item of two 16-byte vectors per lane and
@@ -187,30 +187,26 @@ ROTARY_HOST_DEVICE void norm_finish(
   }
 }
 
-// The sums' order, as the kernel reduces them: a xor butterfly within each
-// segment of `width` lanes of a warp (a power of two; every lane ends with
-// its segment's sum, lane[0] is the first's), then the warps in index order.
+// What a block's threads share, and how they meet. The kernel declares it
+// __shared__ and meets through DeviceSync (CUDA's barrier and warp
+// shuffle); the host emulation (tests/cpp/norm_emulation.h) runs every
+// thread of a block as a fiber, with barriers of its own, through the same
+// norm_rope_thread.
 template <typename acc_t>
-ROTARY_HOST_DEVICE acc_t warp_reduce_order(acc_t (&lane)[32], int width = 32) {
-  for (int m = width / 2; m > 0; m /= 2) {
-    acc_t next[32];
-    for (int l = 0; l < 32; ++l) next[l] = lane[l] + lane[l ^ m];
-    for (int l = 0; l < 32; ++l) lane[l] = next[l];
-  }
-  return lane[0];
-}
-template <typename acc_t>
-ROTARY_HOST_DEVICE acc_t block_reduce_order(const acc_t (&warp)[kNormWarps]) {
-  acc_t total = warp[0];
-  for (int w = 1; w < kNormWarps; ++w) total += warp[w];
-  return total;
-}
+struct NormShared {
+  acc_t warp_total[kNormWarps];
+  // With a cache: the rows' destinations, two so that thread 0 can write the
+  // next row's while other warps still read this one's (the next row's
+  // barrier comes before the one after it).
+  CacheDest dest[2];
+};
 
-#if defined(__CUDACC__)
-template <typename acc_t>
-__device__ __forceinline__ acc_t warp_sum(acc_t v, int width = 32) {
+// The sum of v over each segment of `width` lanes (a power of two), by a
+// xor butterfly: every lane ends with its segment's sum.
+template <typename acc_t, typename Sync>
+ROTARY_HOST_DEVICE acc_t warp_sum(Sync& sync, acc_t v, int width = 32) {
 #pragma unroll
-  for (int m = width / 2; m > 0; m /= 2) v += __shfl_xor_sync(0xffffffffu, v, m);
+  for (int m = width / 2; m > 0; m /= 2) v += sync.shfl_xor(v, m);
   return v;
 }
 
@@ -218,10 +214,10 @@ __device__ __forceinline__ acc_t warp_sum(acc_t v, int width = 32) {
 // >> lanes_log2) heads at a time; the lanes of segment `slot` take heads
 // h0 + slot, h0 + slot + per_warp, ... (every lane takes part in the sums,
 // idle ones with +0).
-template <typename T, bool kInterleaved>
-__device__ __forceinline__ void norm_vector_row(
+template <typename T, bool kInterleaved, typename Sync>
+ROTARY_HOST_DEVICE void norm_vector_row(
     const RopeParams& p, const NormParams& n, const NormGrid& g, int64_t b, int64_t s, int64_t pos, int32_t lane,
-    int32_t warp) {
+    int32_t warp, Sync& sync) {
   using acc_t = typename Acc<T>::type;
   const int32_t q_heads = static_cast<int32_t>(p.q.heads), total = q_heads + static_cast<int32_t>(p.k.heads);
   const int32_t per_warp = 32 >> g.lanes_log2, slot = lane >> g.lanes_log2, item = lane & ((1 << g.lanes_log2) - 1);
@@ -245,7 +241,9 @@ __device__ __forceinline__ void norm_vector_row(
       for (int j = 0; j < kNormLaneHeads; ++j) ss[j] = 0;
     }
 #pragma unroll
-    for (int j = 0; j < kNormLaneHeads; ++j) ss[j] = rms_scale(warp_sum(ss[j], 1 << g.lanes_log2), p.head_dim, n.eps);
+    for (int j = 0; j < kNormLaneHeads; ++j) {
+      ss[j] = rms_scale(warp_sum(sync, ss[j], 1 << g.lanes_log2), p.head_dim, n.eps);
+    }
 #pragma unroll
     for (int j = 0; j < kNormLaneHeads; ++j) {
       if (on[j]) norm_item_store<kInterleaved>(n, u[j], it, j, ss[j]);
@@ -253,68 +251,85 @@ __device__ __forceinline__ void norm_vector_row(
   }
 }
 
-// Cache: void (apply_qk_norm_rope), or the cache element (T, or uint8_t for
-// float8_e4m3fn) of apply_qk_norm_rope_with_kv_cache_. kVector: the launch
-// for NormGrid.items > 0, with the vector path (rows past the table still
-// take the element path); its own instantiation, so that the element
-// path's launches keep their lower register count.
-template <typename T, bool kFp8Q, typename Cache, bool kVector>
-__global__ void __launch_bounds__(kNormThreads) norm_rope_kernel(
-    const __grid_constant__ KVCacheParams kv, const __grid_constant__ NormParams n, const NormGrid g) {
+// The body of thread (lane, warp) of block `block`, as a plain function of
+// its indices, its block's shared memory and its Sync, so that the host
+// emulation runs the kernel's whole loop nest. Cache: void
+// (apply_qk_norm_rope), or the cache element (T, or uint8_t for
+// float8_e4m3fn) of apply_qk_norm_rope_with_kv_cache_. kVector: the
+// instantiation for NormGrid.items > 0, with the vector path (rows past the
+// table still take the element path); its own, so that the element path's
+// launches keep their lower register count.
+template <typename T, bool kFp8Q, typename Cache, bool kVector, typename Sync>
+ROTARY_HOST_DEVICE void norm_rope_thread(
+    const KVCacheParams& kv, const NormParams& n, const NormGrid& g, int64_t block, int32_t lane, int32_t warp,
+    NormShared<typename Acc<T>::type>& sh, Sync& sync) {
   using acc_t = typename Acc<T>::type;
   const RopeParams& p = kv.rope;
-  __shared__ acc_t warp_total[kNormWarps];
-  // With a cache: the rows' destinations, two so that thread 0 can write the
-  // next row's while other warps still read this one's (the next row's
-  // barrier comes before the one after it).
-  __shared__ CacheDest dest[2];
   int32_t parity = 0;
-  const int32_t lane = threadIdx.x, warp = threadIdx.y, tid = warp * 32 + lane;
+  const int32_t tid = warp * 32 + lane;
   const int32_t D = static_cast<int32_t>(p.head_dim);
   const int32_t q_heads = static_cast<int32_t>(p.q.heads), k_heads = static_cast<int32_t>(p.k.heads);
-  for (NormRows r(p, blockIdx.x); r.more(p); r.next(p, g)) {
+  for (NormRows r(p, block); r.more(p); r.next(p, g)) {
     const int64_t b = r.b, s = r.s, pos = r.place.pos;
     if constexpr (!std::is_void_v<Cache>) {
-      if (tid == 0) dest[parity] = cache_dest(kv, b, s, r.place);  // read after the barrier below
+      if (tid == 0) sh.dest[parity] = cache_dest(kv, b, s, r.place);  // read after the barrier below
     }
     const bool vector = kVector && vector_row_at(p, g, pos);  // this row's path, for all three phases
     if (vector) {
       if (p.interleaved) {
-        norm_vector_row<T, true>(p, n, g, b, s, pos, lane, warp);
+        norm_vector_row<T, true>(p, n, g, b, s, pos, lane, warp, sync);
       } else {
-        norm_vector_row<T, false>(p, n, g, b, s, pos, lane, warp);
+        norm_vector_row<T, false>(p, n, g, b, s, pos, lane, warp, sync);
       }
     } else if (n.kind == NormKind::kHead) {
       for (int32_t h = warp; h < q_heads + k_heads; h += kNormWarps) {
         const int i = h < q_heads ? 0 : 1;
         const auto u = norm_unit<T, kFp8Q>(p, n, i, b, s, i ? h - q_heads : h, 1);
-        const acc_t scale = rms_scale(warp_sum(norm_partial(u, D, lane, 32)), D, n.eps);
+        const acc_t scale = rms_scale(warp_sum(sync, norm_partial(u, D, lane, 32)), D, n.eps);
         norm_finish(p, n, u, scale, b, s, pos, lane, 32);
       }
     } else {
       for (int i = 0; i < 2; ++i) {
         const int32_t heads = i == 0 ? q_heads : k_heads;
         const auto u = norm_unit<T, kFp8Q>(p, n, i, b, s, 0, heads);
-        const acc_t sum = warp_sum(norm_partial(u, D, tid, kNormThreads));
-        if (lane == 0) warp_total[warp] = sum;
-        __syncthreads();
-        acc_t total = warp_total[0];
+        const acc_t sum = warp_sum(sync, norm_partial(u, D, tid, kNormThreads));
+        if (lane == 0) sh.warp_total[warp] = sum;
+        sync.block();
+        acc_t total = sh.warp_total[0];
 #pragma unroll
-        for (int w = 1; w < kNormWarps; ++w) total += warp_total[w];
-        __syncthreads();  // warp_total is rewritten by the next unit
+        for (int w = 1; w < kNormWarps; ++w) total += sh.warp_total[w];
+        sync.block();  // warp_total is rewritten by the next unit
         norm_finish(p, n, u, rms_scale(total, static_cast<int64_t>(heads) * D, n.eps), b, s, pos, tid, kNormThreads);
       }
     }
     if constexpr (!std::is_void_v<Cache>) {
-      __syncthreads();  // every warp's k elements of the row, and dest[parity], are written
+      sync.block();  // every warp's k elements of the row, and dest[parity], are written
       if (vector && g.cache_vector) {
-        norm_cache_vectors<T, Cache>(kv, dest[parity], tid, kNormThreads);
+        norm_cache_vectors<T, Cache>(kv, sh.dest[parity], tid, kNormThreads);
       } else {
-        norm_cache_row<T, Cache>(kv, dest[parity], tid, kNormThreads);
+        norm_cache_row<T, Cache>(kv, sh.dest[parity], tid, kNormThreads);
       }
       parity ^= 1;
     }
   }
+}
+
+#if defined(__CUDACC__)
+struct DeviceSync {
+  __device__ __forceinline__ void block() const { __syncthreads(); }
+  template <typename V>
+  __device__ __forceinline__ V shfl_xor(V v, int m) const {
+    return __shfl_xor_sync(0xffffffffu, v, m);
+  }
+};
+
+template <typename T, bool kFp8Q, typename Cache, bool kVector>
+__global__ void __launch_bounds__(kNormThreads) norm_rope_kernel(
+    const __grid_constant__ KVCacheParams kv, const __grid_constant__ NormParams n, const NormGrid g) {
+  __shared__ NormShared<typename Acc<T>::type> shared;
+  DeviceSync sync;
+  norm_rope_thread<T, kFp8Q, Cache, kVector>(kv, n, g, blockIdx.x, static_cast<int32_t>(threadIdx.x),
+                                             static_cast<int32_t>(threadIdx.y), shared, sync);
 }
 #endif
 

@@ -73,11 +73,7 @@ template <typename T>
 void run_case(const NormCase& c, const rotary::detail::PreparedNormRope& prepared, int64_t blocks) {
   rotary::kernel::KVCacheParams kv;  // no caches
   kv.rope = prepared.rope.params;
-  if (prepared.norm.params.q_scale != nullptr) {
-    rotary_test::emulate_norm_rope<T, true>(kv, prepared.norm.params, blocks);
-  } else {
-    rotary_test::emulate_norm_rope<T, false>(kv, prepared.norm.params, blocks);
-  }
+  rotary_test::emulate_norm_rope<T>(kv, prepared.norm.params, blocks);
 }
 
 void emulate_dtype(const NormCase& c, const rotary::detail::PreparedNormRope& prepared, int64_t blocks) {

@@ -98,8 +98,8 @@ template <typename scalar_t, typename CacheCpu>
 bool emulate(const rotary::detail::PreparedNormKV& fused, const rotary::detail::PreparedNormKV& two, int64_t blocks) {
   using T = typename rotary::cuda::CudaType<scalar_t>::type;
   using Cache = std::conditional_t<std::is_same_v<CacheCpu, uint8_t>, uint8_t, T>;
-  rotary_test::emulate_norm_rope<T, false, Cache>(fused.kv.params, fused.norm.params, blocks);
-  rotary_test::emulate_norm_rope<T, false>(two.kv.params, two.norm.params, blocks);
+  rotary_test::emulate_norm_rope<T, Cache>(fused.kv.params, fused.norm.params, blocks);
+  rotary_test::emulate_norm_rope<T>(two.kv.params, two.norm.params, blocks);
   for (int64_t i = 0; i < rotary::kernel::kv_cache_threads(two.kv.params); ++i) {
     rotary::kernel::kv_cache_thread<scalar_t, CacheCpu>(two.kv.params, i);
   }

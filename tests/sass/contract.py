@@ -43,8 +43,8 @@ with and without the fp8 q output, and with the KV-cache write):
 - the per-head sum of squares is reduced in registers: a warp butterfly of
   at least five SHFL.BFLY, no shared-memory round trip for it;
 - with a cache, a block barrier beyond the norm's two (three BAR.SYNC): the
-  cache write reads k back from the row's other warps, which the host
-  emulation cannot check; after the last barrier the write loads a batch
+  cache write reads k back from the row's other warps (the host emulation
+  runs that barrier too); after the last barrier the write loads a batch
   (2 x NORM_BATCH loads: k and v) before its first store, and the vector
   instantiations also hold the vector write: NORM_CACHE_BATCH 16-byte
   loads, then as many stores of the cache's chunk (16 bytes, or 8 / 4

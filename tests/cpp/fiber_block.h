@@ -1,0 +1,113 @@
+// The threads of one CUDA block run on the calling host thread as fibers,
+// for a host emulation that runs a kernel's own body with its barriers. A
+// fiber runs until it waits at a barrier (its block's, or its warp's), then
+// the next one runs; a barrier opens once every thread of its group has
+// arrived. A round in which no fiber can run while some have not finished
+// means the threads diverged at a barrier (a kernel bug that hangs a GPU):
+// it aborts.
+#pragma once
+
+#include <ucontext.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <vector>
+
+namespace rotary_test {
+
+class FiberBlock {
+ public:
+  explicit FiberBlock(int threads) : fibers_(threads), block_{threads}, warps_((threads + 31) / 32) {
+    for (Fiber& f : fibers_) f.stack.reset(new char[kStackBytes]);
+    for (size_t w = 0; w < warps_.size(); ++w) {
+      warps_[w].size = static_cast<int>(w + 1 < warps_.size() ? 32 : threads - 32 * w);
+    }
+  }
+  FiberBlock(const FiberBlock&) = delete;
+  FiberBlock& operator=(const FiberBlock&) = delete;
+
+  // Runs body(tid) for every thread tid of the block, to the end.
+  void run(const std::function<void(int)>& body) {
+    body_ = &body;
+    for (size_t t = 0; t < fibers_.size(); ++t) {
+      Fiber& f = fibers_[t];
+      f = Fiber{std::move(f.stack)};
+      getcontext(&f.context);
+      f.context.uc_stack.ss_sp = f.stack.get();
+      f.context.uc_stack.ss_size = kStackBytes;
+      f.context.uc_link = &scheduler_;
+      makecontext(&f.context, reinterpret_cast<void (*)()>(&FiberBlock::entry), 2, this_high(), this_low());
+      f.tid = static_cast<int>(t);
+    }
+    for (;;) {
+      bool ran = false, left = false;
+      for (Fiber& f : fibers_) {
+        if (f.done) continue;
+        left = true;
+        if (f.waiting != nullptr && f.waiting->generation == f.generation) continue;
+        f.waiting = nullptr;
+        running_ = f.tid;
+        swapcontext(&scheduler_, &f.context);
+        ran = true;
+      }
+      if (!left) return;
+      if (!ran) {
+        std::fprintf(stderr, "fiber block: the threads diverged at a barrier\n");
+        std::abort();
+      }
+    }
+  }
+
+  // __syncthreads() and __syncwarp() of thread tid.
+  void sync_block(int tid) { wait(tid, block_); }
+  void sync_warp(int tid) { wait(tid, warps_[tid / 32]); }
+
+ private:
+  static constexpr size_t kStackBytes = size_t{256} << 10;
+  struct Group {
+    int size = 0, arrived = 0;
+    uint64_t generation = 0;
+  };
+  struct Fiber {
+    std::unique_ptr<char[]> stack;
+    ucontext_t context{};
+    int tid = 0;
+    bool done = false;
+    Group* waiting = nullptr;  // the barrier it waits at, in `generation`
+    uint64_t generation = 0;
+  };
+
+  void wait(int tid, Group& g) {
+    if (++g.arrived == g.size) {  // the last to arrive opens it and runs on
+      g.arrived = 0;
+      ++g.generation;
+      return;
+    }
+    Fiber& f = fibers_[tid];
+    f.waiting = &g;
+    f.generation = g.generation;
+    swapcontext(&f.context, &scheduler_);
+  }
+
+  // makecontext passes int arguments: the block's address in two halves.
+  int this_high() const { return static_cast<int>(reinterpret_cast<uintptr_t>(this) >> 32); }
+  int this_low() const { return static_cast<int>(reinterpret_cast<uintptr_t>(this) & 0xffffffffu); }
+  static void entry(int high, int low) {
+    auto* self = reinterpret_cast<FiberBlock*>((static_cast<uintptr_t>(static_cast<uint32_t>(high)) << 32) |
+                                               static_cast<uint32_t>(low));
+    const int tid = self->running_;
+    (*self->body_)(tid);
+    self->fibers_[tid].done = true;  // returns to the scheduler (uc_link)
+  }
+
+  std::vector<Fiber> fibers_;
+  Group block_;
+  std::vector<Group> warps_;
+  ucontext_t scheduler_{};
+  const std::function<void(int)>* body_ = nullptr;
+  int running_ = 0;
+};
+
+}  // namespace rotary_test
