@@ -36,6 +36,7 @@ TEST(FiberBlock, BarriersOrderWritesBeforeReads) {
 }
 
 TEST(FiberBlockDeathTest, ADivergedBarrierAborts) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // the process has torch's threads: re-run, not fork
   EXPECT_DEATH(
       {
         rotary_test::FiberBlock block(64);
