@@ -139,15 +139,16 @@ def _span(config: Any, fam: Family, partial: float, model_type: str, field) -> T
     lays them out."""
     offset = 0
     if fam.span == "mla":
-        if partial != 1.0:
+        table = fam.table_dim_field
+        if partial != 1.0 and not table:
             raise ValueError(f"from_hf_config: partial_rotary_factor={partial!r}: {model_type} rotates all "
                              "qk_rope_head_dim dims")
         rotary_dim = _int_field(config, "qk_rope_head_dim", model_type)
         offset = _int_field(config, "qk_nope_head_dim", model_type)
-        table = fam.table_dim_field
-        if table and _int_field(config, table, model_type) != rotary_dim:
-            raise ValueError(f"from_hf_config: {table}={_get(config, table)!r}: {model_type}'s rotary class sizes "
-                             f"its table by {table}, which must equal qk_rope_head_dim={rotary_dim}")
+        if table and int(_int_field(config, table, model_type) * partial) != rotary_dim:
+            raise ValueError(f"from_hf_config: {table}={_get(config, table)!r}, partial_rotary_factor={partial!r}: "
+                             f"{model_type}'s rotary class sizes its table by {table} x partial_rotary_factor, "
+                             f"which must equal qk_rope_head_dim={rotary_dim}")
         head_dim = offset + rotary_dim
     else:
         head_dim = _get(config, "head_dim") if fam.span == "leading" else None

@@ -50,9 +50,10 @@ class Family:
     layer_theta_field: Optional[str] = None
     # The rotated share where rope_parameters gives none (MiMo-V2-Flash: 0.334).
     partial_default: float = 1.0
-    # The rotary class sizes its table by this field, not by the span: refused
-    # unless they agree (LongCat-Flash's head_dim, unlike other MLA configs,
-    # is not set to qk_rope_head_dim).
+    # The rotary class sizes its table by this field times
+    # partial_rotary_factor, not by the span: refused unless they agree
+    # (LongCat-Flash's head_dim, unlike other MLA configs, is not set to
+    # qk_rope_head_dim; Mistral 4's is twice it, with a factor of 0.5).
     table_dim_field: Optional[str] = None
     # Rotates by the negative angle (NanoChat's rotate_half is cat((x2, -x1))):
     # the patch passes inverse=True to the ops; RotaryEmbedding has no such option.
@@ -108,6 +109,9 @@ FAMILIES: Dict[str, Family] = {
     # Sarvam-105B is DeepseekV3ForCausalLM with its own config class.
     "sarvam_mla": Family(span="mla", interleave_field="rope_interleave", interleave_default=True),
     "glm4_moe_lite": Family(span="mla", interleave_field="rope_interleave", interleave_default=True),
+    # Mistral 4: DeepSeek-V3's MLA rotation; its attention scales q by position (llama_4_scaling_beta).
+    "mistral4": Family(span="mla", interleave_field="rope_interleave", interleave_default=True,
+                       attention_keys=("llama_4_scaling_beta",), table_dim_field="head_dim"),
     "axk1": Family(span="mla", interleave_field="rope_interleave", interleave_default=True),
     "youtu": Family(span="mla", interleave_field="rope_interleave", interleave_default=True),
     # MLA heads rotated with rotate_half on q_rot / k_rot.
@@ -157,7 +161,7 @@ FAMILIES: Dict[str, Family] = {
                               "(no rotary_emb to patch)"),
     **{name: Family(refuse=_NOT_VERIFIED) for name in (
         "blt", "dots3_note", "efficientloftr", "hy_v4_vl", "hy_v4_vl_text", "lightglue",
-        "mistral4", "mistral_large4", "mistral_large4_text", "moonshine", "moonshine_streaming",
+        "mistral_large4", "mistral_large4_text", "moonshine", "moonshine_streaming",
         "blt_global_transformer", "blt_local_decoder", "blt_local_encoder",
         "blt_patcher", "ernie4_5_vl_moe", "ernie4_5_vl_moe_text", "glm4v", "glm4v_text", "glm_ocr", "glm_ocr_text",
         "inkling2", "moonshine_streaming_encoder", "neomme", "openai_privacy_filter",

@@ -19,6 +19,9 @@ pytestmark = pytest.mark.filterwarnings("ignore")
 DSA = dict(MLA, q_lora_rank=16, index_n_heads=2, index_head_dim=16, index_topk=4)
 # LongCat-Flash's rotary class sizes its table by its own head_dim (not set from qk_rope_head_dim).
 LONGCAT = dict(MLA, q_lora_rank=16, head_dim=8)
+# Mistral 4's by head_dim x partial_rotary_factor, which its config sets to
+# qk_rope_head_dim / (qk_nope_head_dim + qk_rope_head_dim): head_dim is their sum.
+MISTRAL4 = dict(MLA, q_lora_rank=16, head_dim=20)
 
 
 def hf_mla_interleave(mt, rotary_cls):
@@ -43,6 +46,8 @@ CASES = [
     ("axk2", "axk2", "AXK2Config", DSA, hf_mla_interleave("axk2", "AXK2RotaryEmbedding"), 20, False),
     ("longcat_flash", "longcat_flash", "LongcatFlashConfig", LONGCAT,
      hf_mla_interleave("longcat_flash", "LongcatFlashRotaryEmbedding"), 20, False),
+    ("mistral4", "mistral4", "Mistral4Config", MISTRAL4, hf_mla_interleave("mistral4", "Mistral4RotaryEmbedding"),
+     20, False),
 ]
 # The families tested here (test_hf_config.test_every_family_is_tested reads it).
 TESTED = {c[1] for c in CASES}
@@ -85,5 +90,17 @@ def test_indexer_pairs_as_its_function(mt, cls, fn):
 
 def test_longcat_flash_head_dim_must_be_the_rope_span():
     cfg = make_config("LongcatFlashConfig", **dict(LONGCAT, head_dim=16))
-    with pytest.raises(ValueError, match=r"head_dim=16: longcat_flash's rotary class sizes its table by head_dim"):
+    with pytest.raises(ValueError, match=r"head_dim=16, partial_rotary_factor=1.0: longcat_flash's rotary class "
+                                         r"sizes its table by head_dim x partial_rotary_factor, which must equal "
+                                         r"qk_rope_head_dim=8"):
+        rope_kwargs_from_hf_config(cfg)
+
+
+def test_mistral4_head_dim_times_its_factor_must_be_the_rope_span():
+    cfg = make_config("Mistral4Config", **MISTRAL4)
+    assert cfg.rope_parameters["partial_rotary_factor"] == 0.4 and rotary.RotaryEmbedding.from_hf_config(cfg).dim == 8
+    cfg = make_config("Mistral4Config", **dict(MISTRAL4, head_dim=40))
+    with pytest.raises(ValueError, match=r"head_dim=40, partial_rotary_factor=0.4: mistral4's rotary class sizes its "
+                                         r"table by head_dim x partial_rotary_factor, which must equal "
+                                         r"qk_rope_head_dim=8"):
         rope_kwargs_from_hf_config(cfg)

@@ -37,15 +37,32 @@ TOL = 2e-5  # fp32 logits, patched vs unpatched (one rounding of q and k apart)
 _CALLS_ROTARY = re.compile(r"(?<!def )(?<!use_kernelized_func\()\bapply_rotary\w*\(")
 
 
+def causal_lm_classes():
+    """{model_type: causal-LM class name}: the causal-LM auto mapping, and the
+    *ForCausalLM classes transformers exports outside it (Mistral 4's)."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    out = dict(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    mapped = set(out.values())
+    for name in dir(transformers):
+        if name.endswith("ForCausalLM") and not name.startswith("Auto") and name not in mapped:
+            try:
+                model_type = getattr(getattr(transformers, name).config_class, "model_type", None)
+            except Exception:  # not importable here (a missing optional dependency)
+                continue
+            if model_type and model_type not in out:
+                out[model_type] = name
+    return out
+
+
 def rotary_families():
     """{model_type: causal-LM class name} of the families whose modeling code
     builds or applies rotary embeddings."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    import transformers
 
     out = {}
-    for model_type, cls_name in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items()):
-        import transformers
-
+    for model_type, cls_name in sorted(causal_lm_classes().items()):
         try:
             src = inspect.getsource(sys.modules[getattr(transformers, cls_name).__module__])
         except Exception:  # not importable here (a missing optional dependency)

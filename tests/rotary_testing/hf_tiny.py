@@ -40,6 +40,9 @@ MAMBA = dict(mamba_n_heads=4, mamba_d_head=32, mamba_expand=2, mamba_n_groups=1,
 # A family whose defaults need a wider head than TINY's: Qwen3.5's M-RoPE
 # sections (11, 11, 10) cover 64 rotated dims, a quarter of the head.
 TINY_FOR = {"qwen3_5_text": dict(head_dim=256), "qwen3_5_moe_text": dict(head_dim=256),
+            # Mistral 4's table is head_dim x partial_rotary_factor wide, the factor set to
+            # rope / (nope + rope): head_dim is nope 8 + rope 8
+            "mistral4": dict(head_dim=16),
             # defaults that build no model: LFM2-MoE has no layer_types, DBRX's attention reads a
             # rope_theta and a clip_qkv its config lacks (checkpoints have them), Cohere Compass has
             # no rope_parameters (its M-RoPE sections default to (24, 20, 20): a 128-wide head)

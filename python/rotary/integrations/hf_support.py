@@ -93,6 +93,7 @@ SUPPORTED = frozenset({
     'ministral',
     'ministral3',
     'mistral',
+    'mistral4',
     'mixtral',
     'mllama_text_model',
     'modernbert-decoder',
@@ -163,6 +164,8 @@ QK_NORM_FUSED = frozenset({
 
 REFUSED = {
     'blt': "the sweep builds no tiny model (AttributeError: 'BltConfig' object has no attribute 'num_hidden_layers')",
+    'clvp_decoder': 'ClvpForCausalLM has no rotary embedding module (rotary_emb) to patch',
+    'csm_depth_decoder_model': 'the sweep builds no tiny model (RuntimeError: 8847680 parameters with the tiny settings (a composite or unusual config))',
     'deepseek_v4': "model_type 'deepseek_v4' is not supported: it also rotates v (k = v) and, with -sin, the attention output; its compressors rotate at their own positions",
     'dots3_note': "its causal LM is its text model, model_type 'dots3_note_text' (swept under that name); its multimodal model is not swept",
     'dots3_note_text': "model_type 'dots3_note_text' is not supported: its MLA span is per layer type (per_layer_config), each table sized by partial_rotary_factor = qk_rope_head_di...",
