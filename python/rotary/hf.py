@@ -134,7 +134,7 @@ def _rope_params(config: Any, layer_type: Optional[str] = None, attention_keys=(
     return params
 
 
-def _span(config: Any, fam: Family, partial: float, model_type: str, field) -> Tuple[int, int]:
+def _span(config: Any, fam: Family, partial: float, model_type: str, field, rule: str) -> Tuple[int, int]:
     """(rotary_dim, rotary_offset): the rotated dims of a head, as the family
     lays them out."""
     offset = 0
@@ -145,10 +145,13 @@ def _span(config: Any, fam: Family, partial: float, model_type: str, field) -> T
                              "qk_rope_head_dim dims")
         rotary_dim = _int_field(config, "qk_rope_head_dim", model_type)
         offset = _int_field(config, "qk_nope_head_dim", model_type)
-        if table and int(_int_field(config, table, model_type) * partial) != rotary_dim:
-            raise ValueError(f"from_hf_config: {table}={_get(config, table)!r}, partial_rotary_factor={partial!r}: "
-                             f"{model_type}'s rotary class sizes its table by {table} x partial_rotary_factor, "
-                             f"which must equal qk_rope_head_dim={rotary_dim}")
+        # The family's own default rule reads the field alone; transformers'
+        # scaled rules (yarn, linear, ...) take partial_rotary_factor of it.
+        share = 1.0 if rule == "default" else partial
+        if table and int(_int_field(config, table, model_type) * share) != rotary_dim:
+            sized = table if rule == "default" else f"{table} x partial_rotary_factor ({partial!r})"
+            raise ValueError(f"from_hf_config: {table}={_get(config, table)!r}: {model_type}'s rotary class sizes "
+                             f"its {rule} table by {sized}, which must equal qk_rope_head_dim={rotary_dim}")
         head_dim = offset + rotary_dim
     else:
         head_dim = _get(config, "head_dim") if fam.span == "leading" else None
@@ -316,8 +319,9 @@ def rope_kwargs_from_hf_config(
 
     # proportional (Gemma 4): the rule turns that share of the whole head's
     # pairs (the others get inv_freq 0), so the span is the whole head.
-    proportional = _rule_of(params) == "proportional"
-    rotary_dim, offset = _span(config, fam, 1.0 if proportional else partial, model_type, field)
+    rule = _rule_of(params)
+    proportional = rule == "proportional"
+    rotary_dim, offset = _span(config, fam, 1.0 if proportional else partial, model_type, field, rule)
 
     if fam.interleave_field:
         interleaved = _get(config, fam.interleave_field, fam.interleave_default)

@@ -50,10 +50,11 @@ class Family:
     layer_theta_field: Optional[str] = None
     # The rotated share where rope_parameters gives none (MiMo-V2-Flash: 0.334).
     partial_default: float = 1.0
-    # The rotary class sizes its table by this field times
-    # partial_rotary_factor, not by the span: refused unless they agree
-    # (LongCat-Flash's head_dim, unlike other MLA configs, is not set to
-    # qk_rope_head_dim; Mistral 4's is twice it, with a factor of 0.5).
+    # The rotary class sizes its table by this field (its default rule; the
+    # scaled rules by the field times partial_rotary_factor), not by the
+    # span: refused unless they agree (LongCat-Flash's head_dim, unlike other
+    # MLA configs, is not set to qk_rope_head_dim; Mistral 4's yarn table is
+    # head_dim x 0.5 = qk_rope_head_dim).
     table_dim_field: Optional[str] = None
     # Rotates by the negative angle (NanoChat's rotate_half is cat((x2, -x1))):
     # the patch passes inverse=True to the ops; RotaryEmbedding has no such option.

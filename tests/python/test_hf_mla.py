@@ -22,6 +22,8 @@ LONGCAT = dict(MLA, q_lora_rank=16, head_dim=8)
 # Mistral 4's by head_dim x partial_rotary_factor, which its config sets to
 # qk_rope_head_dim / (qk_nope_head_dim + qk_rope_head_dim): head_dim is their sum.
 MISTRAL4 = dict(MLA, q_lora_rank=16, head_dim=20)
+# Its default rule's table is head_dim wide, whatever the factor.
+DEFAULT = {"rope_type": "default", "rope_theta": 10000.0}
 
 
 def hf_mla_interleave(mt, rotary_cls):
@@ -48,6 +50,8 @@ CASES = [
      hf_mla_interleave("longcat_flash", "LongcatFlashRotaryEmbedding"), 20, False),
     ("mistral4", "mistral4", "Mistral4Config", MISTRAL4, hf_mla_interleave("mistral4", "Mistral4RotaryEmbedding"),
      20, False),
+    ("mistral4-default", "mistral4", "Mistral4Config", dict(MISTRAL4, head_dim=8, rope_parameters=DEFAULT),
+     hf_mla_interleave("mistral4", "Mistral4RotaryEmbedding"), 20, False),
 ]
 # The families tested here (test_hf_config.test_every_family_is_tested reads it).
 TESTED = {c[1] for c in CASES}
@@ -90,17 +94,21 @@ def test_indexer_pairs_as_its_function(mt, cls, fn):
 
 def test_longcat_flash_head_dim_must_be_the_rope_span():
     cfg = make_config("LongcatFlashConfig", **dict(LONGCAT, head_dim=16))
-    with pytest.raises(ValueError, match=r"head_dim=16, partial_rotary_factor=1.0: longcat_flash's rotary class "
-                                         r"sizes its table by head_dim x partial_rotary_factor, which must equal "
-                                         r"qk_rope_head_dim=8"):
+    with pytest.raises(ValueError, match=r"head_dim=16: longcat_flash's rotary class sizes its default table by "
+                                         r"head_dim, which must equal qk_rope_head_dim=8"):
         rope_kwargs_from_hf_config(cfg)
 
 
-def test_mistral4_head_dim_times_its_factor_must_be_the_rope_span():
+def test_mistral4_table_width_must_be_the_rope_span():
+    """Its yarn table is head_dim x partial_rotary_factor wide, its default
+    one head_dim: each must be qk_rope_head_dim (transformers' own model
+    fails on a mismatch; rotary refuses the config)."""
     cfg = make_config("Mistral4Config", **MISTRAL4)
     assert cfg.rope_parameters["partial_rotary_factor"] == 0.4 and rotary.RotaryEmbedding.from_hf_config(cfg).dim == 8
     cfg = make_config("Mistral4Config", **dict(MISTRAL4, head_dim=40))
-    with pytest.raises(ValueError, match=r"head_dim=40, partial_rotary_factor=0.4: mistral4's rotary class sizes its "
-                                         r"table by head_dim x partial_rotary_factor, which must equal "
-                                         r"qk_rope_head_dim=8"):
+    with pytest.raises(ValueError, match=r"head_dim=40: mistral4's rotary class sizes its yarn table by head_dim x "
+                                         r"partial_rotary_factor \(0.4\), which must equal qk_rope_head_dim=8"):
         rope_kwargs_from_hf_config(cfg)
+    with pytest.raises(ValueError, match=r"head_dim=20: mistral4's rotary class sizes its default table by head_dim, "
+                                         r"which must equal qk_rope_head_dim=8"):
+        rope_kwargs_from_hf_config(make_config("Mistral4Config", **dict(MISTRAL4, rope_parameters=DEFAULT)))
