@@ -5,9 +5,15 @@
 // arrived. A round in which no fiber can run while some have not finished
 // means the threads diverged at a barrier (a kernel bug that hangs a GPU):
 // it aborts.
+// Under AddressSanitizer every switch is announced to it
+// (__sanitizer_start/finish_switch_fiber), so that it follows the stacks.
 #pragma once
 
 #include <ucontext.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#endif
 
 #include <cstdio>
 #include <cstdlib>
@@ -49,7 +55,10 @@ class FiberBlock {
         if (f.waiting != nullptr && f.waiting->generation == f.generation) continue;
         f.waiting = nullptr;
         running_ = f.tid;
+        void* fake = nullptr;
+        start_switch(&fake, f.stack.get(), kStackBytes);
         swapcontext(&scheduler_, &f.context);
+        finish_switch(fake);
         ran = true;
       }
       if (!left) return;
@@ -77,6 +86,7 @@ class FiberBlock {
     bool done = false;
     Group* waiting = nullptr;  // the barrier it waits at, in `generation`
     uint64_t generation = 0;
+    void* fake = nullptr;  // its fake stack while it is switched out (ASan)
   };
 
   void wait(int tid, Group& g) {
@@ -88,7 +98,34 @@ class FiberBlock {
     Fiber& f = fibers_[tid];
     f.waiting = &g;
     f.generation = g.generation;
+    start_switch(&f.fake, scheduler_bottom_, scheduler_size_);
     swapcontext(&f.context, &scheduler_);
+    finish_switch(f.fake);
+  }
+
+  // AddressSanitizer's fiber annotations (nothing otherwise): a switch to
+  // the stack at [bottom, bottom + size), saving this one's fake stack
+  // (null: this stack ends), and its end on the other side, which learns
+  // the scheduler's stack from the first switch to a fiber.
+  void start_switch(void** fake, const void* bottom, size_t size) {
+#if defined(__SANITIZE_ADDRESS__)
+    __sanitizer_start_switch_fiber(fake, bottom, size);
+#else
+    (void)fake, (void)bottom, (void)size;
+#endif
+  }
+  void finish_switch(void* fake) {
+#if defined(__SANITIZE_ADDRESS__)
+    const void* bottom = nullptr;
+    size_t size = 0;
+    __sanitizer_finish_switch_fiber(fake, &bottom, &size);
+    if (bottom != nullptr && scheduler_bottom_ == nullptr) {
+      scheduler_bottom_ = bottom;
+      scheduler_size_ = size;
+    }
+#else
+    (void)fake;
+#endif
   }
 
   // makecontext passes int arguments: the block's address in two halves.
@@ -98,14 +135,18 @@ class FiberBlock {
     auto* self = reinterpret_cast<FiberBlock*>((static_cast<uintptr_t>(static_cast<uint32_t>(high)) << 32) |
                                                static_cast<uint32_t>(low));
     const int tid = self->running_;
+    self->finish_switch(nullptr);
     (*self->body_)(tid);
-    self->fibers_[tid].done = true;  // returns to the scheduler (uc_link)
+    self->fibers_[tid].done = true;
+    self->start_switch(nullptr, self->scheduler_bottom_, self->scheduler_size_);  // returns to the scheduler (uc_link)
   }
 
   std::vector<Fiber> fibers_;
   Group block_;
   std::vector<Group> warps_;
   ucontext_t scheduler_{};
+  const void* scheduler_bottom_ = nullptr;  // the scheduler's stack (ASan)
+  size_t scheduler_size_ = 0;
   const std::function<void(int)>* body_ = nullptr;
   int running_ = 0;
 };

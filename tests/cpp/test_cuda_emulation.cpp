@@ -2,7 +2,7 @@
 // body of the GPU kernel, over its whole grid on the CPU and compares with the
 // float64 reference. Checks the CUDA indexing, vector path and fallbacks in CI,
 // where there is no GPU.
-#ifdef ROTARY_WITH_CUDA
+#ifdef ROTARY_EMULATION
 
 #include "checks/checks.h"
 #include "cuda/cuda_types.h"
@@ -483,7 +483,8 @@ TEST(CudaEmulation, PartialRowBlocksAndGridStride) {
       auto k = at::randn({2, 3, 5, 128}, at::kBFloat16);
       const Opt none;
       const rotary::detail::RopeArgs args{0, interleaved, none, none, false, none, none, "BHSD"};
-      const auto prepared = rotary::detail::prepare_rope("emulate", q, &k, reference_table(16, 128), args, false);
+      const at::Tensor table = reference_table(16, 128);  // params point into it
+      const auto prepared = rotary::detail::prepare_rope("emulate", q, &k, table, args, false);
       const Grid g = grid_for(at::kBFloat16, prepared.params, true);
       EXPECT_GT(g.rows_per_block, 1);
       EXPECT_NE(g.rows % g.rows_per_block, 0) << "rows " << g.rows << " per block " << g.rows_per_block;
@@ -504,7 +505,8 @@ TEST(CudaEmulation, WideRowsLoopOverGroupsAndHeads) {
         auto [q, k] = make_qk(layout, 1, 37, 5, 2, 640, dtype);
         const Opt none;
         const rotary::detail::RopeArgs args{0, interleaved, none, none, false, none, none, "BHSD"};
-        const auto prepared = rotary::detail::prepare_rope("emulate", q, &k, reference_table(8, 640), args, false);
+        const at::Tensor table = reference_table(8, 640);  // params point into it
+        const auto prepared = rotary::detail::prepare_rope("emulate", q, &k, table, args, false);
         const bool vectorized = vectorizable(dtype, prepared.params);
         const Grid g = grid_for(dtype, prepared.params, vectorized);
         if (!vectorized || (dtype == at::kDouble && interleaved)) {  // one pair per group: 320 groups
@@ -529,8 +531,10 @@ TEST(CudaEmulation, WritesEachOutputElementOnce) {
           auto [q, k] = make_qk(layout, 2, 5, 3, 7, D, dtype);
           const Opt none;
           const rotary::detail::RopeArgs args{1, interleaved, none, none, false, none, none, "BHSD"};
-          const auto prepared =
-              rotary::detail::prepare_rope("emulate", q, &k, reference_table(16, R), args, in_place);
+          // params point into the table: it must outlive the emulation (a
+          // temporary here once had it read freed memory, which ASan found).
+          const at::Tensor table = reference_table(16, R);
+          const auto prepared = rotary::detail::prepare_rope("emulate", q, &k, table, args, in_place);
           const bool can_vector = vectorizable(dtype, prepared.params);
           for (bool vectorized : {true, false}) {
             if (vectorized && !can_vector) continue;
@@ -603,4 +607,4 @@ TEST(CudaEmulation, IndexWidthFollowsTheExtent) {
 
 }  // namespace
 
-#endif  // ROTARY_WITH_CUDA
+#endif  // ROTARY_EMULATION

@@ -1,7 +1,7 @@
 // Host emulation of the CUDA kernel with a rotated span at an offset and N-D
 // positions (pair_axes): every thread of the grid through rope_thread, on the
 // vector and the strided path, against a float64 reference written here.
-#ifdef ROTARY_WITH_CUDA
+#ifdef ROTARY_EMULATION
 
 #include "checks/checks.h"
 #include "cuda/cuda_types.h"
@@ -121,4 +121,4 @@ TEST(CudaEmulationNd, OffsetSpanAndPairAxes) {
 
 }  // namespace
 
-#endif  // ROTARY_WITH_CUDA
+#endif  // ROTARY_EMULATION

@@ -2,7 +2,7 @@
 // orders every thread's writes before every thread's reads, a warp's
 // barrier its lanes', and threads that diverge at a barrier abort the run
 // instead of hanging it.
-#ifdef ROTARY_WITH_CUDA
+#ifdef ROTARY_EMULATION
 
 #include "fiber_block.h"
 
@@ -49,4 +49,4 @@ TEST(FiberBlockDeathTest, ADivergedBarrierAborts) {
 
 }  // namespace
 
-#endif  // ROTARY_WITH_CUDA
+#endif  // ROTARY_EMULATION

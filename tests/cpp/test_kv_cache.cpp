@@ -8,7 +8,7 @@
 #include "checks/kv_checks.h"
 #include "reference.h"
 
-#ifdef ROTARY_WITH_CUDA
+#ifdef ROTARY_EMULATION
 #include "cuda/kv_cache_kernel.cuh"
 #endif
 
@@ -237,7 +237,7 @@ TEST(KVCache, RefusedCallsWriteNothing) {
   unchanged();
 }
 
-#ifdef ROTARY_WITH_CUDA
+#ifdef ROTARY_EMULATION
 // The cache kernel's per-thread body over its whole grid, after the CPU
 // rotation: the same caches as the CPU op; slots made out of range after the
 // host check (as device-side values are) are skipped.

@@ -8,7 +8,7 @@
 // index widths, and with one block walking every row block. Caches the
 // fused kernel cannot vector-address take the two-launch path, emulated
 // the same way.
-#ifdef ROTARY_WITH_CUDA
+#ifdef ROTARY_EMULATION
 
 #include "checks/kv_checks.h"
 #include "cuda/cuda_types.h"
@@ -271,4 +271,4 @@ TEST(KVFusedEmulation, Features) {
 
 }  // namespace
 
-#endif  // ROTARY_WITH_CUDA
+#endif  // ROTARY_EMULATION

@@ -5,7 +5,7 @@
 // the CUDA indexing (head walks, pass-through dims, the grid-stride row walk
 // with its (b, s) step and packed-sequence search) in CI, where there is no
 // GPU.
-#ifdef ROTARY_WITH_CUDA
+#ifdef ROTARY_EMULATION
 
 #include "checks/norm_checks.h"
 #include "helpers.h"
@@ -191,4 +191,4 @@ INSTANTIATE_TEST_SUITE_P(
 
 }  // namespace
 
-#endif  // ROTARY_WITH_CUDA
+#endif  // ROTARY_EMULATION

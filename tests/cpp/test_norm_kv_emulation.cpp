@@ -8,7 +8,7 @@
 // v_dim, cache_positions, skipped and device-side out-of-range slots), with
 // one block walking every row too; match the float64 reference (q, k and
 // the cache rows where the call puts them); and agree with the CPU op.
-#ifdef ROTARY_WITH_CUDA
+#ifdef ROTARY_EMULATION
 
 #include "checks/norm_checks.h"
 #include "cuda/cuda_types.h"
@@ -264,4 +264,4 @@ TEST(NormKVEmulation, Features) {
 
 }  // namespace
 
-#endif  // ROTARY_WITH_CUDA
+#endif  // ROTARY_EMULATION
