@@ -1,10 +1,13 @@
 // The threads of one CUDA block run on the calling host thread as fibers,
 // for a host emulation that runs a kernel's own body with its barriers. A
 // fiber runs until it waits at a barrier (its block's, or its warp's), then
-// the next one runs; a barrier opens once every thread of its group has
-// arrived. A round in which no fiber can run while some have not finished
-// means the threads diverged at a barrier (a kernel bug that hangs a GPU):
-// it aborts.
+// another one runs; a barrier opens once every thread of its group has
+// arrived. Which one runs next is the schedule's: every thread in turn, or
+// the lowest one that can, so that a warp runs ahead of the later warps as
+// far as its own barriers let it (a missing block barrier shows under one
+// or the other). A scan in which no fiber can run while some have not
+// finished means the threads diverged at a barrier (a kernel bug that hangs
+// a GPU): it aborts.
 // Under AddressSanitizer every switch is announced to it
 // (__sanitizer_start/finish_switch_fiber), so that it follows the stacks.
 #pragma once
@@ -23,6 +26,8 @@
 
 namespace rotary_test {
 
+enum class Schedule { kRoundRobin, kLowestFirst };
+
 class FiberBlock {
  public:
   explicit FiberBlock(int threads) : fibers_(threads), block_{threads}, warps_((threads + 31) / 32) {
@@ -35,7 +40,7 @@ class FiberBlock {
   FiberBlock& operator=(const FiberBlock&) = delete;
 
   // Runs body(tid) for every thread tid of the block, to the end.
-  void run(const std::function<void(int)>& body) {
+  void run(const std::function<void(int)>& body, Schedule schedule = Schedule::kRoundRobin) {
     body_ = &body;
     for (size_t t = 0; t < fibers_.size(); ++t) {
       Fiber& f = fibers_[t];
@@ -60,6 +65,7 @@ class FiberBlock {
         swapcontext(&scheduler_, &f.context);
         finish_switch(fake);
         ran = true;
+        if (schedule == Schedule::kLowestFirst) break;  // scan again from thread 0
       }
       if (!left) return;
       if (!ran) {

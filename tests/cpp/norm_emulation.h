@@ -39,7 +39,8 @@ struct HostSync {
 
 // The launch of apply_qk_norm_rope (Cache void) or of its KV-cache form
 // with `blocks` blocks: the instantiation the launch picks
-// (with_norm_kernel), each block in turn, its threads as fibers. Blocks past
+// (with_norm_kernel), each block in turn, its threads as fibers, odd blocks
+// on the schedule that lets a warp run ahead. Blocks past
 // the rows have none and are skipped.
 template <typename T, typename Cache = void>
 void emulate_norm_rope(const rotary::kernel::KVCacheParams& kv, const rotary::kernel::NormParams& n, int64_t blocks) {
@@ -51,14 +52,15 @@ void emulate_norm_rope(const rotary::kernel::KVCacheParams& kv, const rotary::ke
     FiberBlock fibers(k::kNormThreads);
     HostSync::Slots slots;
     k::NormShared<acc_t> shared;
-    fibers.run([&](int tid) {
-      HostSync sync{&fibers, &slots, tid, tid / 32, tid % 32};
-      for (int64_t b = 0; b < busy; ++b) {
-        k::norm_rope_thread<T, decltype(fp8_q)::value, Cache, decltype(vector)::value>(
-            kv, n, g, b, sync.lane, sync.warp, shared, sync);
-        sync.block();  // the next block reuses the shared memory
-      }
-    });
+    for (int64_t b = 0; b < busy; ++b) {  // the two schedules by turns
+      fibers.run(
+          [&](int tid) {
+            HostSync sync{&fibers, &slots, tid, tid / 32, tid % 32};
+            k::norm_rope_thread<T, decltype(fp8_q)::value, Cache, decltype(vector)::value>(
+                kv, n, g, b, sync.lane, sync.warp, shared, sync);
+          },
+          b % 2 ? Schedule::kLowestFirst : Schedule::kRoundRobin);
+    }
   });
 }
 

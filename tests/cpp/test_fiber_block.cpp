@@ -1,13 +1,14 @@
 // The fibers that run an emulated CUDA block (fiber_block.h): a barrier
 // orders every thread's writes before every thread's reads, a warp's
-// barrier its lanes', and threads that diverge at a barrier abort the run
-// instead of hanging it.
+// barrier its lanes', the two schedules order warps differently, and
+// threads that diverge at a barrier abort the run instead of hanging it.
 #ifdef ROTARY_EMULATION
 
 #include "fiber_block.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
 
 namespace {
@@ -32,6 +33,29 @@ TEST(FiberBlock, BarriersOrderWritesBeforeReads) {
       const int lanes = t < 64 ? 32 : kThreads - 64;
       EXPECT_EQ(seen_warp[t], -(t / 32 * 32 + (t % 32 + 1) % lanes)) << "thread " << t;
     }
+  }
+}
+
+// Round robin takes every thread to its barrier before any passes it; the
+// lowest-first schedule runs warp 0 to its end before warp 1 starts (only
+// warp barriers here), as a GPU may.
+TEST(FiberBlock, TheSchedulesInterleaveWarpsDifferently) {
+  for (const auto schedule : {rotary_test::Schedule::kRoundRobin, rotary_test::Schedule::kLowestFirst}) {
+    rotary_test::FiberBlock block(64);
+    std::vector<int> order;
+    block.run(
+        [&](int tid) {
+          order.push_back(tid);
+          block.sync_warp(tid);
+          block.sync_warp(tid);
+          order.push_back(tid);
+        },
+        schedule);
+    ASSERT_EQ(order.size(), 128u);
+    const auto first_of_warp1 = std::find_if(order.begin(), order.end(), [](int t) { return t >= 32; });
+    const auto last_of_warp0 = std::find_if(order.rbegin(), order.rend(), [](int t) { return t < 32; });
+    const bool warp0_first = first_of_warp1 - order.begin() > order.rend() - last_of_warp0 - 1;
+    EXPECT_EQ(warp0_first, schedule == rotary_test::Schedule::kLowestFirst);
   }
 }
 
