@@ -292,7 +292,8 @@ def sweep(verbose=False):
 
 _KINDS = (("its causal LM is its text model", "composite: its causal LM is a text model swept under its own name"),
           ("the sweep builds no tiny model", "no tiny model builds"),
-          ("is not supported", "a rotation rotary does not serve"))
+          ("is not supported", "a rotation rotary does not serve"),
+          ("has no rotary embedding module", "no rotary module to patch"))
 
 
 def _reasons(refused):
