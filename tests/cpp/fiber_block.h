@@ -12,7 +12,9 @@
 // (__sanitizer_start/finish_switch_fiber), so that it follows the stacks.
 #pragma once
 
+#include <sys/mman.h>
 #include <ucontext.h>
+#include <unistd.h>
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/common_interface_defs.h>
@@ -31,7 +33,7 @@ enum class Schedule { kRoundRobin, kLowestFirst };
 class FiberBlock {
  public:
   explicit FiberBlock(int threads) : fibers_(threads), block_{threads}, warps_((threads + 31) / 32) {
-    for (Fiber& f : fibers_) f.stack.reset(new char[kStackBytes]);
+    for (Fiber& f : fibers_) f.stack = make_stack();
     for (size_t w = 0; w < warps_.size(); ++w) {
       warps_[w].size = static_cast<int>(w + 1 < warps_.size() ? 32 : threads - 32 * w);
     }
@@ -42,6 +44,7 @@ class FiberBlock {
   // Runs body(tid) for every thread tid of the block, to the end.
   void run(const std::function<void(int)>& body, Schedule schedule = Schedule::kRoundRobin) {
     body_ = &body;
+    schedule_ = schedule;
     for (size_t t = 0; t < fibers_.size(); ++t) {
       Fiber& f = fibers_[t];
       f = Fiber{std::move(f.stack)};
@@ -65,7 +68,7 @@ class FiberBlock {
         swapcontext(&scheduler_, &f.context);
         finish_switch(fake);
         ran = true;
-        if (schedule == Schedule::kLowestFirst) break;  // scan again from thread 0
+        if (schedule_ == Schedule::kLowestFirst) break;  // scan again from thread 0
       }
       if (!left) return;
       if (!ran) {
@@ -75,18 +78,38 @@ class FiberBlock {
     }
   }
 
+  // The schedule from the next switch on (a body may change it as it goes).
+  void schedule(Schedule s) { schedule_ = s; }
+
   // __syncthreads() and __syncwarp() of thread tid.
   void sync_block(int tid) { wait(tid, block_); }
   void sync_warp(int tid) { wait(tid, warps_[tid / 32]); }
 
  private:
-  static constexpr size_t kStackBytes = size_t{256} << 10;
+  // 64 KiB a fiber (the emulated bodies use a few; ASan's redzones more),
+  // above a page that faults: an overflow crashes instead of writing over
+  // the heap.
+  static constexpr size_t kStackBytes = size_t{64} << 10;
+  static size_t guard_bytes() { return static_cast<size_t>(sysconf(_SC_PAGESIZE)); }
+  struct Unmap {
+    void operator()(char* stack) const { munmap(stack - guard_bytes(), guard_bytes() + kStackBytes); }
+  };
+  using Stack = std::unique_ptr<char, Unmap>;
+  static Stack make_stack() {
+    const size_t guard = guard_bytes();
+    void* base = mmap(nullptr, guard + kStackBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED || mprotect(base, guard, PROT_NONE) != 0) {
+      std::fprintf(stderr, "fiber block: no memory for a fiber's stack\n");
+      std::abort();
+    }
+    return Stack(static_cast<char*>(base) + guard);
+  }
   struct Group {
     int size = 0, arrived = 0;
     uint64_t generation = 0;
   };
   struct Fiber {
-    std::unique_ptr<char[]> stack;
+    Stack stack;
     ucontext_t context{};
     int tid = 0;
     bool done = false;
@@ -155,6 +178,7 @@ class FiberBlock {
   size_t scheduler_size_ = 0;
   const std::function<void(int)>* body_ = nullptr;
   int running_ = 0;
+  Schedule schedule_ = Schedule::kRoundRobin;
 };
 
 }  // namespace rotary_test

@@ -52,15 +52,15 @@ void emulate_norm_rope(const rotary::kernel::KVCacheParams& kv, const rotary::ke
     FiberBlock fibers(k::kNormThreads);
     HostSync::Slots slots;
     k::NormShared<acc_t> shared;
-    for (int64_t b = 0; b < busy; ++b) {  // the two schedules by turns
-      fibers.run(
-          [&](int tid) {
-            HostSync sync{&fibers, &slots, tid, tid / 32, tid % 32};
-            k::norm_rope_thread<T, decltype(fp8_q)::value, Cache, decltype(vector)::value>(
-                kv, n, g, b, sync.lane, sync.warp, shared, sync);
-          },
-          b % 2 ? Schedule::kLowestFirst : Schedule::kRoundRobin);
-    }
+    fibers.run([&](int tid) {
+      HostSync sync{&fibers, &slots, tid, tid / 32, tid % 32};
+      for (int64_t b = 0; b < busy; ++b) {
+        if (tid == 0) fibers.schedule(b % 2 ? Schedule::kLowestFirst : Schedule::kRoundRobin);  // by turns
+        k::norm_rope_thread<T, decltype(fp8_q)::value, Cache, decltype(vector)::value>(
+            kv, n, g, b, sync.lane, sync.warp, shared, sync);
+        sync.block();  // the next block reuses the shared memory
+      }
+    });
   });
 }
 
