@@ -59,24 +59,47 @@ template <bool NT, int M>
 inline int64_t rotate_bf16_pairs(
     const c10::BFloat16* const* in, c10::BFloat16* const* out, const float* c, const float* s, int64_t dim) {
   using Vec = Vectorized<float>;
-  using Words = Vectorized<int32_t>;
   constexpr int64_t L = Vec::size();  // pairs per vector
-  const Words high(static_cast<int32_t>(0xFFFF0000u)), sixteen(16);
   int64_t i = 0;
   for (; i + 2 * L <= dim; i += 2 * L) {
     // Coefficients are stored per element, (c, c) and (-s, s): take c and s once per pair.
     const Vec cp = at::vec::deinterleave2(Vec::loadu(c + i), Vec::loadu(c + i + L)).first;
     const Vec sp = at::vec::deinterleave2(Vec::loadu(s + i), Vec::loadu(s + i + L)).second;
     for (int h = 0; h < M; ++h) {
-      const Words w = Words::loadu(in[h] + i);
-      const Vec x0 = at::vec::cast<float>(w << sixteen);
-      const Vec x1 = at::vec::cast<float>(w & high);
+      Vec x0, x1;
+      bf16_members(in[h] + i, x0, x1);
       const Vec y0 = x0 * cp - x1 * sp;
       const Vec y1 = x1 * cp + x0 * sp;
       put<NT>(out[h] + i, bf16_words(y0, y1));
     }
   }
   return i;
+}
+
+// bf16, rotate_half: 2L pairs at a time. A 32-bit word of either half holds
+// two adjacent elements, so its even and odd members widen with a shift and
+// a mask and rotate with the same members of the other half; bf16_words
+// puts them back in element order. Same products, sums and rounding as the
+// generic path: the same bits. Returns how many pairs it rotated (a
+// multiple of 2L).
+template <bool NT, int M>
+inline int64_t rotate_bf16_halves(
+    const c10::BFloat16* const* in, c10::BFloat16* const* out, const float* c, const float* s, int64_t half) {
+  using Vec = Vectorized<float>;
+  constexpr int64_t L = Vec::size();  // words per vector
+  int64_t j = 0;
+  for (; j + 2 * L <= half; j += 2 * L) {
+    const auto cs = at::vec::deinterleave2(Vec::loadu(c + j), Vec::loadu(c + j + L));  // (even, odd) pairs
+    const auto ss = at::vec::deinterleave2(Vec::loadu(s + j), Vec::loadu(s + j + L));
+    for (int h = 0; h < M; ++h) {
+      Vec a0, a1, b0, b1;
+      bf16_members(in[h] + j, a0, a1);
+      bf16_members(in[h] + half + j, b0, b1);
+      put<NT>(out[h] + j, bf16_words(a0 * cs.first - b0 * ss.first, a1 * cs.second - b1 * ss.second));
+      put<NT>(out[h] + half + j, bf16_words(a0 * ss.first + b0 * cs.first, a1 * ss.second + b1 * cs.second));
+    }
+  }
+  return j;
 }
 #endif
 
@@ -111,6 +134,9 @@ inline void rotate_block(const Run<scalar_t>& r, int64_t t, int64_t h0, int64_t 
     }
   } else {
     const acc_t* s = c + half;
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+    if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) i = rotate_bf16_halves<NT, M>(in, out, c, s, half);
+#endif
     for (; i < end; i += L) {
       const Vec ci = Vec::loadu(c + i), si = Vec::loadu(s + i);
       for (int h = 0; h < M; ++h) {

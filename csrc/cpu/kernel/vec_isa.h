@@ -6,6 +6,8 @@
 //                store, whose address the caller aligns to the vector width
 //   bf16_words   two fp32 vectors rounded to bf16, interleaved: one 32-bit
 //                word per lane (x86 builds), stored with put<NT>
+//   bf16_members one vector of such words widened: the low (even) and the
+//                high (odd) bf16 of each word (x86 builds)
 //   stream_fence orders streaming stores before the task returns
 // Conversions to 16-bit types round to nearest even with canonical NaNs, the
 // bits of c10::BFloat16(float) and of c10::Half(float) on the DEFAULT build
@@ -123,6 +125,11 @@ template <bool NT>
 inline void put(void* p, __m256i v) {
   NT ? _mm256_stream_si256(static_cast<__m256i*>(p), v) : _mm256_storeu_si256(static_cast<__m256i*>(p), v);
 }
+inline void bf16_members(const c10::BFloat16* p, Vectorized<float>& even, Vectorized<float>& odd) {
+  const __m512i w = _mm512_loadu_si512(p);
+  even = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+  odd = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(int32_t(0xFFFF0000u))));
+}
 template <bool NT>
 inline void put(void* p, __m512i v) {
   NT ? _mm512_stream_si512(static_cast<__m512i*>(p), v) : _mm512_storeu_si512(p, v);
@@ -148,12 +155,18 @@ inline Vectorized<double> swap_pairs(const Vectorized<double>& x) {
 inline __m128i pack_low16(__m256i r) {
   return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
 }
+// v rounded to nearest even into the high half of each lane, NaN lanes not
+// made canonical. The lowest kept bit comes by two shifts, so the bias is
+// the one constant (gcc re-broadcast two inside the loop).
+inline __m256i bf16_rounded(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_srli_epi32(_mm256_slli_epi32(u, 15), 31);
+  return _mm256_add_epi32(_mm256_add_epi32(u, lsb), _mm256_set1_epi32(0x7FFF));
+}
 // As on AVX512: bf16 in the high half of each lane (NaN: 0x7FC0, the low
 // half left as it is), the blend only for vectors that hold a NaN.
 inline __m256i bf16_high(__m256 v) {
-  const __m256i u = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, lsb), _mm256_set1_epi32(0x7FFF));
+  __m256i r = bf16_rounded(v);
   const __m256 unord = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
   if (_mm256_movemask_ps(unord) != 0) {
     r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC00000), _mm256_castps_si256(unord));
@@ -163,9 +176,15 @@ inline __m256i bf16_high(__m256 v) {
 inline __m128i bf16_bits(__m256 v) {
   return pack_low16(_mm256_srli_epi32(bf16_high(v), 16));
 }
+// The rounding is port-bound on AVX2 (no bf16 instruction), so the pair
+// takes one NaN test for both vectors and one word blend (lo's bf16 from
+// the low half, hi's kept in the high half).
 inline __m256i bf16_words(__m256 lo, __m256 hi) {
-  return _mm256_or_si256(_mm256_srli_epi32(bf16_high(lo), 16),
-                         _mm256_and_si256(bf16_high(hi), _mm256_set1_epi32(int32_t(0xFFFF0000u))));
+  __m256i w = _mm256_blend_epi16(_mm256_srli_epi32(bf16_rounded(lo), 16), bf16_rounded(hi), 0xAA);
+  if (_mm256_movemask_ps(_mm256_cmp_ps(lo, hi, _CMP_UNORD_Q)) != 0) {
+    w = _mm256_blend_epi16(_mm256_srli_epi32(bf16_high(lo), 16), bf16_high(hi), 0xAA);
+  }
+  return w;
 }
 inline __m128i half_bits(__m256 v) {
   const __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -175,6 +194,11 @@ inline __m128i half_bits(__m256 v) {
   const __m128i canon = pack_low16(_mm256_or_si256(sign, _mm256_set1_epi32(0x7E00)));
   const __m128i nan = pack_low16(_mm256_srli_epi32(_mm256_castps_si256(unord), 16));
   return _mm_blendv_epi8(h, canon, nan);
+}
+inline void bf16_members(const c10::BFloat16* p, Vectorized<float>& even, Vectorized<float>& odd) {
+  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  even = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  odd = _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(int32_t(0xFFFF0000u))));
 }
 template <bool NT>
 inline void put(void* p, __m128i v) {
