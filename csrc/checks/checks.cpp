@@ -176,6 +176,10 @@ RopeCall check_rope_inputs(
         ": inv_freq must have shape [rotary_dim / 2] = [", freqs.sym_size(1), "] to match freqs, got ",
         inv.sym_sizes());
     check_same_device(op, "inv_freq", inv, q);
+    // Rows past the table take its attention scaling from its first entry.
+    TORCH_CHECK_VALUE(
+        freqs.sym_size(0) > 0, op, ": inv_freq needs a table of at least one row (its entries' magnitude is the ",
+        "attention scaling of the rows computed past it), got freqs ", freqs.sym_sizes());
   }
   if (args.pair_axes) check_axes_positions(op, qv, freqs, args);
   RopeCall call;

@@ -62,19 +62,6 @@ void check_scale(const char* op, const char* name, const std::optional<at::Tenso
       "; move both to the same device");
 }
 
-// A host scale divides every value written: 0, NaN, inf or a negative one
-// would fill the cache with inf / NaN / flipped signs. Device scales are not
-// read (that would sync).
-void check_scale_values(const char* op, const char* name, const std::optional<at::Tensor>& s) {
-  if (!s || !s->is_cpu() || s->numel() == 0) return;
-  const at::Tensor flat = s->flatten();
-  const at::Tensor bad = flat.isfinite().logical_and(flat.gt(0)).logical_not();
-  if (!bad.any().item<bool>()) return;
-  const int64_t i = bad.to(at::kByte).argmax().item<int64_t>();
-  TORCH_CHECK_VALUE(
-      false, op, ": ", name, " must be finite and > 0 (the cache stores x / scale), got ", flat[i].item<float>(),
-      s->dim() ? " at head " + std::to_string(i) : std::string());
-}
 
 // Two tokens of one call written to one cache row or slot: which one the row
 // holds would depend on the schedule, so a host-known duplicate is refused.
@@ -109,6 +96,17 @@ bool same_but_head_dim(const at::Tensor& a, const at::Tensor& b) {
 }
 
 }  // namespace
+
+void check_scale_values(const char* op, const char* name, const std::optional<at::Tensor>& s, const char* stored) {
+  if (!s || !s->is_cpu() || s->numel() == 0) return;
+  const at::Tensor flat = s->flatten();
+  const at::Tensor bad = flat.isfinite().logical_and(flat.gt(0)).logical_not();
+  if (!bad.any().item<bool>()) return;
+  const int64_t i = bad.to(at::kByte).argmax().item<int64_t>();
+  TORCH_CHECK_VALUE(
+      false, op, ": ", name, " must be finite and > 0 (", stored, " x / scale), got ", flat[i].item<float>(),
+      s->dim() ? " at head " + std::to_string(i) : std::string());
+}
 
 KVCall check_kv_inputs(
     const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,

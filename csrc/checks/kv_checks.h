@@ -36,6 +36,13 @@ struct PreparedKV {
   kernel::KVCacheParams params;
 };
 
+// A host fp8 scale divides every value written: 0, NaN, inf or a negative
+// one would write inf / NaN / flipped signs, so each is refused by name
+// (`stored`: what holds x / scale, for the message). Device scales are not
+// read (that would sync).
+void check_scale_values(
+    const char* op, const char* name, const std::optional<at::Tensor>& s, const char* stored = "the cache stores");
+
 // Everything check_kv_inputs checks, plus aliasing, and by value every slot
 // and cache position known on the host. Nothing is written before it returns.
 PreparedKV prepare_kv(

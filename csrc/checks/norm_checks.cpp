@@ -118,6 +118,7 @@ NormWeights prepare_norm_weights(
   r.params.eps = call.eps;
   if (call.q_fp8_scale) {
     const at::Tensor& s = *call.q_fp8_scale;
+    check_scale_values(op, "q_fp8_scale", s, "q is returned as");
     r.params.q_scale = s.data_ptr<float>();
     r.params.q_scale_stride = s.dim() == 1 && s.size(0) > 1 ? s.stride(0) : 0;
   }

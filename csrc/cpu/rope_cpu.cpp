@@ -207,6 +207,7 @@ void rope_cpu_kernel(const RopeParams& p, Capability cap, const TileHook* hook) 
   const int64_t tile = tile_tokens<acc_t>(p);
   const int64_t tiles_per_batch = (p.seq + tile - 1) / tile;
   const int64_t all_heads = p.q.heads + p.k.heads;
+  if (all_heads == 0) return;  // nothing to rotate (and no group to divide the heads by)
   const bool split_heads = tiles_per_batch > 1 && heads_major(p.q) && (p.k.heads == 0 || heads_major(p.k));
   const int64_t groups = split_heads ? std::min<int64_t>(at::get_num_threads(), all_heads) : 1;
   const int64_t group_heads = (all_heads + groups - 1) / groups;

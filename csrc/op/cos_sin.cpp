@@ -8,6 +8,7 @@
 #include <rotary/ops.h>
 
 #include "checks/checks.h"
+#include "checks/checks_positions.h"
 #include "params/layouts.h"
 
 #include <ATen/ATen.h>
@@ -52,15 +53,22 @@ at::Tensor rows_of(const at::Tensor& t, const char* name, const std::optional<at
   if (!ids) return t.dim() == 2 ? t.unsqueeze(0) : t;
   TORCH_CHECK_VALUE(t.dim() == 2, kOp, ": with position_ids, ", name, " must be a [max_pos, R] table, got shape ",
                     t.sym_sizes());
-  if (concrete_cpu(*ids) && ids->numel() > 0) {  // elsewhere index_select checks, without naming them
-    const int64_t lo = ids->min().item<int64_t>(), hi = ids->max().item<int64_t>();
+  // index_select takes int32 and int64 ids only.
+  const at::Tensor wide = detail::widen_positions(kOp, "position_ids", *ids);
+  if (concrete_cpu(wide) && wide.numel() > 0) {
+    const int64_t lo = wide.min().item<int64_t>(), hi = wide.max().item<int64_t>();
     TORCH_CHECK_INDEX(lo >= 0 && hi < t.sym_size(0), kOp, ": position_ids must be in [0, ", t.sym_size(0),
                       ") (the rows of ", name, "), got values in [", lo, ", ", hi, "]");
-  }
-  auto shape = ids->sym_sizes().vec();
+  } else if (wide.key_set().has(c10::DispatchKey::Python) || wide.key_set().has(c10::DispatchKey::Functionalize)) {
+    // Traced: the inductor's index_select wraps a negative id to a row from
+    // the end (eager's refuses it), so the graph checks the ids itself.
+    at::_assert_async(at::logical_and(wide.ge(0), wide.lt(t.sym_size(0))).all(),
+                      "apply_rope_cos_sin: position_ids must be in [0, rows of the table)");
+  }  // eager on a device: index_select's own bounds check
+  auto shape = wide.sym_sizes().vec();
   shape.push_back(t.sym_size(1));
-  at::Tensor out = t.index_select(0, ids->reshape(-1)).view_symint(shape);
-  return ids->dim() == 1 ? out.unsqueeze(0) : out;
+  at::Tensor out = t.index_select(0, wide.reshape(-1)).view_symint(shape);
+  return wide.dim() == 1 ? out.unsqueeze(0) : out;
 }
 
 std::tuple<at::Tensor, at::Tensor> apply_rope_cos_sin_composite(
@@ -123,7 +131,7 @@ std::tuple<at::Tensor, at::Tensor> apply_rope_cos_sin_composite(
                     ": cos and sin must have one row per token of q: [seq] = [", seq, "] rows, or [1 or batch, seq] = [",
                     batch, ", ", seq, "], got ", sin ? cos.sym_sizes() : c.sym_sizes());
   const c10::SymInt head_dim = q4.sym_size(3), width = c.sym_size(2) * 2;
-  TORCH_CHECK_VALUE(rotary_offset >= 0 && width + rotary_offset <= head_dim, kOp, ": the tables rotate R = ", width,
+  TORCH_CHECK_VALUE(rotary_offset >= 0 && rotary_offset <= head_dim - width, kOp, ": the tables rotate R = ", width,
                     " dims from rotary_offset = ", rotary_offset, ", which must fit in head_dim = ", head_dim,
                     " (0 <= rotary_offset, rotary_offset + R <= head_dim)");
   const at::Tensor table = at::stack({c.to(at::kFloat), s.to(at::kFloat)}, -1).reshape_symint({rows * seq, c.sym_size(2), 2});

@@ -63,8 +63,11 @@ void negative_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torc
   op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::Negative), stack);
 }
 
+// Every op that takes a table. The prologue ones normalize before they
+// rotate: an RMSNorm is odd in its input too.
 constexpr const char* kOps[] = {
-    "apply_rope", "apply_rope_qk", "apply_rope_", "apply_rope_qk_", "apply_rope_with_kv_cache_"};
+    "apply_rope", "apply_rope_qk", "apply_rope_", "apply_rope_qk_", "apply_rope_with_kv_cache_",
+    "apply_qk_norm_rope", "apply_qk_norm_rope_", "apply_qk_norm_rope_with_kv_cache_"};
 
 }  // namespace
 

@@ -168,7 +168,13 @@ std::tuple<torch::Tensor, OptTensor, int64_t, OptTensor, OptTensor> call_args(
   std::optional<torch::Tensor> k_tensor;
   py::handle pos = start_pos;
   if (py::isinstance<py::int_>(k) && !py::isinstance<py::bool_>(k)) {
-    pos = k;  // rope(x, start_pos)
+    // rope(x, start_pos); a start_pos= beside it would be dropped silently.
+    const bool default_start = py::isinstance<py::int_>(start_pos) && !py::isinstance<py::bool_>(start_pos) &&
+        py::reinterpret_borrow<py::int_>(start_pos).equal(py::int_(0));
+    TORCH_CHECK_VALUE(
+        default_start, who, ": start_pos is given twice: ", repr_of(k), " in k's place (an int there is start_pos) and ",
+        "start_pos=", repr_of(start_pos), "; pass one of them");
+    pos = k;
   } else if (py::isinstance<py::bool_>(k) || py::isinstance<py::float_>(k)) {
     start_pos_arg(k);  // a scalar meant as start_pos: say what it must be
   } else if (THPVariable_Check(k.ptr()) && k.cast<torch::Tensor>().dim() == 0) {

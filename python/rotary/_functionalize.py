@@ -12,7 +12,8 @@ import torch
 from torch._library import simple_registry
 from torch._subclasses.functional_tensor import FunctionalTensorMode
 
-_OPS = ("apply_rope_", "apply_rope_qk_", "apply_rope_with_kv_cache_")
+_OPS = ("apply_rope_", "apply_rope_qk_", "apply_rope_with_kv_cache_", "apply_qk_norm_rope_",
+        "apply_qk_norm_rope_with_kv_cache_")
 
 
 def _real_table(mode, func, types, args, kwargs):

@@ -68,6 +68,14 @@ def _float_arg(op: str, name: str, value):
     return value
 
 
+def _bool_arg(op: str, name: str, value):
+    """A bool, by name: torch's argument parser takes None, 0, 2 or 0.5 for a
+    bool, and a flag read the wrong way rotates silently the other way."""
+    if type(value) is not bool:
+        raise TypeError(f"{op}: {name} must be a bool, got {value!r}")
+    return value
+
+
 def _pair_axes(op: str, name: str, value):
     if value is None:
         return None  # 1-D positions
@@ -177,11 +185,11 @@ _ARGS_DOC = """
 # lists rotary/op_args.h writes once): each passes only the keyword
 # arguments that differ from the schema's defaults (torch parses a custom
 # op's keywords slowly, and a decode call passes none), refuses a bool or a
-# float where an int goes, or an int past int64, by name, and returns what
-# it rotated.
+# float where an int goes, anything but a bool where a bool goes, or an int
+# past int64, by name, and returns what it rotated.
 _ANNOTATION = {"Tensor": "torch.Tensor", "Optional[Tensor]": "Optional[torch.Tensor]", "int": "int",
                "bool": "bool", "str": "str", "float": "float", "Optional[List[int]]": "Optional[Sequence[int]]"}
-_CHECK = {"int": "_int_arg", "float": "_float_arg", "Optional[List[int]]": "_pair_axes"}
+_CHECK = {"int": "_int_arg", "float": "_float_arg", "bool": "_bool_arg", "Optional[List[int]]": "_pair_axes"}
 
 
 # The ops that had positions= before offsets= / position_ids= replaced it.
@@ -211,6 +219,8 @@ def _generate(name: str, returns: Optional[str], doc: str):
             params.append(f"{arg.name}: {ann} = {arg.default_value!r}")
         if not arg.kwarg_only:
             call.append(arg.name)
+            if kind == "bool":  # the other positional ones are tensors and start_pos (checked above)
+                body.append(f"if type({arg.name}) is not bool: _bool_arg({name!r}, {arg.name!r}, {arg.name})")
             continue
         check = _CHECK.get(kind)
         value = f"{check}({name!r}, {arg.name!r}, {arg.name})" if check else arg.name

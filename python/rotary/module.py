@@ -165,7 +165,8 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"RotaryEmbedding: layout must be 'BHSD', 'BSHD' or 'SBHD', got {layout!r}")
         # The common case is decided here (it traces); anything unusual goes
         # to the C++ parser, which raises the module's errors.
-        if isinstance(k, (int, torch.SymInt)) and not isinstance(k, bool):  # rope(x, start_pos)
+        # rope(x, start_pos); with start_pos= as well, the C++ parser refuses the pair.
+        if isinstance(k, (int, torch.SymInt)) and not isinstance(k, bool) and type(start_pos) is int and start_pos == 0:
             k, start_pos = None, k
         if not isinstance(start_pos, torch.SymInt) and (
                 type(start_pos) is not int or not 0 <= start_pos < _MAX_START_POS

@@ -24,15 +24,16 @@ def ref_norm(x, w, eps, norm, offset, heads_axis):
 
 
 def ref_prologue(x, w, r, off=0, start=0, interleaved=True, positions=None, eps=1e-6, norm="head", offset=0.0,
-                 layout="BHSD", cu=None):
-    """Norm the whole head, then rotate dims [off, off + r) (as a head of r dims)."""
+                 layout="BHSD", cu=None, inverse=False):
+    """Norm the whole head, then rotate dims [off, off + r) (as a head of r
+    dims), by the negative angle with inverse."""
     axis = 1 if cu is not None else (2 if layout in ("BSHD", "SBHD") else 1)
     y = ref_norm(x, w, eps, norm, offset, axis)
     span = y[..., off:off + r]
     if cu is not None:
-        rot = ref_varlen(span, cu, r, start, interleaved, positions)
+        rot = ref_varlen(span, cu, r, start, interleaved, positions, inverse)
     else:
-        rot = ref_rope4(span, r, start, interleaved, positions, layout=layout)
+        rot = ref_rope4(span, r, start, interleaved, positions, inverse, layout)
     return torch.cat([y[..., :off], rot, y[..., off + r:]], dim=-1)
 
 

@@ -1,0 +1,146 @@
+"""Arguments a third trial got through: tensors with no heads past one CPU
+tile, flags that are not bools, a table of no rows with inv_freq,
+apply_rope_cos_sin's ids, and a start_pos given twice. Each call gives the
+float64 reference's result or is refused by name, writing nothing."""
+
+import pytest
+import torch
+
+import rotary
+from rotary_testing.rope_testing import assert_close_ref, randn, ref_rope4
+
+D = 16
+SIGNED = [torch.int8, torch.int16, torch.int32, torch.int64]
+UNSIGNED = [torch.uint8, torch.uint16, torch.uint32, torch.uint64]
+
+
+# ------------------------------------------------------------ no heads
+@pytest.mark.parametrize("seq", [65, 1100])  # past one tile of tokens at head_dim 128, and at rotary_dim 8
+def test_no_heads_past_one_tile(seq):
+    """The CPU kernel divided the heads among 0 groups: SIGFPE."""
+    f, f8 = rotary.freqs_table(128, 2048), rotary.freqs_table(8, 2048)
+    x, k = torch.randn(1, 0, seq, 128), torch.randn(1, 0, seq, 128)
+    assert rotary.apply_rope(x, f).shape == x.shape
+    assert rotary.apply_rope(x, f8).shape == x.shape
+    assert rotary.apply_rope_(x, f) is x
+    assert [t.shape for t in rotary.apply_rope_qk(x, k, f)] == [x.shape, k.shape]
+    assert rotary.RotaryEmbedding(128, 2048)(x).shape == x.shape
+    assert rotary.CppRotaryEmbedding(128, 2048)(x).shape == x.shape
+    xg = x.clone().requires_grad_()
+    rotary.apply_rope(xg, f).sum().backward()
+    assert xg.grad.shape == x.shape
+    # Packed, and with the cache write (nothing to write).
+    packed = torch.randn(seq, 0, 128)
+    cu = torch.tensor([0, seq])
+    assert rotary.apply_rope(packed, f, cu_seqlens=cu).shape == packed.shape
+    kc = torch.full((1, 0, 2048, 128), 3.0)
+    rotary.apply_rope_with_kv_cache_(x, k, k.clone(), kc, kc.clone(), f)
+
+
+# --------------------------------------------------------- bool flags
+@pytest.mark.parametrize("value", [None, 0, 1, 2, 0.5, "yes"], ids=repr)
+@pytest.mark.parametrize("name", ["interleaved", "inverse"])
+def test_flags_must_be_bools(name, value):
+    """torch's parser took None for False (interleaved's default is True),
+    0.5 for True, and 2."""
+    x = randn((1, 2, 3, D), seed=1)
+    f = rotary.freqs_table(D, 16)
+    with pytest.raises(TypeError, match=rf"apply_rope: {name} must be a bool, got {value!r}"):
+        rotary.apply_rope(x, f, 1, **{name: value})
+    before = x.clone()
+    with pytest.raises(TypeError, match=rf"apply_rope_: {name} must be a bool"):
+        rotary.apply_rope_(x, f, 1, **{name: value})
+    assert torch.equal(x, before)
+    with pytest.raises(TypeError, match=rf"apply_rope_cos_sin: {name} must be a bool"):
+        c = torch.ones(3, D)
+        rotary.apply_rope_cos_sin(x, x, c, 0 * c, **{name: value})
+
+
+def test_positional_interleaved_must_be_a_bool():
+    x, f = randn((1, 2, 3, D), seed=2), rotary.freqs_table(D, 16)
+    with pytest.raises(TypeError, match=r"apply_rope: interleaved must be a bool, got None"):
+        rotary.apply_rope(x, f, 1, None)
+    with pytest.raises(TypeError, match=r"apply_qk_norm_rope: interleaved must be a bool, got 1"):
+        rotary.apply_qk_norm_rope(x, x, f, 1, 1)
+    # The bools themselves still reach the op.
+    assert_close_ref(rotary.apply_rope(x, f, 1, False), ref_rope4(x, start=1, interleaved=False), torch.float32)
+
+
+# -------------------------------------------------- a table of no rows
+def test_inv_freq_needs_a_table_row():
+    """Rows past the table take its attention scaling from its first entry:
+    with no entry, YaRN's 1.1386 became 1."""
+    sc = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}
+    inv, _ = rotary.inv_frequencies(D, scaling=sc)
+    x = randn((1, 2, 3, D), seed=3)
+    with pytest.raises(ValueError, match=r"apply_rope: inv_freq needs a table of at least one row .*got freqs "
+                                         r"\[0, 8\]"):
+        rotary.apply_rope(x, rotary.freqs_table(D, 0, scaling=sc), 5, inv_freq=inv)
+    with pytest.raises(ValueError, match=r"inv_freq needs a table of at least one row"):
+        rotary.apply_rope(x.to("meta"), rotary.freqs_table(D, 0).to("meta"), inv_freq=inv.to("meta"))
+
+
+# ----------------------------------------------- apply_rope_cos_sin ids
+def hf_tables(rows):
+    inv = 10000.0 ** (-torch.arange(D // 2, dtype=torch.float64) * 2 / D)
+    a = torch.arange(rows, dtype=torch.float64)[:, None] * inv
+    return torch.cat([a.cos()] * 2, -1).float(), torch.cat([a.sin()] * 2, -1).float()
+
+
+@pytest.mark.parametrize("dtype", SIGNED + UNSIGNED, ids=str)
+def test_cos_sin_takes_every_integer_id_dtype(dtype):
+    """As documented: index_select took int32 and int64 only, and uint16-64
+    ids failed in a min() torch does not implement for them."""
+    cos, sin = hf_tables(64)
+    q, k = randn((2, 2, 5, D), seed=4), randn((2, 1, 5, D), seed=5)
+    ids = torch.tensor([[3, 1, 4, 1, 5], [9, 2, 6, 5, 35]])
+    qo, ko = rotary.apply_rope_cos_sin(q, k, cos, sin, position_ids=ids.to(dtype))
+    # The tables hold float32 cos/sin: compare at float32's tolerance.
+    assert_close_ref(qo, ref_rope4(q, positions=ids, interleaved=False), torch.float32)
+    assert_close_ref(ko, ref_rope4(k, positions=ids, interleaved=False), torch.float32)
+
+
+def test_cos_sin_refuses_a_uint64_id_past_int64():
+    cos, sin = hf_tables(8)
+    q = randn((1, 1, 2, D), seed=6)
+    ids = torch.tensor([0, 2**63], dtype=torch.uint64)
+    with pytest.raises(IndexError, match=r"apply_rope_cos_sin: position_ids must lie in .*got 9223372036854775808 "
+                                         r"\(uint64\)"):
+        rotary.apply_rope_cos_sin(q, q, cos, sin, position_ids=ids)
+
+
+@pytest.mark.parametrize("bad", [-1, 64])
+def test_cos_sin_refuses_ids_off_the_table_under_compile(bad):
+    """The inductor's index_select wraps -1 to the last row; eager refuses it."""
+    cos, sin = hf_tables(64)
+    q, k = randn((1, 2, 5, D), seed=7), randn((1, 1, 5, D), seed=8)
+    ids = torch.tensor([[3, 1, 4, 1, bad]])
+    with pytest.raises(IndexError, match=r"position_ids must be in \[0, 64\)"):
+        rotary.apply_rope_cos_sin(q, k, cos, sin, position_ids=ids)
+    torch._dynamo.reset()
+    fn = torch.compile(lambda q, k, ids: rotary.apply_rope_cos_sin(q, k, cos, sin, position_ids=ids), fullgraph=True)
+    with pytest.raises(Exception, match=r"position_ids must be in \[0, |index out of bounds"):
+        fn(q, k, ids)
+    good = torch.tensor([[3, 1, 4, 1, 5]])
+    assert_close_ref(fn(q, k, good)[0], ref_rope4(q, positions=good, interleaved=False), torch.float32)
+
+
+def test_cos_sin_rotary_offset_near_int64_max_names_the_op():
+    cos, sin = hf_tables(4)
+    q = randn((1, 1, 4, D), seed=9)
+    with pytest.raises(ValueError, match=r"apply_rope_cos_sin: the tables rotate R = 16 dims from rotary_offset = "
+                                         r"9223372036854775805"):
+        rotary.apply_rope_cos_sin(q, q, cos, sin, rotary_offset=2**63 - 3)
+
+
+# ------------------------------------------------ start_pos given twice
+@pytest.mark.parametrize("make", [rotary.RotaryEmbedding, rotary.CppRotaryEmbedding], ids=["python", "cpp"])
+def test_start_pos_given_twice_is_refused(make):
+    """rope(x, 5, start_pos=3) rotated at 5 and dropped the 3."""
+    rope = make(D, 64)
+    x = randn((1, 2, 3, D), seed=10)
+    for call in (lambda: rope(x, 5, start_pos=3), lambda: rope(x, 5, 3)):
+        with pytest.raises(ValueError, match=r"RotaryEmbedding: start_pos is given twice: 5 in k's place .* and "
+                                             r"start_pos=3"):
+            call()
+    assert_close_ref(rope(x, 5), ref_rope4(x, start=5), torch.float32)

@@ -1,0 +1,204 @@
+"""The prologue ops (q/k RMSNorm + RoPE, with or without the cache write)
+under what the RoPE ops already survived: views with a math bit, a
+conjugated table past its end, the inductor, and fp8 scales. Each call
+gives the float64 reference's result or is refused by name, writing
+nothing."""
+
+import pytest
+import torch
+
+import rotary
+from rotary_testing.prologue_reference import check, ref_prologue
+from rotary_testing.rope_testing import randn
+
+D = 16
+
+
+def neg_view(shape, seed):
+    """A float view with the negative bit: logical values = -memory."""
+    z = torch.complex(randn(shape, seed=seed), randn(shape, seed=seed + 1))
+    v = z.conj().imag
+    assert v.is_neg()
+    return v
+
+
+def weight(seed):
+    return 1.0 + 0.5 * randn((D,), seed=seed)
+
+
+def snapshot(*ts):
+    return [t.detach().clone() for t in ts]
+
+
+def unchanged(before, *ts):
+    return all(torch.equal(a, b) for a, b in zip(before, ts))
+
+
+# ----------------------------------------------------------- negative bits
+@pytest.mark.parametrize("which", ["q", "k", "both"])
+def test_negative_bit_views_in_place(which):
+    """torch's Negative fallback crashed the process here (the op writes two
+    tensors and returns nothing)."""
+    f = rotary.freqs_table(D, 16)
+    q = neg_view((1, 2, 5, D), 1) if which in ("q", "both") else randn((1, 2, 5, D), seed=1)
+    k = neg_view((1, 3, 5, D), 3) if which in ("k", "both") else randn((1, 3, 5, D), seed=3)
+    wq, wk = weight(5), weight(6)
+    want_q, want_k = ref_prologue(q, wq, D, start=2), ref_prologue(k, wk, D, start=2)
+    rotary.apply_qk_norm_rope_(q, k, f, 2, q_weight=wq, k_weight=wk)
+    check(q.clone(), want_q, torch.float32)
+    check(k.clone(), want_k, torch.float32)
+
+
+def test_negative_bit_views_out_of_place():
+    f = rotary.freqs_table(D, 16)
+    x, y = neg_view((1, 2, 5, D), 7), neg_view((1, 1, 5, D), 9)
+    wq, wk = weight(5), weight(6)
+    qo, ko = rotary.apply_qk_norm_rope(x, y, f, 2, q_weight=wq, k_weight=wk)
+    check(qo, ref_prologue(x, wq, D, start=2), torch.float32)
+    check(ko, ref_prologue(y, wk, D, start=2), torch.float32)
+
+
+def cache_inputs(seed):
+    q, k, v = randn((1, 2, 3, D), seed=seed), randn((1, 2, 3, D), seed=seed + 1), randn((1, 2, 3, D), seed=seed + 2)
+    return q, k, v, torch.full((1, 2, 8, D), 7.0), torch.full((1, 2, 8, D), -7.0)
+
+
+def test_negative_bit_views_with_the_cache_write():
+    f = rotary.freqs_table(D, 16)
+    wk = weight(4)
+    # k and k_cache with the bit, v and v_cache with it too.
+    q, _, _, _, _ = cache_inputs(1)
+    k, kc = neg_view((1, 2, 3, D), 11), neg_view((1, 2, 8, D), 13)
+    v, vc = neg_view((1, 2, 3, D), 15), neg_view((1, 2, 8, D), 17)
+    want_k, want_v = ref_prologue(k, wk, D, start=1), v.clone()
+    rest_k, rest_v = kc.clone(), vc.clone()
+    rotary.apply_qk_norm_rope_with_kv_cache_(q, k, v, kc, vc, f, 1, k_weight=wk)
+    check(k.clone(), want_k, torch.float32)
+    check(kc.clone()[:, :, 1:4], want_k, torch.float32)
+    assert torch.equal(vc.clone()[:, :, 1:4], want_v)
+    for got, before in ((kc.clone(), rest_k), (vc.clone(), rest_v)):
+        assert torch.equal(got[:, :, :1], before[:, :, :1]) and torch.equal(got[:, :, 4:], before[:, :, 4:])
+    # Only v with the bit: the cache holds its logical values.
+    q, k, _, kc, vc = cache_inputs(21)
+    v = neg_view((1, 2, 3, D), 23)
+    rotary.apply_qk_norm_rope_with_kv_cache_(q, k, v, kc, vc, f, 1)
+    assert torch.equal(vc[:, :, 1:4], v.clone())
+
+
+@pytest.mark.parametrize("which", ["k", "k_cache"])
+def test_negative_bit_on_one_of_k_and_k_cache_is_refused(which):
+    f = rotary.freqs_table(D, 16)
+    q, k, v, kc, vc = cache_inputs(31)
+    if which == "k":
+        k = neg_view((1, 2, 3, D), 33)
+    else:
+        kc = neg_view((1, 2, 8, D), 35)
+    before = snapshot(q, k, v, kc, vc)
+    with pytest.raises(ValueError, match=r"apply_qk_norm_rope_with_kv_cache_: k is (not )?a negative-bit view but "
+                                         r"k_cache"):
+        rotary.apply_qk_norm_rope_with_kv_cache_(q, k, v, kc, vc, f, 1)
+    assert unchanged(before, q, k, v, kc, vc)
+
+
+def test_a_negative_bit_view_does_not_hide_an_overlap():
+    """The fallback ran the op on a copy of q, so an overlap went unseen and
+    the write landed anyway."""
+    f = rotary.freqs_table(D, 16)
+    z = torch.complex(randn((1, 2, 3, D), seed=41), randn((1, 2, 3, D), seed=42))
+    q, k = z.conj().imag, z.imag[:, :1]  # the same memory, one with the bit
+    before = z.clone()
+    with pytest.raises(ValueError, match="apply_qk_norm_rope_: q and k overlap in memory"):
+        rotary.apply_qk_norm_rope_(q, k, f, 2)
+    assert torch.equal(z, before)
+    z = torch.complex(randn((1, 2, 8, D), seed=43), randn((1, 2, 8, D), seed=44))
+    q, kc = z.conj().imag[:, :, :3], z.imag
+    _, k, v, _, vc = cache_inputs(45)
+    before = z.clone()
+    with pytest.raises(ValueError, match="apply_qk_norm_rope_with_kv_cache_: k_cache and q overlap in memory"):
+        rotary.apply_qk_norm_rope_with_kv_cache_(q, k, v, kc, vc, f, 4)
+    assert torch.equal(z, before)
+
+
+# ------------------------------------------------- a conjugated table past its end
+def call(op, q, k, f, start, **kw):
+    """(q, k) as rotated by op; the cache op writes a cache made here."""
+    if op == "apply_qk_norm_rope":
+        return rotary.apply_qk_norm_rope(q, k, f, start, **kw)
+    q, k = q.clone(), k.clone()
+    if op == "apply_qk_norm_rope_":
+        return rotary.apply_qk_norm_rope_(q, k, f, start, **kw)
+    v = randn(k.shape, seed=99)
+    kc, vc = torch.zeros(1, k.shape[1], 16, D, dtype=k.dtype), torch.zeros(1, k.shape[1], 16, D, dtype=k.dtype)
+    rotary.apply_qk_norm_rope_with_kv_cache_(q, k, v, kc, vc, f, start, **kw)
+    assert torch.equal(kc[:, :, start:start + k.shape[2]], k)
+    return q, k
+
+
+OPS = ["apply_qk_norm_rope", "apply_qk_norm_rope_", "apply_qk_norm_rope_with_kv_cache_"]
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_conjugated_table_turns_back_past_its_end(op):
+    """freqs.conj() is the inverse rotation, on the rows computed from
+    inv_freq too: torch's Conjugate fallback copied the table without its
+    bit, so those rows turned forwards."""
+    table = rotary.freqs_table(D, 8)
+    inv = rotary.inv_frequencies(D)[0]
+    q, k = randn((1, 2, 6, D), seed=51), randn((1, 1, 6, D), seed=52)
+    wq, wk = weight(53), weight(54)
+    qo, ko = call(op, q, k, table.conj(), 5, inv_freq=inv, q_weight=wq, k_weight=wk)  # positions 5..10
+    check(qo, ref_prologue(q, wq, D, start=5, inverse=True), torch.float32)
+    check(ko, ref_prologue(k, wk, D, start=5, inverse=True), torch.float32)
+
+
+def test_conjugated_table_gradients_past_its_end():
+    table = rotary.freqs_table(D, 4)
+    inv = rotary.inv_frequencies(D)[0]
+    q = randn((1, 2, 3, D), torch.float64, seed=61).requires_grad_()
+    k = randn((1, 1, 3, D), torch.float64, seed=62).requires_grad_()
+    w = (1.0 + 0.5 * randn((D,), torch.float64, seed=63)).requires_grad_()
+    fn = lambda q, k, w: rotary.apply_qk_norm_rope(q, k, table.conj(), 2, inv_freq=inv, q_weight=w, k_weight=w)
+    torch.autograd.gradcheck(fn, (q, k, w))
+    qo, _ = fn(q, k, w)
+    check(qo, ref_prologue(q, w, D, start=2, inverse=True), torch.float64)
+
+
+# ------------------------------------------------------------- the inductor
+@pytest.mark.parametrize("cache", [False, True], ids=["apply_qk_norm_rope_", "apply_qk_norm_rope_with_kv_cache_"])
+def test_in_place_ops_compile_with_the_inductor(cache):
+    """A complex table under auto_functionalized_v2 failed to lower
+    ("auto_functionalized_v2 was not removed")."""
+    table = rotary.freqs_table(D, 16)
+    q, k, v = randn((2, 2, 5, D), seed=71), randn((2, 1, 5, D), seed=72), randn((2, 1, 5, D), seed=74)
+    kc, vc = torch.full((2, 1, 16, D), 7.0), torch.full((2, 1, 16, D), 7.0)
+    wq = weight(73)
+    want_q, want_k = ref_prologue(q, wq, D, start=3), ref_prologue(k, None, D, start=3)
+
+    def fn(q, k, v, kc, vc):
+        if cache:
+            rotary.apply_qk_norm_rope_with_kv_cache_(q, k, v, kc, vc, table, 3, q_weight=wq)
+        else:
+            rotary.apply_qk_norm_rope_(q, k, table, 3, q_weight=wq)
+        return q, k
+
+    torch._dynamo.reset()
+    qo, ko = torch.compile(fn, fullgraph=True)(q, k, v, kc, vc)
+    check(qo, want_q, torch.float32)
+    check(ko, want_k, torch.float32)
+    if cache:
+        assert torch.equal(kc[:, :, 3:8], ko) and torch.equal(vc[:, :, 3:8], v)
+
+
+# ------------------------------------------------------------ fp8 q scales
+@pytest.mark.parametrize("scale", [0.0, -1.0, float("nan"), float("inf"), [1.0, 0.0], [1.0, float("-inf")]],
+                         ids=["zero", "negative", "nan", "inf", "head-zero", "head-neg-inf"])
+def test_q_fp8_scale_must_be_finite_and_positive(scale):
+    """As k_scale and v_scale: otherwise q came back as all +-448, NaN or
+    sign-flipped."""
+    f = rotary.freqs_table(D, 16)
+    q, k = randn((1, 2, 3, D), seed=81), randn((1, 1, 3, D), seed=82)
+    s = torch.tensor(scale, dtype=torch.float32)
+    head = " at head 1" if isinstance(scale, list) else ""
+    with pytest.raises(ValueError, match=r"apply_qk_norm_rope: q_fp8_scale must be finite and > 0 \(q is returned "
+                                         rf"as x / scale\), got .*{head}"):
+        rotary.apply_qk_norm_rope(q, k, f, 1, q_fp8_scale=s)
