@@ -33,8 +33,12 @@ def sections(params: Dict[str, Any], fam: Family, model_type: str):
     mrope_inter = bool(mrope_inter)
     # mrope, and Pixtral's 2-D "axial" (one spectrum dealt to the h and w
     # axes): the plain rule's frequencies, the axes in the module's options.
-    axial = rule_of(params) == "axial"
-    if rule_of(params) in ("mrope", "axial"):
+    # Either name may hold it: a shipped Qwen2-VL config.json says type
+    # "mrope", which transformers keeps beside the rope_type "default" it adds.
+    names = [params.get(key) for key in ("rope_type", "type") if params.get(key) is not None]
+    special = next((n for n in names if n in ("mrope", "axial")), None)
+    axial = special == "axial"
+    if special is not None and all(n in (special, "default") for n in names):
         params["rope_type"] = "default"
         params.pop("type", None)
     return mrope, mrope_inter, axial

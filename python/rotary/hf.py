@@ -15,7 +15,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from . import _C
 from ._hf_parts import layer_theta as _layer_theta, layer_thetas as _layer_thetas
 from ._hf_parts import rule_of as _rule_of, sections as _sections
-from .hf_families import GENERIC_FIELDS, Family, family_of
+from .hf_families import CLASS_RULE, CLASS_THETA, DEFAULT_RULE_READS_PARTIAL, FAMILIES, GENERIC_FIELDS, Family
+from .hf_families import family_of
 
 __all__ = ["layer_thetas_of", "layer_types_of", "rope_kwargs_from_hf_config"]
 
@@ -60,8 +61,15 @@ def _text_config(config: Any) -> Any:
     if not isinstance(text, Mapping) and not hasattr(text, "__dict__"):
         raise ValueError(f"from_hf_config: text_config must be a config or a dict, got {text!r}; "
                          "pass config.text_config")
-    if _get(text, "model_type") is None and _get(config, "model_type") is not None:
-        text = {**_fields(text), "model_type": _get(config, "model_type")}
+    top = _get(config, "model_type")
+    if _get(text, "model_type") is None and top is not None:
+        # The composite's class picks the text model; only a composite the
+        # table knows says what that model rotates.
+        if top not in FAMILIES:
+            raise ValueError(f"from_hf_config: text_config has no model_type, and {top!r} does not say which text "
+                             "model transformers builds for it; add text_config['model_type'] or pass the config "
+                             "object")
+        text = {**_fields(text), "model_type": top}
     return text
 
 
@@ -103,9 +111,10 @@ def layer_types_of(config: Any) -> Optional[List[str]]:
     return nested or None
 
 
-def _rope_params(config: Any, layer_type: Optional[str] = None, attention_keys=()) -> Dict[str, Any]:
+def _rope_params(config: Any, layer_type: Optional[str] = None, fam: Family = Family()) -> Dict[str, Any]:
     """The rope_parameters / rope_scaling dict (a layer type's own, when it is
-    keyed by layer type), every key checked."""
+    keyed by layer type), every key checked, rule names as the family's
+    config class rewrites them."""
     params = _given_params(config)
     if not isinstance(params, Mapping):
         raise ValueError(f"from_hf_config: rope_parameters must be a dict, got {params!r}")
@@ -125,8 +134,11 @@ def _rope_params(config: Any, layer_type: Optional[str] = None, attention_keys=(
             raise ValueError(f"from_hf_config: rope_parameters mixes layer types ({', '.join(nested)}) with "
                              f"rule keys ({', '.join(others)})")
         params = dict(params[layer_type])
-    for key in attention_keys:  # the attention's, read there: not the rotation's
+    for key in fam.attention_keys:  # the attention's, read there: not the rotation's
         params.pop(key, None)
+    for key in ("rope_type", "type"):
+        if key in params:
+            params[key] = dict(fam.rule_aliases).get(params[key], params[key])
     for key, value in params.items():
         if key not in _PARAM_KEYS:
             raise ValueError(f"from_hf_config: rope_parameters[{key!r}]={value!r} is not read by any rule; "
@@ -179,16 +191,24 @@ def _span(config: Any, fam: Family, partial: float, model_type: str, field, rule
     return rotary_dim, offset
 
 
-def _scaling(config: Any, params: Dict[str, Any], max_pos: Optional[int], rotary_dim: int):
+def _scaling(config: Any, params: Dict[str, Any], max_pos: Optional[int], rotary_dim: int, nested: bool):
     """The checked RopeScaling of the rule, with the position fields filled in
-    as transformers fills them."""
+    as transformers fills them (nested: params is a layer type's own)."""
     if max_pos is not None and (isinstance(max_pos, bool) or not isinstance(max_pos, int) or max_pos <= 0):
         raise ValueError(f"from_hf_config: max_position_embeddings must be an int > 0, got {max_pos!r}")
     rope_type = _rule_of(params)
     model_keys = ("rope_theta",) if rope_type == "proportional" else _MODEL_KEYS
     scaling = {key: value for key, value in params.items() if key not in model_keys}
+    if rope_type == "yarn" and "truncate" in params:
+        # transformers reads truncate from the top-level dict, .get("truncate", True):
+        # None does not truncate, and a layer type's own value is never read.
+        if nested and params["truncate"] is not True:
+            raise ValueError(f"from_hf_config: truncate={params['truncate']!r} in a layer type's yarn rule: "
+                             "transformers never reads it there (it truncates); rotary cannot tell which the "
+                             "model was trained with")
+        scaling["truncate"] = bool(params["truncate"])
     if rope_type in ("llama3", "yarn", "longrope"):
-        top = _get(config, "original_max_position_embeddings")
+        top = None if nested else _get(config, "original_max_position_embeddings")  # a layer type's own wins
         if top is not None:
             scaling["original_max_position_embeddings"] = top
         elif scaling.get("original_max_position_embeddings") is None and max_pos is not None:
@@ -230,8 +250,9 @@ def rope_kwargs_from_hf_config(
       MLA the trailing ``qk_rope_head_dim`` dims of a ``[nope | rope]`` head
       (``rotary_offset = qk_nope_head_dim``);
     - ``theta``: ``rope_parameters["rope_theta"]`` or ``rope_theta``
-      (``rotary_emb_base`` for old GPT-NeoX dicts), else 10000 (GPT-J /
-      CodeGen: always 10000);
+      (``rotary_emb_base`` for old GPT-NeoX dicts), else the config
+      object's class default, else 10000 (a dict of a family whose class
+      default is not: refused; GPT-J / CodeGen: always 10000);
     - ``scaling``: ``rope_scaling`` (legacy) or ``rope_parameters``, with
       ``max_position_embeddings`` and, for yarn / llama3 / longrope, an
       ``original_max_position_embeddings`` filled in as transformers does (a
@@ -283,7 +304,20 @@ def rope_kwargs_from_hf_config(
                 value = _get(config, alias)
         return value
 
-    params = _rope_params(config, layer_type, fam.attention_keys)
+    heterogeneous = (bool(config.get("per_layer_config")) if isinstance(config, Mapping)
+                     else getattr(config, "is_heterogeneous", False) is True)
+    if heterogeneous:
+        raise ValueError(f"from_hf_config: per_layer_config: {model_type or 'the config'} sets head_dim and its "
+                         "rules per layer type; pass config.per_layer_config[layer_type]")
+    params = _rope_params(config, layer_type, fam)
+    nested = layer_types_of(config) is not None
+    if isinstance(config, Mapping) and model_type:  # what the config class would fill in
+        if model_type in CLASS_RULE and not _given_params(config):
+            raise ValueError(f"from_hf_config: the {model_type} dict has no rope_parameters; its config class "
+                             "fills in a scaled rule: pass the config object, or the dict with rope_parameters")
+        if model_type in CLASS_THETA and params.get("rope_theta") is None and _get(config, "rope_theta") is None:
+            raise ValueError(f"from_hf_config: the {model_type} dict has no rope_theta; its config class fills in "
+                             "a base other than 10000: pass the config object, or the dict with rope_theta")
 
     if fam.theta is not None:  # the family's code ignores these: refuse rather than ignore
         given = {k: v for k, v in params.items() if not (k in ("rope_type", "type") and v == "default")}
@@ -296,7 +330,8 @@ def rope_kwargs_from_hf_config(
     mrope, mrope_inter, axial = _sections(params, fam, model_type)
 
     theta = fam.theta if fam.theta is not None else _first(
-        params.get("rope_theta"), _get(config, "rope_theta"), _get(config, "rotary_emb_base"),
+        params.get("rope_theta"), _get(config, "rope_theta"),
+        _get(config, "rotary_emb_base") if fam.neox_fields else None,
         _get(config, "default_theta", _DEFAULT_THETA),
     )
     per_layer = _get(config, fam.layer_theta_field) if fam.layer_theta_field else None
@@ -308,8 +343,8 @@ def rope_kwargs_from_hf_config(
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0.0 < theta < math.inf:
         raise ValueError(f"from_hf_config: rope_theta must be a finite number > 0, got {theta!r}")
     partial = _first(
-        params.get("partial_rotary_factor"), _get(config, "partial_rotary_factor"), _get(config, "rotary_pct"),
-        fam.partial_default,
+        params.get("partial_rotary_factor"), _get(config, "partial_rotary_factor"),
+        _get(config, "rotary_pct") if fam.neox_fields else None, fam.partial_default,
     )
     if isinstance(partial, bool) or not isinstance(partial, (int, float)) or not 0.0 < partial <= 1.0:
         raise ValueError(
@@ -320,6 +355,12 @@ def rope_kwargs_from_hf_config(
     # proportional (Gemma 4): the rule turns that share of the whole head's
     # pairs (the others get inv_freq 0), so the span is the whole head.
     rule = _rule_of(params)
+    if (rule == "default" and partial != 1.0 and fam.span == "leading" and model_type
+            and model_type not in DEFAULT_RULE_READS_PARTIAL):
+        raise ValueError(f"from_hf_config: partial_rotary_factor={partial!r}: transformers' {model_type} rotary "
+                         "class is not known to read it in its default rule (those that do: "
+                         "rotary.hf_families.DEFAULT_RULE_READS_PARTIAL); it rotates the whole head there. Drop "
+                         "the field to rotate the whole head")
     proportional = rule == "proportional"
     rotary_dim, offset = _span(config, fam, 1.0 if proportional else partial, model_type, field, rule)
 
@@ -331,7 +372,7 @@ def rope_kwargs_from_hf_config(
         interleaved = fam.pairing == "interleaved"
 
     max_pos = field("max_position_embeddings")
-    spec = _scaling(config, params, max_pos, rotary_dim)
+    spec = _scaling(config, params, max_pos, rotary_dim, nested)
 
     rows = _first(max_seq_len, max_pos, 4096)
     kwargs = {

@@ -15,7 +15,8 @@ rotary code by tests/python/test_hf_config.py.
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
-__all__ = ["Family", "FAMILIES", "GENERIC_FIELDS", "family_of"]
+__all__ = ["Family", "FAMILIES", "GENERIC_FIELDS", "DEFAULT_RULE_READS_PARTIAL", "CLASS_THETA", "CLASS_RULE",
+           "family_of"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,11 @@ class Family:
     # Rotates by the negative angle (NanoChat's rotate_half is cat((x2, -x1))):
     # the patch passes inverse=True to the ops; RotaryEmbedding has no such option.
     inverse: bool = False
+    # GPT-NeoX's config.json names: rotary_pct (partial_rotary_factor) and
+    # rotary_emb_base (rope_theta), converted by its config class alone.
+    neox_fields: bool = False
+    # rope_type names the config class rewrites ((Phi-3: "su", "yarn") -> "longrope").
+    rule_aliases: Tuple[Tuple[str, str], ...] = ()
     # Set: the family is refused, with this reason.
     refuse: Optional[str] = None
 
@@ -67,14 +73,58 @@ class Family:
         """Family-specific config fields this entry reads."""
         out = {"rotary_dim": ("rotary_dim",), "mla": ("qk_rope_head_dim", "qk_nope_head_dim", "qk_head_dim")}
         own = (self.interleave_field, self.layer_theta_field)
-        return out.get(self.span, ()) + tuple(f for f in own if f) + self.layer_fields
+        neox = ("rotary_pct", "rotary_emb_base") if self.neox_fields else ()
+        return out.get(self.span, ()) + tuple(f for f in own if f) + self.layer_fields + neox
 
 
 # Rope-named config fields whose meaning is the same in every family.
 GENERIC_FIELDS = frozenset({
     "rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor",
-    "rotary_pct", "rotary_emb_base",  # GPT-NeoX 4.x config.json
     "ignore_keys_at_rope_validation",  # transformers bookkeeping
+})
+
+# The model types whose rotary class reads partial_rotary_factor in its
+# default rule. Every other class's default rule rotates the whole head
+# whatever the config says (its scaled rules read it): rotary refuses a
+# partial_rotary_factor under their default rule rather than guess.
+DEFAULT_RULE_READS_PARTIAL = frozenset({
+    "bamba", "deepseek_v4", "diffusion_gemma", "diffusion_gemma_text", "dots3_note", "dots3_note_audio_encoder",
+    "dots3_note_text", "dots3_note_vision_encoder", "efficientloftr", "glm", "glm4", "glm4_moe", "glm4_moe_lite",
+    "glm4v", "glm4v_moe", "glm4v_moe_text", "glm4v_moe_vision", "glm4v_text", "glm4v_vision", "glm_image",
+    "glm_image_text", "glm_image_vision", "glm_image_vqmodel", "glm_ocr", "glm_ocr_text", "glm_ocr_vision",
+    "glmasr", "glmasr_encoder", "gpt_neox", "gpt_neox_japanese", "laguna", "mellum", "mimo_v2_flash",
+    "minimax_m2", "minimax_m3_vl", "minimax_m3_vl_text", "minimax_m3_vl_vision", "moonshine",
+    "moonshine_streaming", "moonshine_streaming_encoder", "musicflamingo", "nemo_speechlm", "nemotron",
+    "nemotron3_5_transcribe_asr_audio", "nemotron3_5_transcribe_audio", "nemotron3_5_transcribe_word_timestamp",
+    "nemotron3_diarization", "nemotron3_diarization_audio", "neomme", "persimmon", "phi", "phi3",
+    "phi4_multimodal", "phi4_multimodal_audio", "phi4_multimodal_vision", "qwen3_5", "qwen3_5_moe",
+    "qwen3_5_moe_text", "qwen3_5_moe_vision", "qwen3_5_text", "qwen3_5_vision", "qwen3_next", "qwen4_exp",
+    "qwen4_exp_text", "qwen4_exp_vision", "recurrent_gemma", "solar_open", "stablelm", "step3p5",
+    "step3p5_vision", "step3p7", "zaya",
+})
+
+# What a config object carries and its dict may not: the model types whose
+# config class fills in a base other than 10000 (CLASS_THETA) or a rule
+# other than "default" (CLASS_RULE) when the config gives none. A dict of
+# one of them without that field is refused (its object is read as is).
+CLASS_THETA = frozenset({
+    "EvollaModel", "apertus", "apertus1p5_text", "bitnet", "blt", "blt_global_transformer", "blt_local_decoder",
+    "blt_local_encoder", "cohere", "cosmos3_edge_text", "csm", "csm_depth_decoder_model", "cwm", "dots3_note_text",
+    "emu3_text_model", "eomt_dinov3", "ernie4_5", "ernie4_5_moe", "ernie4_5_vl_moe_text", "evolla", "exaone",
+    "flex_olmo", "fuyu", "gemma3_text", "gemma3n_text", "gemma4_vision", "gpt_oss", "gte", "helium", "hy_v3",
+    "jina_embeddings_v3", "lfm2", "lfm2_moe", "lfm3", "lfm3_vl_vision", "llama4_text", "longcat_flash", "minimax",
+    "minimax_m2", "minimax_m3_vl_text", "mixtral", "mllama_text_model", "modernbert", "modernbert-decoder",
+    "muse_glimmer_assistant", "musicflamingo", "neomme", "nomic_bert", "olmo3", "openai_privacy_filter",
+    "paddleocr_vl_text", "pe_audio_encoder", "pe_audio_video_encoder", "pe_video_encoder", "phimoe",
+    "qwen2_5_omni_talker", "qwen2_5_omni_text", "qwen2_5_vl_text", "qwen2_vl_text", "qwen3_omni_moe_text",
+    "qwen3_vl_moe_text", "qwen3_vl_text", "sarvam_moe", "smollm3", "solar_open", "t5gemma2_decoder",
+    "t5gemma2_text",
+})
+CLASS_RULE = frozenset({
+    "apertus", "apertus1p5", "apertus1p5_text", "cwm", "diffusion_gemma", "diffusion_gemma_text", "gemma4",
+    "gemma4_text", "gemma4_unified", "gemma4_unified_assistant", "gemma4_unified_text", "gpt_oss",
+    "higgs_audio_v2", "lfm3", "lfm3_vl", "ministral3", "mistral4", "mistral_large4", "mistral_large4_text",
+    "openai_privacy_filter",
 })
 
 _HALF = Family()
@@ -90,8 +140,12 @@ _NOT_VERIFIED = "its rotary code is not rotate_half over one leading span, and r
 FAMILIES: Dict[str, Family] = {
     # rotate_half over the first int(head_dim * partial_rotary_factor) dims
     **{name: _HALF for name in (
-        "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "phi3", "gpt_neox", "phi", "stablelm",
+        "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "phi", "stablelm",
         "persimmon", "gemma", "olmo", "olmo2", "granite", "starcoder2", "glm4_moe")},
+    # GPT-NeoX: 4.x config.json names; its class rotates a quarter of the head by default.
+    "gpt_neox": Family(neox_fields=True, partial_default=0.25),
+    "gpt_neox_japanese": Family(neox_fields=True),
+    **{name: Family(rule_aliases=(("su", "longrope"), ("yarn", "longrope"))) for name in ("phi3", "phi4_multimodal")},
     "ministral3": Family(attention_keys=("llama_4_scaling_beta",)),
     # multimodal RoPE, rotate_half
     "qwen2_vl": _QWEN2_VL, "qwen2_vl_text": _QWEN2_VL,

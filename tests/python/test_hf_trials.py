@@ -1,0 +1,209 @@
+"""from_hf_config on the configs a trial found silently wrong: each is read
+as transformers' own rotary class reads it (inv_freq and attention scaling
+against that class's, built from the same config), or refused by name. The
+tables these rules rest on are checked against transformers' code."""
+
+import copy
+import importlib
+import inspect
+import pkgutil
+import warnings
+
+import pytest
+import torch
+
+import rotary
+from rotary import hf_families
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+SMALL = dict(hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             vocab_size=32, max_position_embeddings=256)
+
+
+def config(cls_name, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return getattr(transformers, cls_name)(**copy.deepcopy(kw))
+
+
+def assert_same_rule(ours, theirs):
+    """inv_freq and attention scaling of our module against a transformers rotary class's."""
+    torch.testing.assert_close(ours.inv_freq, theirs.inv_freq.double(), rtol=1e-6, atol=0)
+    assert ours.attention_scaling == pytest.approx(theirs.attention_scaling, rel=1e-6)
+
+
+def modeling(name):
+    return importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+
+
+# ------------------------------------------------- the tables, against transformers
+def test_default_rule_reads_partial_is_transformers_own():
+    """Every rotary class whose default rule reads partial_rotary_factor, by
+    its source, for every model type of transformers' config mapping."""
+    reads = set()
+    for model_type, cls in transformers.CONFIG_MAPPING.items():
+        package = cls.__module__.rsplit(".", 1)[0]
+        for sub in pkgutil.iter_modules(importlib.import_module(package).__path__):
+            if not sub.name.startswith("modeling_"):
+                continue
+            try:
+                mod = importlib.import_module(f"{package}.{sub.name}")
+            except Exception:  # a modeling file needing an optional package: none of the served families
+                continue
+            for name, obj in vars(mod).items():
+                if (inspect.isclass(obj) and name.endswith("RotaryEmbedding") and obj.__module__ == mod.__name__
+                        and hasattr(obj, "compute_default_rope_parameters")
+                        and "partial_rotary_factor" in inspect.getsource(obj.compute_default_rope_parameters)):
+                    reads.add(model_type)
+    assert reads == set(hf_families.DEFAULT_RULE_READS_PARTIAL)
+
+
+def test_class_defaults_are_transformers_own():
+    """The model types whose config class fills in a base other than 10000,
+    or a rule other than the default (vision towers' axial rules aside)."""
+    thetas, rules = set(), set()
+    for model_type, cls in transformers.CONFIG_MAPPING.items():
+        theta = getattr(cls, "default_theta", None)
+        if theta is not None and (not isinstance(theta, (int, float)) or float(theta) != 10000.0):
+            thetas.add(model_type)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                text = cls().get_text_config()
+        except Exception:  # no default instance, or several text configs: read from objects only
+            continue
+        params = getattr(text, "rope_parameters", None)
+        if isinstance(params, dict) and params:
+            flat = [v for v in params.values() if isinstance(v, dict)] or [params]
+            kinds = {v.get("rope_type", "default") for v in flat}
+            if kinds not in ({"default"}, {"axial"}):
+                rules.add(model_type)
+    assert thetas == set(hf_families.CLASS_THETA)
+    assert rules == set(hf_families.CLASS_RULE)
+
+
+# --------------------------------------------------------- partial rotary
+def test_partial_under_a_default_rule_that_ignores_it_is_refused():
+    """Llama's default rule rotates the whole head whatever the config says."""
+    for cfg in (config("LlamaConfig", **SMALL, rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                                                                 "partial_rotary_factor": 0.5}),
+                dict(SMALL, model_type="llama", partial_rotary_factor=0.5)):
+        with pytest.raises(ValueError, match=r"partial_rotary_factor=0.5: transformers' llama rotary class is not "
+                                             r"known to read it in its default rule"):
+            rotary.RotaryEmbedding.from_hf_config(cfg)
+
+
+def test_partial_under_a_default_rule_that_reads_it():
+    cfg = config("Phi3Config", **SMALL, rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                                                          "partial_rotary_factor": 0.5})
+    ours = rotary.RotaryEmbedding.from_hf_config(cfg)
+    assert ours.dim == 8
+    assert_same_rule(ours, modeling("phi3").Phi3RotaryEmbedding(cfg))
+
+
+@pytest.mark.parametrize("name,value", [("rotary_pct", 0.5), ("rotary_emb_base", 100)])
+def test_gpt_neox_field_names_are_gpt_neox_only(name, value):
+    with pytest.raises(ValueError, match=rf"{name}={value} is not read for model_type 'llama'"):
+        rotary.RotaryEmbedding.from_hf_config(dict(SMALL, model_type="llama", rope_theta=1e4, **{name: value}))
+
+
+def test_gpt_neox_dict_defaults_as_its_config_class():
+    """No rotary_pct: a quarter of the head; rotary_emb_base is the base."""
+    d = dict(SMALL, model_type="gpt_neox", rotary_emb_base=500)
+    ours = rotary.RotaryEmbedding.from_hf_config(d)
+    assert ours.dim == 4 and ours.theta == 500
+    assert_same_rule(ours, modeling("gpt_neox").GPTNeoXRotaryEmbedding(config("GPTNeoXConfig", **d)))
+
+
+# ------------------------------------------------------ what a dict lacks
+def test_a_dict_without_what_its_config_class_fills_in_is_refused():
+    with pytest.raises(ValueError, match=r"the mixtral dict has no rope_theta; its config class fills in a base"):
+        rotary.RotaryEmbedding.from_hf_config(dict(SMALL, model_type="mixtral"))
+    with pytest.raises(ValueError, match=r"the cwm dict has no rope_parameters; its config class fills in a scaled"):
+        rotary.RotaryEmbedding.from_hf_config(dict(SMALL, model_type="cwm", rope_theta=1e6))
+    # Given, or on the object, it is read.
+    d = dict(SMALL, model_type="mixtral", rope_theta=1e6)
+    assert_same_rule(rotary.RotaryEmbedding.from_hf_config(d),
+                     modeling("mixtral").MixtralRotaryEmbedding(config("MixtralConfig", **d)))
+    cfg = config("MixtralConfig", **SMALL)
+    assert_same_rule(rotary.RotaryEmbedding.from_hf_config(cfg), modeling("mixtral").MixtralRotaryEmbedding(cfg))
+
+
+def test_a_text_config_without_model_type_needs_a_known_composite():
+    d = {"model_type": "aya_vision", "text_config": dict(SMALL, rope_theta=1e4)}
+    with pytest.raises(ValueError, match=r"text_config has no model_type, and 'aya_vision' does not say"):
+        rotary.RotaryEmbedding.from_hf_config(d)
+    d = {"model_type": "qwen2_vl", "text_config": dict(SMALL, rope_theta=1e4, rope_scaling={
+        "type": "mrope", "mrope_section": [2, 3, 3]})}
+    assert rotary.RotaryEmbedding.from_hf_config(d).mrope_section == [2, 3, 3]
+
+
+def test_a_heterogeneous_config_is_refused():
+    cfg = config("Gemma4TextConfig", **dict(SMALL, head_dim=16, num_hidden_layers=2,
+                                            layer_types=["sliding_attention", "full_attention"]))
+    if not cfg.to_dict().get("per_layer_config"):
+        pytest.skip("this Gemma 4 config is not heterogeneous")
+    with pytest.raises(ValueError, match=r"per_layer_config: gemma4_text sets head_dim and its rules per layer"):
+        rotary.RotaryEmbedding.from_hf_config(cfg.to_dict(), layer_type="full_attention")
+    with pytest.raises(ValueError, match=r"per_layer_config"):
+        rotary.RotaryEmbedding.from_hf_config(cfg, layer_type="full_attention")
+
+
+# ------------------------------------------------------ rule names and keys
+@pytest.mark.parametrize("name", ["yarn", "su"])
+def test_phi3_renames_its_old_rules_to_longrope(name):
+    d = dict(SMALL, model_type="phi3", max_position_embeddings=4096, original_max_position_embeddings=256,
+             rope_theta=1e4, rope_scaling={"type": name, "original_max_position_embeddings": 256,
+                                           "short_factor": [1.0 + 0.05 * j for j in range(8)],
+                                           "long_factor": [1.0 + 1.7 * j for j in range(8)]})
+    cfg = config("Phi3Config", **d)
+    theirs = modeling("phi3").Phi3RotaryEmbedding(cfg)
+    for given in (d, cfg):
+        ours = rotary.RotaryEmbedding.from_hf_config(given)
+        assert ours.scaling["rope_type"] == "longrope"
+        assert_same_rule(ours, theirs)
+
+
+def test_a_shipped_qwen2_vl_config_is_read():
+    """rope_scaling {"type": "mrope"} beside the rope_type "default" transformers adds."""
+    cfg = config("Qwen2VLTextConfig", **SMALL, rope_theta=1e6,
+                 rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]})
+    ours = rotary.RotaryEmbedding.from_hf_config(cfg)
+    assert ours.mrope_section == [2, 3, 3]
+    assert_same_rule(ours, modeling("qwen2_vl").Qwen2VLRotaryEmbedding(cfg))
+
+
+def gemma3(full):
+    return config("Gemma3TextConfig", **dict(SMALL, head_dim=16, layer_types=["sliding_attention", "full_attention"],
+                                             sliding_window=512, original_max_position_embeddings=32,
+                                             rope_parameters={"full_attention": full, "sliding_attention": {
+                                                 "rope_type": "default", "rope_theta": 1e4}}))
+
+
+def test_a_layer_types_rule_keeps_its_own_original_max_position_embeddings():
+    """Nested, transformers only fills it in; the top-level 32 is not read."""
+    cfg = gemma3({"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 64})
+    ours = rotary.RotaryEmbedding.from_hf_config(cfg, layer_type="full_attention")
+    assert ours.scaling["original_max_position_embeddings"] == 64
+    emb = modeling("gemma3").Gemma3RotaryEmbedding(cfg)
+    torch.testing.assert_close(ours.inv_freq, emb.full_attention_inv_freq.double(), rtol=1e-6, atol=0)
+
+
+def test_truncate_in_a_layer_types_yarn_rule_is_refused():
+    """transformers reads truncate from the top-level dict only."""
+    cfg = gemma3({"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 64,
+                  "truncate": False})
+    with pytest.raises(ValueError, match=r"truncate=False in a layer type's yarn rule"):
+        rotary.RotaryEmbedding.from_hf_config(cfg, layer_type="full_attention")
+
+
+def test_yarn_truncate_none_does_not_truncate():
+    """transformers' .get("truncate", True) is None: falsy."""
+    params = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 64,
+              "truncate": None}
+    cfg = config("LlamaConfig", **SMALL, rope_parameters=params)
+    ours = rotary.RotaryEmbedding.from_hf_config(cfg)
+    assert ours.scaling["truncate"] is False
+    assert_same_rule(ours, modeling("llama").LlamaRotaryEmbedding(cfg))
