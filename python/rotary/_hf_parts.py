@@ -1,11 +1,24 @@
 """Pieces of reading a Hugging Face config (rotary.hf) that belong to one
-rule or one kind of family: the rule's name, multimodal sections, and the
-per-layer bases of GraniteSWA's layer_rope_theta."""
+rule or one kind of family: the rule's name and its checked RopeScaling,
+multimodal sections, and the per-layer bases of GraniteSWA's
+layer_rope_theta."""
 
 import math
 from typing import Any, Dict, List, Mapping, Optional
 
+from . import _C
 from .hf_families import Family
+
+# Keys of rope_parameters that describe the model rather than the rule.
+MODEL_KEYS = ("rope_theta", "partial_rotary_factor")
+
+
+def get(config: Any, name: str, default: Any = None) -> Any:
+    if isinstance(config, Mapping):
+        value = config.get(name, default)
+    else:
+        value = getattr(config, name, default)
+    return default if value is None else value
 
 
 def rule_of(params: Mapping) -> str:  # 'type' is rope_type's alias; None counts as absent
@@ -64,3 +77,33 @@ def layer_theta(values: Any, field: str, selected: Optional[float], model_type: 
     if selected not in bases:
         raise ValueError(f"from_hf_config: layer_theta={selected!r} is not a base of {field} ({bases})")
     return float(selected)
+
+
+def scaling(config: Any, params: Dict[str, Any], max_pos: Optional[int], rotary_dim: int, nested: bool):
+    """The checked RopeScaling of the rule, with the position fields filled in
+    as transformers fills them (nested: params is a layer type's own)."""
+    if max_pos is not None and (isinstance(max_pos, bool) or not isinstance(max_pos, int) or max_pos <= 0):
+        raise ValueError(f"from_hf_config: max_position_embeddings must be an int > 0, got {max_pos!r}")
+    rope_type = rule_of(params)
+    model_keys = ("rope_theta",) if rope_type == "proportional" else MODEL_KEYS
+    scaling = {key: value for key, value in params.items() if key not in model_keys}
+    if rope_type == "yarn" and "truncate" in params:
+        # transformers reads truncate from the top-level dict, .get("truncate", True):
+        # None does not truncate, and a layer type's own value is never read.
+        if nested and params["truncate"] is not True:
+            raise ValueError(f"from_hf_config: truncate={params['truncate']!r} in a layer type's yarn rule: "
+                             "transformers never reads it there (it truncates); rotary cannot tell which the "
+                             "model was trained with")
+        scaling["truncate"] = bool(params["truncate"])
+    if rope_type in ("llama3", "yarn", "longrope"):
+        top = None if nested else get(config, "original_max_position_embeddings")  # a layer type's own wins
+        if top is not None:
+            scaling["original_max_position_embeddings"] = top
+        elif scaling.get("original_max_position_embeddings") is None and max_pos is not None:
+            scaling["original_max_position_embeddings"] = max_pos
+    if max_pos is not None:
+        scaling["max_position_embeddings"] = max_pos
+    # strict=False: keys of other rules are dropped (transformers ignores them too).
+    spec = _C.RopeScaling.from_dict(scaling, strict=False)
+    spec.validate(rotary_dim)
+    return spec

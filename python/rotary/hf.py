@@ -13,16 +13,14 @@ import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from . import _C
-from ._hf_parts import layer_theta as _layer_theta, layer_thetas as _layer_thetas
-from ._hf_parts import rule_of as _rule_of, sections as _sections
+from ._hf_parts import get as _get, layer_theta as _layer_theta, layer_thetas as _layer_thetas
+from ._hf_parts import rule_of as _rule_of, scaling as _scaling, sections as _sections
 from .hf_families import CLASS_RULE, CLASS_THETA, DEFAULT_RULE_READS_PARTIAL, FAMILIES, GENERIC_FIELDS, Family
 from .hf_families import family_of
 
 __all__ = ["layer_thetas_of", "layer_types_of", "rope_kwargs_from_hf_config"]
 
 _DEFAULT_THETA = 10000.0
-# Keys of rope_parameters that describe the model rather than the rule.
-_MODEL_KEYS = ("rope_theta", "partial_rotary_factor")
 # Keys of rope_parameters we read; any other is refused by name.
 _RULE_KEYS = frozenset({
     "rope_type", "type", "factor", "original_max_position_embeddings", "max_position_embeddings", "beta_fast",
@@ -33,14 +31,6 @@ _PARAM_KEYS = _RULE_KEYS | {"rope_theta", "partial_rotary_factor", "mrope_sectio
 _ROPE_NAME = re.compile(r"rope|rotary", re.IGNORECASE)
 # Family-specific fields whose names do not say rope / rotary.
 _SPECIFIC = frozenset({"qk_nope_head_dim", "qk_head_dim"})
-
-
-def _get(config: Any, name: str, default: Any = None) -> Any:
-    if isinstance(config, Mapping):
-        value = config.get(name, default)
-    else:
-        value = getattr(config, name, default)
-    return default if value is None else value
 
 
 def _first(*values: Any) -> Any:
@@ -189,36 +179,6 @@ def _span(config: Any, fam: Family, partial: float, model_type: str, field, rule
             f"{rotary_dim}; it must be even and > 0"
         )
     return rotary_dim, offset
-
-
-def _scaling(config: Any, params: Dict[str, Any], max_pos: Optional[int], rotary_dim: int, nested: bool):
-    """The checked RopeScaling of the rule, with the position fields filled in
-    as transformers fills them (nested: params is a layer type's own)."""
-    if max_pos is not None and (isinstance(max_pos, bool) or not isinstance(max_pos, int) or max_pos <= 0):
-        raise ValueError(f"from_hf_config: max_position_embeddings must be an int > 0, got {max_pos!r}")
-    rope_type = _rule_of(params)
-    model_keys = ("rope_theta",) if rope_type == "proportional" else _MODEL_KEYS
-    scaling = {key: value for key, value in params.items() if key not in model_keys}
-    if rope_type == "yarn" and "truncate" in params:
-        # transformers reads truncate from the top-level dict, .get("truncate", True):
-        # None does not truncate, and a layer type's own value is never read.
-        if nested and params["truncate"] is not True:
-            raise ValueError(f"from_hf_config: truncate={params['truncate']!r} in a layer type's yarn rule: "
-                             "transformers never reads it there (it truncates); rotary cannot tell which the "
-                             "model was trained with")
-        scaling["truncate"] = bool(params["truncate"])
-    if rope_type in ("llama3", "yarn", "longrope"):
-        top = None if nested else _get(config, "original_max_position_embeddings")  # a layer type's own wins
-        if top is not None:
-            scaling["original_max_position_embeddings"] = top
-        elif scaling.get("original_max_position_embeddings") is None and max_pos is not None:
-            scaling["original_max_position_embeddings"] = max_pos
-    if max_pos is not None:
-        scaling["max_position_embeddings"] = max_pos
-    # strict=False: keys of other rules are dropped (transformers ignores them too).
-    spec = _C.RopeScaling.from_dict(scaling, strict=False)
-    spec.validate(rotary_dim)
-    return spec
 
 
 def layer_thetas_of(config: Any) -> Optional[List[float]]:
