@@ -85,8 +85,12 @@ AxialRope axial_rope(const std::vector<int64_t>& axes_dim, const std::vector<dou
 }
 
 std::vector<int64_t> pair_axes_of(const RotaryEmbeddingOptions& o) {
+  if (o.mrope_section().empty() && o.axes_dim().empty()) return {};
+  // At construction, not at the first call: the ops' pair_axes limit.
+  TORCH_CHECK_VALUE(
+      o.dim() / 2 <= kernel::kMaxPairs, "RotaryEmbedding: N-D positions (mrope_section, axes_dim) turn at most ",
+      kernel::kMaxPairs, " pairs, got dim / 2 = ", o.dim() / 2);
   if (!o.mrope_section().empty()) return mrope_pair_axes(o.mrope_section(), o.dim(), o.mrope_interleaved());
-  if (o.axes_dim().empty()) return {};
   const auto thetas = o.axes_theta().empty() ? std::vector<double>{o.theta()} : o.axes_theta();
   return axial_rope(o.axes_dim(), thetas, o.axes_shared_spectrum()).pair_axes;
 }

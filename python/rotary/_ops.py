@@ -1,6 +1,7 @@
 """Typed wrappers over ``torch.ops.rotary``. They add no logic: every check
 and every kernel lives in C++ behind the dispatcher."""
 
+import numbers
 import warnings
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
@@ -30,6 +31,7 @@ def freqs_table(
     tables of Hugging Face / Meta: ``float32(p) * float32(inv_freq[j])``
     rounded to float32, then cos/sin of that angle (in float64, rounded once).
     Its phase error grows with ``p`` (README "Precision")."""
+    _table_args("freqs_table", dim, theta, seq_len, max_seq_len)
     if scaling is None and seq_len == 0 and str(angle_dtype) in ("float64", "torch.float64"):
         return _C.rope_freqs(dim, max_seq_len, theta)
     return _C.rope_freqs(dim, max_seq_len, theta, scaling, seq_len, angle_dtype=angle_dtype)
@@ -45,6 +47,7 @@ def inv_frequencies(
     frequencies ``[dim // 2]`` (pair ``j`` turns by ``pos * inv_freq[j]``) and
     the factor folded into every table entry. :func:`freqs_table` builds the
     complex64 table from the same rule."""
+    _table_args("inv_frequencies", dim, theta, seq_len)
     return _C.rope_frequencies(dim, theta, scaling, seq_len)
 
 
@@ -66,6 +69,16 @@ def _float_arg(op: str, name: str, value):
     if isinstance(value, bool) or not isinstance(value, (int, float, torch.SymFloat)):
         raise TypeError(f"{op}: {name} must be a float, got {value!r}")
     return value
+
+
+def _table_args(op: str, dim, theta, seq_len, max_seq_len=0):
+    """pybind takes True for an int and names neither the argument nor the
+    function for a float: name them here (any integer type is an int)."""
+    for name, value in (("dim", dim), ("max_seq_len", max_seq_len), ("seq_len", seq_len)):
+        if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+            raise TypeError(f"{op}: {name} must be an int, got {value!r}")
+    if isinstance(theta, bool) or not isinstance(theta, numbers.Real):
+        raise TypeError(f"{op}: theta must be a float, got {theta!r}")
 
 
 def _bool_arg(op: str, name: str, value):

@@ -74,10 +74,13 @@ def test_inv_freq_inside_table_changes_nothing(tables):
 
 
 def test_inv_freq_without_table_rows(tables):
-    """An empty table [0, r/2]: every position is computed."""
-    f = rotary.freqs_table(8, 0)
+    """An empty table [0, r/2] has no entry to take the attention scaling
+    from (a scaled rule's would be lost): refused. One row is enough: every
+    position past it is computed."""
     x = randn((1, 2, 4, 8), torch.float64, seed=52)
-    out = rotary.apply_rope(x, f, 100, False, inv_freq=_inv(8))
+    with pytest.raises(ValueError, match=r"inv_freq needs a table of at least one row"):
+        rotary.apply_rope(x, rotary.freqs_table(8, 0), 100, False, inv_freq=_inv(8))
+    out = rotary.apply_rope(x, rotary.freqs_table(8, 1), 100, False, inv_freq=_inv(8))
     assert_close_ref(out, ref_rope4(x, None, 100, False), torch.float64)
 
 

@@ -144,3 +144,31 @@ def test_start_pos_given_twice_is_refused(make):
                                              r"start_pos=3"):
             call()
     assert_close_ref(rope(x, 5), ref_rope4(x, start=5), torch.float32)
+
+
+# ------------------------------------------------- tables and modules
+@pytest.mark.parametrize("args,name", [((8.0, 4), "dim"), ((8, True), "max_seq_len"), ((8, 4, True), "theta"),
+                                       ((8, 4, "1e4"), "theta")])
+def test_table_arguments_are_named(args, name):
+    """pybind took True as 1 (a one-row table, or theta 1) and named neither
+    argument nor function for a float."""
+    with pytest.raises(TypeError, match=rf"freqs_table: {name} must be"):
+        rotary.freqs_table(*args)
+    if name != "max_seq_len":
+        with pytest.raises(TypeError, match=rf"inv_frequencies: {name} must be"):
+            rotary.inv_frequencies(*(args[:1] + args[2:]))
+
+
+def test_table_arguments_take_any_integer_type():
+    import numpy as np
+    f = rotary.freqs_table(np.int64(D), np.int32(4), np.float32(500.0))
+    torch.testing.assert_close(f, rotary.freqs_table(D, 4, 500.0))
+
+
+@pytest.mark.parametrize("make", [rotary.RotaryEmbedding, rotary.CppRotaryEmbedding], ids=["python", "cpp"])
+def test_nd_positions_past_the_pair_limit_are_refused_at_construction(make):
+    """Accepted before, then every call failed naming pair_axes, an argument
+    the caller never passed."""
+    with pytest.raises(ValueError, match=r"RotaryEmbedding: N-D positions \(mrope_section, axes_dim\) turn at most "
+                                         r"512 pairs, got dim / 2 = 1024"):
+        make(2048, 16, mrope_section=[512, 256, 256])
