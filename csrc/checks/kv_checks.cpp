@@ -62,7 +62,6 @@ void check_scale(const char* op, const char* name, const std::optional<at::Tenso
       "; move both to the same device");
 }
 
-
 // Two tokens of one call written to one cache row or slot: which one the row
 // holds would depend on the schedule, so a host-known duplicate is refused.
 void check_unique_dest(const char* op, std::vector<std::pair<int64_t, int64_t>>& rows, const char* name) {
