@@ -74,6 +74,14 @@ void fill_axes(kernel::RopeParams& p, const at::Tensor& pos, at::IntArrayRef axe
   for (size_t j = 0; j < axes.size(); ++j) p.pair_axis[j] = static_cast<uint8_t>(axes[j]);
 }
 
+std::string token_name(const kernel::RopeParams& p, int64_t b, int64_t s, bool host_seqlens) {
+  if (p.cu_seqlens == nullptr) return "token (batch " + std::to_string(b) + ", seq " + std::to_string(s) + ")";
+  if (!host_seqlens) return "token " + std::to_string(s) + " of the packed batch";
+  const int64_t n = kernel::sequence_of(p, s);
+  return "token " + std::to_string(s) + " (sequence " + std::to_string(n) + ", index " +
+      std::to_string(s - kernel::cu_seqlen(p, n)) + ")";
+}
+
 void check_positions_in_table(const char* op, const kernel::RopeParams& p) {
   const char* name = p.positions_are_offsets ? "offsets" : "position_ids";
   const std::string from = p.positions == nullptr ? std::string(" (start_pos ") + std::to_string(p.start_pos) + " + s)"
@@ -90,10 +98,9 @@ void check_positions_in_table(const char* op, const kernel::RopeParams& p) {
       }
       const int64_t pos = kernel::position_of(p, b, s);
       TORCH_CHECK_VALUE(
-          pos >= 0, op, ": token (batch ", b, ", seq ", s, ") has negative position ", pos, from);
+          pos >= 0, op, ": ", token_name(p, b, s), " has negative position ", pos, from);
       TORCH_CHECK_INDEX(
-          p.inv_freq != nullptr || pos < p.freqs_len, op, ": token (batch ", b, ", seq ", s, ") has position ",
-          pos, from, ", outside the freqs table [0, ", p.freqs_len, "); pass inv_freq or build a longer table ",
+          p.inv_freq != nullptr || pos < p.freqs_len, op, ": ", token_name(p, b, s), " has position ", pos, from, ", outside the freqs table [0, ", p.freqs_len, "); pass inv_freq or build a longer table ",
           "(max_seq_len > ", pos, ")");
     }
   }
@@ -151,10 +158,10 @@ void check_axes_in_table(const char* op, const kernel::RopeParams& p) {
         TORCH_CHECK_INDEX(
             bounds::position_in_range(pos), op, ": position_ids must lie in (-2^60, 2^60), got ", pos);
         TORCH_CHECK_VALUE(
-            pos >= 0, op, ": token (batch ", b, ", seq ", s, ") has negative position ", pos, " on axis ", a,
+            pos >= 0, op, ": ", token_name(p, b, s), " has negative position ", pos, " on axis ", a,
             " (position_ids)");
         TORCH_CHECK_INDEX(
-            p.inv_freq != nullptr || pos < p.freqs_len, op, ": token (batch ", b, ", seq ", s, ") has position ", pos,
+            p.inv_freq != nullptr || pos < p.freqs_len, op, ": ", token_name(p, b, s), " has position ", pos,
             " on axis ", a, " (position_ids), outside the freqs table [0, ", p.freqs_len,
             "); pass inv_freq or build a longer table (max_seq_len > ", pos, ")");
       }

@@ -6,12 +6,18 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <string>
+
 namespace rotary {
 namespace detail {
 
 // Every token's position (offsets or ids, 1-D) lies in [0, 2^60) and, without
 // inv_freq, inside the table; the message names the token and the argument.
 void check_positions_in_table(const char* op, const kernel::RopeParams& p);
+
+// How a message names token (b, s): "token (batch b, seq s)", or for packed
+// input "token s (sequence n, index i)" when cu_seqlens is on the host.
+std::string token_name(const kernel::RopeParams& p, int64_t b, int64_t s, bool host_seqlens = true);
 
 // start_pos in [0, 2^60): ValueError below, IndexError above, named by op.
 void check_start_pos(const char* op, int64_t start_pos);

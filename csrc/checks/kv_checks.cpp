@@ -1,4 +1,5 @@
 #include "kv_checks.h"
+#include "checks_positions.h"
 
 #include <rotary/bounds.h>
 
@@ -268,7 +269,7 @@ PreparedKV prepare_kv(
       if (p.paged) {
         const int64_t slot = kernel::dest_entry(p, b, s);
         TORCH_CHECK_INDEX(
-            slot >= -1 && slot < p.outer * p.inner, op, ": slot_mapping of token (batch ", b, ", seq ", s, ") is ",
+            slot >= -1 && slot < p.outer * p.inner, op, ": slot_mapping of ", token_name(rp, b, s, host_seqlens), " is ",
             slot, ", outside the paged cache's ", p.outer * p.inner, " slots (num_blocks ", p.outer, " x block_size ",
             p.inner, "); -1 skips a token");
         if (slot >= 0) rows.emplace_back(slot / p.inner, slot % p.inner);
@@ -277,7 +278,7 @@ PreparedKV prepare_kv(
       int64_t outer = 0, inner = 0;
       kernel::cache_row(p, b, s, outer, inner);
       TORCH_CHECK_INDEX(
-          inner >= 0 && inner < p.inner, op, ": token (batch ", b, ", seq ", s, ") goes to cache position ", inner,
+          inner >= 0 && inner < p.inner, op, ": ", token_name(rp, b, s, host_seqlens), " goes to cache position ", inner,
           dest ? " (cache_positions)" : " (its rotary position)", ", outside the cache's max_seq_len ", p.inner,
           " (k_cache shape ", call.k_cache_shape, ")");
       rows.emplace_back(outer, inner);

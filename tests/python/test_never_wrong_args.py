@@ -172,3 +172,19 @@ def test_nd_positions_past_the_pair_limit_are_refused_at_construction(make):
     with pytest.raises(ValueError, match=r"RotaryEmbedding: N-D positions \(mrope_section, axes_dim\) turn at most "
                                          r"512 pairs, got dim / 2 = 1024"):
         make(2048, 16, mrope_section=[512, 256, 256])
+
+
+# ------------------------------------------------------- packed messages
+def test_packed_errors_name_the_sequence():
+    """A packed token was named "(batch 0, seq t)" with t its flat index."""
+    f = rotary.freqs_table(D, 6)
+    x = randn((9, 2, D), seed=11)
+    cu = torch.tensor([0, 3, 9])
+    with pytest.raises(IndexError, match=r"apply_rope: token 7 \(sequence 1, index 4\) has position 6 \(start_pos 2 "
+                                         r"\+ s\), outside the freqs table \[0, 6\)"):
+        rotary.apply_rope(x, f, 2, cu_seqlens=cu)
+    k, v = randn((9, 1, D), seed=12), randn((9, 1, D), seed=13)
+    kc, vc = torch.zeros(2, 1, 6, D), torch.zeros(2, 1, 6, D)
+    with pytest.raises(IndexError, match=r"token 8 \(sequence 1, index 5\) goes to cache position 6 \(its rotary "
+                                         r"position\)"):
+        rotary.apply_rope_with_kv_cache_(x.clone(), k, v, kc, vc, rotary.freqs_table(D, 16), 1, cu_seqlens=cu)

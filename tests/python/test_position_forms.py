@@ -94,7 +94,7 @@ def test_varlen_past_table_is_index_error(tables):
     x = randn((9, 2, 8), seed=46)
     cu = torch.tensor([0, 3, 9])  # the second sequence reaches local index 5
     rotary.apply_rope(x, f, 0, cu_seqlens=cu)  # positions 0..5: inside
-    with pytest.raises(IndexError, match=r"apply_rope: token \(batch 0, seq 8\) has position 6 .*outside the freqs table \[0, 6\)"):
+    with pytest.raises(IndexError, match=r"apply_rope: token 8 \(sequence 1, index 5\) has position 6 .*outside the freqs table \[0, 6\)"):
         rotary.apply_rope(x, f, 1, cu_seqlens=cu)
     with pytest.raises(IndexError, match=r"outside the freqs table"):
         rotary.apply_rope(x, f, cu_seqlens=cu, **op_positions(0, torch.tensor([0, 1, 2, 0, 1, 2, 3, 4, 6]), packed=True))
