@@ -198,23 +198,29 @@ PreparedKV prepare_kv(
   check_disjoint(op, "k_cache", kc, "v_cache", vc, why);
   check_disjoint(op, "q", q, "v", v, "v would be read after q is rotated");
   check_disjoint(op, "k", k, "v", v, "v would be read after k is rotated");
+  const std::pair<const char*, const std::optional<at::Tensor>*> kv_read[] = {
+      {"cache_positions", &kv.cache_positions}, {"slot_mapping", &kv.slot_mapping}, {"k_scale", &kv.k_scale},
+      {"v_scale", &kv.v_scale}};
   for (const at::Tensor* c : {&kc, &vc}) {
     const char* name = c == &kc ? "k_cache" : "v_cache";
     check_disjoint(op, name, *c, "q", q, why);
     check_disjoint(op, name, *c, "k", k, why);
     check_disjoint(op, name, *c, "v", v, why);
     check_disjoint(op, name, *c, "freqs", freqs, why);
-    for (const at::Tensor* t : {call.rope.positions.given, call.rope.cu_seqlens, call.rope.inv_freq}) {
-      if (t) check_disjoint(op, name, *c, "an index or scale tensor", *t, why);
+    const std::pair<const char*, const at::Tensor*> rope_read[] = {
+        {call.rope.positions.name(), call.rope.positions.given}, {"cu_seqlens", call.rope.cu_seqlens},
+        {"inv_freq", call.rope.inv_freq}};
+    for (const auto& [read, t] : rope_read) {
+      if (t) check_disjoint(op, name, *c, read, *t, why);
     }
-    for (const auto* t : {&kv.cache_positions, &kv.slot_mapping, &kv.k_scale, &kv.v_scale}) {
-      if (*t) check_disjoint(op, name, *c, "an index or scale tensor", **t, why);
+    for (const auto& [read, t] : kv_read) {
+      if (*t) check_disjoint(op, name, *c, read, **t, why);
     }
   }
-  for (const auto* t : {&kv.cache_positions, &kv.slot_mapping, &kv.k_scale, &kv.v_scale}) {
+  for (const auto& [read, t] : kv_read) {
     if (!*t) continue;
-    check_disjoint(op, "q", q, "an index or scale tensor", **t);
-    check_disjoint(op, "k", k, "an index or scale tensor", **t);
+    check_disjoint(op, "q", q, read, **t);
+    check_disjoint(op, "k", k, read, **t);
   }
 
   auto& p = r.params;

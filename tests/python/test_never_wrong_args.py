@@ -188,3 +188,18 @@ def test_packed_errors_name_the_sequence():
     with pytest.raises(IndexError, match=r"token 8 \(sequence 1, index 5\) goes to cache position 6 \(its rotary "
                                          r"position\)"):
         rotary.apply_rope_with_kv_cache_(x.clone(), k, v, kc, vc, rotary.freqs_table(D, 16), 1, cu_seqlens=cu)
+
+
+def test_a_cache_overlapping_an_index_names_it():
+    """The message said "an index or scale tensor"."""
+    f = rotary.freqs_table(D, 16)
+    q, k, v = randn((1, 2, 2, D), seed=14), randn((1, 1, 2, D), seed=15), randn((1, 1, 2, D), seed=16)
+    store = torch.zeros(4 * D + 2, dtype=torch.float32)
+    kc = store[: 4 * D].view(2, 2, 1, D)  # NHD: 2 blocks of 2 slots
+    slots = store[4 * D - 1:4 * D + 1].view(torch.int32)  # 2 int32 slots, the first over kc's last element
+    slots.copy_(torch.tensor([0, 1], dtype=torch.int32))
+    before = store.clone()
+    with pytest.raises(ValueError, match=r"k_cache and slot_mapping overlap in memory"):
+        rotary.apply_rope_with_kv_cache_(q, k, v, kc, torch.zeros(2, 2, 1, D), f, 0, slot_mapping=slots.view(1, 2),
+                                         kv_layout="NHD")
+    assert torch.equal(store, before)
