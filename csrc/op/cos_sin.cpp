@@ -111,7 +111,8 @@ std::tuple<at::Tensor, at::Tensor> apply_rope_cos_sin_composite(
         ? "apply_rope_cos_sin: with interleaved=True, cos and sin must repeat each value twice ([c0, c0, c1, c1, "
           "...], repeat_interleave'd); these do not, so they are not RoPE tables for that pairing"
         : "apply_rope_cos_sin: cos and sin must be rotate_half tables, their two halves equal ([c | c]); these "
-          "are not (for repeat_interleave'd tables pass interleaved=True)";
+          "are not (for repeat_interleave'd tables pass interleaved=True; a table of one value per pair, as "
+          "gpt-oss builds, is read as torch.cat([cos, cos], -1))";
     if (concrete_cpu(cr) && concrete_cpu(sr)) {
       TORCH_CHECK_VALUE(same.item<bool>(), why);  // on the host: a ValueError, as every other check
     } else {
