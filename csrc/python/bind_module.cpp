@@ -112,7 +112,13 @@ void bind_cpp_module(py::module_& m) {
           "forward",
           [](Impl& self, const py::object& q, const py::object& k, const py::object& start_pos,
              const py::object& offsets, const py::object& position_ids, const py::object& positions) -> py::object {
-            auto [x, k_tensor, pos, off, ids] = call_args(q, k, start_pos, offsets, position_ids, positions);
+            // Host-driven rules size the table by every rank's positions (rotary._dtensor_shards).
+            auto whole = [&](const py::object& t) -> py::object {
+              if (!self.host_driven() || t.is_none() || THPVariable_CheckExact(t.ptr())) return t;
+              return py::module_::import("rotary._dtensor_shards").attr("whole_positions")(t);
+            };
+            auto [x, k_tensor, pos, off, ids] =
+                call_args(q, k, start_pos, whole(offsets), whole(position_ids), whole(positions));
             if (!k_tensor) return py::cast(self.forward(x, pos, off, ids));
             return py::cast(self.forward(x, *k_tensor, pos, off, ids));
           },

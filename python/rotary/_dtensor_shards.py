@@ -1,6 +1,7 @@
 """The pieces of the DTensor rules (distributed.py, _distributed_kv.py): schema
 binding, placement checks, local ranges and position localizing, each rank
-computing from its own spec with no communication."""
+computing from its own spec with no communication (but whole_positions, the
+modules' all-gather for their host-driven rules)."""
 
 import torch
 
@@ -157,6 +158,14 @@ def _check_placements(op, name, t, dims, packed):
             )
 
 
+def whole_positions(t):
+    """A sharded positions DTensor as every rank's values (an all-gather):
+    the modules' host-driven rules (dynamic, longrope) size the table by the
+    largest position of the call, on every rank alike. Anything else as is."""
+    full = getattr(t, "full_tensor", None) if isinstance(t, torch.Tensor) and type(t) is not torch.Tensor else None
+    return full() if full is not None else t
+
+
 def _position_kind(arg, p, packed):
     if arg == "offsets":
         return "offsets"
@@ -173,6 +182,12 @@ def _localize_positions(op, arg, p, kind, want, mesh, data, data_name, data_plac
     if isinstance(p, DTensor):
         if p.device_mesh != mesh:
             _refuse(op, f"{arg} is on mesh {p.device_mesh} but {data[0]} is on mesh {mesh}; use one mesh")
+        from torch.distributed.tensor.placement_types import Replicate, Shard
+
+        for i, pl in enumerate(p.placements):
+            if type(pl) not in (Replicate, Shard):  # Partial, _StridedShard: no local reading
+                _refuse(op, f"{arg} has placement {pl!r} on mesh dim {i}; each rank reads its positions as whole "
+                            f"values: replicate {arg}, or shard it as the sequence/batch of {data[0]}")
         local, have = _local_range(p, op, arg)
         placed = f"{arg} has placements {_fmt(p.placements)}"
     else:

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from . import _C
+from ._dtensor_shards import whole_positions as _whole_positions
 from ._ops import _route, apply_rope, apply_rope_qk
 
 ScalingSpec = Union[None, Mapping[str, Any], "_C.RopeScaling"]
@@ -133,12 +134,14 @@ class RotaryEmbedding(nn.Module):
     def _apply(self, fn, recurse=True):
         # nn.Module.to(dtype) would cast the complex table to a real dtype and
         # drop the sines, and round inv_freq; take only the device from fn.
+        # A move that raises (.cuda() without a GPU, meta to CPU) keeps the tables.
         saved = {name: self._buffers.pop(name) for name in ("freqs", "inv_freq") if name in self._buffers}
+        moved = saved
         try:
             super()._apply(fn, recurse)
+            moved = {name: buf.to(fn(torch.empty(0, device=buf.device)).device) for name, buf in saved.items()}
         finally:
-            for name, buf in saved.items():
-                self._buffers[name] = buf.to(fn(torch.empty(0, device=buf.device)).device)
+            self._buffers.update(moved)
         return self
 
     def __prepare_scriptable__(self):  # torch.jit.script calls it on every submodule
@@ -183,6 +186,8 @@ class RotaryEmbedding(nn.Module):
         if not self._host_driven:
             return self._rotate(q, k, start_pos, offsets, position_ids, self.freqs, self.inv_freq, layout)
         seq_len = q.shape[ax] if q.dim() == 4 else 0  # the op reports a wrong shape
+        # Every rank sizes the table by every rank's positions.
+        offsets, position_ids = _whole_positions(offsets), _whole_positions(position_ids)
         reach = _C.RopeTables.reach_of(seq_len, start_pos, offsets, position_ids)
 
         def op(fresh):  # under the lock; new tables are installed only once the op returned

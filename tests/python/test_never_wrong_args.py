@@ -203,3 +203,21 @@ def test_a_cache_overlapping_an_index_names_it():
         rotary.apply_rope_with_kv_cache_(q, k, v, kc, torch.zeros(2, 2, 1, D), f, 0, slot_mapping=slots.view(1, 2),
                                          kv_layout="NHD")
     assert torch.equal(store, before)
+
+
+def test_a_failed_move_keeps_the_module_tables():
+    """A move that raised (.to('meta') then .cpu(), .cuda() without a GPU)
+    left RotaryEmbedding with no freqs and inv_freq."""
+    rope = rotary.RotaryEmbedding(D, 16)
+    x = randn((1, 2, 3, D), seed=17)
+    rope.to("meta")
+    with pytest.raises(NotImplementedError):
+        rope.cpu()
+    assert set(dict(rope.named_buffers())) == {"freqs", "inv_freq"}
+    assert rope.freqs.is_meta and rope.freqs.dtype == torch.complex64
+    fresh = rotary.RotaryEmbedding(D, 16)
+    if not torch.cuda.is_available():
+        with pytest.raises(Exception):
+            fresh.cuda()
+        assert set(dict(fresh.named_buffers())) == {"freqs", "inv_freq"}
+        assert_close_ref(fresh(x, start_pos=2), ref_rope4(x, start=2), torch.float32)

@@ -410,7 +410,8 @@ def scenarios(world):
     if world == 4:
         out += [("mesh_2d", mesh_2d)]
     from rotary_testing.dist_kv_scenarios import scenarios as kv_scenarios  # it imports this module
+    from rotary_testing.dist_module_scenarios import scenarios as module_scenarios
     from rotary_testing.dist_norm_scenarios import scenarios as norm_scenarios
 
-    return out + kv_scenarios() + norm_scenarios()
+    return out + kv_scenarios() + norm_scenarios() + module_scenarios()
 

@@ -1,0 +1,68 @@
+"""DTensor scenarios a trial found silently wrong, run by test_distributed.py
+in every rank: a module's host-driven rule (dynamic) sizing its table by
+the positions of every rank, not of its own shard, and position tensors
+whose placement has no local reading (Partial, _StridedShard) refused alike
+on every rank."""
+
+import pytest
+import torch
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor.placement_types import _StridedShard
+
+import rotary
+from rotary_testing.dist_scenarios import dshard, local_part
+from rotary_testing.reference import rope_reference
+
+D = 16
+DYNAMIC = {"rope_type": "dynamic", "factor": 2.0}
+
+
+def _rand(*shape, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def dynamic_sharded_positions(mesh):
+    """Context parallel with position ids: the last rank holds the largest
+    position, past the table; every rank must grow the same table."""
+    W = mesh.size()
+    S = 4 * W
+    q, k = _rand(1, 2, S, D, seed=1), _rand(1, 1, S, D, seed=2)
+    ids = (torch.arange(S) * 12)[None]  # up to 12 * (S - 1), past max_seq_len on the last rank only
+    for make in (rotary.RotaryEmbedding, rotary.CppRotaryEmbedding):
+        full = make(D, 32, scaling=dict(DYNAMIC, max_position_embeddings=32))
+        want_q, want_k = full(q, k, position_ids=ids)
+        sharded = make(D, 32, scaling=dict(DYNAMIC, max_position_embeddings=32))
+        dq, _ = dshard(q, mesh, [Shard(2)])
+        dk, _ = dshard(k, mesh, [Shard(2)])
+        di, _ = dshard(ids, mesh, [Shard(1)])
+        got_q, got_k = sharded(dq, dk, position_ids=di)
+        assert sharded.rope_state == full.rope_state, (make.__name__, sharded.rope_state, full.rope_state)
+        assert torch.equal(got_q.to_local(), local_part(want_q, mesh, [Shard(2)])), make.__name__
+        assert torch.equal(got_k.to_local(), local_part(want_k, mesh, [Shard(2)])), make.__name__
+    # The grown rule differs from the plain one past the table: the check above can fail.
+    plain = rope_reference(q, positions=ids)
+    assert not torch.allclose(want_q.double(), plain, atol=1e-3)
+
+
+def positions_without_a_local_reading(mesh):
+    W = mesh.size()
+    f = rotary.freqs_table(D, 64)
+    q = _rand(1, 2, 2 * W, D, seed=3)
+    ids = (torch.arange(2 * W) * 3)[None].contiguous()
+    rank = mesh.get_local_rank()
+    part = DTensor.from_local(ids if rank == 0 else torch.zeros_like(ids), mesh, [Partial()], run_check=False)
+    dq_rep = DTensor.from_local(q, mesh, [Replicate()], run_check=False)
+    with pytest.raises(ValueError, match=r"position_ids has placement Partial\(sum\) on mesh dim 0; each rank reads "
+                                         r"its positions as whole values"):
+        rotary.apply_rope(dq_rep, f, position_ids=part)
+    tokens = [t for c in range(2) for t in range(c * W + rank, c * W + rank + 1)]
+    strided = DTensor.from_local(ids[:, tokens].contiguous(), mesh, [_StridedShard(1, split_factor=2)],
+                                 run_check=False, shape=ids.shape, stride=ids.stride())
+    dq_seq, _ = dshard(q, mesh, [Shard(2)])
+    with pytest.raises(ValueError, match=r"position_ids has placement _StridedShard\(.*\) on mesh dim 0"):
+        rotary.apply_rope(dq_seq, f, position_ids=strided)
+
+
+def scenarios():
+    return [("dynamic_sharded_positions", dynamic_sharded_positions),
+            ("positions_without_a_local_reading", positions_without_a_local_reading)]
