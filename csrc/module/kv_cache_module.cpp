@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <utility>
+#include <vector>
 
 namespace rotary {
 
@@ -44,13 +45,51 @@ void KVCacheImpl::reset() {
   const std::vector<int64_t> shape = layout == CacheLayout::kBHSD
       ? std::vector<int64_t>{o.batch(), o.kv_heads(), o.capacity(), o.head_dim()}
       : std::vector<int64_t>{o.batch(), o.capacity(), o.kv_heads(), o.head_dim()};
+  TORCH_CHECK_VALUE(fp8 || !k_scale.defined(), "KVCache.reset: a float8_e4m3fn cache cannot become ", dt,
+                    " (its scales stay registered); build a new KVCache");
   const auto opts = torch::TensorOptions().dtype(dt).device(device);
-  k = register_buffer("k", torch::zeros(shape, opts));
-  v = register_buffer("v", torch::zeros(shape, opts));
+  // Registered once; a later reset() replaces what the same buffers hold.
+  auto install = [&](torch::Tensor& member, const char* name, const torch::Tensor& fresh) {
+    if (!member.defined()) {
+      member = register_buffer(name, fresh);
+      return;
+    }
+    torch::NoGradGuard no_grad;
+    member.set_(fresh);
+  };
+  install(k, "k", torch::zeros(shape, opts));
+  install(v, "v", torch::zeros(shape, opts));
   if (fp8) {
-    k_scale = register_buffer("k_scale", torch::tensor(static_cast<float>(o.k_scale().value_or(1.0)), torch::device(device)));
-    v_scale = register_buffer("v_scale", torch::tensor(static_cast<float>(o.v_scale().value_or(1.0)), torch::device(device)));
+    install(k_scale, "k_scale", torch::tensor(static_cast<float>(o.k_scale().value_or(1.0)), torch::device(device)));
+    install(v_scale, "v_scale", torch::tensor(static_cast<float>(o.v_scale().value_or(1.0)), torch::device(device)));
   }
+}
+
+void KVCacheImpl::save(torch::serialize::OutputArchive& archive) const {
+  torch::nn::Module::save(archive);
+  archive.write("length", torch::tensor(length_), /*is_buffer=*/true);
+}
+
+void KVCacheImpl::load(torch::serialize::InputArchive& archive) {
+  std::vector<std::pair<torch::Tensor*, torch::Tensor>> read;
+  for (auto& [name, mine] : {std::pair<const char*, torch::Tensor*>{"k", &k}, {"v", &v}, {"k_scale", &k_scale},
+                             {"v_scale", &v_scale}}) {
+    if (!mine->defined()) continue;
+    torch::Tensor saved;
+    archive.read(name, saved, /*is_buffer=*/true);
+    TORCH_CHECK_VALUE(
+        saved.sizes() == mine->sizes() && saved.scalar_type() == mine->scalar_type(), "KVCache.load: saved ", name,
+        " is ", saved.scalar_type(), " ", saved.sizes(), ", this cache's is ", mine->scalar_type(), " ",
+        mine->sizes(), "; build the KVCache with the saved options");
+    read.emplace_back(mine, saved);
+  }
+  torch::Tensor saved_length;
+  const int64_t length = archive.try_read("length", saved_length, /*is_buffer=*/true) ? saved_length.item<int64_t>() : 0;
+  TORCH_CHECK_VALUE(length >= 0 && length <= options.capacity(), "KVCache.load: saved length ", length,
+                    " is outside [0, capacity = ", options.capacity(), "]");
+  torch::NoGradGuard no_grad;
+  for (auto& [mine, saved] : read) mine->copy_(saved);
+  length_ = length;
 }
 
 void KVCacheImpl::pretty_print(std::ostream& stream) const {
@@ -69,7 +108,7 @@ void KVCacheImpl::truncate(int64_t length) {
 }
 
 void KVCacheImpl::advance(int64_t tokens) {
-  TORCH_CHECK_INDEX(tokens >= 0 && length_ + tokens <= options.capacity(), "KVCache: appending ", tokens,
+  TORCH_CHECK_INDEX(tokens >= 0 && tokens <= options.capacity() - length_, "KVCache: appending ", tokens,
                     " positions to ", length_, " exceeds the capacity ", options.capacity());
   length_ += tokens;
 }

@@ -63,8 +63,12 @@ inline void check_freqs_no_grad(const at::Tensor& freqs) {
 constexpr size_t kSavedRope = 5;
 inline void save_state(AutogradContext* ctx, const RopeState& s, const std::vector<at::Tensor>& extra = {}) {
   check_freqs_no_grad(s.freqs);
-  std::vector<at::Tensor> saved = {s.freqs, s.offsets.value_or(at::Tensor()), s.position_ids.value_or(at::Tensor()),
-                                   s.cu_seqlens.value_or(at::Tensor()), s.inv_freq.value_or(at::Tensor())};
+  // The tables as this forward read them: a module's host-driven rule later
+  // installs new ones into the same buffers (set_data, no version bump), so
+  // saving the buffers themselves would let backward read the new tables.
+  const at::Tensor inv = s.inv_freq && s.inv_freq->defined() ? s.inv_freq->detach() : at::Tensor();
+  std::vector<at::Tensor> saved = {s.freqs.detach(), s.offsets.value_or(at::Tensor()),
+                                   s.position_ids.value_or(at::Tensor()), s.cu_seqlens.value_or(at::Tensor()), inv};
   saved.insert(saved.end(), extra.begin(), extra.end());
   ctx->save_for_backward(saved);
   ctx->saved_data["start_pos"] = s.start_pos;

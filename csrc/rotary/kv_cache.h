@@ -5,6 +5,7 @@
 #include <torch/arg.h>
 #include <torch/nn/cloneable.h>
 #include <torch/nn/pimpl.h>
+#include <torch/serialize/archive.h>
 #include <torch/types.h>
 
 #include <optional>
@@ -43,6 +44,11 @@ class KVCacheImpl : public torch::nn::Cloneable<KVCacheImpl> {
   // and then copies the buffers) keeps it too. truncate(0) empties the cache.
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
+  // The buffers and length(); load checks every saved buffer against this
+  // cache's (shape, dtype) before it copies any, so a cache of other options
+  // is refused by name instead of read as other bytes.
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
   // Only the device changes: the cache keeps the dtype of its options.
   void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
   void to(torch::Dtype dtype, bool non_blocking = false) override;

@@ -44,8 +44,9 @@ struct RotaryEmbeddingOptions {
   TORCH_ARG(int64_t, rotary_offset) = 0;
   // Multimodal RoPE (rotary/axes.h): pairs per position axis, summing to
   // dim / 2, e.g. {16, 24, 24} (Qwen2-VL t, h, w). Empty: one position per
-  // token. forward() then takes position_ids [n_axes, batch, seq] (or
-  // [n_axes, seq]). mrope_interleaved: Qwen3-VL's interleaved layout.
+  // token. forward() then reads 3-D position_ids as [n_axes, batch, seq];
+  // 2-D ones are one position per token ([batch, seq], the text tokens'
+  // rotation), never [n_axes, seq]. mrope_interleaved: Qwen3-VL's layout.
   TORCH_ARG(std::vector<int64_t>, mrope_section) = {};
   TORCH_ARG(bool, mrope_interleaved) = false;
   // Axial RoPE (rotary/axes.h, rotary::axial_rope): dims per position axis,

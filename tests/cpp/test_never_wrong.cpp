@@ -8,9 +8,11 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/serialize.h>
 
 #include <cstdint>
 #include <limits>
+#include <sstream>
 
 namespace {
 
@@ -72,6 +74,62 @@ TEST(NeverWrong, KVCacheOptionsAreChecked) {
   ExpectError<c10::TypeError>([&] { cache->keys_values(at::kInt); }, {"keys_values: dtype must be"});
   cache->to(at::kHalf);  // a parent's cast: the cache keeps its dtype
   EXPECT_EQ(cache->k.scalar_type(), at::kFloat8_e4m3fn);
+}
+
+// A trial of the C++ API: advance past int64 wrapped the length, reset()
+// threw on any built cache, and a saved cache lost its length and loaded
+// into a cache of another dtype as that dtype's bytes (read out of bounds).
+TEST(NeverWrong, KVCacheLengthResetAndSaveLoad) {
+  using rotary::KVCacheOptions;
+  rotary::KVCache cache(KVCacheOptions(1, 2, 8, 16));
+  cache->advance(3);
+  ExpectError<c10::IndexError>([&] { cache->advance(std::numeric_limits<int64_t>::max()); }, {"exceeds the capacity 8"});
+  EXPECT_EQ(cache->length(), 3);
+  const at::Tensor k = cache->k;
+  cache->k.fill_(2.0);
+  cache->reset();
+  EXPECT_EQ(cache->length(), 3);
+  EXPECT_TRUE(cache->k.is_same(k) && cache->k.eq(0).all().item<bool>());  // the registered buffer, zeroed
+  EXPECT_EQ(cache->named_buffers().size(), 2u);
+
+  cache->k.copy_(at::randn_like(cache->k));
+  std::stringstream stream;
+  torch::save(cache, stream);
+  rotary::KVCache same(KVCacheOptions(1, 2, 8, 16));
+  torch::load(same, stream);
+  EXPECT_EQ(same->length(), 3);
+  EXPECT_TRUE(at::equal(same->k, cache->k));
+  for (const auto& other : {KVCacheOptions(1, 2, 8, 16).dtype(at::kHalf), KVCacheOptions(1, 2, 4, 16)}) {
+    rotary::KVCache wrong(other);
+    const at::Tensor before = wrong->k.clone();
+    std::stringstream again;
+    torch::save(cache, again);
+    ExpectError<c10::ValueError>([&] { torch::load(wrong, again); }, {"KVCache.load: saved k is Float", "this cache's is"});
+    EXPECT_TRUE(at::equal(wrong->k, before));
+    EXPECT_EQ(wrong->length(), 0);
+  }
+}
+
+// A module's host-driven rule installs new tables into the same buffers: the
+// backward of an earlier output used them (3.5 off for dynamic, 4.5 for
+// longrope) instead of the tables its forward read.
+TEST(NeverWrong, BackwardUsesTheTablesOfItsForward) {
+  for (const auto& sc : {rotary::RopeScaling("dynamic").factor(4.0).max_position_embeddings(16),
+                         rotary::RopeScaling("longrope").factor(4.0).original_max_position_embeddings(16)
+                             .short_factor({1, 1, 1, 1}).long_factor({1, 4, 16, 64})}) {
+    auto make = [&] { return rotary::RotaryEmbedding(rotary::RotaryEmbeddingOptions(8).max_seq_len(128).scaling(sc)); };
+    auto moved = make(), still = make();
+    moved->forward(at::randn({1, 1, 4, 8}), 40);  // past the threshold: new tables
+    still->forward(at::randn({1, 1, 4, 8}), 40);
+    auto x = at::randn({1, 1, 4, 8}, at::kDouble);
+    auto xa = x.clone().requires_grad_(), xb = x.clone().requires_grad_();
+    auto ya = moved->forward(xa, 40), yb = still->forward(xb, 40);
+    moved->forward(at::randn({1, 1, 2, 8}), 0);  // back under it: the tables change again
+    const auto g = at::randn_like(ya);
+    ya.backward(g);
+    yb.backward(g);
+    EXPECT_TRUE(at::equal(xa.grad(), xb.grad())) << sc.type() << ": " << (xa.grad() - xb.grad()).abs().max();
+  }
 }
 
 }  // namespace
