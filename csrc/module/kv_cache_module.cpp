@@ -45,12 +45,16 @@ void KVCacheImpl::reset() {
   const std::vector<int64_t> shape = layout == CacheLayout::kBHSD
       ? std::vector<int64_t>{o.batch(), o.kv_heads(), o.capacity(), o.head_dim()}
       : std::vector<int64_t>{o.batch(), o.capacity(), o.kv_heads(), o.head_dim()};
-  TORCH_CHECK_VALUE(fp8 || !k_scale.defined(), "KVCache.reset: a float8_e4m3fn cache cannot become ", dt,
+  TORCH_CHECK_VALUE(fp8 || !named_buffers(/*recurse=*/false).contains("k_scale"),
+                    "KVCache.reset: a float8_e4m3fn cache cannot become ", dt,
                     " (its scales stay registered); build a new KVCache");
   const auto opts = torch::TensorOptions().dtype(dt).device(device);
   // Registered once; a later reset() replaces what the same buffers hold.
+  // (clone() calls reset() on a copy whose members still alias the
+  // original's tensors, with no buffers registered: it registers new ones.)
+  const auto registered = named_buffers(/*recurse=*/false);
   auto install = [&](torch::Tensor& member, const char* name, const torch::Tensor& fresh) {
-    if (!member.defined()) {
+    if (!registered.contains(name)) {
       member = register_buffer(name, fresh);
       return;
     }

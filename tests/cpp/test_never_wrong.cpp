@@ -91,6 +91,12 @@ TEST(NeverWrong, KVCacheLengthResetAndSaveLoad) {
   EXPECT_EQ(cache->length(), 3);
   EXPECT_TRUE(cache->k.is_same(k) && cache->k.eq(0).all().item<bool>());  // the registered buffer, zeroed
   EXPECT_EQ(cache->named_buffers().size(), 2u);
+  cache->k.fill_(3.0);
+  auto copy = std::dynamic_pointer_cast<rotary::KVCacheImpl>(cache->clone());  // reset() on a copy
+  EXPECT_TRUE(!copy->k.is_same(cache->k) && copy->k.eq(3).all().item<bool>() && cache->k.eq(3).all().item<bool>());
+  EXPECT_EQ(copy->length(), 3);
+  EXPECT_TRUE(copy->named_buffers()["k"].is_same(copy->k));
+  cache->k.zero_();
 
   cache->k.copy_(at::randn_like(cache->k));
   std::stringstream stream;
