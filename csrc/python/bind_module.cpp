@@ -92,6 +92,7 @@ py::object cpp_rope_from_state(const py::object& wrapper, const py::tuple& st) {
   impl->to(st[6].cast<torch::Tensor>().device());
   py::object obj = wrapper.attr("__new__")(wrapper);
   py::module_::import("torch.nn.cpp").attr("ModuleWrapper").attr("__init__")(obj, py::cast(impl));
+  methods_return_self(obj);
   impl->train(st[8].cast<bool>());  // after nn.Module.__init__, which sets training = True
   return obj;
 }

@@ -65,8 +65,26 @@ py::object scaling_or_none(const rotary::RopeScaling& s);
 // torch.nn.cpp.ModuleWrapper._apply casts every buffer with `fn`, which
 // would bypass the C++ to(dtype) override when a Python parent is cast
 // (parent.half(), parent.to(torch.bfloat16)): take only the device.
+// torch's bindings of to / cpu / cuda / float / double / half / train /
+// eval return None (`m = m.to(device)` lost the module), and
+// ModuleWrapper.__init__ copies them onto each instance: drop the copies, so
+// the wrapper's nn.Module methods (which return self) apply.
+inline void methods_return_self(const py::object& self) {
+  py::dict own = self.attr("__dict__");
+  for (const char* name : {"to", "cpu", "cuda", "float", "double", "half", "train", "eval"}) {
+    if (own.contains(name)) PyDict_DelItemString(own.ptr(), name);
+  }
+}
+
 template <typename Impl>
 void apply_moves_only(py::object wrapper) {
+  py::object init = wrapper.attr("__init__");
+  wrapper.attr("__init__") = py::cpp_function(
+      [init](const py::object& self, const py::args& args, const py::kwargs& kwargs) {
+        init(self, *args, **kwargs);
+        methods_return_self(self);
+      },
+      py::is_method(wrapper));
   wrapper.attr("_apply") = py::cpp_function(
       [](py::object self, py::object fn, bool /*recurse*/) {
         auto impl = self.attr("cpp_module").cast<std::shared_ptr<Impl>>();

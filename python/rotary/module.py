@@ -134,12 +134,17 @@ class RotaryEmbedding(nn.Module):
     def _apply(self, fn, recurse=True):
         # nn.Module.to(dtype) would cast the complex table to a real dtype and
         # drop the sines, and round inv_freq; take only the device from fn.
-        # A move that raises (.cuda() without a GPU, meta to CPU) keeps the tables.
+        # A move that raises (.cuda() without a GPU) keeps the tables. Meta
+        # tables hold no values: leaving meta (to_empty) rebuilds them.
         saved = {name: self._buffers.pop(name) for name in ("freqs", "inv_freq") if name in self._buffers}
         moved = saved
         try:
             super()._apply(fn, recurse)
-            moved = {name: buf.to(fn(torch.empty(0, device=buf.device)).device) for name, buf in saved.items()}
+            where = {name: fn(torch.empty(0, device=buf.device)).device for name, buf in saved.items()}
+            if len(saved) == 2 and saved["freqs"].is_meta and where["freqs"].type != "meta":
+                moved = dict(zip(("freqs", "inv_freq"), self._tables.build(where["freqs"])))
+            else:
+                moved = {name: buf.to(where[name]) for name, buf in saved.items()}
         finally:
             self._buffers.update(moved)
         return self

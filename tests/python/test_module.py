@@ -123,20 +123,15 @@ CASTS = {
     "to_cpu_fp64": lambda m: m.to(torch.device("cpu"), torch.float64),
     "cpu": lambda m: m.cpu(),
 }
-# The C++ frontend's bound to()/half() (torch::python::bind_module) return
-# None and take no keyword dtype nor bfloat16(): only the forms it has.
-CPP_CASTS = ["half", "to_bf16", "double", "float", "to_cpu_fp64", "cpu"]
 
 
-@pytest.mark.parametrize(
-    "kind,cast", [("py", c) for c in CASTS] + [("cpp", c) for c in CPP_CASTS]
-)
+# Both modules take every form, and each returns the module (torch's
+# bind_module versions, which returned None, are dropped).
+@pytest.mark.parametrize("kind,cast", [(k, c) for k in ("py", "cpp") for c in CASTS])
 def test_cast_keeps_table(kind, cast):
     m = make_module(kind, 16, 32)
     before, before_inv = m.freqs.clone(), m.inv_freq.clone()
-    ret = CASTS[cast](m)
-    if kind == "py":
-        assert ret is m
+    assert CASTS[cast](m) is m
     assert m.freqs.dtype == torch.complex64
     assert torch.equal(m.freqs, before)
     assert m.state_dict()["freqs"].dtype == torch.complex64
@@ -147,6 +142,16 @@ def test_cast_keeps_table(kind, cast):
     assert_close_ref(m(x_far, start_pos=40), rope_reference(x_far, 40, True), torch.float16)
     x = make_heads(1, 2, 3, 16, torch.float16, seed=57)
     assert_close_ref(m(x, start_pos=4), rope_reference(x, 4, True), torch.float16)
+
+
+@pytest.mark.parametrize("kind", ["py", "cpp"])
+def test_mode_switches_return_the_module(kind):
+    m = make_module(kind, 16, 32)
+    assert m.eval() is m and not m.training
+    assert m.train() is m and m.training
+    cache = rotary.KVCache(1, 2, 8, 16)
+    assert cache.cpu() is cache and cache.to("cpu") is cache and cache.half() is cache
+    assert all(b.dtype == torch.float32 for b in cache.buffers())  # the cache keeps its options' dtype
 
 
 class _Block(nn.Module):
@@ -186,13 +191,9 @@ def test_nested_python_module_cast(cast):
 
 
 def test_nested_cpp_module_cast():
-    """A CppRotaryEmbedding inside a Python parent must keep its complex64
-    table when the parent is cast, like the Python module does (and like its
-    own C++ ``to(dtype)`` override promises).
-
-    Known library bug: ModuleWrapper._apply casts every buffer with ``fn``,
-    bypassing the C++ override, so the table becomes float16 (imaginary part
-    dropped). See the report."""
+    """A CppRotaryEmbedding inside a Python parent keeps its complex64 table
+    when the parent is cast, as its own C++ ``to(dtype)`` override does
+    (ModuleWrapper._apply alone would cast every buffer)."""
     parent = nn.Sequential(_Block(rotary.CppRotaryEmbedding(16, 32)))
     before = parent[0].rope.freqs.clone()
     parent.to(torch.float16)

@@ -214,6 +214,21 @@ def test_load_meta_or_non_tensor_is_a_load_error(kind):
         m.load_state_dict({"freqs": sd["freqs"], "inv_freq": [1.0, 2.0]})
 
 
+@pytest.mark.parametrize("spec", [None, YARN, DYNAMIC], ids=["plain", "yarn", "dynamic"])
+def test_to_empty_from_meta_rebuilds_the_tables(spec):
+    """Meta initialisation, then to_empty: the tables hold no values on meta,
+    so they are rebuilt from the options, in the state the rule was in."""
+    m = rotary.RotaryEmbedding(8, 32, scaling=spec)
+    x = torch.randn(1, 2, 80, 8, dtype=torch.float64, generator=gen(3))
+    want = m(x)  # a dynamic rule grows its table to 80 rows here
+    freqs, inv_freq, state = m.freqs.clone(), m.inv_freq.clone(), m.rope_state
+    parent = nn.Sequential(m).to("meta")
+    assert m.freqs.is_meta and m.inv_freq.is_meta
+    assert parent.to_empty(device="cpu") is parent
+    assert torch.equal(m.freqs, freqs) and torch.equal(m.inv_freq, inv_freq) and m.rope_state == state
+    assert torch.equal(m(x), want)
+
+
 @pytest.mark.parametrize("src,dst", [("py", "py"), ("cpp", "cpp"), ("py", "cpp"), ("cpp", "py")])
 def test_load_other_angle_dtype_short_table(src, dst):
     """A 32-row table differs between the angle dtypes by less than the
