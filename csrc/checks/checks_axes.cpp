@@ -51,7 +51,7 @@ void check_axes_positions(const char* op, const at::Tensor& q_view, const at::Te
   }
   TORCH_CHECK_VALUE(
       p.sym_size(0) == top + 1, op, ": position_ids has ", p.sym_size(0), " axes (its leading dim, shape ",
-      p.sym_sizes(), ") but pair_axes uses axes 0..", top, "; the axis counts must match (n_axes = ", top + 1, ")");
+      p.sym_sizes(), ") but pair_axes (a module's mrope_section / axes_dim) uses axes 0..", top, "; the axis counts must match (n_axes = ", top + 1, ")");
   const auto batch = q_view.sym_size(0);
   const auto seq = q_view.sym_size(2);
   if (p.dim() == 2) {
@@ -100,8 +100,8 @@ void check_positions_in_table(const char* op, const kernel::RopeParams& p) {
       TORCH_CHECK_VALUE(
           pos >= 0, op, ": ", token_name(p, b, s), " has negative position ", pos, from);
       TORCH_CHECK_INDEX(
-          p.inv_freq != nullptr || pos < p.freqs_len, op, ": ", token_name(p, b, s), " has position ", pos, from, ", outside the freqs table [0, ", p.freqs_len, "); pass inv_freq or build a longer table ",
-          "(max_seq_len > ", pos, ")");
+          p.inv_freq != nullptr || pos < p.freqs_len, op, ": ", token_name(p, b, s), " has position ", pos, from, ", outside the freqs table [0, ", p.freqs_len, "); build the table with max_seq_len > ", pos,
+          " (the ops also take inv_freq)");
     }
   }
 }
@@ -163,7 +163,7 @@ void check_axes_in_table(const char* op, const kernel::RopeParams& p) {
         TORCH_CHECK_INDEX(
             p.inv_freq != nullptr || pos < p.freqs_len, op, ": ", token_name(p, b, s), " has position ", pos,
             " on axis ", a, " (position_ids), outside the freqs table [0, ", p.freqs_len,
-            "); pass inv_freq or build a longer table (max_seq_len > ", pos, ")");
+            "); build the table with max_seq_len > ", pos, " (the ops also take inv_freq)");
       }
     }
   }

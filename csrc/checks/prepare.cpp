@@ -118,7 +118,7 @@ void check_host_positions(const char* op, const kernel::RopeParams& p, const Pre
     TORCH_CHECK_INDEX(
         p.inv_freq != nullptr || p.seq <= p.freqs_len - p.start_pos, op, ": start_pos + seq_len = ", p.start_pos,
         " + ", p.seq, " = ", p.start_pos + p.seq, " exceeds the freqs table length (max_seq_len) ", p.freqs_len,
-        "; pass inv_freq or build a longer table (max_seq_len > ", p.start_pos + p.seq - 1, ")");
+        "; build the table with max_seq_len > ", p.start_pos + p.seq - 1, " (the ops also take inv_freq)");
   } else if (p.num_axes > 0) {
     check_axes_in_table(op, p);
   } else {

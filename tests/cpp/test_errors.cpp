@@ -287,7 +287,7 @@ TEST(RopeErrors, PositionsOutsideTable) {
   ExpectError<c10::IndexError>(
       [&] { rotary::apply_rope(x, freqs8(), 0, true, std::nullopt, ids); },
       {"apply_rope", "token (batch 1, seq 2) has position 16 (position_ids), outside the freqs table [0, 16)",
-       "pass inv_freq or build a longer table (max_seq_len > 16)"});
+       "build the table with max_seq_len > 16 (the ops also take inv_freq)"});
   // int32 ids are read as they are, with the same checks.
   ExpectError<c10::IndexError>(
       [&] { rotary::apply_rope(x, freqs8(), 0, true, std::nullopt, ids.to(at::kInt)); },
@@ -478,7 +478,7 @@ std::vector<BadInput> bad_inputs() {
       {"offsets-out-of-table", Err::Index, {"token (batch 1, seq 2) has position 16", "[0, 16)"},
        T{r({2, 2, 3, 8}), f(), longs({0, 14})}, [](T& t) { rotary::apply_rope(t[0], t[1], 0, true, t[2]); }},
       {"start-pos-out-of-table", Err::Index, {"start_pos + seq_len = 14 + 3 = 17", "exceeds",
-       "pass inv_freq or build a longer table (max_seq_len > 16)"},
+       "build the table with max_seq_len > 16 (the ops also take inv_freq)"},
        T{r({1, 2, 3, 8}), f()}, [](T& t) { rotary::apply_rope(t[0], t[1], 14); }},
       {"negative-start-pos", Err::Value, {"apply_rope: start_pos must be >= 0, got -1"}, T{r({1, 2, 3, 8}), f()},
        [](T& t) { rotary::apply_rope(t[0], t[1], -1); }},

@@ -85,7 +85,7 @@ TEST(NdPositions, RefusedInPlaceWritesNothing) {
         rotary::apply_rope_(
             x, freqs, 0, true, std::nullopt, ids.narrow(0, 0, 2), false, std::nullopt, std::nullopt, "BHSD", 0, axes);
       },
-      {"apply_rope_: position_ids has 2 axes", "pair_axes uses axes 0..2"});
+      {"apply_rope_: position_ids has 2 axes", "uses axes 0..2"});
   ExpectError<c10::ValueError>(
       [&] {
         rotary::apply_rope_(

@@ -153,7 +153,7 @@ CASES = [
          lambda: _ids(torch.zeros(3, dtype=torch.int32), start=4, qk=True)),
     case("offsets-and-ids", ValueError, r"apply_rope: pass offsets \(per-sequence starts\) or position_ids \(absolute ids\), not both",
          lambda: (_rope(offsets=torch.tensor(0), position_ids=torch.zeros(3, dtype=torch.int64)), [X(2, 2, 3, 8), F()])),
-    case("offsets-out-of-table", IndexError, r"token \(batch 1, seq 2\) has position 16 \(start_pos 0 \+ offsets \+ s\), outside the freqs table \[0, 16\); pass inv_freq or build a longer table \(max_seq_len > 16\)",
+    case("offsets-out-of-table", IndexError, r"token \(batch 1, seq 2\) has position 16 \(start_pos 0 \+ offsets \+ s\), outside the freqs table \[0, 16\); build the table with max_seq_len > 16 \(the ops also take inv_freq\)",
          lambda: _pos(torch.tensor([0, 14]))),
     case("ids-out-of-table", IndexError, r"has position 21 \(position_ids\), outside the freqs table.*max_seq_len > 21",
          lambda: _ids(torch.tensor([[0, 1, 2], [3, 4, 21]]))),

@@ -142,8 +142,8 @@ def test_pair_axes_errors(tables):
     cases = [
         (dict(position_ids=ids, pair_axes=[0] * 7), r"pair_axes must have one axis per pair, rotary_dim / 2 = 8 entries, got 7"),
         (dict(position_ids=ids, pair_axes=[0] * 7 + [-1]), r"pair_axes\[7\] = -1 is not an axis index"),
-        (dict(position_ids=ids, pair_axes=[0] * 4 + [1] * 4), r"position_ids has 3 axes .* pair_axes uses axes 0..1"),
-        (dict(position_ids=ids[:2], pair_axes=MROPE_AXES), r"position_ids has 2 axes .* pair_axes uses axes 0..2"),
+        (dict(position_ids=ids, pair_axes=[0] * 4 + [1] * 4), r"position_ids has 3 axes .* pair_axes .*uses axes 0..1"),
+        (dict(position_ids=ids[:2], pair_axes=MROPE_AXES), r"position_ids has 2 axes .* pair_axes .*uses axes 0..2"),
         (dict(pair_axes=MROPE_AXES), r"pair_axes needs position_ids with a leading axis dim"),
         (dict(offsets=torch.tensor(1), pair_axes=MROPE_AXES), r"pair_axes needs position_ids.*offsets carry no axes"),
         (dict(position_ids=ids[0, 0], pair_axes=MROPE_AXES), r"with pair_axes, position_ids must have shape \[n_axes, seq_len\]"),
