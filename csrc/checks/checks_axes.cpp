@@ -100,6 +100,8 @@ void check_positions_in_table(const char* op, const kernel::RopeParams& p) {
       TORCH_CHECK_VALUE(
           pos >= 0, op, ": ", token_name(p, b, s), " has negative position ", pos, from);
       TORCH_CHECK_INDEX(
+          pos < kMaxPosition, op, ": ", token_name(p, b, s), " has position ", pos, from, "; positions must be < 2^60");
+      TORCH_CHECK_INDEX(
           p.inv_freq != nullptr || pos < p.freqs_len, op, ": ", token_name(p, b, s), " has position ", pos, from, ", outside the freqs table [0, ", p.freqs_len, "); build the table with max_seq_len > ", pos,
           " (the ops also take inv_freq)");
     }

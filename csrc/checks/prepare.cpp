@@ -5,6 +5,7 @@
 
 #include "checks_positions.h"
 #include "overlap.h"
+#include <rotary/bounds.h>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -115,6 +116,9 @@ void check_host_positions(const char* op, const kernel::RopeParams& p, const Pre
   const bool host_seqlens = !call.cu_seqlens || call.cu_seqlens->is_cpu();
   if (!host_positions || !host_seqlens || p.batch * p.seq == 0) return;
   if (p.positions == nullptr && !call.cu_seqlens) {
+    TORCH_CHECK_INDEX(
+        p.seq <= kMaxPosition - p.start_pos, op, ": start_pos + seq_len = ", p.start_pos, " + ", p.seq,
+        " reaches past the last position, 2^60 - 1");
     TORCH_CHECK_INDEX(
         p.inv_freq != nullptr || p.seq <= p.freqs_len - p.start_pos, op, ": start_pos + seq_len = ", p.start_pos,
         " + ", p.seq, " = ", p.start_pos + p.seq, " exceeds the freqs table length (max_seq_len) ", p.freqs_len,

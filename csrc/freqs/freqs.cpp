@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -58,7 +59,7 @@ struct EntryMaker {
       const float a = static_cast<float>(pos) * inv_freq32[j];
       angle = static_cast<double>(a);
     } else {
-      angle = static_cast<double>(pos) * inv_freq[j];
+      angle = kernel::reduced_angle(pos, inv_freq[j]);
     }
     return c10::complex<float>(
         static_cast<float>(scale * std::cos(angle)), static_cast<float>(scale * std::sin(angle)));
@@ -73,8 +74,10 @@ at::Tensor freqs_table(const RopeFrequencies& freqs, int64_t max_seq_len, at::Sc
   const int64_t pairs = static_cast<int64_t>(freqs.inv_freq.size());
   const EntryMaker entry(freqs, angle_dtype);
   TORCH_CHECK_VALUE(
-      std::isfinite(static_cast<float>(freqs.attention_scaling)), "freqs_table: the attention scaling ",
-      freqs.attention_scaling, " does not fit a complex64 entry");
+      std::isfinite(static_cast<float>(freqs.attention_scaling)) &&
+          static_cast<float>(freqs.attention_scaling) >= std::numeric_limits<float>::min(),
+      "freqs_table: the attention scaling ", freqs.attention_scaling,
+      " does not fit a complex64 entry (a normal float32, [1.2e-38, 3.4e38])");
   // Every angle of the table must be finite, or its rows would be NaN.
   const double last = static_cast<double>(std::max<int64_t>(max_seq_len - 1, 0));
   for (int64_t j = 0; j < pairs; ++j) {
@@ -85,6 +88,11 @@ at::Tensor freqs_table(const RopeFrequencies& freqs, int64_t max_seq_len, at::Sc
         "freqs_table: inv_freq[", j, "] = ", freqs.inv_freq[j], " gives a non-finite angle at row ", last,
         " with angle_dtype=", angle_dtype_name(angle_dtype), " (theta or a factor of the rule out of range",
         entry.fp32_angle ? " for float32 angles; use angle_dtype float64)" : ")");
+    // Past 2^62 rad the reduction (kernel::reduced_angle) loses the phase.
+    TORCH_CHECK_VALUE(
+        entry.fp32_angle || std::abs(angle) < 0x1p62, "freqs_table: inv_freq[", j, "] = ", freqs.inv_freq[j],
+        " gives the angle ", angle, " rad at row ", last, "; float64 angles keep their phase below 2^62 rad ",
+        "(theta or a factor of the rule out of range)");
   }
   auto table = at::empty({max_seq_len, pairs}, at::TensorOptions().dtype(at::kComplexFloat));
   auto* out = table.data_ptr<c10::complex<float>>();

@@ -177,19 +177,37 @@ ROTARY_HOST_DEVICE int64_t pair_second(int64_t j, int64_t rotary_dim, bool inter
   return interleaved ? 2 * j + 1 : j + rotary_dim / 2;
 }
 
+// The angle of pair j at pos: the exact product pos * f (f a float64
+// frequency) reduced by whole turns. A plain double product rounds pos itself
+// past 2^53 and errs by about pos * f * 2^-53 rad; here pos splits into two
+// exact doubles, each product stays a double-double (fma), and 2*pi is
+// carried to 160 bits, so the error stays below 1e-13 rad up to 2^60.
+ROTARY_HOST_DEVICE double reduced_angle(int64_t pos, double f) {
+  constexpr int64_t kLow = (int64_t{1} << 30) - 1;
+  const double hi = static_cast<double>(pos & ~kLow), lo = static_cast<double>(pos & kLow);
+  const double p1 = hi * f, e1 = ::fma(hi, f, -p1);
+  const double p2 = lo * f, e2 = ::fma(lo, f, -p2);
+  const double sum = p1 + p2, b = sum - p1;
+  const double tail = ((p1 - (sum - b)) + (p2 - b)) + e1 + e2;  // pos * f = sum + tail
+  constexpr double kTurn1 = 0x1.921fb54442d18p+2, kTurn2 = 0x1.1a62633145c07p-52, kTurn3 = -0x1.f1976b7ed8fbcp-108;
+  const double k = ::rint(sum * 0x1.45f306dc9c883p-3);  // whole turns (1 / 2pi)
+  const double q = k * kTurn1, qe = ::fma(k, kTurn1, -q);  // sum - q is exact
+  return ((sum - q) + (tail - qe)) - k * kTurn2 - k * kTurn3;
+}
+
 // cos and sin of pair j at position pos (negated sine for the inverse).
-// Inside the table: the stored entry. Outside, with inv_freq: the angle
-// pos * inv_freq in float64, whose sin/cos reduce the range exactly, scaled
-// like the table. Otherwise NaN,
-// so a bad device-side position is visible and nothing is read out of bounds.
+// Inside the table: the stored entry. Outside, with inv_freq and a position
+// in [0, 2^60): reduced_angle's sin/cos, scaled like the table. Otherwise
+// NaN, so a bad device-side position is visible and nothing is read out of
+// bounds.
 template <typename acc_t>
 ROTARY_HOST_DEVICE void rotation_of(const RopeParams& p, int64_t pos, int64_t j, acc_t& c, acc_t& s) {
   if (pos >= 0 && pos < p.freqs_len) {
     const float* f = p.freqs + 2 * (pos * p.freqs_stride_pos + j * p.freqs_stride_pair);
     c = static_cast<acc_t>(f[0]);
     s = static_cast<acc_t>(f[1]);
-  } else if (p.inv_freq != nullptr) {
-    const double angle = static_cast<double>(pos) * p.inv_freq[j * p.inv_freq_stride];
+  } else if (p.inv_freq != nullptr && pos >= 0 && pos < (int64_t{1} << 60)) {  // rotary::kMaxPosition
+    const double angle = reduced_angle(pos, p.inv_freq[j * p.inv_freq_stride]);
     // |entry| is the same on every row and pair: the table's attention scaling.
     const double scale =
         p.freqs_len > 0 ? ::hypot(static_cast<double>(p.freqs[0]), static_cast<double>(p.freqs[1])) : 1.0;

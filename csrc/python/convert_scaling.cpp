@@ -29,7 +29,7 @@ int64_t as_int(const std::string& key, py::handle v) {
   const double d = as_double(key, v);
   TORCH_CHECK_VALUE(
       std::isfinite(d) && d == std::floor(d) && std::abs(d) < 9.0e15, "rope scaling: '", key,
-      "' must be an integer, got ", repr_of(v));
+      "' must be an integer of magnitude below 9e15, got ", repr_of(v));
   return static_cast<int64_t>(d);
 }
 
@@ -57,7 +57,8 @@ constexpr const char* kKnownKeys =
 }  // namespace
 
 // A RopeScaling from a dict shaped like Hugging Face's rope_parameters.
-// A key set to None counts as absent. strict: an unknown key is an error
+// A key set to None counts as absent, except yarn's truncate: transformers
+// reads .get("truncate", True), so None does not truncate. strict: an unknown key is an error
 // (a typo would otherwise be silently ignored); from_hf_config passes
 // strict=False because configs carry model keys such as rope_theta.
 RopeScaling scaling_from_dict(const py::dict& d, bool strict) {
@@ -87,6 +88,7 @@ RopeScaling scaling_from_dict(const py::dict& d, bool strict) {
   for (auto item : d) {
     const std::string key = item.first.cast<std::string>();
     const py::handle v = item.second;
+    if (key == "truncate" && v.is_none() && *rule == rotary::RopeType::Yarn) s.truncate(false);
     if (v.is_none() || key == "rope_type" || key == "type") continue;
     // Not strict (a model config): fields of other rules are dropped, as
     // transformers ignores them. Strict: RopeScaling validation refuses them.

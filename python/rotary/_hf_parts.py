@@ -94,7 +94,7 @@ def scaling(config: Any, params: Dict[str, Any], max_pos: Optional[int], rotary_
             raise ValueError(f"from_hf_config: truncate={params['truncate']!r} in a layer type's yarn rule: "
                              "transformers never reads it there (it truncates); rotary cannot tell which the "
                              "model was trained with")
-        scaling["truncate"] = bool(params["truncate"])
+        scaling["truncate"] = params["truncate"]  # None: no truncation (the C++ reader)
     if rope_type in ("llama3", "yarn", "longrope"):
         top = None if nested else get(config, "original_max_position_embeddings")  # a layer type's own wins
         if top is not None:

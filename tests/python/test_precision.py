@@ -4,9 +4,9 @@ fp32-angle compatibility mode against an independent float32 formula.
 What "exact" means here. A table entry (p, j) is exp(i * p * inv_freq[j]).
 inv_freq[j] = theta ** (-2j / d) is a float64 number, taken from the
 independent reference (reference.py, numpy). The reference angle is the
-float64 product float(p) * inv_freq[j] (one float64 rounding: relative error
-2^-53, i.e. under 5e-10 rad at p = 2^22). Its cosine and sine are evaluated
-with mpmath at 40 digits, so the reference is the true cos/sin of that angle.
+exact product p * inv_freq[j] (mpmath at 40 digits, so not rounded to
+float64: a float64 product errs by p * inv_freq[j] * 2^-53 rad and rounds p
+past 2^53), and its cosine and sine are the true ones.
 Nothing here calls rotary to build a reference.
 
 Metrics (stated once, used below):
@@ -51,13 +51,12 @@ def sample_positions(n=48, seed=0, top=TWO22):
 
 
 def exact_entries(positions, inv, scale=1.0):
-    """complex128 [len(positions), len(inv)]: scale * exp(i * fl64(p * inv_j)),
-    cos/sin of that float64 angle evaluated exactly (mpmath)."""
+    """complex128 [len(positions), len(inv)]: scale * exp(i * p * inv_j), the
+    exact product and its cos/sin evaluated exactly (mpmath)."""
     out = np.empty((len(positions), len(inv)), dtype=np.complex128)
     for r, p in enumerate(positions):
         for j, f in enumerate(inv):
-            angle = float(p) * float(f)  # the float64 product: the definition of the exact angle
-            a = mpmath.mpf(angle)
+            a = mpmath.mpf(int(p)) * mpmath.mpf(float(f))  # exact at 40 digits (p < 2^60, f 53 bits)
             out[r, j] = complex(float(scale * mpmath.cos(a)), float(scale * mpmath.sin(a)))
     return out
 
@@ -117,6 +116,38 @@ def test_scaled_rule_rows_exact():
     rows = rotary._C.rope_freqs_at(32, torch.tensor(positions), 10000.0, scaling)
     err = entry_error(rows, exact_entries(positions, inv.tolist(), scale))
     assert err <= 1e-7 and err <= 2 * HALF_ULP_1, err
+
+
+FAR = [2**30 + 7, 2**40 + 1, 2**52 + 3, 2**53 - 1, 2**53 + 1, 2**55 + 3, 2**59 + 5, 2**60 - 1]
+
+
+def test_far_positions_exact_up_to_2_60():
+    """Positions past 2^53 (where a float64 product rounds p itself) up to the
+    last one accepted, 2^60 - 1: table rows and the on-the-fly path are both
+    within one float32 rounding of the exact rotation, and neighbours differ."""
+    dim = 16
+    inv, _ = rotary.inv_frequencies(dim)
+    exact = exact_entries(FAR, ref_inv_freq(dim))
+    rows = rotary._C.rope_freqs_at(dim, torch.tensor(FAR))
+    assert entry_error(rows, exact) <= 2**-25 * 1.01
+    x = torch.zeros(1, 1, len(FAR), dim, dtype=torch.float64)
+    x[..., 0::2] = 1.0
+    out = rotary.apply_rope(x, rotary.freqs_table(dim, 1), inv_freq=inv, **op_positions(0, torch.tensor(FAR)[None]))
+    got = torch.complex(out[0, 0, :, 0::2], out[0, 0, :, 1::2])
+    assert entry_error(got, exact) <= 2**-25 * 1.01
+    prev = rotary._C.rope_freqs_at(dim, torch.tensor([p - 1 for p in FAR]))
+    assert not (prev == rows).all(dim=1).any()
+
+
+def test_positions_at_2_60_are_refused():
+    f, inv = rotary.freqs_table(8, 4), rotary.inv_frequencies(8)[0]
+    x = torch.randn(1, 1, 4, 8)
+    with pytest.raises(IndexError, match=r"start_pos \+ seq_len = 1152921504606846974 \+ 4 reaches past the last position"):
+        rotary.apply_rope(x, f, 2**60 - 2, inv_freq=inv)
+    with pytest.raises(IndexError, match=r"has position 1441151880758558720 \(start_pos 576460752303423488 \+ offsets"
+                                         r" \+ s\); positions must be < 2\^60"):
+        rotary.apply_rope(x, f, 2**59, offsets=torch.tensor([2**59 + 2**58]), inv_freq=inv)
+    assert torch.isfinite(rotary.apply_rope(x, f, 2**60 - 4, inv_freq=inv)).all()
 
 
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "half"])

@@ -620,7 +620,7 @@ BAD = [
     ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_slow": -1},
      r"beta_slow must be finite and > 0"),
     ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64.5},
-     r"'original_max_position_embeddings' must be an integer"),
+     r"'original_max_position_embeddings' must be an integer of magnitude below 9e15, got 64.5"),
     ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "attention_factor": 0.0},
      r"attention_factor must be finite and > 0"),
     ({"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [1.0] * 4, "factor": 2.0},
@@ -698,6 +698,8 @@ NON_FINITE = [
     (dict(scaling={"rope_type": "linear", "factor": 1e-320}), r"factor = .* give inv_freq\[0\] = inf"),
     (dict(scaling={"rope_type": "dynamic", "factor": 2.0**62}), r"factor = 4.61169e\+18 give inv_freq\[1\] = inf"),
     (dict(theta=1e-300, angle_dtype="float32"), r"theta=1e-300.*for float32 angles"),
+    # finite, but past 2^62 rad no float64 angle keeps its phase
+    (dict(theta=1e-300), r"theta=1e-300.*inv_freq\[1\] = 1e\+75 gives the angle .* keep their phase below 2\^62 rad"),
     (dict(scaling={"rope_type": "default", "factor": -1}), r"factor is not a field of this rule"),
     (dict(scaling={"rope_type": "linear", "factor": 2.0, "beta_fast": float("nan")}),
      r"'linear'\): beta_fast is not a field of this rule \(it would be ignored\); its fields: factor"),
@@ -715,7 +717,7 @@ def test_constructor_refuses_non_finite_tables(kind, kwargs, match):
 
 
 def test_accepted_extremes_build_finite_tables():
-    for m in (rotary.RotaryEmbedding(8, 64, 1e-300), rotary.RotaryEmbedding(8, 64, 1e300, angle_dtype="float32")):
+    for m in (rotary.RotaryEmbedding(8, 64, 1e-10), rotary.RotaryEmbedding(8, 64, 1e300, angle_dtype="float32")):
         assert torch.isfinite(torch.view_as_real(m.freqs)).all() and torch.isfinite(m.inv_freq).all()
 
 
@@ -770,3 +772,23 @@ def test_proportional_matches_transformers(partial, factor):
     torch.testing.assert_close(ours.float(), hf_inv.float(), rtol=1e-6, atol=0)
     kwargs = rotary.rope_kwargs_from_hf_config(cfg)
     assert kwargs["dim"] == 64 and kwargs["scaling"].get("partial_rotary_factor", 1.0) == partial  # whole head
+
+
+def test_yarn_truncate_none_does_not_truncate():
+    """transformers reads .get("truncate", True): an explicit None is falsy,
+    so it does not truncate; every entry point reads it so."""
+    base = {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096}
+    inv = {t: rotary.inv_frequencies(64, 10000.0, {**base, "truncate": t})[0] for t in (None, False, True)}
+    assert torch.equal(inv[None], inv[False]) and not torch.equal(inv[None], inv[True])
+    want = ref_frequencies(64, 10000.0, {**base, "truncate": None})[0]
+    assert torch.allclose(inv[None], torch.tensor(want, dtype=torch.float64), rtol=1e-12, atol=0)
+    for cls in (rotary.RotaryEmbedding, rotary.CppRotaryEmbedding):
+        assert torch.equal(cls(64, 8, scaling={**base, "truncate": None}).inv_freq, inv[False])
+
+
+@pytest.mark.parametrize("factor", [1e-39, 1e-300, 3.5e38])
+def test_attention_scaling_outside_normal_float32_is_refused(factor):
+    """An entry of 1e-300 rounds to 0 in complex64 (and 1e-42 to a subnormal
+    with a 5e-4 relative error): refused like the overflow side."""
+    with pytest.raises(ValueError, match=r"does not fit a complex64 entry \(a normal float32"):
+        rotary.RotaryEmbedding(8, 16, scaling={**YARN64, "attention_factor": factor})

@@ -49,6 +49,26 @@ def _to_numpy_int(t) -> np.ndarray:
     return np.asarray(t, dtype=np.int64)
 
 
+def exact_angle(pos: np.ndarray, inv: np.ndarray) -> np.ndarray:
+    """float64 ``pos[..., None] * inv``, the exact product of the integer
+    position and the float64 frequency. Past 2^24 rad the float64 product errs
+    by more than 1e-9 rad (and rounds pos itself past 2^53): those entries are
+    reduced mod 2*pi in 200-bit arithmetic (mpmath)."""
+    pos = np.asarray(pos, dtype=np.int64)
+    angle = pos[..., None].astype(np.float64) * inv
+    far = np.argwhere(np.abs(angle) >= 2.0**24)
+    if len(far):
+        import mpmath
+
+        with mpmath.workprec(200):
+            turn = 2 * mpmath.pi
+            for idx in far:
+                p, j = int(pos[tuple(idx[:-1])]), int(idx[-1])
+                exact = mpmath.mpf(p) * mpmath.mpf(float(inv[j]))
+                angle[tuple(idx)] = float(exact - turn * mpmath.nint(exact / turn))
+    return angle
+
+
 def positions_grid(
     batch: int, seq: int, start_pos: int = 0, positions: Optional[torch.Tensor] = None
 ) -> np.ndarray:
@@ -101,8 +121,7 @@ def rope_reference(
     X = x.detach().to("cpu", torch.float64).numpy()
     B, H, S, D = X.shape
     assert D % 2 == 0
-    pos = positions_grid(B, S, start_pos, positions).astype(np.float64)  # exact below 2**53
-    angle = pos[:, None, :, None] * inv_freq(D, base)[None, None, None, :]  # [B, 1, S, D/2]
+    angle = exact_angle(positions_grid(B, S, start_pos, positions), inv_freq(D, base))[:, None]  # [B, 1, S, D/2]
     if inverse:
         angle = -angle
     return torch.from_numpy(rotate_pairs_nd(X, angle, interleaved))
@@ -210,10 +229,10 @@ def rope_reference_nd(
     ``[offset, offset + rotary_dim)`` rotate, the rest are copied."""
     X = x.detach().to("cpu", torch.float64).numpy().copy()
     inv = inv_freq(rotary_dim) if inv is None else inv
-    P = np.asarray(pos, dtype=np.float64)
+    P = np.asarray(pos, dtype=np.int64)
     axes = np.asarray(pair_axes, dtype=np.int64)
-    angle = P[axes] * inv[:, None, None]  # [pairs, B, S]
-    angle = np.transpose(angle, (1, 2, 0))[:, None]  # [B, 1, S, pairs]
+    every = exact_angle(P, inv)  # [n_axes, B, S, pairs]: each pair reads its own axis
+    angle = np.stack([every[axes[j], ..., j] for j in range(len(axes))], axis=-1)[:, None]  # [B, 1, S, pairs]
     if inverse:
         angle = -angle
     span = X[..., offset : offset + rotary_dim]
