@@ -18,9 +18,9 @@
 namespace rotary {
 namespace {
 
-using detail::check_freqs_no_grad;
 using detail::check_no_grad;
-using detail::check_no_grad_freqs;
+using detail::check_no_grad_tables;
+using detail::check_no_tangent;
 using detail::load_state;
 using detail::OptTensor;
 using detail::RopeState;
@@ -38,7 +38,7 @@ class RopeFunction : public torch::autograd::Function<RopeFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {load_state(ctx).backward(grads[0]), at::Tensor()};
+    return {load_state(ctx, ctx->get_saved_variables()).backward(grads[0]), at::Tensor()};
   }
 };
 
@@ -53,7 +53,7 @@ class RopeQKFunction : public torch::autograd::Function<RopeQKFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto s = load_state(ctx);
+    const auto s = load_state(ctx, ctx->get_saved_variables());
     const auto& gq = grads[0];
     const auto& gk = grads[1];
     at::Tensor grad_q, grad_k;
@@ -69,7 +69,8 @@ class RopeQKFunction : public torch::autograd::Function<RopeQKFunction> {
 };
 
 at::Tensor apply_rope_autograd(const at::Tensor& x, const at::Tensor& freqs ROTARY_ROPE_PARAMS) {
-  if (!torch::autograd::compute_requires_grad(x, freqs)) {  // inference and decode: no graph to record
+  check_no_tangent("apply_rope", {{"x", &x}, {"freqs", &freqs}, {"inv_freq", inv_freq ? &*inv_freq : nullptr}});
+  if (!torch::autograd::compute_requires_grad(x, freqs, inv_freq.value_or(at::Tensor()))) {  // inference and decode: no graph to record
     at::AutoDispatchBelowADInplaceOrView guard;
     return apply_rope(x, freqs ROTARY_ROPE_NAMES);
   }
@@ -79,7 +80,9 @@ at::Tensor apply_rope_autograd(const at::Tensor& x, const at::Tensor& freqs ROTA
 
 std::tuple<at::Tensor, at::Tensor> apply_rope_qk_autograd(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs ROTARY_ROPE_PARAMS) {
-  if (!torch::autograd::compute_requires_grad(q, k, freqs)) {
+  check_no_tangent(
+      "apply_rope_qk", {{"q", &q}, {"k", &k}, {"freqs", &freqs}, {"inv_freq", inv_freq ? &*inv_freq : nullptr}});
+  if (!torch::autograd::compute_requires_grad(q, k, freqs, inv_freq.value_or(at::Tensor()))) {
     at::AutoDispatchBelowADInplaceOrView guard;
     return apply_rope_qk(q, k, freqs ROTARY_ROPE_NAMES);
   }
@@ -89,8 +92,9 @@ std::tuple<at::Tensor, at::Tensor> apply_rope_qk_autograd(
 }
 
 void apply_rope_inplace_autograd(at::Tensor& x, const at::Tensor& freqs ROTARY_ROPE_PARAMS) {
+  check_no_tangent("apply_rope_", {{"x", &x}, {"freqs", &freqs}, {"inv_freq", inv_freq ? &*inv_freq : nullptr}});
   check_no_grad("apply_rope_", "x", x);
-  check_no_grad_freqs(freqs);
+  check_no_grad_tables(freqs, inv_freq);
   {
     at::AutoDispatchBelowADInplaceOrView guard;
     apply_rope_(x, freqs ROTARY_ROPE_NAMES);
@@ -99,9 +103,11 @@ void apply_rope_inplace_autograd(at::Tensor& x, const at::Tensor& freqs ROTARY_R
 }
 
 void apply_rope_qk_inplace_autograd(at::Tensor& q, at::Tensor& k, const at::Tensor& freqs ROTARY_ROPE_PARAMS) {
+  check_no_tangent(
+      "apply_rope_qk_", {{"q", &q}, {"k", &k}, {"freqs", &freqs}, {"inv_freq", inv_freq ? &*inv_freq : nullptr}});
   check_no_grad("apply_rope_qk_", "q", q);
   check_no_grad("apply_rope_qk_", "k", k);
-  check_no_grad_freqs(freqs);
+  check_no_grad_tables(freqs, inv_freq);
   {
     at::AutoDispatchBelowADInplaceOrView guard;
     apply_rope_qk_(q, k, freqs ROTARY_ROPE_NAMES);
@@ -112,11 +118,7 @@ void apply_rope_qk_inplace_autograd(at::Tensor& q, at::Tensor& k, const at::Tens
 
 void apply_rope_with_kv_cache_autograd(ROTARY_KV_TENSORS ROTARY_KV_PARAMS) {
   const char* op = "apply_rope_with_kv_cache_";
-  check_no_grad(op, "q", q);
-  check_no_grad(op, "k", k);
-  check_no_grad(op, "k_cache", k_cache);
-  check_no_grad(op, "v_cache", v_cache);
-  check_no_grad_freqs(freqs);
+  detail::check_no_grad_kv(op, q, k, v, k_cache, v_cache, freqs, inv_freq);
   {
     at::AutoDispatchBelowADInplaceOrView guard;
     apply_rope_with_kv_cache_(q, k, v, k_cache, v_cache, freqs ROTARY_KV_NAMES);

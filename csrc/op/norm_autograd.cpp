@@ -98,9 +98,9 @@ class NormRopeFunction : public torch::autograd::Function<NormRopeFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const RopeState s = detail::load_state(ctx);
-    const NormState n = load_norm(ctx);
     const auto saved = ctx->get_saved_variables();
+    const RopeState s = detail::load_state(ctx, saved);
+    const NormState n = load_norm(ctx);
     const at::Tensor &q = saved[detail::kSavedRope], &k = saved[detail::kSavedRope + 1];
     const at::Tensor &qw = saved[detail::kSavedRope + 2], &kw = saved[detail::kSavedRope + 3];
     at::Tensor gq = grads[0], gk = grads[1];
@@ -121,7 +121,10 @@ class NormRopeFunction : public torch::autograd::Function<NormRopeFunction> {
 std::tuple<at::Tensor, at::Tensor> apply_qk_norm_rope_autograd(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs ROTARY_ROPE_PARAMS ROTARY_NORM_PARAMS) {
   const at::Tensor qw = q_weight.value_or(at::Tensor()), kw = k_weight.value_or(at::Tensor());
-  const bool grad = torch::autograd::compute_requires_grad(q, k, qw, kw, freqs);
+  const at::Tensor inv = inv_freq.value_or(at::Tensor());
+  detail::check_no_tangent("apply_qk_norm_rope", {{"q", &q}, {"k", &k}, {"q_weight", &qw}, {"k_weight", &kw},
+                                                  {"freqs", &freqs}, {"inv_freq", &inv}});
+  const bool grad = torch::autograd::compute_requires_grad(q, k, qw, kw, freqs, inv);
   TORCH_CHECK_VALUE(
       !(grad && q_fp8_scale), "apply_qk_norm_rope: q_fp8_scale returns q as float8_e4m3fn, which is not ",
       "differentiable; call under torch.no_grad() / inference mode, or drop q_fp8_scale");
@@ -141,11 +144,15 @@ std::tuple<at::Tensor, at::Tensor> apply_qk_norm_rope_autograd(
 void apply_qk_norm_rope_inplace_autograd(
     at::Tensor& q, at::Tensor& k, const at::Tensor& freqs ROTARY_ROPE_PARAMS ROTARY_NORM_PARAMS) {
   const char* op = "apply_qk_norm_rope_";
+  const at::Tensor qw = q_weight.value_or(at::Tensor()), kw = k_weight.value_or(at::Tensor());
+  const at::Tensor inv = inv_freq.value_or(at::Tensor());
+  detail::check_no_tangent(
+      op, {{"q", &q}, {"k", &k}, {"q_weight", &qw}, {"k_weight", &kw}, {"freqs", &freqs}, {"inv_freq", &inv}});
   detail::check_no_grad(op, "q", q);
   detail::check_no_grad(op, "k", k);
   if (q_weight) detail::check_no_grad(op, "q_weight", *q_weight);
   if (k_weight) detail::check_no_grad(op, "k_weight", *k_weight);
-  detail::check_no_grad_freqs(freqs);
+  detail::check_no_grad_tables(freqs, inv_freq);
   {
     at::AutoDispatchBelowADInplaceOrView guard;
     apply_qk_norm_rope_(q, k, freqs ROTARY_ROPE_NAMES ROTARY_NORM_NAMES);
@@ -156,13 +163,11 @@ void apply_qk_norm_rope_inplace_autograd(
 
 void apply_qk_norm_rope_with_kv_cache_autograd(ROTARY_KV_TENSORS ROTARY_KV_PARAMS ROTARY_NORM_PARAMS) {
   const char* op = "apply_qk_norm_rope_with_kv_cache_";
-  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"q", &q}, {"k", &k}, {"k_cache", &k_cache},
-                                {"v_cache", &v_cache}}) {
-    detail::check_no_grad(op, name, *t);
-  }
+  const at::Tensor qw = q_weight.value_or(at::Tensor()), kw = k_weight.value_or(at::Tensor());
+  detail::check_no_tangent(op, {{"q_weight", &qw}, {"k_weight", &kw}});
+  detail::check_no_grad_kv(op, q, k, v, k_cache, v_cache, freqs, inv_freq);
   if (q_weight) detail::check_no_grad(op, "q_weight", *q_weight);
   if (k_weight) detail::check_no_grad(op, "k_weight", *k_weight);
-  detail::check_no_grad_freqs(freqs);
   {
     at::AutoDispatchBelowADInplaceOrView guard;
     apply_qk_norm_rope_with_kv_cache_(q, k, v, k_cache, v_cache, freqs ROTARY_KV_NAMES ROTARY_NORM_NAMES);

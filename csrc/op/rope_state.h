@@ -8,8 +8,10 @@
 #include <torch/autograd.h>
 #include <ATen/core/grad_mode.h>
 
+#include <initializer_list>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace rotary {
@@ -51,18 +53,34 @@ inline OptTensor defined_or_none(const at::Tensor& t) {
   return t.defined() ? OptTensor(t) : std::nullopt;
 }
 
-inline void check_freqs_no_grad(const at::Tensor& freqs) {
+// The tables get no gradient: one that requires grad would silently get none.
+inline void check_tables_no_grad(const at::Tensor& freqs, const OptTensor& inv_freq) {
   TORCH_CHECK_VALUE(
       !freqs.requires_grad(),
       "rotary: freqs requires grad, but gradients with respect to the frequency table are not ",
       "supported; pass freqs.detach() or register it as a buffer");
+  TORCH_CHECK_VALUE(
+      !(inv_freq && inv_freq->defined() && inv_freq->requires_grad()),
+      "rotary: inv_freq requires grad, but gradients with respect to the frequencies are not supported; ",
+      "pass inv_freq.detach() or register it as a buffer");
+}
+
+// Forward-mode AD: the kernels run below autograd, so a tangent would be
+// dropped (a zero jvp). Refused, naming the tensor.
+inline void check_no_tangent(const char* op, std::initializer_list<std::pair<const char*, const at::Tensor*>> ts) {
+  for (const auto& [name, t] : ts) {
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        !(t && t->defined() && t->_fw_grad(/*level=*/0).defined()), op, ": ", name,
+        " carries a forward-mode tangent (torch.func.jvp / jacfwd, torch.autograd.forward_ad); rotary's ops ",
+        "support reverse mode only (backward, torch.autograd.grad)");
+  }
 }
 
 // The saved tensors are the state's five, then `extra` (from index
 // kSavedRope on).
 constexpr size_t kSavedRope = 5;
 inline void save_state(AutogradContext* ctx, const RopeState& s, const std::vector<at::Tensor>& extra = {}) {
-  check_freqs_no_grad(s.freqs);
+  check_tables_no_grad(s.freqs, s.inv_freq);
   // The tables as this forward read them: a module's host-driven rule later
   // installs new ones into the same buffers (set_data, no version bump), so
   // saving the buffers themselves would let backward read the new tables.
@@ -79,8 +97,9 @@ inline void save_state(AutogradContext* ctx, const RopeState& s, const std::vect
   if (s.pair_axes) ctx->saved_data["pair_axes"] = *s.pair_axes;
 }
 
-inline RopeState load_state(AutogradContext* ctx) {
-  auto saved = ctx->get_saved_variables();
+// `saved`: ctx->get_saved_variables(), read once per backward (a
+// non-reentrant checkpoint unpacks each saved tensor only once).
+inline RopeState load_state(AutogradContext* ctx, const std::vector<at::Tensor>& saved) {
   return {saved[0],
           defined_or_none(saved[1]),
           defined_or_none(saved[2]),
@@ -105,9 +124,28 @@ inline void check_no_grad(const char* op, const char* name, const at::Tensor& t)
       "torch.no_grad() / inference mode");
 }
 
-// In place, a freqs that requires grad would silently get no gradient.
-inline void check_no_grad_freqs(const at::Tensor& freqs) {
-  if (at::GradMode::is_enabled()) check_freqs_no_grad(freqs);
+// In place, tables that require grad would silently get no gradient.
+inline void check_no_grad_tables(const at::Tensor& freqs, const OptTensor& inv_freq) {
+  if (at::GradMode::is_enabled()) check_tables_no_grad(freqs, inv_freq);
+}
+
+// The fused cache ops write k and v into the caches: not differentiable
+// (v is only read, but the cache it lands in would have no graph).
+inline void check_no_grad_kv(
+    const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
+    const at::Tensor& v_cache, const at::Tensor& freqs, const OptTensor& inv_freq) {
+  const at::Tensor* inv = inv_freq ? &*inv_freq : nullptr;
+  check_no_tangent(op, {{"q", &q}, {"k", &k}, {"v", &v}, {"k_cache", &k_cache}, {"v_cache", &v_cache},
+                        {"freqs", &freqs}, {"inv_freq", inv}});
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"q", &q}, {"k", &k}, {"k_cache", &k_cache},
+                                {"v_cache", &v_cache}}) {
+    check_no_grad(op, name, *t);
+  }
+  TORCH_CHECK_VALUE(
+      !(at::GradMode::is_enabled() && v.requires_grad()), op, ": v requires grad; the cache write is not ",
+      "differentiable (v_cache would hold v with no graph). Pass v.detach(), or run under torch.no_grad() / ",
+      "inference mode");
+  check_no_grad_tables(freqs, inv_freq);
 }
 
 }  // namespace detail

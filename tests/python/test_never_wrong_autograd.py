@@ -1,0 +1,126 @@
+"""Autograd modes the ops cannot serve are refused by name, never silently
+wrong: forward-mode AD (the kernels run below autograd, so a tangent was
+dropped: a zero jvp), tables that require grad (they get no gradient), and a
+v that requires grad in the cache ops (v_cache would hold it with no graph).
+The prologue op's backward under a non-reentrant checkpoint matches a float64
+reference (it read its saved tensors twice and raised)."""
+
+import pytest
+import torch
+import torch.autograd.forward_ad as fwAD
+from torch.utils.checkpoint import checkpoint
+
+import rotary
+from rotary_testing.reference import inv_freq as ref_inv_freq
+from rotary_testing.rope_testing import Snapshot, randn
+
+D, S = 8, 4
+FREQS = rotary.freqs_table(D, 16)
+ROPE, CPP_ROPE = rotary.RotaryEmbedding(D, 16), rotary.CppRotaryEmbedding(D, 16)
+TANGENT = r"carries a forward-mode tangent \(torch.func.jvp / jacfwd, torch.autograd.forward_ad\); rotary's ops support reverse mode only"
+
+
+def heads(seed, h=2, dtype=torch.float64):
+    return randn((1, h, S, D), dtype, seed=seed)
+
+
+def cache(seed):
+    return randn((1, 1, 8, D), torch.float64, seed=seed)
+
+
+# Each takes (x, k) and calls one op or module with x in the first tensor slot.
+CALLS = {
+    "apply_rope": lambda x, k: rotary.apply_rope(x, FREQS, 1),
+    "apply_rope_qk": lambda x, k: rotary.apply_rope_qk(x, k, FREQS, 1)[0],
+    "apply_rope_": lambda x, k: rotary.apply_rope_(x, FREQS, 1),
+    "apply_rope_qk_": lambda x, k: rotary.apply_rope_qk_(x, k, FREQS, 1)[0],
+    "apply_qk_norm_rope": lambda x, k: rotary.apply_qk_norm_rope(x, k, FREQS, 1)[0],
+    "apply_qk_norm_rope_": lambda x, k: rotary.apply_qk_norm_rope_(x, k, FREQS, 1)[0],
+    "apply_rope_cos_sin": lambda x, k: rotary.apply_rope_cos_sin(x, k, FREQS.real.repeat(1, 2), FREQS.imag.repeat(1, 2),
+                                                                 position_ids=torch.arange(S)[None], interleaved=False)[0],
+    "RotaryEmbedding": lambda x, k: ROPE(x, 1),
+    "CppRotaryEmbedding": lambda x, k: CPP_ROPE(x, 1),
+    "apply_rope_with_kv_cache_": lambda x, k: rotary.apply_rope_with_kv_cache_(x, k, k.clone(), cache(5), cache(6), FREQS)[0],
+    "apply_qk_norm_rope_with_kv_cache_": lambda x, k: rotary.apply_qk_norm_rope_with_kv_cache_(
+        x, k, k.clone(), cache(5), cache(6), FREQS)[0],
+}
+FIRST = {"apply_rope": "x", "apply_rope_": "x", "RotaryEmbedding": "x", "CppRotaryEmbedding": "x"}
+
+
+@pytest.mark.parametrize("name", list(CALLS))
+def test_forward_mode_ad_is_refused(name):
+    x, k, t = heads(1), heads(2, h=1), heads(3)
+    before = x.clone()
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(x, t)
+        with pytest.raises(NotImplementedError, match=rf"{FIRST.get(name, 'q')} {TANGENT}"):
+            CALLS[name](dual, k)
+    assert torch.equal(x, before)  # a refused in-place call wrote nothing
+
+
+@pytest.mark.parametrize("name", ["apply_rope", "apply_qk_norm_rope", "RotaryEmbedding"])
+def test_func_jvp_and_jacfwd_are_refused(name):
+    x, k, t = heads(1), heads(2, h=1), heads(3)
+    with pytest.raises(NotImplementedError, match=TANGENT):
+        torch.func.jvp(lambda a: CALLS[name](a, k), (x,), (t,))
+    with pytest.raises(NotImplementedError, match=TANGENT):
+        torch.func.jacfwd(lambda a: CALLS[name](a, k))(x)
+
+
+def test_inv_freq_that_requires_grad_is_refused():
+    """Every position past the 4-row table comes from inv_freq, which would get
+    no gradient."""
+    inv = rotary.inv_frequencies(D)[0].requires_grad_()
+    f, ids = rotary.freqs_table(D, 4), torch.tensor([[10, 20, 30, 40]])
+    match = r"inv_freq requires grad, but gradients with respect to the frequencies are not supported"
+    for x in (heads(1), heads(1).requires_grad_()):
+        with pytest.raises(ValueError, match=match):
+            rotary.apply_rope(x, f, position_ids=ids, inv_freq=inv)
+    x = heads(1)
+    snap = Snapshot(x)
+    with pytest.raises(ValueError, match=match):
+        rotary.apply_rope_(x, f, position_ids=ids, inv_freq=inv)
+    snap.check()
+    m = rotary.RotaryEmbedding(D, 4)
+    m.inv_freq.requires_grad_()
+    with pytest.raises(ValueError, match=match):
+        m(heads(1), 10)
+    with torch.no_grad():  # no graph: nothing to lose
+        assert torch.equal(rotary.apply_rope(x, f, position_ids=ids, inv_freq=inv),
+                           rotary.apply_rope(x, f, position_ids=ids, inv_freq=inv.detach()))
+
+
+@pytest.mark.parametrize("op", ["apply_rope_with_kv_cache_", "apply_qk_norm_rope_with_kv_cache_"])
+def test_cache_ops_refuse_v_that_requires_grad(op):
+    q, k, v, kc, vc = heads(1), heads(2, h=1), heads(3, h=1).requires_grad_(), cache(4), cache(5)
+    snap = Snapshot(q, k, kc, vc)
+    with pytest.raises(ValueError, match=rf"{op}: v requires grad; the cache write is not differentiable"):
+        getattr(rotary, op)(q, k, v, kc, vc, FREQS)
+    snap.check()
+
+
+def ref_norm_rope(x, w, start):
+    """float64 RMSNorm over head_dim (eps 1e-6, weight w), then RoPE with
+    interleaved pairs at positions start + s, in differentiable torch ops."""
+    xn = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+    ang = (start + torch.arange(x.shape[2], dtype=torch.float64))[:, None] * torch.from_numpy(ref_inv_freq(D))
+    c, s = ang.cos(), ang.sin()
+    x0, x1 = xn[..., 0::2], xn[..., 1::2]
+    return torch.stack([x0 * c - x1 * s, x0 * s + x1 * c], -1).flatten(-2)
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_prologue_backward_under_checkpoint(use_reentrant):
+    q, k = heads(1).requires_grad_(), heads(2, h=1).requires_grad_()
+    w = (torch.rand(D, dtype=torch.float64, generator=torch.Generator().manual_seed(7)) + 0.5).requires_grad_()
+    g = [heads(8), heads(9, h=1)]
+
+    def body(q, k, w):
+        oq, ok = rotary.apply_qk_norm_rope(q, k, FREQS, 3, q_weight=w, k_weight=w, eps=1e-6)
+        return (oq * g[0]).sum() + (ok * g[1]).sum()
+
+    checkpoint(body, q, k, w, use_reentrant=use_reentrant).backward()  # reentrant takes no autograd.grad
+    got = [t.grad for t in (q, k, w)]
+    ref = torch.autograd.grad((ref_norm_rope(q, w, 3) * g[0]).sum() + (ref_norm_rope(k, w, 3) * g[1]).sum(), (q, k, w))
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
