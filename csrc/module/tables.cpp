@@ -5,6 +5,7 @@
 #include "checks/checks_positions.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -121,6 +122,9 @@ std::string RopeTables::describe() const {
 }
 
 RopeTableSet RopeTables::build(int64_t state, c10::Device device) const {
+  // Tables become module buffers: built under inference mode they would be
+  // inference tensors, and every later call with autograd would fail.
+  c10::InferenceMode normal_tensors(/*enabled=*/false);
   RopeTableSet out;
   try {
     const RopeFrequencies f = frequencies_of(options_, options_.scaling(), state);

@@ -214,6 +214,23 @@ def test_load_meta_or_non_tensor_is_a_load_error(kind):
         m.load_state_dict({"freqs": sd["freqs"], "inv_freq": [1.0, 2.0]})
 
 
+@pytest.mark.parametrize("kind", list(MODULES))
+@pytest.mark.parametrize("spec", [DYNAMIC, LONGROPE], ids=["dynamic", "longrope"])
+def test_tables_rebuilt_under_inference_mode_serve_autograd_later(kind, spec):
+    """A rule that rebuilds its tables inside torch.inference_mode() installs
+    normal tensors: later calls with autograd still work (inference tensors
+    cannot be saved for backward)."""
+    with torch.inference_mode():
+        m = MODULES[kind](8, 64, scaling=spec)
+        m(torch.randn(1, 2, 4, 8), 100)
+    assert not m.freqs.is_inference() and not m.inv_freq.is_inference()
+    x = torch.randn(1, 2, 4, 8, dtype=torch.float64, generator=gen(5), requires_grad=True)
+    g = torch.randn(1, 2, 4, 8, dtype=torch.float64, generator=gen(6))
+    (gx,) = torch.autograd.grad((m(x, 100) * g).sum(), x)
+    # the gradient is the transposed rotation: <R x, g> = <x, R^T g>
+    assert torch.allclose((m(x.detach(), 100) * g).sum(), (x.detach() * gx).sum(), rtol=1e-6)
+
+
 @pytest.mark.parametrize("spec", [None, YARN, DYNAMIC], ids=["plain", "yarn", "dynamic"])
 def test_to_empty_from_meta_rebuilds_the_tables(spec):
     """Meta initialisation, then to_empty: the tables hold no values on meta,
