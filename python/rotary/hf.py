@@ -334,10 +334,11 @@ def rope_kwargs_from_hf_config(
     max_pos = field("max_position_embeddings")
     spec = _scaling(config, params, max_pos, rotary_dim, nested)
 
-    rows = _first(max_seq_len, max_pos, 4096)
+    # The argument as given (the module refuses a non-int); a config's value as an int.
+    rows = max_seq_len if max_seq_len is not None else int(_first(max_pos, 4096))
     kwargs = {
         "dim": rotary_dim,
-        "max_seq_len": int(rows),
+        "max_seq_len": rows,
         "theta": float(theta),
         "interleaved": interleaved,
         "scaling": spec.to_dict(),

@@ -501,3 +501,62 @@ def test_refusals():
     # something without a rotary embedding
     with pytest.raises(ValueError):
         apply_rotary_to_model(torch.nn.Linear(2, 2), allow_unverified=True)
+
+
+def test_deepcopy_of_a_patched_model_is_independent():
+    """copy.deepcopy of a patched model copies its tables, rule state and fused
+    q/k norms: a long call on the copy leaves the original's dynamic table as
+    it was, a copy's changed norm weight is its own, and unpatching one keeps
+    the other patched and right."""
+    model = make_model("llama", "dynamic")
+    calls = inputs()
+    ref = run_calls(copy.deepcopy(model), calls)
+    apply_rotary_to_model(model)
+    clone = copy.deepcopy(model)
+    try:
+        assert is_patched(clone) and rotary_embedding_of(clone) is not rotary_embedding_of(model)
+        long_ids = torch.randint(3, VOCAB, (1, 2 * MAX_POS))
+        with torch.no_grad():
+            clone(input_ids=long_ids)  # grows the copy's dynamic table past max_position_embeddings
+        assert rotary_embedding_of(clone).rope_state == 2 * MAX_POS and rotary_embedding_of(model).rope_state == 0
+        assert max_diff(run_calls(model, calls), ref) < FP32_ATOL_FAR
+        unpatch(clone)
+        assert is_patched(model) and max_diff(run_calls(model, calls), ref) < FP32_ATOL_FAR
+    finally:
+        unpatch(clone)
+        unpatch(model)
+
+    qwen = make_model("qwen3", "default")
+    apply_rotary_to_model(qwen)
+    twin = copy.deepcopy(qwen)
+    try:
+        with torch.no_grad():
+            twin.model.layers[0].self_attn.q_norm.weight.mul_(3.0)
+        unpatched_twin = copy.deepcopy(twin)
+        unpatch(unpatched_twin)
+        assert max_diff(run_calls(twin, calls), run_calls(unpatched_twin, calls)) < FP32_ATOL_FAR
+        plain = copy.deepcopy(qwen)
+        unpatch(plain)
+        assert max_diff(run_calls(qwen, calls), run_calls(plain, calls)) < FP32_ATOL_FAR
+    finally:
+        for m in (qwen, twin):
+            unpatch(m)
+
+
+def test_patching_again_with_other_options_is_refused():
+    model = make_model("qwen3", "default")
+    apply_rotary_to_model(model)
+    try:
+        assert apply_rotary_to_model(model) is model and apply_rotary_to_model(model, fuse_qk_norm=True) is model
+        with pytest.raises(ValueError, match=r"already patched with fuse_qk_norm=True, not False; unpatch it first"):
+            apply_rotary_to_model(model, fuse_qk_norm=False)
+        with pytest.raises(ValueError, match=r"already patched with max_seq_len=None \(the config's "
+                                             r"max_position_embeddings\), not 8"):
+            with rotary_patched(model, max_seq_len=8):
+                pass
+        assert is_patched(model)
+    finally:
+        unpatch(model)
+    with pytest.raises(TypeError, match=r"max_seq_len must be an int, got 2.5"):
+        apply_rotary_to_model(model, max_seq_len=2.5)
+    assert not is_patched(model)

@@ -122,6 +122,11 @@ def acquire(name: str, handle: type, pairing: Dict[str, bool], layout: Optional[
         entry[1] += 1
 
 
+def retain(name: str) -> None:
+    """One more user of an acquired module (a deep copy of a patched model)."""
+    module_patches[name][1] += 1
+
+
 def release(name: str) -> None:
     entry = module_patches.get(name)
     if entry is None:

@@ -65,12 +65,17 @@ def probe(norm: nn.Module) -> Optional[NormSpec]:
     return None
 
 
-def _deferred(spec: NormSpec):
-    def forward(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        _pending().append((x, spec))
-        return x
+class _Deferred:
+    """A q/k norm's forward that defers it to the rotation. An object, not a
+    closure: copy.deepcopy of a patched model then gives the copy a forward
+    over its own norm module (a closure would keep the original's weights)."""
 
-    return forward
+    def __init__(self, spec: NormSpec) -> None:
+        self.spec = spec
+
+    def __call__(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        _pending().append((x, self.spec))
+        return x
 
 
 def _view_root(t: torch.Tensor) -> torch.Tensor:
@@ -151,7 +156,7 @@ def install(model: nn.Module) -> List[tuple]:
             continue
         hooks = (m.register_forward_pre_hook(_clear), m.register_forward_hook(_check_consumed))
         for norm, spec in ((qn, sq), (kn, sk)):
-            norm.forward = _deferred(spec)
+            norm.forward = _Deferred(spec)
         done.append((qn, kn, hooks))
     return done
 

@@ -16,6 +16,7 @@ through ``torch.ops.rotary``.
 How the patch hooks in, what it verifies and its limits: docs/transformers.md.
 """
 
+import copy
 import sys
 from contextlib import contextmanager
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -140,11 +141,24 @@ class RotaryPositions:
 # Per-model patch
 # ----------------------------------------------------------------------------
 class _ModelPatch:
-    def __init__(self) -> None:
+    def __init__(self, max_seq_len: Optional[int], fuse_qk_norm: bool) -> None:
         # (rotary_emb module, previous instance-level forward or None, state)
         self.rotary: List[Tuple[nn.Module, Optional[Callable], Dict[Optional[str], _RopeState]]] = []
         self.modules: List[str] = []
         self.norms: List[tuple] = []  # the deferred q/k norms (_qk_norm.install)
+        self.options = {"max_seq_len": max_seq_len, "fuse_qk_norm": fuse_qk_norm}
+
+    def __deepcopy__(self, memo: dict) -> "_ModelPatch":
+        # copy.deepcopy of a patched model: its own tables and rule state (the
+        # forwards are objects, copied with the model), and one more user of
+        # each patched attention module, so unpatching either keeps the other.
+        new = _ModelPatch.__new__(_ModelPatch)
+        memo[id(self)] = new
+        new.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        with _lock:
+            for name in new.modules:
+                _hf_functions.retain(name)
+        return new
 
 
 def _attention_modules(model: nn.Module, layout: Optional[str]) -> List[str]:
@@ -168,16 +182,20 @@ def _module_device(module: nn.Module, fallback: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def _make_forward(states: Dict[Optional[str], _RopeState], single: bool = False) -> Callable:
+class _PatchedForward:
     """The patched rotary embedding's forward; states maps each layer type (None
     when the config has one rule for every layer) to its table; single: it
-    returns one handle, in place of a complex freqs_cis."""
+    returns one handle, in place of a complex freqs_cis. An object, so that
+    copy.deepcopy of a patched model copies the tables with it."""
 
-    def forward(x: torch.Tensor, position_ids: Optional[torch.Tensor] = None, layer_type: Any = None):
-        state = states.get(layer_type)
+    def __init__(self, states: Dict[Optional[str], _RopeState], single: bool = False) -> None:
+        self.states, self.single = states, single
+
+    def __call__(self, x: torch.Tensor, position_ids: Optional[torch.Tensor] = None, layer_type: Any = None):
+        state = self.states.get(layer_type)
         if state is None:
             raise ValueError(f"rotary: the patched rotary embedding has no table for layer_type {layer_type!r} "
-                             f"(it has {sorted(map(str, states))})")
+                             f"(it has {sorted(map(str, self.states))})")
         if position_ids is None:
             raise ValueError("rotary: the patched rotary embedding needs position_ids")
         if position_ids.dim() == 1:
@@ -194,9 +212,7 @@ def _make_forward(states: Dict[Optional[str], _RopeState], single: bool = False)
             )
         state.prepare(position_ids)
         handle = RotaryPositions(position_ids, state)
-        return handle if single else (handle, handle)
-
-    return forward
+        return handle if self.single else (handle, handle)
 
 
 def is_patched(model: nn.Module) -> bool:
@@ -231,6 +247,13 @@ def apply_rotary_to_model(
     for the families the sweep verified that way (``hf_support.QK_NORM_FUSED``).
     """
     if is_patched(model):
+        have = getattr(model, _STATE_ATTR).options
+        asked = {"max_seq_len": max_seq_len, "fuse_qk_norm": fuse_qk_norm}
+        for key, value in asked.items():
+            if value is not None and value != have[key]:
+                was = f"{key}={have[key]!r}" + (" (the config's max_position_embeddings)" if have[key] is None else "")
+                raise ValueError(f"rotary: the model is already patched with {was}, not {value!r}; unpatch it "
+                                 "first (rotary.integrations.transformers.unpatch)")
         return model
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
@@ -277,11 +300,11 @@ def _patch(model: nn.Module, max_seq_len: Optional[int] = None, fuse_qk_norm: bo
             states[layer_type] = _RopeState(rope.to(_module_device(emb, model)), family.inverse)
         built.append((emb, states))
 
-    patch = _ModelPatch()
+    patch = _ModelPatch(max_seq_len, fuse_qk_norm)
     with _lock:
         for emb, states in built:
             previous = emb.__dict__.get("forward")
-            emb.forward = _make_forward(states, single=family.freqs_cis_layout is not None)
+            emb.forward = _PatchedForward(states, single=family.freqs_cis_layout is not None)
             patch.rotary.append((emb, previous, states))
         for name in modules:
             pairing = {f: p == "interleaved" for f, p in family.function_pairing}
