@@ -41,6 +41,7 @@ Tolerances (logits are O(1), up to about 7 here; measured on CPU):
 """
 
 import copy
+import io
 
 import pytest
 import torch
@@ -543,7 +544,7 @@ def test_deepcopy_of_a_patched_model_is_independent():
             unpatch(m)
 
 
-def test_patching_again_with_other_options_is_refused():
+def test_patching_again_with_other_options_or_pickling_is_refused():
     model = make_model("qwen3", "default")
     apply_rotary_to_model(model)
     try:
@@ -557,6 +558,13 @@ def test_patching_again_with_other_options_is_refused():
         assert is_patched(model)
     finally:
         unpatch(model)
+    apply_rotary_to_model(model)
+    try:
+        with pytest.raises(TypeError, match=r"a patched model cannot be pickled whole; unpatch it first"):
+            torch.save(model, io.BytesIO())
+    finally:
+        unpatch(model)
+    torch.save(model, io.BytesIO())
     with pytest.raises(TypeError, match=r"max_seq_len must be an int, got 2.5"):
         apply_rotary_to_model(model, max_seq_len=2.5)
     assert not is_patched(model)

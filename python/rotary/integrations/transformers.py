@@ -160,6 +160,11 @@ class _ModelPatch:
                 _hf_functions.retain(name)
         return new
 
+    def __reduce_ex__(self, protocol):
+        # An unpickled patch would not hold the attention modules it patches.
+        raise TypeError("rotary: a patched model cannot be pickled whole; unpatch it first, or save its state_dict "
+                        "(save_pretrained) and patch the loaded model")
+
 
 def _attention_modules(model: nn.Module, layout: Optional[str]) -> List[str]:
     names = []
