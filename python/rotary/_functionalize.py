@@ -1,4 +1,4 @@
-"""In-place ops with a complex table under torch.compile.
+"""In-place ops under functionalization (torch.compile, torch.export).
 
 The inductor cannot lower an ``auto_functionalized_v2`` node with a complex
 input: it skips the node, then asserts that it was removed. Every op also
@@ -6,6 +6,12 @@ takes ``torch.view_as_real`` of the table, so functionalization is given that
 view instead, for calls from the wrappers and raw ``torch.ops.rotary`` calls
 alike. A lazily conjugated table keeps its meaning: its memory is the plain
 table read with ``inverse`` flipped.
+
+A mutated view whose storage offset is symbolic (k = qkv[..., H:2H] with H
+dynamic) loses that offset in torch 2.11's inductor, which then rotates the
+wrong elements. ``apply_rope_`` is traced as ``apply_rope`` and ``copy_``
+there; the ops that write several tensors are refused (their overlap checks
+would be lost).
 """
 
 import torch
@@ -16,8 +22,31 @@ _OPS = ("apply_rope_", "apply_rope_qk_", "apply_rope_with_kv_cache_", "apply_qk_
         "apply_qk_norm_rope_with_kv_cache_")
 
 
+def _symbolic_offset(func, args, kwargs):
+    """The first mutated argument whose storage offset is symbolic, as (name, offset)."""
+    for n, a in enumerate(func._schema.arguments):
+        if a.alias_info is not None and a.alias_info.is_write:
+            t = args[n] if n < len(args) else kwargs.get(a.name)
+            if isinstance(t, torch.Tensor) and not isinstance(t.storage_offset(), int):
+                return a.name, t.storage_offset()
+    return None
+
+
 def _real_table(mode, func, types, args, kwargs):
     names = [a.name for a in func._schema.arguments]
+    op = func._schema.name.split("::")[1]
+    moved = _symbolic_offset(func, args, kwargs)
+    if moved is not None and op == "apply_rope_":
+        x = args[0]
+        with mode:
+            x.copy_(torch.ops.rotary.apply_rope.default(*args, **kwargs))
+        return None
+    if moved is not None:
+        raise ValueError(
+            f"{op}: {moved[0]} is a view whose storage offset is symbolic under torch.compile / export "
+            f"({moved[1]}), which torch's inductor drops for an in-place op (it would write the wrong elements); "
+            "call the out-of-place op and copy_ its results, or mark the dim that sets the offset static "
+            "(torch._dynamo.mark_static)")
     i = names.index("freqs")
     args, kwargs = list(args), dict(kwargs)
     freqs = args[i] if i < len(args) else kwargs["freqs"]
@@ -30,7 +59,7 @@ def _real_table(mode, func, types, args, kwargs):
             else:
                 if freqs.is_conj() and kwargs.get("inv_freq") is not None:
                     raise ValueError(
-                        f"{func._schema.name.split('::')[1]}: a conjugated table (freqs.conj()) with inv_freq cannot "
+                        f"{op}: a conjugated table (freqs.conj()) with inv_freq cannot "
                         "be compiled (rows past the table would turn the other way); pass freqs.resolve_conj() "
                         "and conjugated inv_freq positions, or call it eagerly"
                     )

@@ -88,3 +88,36 @@ def test_a_real_table_that_is_not_a_view_as_real_is_refused(tables):
     with pytest.raises(TypeError, match=r"freqs must be complex64 .* or its torch.view_as_real view, got Double"):
         rotary.apply_rope_(x, real.double())
     assert torch.equal(x, before)
+
+
+def test_inplace_on_a_view_with_a_symbolic_offset(tables):
+    """k = qkv[..., H:2H] with H dynamic: its storage offset H * D is symbolic,
+    and the inductor drops it for a mutated view (it rotated q's heads and
+    left k as it was). apply_rope_ is traced as apply_rope + copy_; the ops
+    that write two tensors are refused by name."""
+    D, f = 16, tables(16, 64)
+
+    def rope_k(qkv, H):
+        k = qkv.view(qkv.shape[0], qkv.shape[1], 3 * H, D)[:, :, H:2 * H]
+        rotary.apply_rope_(k, f, 3, layout="BSHD")
+
+    def rope_qk(qkv, H):
+        t = qkv.view(qkv.shape[0], qkv.shape[1], 3 * H, D)
+        rotary.apply_rope_qk_(t[:, :, :H], t[:, :, H:2 * H], f, 3, layout="BSHD")
+
+    c_k, c_qk = torch.compile(rope_k, fullgraph=True), torch.compile(rope_qk, fullgraph=True)
+    for H in (4, 3, 2):  # the second call recompiles with H dynamic
+        base = randn((2, 5, 3 * H * D), seed=310 + H)
+        x = base.clone()
+        c_k(x, H)
+        heads = base.view(2, 5, 3 * H, D)
+        want = heads.double().clone()
+        want[:, :, H:2 * H] = ref_rope4(heads[:, :, H:2 * H], None, 3, True, layout="BSHD")
+        assert_close_ref(x.view(2, 5, 3 * H, D), want, torch.float32)
+    c_qk(randn((2, 5, 3 * 4 * D), seed=320), 4)  # static: served
+    base = randn((2, 5, 3 * 3 * D), seed=321)
+    y = base.clone()
+    with pytest.raises(Exception, match=r"apply_rope_qk_: k is a view whose storage offset is symbolic .* call the "
+                                         r"out-of-place op and copy_ its results"):
+        c_qk(y, 3)
+    assert torch.equal(y, base)
