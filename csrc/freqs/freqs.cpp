@@ -51,18 +51,17 @@ struct EntryMaker {
   }
 
   c10::complex<float> operator()(int64_t pos, int64_t j) const {
-    double angle;
+    kernel::CosSin cs;
     if (fp32_angle) {
       // torch.outer(t.float(), inv_freq.float()): each factor rounded to
       // float, the product rounded to float (a plain float multiply; there
       // is no sum for the compiler to contract into an FMA).
-      const float a = static_cast<float>(pos) * inv_freq32[j];
-      angle = static_cast<double>(a);
+      const double angle = static_cast<double>(static_cast<float>(pos) * inv_freq32[j]);
+      cs = {std::cos(angle), std::sin(angle)};
     } else {
-      angle = kernel::reduced_angle(pos, inv_freq[j]);
+      cs = kernel::cos_sin_at(pos, inv_freq[j]);  // the on-the-fly path's own, so rows match it bit for bit
     }
-    return c10::complex<float>(
-        static_cast<float>(scale * std::cos(angle)), static_cast<float>(scale * std::sin(angle)));
+    return c10::complex<float>(static_cast<float>(scale * cs.c), static_cast<float>(scale * cs.s));
   }
 };
 

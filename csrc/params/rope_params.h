@@ -8,8 +8,10 @@
 
 #if defined(__CUDACC__)
 #define ROTARY_HOST_DEVICE __host__ __device__ __forceinline__
+#define ROTARY_COLD inline __host__ __device__ __noinline__  // a subroutine: its registers stay out of the caller's
 #else
 #define ROTARY_HOST_DEVICE inline
+#define ROTARY_COLD inline
 #endif
 
 namespace rotary {
@@ -181,8 +183,10 @@ ROTARY_HOST_DEVICE int64_t pair_second(int64_t j, int64_t rotary_dim, bool inter
 // frequency) reduced by whole turns. A plain double product rounds pos itself
 // past 2^53 and errs by about pos * f * 2^-53 rad; here pos splits into two
 // exact doubles, each product stays a double-double (fma), and 2*pi is
-// carried to 160 bits, so the error stays below 1e-13 rad up to 2^60.
-ROTARY_HOST_DEVICE double reduced_angle(int64_t pos, double f) {
+// carried to 160 bits, so the error stays below 1e-13 rad up to 2^60. A
+// subroutine on the device: the cold path's double-double registers stay out
+// of the kernel bodies (inlined, the prologue kernel spilled).
+ROTARY_COLD double reduced_angle(int64_t pos, double f) {
   constexpr int64_t kLow = (int64_t{1} << 30) - 1;
   const double hi = static_cast<double>(pos & ~kLow), lo = static_cast<double>(pos & kLow);
   const double p1 = hi * f, e1 = ::fma(hi, f, -p1);
@@ -193,6 +197,23 @@ ROTARY_HOST_DEVICE double reduced_angle(int64_t pos, double f) {
   const double k = ::rint(sum * 0x1.45f306dc9c883p-3);  // whole turns (1 / 2pi)
   const double q = k * kTurn1, qe = ::fma(k, kTurn1, -q);  // sum - q is exact
   return ((sum - q) + (tail - qe)) - k * kTurn2 - k * kTurn3;
+}
+
+// cos and sin of pos * f in float64 (reduced_angle): the kernels' path past
+// the table, and every float64-angle table row.
+struct CosSin {
+  double c, s;
+};
+ROTARY_HOST_DEVICE CosSin cos_sin_at(int64_t pos, double f) {
+  const double angle = reduced_angle(pos, f);
+  CosSin out;
+#if defined(__CUDA_ARCH__)
+  sincos(angle, &out.s, &out.c);
+#else
+  out.s = std::sin(angle);
+  out.c = std::cos(angle);
+#endif
+  return out;
 }
 
 // cos and sin of pair j at position pos (negated sine for the inverse).
@@ -207,19 +228,12 @@ ROTARY_HOST_DEVICE void rotation_of(const RopeParams& p, int64_t pos, int64_t j,
     c = static_cast<acc_t>(f[0]);
     s = static_cast<acc_t>(f[1]);
   } else if (p.inv_freq != nullptr && pos >= 0 && pos < (int64_t{1} << 60)) {  // rotary::kMaxPosition
-    const double angle = reduced_angle(pos, p.inv_freq[j * p.inv_freq_stride]);
+    const CosSin cs = cos_sin_at(pos, p.inv_freq[j * p.inv_freq_stride]);
     // |entry| is the same on every row and pair: the table's attention scaling.
     const double scale =
         p.freqs_len > 0 ? ::hypot(static_cast<double>(p.freqs[0]), static_cast<double>(p.freqs[1])) : 1.0;
-    double sin_d, cos_d;
-#if defined(__CUDA_ARCH__)
-    sincos(angle, &sin_d, &cos_d);
-#else
-    sin_d = std::sin(angle);
-    cos_d = std::cos(angle);
-#endif
-    c = static_cast<acc_t>(static_cast<float>(scale * cos_d));
-    s = static_cast<acc_t>(static_cast<float>(scale * sin_d));
+    c = static_cast<acc_t>(static_cast<float>(scale * cs.c));
+    s = static_cast<acc_t>(static_cast<float>(scale * cs.s));
   } else {
     c = s = static_cast<acc_t>(__builtin_nanf(""));
   }
