@@ -4,7 +4,10 @@
 // no rotary::rope_freqs, no rotary headers.
 //
 //   theta_j = base^(-2j/d), j = 0 .. d/2 - 1          (std::pow, double)
-//   angle   = pos * theta_j   (negated when inverse)   (double)
+//   angle   = pos * theta_j   (negated when inverse): the product in long
+//             double (x86: 64-bit mantissa) reduced mod 2*pi there, within
+//             about pos * theta_j * 2^-62 rad of exact (1e-7 at 2^40); a
+//             double product would err by pos * theta_j * 2^-53
 //   interleaved pairs (2j, 2j+1); half pairs (j, j + d/2)
 //   y0 = x0 cos - x1 sin,  y1 = x0 sin + x1 cos
 //
@@ -29,9 +32,15 @@ inline double ref_inv_freq(int64_t j, int64_t dim, double base = 10000.0) {
   return std::pow(base, -2.0 * static_cast<double>(j) / static_cast<double>(dim));
 }
 
-// exp(i * pos * theta_j), all in double.
+// pos * f reduced mod 2*pi, in long double.
+inline double ref_angle(int64_t pos, double f) {
+  const long double turn = 2.0L * std::acos(-1.0L);
+  return static_cast<double>(std::fmod(static_cast<long double>(pos) * static_cast<long double>(f), turn));
+}
+
+// exp(i * pos * theta_j).
 inline std::complex<double> ref_freq(int64_t pos, int64_t j, int64_t dim, double base = 10000.0) {
-  const double angle = static_cast<double>(pos) * ref_inv_freq(j, dim, base);
+  const double angle = ref_angle(pos, ref_inv_freq(j, dim, base));
   return {std::cos(angle), std::sin(angle)};
 }
 
@@ -89,7 +98,7 @@ inline at::Tensor ref_rope(
     for (int64_t s = 0; s < S; ++s) {
       const int64_t pos = pos_of(b, s);
       for (int64_t j = 0; j < pairs; ++j) {
-        const double angle = sign * static_cast<double>(pos) * ref_inv_freq(j, D, base);
+        const double angle = sign * ref_angle(pos, ref_inv_freq(j, D, base));
         c[j] = std::cos(angle);
         sn[j] = std::sin(angle);
       }

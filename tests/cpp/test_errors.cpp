@@ -131,10 +131,13 @@ TEST(RopeErrors, StartPosOutOfRange) {
       {"apply_rope_qk", "0 + 17 = 17", "(max_seq_len) 16"});
   // One past the end.
   ExpectError<c10::IndexError>([&] { rotary::apply_rope(randn({1, 1, 1, 8}), freqs8(), 16); }, {"16 + 1 = 17"});
-  // Just below the 2^60 bound: still the table-length error.
+  // Just below the 2^60 bound: the last position is 2^60 - 1, with or without a table.
   ExpectError<c10::IndexError>(
       [&] { rotary::apply_rope(randn({1, 1, 3, 8}), freqs8(), (int64_t{1} << 60) - 1); },
-      {"apply_rope", "start_pos + seq_len = 1152921504606846975 + 3 = 1152921504606846978",
+      {"apply_rope", "start_pos + seq_len = 1152921504606846975 + 3", "reaches past the last position, 2^60 - 1"});
+  ExpectError<c10::IndexError>(
+      [&] { rotary::apply_rope(randn({1, 1, 3, 8}), freqs8(), (int64_t{1} << 60) - 4); },
+      {"apply_rope", "start_pos + seq_len = 1152921504606846972 + 3 = 1152921504606846975",
        "exceeds the freqs table length (max_seq_len) 16"});
 }
 

@@ -522,8 +522,10 @@ TEST(ScalingErrors, NonFiniteTablesAreRefused) {
   expect_value_error(
       build(RotaryEmbeddingOptions(8).theta(1e-300).angle_dtype(torch::kFloat32)), "for float32 angles");
   expect_value_error([] { rotary::sinusoidal_table(64, 64, 5e-324); }, "sinusoidal_table: base = 4.94066e-324");
+  // Finite, but past 2^62 rad no float64 angle keeps its phase.
+  expect_value_error(build(RotaryEmbeddingOptions(8).theta(1e-300)), "float64 angles keep their phase below 2^62 rad");
   // Finite at the edges that are fine.
-  RotaryEmbedding ok(RotaryEmbeddingOptions(8).theta(1e-300));
+  RotaryEmbedding ok(RotaryEmbeddingOptions(8).theta(1e-10));
   EXPECT_TRUE(at::isfinite(at::view_as_real(ok->freqs)).all().item<bool>());
 }
 
