@@ -179,6 +179,24 @@ ROTARY_HOST_DEVICE int64_t pair_second(int64_t j, int64_t rotary_dim, bool inter
   return interleaved ? 2 * j + 1 : j + rotary_dim / 2;
 }
 
+// A product and a sum rounded on their own: nvcc contracts a * b + c into an
+// FMA by default, which breaks reduced_angle's error-free transformations
+// (the CPU sources build with -ffp-contract=off).
+ROTARY_HOST_DEVICE double mul_rn(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+ROTARY_HOST_DEVICE double add_rn(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
 // The angle of pair j at pos: the exact product pos * f (f a float64
 // frequency) reduced by whole turns. A plain double product rounds pos itself
 // past 2^53 and errs by about pos * f * 2^-53 rad; here pos splits into two
@@ -189,14 +207,16 @@ ROTARY_HOST_DEVICE int64_t pair_second(int64_t j, int64_t rotary_dim, bool inter
 ROTARY_COLD double reduced_angle(int64_t pos, double f) {
   constexpr int64_t kLow = (int64_t{1} << 30) - 1;
   const double hi = static_cast<double>(pos & ~kLow), lo = static_cast<double>(pos & kLow);
-  const double p1 = hi * f, e1 = ::fma(hi, f, -p1);
-  const double p2 = lo * f, e2 = ::fma(lo, f, -p2);
-  const double sum = p1 + p2, b = sum - p1;
-  const double tail = ((p1 - (sum - b)) + (p2 - b)) + e1 + e2;  // pos * f = sum + tail
+  const double p1 = mul_rn(hi, f), e1 = ::fma(hi, f, -p1);
+  const double p2 = mul_rn(lo, f), e2 = ::fma(lo, f, -p2);
+  const double sum = add_rn(p1, p2), b = add_rn(sum, -p1);
+  const double t = add_rn(add_rn(p1, -add_rn(sum, -b)), add_rn(p2, -b));
+  const double tail = add_rn(add_rn(t, e1), e2);  // pos * f = sum + tail
   constexpr double kTurn1 = 0x1.921fb54442d18p+2, kTurn2 = 0x1.1a62633145c07p-52, kTurn3 = -0x1.f1976b7ed8fbcp-108;
-  const double k = ::rint(sum * 0x1.45f306dc9c883p-3);  // whole turns (1 / 2pi)
-  const double q = k * kTurn1, qe = ::fma(k, kTurn1, -q);  // sum - q is exact
-  return ((sum - q) + (tail - qe)) - k * kTurn2 - k * kTurn3;
+  const double k = ::rint(mul_rn(sum, 0x1.45f306dc9c883p-3));  // whole turns (1 / 2pi)
+  const double q = mul_rn(k, kTurn1), qe = ::fma(k, kTurn1, -q);  // sum - q is exact
+  const double r = add_rn(add_rn(sum, -q), add_rn(tail, -qe));
+  return add_rn(add_rn(r, -mul_rn(k, kTurn2)), -mul_rn(k, kTurn3));
 }
 
 // cos and sin of pos * f in float64 (reduced_angle): the kernels' path past

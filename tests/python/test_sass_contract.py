@@ -266,3 +266,28 @@ def test_the_built_prologue_kernels_keep_the_contract():
     # but fp64.
     assert n == 25, f"{n} norm_rope_kernel instantiations in the sm_90 cubin, expected 25"
     assert not bad, "\n".join(bad)
+
+
+def angle_listing(*subroutine):
+    """A kernel calling a reduced_angle subroutine made of `subroutine`."""
+    return listing(HOT, "CALL.REL.NOINC 0x0020", "EXIT", *subroutine)
+
+
+ANGLE_GOOD = ["DMUL R4, R2, R6", "DFMA R8, R2, R6, -R4", "DFMA R10, R2, R6, -R4", "DMUL R12, R4, 0x3fc45f30",
+              "FRND.F64 R12, R12", "DFMA R14, R12, R16, -R18", "DADD R4, R4, -R18", "RET.REL.NODEC R20 0x0"]
+
+
+def test_reduced_angle_rule_can_fail():
+    assert contract.check_reduced_angle(angle_listing(*ANGLE_GOOD)) == (1, [])
+    fused = ANGLE_GOOD[:6] + ["DFMA R4, -R12, R16, R4"] + ANGLE_GOOD[7:]  # sum - k * kTurn1, contracted
+    n, bad = contract.check_reduced_angle(angle_listing(*fused))
+    assert n == 1 and len(bad) == 1 and "has 4 DFMA, expected 3" in bad[0]
+    n, bad = contract.check_reduced_angle(listing(HOT, *ANGLE_GOOD))  # no CALL: inlined
+    assert "is inlined, not a subroutine" in bad[0]
+
+
+@pytest.mark.skipif(not BUILT_WITH_CUDA, reason="rotary was built without CUDA: no cubin to read")
+def test_the_built_reduced_angle_rounds_every_step():
+    sass, _ = contract.dump(rotary.library_path(), contract.find_cuobjdump())
+    n, bad = contract.check_reduced_angle(sass)
+    assert n >= 85 and not bad, "\n".join(bad)

@@ -50,6 +50,12 @@ with and without the fp8 q output, and with the KV-cache write):
   loads, then as many stores of the cache's chunk (16 bytes, or 8 / 4
   bytes of fp8 for 16- / 32-bit data).
 
+For every copy of the subroutine kernel::reduced_angle (the exact angle of a
+position past the table; found by its 1/(2*pi) constant, 0x3fc45f30...):
+- exactly REDUCED_ANGLE_DFMA fused multiply-adds, its explicit fma calls:
+  nvcc contracts a * b + c by default, and one more DFMA there counts a
+  product's rounding error twice (the angle loses its phase past 2^40).
+
 Usage: python tests/sass/contract.py OBJECT [--cuobjdump PATH]; exit status 1
 on a violation, each printed. tests/python/test_sass_contract.py runs it on
 the build's object and on listings made to break each rule.
@@ -335,6 +341,33 @@ def check(sass: str, res_usage: str = "", block_threads: int = 256, min_blocks: 
     return len(kernels), bad
 
 
+REDUCED_ANGLE_DFMA = 3
+INV_TWO_PI = "0x3fc45f30"  # the high word of 1/(2*pi), only reduced_angle holds it
+DFMA = re.compile(r"\bDFMA\b")
+
+
+def check_reduced_angle(sass: str) -> Tuple[int, List[str]]:
+    """(copies of reduced_angle checked, violations)."""
+    copies, bad = 0, []
+    for part in re.split(r"\n\s*Function : ", sass)[1:]:
+        name = part.split("\n", 1)[0].strip()
+        instrs = [(int(m["addr"], 16), " ".join(m["text"].split())) for m in INSTR.finditer(part)]
+        targets = sorted({int(m["target"], 16) for _, t in instrs for m in [CALL.search(t)] if m})
+        for addr in [a for a, t in instrs if INV_TWO_PI in t]:
+            copies += 1
+            start = max((x for x in targets if x <= addr), default=None)
+            label = Kernel(name, []).label
+            if start is None:
+                bad.append(f"{label}: reduced_angle at 0x{addr:04x} is inlined, not a subroutine")
+                continue
+            end = next((a for a, t in instrs if a > addr and t.startswith("RET")), instrs[-1][0])
+            n = sum(bool(DFMA.search(t)) for a, t in instrs if start <= a <= end)
+            if n != REDUCED_ANGLE_DFMA:
+                bad.append(f"{label}: reduced_angle at 0x{start:04x} has {n} DFMA, expected {REDUCED_ANGLE_DFMA} "
+                           "(a contracted a * b + c breaks its error-free sums)")
+    return copies, bad + ([] if copies else ["no reduced_angle in the listing"])
+
+
 def find_cuobjdump() -> Optional[str]:
     """cuobjdump on PATH or in CUDA_HOME, else the one triton's wheel ships."""
     found = shutil.which("cuobjdump")
@@ -380,11 +413,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     n, bad = check(sass, res, args.block_threads, args.min_blocks)
     n_fused, bad_fused = check(sass, res, args.block_threads, args.min_blocks, FUSED_KERNEL)
     n_norm, bad_norm = check_norm(sass, res)
-    bad += bad_fused + bad_norm
+    n_angle, bad_angle = check_reduced_angle(sass)
+    bad += bad_fused + bad_norm + bad_angle
     for line in bad:
         print(line)
     print(f"{n} rope_kernel, {n_fused} rope_kv_kernel and {n_norm} norm_rope_kernel instantiations, "
-          f"{len(bad)} violations")
+          f"{n_angle} copies of reduced_angle, {len(bad)} violations")
     return 1 if bad else 0
 
 
