@@ -95,7 +95,7 @@ at::Tensor make_output(const at::Tensor& x);
 void check_rotary_span(const char* op, const c10::SymInt& head_dim, const at::Tensor& freqs, const RopeArgs& args);
 void check_axes_positions(const char* op, const at::Tensor& q_view, const at::Tensor& freqs, const RopeArgs& args);
 void fill_axes(kernel::RopeParams& p, const at::Tensor& positions, at::IntArrayRef pair_axes);
-void check_axes_in_table(const char* op, const kernel::RopeParams& p);
+void check_axes_in_table(const char* op, const kernel::RopeParams& p, double max_inv_freq = 0);
 
 struct PreparedRope {
   at::Tensor out_q;

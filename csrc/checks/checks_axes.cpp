@@ -18,6 +18,7 @@ namespace detail {
 void check_rotary_span(const char* op, const c10::SymInt& head_dim, const at::Tensor& freqs, const RopeArgs& args) {
   const int64_t offset = args.rotary_offset;
   const auto rotary_dim = freqs.sym_size(1) * 2;
+  TORCH_CHECK_VALUE(offset >= 0, op, ": rotary_offset must be >= 0, got ", offset);
   TORCH_CHECK_VALUE(
       bounds::span_fits(offset, rotary_dim, head_dim), op, ": rotary_offset + rotary_dim must fit in head_dim = ",
       head_dim, " (the rotated dims are [rotary_offset, rotary_offset + rotary_dim)), got rotary_offset = ", offset,
@@ -82,7 +83,14 @@ std::string token_name(const kernel::RopeParams& p, int64_t b, int64_t s, bool h
       std::to_string(s - kernel::cu_seqlen(p, n)) + ")";
 }
 
-void check_positions_in_table(const char* op, const kernel::RopeParams& p) {
+void check_far_angle(const char* op, const kernel::RopeParams& p, int64_t pos, double max_inv_freq, const std::string& who) {
+  TORCH_CHECK_INDEX(
+      pos < p.freqs_len || static_cast<double>(pos) * max_inv_freq < 0x1p62, op, ": ", who, " has position ", pos,
+      ", past the table, where inv_freq up to ", max_inv_freq, " turns it by ", static_cast<double>(pos) * max_inv_freq,
+      " rad; float64 angles keep their phase below 2^62 rad");
+}
+
+void check_positions_in_table(const char* op, const kernel::RopeParams& p, double max_inv_freq) {
   const char* name = p.positions_are_offsets ? "offsets" : "position_ids";
   const std::string from = p.positions == nullptr ? std::string(" (start_pos ") + std::to_string(p.start_pos) + " + s)"
       : p.positions_are_offsets ? std::string(" (start_pos ") + std::to_string(p.start_pos) + " + offsets + s)"
@@ -101,6 +109,7 @@ void check_positions_in_table(const char* op, const kernel::RopeParams& p) {
           pos >= 0, op, ": ", token_name(p, b, s), " has negative position ", pos, from);
       TORCH_CHECK_INDEX(
           pos < kMaxPosition, op, ": ", token_name(p, b, s), " has position ", pos, from, "; positions must be < 2^60");
+      if (max_inv_freq > 0 && pos >= p.freqs_len) check_far_angle(op, p, pos, max_inv_freq, token_name(p, b, s));
       TORCH_CHECK_INDEX(
           p.inv_freq != nullptr || pos < p.freqs_len, op, ": ", token_name(p, b, s), " has position ", pos, from, ", outside the freqs table [0, ", p.freqs_len, "); build the table with max_seq_len > ", pos,
           " (the ops also take inv_freq)");
@@ -152,7 +161,7 @@ const char* const kLegacyPositionsWarning =
     "positions= is deprecated and will be removed in the next release; pass offsets= ([] or [batch]: position "
     "start_pos + offsets[b] + s) or position_ids= ([seq] or [batch, seq]: absolute positions, as in Hugging Face)";
 
-void check_axes_in_table(const char* op, const kernel::RopeParams& p) {
+void check_axes_in_table(const char* op, const kernel::RopeParams& p, double max_inv_freq) {
   for (int64_t a = 0; a < p.num_axes; ++a) {
     for (int64_t b = 0; b < p.batch; ++b) {
       for (int64_t s = 0; s < p.seq; ++s) {
@@ -162,6 +171,7 @@ void check_axes_in_table(const char* op, const kernel::RopeParams& p) {
         TORCH_CHECK_VALUE(
             pos >= 0, op, ": ", token_name(p, b, s), " has negative position ", pos, " on axis ", a,
             " (position_ids)");
+        if (max_inv_freq > 0 && pos >= p.freqs_len) check_far_angle(op, p, pos, max_inv_freq, token_name(p, b, s));
         TORCH_CHECK_INDEX(
             p.inv_freq != nullptr || pos < p.freqs_len, op, ": ", token_name(p, b, s), " has position ", pos,
             " on axis ", a, " (position_ids), outside the freqs table [0, ", p.freqs_len,

@@ -13,7 +13,13 @@ namespace detail {
 
 // Every token's position (offsets or ids, 1-D) lies in [0, 2^60) and, without
 // inv_freq, inside the table; the message names the token and the argument.
-void check_positions_in_table(const char* op, const kernel::RopeParams& p);
+// max_inv_freq: the largest |inv_freq| when it is on the host (else 0): a
+// position past the table must keep its angle below 2^62 rad.
+void check_positions_in_table(const char* op, const kernel::RopeParams& p, double max_inv_freq = 0);
+
+// Past 2^62 rad no float64 angle keeps its phase (kernel::reduced_angle):
+// a position past the table whose angle would pass it is an IndexError.
+void check_far_angle(const char* op, const kernel::RopeParams& p, int64_t pos, double max_inv_freq, const std::string& who);
 
 // How a message names token (b, s): "token (batch b, seq s)", or for packed
 // input "token s (sequence n, index i)" when cu_seqlens is on the host.

@@ -11,6 +11,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 namespace rotary {
@@ -115,6 +116,13 @@ void check_host_positions(const char* op, const kernel::RopeParams& p, const Pre
   const bool host_positions = p.positions == nullptr || r.positions.is_cpu();
   const bool host_seqlens = !call.cu_seqlens || call.cu_seqlens->is_cpu();
   if (!host_positions || !host_seqlens || p.batch * p.seq == 0) return;
+  // The largest frequency, when inv_freq is on the host (rows past the table turn by it).
+  double max_inv_freq = 0;
+  if (p.inv_freq != nullptr && call.inv_freq && call.inv_freq->is_cpu()) {
+    for (int64_t j = 0; j < p.rotary_dim / 2; ++j) {
+      max_inv_freq = std::max(max_inv_freq, std::abs(p.inv_freq[j * p.inv_freq_stride]));
+    }
+  }
   if (p.positions == nullptr && !call.cu_seqlens) {
     TORCH_CHECK_INDEX(
         p.seq <= kMaxPosition - p.start_pos, op, ": start_pos + seq_len = ", p.start_pos, " + ", p.seq,
@@ -123,10 +131,11 @@ void check_host_positions(const char* op, const kernel::RopeParams& p, const Pre
         p.inv_freq != nullptr || p.seq <= p.freqs_len - p.start_pos, op, ": start_pos + seq_len = ", p.start_pos,
         " + ", p.seq, " = ", p.start_pos + p.seq, " exceeds the freqs table length (max_seq_len) ", p.freqs_len,
         "; build the table with max_seq_len > ", p.start_pos + p.seq - 1, " (the ops also take inv_freq)");
+    if (max_inv_freq > 0) check_far_angle(op, p, p.start_pos + p.seq - 1, max_inv_freq, "the last token");
   } else if (p.num_axes > 0) {
-    check_axes_in_table(op, p);
+    check_axes_in_table(op, p, max_inv_freq);
   } else {
-    check_positions_in_table(op, p);
+    check_positions_in_table(op, p, max_inv_freq);
   }
 }
 

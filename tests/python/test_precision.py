@@ -340,3 +340,22 @@ def test_phase_error_grows_only_in_fp32_mode():
             assert phase.max() <= bound
         else:
             assert phase[1].max() > 1e-3  # 1M: the fp32 angle is visibly off
+
+
+def test_angles_past_2_62_rad_are_refused_past_the_table():
+    """The table refuses rows whose angle passes 2^62 rad; a position past the
+    table turned by a large inv_freq is refused the same way (it lost its
+    phase: 2.3e-6 off at 9e26 rad), in every position form and both modules."""
+    f, x = rotary.freqs_table(2, 1), torch.randn(1, 1, 2, 2, dtype=torch.float64)
+    inv = torch.tensor([1.7e12], dtype=torch.float64)
+    match = r"past the table, where inv_freq up to 1.7e\+12 turns it by .* rad; float64 angles keep their phase below 2\^62 rad"
+    with pytest.raises(IndexError, match=r"the last token has position 3000000001, " + match):
+        rotary.apply_rope(x, f, 3 * 10**9, inv_freq=inv)
+    with pytest.raises(IndexError, match=r"token \(batch 0, seq 1\) has position 3000000000, " + match):
+        rotary.apply_rope(x, f, inv_freq=inv, position_ids=torch.tensor([[5, 3 * 10**9]]))
+    with pytest.raises(IndexError, match=match):
+        rotary.apply_rope(x, f, 0, inv_freq=inv, offsets=torch.tensor([3 * 10**9]))
+    assert torch.isfinite(rotary.apply_rope(x, f, 10**6, inv_freq=inv)).all()  # 1.7e18 rad: below 2^62
+    m = rotary.RotaryEmbedding(2, 16, scaling={"rope_type": "linear", "factor": 1e-9})
+    with pytest.raises(IndexError, match=r"inv_freq up to 1e\+09"):
+        m(x, 930429270644776107)
