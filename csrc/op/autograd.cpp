@@ -119,6 +119,7 @@ void apply_rope_qk_inplace_autograd(at::Tensor& q, at::Tensor& k, const at::Tens
 void apply_rope_with_kv_cache_autograd(ROTARY_KV_TENSORS ROTARY_KV_PARAMS) {
   const char* op = "apply_rope_with_kv_cache_";
   detail::check_no_grad_kv(op, q, k, v, k_cache, v_cache, freqs, inv_freq);
+  detail::check_no_grad_scales(op, {{"k_scale", k_scale}, {"v_scale", v_scale}});
   {
     at::AutoDispatchBelowADInplaceOrView guard;
     apply_rope_with_kv_cache_(q, k, v, k_cache, v_cache, freqs ROTARY_KV_NAMES);

@@ -128,6 +128,7 @@ std::tuple<at::Tensor, at::Tensor> apply_qk_norm_rope_autograd(
   TORCH_CHECK_VALUE(
       !(grad && q_fp8_scale), "apply_qk_norm_rope: q_fp8_scale returns q as float8_e4m3fn, which is not ",
       "differentiable; call under torch.no_grad() / inference mode, or drop q_fp8_scale");
+  detail::check_no_grad_scales("apply_qk_norm_rope", {{"q_fp8_scale", q_fp8_scale}});
   if (!grad) {
     at::AutoDispatchBelowADInplaceOrView guard;
     return apply_qk_norm_rope(q, k, freqs ROTARY_ROPE_NAMES ROTARY_NORM_NAMES);
@@ -166,6 +167,7 @@ void apply_qk_norm_rope_with_kv_cache_autograd(ROTARY_KV_TENSORS ROTARY_KV_PARAM
   const at::Tensor qw = q_weight.value_or(at::Tensor()), kw = k_weight.value_or(at::Tensor());
   detail::check_no_tangent(op, {{"q_weight", &qw}, {"k_weight", &kw}});
   detail::check_no_grad_kv(op, q, k, v, k_cache, v_cache, freqs, inv_freq);
+  detail::check_no_grad_scales(op, {{"k_scale", k_scale}, {"v_scale", v_scale}, {"q_fp8_scale", q_fp8_scale}});
   if (q_weight) detail::check_no_grad(op, "q_weight", *q_weight);
   if (k_weight) detail::check_no_grad(op, "k_weight", *k_weight);
   {

@@ -129,6 +129,18 @@ inline void check_no_grad_tables(const at::Tensor& freqs, const OptTensor& inv_f
   if (at::GradMode::is_enabled()) check_tables_no_grad(freqs, inv_freq);
 }
 
+// The fp8 scales get no gradient (their outputs are float8, not differentiable).
+inline void check_no_grad_scales(const char* op, std::initializer_list<std::pair<const char*, OptTensor>> scales) {
+  for (const auto& [name, t] : scales) {
+    TORCH_CHECK_VALUE(
+        !(at::GradMode::is_enabled() && t && t->defined() && t->requires_grad()), op, ": ", name,
+        " requires grad, but the float8 values it scales are not differentiable; pass ", name, ".detach()");
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        !(t && t->defined() && t->_fw_grad(/*level=*/0).defined()), op, ": ", name,
+        " carries a forward-mode tangent; rotary's ops support reverse mode only");
+  }
+}
+
 // The fused cache ops write k and v into the caches: not differentiable
 // (v is only read, but the cache it lands in would have no graph).
 inline void check_no_grad_kv(

@@ -124,3 +124,26 @@ def test_prologue_backward_under_checkpoint(use_reentrant):
     ref = torch.autograd.grad((ref_norm_rope(q, w, 3) * g[0]).sum() + (ref_norm_rope(k, w, 3) * g[1]).sum(), (q, k, w))
     for a, b in zip(got, ref):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_fp8_scales_that_require_grad_are_refused():
+    """The float8 outputs they scale are not differentiable: a scale that
+    requires grad would silently get no gradient."""
+    q, k = heads(1, dtype=torch.float32), heads(2, h=1, dtype=torch.float32)
+    scale = torch.tensor(0.01, requires_grad=True)
+    with pytest.raises(ValueError, match=r"apply_qk_norm_rope: q_fp8_scale requires grad, but the float8 values"):
+        rotary.apply_qk_norm_rope(q, k, FREQS, 1, q_fp8_scale=scale)
+    v = heads(3, h=1, dtype=torch.float32)
+    kc, vc = (torch.zeros(1, 1, 8, D, dtype=torch.float8_e4m3fn) for _ in range(2))
+    snap = Snapshot(q, k, kc.view(torch.uint8), vc.view(torch.uint8))
+    for op in ("apply_rope_with_kv_cache_", "apply_qk_norm_rope_with_kv_cache_"):
+        with pytest.raises(ValueError, match=rf"{op}: k_scale requires grad"):
+            getattr(rotary, op)(q, k, v, kc, vc, FREQS, k_scale=scale, v_scale=torch.tensor(0.01))
+    snap.check()
+    with torch.no_grad():  # no graph: served
+        rotary.apply_qk_norm_rope(q, k, FREQS, 1, q_fp8_scale=scale)
+
+
+def test_negative_rotary_offset_names_the_bound():
+    with pytest.raises(ValueError, match=r"apply_rope: rotary_offset must be >= 0, got -2"):
+        rotary.apply_rope(heads(1), FREQS, rotary_offset=-2)
