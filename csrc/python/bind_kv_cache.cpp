@@ -69,10 +69,10 @@ void bind_kv_cache(py::module_& m) {
         const auto& o = impl.options;
         const py::object dtype = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(o.dtype())));
         return py::make_tuple(o.batch(), o.kv_heads(), o.capacity(), o.head_dim(), o.layout(), dtype, o.k_scale(),
-                              o.v_scale(), bytes_of(impl.k), bytes_of(impl.v), impl.length());
+                              o.v_scale(), bytes_of(impl.k), bytes_of(impl.v), impl.length(), impl.is_training());
       },
       [wrapper](const py::tuple& st) {
-        TORCH_CHECK_VALUE(st.size() == 11, "KVCache: unexpected pickled state of size ", st.size());
+        TORCH_CHECK_VALUE(st.size() == 12, "KVCache: unexpected pickled state of size ", st.size());
         py::object obj = wrapper(
             st[0], st[1], st[2], st[3], py::arg("layout") = st[4], py::arg("dtype") = st[5], py::arg("k_scale") = st[6],
             py::arg("v_scale") = st[7]);
@@ -84,6 +84,7 @@ void bind_kv_cache(py::module_& m) {
         impl->v.view(v.scalar_type()).copy_(v);
         impl->truncate(0);
         impl->advance(st[10].cast<int64_t>());
+        impl->train(st[11].cast<bool>());  // after nn.Module.__init__, which sets training = True
         return obj;
       });
 }

@@ -560,8 +560,9 @@ def test_patching_again_with_other_options_or_pickling_is_refused():
         unpatch(model)
     apply_rotary_to_model(model)
     try:
-        with pytest.raises(TypeError, match=r"a patched model cannot be pickled whole; unpatch it first"):
-            torch.save(model, io.BytesIO())
+        for part in (model, model.model, model.model.layers[0].self_attn.q_norm, model.model.rotary_emb):
+            with pytest.raises(TypeError, match=r"a patched model and its modules cannot be pickled; unpatch"):
+                torch.save(part, io.BytesIO())
     finally:
         unpatch(model)
     torch.save(model, io.BytesIO())

@@ -16,6 +16,7 @@ with the norms' weights, in one pass. Never silently wrong:
   otherwise).
 """
 
+import copy
 import threading
 from typing import List, Optional, Tuple
 
@@ -65,6 +66,20 @@ def probe(norm: nn.Module) -> Optional[NormSpec]:
     return None
 
 
+# Pickling any part of a patched model: an unpickled patch would not hold the
+# attention functions it replaced, and an unpickled deferred norm would be skipped.
+PICKLE_REFUSED = ("rotary: a patched model and its modules cannot be pickled; unpatch the model first, or save its "
+                  "state_dict (save_pretrained) and patch the loaded model")
+
+
+def copy_fields(obj, memo: dict):
+    """copy.deepcopy of obj field by field (its __reduce_ex__ refuses pickling)."""
+    new = type(obj).__new__(type(obj))
+    memo[id(obj)] = new
+    new.__dict__.update(copy.deepcopy(obj.__dict__, memo))
+    return new
+
+
 class _Deferred:
     """A q/k norm's forward that defers it to the rotation. An object, not a
     closure: copy.deepcopy of a patched model then gives the copy a forward
@@ -76,6 +91,12 @@ class _Deferred:
     def __call__(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         _pending().append((x, self.spec))
         return x
+
+    def __deepcopy__(self, memo: dict) -> "_Deferred":
+        return copy_fields(self, memo)
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError(PICKLE_REFUSED)
 
 
 def _view_root(t: torch.Tensor) -> torch.Tensor:

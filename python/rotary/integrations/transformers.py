@@ -16,7 +16,6 @@ through ``torch.ops.rotary``.
 How the patch hooks in, what it verifies and its limits: docs/transformers.md.
 """
 
-import copy
 import sys
 from contextlib import contextmanager
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -152,18 +151,14 @@ class _ModelPatch:
         # copy.deepcopy of a patched model: its own tables and rule state (the
         # forwards are objects, copied with the model), and one more user of
         # each patched attention module, so unpatching either keeps the other.
-        new = _ModelPatch.__new__(_ModelPatch)
-        memo[id(self)] = new
-        new.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        new = _qk_norm.copy_fields(self, memo)
         with _lock:
             for name in new.modules:
                 _hf_functions.retain(name)
         return new
 
     def __reduce_ex__(self, protocol):
-        # An unpickled patch would not hold the attention modules it patches.
-        raise TypeError("rotary: a patched model cannot be pickled whole; unpatch it first, or save its state_dict "
-                        "(save_pretrained) and patch the loaded model")
+        raise TypeError(_qk_norm.PICKLE_REFUSED)
 
 
 def _attention_modules(model: nn.Module, layout: Optional[str]) -> List[str]:
@@ -218,6 +213,12 @@ class _PatchedForward:
         state.prepare(position_ids)
         handle = RotaryPositions(position_ids, state)
         return handle if self.single else (handle, handle)
+
+    def __deepcopy__(self, memo: dict) -> "_PatchedForward":
+        return _qk_norm.copy_fields(self, memo)
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError(_qk_norm.PICKLE_REFUSED)
 
 
 def is_patched(model: nn.Module) -> bool:
