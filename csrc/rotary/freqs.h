@@ -36,12 +36,12 @@ RopeFrequencies compute_frequencies(
 
 // How the angle of a table entry is formed (`angle_dtype`):
 //
-//   at::kDouble (default, "float64"): angle = double(pos) * inv_freq[j] in
-//     float64; cosine, sine and the attention scaling in float64; one
-//     rounding to float. "Exact" in this library means this: the float64
-//     angle pos * inv_freq[j] (relative error 2^-53, under 5e-10 rad at
-//     position 2^22), whose cos/sin rounded once to float are within 2^-25
-//     (~3e-8) of the exact value times attention_scaling.
+//   at::kDouble (default, "float64"): angle = the exact product
+//     pos * inv_freq[j] reduced by whole turns (kernel::reduced_angle,
+//     within 1e-13 rad up to position 2^60); cosine, sine and the attention
+//     scaling in float64; one rounding to float. "Exact" in this library
+//     means this: each of cos and sin within 2^-25 (~3e-8) of the exact
+//     value, times attention_scaling. Angles past 2^62 rad are refused.
 //   at::kFloat ("float32"): compatibility with the tables most models were
 //     trained with (Hugging Face `inv_freq.float() @ position_ids.float()`,
 //     Meta `torch.outer(t.float(), freqs)`): angle = float(pos) *
