@@ -76,8 +76,10 @@ def test_rotary_offset_errors(tables):
     x = randn((1, 2, 3, 24))
     for bad in (9, -1, 100):
         snap = Snapshot(x)
-        with pytest.raises(ValueError, match=r"apply_rope_: rotary_offset \+ rotary_dim must fit in head_dim = 24.*"
-                           rf"rotary_offset = {bad} and rotary_dim = 16"):
+        match = (r"apply_rope_: rotary_offset must be >= 0, got -1" if bad < 0 else
+                 r"apply_rope_: rotary_offset \+ rotary_dim must fit in head_dim = 24.*"
+                 rf"rotary_offset = {bad} and rotary_dim = 16")
+        with pytest.raises(ValueError, match=match):
             rotary.apply_rope_(x, f, rotary_offset=bad)
         snap.check()
     with pytest.raises(ValueError, match="rotary_offset"):
