@@ -37,7 +37,7 @@ def _real_table(mode, func, types, args, kwargs):
     op = func._schema.name.split("::")[1]
     moved = _symbolic_offset(func, args, kwargs)
     if moved is not None and op == "apply_rope_":
-        x = args[0]
+        x = args[0] if args else kwargs["x"]
         with mode:
             x.copy_(torch.ops.rotary.apply_rope.default(*args, **kwargs))
         return None
