@@ -83,11 +83,11 @@ std::string token_name(const kernel::RopeParams& p, int64_t b, int64_t s, bool h
       std::to_string(s - kernel::cu_seqlen(p, n)) + ")";
 }
 
-void check_far_angle(const char* op, const kernel::RopeParams& p, int64_t pos, double max_inv_freq, const std::string& who) {
+void far_angle_error(const char* op, int64_t pos, double max_inv_freq, const std::string& who) {
   TORCH_CHECK_INDEX(
-      pos < p.freqs_len || static_cast<double>(pos) * max_inv_freq < 0x1p62, op, ": ", who, " has position ", pos,
-      ", past the table, where inv_freq up to ", max_inv_freq, " turns it by ", static_cast<double>(pos) * max_inv_freq,
-      " rad; float64 angles keep their phase below 2^62 rad");
+      false, op, ": ", who, " has position ", pos, ", past the table, where inv_freq up to ", max_inv_freq,
+      " turns it by ", static_cast<double>(pos) * max_inv_freq, " rad; float64 angles keep their phase below 2^62 rad");
+  __builtin_unreachable();
 }
 
 void check_positions_in_table(const char* op, const kernel::RopeParams& p, double max_inv_freq) {
@@ -109,7 +109,7 @@ void check_positions_in_table(const char* op, const kernel::RopeParams& p, doubl
           pos >= 0, op, ": ", token_name(p, b, s), " has negative position ", pos, from);
       TORCH_CHECK_INDEX(
           pos < kMaxPosition, op, ": ", token_name(p, b, s), " has position ", pos, from, "; positions must be < 2^60");
-      if (max_inv_freq > 0 && pos >= p.freqs_len) check_far_angle(op, p, pos, max_inv_freq, token_name(p, b, s));
+      if (!keeps_phase(p, pos, max_inv_freq)) far_angle_error(op, pos, max_inv_freq, token_name(p, b, s));
       TORCH_CHECK_INDEX(
           p.inv_freq != nullptr || pos < p.freqs_len, op, ": ", token_name(p, b, s), " has position ", pos, from, ", outside the freqs table [0, ", p.freqs_len, "); build the table with max_seq_len > ", pos,
           " (the ops also take inv_freq)");
@@ -171,7 +171,7 @@ void check_axes_in_table(const char* op, const kernel::RopeParams& p, double max
         TORCH_CHECK_VALUE(
             pos >= 0, op, ": ", token_name(p, b, s), " has negative position ", pos, " on axis ", a,
             " (position_ids)");
-        if (max_inv_freq > 0 && pos >= p.freqs_len) check_far_angle(op, p, pos, max_inv_freq, token_name(p, b, s));
+        if (!keeps_phase(p, pos, max_inv_freq)) far_angle_error(op, pos, max_inv_freq, token_name(p, b, s));
         TORCH_CHECK_INDEX(
             p.inv_freq != nullptr || pos < p.freqs_len, op, ": ", token_name(p, b, s), " has position ", pos,
             " on axis ", a, " (position_ids), outside the freqs table [0, ", p.freqs_len,

@@ -18,8 +18,13 @@ namespace detail {
 void check_positions_in_table(const char* op, const kernel::RopeParams& p, double max_inv_freq = 0);
 
 // Past 2^62 rad no float64 angle keeps its phase (kernel::reduced_angle):
-// a position past the table whose angle would pass it is an IndexError.
-void check_far_angle(const char* op, const kernel::RopeParams& p, int64_t pos, double max_inv_freq, const std::string& who);
+// a position past the table whose angle would pass it is an IndexError,
+// raised by far_angle_error (the callers test, so a token's name is built
+// only for the message).
+inline bool keeps_phase(const kernel::RopeParams& p, int64_t pos, double max_inv_freq) {
+  return pos < p.freqs_len || static_cast<double>(pos) * max_inv_freq < 0x1p62;
+}
+[[noreturn]] void far_angle_error(const char* op, int64_t pos, double max_inv_freq, const std::string& who);
 
 // How a message names token (b, s): "token (batch b, seq s)", or for packed
 // input "token s (sequence n, index i)" when cu_seqlens is on the host.

@@ -131,7 +131,8 @@ void check_host_positions(const char* op, const kernel::RopeParams& p, const Pre
         p.inv_freq != nullptr || p.seq <= p.freqs_len - p.start_pos, op, ": start_pos + seq_len = ", p.start_pos,
         " + ", p.seq, " = ", p.start_pos + p.seq, " exceeds the freqs table length (max_seq_len) ", p.freqs_len,
         "; build the table with max_seq_len > ", p.start_pos + p.seq - 1, " (the ops also take inv_freq)");
-    if (max_inv_freq > 0) check_far_angle(op, p, p.start_pos + p.seq - 1, max_inv_freq, "the last token");
+    const int64_t last = p.start_pos + p.seq - 1;
+    if (!keeps_phase(p, last, max_inv_freq)) far_angle_error(op, last, max_inv_freq, "the last token");
   } else if (p.num_axes > 0) {
     check_axes_in_table(op, p, max_inv_freq);
   } else {

@@ -22,6 +22,7 @@ using detail::check_no_grad;
 using detail::check_no_grad_tables;
 using detail::check_no_tangent;
 using detail::load_state;
+using detail::or_null;
 using detail::OptTensor;
 using detail::RopeState;
 using detail::save_state;
@@ -69,7 +70,7 @@ class RopeQKFunction : public torch::autograd::Function<RopeQKFunction> {
 };
 
 at::Tensor apply_rope_autograd(const at::Tensor& x, const at::Tensor& freqs ROTARY_ROPE_PARAMS) {
-  check_no_tangent("apply_rope", {{"x", &x}, {"freqs", &freqs}, {"inv_freq", inv_freq ? &*inv_freq : nullptr}});
+  check_no_tangent("apply_rope", {{"x", &x}, {"freqs", &freqs}, {"inv_freq", or_null(inv_freq)}});
   if (!torch::autograd::compute_requires_grad(x, freqs, inv_freq.value_or(at::Tensor()))) {  // inference and decode: no graph to record
     at::AutoDispatchBelowADInplaceOrView guard;
     return apply_rope(x, freqs ROTARY_ROPE_NAMES);
@@ -81,7 +82,7 @@ at::Tensor apply_rope_autograd(const at::Tensor& x, const at::Tensor& freqs ROTA
 std::tuple<at::Tensor, at::Tensor> apply_rope_qk_autograd(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs ROTARY_ROPE_PARAMS) {
   check_no_tangent(
-      "apply_rope_qk", {{"q", &q}, {"k", &k}, {"freqs", &freqs}, {"inv_freq", inv_freq ? &*inv_freq : nullptr}});
+      "apply_rope_qk", {{"q", &q}, {"k", &k}, {"freqs", &freqs}, {"inv_freq", or_null(inv_freq)}});
   if (!torch::autograd::compute_requires_grad(q, k, freqs, inv_freq.value_or(at::Tensor()))) {
     at::AutoDispatchBelowADInplaceOrView guard;
     return apply_rope_qk(q, k, freqs ROTARY_ROPE_NAMES);
@@ -92,7 +93,7 @@ std::tuple<at::Tensor, at::Tensor> apply_rope_qk_autograd(
 }
 
 void apply_rope_inplace_autograd(at::Tensor& x, const at::Tensor& freqs ROTARY_ROPE_PARAMS) {
-  check_no_tangent("apply_rope_", {{"x", &x}, {"freqs", &freqs}, {"inv_freq", inv_freq ? &*inv_freq : nullptr}});
+  check_no_tangent("apply_rope_", {{"x", &x}, {"freqs", &freqs}, {"inv_freq", or_null(inv_freq)}});
   check_no_grad("apply_rope_", "x", x);
   check_no_grad_tables(freqs, inv_freq);
   {
@@ -104,7 +105,7 @@ void apply_rope_inplace_autograd(at::Tensor& x, const at::Tensor& freqs ROTARY_R
 
 void apply_rope_qk_inplace_autograd(at::Tensor& q, at::Tensor& k, const at::Tensor& freqs ROTARY_ROPE_PARAMS) {
   check_no_tangent(
-      "apply_rope_qk_", {{"q", &q}, {"k", &k}, {"freqs", &freqs}, {"inv_freq", inv_freq ? &*inv_freq : nullptr}});
+      "apply_rope_qk_", {{"q", &q}, {"k", &k}, {"freqs", &freqs}, {"inv_freq", or_null(inv_freq)}});
   check_no_grad("apply_rope_qk_", "q", q);
   check_no_grad("apply_rope_qk_", "k", k);
   check_no_grad_tables(freqs, inv_freq);

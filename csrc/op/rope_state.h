@@ -65,6 +65,11 @@ inline void check_tables_no_grad(const at::Tensor& freqs, const OptTensor& inv_f
       "pass inv_freq.detach() or register it as a buffer");
 }
 
+// An optional tensor as check_no_tangent takes it (null when absent).
+inline const at::Tensor* or_null(const OptTensor& t) {
+  return t ? &*t : nullptr;
+}
+
 // Forward-mode AD: the kernels run below autograd, so a tangent would be
 // dropped (a zero jvp). Refused, naming the tensor.
 inline void check_no_tangent(const char* op, std::initializer_list<std::pair<const char*, const at::Tensor*>> ts) {
@@ -135,9 +140,7 @@ inline void check_no_grad_scales(const char* op, std::initializer_list<std::pair
     TORCH_CHECK_VALUE(
         !(at::GradMode::is_enabled() && t && t->defined() && t->requires_grad()), op, ": ", name,
         " requires grad, but the float8 values it scales are not differentiable; pass ", name, ".detach()");
-    TORCH_CHECK_NOT_IMPLEMENTED(
-        !(t && t->defined() && t->_fw_grad(/*level=*/0).defined()), op, ": ", name,
-        " carries a forward-mode tangent; rotary's ops support reverse mode only");
+    check_no_tangent(op, {{name, or_null(t)}});
   }
 }
 
@@ -146,9 +149,8 @@ inline void check_no_grad_scales(const char* op, std::initializer_list<std::pair
 inline void check_no_grad_kv(
     const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
     const at::Tensor& v_cache, const at::Tensor& freqs, const OptTensor& inv_freq) {
-  const at::Tensor* inv = inv_freq ? &*inv_freq : nullptr;
   check_no_tangent(op, {{"q", &q}, {"k", &k}, {"v", &v}, {"k_cache", &k_cache}, {"v_cache", &v_cache},
-                        {"freqs", &freqs}, {"inv_freq", inv}});
+                        {"freqs", &freqs}, {"inv_freq", or_null(inv_freq)}});
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"q", &q}, {"k", &k}, {"k_cache", &k_cache},
                                 {"v_cache", &v_cache}}) {
     check_no_grad(op, name, *t);
