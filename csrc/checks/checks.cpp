@@ -13,10 +13,6 @@ namespace rotary {
 namespace detail {
 namespace {
 
-bool is_supported_float(at::ScalarType t) {
-  return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
-}
-
 bool is_varlen(const RopeArgs& args) {
   return args.cu_seqlens.has_value();
 }
@@ -53,9 +49,7 @@ namespace {
 
 // Returns the canonical view after checking dtype, rank and head_dim.
 at::Tensor check_head_tensor(const char* op, const char* name, const at::Tensor& x, const RopeArgs& args) {
-  TORCH_CHECK_TYPE(
-      is_supported_float(x.scalar_type()), op, ": ", name,
-      " must be float32, float64, float16 or bfloat16, got ", x.scalar_type());
+  check_float_dtype(op, name, x);
   at::Tensor v = canonical_view(op, name, x, args);
   const auto head_dim = v.sym_size(3);
   TORCH_CHECK_VALUE(
@@ -216,6 +210,12 @@ void check_same_device(const char* op, const char* name, const at::Tensor& t, co
 void check_integer_dtype(const char* op, const char* name, const at::Tensor& t) {
   TORCH_CHECK_TYPE(at::isIntegralType(t.scalar_type(), /*includeBool=*/false), op, ": ", name,
                    " must have an integer dtype (int64 or int32 are read without a copy), got ", t.scalar_type());
+}
+
+void check_float_dtype(const char* op, const char* name, const at::Tensor& t) {
+  const auto d = t.scalar_type();
+  TORCH_CHECK_TYPE(d == at::kFloat || d == at::kDouble || d == at::kHalf || d == at::kBFloat16, op, ": ", name,
+                   " must be float32, float64, float16 or bfloat16, got ", d);
 }
 
 at::Tensor RopeCall::table() const {

@@ -77,6 +77,8 @@ at::Tensor canonical_view(const at::Tensor& x, Layout layout, bool varlen);
 // op's messages use.
 void check_same_device(const char* op, const char* name, const at::Tensor& t, const at::Tensor& q);
 void check_integer_dtype(const char* op, const char* name, const at::Tensor& t);
+// One of the four float dtypes the kernels take.
+void check_float_dtype(const char* op, const char* name, const at::Tensor& t);
 
 // In-place targets: no two elements of x share memory; w shares none with t
 // (exact for any strides, overlap.h). `why` ends the message.

@@ -21,10 +21,7 @@ kernel::NormKind parse_norm(const char* op, c10::string_view norm) {
 void check_weight(
     const char* op, const char* name, const at::Tensor& w, const char* of, const at::Tensor& v,
     const at::Tensor& q, kernel::NormKind kind) {
-  const auto t = w.scalar_type();
-  TORCH_CHECK_TYPE(
-      t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16, op, ": ", name,
-      " must be float32, float64, float16 or bfloat16, got ", t);
+  check_float_dtype(op, name, w);
   TORCH_CHECK_VALUE(
       w.device() == q.device(), op, ": ", name, " is on ", w.device(), " but q is on ", q.device(),
       "; move both to the same device");

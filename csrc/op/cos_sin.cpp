@@ -9,6 +9,7 @@
 
 #include "checks/checks.h"
 #include "checks/checks_positions.h"
+#include "op/rope_state.h"
 #include "params/layouts.h"
 
 #include <ATen/ATen.h>
@@ -85,6 +86,18 @@ std::tuple<at::Tensor, at::Tensor> apply_rope_cos_sin_composite(
                     ": layout must be \"BHSD\", \"BSHD\" or \"SBHD\", got \"", layout, "\"");
   const at::Tensor q4 = tokens ? q.unsqueeze(0) : q, k4 = tokens ? k.unsqueeze(0) : k;
   const auto axes = axes_of(lay);
+  // q and k as this op's caller named them (apply_rope_qk checks them again).
+  detail::check_float_dtype(kOp, "q", q);
+  detail::check_float_dtype(kOp, "k", k);
+  TORCH_CHECK_TYPE(k.scalar_type() == q.scalar_type(), kOp, ": k has dtype ", k.scalar_type(), " but q has dtype ",
+                   q.scalar_type(), "; q and k must share one dtype");
+  const int heads = 3 - axes.batch - axes.seq;  // the axis k may size apart from q
+  for (int d = 0; d < 4; ++d) {
+    TORCH_CHECK_VALUE(d == heads || k4.sym_size(d) == q4.sym_size(d), kOp, ": k must match q in all but the head ",
+                      "count, got q ", q.sym_sizes(), " and k ", k.sym_sizes(), " (layout ",
+                      tokens ? "[tokens, heads, head_dim]" : axes.dims, ")");
+  }
+  detail::check_no_tangent(kOp, {{"q", &q}, {"k", &k}, {"cos", &cos}, {"sin", detail::or_null(sin)}});
   const c10::SymInt batch = q4.sym_size(axes.batch), seq = q4.sym_size(axes.seq);
 
   check_table(cos, "cos", q);
