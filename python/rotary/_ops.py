@@ -135,16 +135,20 @@ def _legacy_positions(positions: torch.Tensor, start_pos, varlen: bool, who: str
     argument, with its old meaning decided by rank alone: ``[]`` / ``[batch]``
     offsets and ``[batch, seq]`` ids (packed: ``[]`` offset, ``[total_tokens]``
     ids), the ids added to ``start_pos``."""
-    warnings.warn(f"{who}: {_C.LEGACY_POSITIONS_WARNING}", DeprecationWarning, stacklevel=3)
+    if not torch.compiler.is_compiling():  # a warning is a graph break; eager callers see it
+        warnings.warn(f"{who}: {_C.LEGACY_POSITIONS_WARNING}", DeprecationWarning, stacklevel=3)
     is_ids = _LEGACY_ARE_IDS.get((positions.dim(), bool(varlen)))
     if not (is_ids if is_ids is not None else _C.legacy_positions_are_ids(positions.dim(), varlen)):
         return start_pos, positions, None
-    if isinstance(start_pos, int) and not isinstance(start_pos, bool):
-        # The old rule: ids were added to start_pos; in int64, checked first.
-        return 0, None, _C.legacy_ids(who, positions, start_pos)
-    if not isinstance(start_pos, torch.SymInt):
+    # The old rule: ids were added to start_pos. Traced, with arguments that
+    # pass C++'s checks, in torch ops (the op checks the sums it gets).
+    integer = not (positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool)
+    if integer and (isinstance(start_pos, torch.SymInt) or (
+            torch.compiler.is_compiling() and type(start_pos) is int and 0 <= start_pos < _C.MAX_POSITION)):
+        return 0, None, positions.to(torch.int64) + start_pos
+    if not isinstance(start_pos, (int, torch.SymInt)) or isinstance(start_pos, bool):
         raise TypeError(f"{who}: start_pos must be an int, got {start_pos!r}")
-    return 0, None, positions.to(torch.int64) + start_pos
+    return 0, None, _C.legacy_ids(who, positions, start_pos)  # checked, in int64
 
 
 def _route(positions, offsets, position_ids, start_pos, cu_seqlens, who):

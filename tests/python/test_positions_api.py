@@ -122,6 +122,22 @@ def test_deprecated_positions_keeps_its_old_meaning_with_a_warning(kind):
     assert torch.equal(out_ids, rotary.apply_rope(x, f, position_ids=ids + 2))
 
 
+@pytest.mark.parametrize("kind", ["op", "py"])
+def test_deprecated_positions_under_fullgraph_compile(kind, reset_dynamo):
+    """The deprecated spelling still works for one release, compiled too: its
+    warning (a graph break) is left to eager calls."""
+    x = make_heads(2, 2, 3, 16, seed=6)
+    f = rotary.freqs_table(16, 64)
+    m = rotary.RotaryEmbedding(16, 64)
+    call = (lambda p: rotary.apply_rope(x, f, 2, positions=p)) if kind == "op" else (lambda p: m(x, 2, positions=p))
+    off, ids = torch.tensor([0, 10]), torch.tensor([[0, 1, 2], [9, 8, 7]])
+    compiled = torch.compile(call, fullgraph=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        for p in (off, ids):
+            assert_close_ref(compiled(p), rope_reference(x, 2, True, p), torch.float32)
+
+
 def test_deprecated_positions_with_a_new_name_is_refused():
     x = torch.randn(1, 1, 2, 8)
     with pytest.raises(ValueError, match="positions= is deprecated; pass offsets= or position_ids= alone"):
