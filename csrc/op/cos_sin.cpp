@@ -15,6 +15,8 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <string>
+
 namespace rotary {
 namespace {
 
@@ -63,8 +65,11 @@ at::Tensor rows_of(const at::Tensor& t, const char* name, const std::optional<at
   } else if (wide.key_set().has(c10::DispatchKey::Python) || wide.key_set().has(c10::DispatchKey::Functionalize)) {
     // Traced: the inductor's index_select wraps a negative id to a row from
     // the end (eager's refuses it), so the graph checks the ids itself.
-    at::_assert_async(at::logical_and(wide.ge(0), wide.lt(t.sym_size(0))).all(),
-                      "apply_rope_cos_sin: position_ids must be in [0, rows of the table)");
+    // The values are unknown here; the bound is named when it is known.
+    const auto rows = t.sym_size(0).maybe_as_int();
+    const std::string why = std::string(kOp) + ": position_ids must be in [0, " +
+        (rows ? std::to_string(*rows) : std::string("rows")) + ") (the rows of " + name + ")";
+    at::_assert_async(at::logical_and(wide.ge(0), wide.lt(t.sym_size(0))).all(), why);
   }  // eager on a device: index_select's own bounds check
   auto shape = wide.sym_sizes().vec();
   shape.push_back(t.sym_size(1));

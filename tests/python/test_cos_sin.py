@@ -190,6 +190,13 @@ def test_opcheck_and_compile(reset_dynamo):
     compiled = torch.compile(lambda *a: rotary.apply_rope_cos_sin(*a), fullgraph=True)(q, k, cos, sin)
     for got, want in zip(compiled, eager):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    # Compiled, ids past the rows are refused by the graph, naming the bound
+    with_ids = torch.compile(lambda *a: rotary.apply_rope_cos_sin(*a[:4], position_ids=a[4]), fullgraph=True)
+    for got, want in zip(with_ids(q, k, cache, None, ids), rotary.apply_rope_cos_sin(q, k, cache, None, position_ids=ids)):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    for bad in ([0, 1, 4, 2], [0, -1, 2, 3]):
+        with pytest.raises(RuntimeError, match=r"position_ids must be in \[0, 4\) \(the rows of cos \(the cos_sin_cache\)\)"):
+            with_ids(q, k, cache, None, torch.tensor(bad))
 
 
 def test_errors():
