@@ -17,7 +17,7 @@ import torch
 
 import rotary
 from rotary_testing.reference import inv_freq as ref_inv_freq
-from rotary_testing.reference import rotate_pairs_nd
+from rotary_testing.reference import exact_angle, rotate_pairs_nd
 
 from .common import (DEVICE, DOCUMENTED, FLOATS, Finding, Refused, bits, check_close, expect_refusal, judge_refusal,
                      same_bits, set_kind)
@@ -184,10 +184,10 @@ def run_call(d: Draw, q, k, freqs, start_pos, kw, *, reasons, either=False, ment
 def angles(d: Draw, pos, axes=None, sign=1.0, inv=None):
     """float64 [B, S, rd/2] from exact positions: [B, S], or [n, B, S] with axes."""
     inv = d.inv if inv is None else inv
-    P = np.asarray(pos, dtype=object).astype(np.float64)
+    P = np.asarray(pos, dtype=object).astype(np.int64)
     if axes is None:
-        return sign * P[:, :, None] * inv[None, None, :]
-    return sign * np.stack([P[a] * inv[j] for j, a in enumerate(axes)], axis=-1)
+        return sign * exact_angle(P, inv)
+    return sign * np.stack([exact_angle(P[a], inv[j : j + 1])[..., 0] for j, a in enumerate(axes)], axis=-1)
 
 
 def _sign(d):

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 import rotary
+from rotary_testing.reference import exact_angle
 
 from .arg_cases import INT_DTYPES, angles, int_range, int_tensor, logical, neg_view, position_problem, reference
 from .common import DOCUMENTED, FLOATS, Finding, bits, check_close, judge_refusal, same_bits, set_kind
@@ -479,8 +480,7 @@ def run_kv_module(seed):
         if over:
             raise Finding(f"{what}: forward_with_cache accepted {S} tokens past the capacity")
         p = filled if start is None else start
-        P = np.broadcast_to(np.arange(p, p + S, dtype=np.float64)[None, :], (batch, S))
-        ang = P[:, :, None] * inv[None, None, :]
+        ang = exact_angle(np.broadcast_to(np.arange(p, p + S, dtype=np.int64)[None, :], (batch, S)), inv)
         for nm, t, t0 in (("q", q, q0), ("k", k, k0)):
             check_close(t, reference(t0.double(), ang, 0, dim, rope.interleaved), work, f"{what} forward_with_cache {nm}")
         if cache.length != filled + S:

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 import rotary
-from rotary_testing.reference import rotate_pairs_nd
+from rotary_testing.reference import exact_angle, rotate_pairs_nd
 
 from .common import DOCUMENTED, FLOATS, Finding, Refused, bits, check_close, expect_refusal, same_bits, set_kind
 
@@ -153,7 +153,7 @@ def module_reference(x, rows, inv, scale, interleaved, dim, angle_dtype):
     if angle_dtype == "float32":
         angle = (rows.astype(np.float32)[:, None, :, None] * inv.astype(np.float32)[None, None, None, :]).astype(np.float64)
     else:
-        angle = rows.astype(np.float64)[:, None, :, None] * inv[None, None, None, :]
+        angle = exact_angle(rows, inv)[:, None]
     out = X.copy()
     out[..., :dim] = scale * rotate_pairs_nd(X[..., :dim], angle, interleaved)
     return torch.from_numpy(out)
@@ -679,11 +679,10 @@ def run_module_options(seed):
     nd = axes is not None and rule != "offset" and rng.random() < 0.75
     if nd:
         ids = torch.randint(0, rows, (max(axes) + 1, B, S), generator=gen)
-        P = ids.numpy().astype(np.float64)
-        ang = np.stack([P[a] * inv[j] for j, a in enumerate(axes)], axis=-1)
+        ang = np.stack([exact_angle(ids[a].numpy(), inv[j : j + 1])[..., 0] for j, a in enumerate(axes)], axis=-1)
     else:
         ids = torch.randint(0, rows, (B, S), generator=gen)
-        ang = ids.numpy().astype(np.float64)[:, :, None] * inv[None, None, :]
+        ang = exact_angle(ids.numpy(), inv)
     saved = state_of(m)
     try:
         out = m(x, k, position_ids=ids) if k is not None else m(x, position_ids=ids)

@@ -14,7 +14,7 @@ import torch
 
 import rotary
 from rotary_testing.reference import inv_freq as ref_inv_freq
-from rotary_testing.reference import positions_grid, rotate_pairs_nd
+from rotary_testing.reference import exact_angle, positions_grid, rotate_pairs_nd
 
 from .common import DEVICE, FLOATS, Finding, Refused, bits, check_close, expect_refusal, same_bits, set_kind
 
@@ -140,7 +140,7 @@ def _rows(layout, B, S, start_pos, positions, cu):
 def _reference(x, layout, rows, inv, scale, sign, rd, interleaved, offset=0):
     X = canonical(x, layout).detach().to("cpu", torch.float64).numpy()
     out = X.copy()
-    angle = sign * rows.astype(np.float64)[:, None, :, None] * inv[None, None, None, :]
+    angle = sign * exact_angle(rows, inv)[:, None]
     out[..., offset : offset + rd] = scale * rotate_pairs_nd(X[..., offset : offset + rd], angle, interleaved)
     return torch.from_numpy(out)
 
