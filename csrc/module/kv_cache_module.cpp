@@ -72,36 +72,65 @@ void KVCacheImpl::reset() {
 void KVCacheImpl::save(torch::serialize::OutputArchive& archive) const {
   torch::nn::Module::save(archive);
   archive.write("length", torch::tensor(length_), /*is_buffer=*/true);
+  archive.write("layout", c10::IValue(options.layout()));
 }
 
 void KVCacheImpl::load(torch::serialize::InputArchive& archive) {
-  std::vector<std::pair<torch::Tensor*, torch::Tensor>> read;
-  for (auto& [name, mine] : {std::pair<const char*, torch::Tensor*>{"k", &k}, {"v", &v}, {"k_scale", &k_scale},
-                             {"v_scale", &v_scale}}) {
-    if (!mine->defined()) continue;
-    torch::Tensor saved;
-    archive.read(name, saved, /*is_buffer=*/true);
-    TORCH_CHECK_VALUE(
-        saved.sizes() == mine->sizes() && saved.scalar_type() == mine->scalar_type(), "KVCache.load: saved ", name,
-        " is ", saved.scalar_type(), " ", saved.sizes(), ", this cache's is ", mine->scalar_type(), " ",
-        mine->sizes(), "; build the KVCache with the saved options");
-    read.emplace_back(mine, saved);
+  torch::Tensor saved[4];
+  const char* names[4] = {"k", "v", "k_scale", "v_scale"};
+  for (int i = 0; i < 4; ++i) archive.try_read(names[i], saved[i], /*is_buffer=*/true);
+  for (int i = 0; i < 2; ++i) {
+    TORCH_CHECK_VALUE(saved[i].defined(), "KVCache.load: the archive has no '", names[i], "'");
   }
-  torch::Tensor saved_length;
-  const int64_t length = archive.try_read("length", saved_length, /*is_buffer=*/true) ? saved_length.item<int64_t>() : 0;
-  TORCH_CHECK_VALUE(length >= 0 && length <= options.capacity(), "KVCache.load: saved length ", length,
-                    " is outside [0, capacity = ", options.capacity(), "]");
+  torch::Tensor length;
+  c10::IValue layout;
+  const bool has_layout = archive.try_read("layout", layout);
+  load_state(saved[0], saved[1], saved[2], saved[3],
+             archive.try_read("length", length, /*is_buffer=*/true) ? std::optional<int64_t>(length.item<int64_t>())
+                                                                      : std::optional<int64_t>(0),
+             has_layout ? std::optional<std::string>(layout.toStringRef()) : std::nullopt, "KVCache.load");
+}
+
+void KVCacheImpl::load_state(const torch::Tensor& k_in, const torch::Tensor& v_in, const torch::Tensor& k_scale_in,
+                             const torch::Tensor& v_scale_in, std::optional<int64_t> length,
+                             const std::optional<std::string>& layout, const char* who) {
+  const std::pair<const char*, std::pair<const torch::Tensor*, torch::Tensor*>> pieces[4] = {
+      {"k", {&k_in, &k}}, {"v", {&v_in, &v}}, {"k_scale", {&k_scale_in, &k_scale}}, {"v_scale", {&v_scale_in, &v_scale}}};
+  for (const auto& [name, pair] : pieces) {
+    const auto& [saved, mine] = pair;
+    if (!saved->defined()) continue;
+    TORCH_CHECK_VALUE(!saved->is_meta(), who, ": the saved '", name, "' is a meta tensor (it holds no values)");
+    TORCH_CHECK_VALUE(mine->defined(), who, ": the saved state has '", name, "' (a float8_e4m3fn cache's scale), ",
+                      "this cache is ", options.dtype(), "; build the KVCache with the saved options");
+    TORCH_CHECK_VALUE(saved->sizes() == mine->sizes() && saved->scalar_type() == mine->scalar_type(), who,
+                      ": saved ", name, " is ", saved->scalar_type(), " ", saved->sizes(), ", this cache's is ",
+                      mine->scalar_type(), " ", mine->sizes(), "; build the KVCache with the saved options");
+  }
+  for (const auto* scale : {&k_scale_in, &v_scale_in}) {
+    if (!scale->defined()) continue;
+    const float value = scale->item<float>();
+    TORCH_CHECK_VALUE(std::isfinite(value) && value > 0.0f, who, ": saved ", scale == &k_scale_in ? "k_scale" : "v_scale",
+                      " must be finite and > 0, got ", value);
+  }
+  TORCH_CHECK_VALUE(!layout || *layout == options.layout(), who, ": the state was saved from a '", layout.value_or(""),
+                    "' cache, this one is '", options.layout(), "'; build the KVCache with the saved options");
+  TORCH_CHECK_VALUE(!length || (*length >= 0 && *length <= options.capacity()), who, ": saved length ",
+                    length.value_or(0), " is outside [0, capacity = ", options.capacity(), "]");
   torch::NoGradGuard no_grad;
-  for (auto& [mine, saved] : read) mine->copy_(saved);
-  length_ = length;
+  for (const auto& [name, pair] : pieces) {
+    if (pair.first->defined()) pair.second->copy_(*pair.first);
+  }
+  if (length) length_ = *length;
 }
 
 void KVCacheImpl::pretty_print(std::ostream& stream) const {
   stream << "rotary::KVCache(batch=" << options.batch() << ", kv_heads=" << options.kv_heads()
          << ", capacity=" << options.capacity() << ", head_dim=" << options.head_dim() << ", layout="
          << options.layout() << ", dtype=" << options.dtype();
-  if (options.k_scale()) stream << ", k_scale=" << *options.k_scale();
-  if (options.v_scale()) stream << ", v_scale=" << *options.v_scale();
+  // The scales the cache uses (a load may have changed them from the options').
+  for (const auto& [name, scale] : {std::make_pair("k_scale", &k_scale), std::make_pair("v_scale", &v_scale)}) {
+    if (scale->defined() && !scale->is_meta()) stream << ", " << name << "=" << scale->item<float>();
+  }
   stream << ", length=" << length_ << ")";
 }
 

@@ -8,6 +8,8 @@
 #include <torch/python.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <iterator>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -16,13 +18,86 @@ namespace rotary {
 namespace python {
 
 namespace {
+
+using KVImpl = rotary::KVCacheImpl;
+
 torch::Tensor bytes_of(const torch::Tensor& t) {
   return t.scalar_type() == torch::kFloat8_e4m3fn ? t.view(torch::kByte) : t;
 }
+
+// state_dict's '_extra_state': what the buffers do not say.
+py::dict kv_extra_state(const KVImpl& impl) {
+  py::dict d;
+  d["length"] = impl.length();
+  d["layout"] = impl.options.layout();
+  return d;
+}
+
+// load_state_dict: the buffers, length and layout through load_state, which
+// checks them all before it copies any; torch's default would cast a saved
+// buffer to this cache's dtype (float32 rows into a float8 cache, unscaled)
+// and drop the length. A cache loads all of its state or none: torch passes
+// strict=True here whatever the caller asked, so a partial state is an error.
+void kv_load_from_state_dict(py::object self, py::object state_dict, const std::string& prefix,
+                             py::object /*local_metadata*/, bool /*strict*/, py::list missing_keys,
+                             py::list unexpected_keys, py::list error_msgs) {
+  auto impl = self.attr("cpp_module").cast<std::shared_ptr<KVImpl>>();
+  const py::dict sd(state_dict);
+  const char* who = "KVCache.load_state_dict";
+  const bool fp8 = impl->k_scale.defined();
+  const char* names[5] = {"k", "v", "k_scale", "v_scale", "_extra_state"};
+  py::object got[5];
+  std::string present, absent;
+  for (int i = 0; i < 5; ++i) {
+    const py::str key(prefix + names[i]);
+    if (sd.contains(key)) {
+      got[i] = sd[key];
+      present += std::string(present.empty() ? "" : ", ") + names[i];
+    } else if (i < 2 || i == 4 || fp8) {
+      missing_keys.append(key);
+      absent += std::string(absent.empty() ? "" : ", ") + names[i];
+    }
+  }
+  for (auto item : sd) {
+    const std::string key = py::str(item.first);
+    if (key.rfind(prefix, 0) != 0 || key.find('.', prefix.size()) != std::string::npos) continue;
+    if (std::find(std::begin(names), std::end(names), key.substr(prefix.size())) == std::end(names)) {
+      unexpected_keys.append(item.first);
+    }
+  }
+  if (present.empty()) return;  // nothing of this cache's: the missing keys say so
+  if (!absent.empty()) {
+    error_msgs.append(std::string(who) + ": the state has " + present + " but not " + absent +
+                      "; a KVCache loads all of its state or none ('_extra_state' holds its length and layout)");
+    return;
+  }
+  torch::Tensor saved[4];
+  for (int i = 0; i < 4; ++i) {
+    if (!got[i]) continue;
+    if (!THPVariable_Check(got[i].ptr())) {
+      error_msgs.append(std::string(who) + ": the saved '" + names[i] + "' must be a tensor, got " + repr_of(got[i]));
+      return;
+    }
+    saved[i] = got[i].cast<torch::Tensor>();
+  }
+  const py::object& extra = got[4];
+  if (!py::isinstance<py::dict>(extra) || !extra.contains("length") || !extra.contains("layout")) {
+    error_msgs.append(std::string(who) + ": the saved '_extra_state' must be a dict with 'length' and 'layout', got " +
+                      repr_of(extra));
+    return;
+  }
+  try {
+    impl->load_state(saved[0], saved[1], saved[2], saved[3], int_arg(extra["length"], who, "_extra_state['length']"),
+                     py::str(extra["layout"]).cast<std::string>(), who);
+  } catch (const c10::Error& e) {
+    error_msgs.append(std::string(e.what_without_backtrace()));
+  }
+}
+
 }  // namespace
 
 void bind_kv_cache(py::module_& m) {
-  using Impl = rotary::KVCacheImpl;
+  using Impl = KVImpl;
   torch::python::bind_module<Impl>(m, "KVCache")
       .def(
           py::init([](const py::object& batch, const py::object& kv_heads, const py::object& capacity,
@@ -61,29 +136,39 @@ void bind_kv_cache(py::module_& m) {
   repr_from_pretty_print<Impl>(wrapper);
   // The cache keeps the dtype its options say when a parent is cast.
   apply_moves_only<Impl>(wrapper);
-  // pickle / copy.deepcopy: rebuilt from the options, then the buffers and
-  // the length copied in. torch cannot pickle a float8 tensor: its bytes go.
+  // state_dict: the buffers, plus the length and layout as '_extra_state'.
+  wrapper.attr("get_extra_state") = py::cpp_function(
+      [](py::object self) { return kv_extra_state(*self.attr("cpp_module").cast<std::shared_ptr<Impl>>()); },
+      py::is_method(wrapper));
+  wrapper.attr("_load_from_state_dict") = py::cpp_function(
+      &kv_load_from_state_dict, py::is_method(wrapper), py::arg("state_dict"), py::arg("prefix"),
+      py::arg("local_metadata"), py::arg("strict"), py::arg("missing_keys"), py::arg("unexpected_keys"),
+      py::arg("error_msgs"));
+  // pickle / copy.deepcopy: rebuilt from the options, then the buffers (the
+  // scales as the buffers hold them, not as built) and the length loaded in.
+  // torch cannot pickle a float8 tensor: its bytes go.
   def_pickle<Impl>(
       m, wrapper, "_kv_cache_from_state",
       [](const Impl& impl) {
         const auto& o = impl.options;
         const py::object dtype = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(o.dtype())));
+        auto or_none = [](const torch::Tensor& t) { return t.defined() ? py::cast(t) : py::object(py::none()); };
         return py::make_tuple(o.batch(), o.kv_heads(), o.capacity(), o.head_dim(), o.layout(), dtype, o.k_scale(),
-                              o.v_scale(), bytes_of(impl.k), bytes_of(impl.v), impl.length(), impl.is_training());
+                              o.v_scale(), bytes_of(impl.k), bytes_of(impl.v), impl.length(), impl.is_training(),
+                              or_none(impl.k_scale), or_none(impl.v_scale));
       },
       [wrapper](const py::tuple& st) {
-        TORCH_CHECK_VALUE(st.size() == 12, "KVCache: unexpected pickled state of size ", st.size());
+        TORCH_CHECK_VALUE(st.size() == 14, "KVCache: unexpected pickled state of size ", st.size());
         py::object obj = wrapper(
             st[0], st[1], st[2], st[3], py::arg("layout") = st[4], py::arg("dtype") = st[5], py::arg("k_scale") = st[6],
             py::arg("v_scale") = st[7]);
         auto impl = obj.attr("cpp_module").cast<std::shared_ptr<Impl>>();
         const auto k = st[8].cast<torch::Tensor>(), v = st[9].cast<torch::Tensor>();
         impl->to(k.device());
-        torch::NoGradGuard no_grad;
-        impl->k.view(k.scalar_type()).copy_(k);  // float8 travels as its bytes
-        impl->v.view(v.scalar_type()).copy_(v);
-        impl->truncate(0);
-        impl->advance(st[10].cast<int64_t>());
+        const auto dt = impl->options.dtype();  // float8 travels as its bytes
+        auto scale = [](const py::handle& h) { return h.is_none() ? torch::Tensor() : h.cast<torch::Tensor>(); };
+        impl->load_state(k.view(dt), v.view(dt), scale(st[12]), scale(st[13]), st[10].cast<int64_t>(), std::nullopt,
+                         "KVCache pickle");
         impl->train(st[11].cast<bool>());  // after nn.Module.__init__, which sets training = True
         return obj;
       });

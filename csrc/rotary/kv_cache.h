@@ -44,11 +44,18 @@ class KVCacheImpl : public torch::nn::Cloneable<KVCacheImpl> {
   // and then copies the buffers) keeps it too. truncate(0) empties the cache.
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
-  // The buffers and length(); load checks every saved buffer against this
-  // cache's (shape, dtype) before it copies any, so a cache of other options
-  // is refused by name instead of read as other bytes.
+  // The buffers, length() and layout; load is load_state's.
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
+  // Restores a saved state (load, and Python's load_state_dict and pickle):
+  // every piece is checked against this cache (shape and dtype of each
+  // buffer, the layout, the length within the capacity) before any is
+  // copied, so a cache of other options is refused by name instead of read
+  // as other bytes. An undefined tensor, or no length or layout, keeps what
+  // the cache holds.
+  void load_state(const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& k_scale,
+                  const torch::Tensor& v_scale, std::optional<int64_t> length, const std::optional<std::string>& layout,
+                  const char* who);
   // Only the device changes: the cache keeps the dtype of its options.
   void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
   void to(torch::Dtype dtype, bool non_blocking = false) override;

@@ -114,6 +114,14 @@ TEST(NeverWrong, KVCacheLengthResetAndSaveLoad) {
     EXPECT_TRUE(at::equal(wrong->k, before));
     EXPECT_EQ(wrong->length(), 0);
   }
+  // A BSHD cache of the same buffer shape: the layout is saved and checked.
+  rotary::KVCache bshd(KVCacheOptions(1, 8, 2, 16).layout("BSHD"));
+  const at::Tensor before = bshd->k.clone();
+  std::stringstream third;
+  torch::save(cache, third);
+  ExpectError<c10::ValueError>([&] { torch::load(bshd, third); },
+                               {"KVCache.load: the state was saved from a 'BHSD' cache, this one is 'BSHD'"});
+  EXPECT_TRUE(at::equal(bshd->k, before));
 }
 
 // A module's host-driven rule installs new tables into the same buffers: the
