@@ -80,7 +80,8 @@ void check_integer_dtype(const char* op, const char* name, const at::Tensor& t);
 // One of the four float dtypes the kernels take.
 void check_float_dtype(const char* op, const char* name, const at::Tensor& t);
 
-// In-place targets: no two elements of x share memory; w shares none with t
+// In-place targets: x can be updated in place here (not an inference tensor
+// outside inference mode) and no two of its elements share memory; w shares none with t
 // (exact for any strides, overlap.h). `why` ends the message.
 void check_distinct(const char* op, const char* name, const at::Tensor& x);
 void check_disjoint(

@@ -8,6 +8,7 @@
 #include <rotary/bounds.h>
 
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -51,6 +52,11 @@ void check_cu_seqlens_values(const char* op, const at::Tensor& cu, int64_t total
 }  // namespace
 
 void check_distinct(const char* op, const char* name, const at::Tensor& x) {
+  // torch refuses the version bump of an inference tensor only after the
+  // kernel ran: refused here, before anything is written.
+  TORCH_CHECK_VALUE(!x.is_inference() || c10::InferenceMode::is_enabled(), op, ": ", name,
+                    " is an inference tensor (made under torch.inference_mode()), which cannot be updated in place ",
+                    "outside it; call under torch.inference_mode(), or pass a clone");
   const Overlap o = self_overlap(x);
   TORCH_CHECK_VALUE(
       o != Overlap::Yes, op, ": ", name,
