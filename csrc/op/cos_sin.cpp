@@ -111,9 +111,13 @@ std::tuple<at::Tensor, at::Tensor> apply_rope_cos_sin_composite(
     detail::check_same_device(kOp, "position_ids", *position_ids, q);
     const auto& p = *position_ids;
     const bool per_token = p.dim() == 1 && p.sym_size(0) == seq;
-    TORCH_CHECK_VALUE(per_token || (!tokens && p.dim() == 2 && p.sym_size(0) == batch && p.sym_size(1) == seq), kOp,
-                      ": position_ids must be [seq] = [", seq, "]", tokens ? " (q is [tokens, heads, head_dim])" : "",
-                      tokens ? "" : " or [batch, seq]", ", got shape ", p.sym_sizes());
+    // [1, seq] broadcasts over the batch, as with every other op.
+    const bool per_row = !tokens && p.dim() == 2 && (p.sym_size(0) == batch || p.sym_size(0) == 1) &&
+        p.sym_size(1) == seq;
+    TORCH_CHECK_VALUE(per_token || !tokens, kOp, ": position_ids must be [seq] = [", seq,
+                      "] (q is [tokens, heads, head_dim]), got shape ", p.sym_sizes());
+    TORCH_CHECK_VALUE(per_token || per_row, kOp, ": position_ids must be [seq] = [", seq, "] or [batch, seq] = [",
+                      batch, ", ", seq, "] (batch may be 1), got shape ", p.sym_sizes());
   }
   at::Tensor c, s;
   if (sin) {

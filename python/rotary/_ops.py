@@ -338,7 +338,7 @@ apply_rope_cos_sin = _generate("apply_rope_cos_sin", None, """Rotate q and k by 
     * vLLM / FlashInfer: ``sin=None`` and ``cos`` the ``cos_sin_cache``
       ``[max_pos, R]`` (R/2 cos then R/2 sin per row) with ``position_ids``.
 
-    ``position_ids``: ``[seq]`` or ``[batch, seq]``, any integer dtype. q and
+    ``position_ids``: ``[seq]`` or ``[batch, seq]`` (batch may be 1), any integer dtype. q and
     k are 4-D in ``layout`` (``"BHSD"``: Hugging Face's ``unsqueeze_dim=1``,
     ``"BSHD"``: ``unsqueeze_dim=2``, ``"SBHD"``), or ``[tokens, heads,
     head_dim]`` (vLLM's, positions ``[tokens]``). Dims outside

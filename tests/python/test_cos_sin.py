@@ -119,13 +119,14 @@ def test_cos_sin_cache(device, dtype, interleaved):
 
 def test_hf_tables_with_ids(device):
     """cos/sin as [max_pos, R] tables indexed by position_ids ([seq] and
-    [batch, seq])."""
+    [batch, seq], or [1, seq] for every row)."""
     B, H, S, D = 2, 2, 6, 16
     a = angles((MAX_POS,), D // 2, 11)
     cos, sin = hf_tables(a, False, torch.float32)
     q, k = randn((B, H, S, D), torch.float32, 12, device), randn((B, H, S, D), torch.float32, 13, device)
     for ids in (torch.randint(0, MAX_POS, (S,), generator=gen(14)),
-                torch.randint(0, MAX_POS, (B, S), generator=gen(15))):
+                torch.randint(0, MAX_POS, (B, S), generator=gen(15)),
+                torch.randint(0, MAX_POS, (1, S), generator=gen(16))):  # [1, seq] broadcasts
         oq, ok = rotary.apply_rope_cos_sin(q, k, cos.to(device), sin.to(device), position_ids=ids.to(device))
         c = read(cos)[ids, :D // 2].reshape(-1, S, D // 2)
         s = read(sin)[ids, :D // 2].reshape(-1, S, D // 2)
@@ -231,7 +232,7 @@ def test_errors():
          r"position_ids must be in \[0, 4\) \(the rows of cos \(the cos_sin_cache\)\), got values in \[0, 4\]"),
         (lambda: f(q, k, cos[0], None, position_ids=torch.tensor([0, -1, 2, 3])), IndexError, r"got values in \[-1, 3\]"),
         (lambda: f(q, k, cos[0], None, position_ids=torch.zeros(3, dtype=torch.long)), ValueError,
-         r"position_ids must be \[seq\] = \[4\] or \[batch, seq\], got shape \[3\]"),
+         r"position_ids must be \[seq\] = \[4\] or \[batch, seq\] = \[2, 4\] \(batch may be 1\), got shape \[3\]"),
         (lambda: f(q, k, cos, sin, position_ids=torch.zeros(4, dtype=torch.long)), ValueError,
          r"with position_ids, cos must be a \[max_pos, R\] table"),
         (lambda: f(q, k, cos[:, :3], sin[:, :3]), ValueError, r"one row per token of q: \[seq\] = \[4\]"),
