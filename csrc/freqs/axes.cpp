@@ -20,6 +20,8 @@ std::vector<int64_t> mrope_pair_axes(const std::vector<int64_t>& sections, int64
   TORCH_CHECK_VALUE(
       n >= 1 && n <= kernel::kMaxAxes, "mrope_section must have 1 to ", kernel::kMaxAxes,
       " entries (pairs per position axis), got ", n);
+  TORCH_CHECK_VALUE(rotary_dim > 0 && rotary_dim % 2 == 0,
+                    "mrope_pair_axes: rotary_dim must be even and > 0 (RoPE rotates pairs of dims), got ", rotary_dim);
   const int64_t pairs = rotary_dim / 2;
   // Each entry in (0, pairs] first, so the sum below cannot wrap; an empty
   // section would leave an axis that no pair reads.

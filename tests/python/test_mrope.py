@@ -36,6 +36,10 @@ def test_pair_axes_rules():
     for make in (rotary.RotaryEmbedding, rotary.CppRotaryEmbedding):
         with pytest.raises(ValueError, match=r"mrope_section\[2\] must be in \[1, rotary_dim / 2 = 4\].*got 0"):
             make(8, mrope_section=[2, 2, 0])
+    # rotary_dim itself: an odd one was floored, a non-positive one blamed on the sections
+    for d in (7, 15, 0, -16):
+        with pytest.raises(ValueError, match=rf"mrope_pair_axes: rotary_dim must be even and > 0 .*got {d}"):
+            rotary._C.mrope_pair_axes([1, 1, 1], d)
 
 
 def test_module_mrope_and_offset():
