@@ -156,7 +156,7 @@ def _span(config: Any, fam: Family, partial: float, model_type: str, field, rule
                              f"its {rule} table by {sized}, which must equal qk_rope_head_dim={rotary_dim}")
         head_dim = offset + rotary_dim
     else:
-        head_dim = _get(config, "head_dim") if fam.span == "leading" else None
+        head_dim = field("head_dim") if fam.span == "leading" else None
         if not head_dim:
             hidden = field("hidden_size")
             heads = field("num_attention_heads")

@@ -187,7 +187,11 @@ FAMILIES: Dict[str, Family] = {
     **{name: _INTER for name in ("cohere2", "cohere2_moe")},
     "smollm3": Family(layer_fields=("no_rope_layers", "no_rope_layer_interval")),
     # Zamba2's shared attention rotates only with use_mem_rope (no rotary_emb without it).
-    "zamba2": Family(layer_fields=("use_mem_rope",)),
+    "zamba2": Family(layer_fields=("use_mem_rope",), aliases=(("head_dim", "attention_head_dim"),)),
+    # The config classes' attribute_map names, which config.json is written in.
+    "jetmoe": Family(aliases=(("head_dim", "kv_channels"),)),
+    "dbrx": Family(aliases=(("hidden_size", "d_model"), ("num_attention_heads", "n_heads"),
+                            ("max_position_embeddings", "max_seq_len"))),
     **{name: Family(layer_theta_field="layer_rope_theta") for name in ("granite_swa", "granitemoe_swa")},
     # Per-layer-type rules, each rotating int(head_dim * partial_rotary_factor).
     "mimo_v2_flash": Family(partial_default=0.334),

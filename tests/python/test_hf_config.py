@@ -186,6 +186,13 @@ CASES = [
     ("youtu", "youtu", "YoutuConfig", MLA, hf_mla("youtu", "YoutuRotaryEmbedding"), 20, False),
     ("minicpm3", "minicpm3", "MiniCPM3Config", MLA, hf_mla("minicpm3", "MiniCPM3RotaryEmbedding"), 20, False),
     ("hy_v4", "hy_v4", "HYV4Config", dict(MLA, q_lora_rank=16), hf_mla("hy_v4", "HYV4RotaryEmbedding"), 20, False),
+    # Head width and sizes under the config class's own names (its attribute_map): kv_channels = 24, not
+    # hidden_size / heads = 16; DBRX's d_model / n_heads / max_seq_len.
+    ("jetmoe", "jetmoe", "JetMoeConfig", dict(SMALL, kv_channels=24, num_local_experts=2),
+     hf_std("jetmoe", "JetMoeRotaryEmbedding"), 24, False),
+    ("dbrx", "dbrx", "DbrxConfig", dict(d_model=64, n_heads=H, n_layers=1, vocab_size=32, max_seq_len=MAX_POS,
+                                        attn_config={"kv_n_heads": KV}, ffn_config={"moe_num_experts": 2}),
+     hf_std("dbrx", "DbrxRotaryEmbedding"), 16, False),
 ]
 IDS = [c[0] for c in CASES]
 
@@ -353,3 +360,35 @@ def test_yarn_fields_rotary_cannot_represent_are_refused():
     hf_rope = modeling("deepseek_v3").DeepseekV3RotaryEmbedding(cfg)
     assert rope.attention_scaling == pytest.approx(hf_rope.attention_scaling, rel=1e-12)
     assert rope.attention_scaling != 1.0
+
+
+def test_the_dict_form_reads_like_the_config_object():
+    """config.json (to_json_string) names some fields as the config class's
+    attribute_map does (JetMoe's kv_channels for head_dim, Zamba2's
+    attention_head_dim); every family's default config reads the same from
+    it as from the object, or is refused the same way."""
+    import json
+
+    from rotary_testing.hf_sweep import swept_families
+    from rotary_testing.hf_tiny import _config_of
+
+    def read(config, layer_type=None):
+        try:
+            return rope_kwargs_from_hf_config(config, layer_type=layer_type)
+        except ValueError as e:
+            return f"refused: {e}"
+
+    checked = []
+    for model_type in swept_families():
+        try:
+            config = _config_of(model_type)
+        except Exception:  # noqa: BLE001 - transformers cannot build it here
+            continue
+        text = getattr(config, "text_config", None) or config
+        for form in (config, text) if text is not config else (config,):
+            as_json = json.loads(form.to_json_string())
+            for layer_type in rotary.hf.layer_types_of(form) or [None]:  # one module per layer type
+                got, want = read(as_json, layer_type), read(form, layer_type)
+                assert got == want, (model_type, layer_type, got, want)
+            checked.append(model_type)
+    assert {"jetmoe", "zamba2", "llama", "gptj"} <= set(checked), sorted(checked)
