@@ -10,6 +10,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 namespace rotary {
@@ -162,6 +163,14 @@ const char* const kLegacyPositionsWarning =
     "start_pos + offsets[b] + s) or position_ids= ([seq] or [batch, seq]: absolute positions, as in Hugging Face)";
 
 void check_axes_in_table(const char* op, const kernel::RopeParams& p, double max_inv_freq) {
+  // An axis's positions turn only its own pairs: its largest frequency bounds the angle.
+  double axis_max[kernel::kMaxAxes] = {};
+  if (max_inv_freq > 0) {
+    for (int64_t j = 0; j < p.rotary_dim / 2; ++j) {
+      double& m = axis_max[p.pair_axis[j]];
+      m = std::max(m, std::abs(p.inv_freq[j * p.inv_freq_stride]));
+    }
+  }
   for (int64_t a = 0; a < p.num_axes; ++a) {
     for (int64_t b = 0; b < p.batch; ++b) {
       for (int64_t s = 0; s < p.seq; ++s) {
@@ -171,7 +180,7 @@ void check_axes_in_table(const char* op, const kernel::RopeParams& p, double max
         TORCH_CHECK_VALUE(
             pos >= 0, op, ": ", token_name(p, b, s), " has negative position ", pos, " on axis ", a,
             " (position_ids)");
-        if (!keeps_phase(p, pos, max_inv_freq)) far_angle_error(op, pos, max_inv_freq, token_name(p, b, s));
+        if (!keeps_phase(p, pos, axis_max[a])) far_angle_error(op, pos, axis_max[a], token_name(p, b, s));
         TORCH_CHECK_INDEX(
             p.inv_freq != nullptr || pos < p.freqs_len, op, ": ", token_name(p, b, s), " has position ", pos,
             " on axis ", a, " (position_ids), outside the freqs table [0, ", p.freqs_len,

@@ -229,3 +229,22 @@ def test_cuda_nd_and_graph_replay(tables, dtype):
 
 
 TOL_GRAPH = {torch.float32: 1e-6, torch.float64: 1e-12, torch.float16: 1e-3, torch.bfloat16: 8e-3}
+
+
+def test_far_angle_bound_is_per_axis():
+    """The 2^62 rad bound past the table reads each axis's own pairs: a slow
+    axis far out is served (exactly) when only a fast axis's frequency would
+    pass the bound at that position; the fast axis there is refused."""
+    from rotary_testing.reference import exact_angle, rotate_pairs_nd
+
+    inv = torch.tensor([1e3, 1e-3], dtype=torch.float64)  # pair 0 on axis 0, pair 1 on axis 1
+    tab = torch.polar(torch.ones(16, 2, dtype=torch.float64), torch.arange(16.0, dtype=torch.float64)[:, None] * inv)
+    tab = tab.to(torch.complex64)
+    q = torch.randn(1, 1, 1, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    pos = torch.tensor([[[1]], [[2**59]]])  # pair 1 turns 5.8e14 rad; 2^59 * 1e3 would pass 2^62
+    got = rotary.apply_rope(q, tab, position_ids=pos, pair_axes=[0, 1], inv_freq=inv)
+    angle = np.stack([exact_angle(pos[a].numpy(), inv[a : a + 1].numpy())[..., 0] for a in (0, 1)], -1)
+    torch.testing.assert_close(got, torch.from_numpy(rotate_pairs_nd(q.numpy(), angle[:, None], True)),
+                               rtol=1e-6, atol=1e-6)
+    with pytest.raises(IndexError, match=r"2\^62"):
+        rotary.apply_rope(q, tab, position_ids=pos.flip(0), pair_axes=[0, 1], inv_freq=inv)
