@@ -158,7 +158,8 @@ void bind_kv_cache(py::module_& m) {
                               or_none(impl.k_scale), or_none(impl.v_scale));
       },
       [wrapper](const py::tuple& st) {
-        TORCH_CHECK_VALUE(st.size() == 14, "KVCache: unexpected pickled state of size ", st.size());
+        // 12 entries: pickled before the scale buffers travelled (their options' scales then).
+        TORCH_CHECK_VALUE(st.size() == 14 || st.size() == 12, "KVCache: unexpected pickled state of size ", st.size());
         py::object obj = wrapper(
             st[0], st[1], st[2], st[3], py::arg("layout") = st[4], py::arg("dtype") = st[5], py::arg("k_scale") = st[6],
             py::arg("v_scale") = st[7]);
@@ -167,8 +168,9 @@ void bind_kv_cache(py::module_& m) {
         impl->to(k.device());
         const auto dt = impl->options.dtype();  // float8 travels as its bytes
         auto scale = [](const py::handle& h) { return h.is_none() ? torch::Tensor() : h.cast<torch::Tensor>(); };
-        impl->load_state(k.view(dt), v.view(dt), scale(st[12]), scale(st[13]), st[10].cast<int64_t>(), std::nullopt,
-                         "KVCache pickle");
+        const bool scales = st.size() == 14;
+        impl->load_state(k.view(dt), v.view(dt), scales ? scale(st[12]) : torch::Tensor(),
+                         scales ? scale(st[13]) : torch::Tensor(), st[10].cast<int64_t>(), std::nullopt, "KVCache pickle");
         impl->train(st[11].cast<bool>());  // after nn.Module.__init__, which sets training = True
         return obj;
       });

@@ -92,8 +92,8 @@ void apply_moves_only(py::object wrapper) {
         const auto to = fn(torch::empty({0}, torch::TensorOptions().device(where))).template cast<torch::Tensor>().device();
         // Meta would drop the values the C++ module reads on the host.
         TORCH_CHECK_VALUE(!to.is_meta(), py::str(py::type::of(self).attr("__name__")).template cast<std::string>(),
-                          ": a C++ module holds real buffers and cannot move to the meta device; for meta ",
-                          "initialisation use rotary.RotaryEmbedding (then to_empty)");
+                          ": a C++ module holds real buffers and cannot move to the meta device; build it ",
+                          "where it runs (rotary.RotaryEmbedding supports meta initialisation and to_empty)");
         impl->to(to);
         return self;
       },

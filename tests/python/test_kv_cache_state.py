@@ -109,6 +109,9 @@ def test_fp8_scales_are_checked_and_travel_as_the_cache_uses_them():
         assert torch.equal(other.keys_values(torch.float64)[1], want)
     dst.k_scale.fill_(0.25)  # calibrated in place: the copy keeps the buffer's value
     assert pickle.loads(pickle.dumps(dst)).k_scale.item() == 0.25
+    rebuild, (state,) = dst.__reduce__()  # a 12-entry state, pickled before the scales travelled, still loads
+    older = rebuild(state[:12])
+    assert older.length == 3 and older.k_scale.item() == 1.0 and torch.equal(raw(older.k), raw(dst.k))
 
 
 @pytest.mark.parametrize("cls", ["KVCache", "CppRotaryEmbedding"])
