@@ -172,7 +172,7 @@ RopeCall check_rope_inputs(
     check_same_device(op, "inv_freq", inv, q);
     // Rows past the table take its attention scaling from its first entry.
     TORCH_CHECK_VALUE(
-        freqs.sym_size(0) > 0, op, ": inv_freq needs a table of at least one row (its entries' magnitude is the ",
+        freqs.sym_size(0) > 0, op, ": inv_freq needs a table of at least one row (its first entry is the ",
         "attention scaling of the rows computed past it), got freqs ", freqs.sym_sizes());
   }
   if (args.pair_axes) check_axes_positions(op, qv, freqs, args);

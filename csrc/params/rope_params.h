@@ -249,9 +249,12 @@ ROTARY_HOST_DEVICE void rotation_of(const RopeParams& p, int64_t pos, int64_t j,
     s = static_cast<acc_t>(f[1]);
   } else if (p.inv_freq != nullptr && pos >= 0 && pos < (int64_t{1} << 60)) {  // rotary::kMaxPosition
     const CosSin cs = cos_sin_at(pos, p.inv_freq[j * p.inv_freq_stride]);
-    // |entry| is the same on every row and pair: the table's attention scaling.
-    const double scale =
-        p.freqs_len > 0 ? ::hypot(static_cast<double>(p.freqs[0]), static_cast<double>(p.freqs[1])) : 1.0;
+    // Row 0 is the attention scaling times e^{i 0}: |entry| with the real
+    // part's sign, so a negated table stays negated past its end.
+    const double scale = p.freqs_len > 0
+        ? ::copysign(::hypot(static_cast<double>(p.freqs[0]), static_cast<double>(p.freqs[1])),
+                     static_cast<double>(p.freqs[0]))
+        : 1.0;
     c = static_cast<acc_t>(static_cast<float>(scale * cs.c));
     s = static_cast<acc_t>(static_cast<float>(scale * cs.s));
   } else {

@@ -33,7 +33,7 @@ import torch
 
 import rotary
 from rotary_testing.reference import inv_freq as ref_inv_freq
-from rotary_testing.reference import rope_reference
+from rotary_testing.reference import exact_angle, rope_reference, rotate_pairs_nd
 from rotary_testing.rope_testing import gen, op_positions
 
 mpmath.mp.dps = 40
@@ -359,3 +359,19 @@ def test_angles_past_2_62_rad_are_refused_past_the_table():
     m = rotary.RotaryEmbedding(2, 16, scaling={"rope_type": "linear", "factor": 1e-9})
     with pytest.raises(IndexError, match=r"inv_freq up to 1e\+09"):
         m(x, 930429270644776107)
+
+
+@pytest.mark.parametrize("form", ["negated", "neg_view", "scaled"])
+def test_rows_past_the_table_keep_its_first_entry_sign_and_scale(form):
+    """Rows past the table are the first entry times e^{i p w}: a negated
+    table (materialised or a negative-bit view) stays negated past its end,
+    where it turned positive before; a scaled one keeps its scaling."""
+    f = rotary.freqs_table(4, 4)
+    table = {"negated": -f, "neg_view": torch._neg_view(f), "scaled": f * 0.5}[form]
+    first = {"negated": -1.0, "neg_view": -1.0, "scaled": 0.5}[form]
+    inv = rotary.inv_frequencies(4)[0]
+    x = torch.randn(1, 1, 8, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    angle = exact_angle(np.arange(8), inv.numpy())
+    want = first * rotate_pairs_nd(x.numpy(), angle, True)
+    torch.testing.assert_close(rotary.apply_rope(x, table, inv_freq=inv), torch.from_numpy(want),
+                               rtol=1e-6, atol=1e-6)
