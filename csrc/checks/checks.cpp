@@ -129,9 +129,7 @@ RopeCall check_rope_inputs(
   at::Tensor kv;
   if (k) {
     kv = check_head_tensor(op, "k", *k, args);
-    TORCH_CHECK_TYPE(
-        k->scalar_type() == q.scalar_type(), op, ": k has dtype ", k->scalar_type(), " but q has dtype ",
-        q.scalar_type(), "; q and k must share one dtype");
+    check_same_dtype_as_q(op, *k, q);
     TORCH_CHECK_VALUE(
         kv.sym_size(0) == qv.sym_size(0) && kv.sym_size(2) == qv.sym_size(2) && kv.sym_size(3) == head_dim, op,
         ": k must match q in batch, seq_len and head_dim (all but the head count): q has shape ", q.sym_sizes(),
@@ -210,6 +208,11 @@ void check_same_device(const char* op, const char* name, const at::Tensor& t, co
 void check_integer_dtype(const char* op, const char* name, const at::Tensor& t) {
   TORCH_CHECK_TYPE(at::isIntegralType(t.scalar_type(), /*includeBool=*/false), op, ": ", name,
                    " must have an integer dtype (int64 or int32 are read without a copy), got ", t.scalar_type());
+}
+
+void check_same_dtype_as_q(const char* op, const at::Tensor& k, const at::Tensor& q) {
+  TORCH_CHECK_TYPE(k.scalar_type() == q.scalar_type(), op, ": k has dtype ", k.scalar_type(), " but q has dtype ",
+                   q.scalar_type(), "; q and k must share one dtype");
 }
 
 void check_float_dtype(const char* op, const char* name, const at::Tensor& t) {

@@ -79,6 +79,7 @@ void check_same_device(const char* op, const char* name, const at::Tensor& t, co
 void check_integer_dtype(const char* op, const char* name, const at::Tensor& t);
 // One of the four float dtypes the kernels take.
 void check_float_dtype(const char* op, const char* name, const at::Tensor& t);
+void check_same_dtype_as_q(const char* op, const at::Tensor& k, const at::Tensor& q);
 
 // In-place targets: x can be updated in place here (not an inference tensor
 // outside inference mode) and no two of its elements share memory; w shares none with t
@@ -98,7 +99,9 @@ at::Tensor make_output(const at::Tensor& x);
 void check_rotary_span(const char* op, const c10::SymInt& head_dim, const at::Tensor& freqs, const RopeArgs& args);
 void check_axes_positions(const char* op, const at::Tensor& q_view, const at::Tensor& freqs, const RopeArgs& args);
 void fill_axes(kernel::RopeParams& p, const at::Tensor& positions, at::IntArrayRef pair_axes);
-void check_axes_in_table(const char* op, const kernel::RopeParams& p, double max_inv_freq = 0);
+// axis_max[a]: the largest |inv_freq| of axis a's pairs when inv_freq is on
+// the host (else 0): an axis's positions turn only its own pairs.
+void check_axes_in_table(const char* op, const kernel::RopeParams& p, const double* axis_max);
 
 struct PreparedRope {
   at::Tensor out_q;

@@ -10,7 +10,6 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <cmath>
 #include <string>
 
 namespace rotary {
@@ -162,15 +161,7 @@ const char* const kLegacyPositionsWarning =
     "positions= is deprecated and will be removed in the next release; pass offsets= ([] or [batch]: position "
     "start_pos + offsets[b] + s) or position_ids= ([seq] or [batch, seq]: absolute positions, as in Hugging Face)";
 
-void check_axes_in_table(const char* op, const kernel::RopeParams& p, double max_inv_freq) {
-  // An axis's positions turn only its own pairs: its largest frequency bounds the angle.
-  double axis_max[kernel::kMaxAxes] = {};
-  if (max_inv_freq > 0) {
-    for (int64_t j = 0; j < p.rotary_dim / 2; ++j) {
-      double& m = axis_max[p.pair_axis[j]];
-      m = std::max(m, std::abs(p.inv_freq[j * p.inv_freq_stride]));
-    }
-  }
+void check_axes_in_table(const char* op, const kernel::RopeParams& p, const double* axis_max) {
   for (int64_t a = 0; a < p.num_axes; ++a) {
     for (int64_t b = 0; b < p.batch; ++b) {
       for (int64_t s = 0; s < p.seq; ++s) {

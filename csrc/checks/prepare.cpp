@@ -122,13 +122,16 @@ void check_host_positions(const char* op, const kernel::RopeParams& p, const Pre
   const bool host_positions = p.positions == nullptr || r.positions.is_cpu();
   const bool host_seqlens = !call.cu_seqlens || call.cu_seqlens->is_cpu();
   if (!host_positions || !host_seqlens || p.batch * p.seq == 0) return;
-  // The largest frequency, when inv_freq is on the host (rows past the table turn by it).
-  double max_inv_freq = 0;
+  // Each axis's largest frequency, when inv_freq is on the host (rows past
+  // the table turn by it); 1-D positions read every pair on axis 0.
+  double axis_max[kernel::kMaxAxes] = {};
   if (p.inv_freq != nullptr && call.inv_freq && call.inv_freq->is_cpu()) {
     for (int64_t j = 0; j < p.rotary_dim / 2; ++j) {
-      max_inv_freq = std::max(max_inv_freq, std::abs(p.inv_freq[j * p.inv_freq_stride]));
+      double& m = axis_max[p.pair_axis[j]];
+      m = std::max(m, std::abs(p.inv_freq[j * p.inv_freq_stride]));
     }
   }
+  const double max_inv_freq = axis_max[0];
   if (p.positions == nullptr && !call.cu_seqlens) {
     TORCH_CHECK_INDEX(
         p.seq <= kMaxPosition - p.start_pos, op, ": start_pos + seq_len = ", p.start_pos, " + ", p.seq,
@@ -140,7 +143,7 @@ void check_host_positions(const char* op, const kernel::RopeParams& p, const Pre
     const int64_t last = p.start_pos + p.seq - 1;
     if (!keeps_phase(p, last, max_inv_freq)) far_angle_error(op, last, max_inv_freq, "the last token");
   } else if (p.num_axes > 0) {
-    check_axes_in_table(op, p, max_inv_freq);
+    check_axes_in_table(op, p, axis_max);
   } else {
     check_positions_in_table(op, p, max_inv_freq);
   }

@@ -94,8 +94,7 @@ std::tuple<at::Tensor, at::Tensor> apply_rope_cos_sin_composite(
   // q and k as this op's caller named them (apply_rope_qk checks them again).
   detail::check_float_dtype(kOp, "q", q);
   detail::check_float_dtype(kOp, "k", k);
-  TORCH_CHECK_TYPE(k.scalar_type() == q.scalar_type(), kOp, ": k has dtype ", k.scalar_type(), " but q has dtype ",
-                   q.scalar_type(), "; q and k must share one dtype");
+  detail::check_same_dtype_as_q(kOp, k, q);
   const int heads = 3 - axes.batch - axes.seq;  // the axis k may size apart from q
   for (int d = 0; d < 4; ++d) {
     TORCH_CHECK_VALUE(d == heads || k4.sym_size(d) == q4.sym_size(d), kOp, ": k must match q in all but the head ",
