@@ -8,8 +8,6 @@
 #include <torch/python.h>
 #include <pybind11/stl.h>
 
-#include <algorithm>
-#include <iterator>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -58,13 +56,7 @@ void kv_load_from_state_dict(py::object self, py::object state_dict, const std::
       absent += std::string(absent.empty() ? "" : ", ") + names[i];
     }
   }
-  for (auto item : sd) {
-    const std::string key = py::str(item.first);
-    if (key.rfind(prefix, 0) != 0 || key.find('.', prefix.size()) != std::string::npos) continue;
-    if (std::find(std::begin(names), std::end(names), key.substr(prefix.size())) == std::end(names)) {
-      unexpected_keys.append(item.first);
-    }
-  }
+  leaf_unexpected_keys(sd, prefix, {"k", "v", "k_scale", "v_scale", "_extra_state"}, unexpected_keys);
   if (present.empty()) return;  // nothing of this cache's: the missing keys say so
   if (!absent.empty()) {
     error_msgs.append(std::string(who) + ": the state has " + present + " but not " + absent +
@@ -74,11 +66,9 @@ void kv_load_from_state_dict(py::object self, py::object state_dict, const std::
   torch::Tensor saved[4];
   for (int i = 0; i < 4; ++i) {
     if (!got[i]) continue;
-    if (!THPVariable_Check(got[i].ptr())) {
-      error_msgs.append(std::string(who) + ": the saved '" + names[i] + "' must be a tensor, got " + repr_of(got[i]));
-      return;
-    }
-    saved[i] = got[i].cast<torch::Tensor>();
+    const auto t = saved_tensor(got[i], who, names[i], error_msgs);
+    if (!t) return;
+    saved[i] = *t;
   }
   const py::object& extra = got[4];
   if (!py::isinstance<py::dict>(extra) || !extra.contains("length") || !extra.contains("layout")) {

@@ -26,40 +26,27 @@ void load_from_state_dict(
     py::list missing_keys, py::list unexpected_keys, py::list error_msgs) {
   auto impl = self.attr("cpp_module").cast<std::shared_ptr<Impl>>();
   const py::dict sd(state_dict);
+  const char* who = "CppRotaryEmbedding.load_state_dict";
   std::optional<torch::Tensor> saved[2];
   const char* names[2] = {"freqs", "inv_freq"};
   for (int i = 0; i < 2; ++i) {
     const py::str key(prefix + names[i]);
-    if (sd.contains(key)) {
-      py::object v = sd[key];
-      if (!THPVariable_Check(v.ptr())) {
-        error_msgs.append(
-            "CppRotaryEmbedding.load_state_dict: the saved '" + std::string(names[i]) + "' must be a tensor, got " +
-            repr_of(v));
-        return;
-      }
-      saved[i] = v.cast<torch::Tensor>();
-    } else {
+    if (!sd.contains(key)) {
       missing_keys.append(key);
+    } else if (!(saved[i] = saved_tensor(sd[key], who, names[i], error_msgs))) {
+      return;
     }
   }
   // A mismatch is reported like any load error: load_state_dict raises
   // RuntimeError listing it, and the buffers stay as they were.
   if (saved[0] || saved[1]) {
     try {
-      impl->load_tables(saved[0], saved[1], "CppRotaryEmbedding.load_state_dict");
+      impl->load_tables(saved[0], saved[1], who);
     } catch (const c10::ValueError& e) {
       error_msgs.append(std::string(e.what_without_backtrace()));
     }
   }
-  if (strict) {
-    for (auto item : sd) {
-      const std::string key = py::str(item.first);
-      if (key.rfind(prefix, 0) != 0) continue;
-      const std::string rest = key.substr(prefix.size());
-      if (rest != "freqs" && rest != "inv_freq") unexpected_keys.append(item.first);
-    }
-  }
+  if (strict) leaf_unexpected_keys(sd, prefix, {"freqs", "inv_freq"}, unexpected_keys);
 }
 
 // pickle / copy.deepcopy: the options and the saved tables; rebuilt from

@@ -4,6 +4,7 @@
 
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -212,6 +213,23 @@ py::object scaling_or_none(const RopeScaling& s) {
   return scaling_to_dict(s);
 }
 
+void leaf_unexpected_keys(const py::dict& state_dict, const std::string& prefix,
+                          std::initializer_list<const char*> own, py::list unexpected_keys) {
+  for (auto item : state_dict) {
+    const std::string key = py::str(item.first);
+    if (key.rfind(prefix, 0) != 0) continue;
+    const std::string rest = key.substr(prefix.size());
+    if (std::find_if(own.begin(), own.end(), [&](const char* n) { return rest == n; }) == own.end()) {
+      unexpected_keys.append(item.first);
+    }
+  }
+}
+
+std::optional<torch::Tensor> saved_tensor(const py::handle& v, const char* who, const char* name, py::list error_msgs) {
+  if (THPVariable_Check(v.ptr())) return v.cast<torch::Tensor>();
+  error_msgs.append(std::string(who) + ": the saved '" + name + "' must be a tensor, got " + repr_of(v));
+  return std::nullopt;
+}
 
 }  // namespace python
 }  // namespace rotary

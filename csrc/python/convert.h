@@ -7,6 +7,7 @@
 
 #include <torch/python.h>
 
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -61,6 +62,13 @@ std::tuple<torch::Tensor, OptTensor, int64_t, OptTensor, OptTensor> call_args(
     const py::object& position_ids, const py::object& positions);
 py::tuple options_to_tuple(const rotary::RopeTables& t);
 py::object scaling_or_none(const rotary::RopeScaling& s);
+
+// _load_from_state_dict of a bound C++ module (no children): torch's strict
+// rule, every key under prefix other than `own` is unexpected (dotted ones
+// too); and a saved entry as a tensor, else an error naming it.
+void leaf_unexpected_keys(const py::dict& state_dict, const std::string& prefix,
+                          std::initializer_list<const char*> own, py::list unexpected_keys);
+std::optional<torch::Tensor> saved_tensor(const py::handle& v, const char* who, const char* name, py::list error_msgs);
 
 // torch.nn.cpp.ModuleWrapper._apply casts every buffer with `fn`, which
 // would bypass the C++ to(dtype) override when a Python parent is cast

@@ -323,6 +323,41 @@ def test_state_dict_nested_in_parent(kind):
         b.load_state_dict({**sd, "rope.extra": torch.zeros(1)})
 
 
+class _Leaf(nn.Module):
+    """torch's own _load_from_state_dict, over buffers of the given names."""
+
+    def __init__(self, state):
+        super().__init__()
+        for name, t in state.items():
+            if isinstance(t, torch.Tensor):
+                self.register_buffer(name, t.clone())
+
+
+class _LeafWithExtraState(_Leaf):
+    def get_extra_state(self):
+        return {}
+
+    def set_extra_state(self, state):
+        pass
+
+
+@pytest.mark.parametrize("kind", [*MODULES, "kv"])
+def test_unexpected_keys_follow_torchs_rule(kind):
+    """Keys under the module's prefix that it does not own, dotted ones
+    included, are unexpected as torch reports them for a module without
+    children; '_extra_state' is the KVCache's own."""
+    make = (lambda: rotary.KVCache(1, 2, 4, 8)) if kind == "kv" else (lambda: MODULES[kind](8, 32))
+    own = make().state_dict()
+    extra = {"p.x": torch.ones(1), "p.x.y": torch.ones(1), "px": torch.ones(1), "q.x": torch.ones(1)}
+    sd = {**{"p." + k: v for k, v in own.items()}, **extra, "p._extra_state": own.get("_extra_state", {})}
+    leaf = _LeafWithExtraState if "_extra_state" in own else _Leaf
+    want = nn.ModuleDict({"p": leaf(own)}).load_state_dict(sd, strict=False)
+    got = nn.ModuleDict({"p": make()}).load_state_dict(sd, strict=False)
+    assert sorted(got.unexpected_keys) == sorted(want.unexpected_keys)
+    assert set(got.unexpected_keys) == {*extra, *(["p._extra_state"] if kind != "kv" else [])}
+    assert got.missing_keys == want.missing_keys == []
+
+
 def _mismatches():
     """(id, saved-from options, loading-into options, expected message)."""
     base = dict(dim=8, max_seq_len=32, theta=10000.0)
