@@ -2,6 +2,7 @@
 #include <rotary/freqs.h>
 #include <rotary/tables.h>
 
+#include "checks/checks.h"
 #include "checks/checks_positions.h"
 
 #include <ATen/ATen.h>
@@ -171,8 +172,9 @@ int64_t RopeTables::reach_of(
   const bool ids = position_ids && position_ids->defined();
   const std::optional<at::Tensor>& given = ids ? position_ids : offsets;
   if (!given || !given->defined() || given->numel() == 0) return start_pos + seq_len;
-  const int64_t top =
-      detail::widen_positions("RotaryEmbedding", ids ? "position_ids" : "offsets", *given).max().item<int64_t>();
+  const char* name = ids ? "position_ids" : "offsets";
+  detail::check_integer_dtype("apply_rope", name, *given);  // before max(): the op's words, not max's
+  const int64_t top = detail::widen_positions("RotaryEmbedding", name, *given).max().item<int64_t>();
   // Out of range: the op refuses these positions; nothing is rebuilt for them.
   if (!bounds::position_in_range(top)) return 0;
   return ids ? start_pos + top + 1 : start_pos + top + seq_len;

@@ -161,6 +161,17 @@ def test_host_driven_rules_take_every_integer_dtype(dtype, rule):
     assert out_off.shape == x.shape
 
 
+@pytest.mark.parametrize("make", [rotary.RotaryEmbedding, rotary.CppRotaryEmbedding])
+@pytest.mark.parametrize("dtype,shown", [(torch.complex64, "ComplexFloat"), (torch.float32, "Float"), (torch.bool, "Bool")])
+@pytest.mark.parametrize("kind", ["position_ids", "offsets"])
+def test_host_driven_rules_refuse_non_integer_positions_by_name(make, dtype, shown, kind):
+    """The reach read before the call names the argument, as the op does."""
+    m = make(16, 64, scaling={"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 64})
+    given = torch.tensor([[1, 0, 1]]) if kind == "position_ids" else torch.tensor([1])
+    with pytest.raises(TypeError, match=rf"apply_rope: {kind} must have an integer dtype .*got {shown}"):
+        m(randn((1, 1, 3, 16), seed=6), **{kind: given.to(dtype)})
+
+
 def test_uint64_past_int64_is_reported_as_unsigned():
     x = randn((1, 1, 1, 16))
     with pytest.raises(IndexError, match=r"position_ids must lie in \(-2\^60, 2\^60\), got 9223372036854775813 \(uint64\)"):
