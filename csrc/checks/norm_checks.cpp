@@ -7,8 +7,6 @@
 
 namespace rotary {
 namespace detail {
-namespace {
-
 kernel::NormKind parse_norm(const char* op, c10::string_view norm) {
   if (norm == "head") return kernel::NormKind::kHead;
   TORCH_CHECK_VALUE(
@@ -16,6 +14,8 @@ kernel::NormKind parse_norm(const char* op, c10::string_view norm) {
       "token together), got '", norm, "'");
   return kernel::NormKind::kHeads;
 }
+
+namespace {
 
 // weight of the tensor `of` ([batch, heads, seq, head_dim] view v).
 void check_weight(

@@ -33,6 +33,9 @@ struct NormCall {
   const at::Tensor* q_fp8_scale = nullptr;  // out of place only: q returned as float8_e4m3fn
 };
 
+// norm "head" or "heads"; anything else a ValueError naming op.
+kernel::NormKind parse_norm(const char* op, c10::string_view norm);
+
 // in_place: the in-place ops (their q keeps its dtype: no q_fp8_scale).
 NormCall check_norm_rope_inputs(
     const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs, const RopeArgs& args,

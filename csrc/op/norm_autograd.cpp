@@ -134,8 +134,10 @@ std::tuple<at::Tensor, at::Tensor> apply_qk_norm_rope_autograd(
     return apply_qk_norm_rope(q, k, freqs ROTARY_ROPE_NAMES ROTARY_NORM_NAMES);
   }
   const RopeState s = detail::state_of(freqs ROTARY_ROPE_NAMES);
-  // An unknown norm or layout is refused by the op inside forward.
-  const NormState n{norm == "heads", eps, weight_offset,
+  // The graph's forward passes norm as a bool: parsed (refused) here. An
+  // unknown layout is refused by the op inside forward.
+  const bool heads = detail::parse_norm("apply_qk_norm_rope", norm) == kernel::NormKind::kHeads;
+  const NormState n{heads, eps, weight_offset,
                     detail::heads_axis(parse_layout(layout), cu_seqlens.has_value())};
   // Optional weights: an absent one is no input of the graph (Function::apply).
   auto out = NormRopeFunction::apply(q, k, q_weight, k_weight, s, n);

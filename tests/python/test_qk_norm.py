@@ -289,8 +289,9 @@ def _snapshot(*ts):
     return [t.clone() for t in ts]
 
 
-@pytest.mark.parametrize("bad, message", [
+BAD_NORM_ARGS = [
     (dict(norm="layer"), "norm must be 'head'"),
+    (dict(norm="HEADS"), "norm must be 'head'"),
     (dict(eps=-1.0), "eps must be finite and >= 0, got -1"),
     (dict(eps=float("nan")), "eps must be finite"),
     (dict(weight_offset=float("inf")), "weight_offset must be finite"),
@@ -301,7 +302,10 @@ def _snapshot(*ts):
     (dict(q_weight=torch.ones(8, device="meta")), "q_weight is on meta but q is on cpu"),
     (dict(eps=True), "eps must be a float, got True"),
     (dict(weight_offset="1"), "weight_offset must be a float"),
-])
+]
+
+
+@pytest.mark.parametrize("bad, message", BAD_NORM_ARGS)
 def test_errors_leave_inputs_untouched(bad, message):
     q, k = randn((1, 2, 3, 8), torch.float32, 1), randn((1, 1, 3, 8), torch.float32, 2)
     freqs = rotary.freqs_table(8, MAX_LEN)
@@ -310,6 +314,17 @@ def test_errors_leave_inputs_untouched(bad, message):
         with pytest.raises((ValueError, TypeError, RuntimeError), match=message):
             op(q, k, freqs, **bad)
         assert torch.equal(q, saved[0]) and torch.equal(k, saved[1])
+
+
+@pytest.mark.parametrize("bad, message", BAD_NORM_ARGS)
+@pytest.mark.parametrize("needs_grad", ["q", "k"])
+def test_errors_are_the_same_with_autograd(bad, message, needs_grad):
+    """The autograd path refuses what the op does (it once read norm as a
+    bool: any string but 'heads' ran as 'head')."""
+    q, k = randn((1, 2, 3, 8), torch.float32, 1), randn((1, 1, 3, 8), torch.float32, 2)
+    (q if needs_grad == "q" else k).requires_grad_(True)
+    with pytest.raises((ValueError, TypeError, RuntimeError), match=message):
+        rotary.apply_qk_norm_rope(q, k, rotary.freqs_table(8, MAX_LEN), **bad)
 
 
 def test_in_place_refusals():
