@@ -113,11 +113,53 @@ def test_a_transformed_q_is_refused():
     done = _qk_norm.install(m)
     try:
         q, k = torch.randn(1, 2, 3, 4), torch.randn(1, 1, 3, 4)
+        _qk_norm._enter(m, ())  # as inside m's forward
         m.q_norm(q), m.k_norm(k)
         with pytest.raises(RuntimeError, match="the q reaching apply_rotary_pos_emb is not the q_norm input"):
             _qk_norm.take(q * 2, k)
     finally:
+        _qk_norm._leave(m, (), None)
         _qk_norm.remove(done)
+
+
+def _rms(x, norm):
+    """float64 RMSNorm with the norm's weight and eps."""
+    x = x.double()
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon) * norm.weight.double()
+
+
+def test_a_fused_norm_called_outside_its_attention_runs_its_own_forward():
+    """Outside its attention module's forward (a hook, an analysis script),
+    a patched q_norm normalizes; inside, it defers to the rotation."""
+    model = hf_sweep.tiny_model("qwen3", "Qwen3ForCausalLM")
+    _randomize_norms(model, torch.Generator().manual_seed(1))
+    attn = model.model.layers[0].self_attn
+    x = torch.randn(2, 5, model.config.num_attention_heads, model.config.head_dim)
+    seen = []
+    hook = attn.q_norm.register_forward_hook(lambda mod, args, out: seen.append(out is args[0]))
+    with rt.rotary_patched(model), torch.no_grad():
+        assert model._rotary_integration_state.norms
+        torch.testing.assert_close(attn.q_norm(x).double(), _rms(x, attn.q_norm), rtol=1e-6, atol=1e-6)
+        model(input_ids=torch.tensor([[5, 6, 7]]))  # deferred inside: returns its input
+        torch.testing.assert_close(attn.k_norm(x).double(), _rms(x, attn.k_norm), rtol=1e-6, atol=1e-6)
+    hook.remove()
+    assert seen == [False, True]
+
+
+def test_a_fused_norm_reads_eps_at_each_call():
+    model = hf_sweep.tiny_model("qwen3", "Qwen3ForCausalLM")
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        with rt.rotary_patched(model):
+            for m in model.modules():
+                if hasattr(m, "q_norm"):
+                    m.q_norm.variance_epsilon = m.k_norm.variance_epsilon = 0.25
+            patched = model(input_ids=ids).logits
+            model.model.layers[0].self_attn.k_norm.variance_epsilon = 0.5
+            with pytest.raises(RuntimeError, match=r"q_norm and k_norm have different eps \(0.25 and 0.5\)"):
+                model(input_ids=ids)
+            model.model.layers[0].self_attn.k_norm.variance_epsilon = 0.25
+        torch.testing.assert_close(patched, model(input_ids=ids).logits, rtol=2e-5, atol=2e-5)
 
 
 @pytest.mark.parametrize("model_type, cls_name", [FAMILIES[0], FAMILIES[2]])
@@ -170,6 +212,7 @@ def test_a_transformed_q_is_refused_under_compile():
 
     try:
         torch._dynamo.reset()
+        _qk_norm._enter(m, ())  # as inside m's forward
         with pytest.raises(RuntimeError, match="the q reaching apply_rotary_pos_emb is not the q_norm input"):
             torch.compile(attention, backend="eager")(torch.randn(1, 2, 3, 4), torch.randn(1, 1, 3, 4))
         # Views only: the norms come back, q's then k's.
@@ -177,6 +220,7 @@ def test_a_transformed_q_is_refused_under_compile():
                                backend="eager")(torch.randn(1, 2, 3, 4), torch.randn(1, 1, 3, 4))
         assert sq.module is m.q_norm and sk.module is m.k_norm
     finally:
+        _qk_norm._leave(m, (), None)
         torch._dynamo.reset()
         _qk_norm.remove(done)
 

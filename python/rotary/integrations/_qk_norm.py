@@ -13,7 +13,11 @@ with the norms' weights, in one pass. Never silently wrong:
   root tensor), else it raises;
 - the attention module's forward hook raises if a recorded norm never
   reached the rotation (its layer has no RoPE, or the model uses it
-  otherwise).
+  otherwise);
+- a norm called outside its attention module's forward (a hook, an analysis
+  script, another module sharing it) runs its own forward: it defers only
+  while its attention module runs;
+- eps is read from the norm at each call, as its own forward would.
 """
 
 import copy
@@ -33,27 +37,43 @@ def _pending() -> list:
     return pending
 
 
+def _running() -> list:
+    """The attention modules whose forward is running on this thread, innermost last."""
+    running = getattr(_local, "running", None)
+    if running is None:
+        running = _local.running = []
+    return running
+
+
+_EPS_NAMES = ("variance_epsilon", "eps")
+
+
 class NormSpec:
-    """One probed norm: its module (whose weight the op reads), eps and offset."""
+    """One probed norm: its module (whose weight and eps the op reads), the
+    name of its eps attribute, and its offset."""
 
-    __slots__ = ("module", "eps", "offset")
+    __slots__ = ("module", "eps_name", "offset")
 
-    def __init__(self, module: nn.Module, eps: float, offset: float) -> None:
-        self.module, self.eps, self.offset = module, eps, offset
+    def __init__(self, module: nn.Module, eps_name: str, offset: float) -> None:
+        self.module, self.eps_name, self.offset = module, eps_name, offset
 
     @property
     def weight(self) -> torch.Tensor:
         return self.module.weight
+
+    @property
+    def eps(self) -> float:
+        return getattr(self.module, self.eps_name)
 
 
 def probe(norm: nn.Module) -> Optional[NormSpec]:
     """The spec of ``norm`` if its forward is x * rsqrt(mean(x^2) + eps) times
     ``w`` or ``1 + w`` over its weight's length, else None."""
     w = getattr(norm, "weight", None)
-    eps = next((getattr(norm, a) for a in ("variance_epsilon", "eps")
-                if isinstance(getattr(norm, a, None), float)), None)
-    if not isinstance(w, torch.Tensor) or w.dim() != 1 or eps is None or not w.is_floating_point():
+    eps_name = next((a for a in _EPS_NAMES if isinstance(getattr(norm, a, None), float)), None)
+    if not isinstance(w, torch.Tensor) or w.dim() != 1 or eps_name is None or not w.is_floating_point():
         return None
+    eps = getattr(norm, eps_name)
     x = torch.randn(3, w.numel(), generator=torch.Generator().manual_seed(0)).to(w.device, w.dtype)
     with torch.no_grad():
         got = type(norm).forward(norm, x).float()
@@ -62,7 +82,7 @@ def probe(norm: nn.Module) -> Optional[NormSpec]:
         tol = 1e-5 if w.dtype == torch.float32 else 2e-2
         for offset in (0.0, 1.0):
             if got.shape == base.shape and torch.allclose(got, base * (w.float() + offset), rtol=tol, atol=tol):
-                return NormSpec(norm, eps, offset)
+                return NormSpec(norm, eps_name, offset)
     return None
 
 
@@ -81,14 +101,18 @@ def copy_fields(obj, memo: dict):
 
 
 class _Deferred:
-    """A q/k norm's forward that defers it to the rotation. An object, not a
-    closure: copy.deepcopy of a patched model then gives the copy a forward
-    over its own norm module (a closure would keep the original's weights)."""
+    """A q/k norm's forward that defers it to the rotation while its attention
+    module (owner) runs, and is the norm's own forward otherwise. An object,
+    not a closure: copy.deepcopy of a patched model then gives the copy a
+    forward over its own modules (a closure would keep the original's)."""
 
-    def __init__(self, spec: NormSpec) -> None:
-        self.spec = spec
+    def __init__(self, spec: NormSpec, owner: nn.Module) -> None:
+        self.spec, self.owner = spec, owner
 
     def __call__(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        running = _running()
+        if not running or running[-1] is not self.owner:
+            return type(self.spec.module).forward(self.spec.module, x, *args, **kwargs)
         _pending().append((x, self.spec))
         return x
 
@@ -160,8 +184,15 @@ def _check_consumed(module, args, output):
                            "apply_rotary_pos_emb (a layer without RoPE?); patch with fuse_qk_norm=False")
 
 
-def _clear(module, args):
+def _enter(module, args):
     _pending().clear()
+    _running().append(module)
+
+
+def _leave(module, args, output):
+    running = _running()
+    if running and running[-1] is module:
+        running.pop()
 
 
 def install(model: nn.Module) -> List[tuple]:
@@ -175,9 +206,11 @@ def install(model: nn.Module) -> List[tuple]:
         sq, sk = probe(qn), probe(kn)
         if sq is None or sk is None or sq.eps != sk.eps or sq.offset != sk.offset:
             continue
-        hooks = (m.register_forward_pre_hook(_clear), m.register_forward_hook(_check_consumed))
+        # always_call: a forward that raised (or a norm left unconsumed) still leaves the running list.
+        hooks = (m.register_forward_pre_hook(_enter), m.register_forward_hook(_check_consumed),
+                 m.register_forward_hook(_leave, always_call=True))
         for norm, spec in ((qn, sq), (kn, sk)):
-            norm.forward = _Deferred(spec)
+            norm.forward = _Deferred(spec, m)
         done.append((qn, kn, hooks))
     return done
 

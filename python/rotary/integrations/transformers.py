@@ -106,6 +106,9 @@ class RotaryPositions:
         kind = _qk_norm.norm_kind(sq, q, layout)
         if _qk_norm.norm_kind(sk, k, layout) != kind:
             raise RuntimeError("rotary: q_norm and k_norm cover different dims; patch with fuse_qk_norm=False")
+        if sq.eps != sk.eps:
+            raise RuntimeError(f"rotary: q_norm and k_norm have different eps ({sq.eps} and {sk.eps}), and the fused "
+                               "norm takes one; patch with fuse_qk_norm=False")
         return _apply_fused(q, k, freqs, 0, interleaved, layout=layout, q_weight=sq.weight,
                             k_weight=sk.weight, eps=sq.eps, norm=kind, weight_offset=sq.offset, **kw)
 
