@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <limits>
 
 namespace rotary {
 namespace detail {
@@ -57,6 +58,14 @@ NormCall check_norm_args(const char* op, RopeCall rope, const at::Tensor& q, con
   TORCH_CHECK_VALUE(std::isfinite(norm.eps) && norm.eps >= 0, op, ": eps must be finite and >= 0, got ", norm.eps);
   TORCH_CHECK_VALUE(
       std::isfinite(norm.weight_offset), op, ": weight_offset must be finite, got ", norm.weight_offset);
+  // Below float64 the norm accumulates in float32: a larger value would be inf there.
+  if (q.scalar_type() != at::kDouble) {
+    const double top = std::numeric_limits<float>::max();
+    TORCH_CHECK_VALUE(norm.eps <= top, op, ": eps must be finite in float32 (the norm's accumulation type for ",
+                      q.scalar_type(), " q), got ", norm.eps);
+    TORCH_CHECK_VALUE(std::abs(norm.weight_offset) <= top, op, ": weight_offset must be finite in float32 (the ",
+                      "norm's accumulation type for ", q.scalar_type(), " q), got ", norm.weight_offset);
+  }
   call.eps = norm.eps;
   call.weight_offset = norm.weight_offset;
   if (norm.q_weight) {

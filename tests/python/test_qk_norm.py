@@ -147,6 +147,16 @@ def test_empty_decode_and_no_weight(device):
     check(ok, ref_prologue(k, None, 8, start=40, offset=0.5), torch.float32)
 
 
+def test_float64_serves_an_eps_past_float32(device):
+    """float64 q accumulates in float64: eps = 1e39 is a finite value there
+    (refused for the other dtypes, test_errors_leave_inputs_untouched)."""
+    freqs = rotary.freqs_table(8, MAX_LEN).to(device)
+    q, k = randn((1, 2, 3, 8), torch.float64, 1, device), randn((1, 1, 3, 8), torch.float64, 2, device)
+    oq, ok = rotary.apply_qk_norm_rope(q, k, freqs, eps=1e39, weight_offset=-1e39)
+    check(oq, ref_prologue(q, None, 8, eps=1e39, offset=-1e39), torch.float64)
+    check(ok, ref_prologue(k, None, 8, eps=1e39, offset=-1e39), torch.float64)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("norm", ["head", "heads"])
 def test_weight_dtypes_and_strides(device, dtype, norm):
@@ -295,6 +305,8 @@ BAD_NORM_ARGS = [
     (dict(eps=-1.0), "eps must be finite and >= 0, got -1"),
     (dict(eps=float("nan")), "eps must be finite"),
     (dict(weight_offset=float("inf")), "weight_offset must be finite"),
+    (dict(eps=1e39), r"eps must be finite in float32 \(the norm's accumulation type for Float q\), got 1e\+39"),
+    (dict(weight_offset=-1e39), r"weight_offset must be finite in float32 .*got -1e\+39"),
     (dict(q_weight=torch.ones(7)), r"q_weight must be 1-D \[head_dim\] = \[8\] for norm 'head'"),
     (dict(k_weight=torch.ones(16), norm="heads"), r"k_weight must be 1-D \[heads \* head_dim\] = \[8\]"),
     (dict(q_weight=torch.ones(2, 8), norm="heads"), r"q_weight must be 1-D"),
