@@ -160,8 +160,11 @@ class RotaryEmbedding(nn.Module):
                 positions: Optional[torch.Tensor] = None, layout: str = "BHSD"):
         # Decode's hot path: an int start_pos and nothing else, straight to the
         # op overloads; inv_freq only where the call reaches past the table.
+        # Eager only: traced, its table-length test would become a guard (strict
+        # export would bound seq_len and start_pos by max_seq_len).
         ax = _SEQ_AXIS.get(layout) if type(layout) is str else None
         if (type(start_pos) is int and ax is not None and offsets is None and position_ids is None
+                and not torch.compiler.is_compiling()
                 and positions is None and not self._host_driven and self.rotary_offset == 0 and q.dim() == 4
                 and (k is None or (isinstance(k, torch.Tensor) and k.dim() != 0))):
             seq, freqs, inter = q.size(ax), self._buffers["freqs"], self._opts[3]

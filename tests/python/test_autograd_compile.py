@@ -414,6 +414,30 @@ def test_export():
     torch.testing.assert_close(ep.module()(x, start_pos=3), model(x, start_pos=3))
 
 
+@pytest.mark.parametrize("strict", [False, True])
+def test_export_serves_positions_past_the_table(strict):
+    """A dynamic seq_len or start_pos exports unbounded by max_seq_len (the
+    module's eager fast path once became a guard in a strict trace)."""
+    from torch.export import Dim
+
+    class Rope(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rope = rotary.RotaryEmbedding(16, 64)
+
+        def forward(self, q, k, start_pos):
+            return self.rope(q, k, start_pos=start_pos)
+
+    q, k = randn((1, 4, 8, 16), seed=170), randn((1, 2, 8, 16), seed=171)
+    seq = Dim("seq", min=1, max=1024)
+    ep = torch.export.export(Rope(), (q, k, 5), dynamic_shapes=({2: seq}, {2: seq}, Dim.DYNAMIC), strict=strict)
+    for s, start in ((100, 0), (1, 64), (3, 500)):
+        q, k = randn((1, 4, s, 16), seed=172), randn((1, 2, s, 16), seed=173)
+        oq, ok = ep.module()(q, k, start)
+        assert_close_ref(oq, rope_reference(q, start), torch.float32)
+        assert_close_ref(ok, rope_reference(k, start), torch.float32)
+
+
 @pytest.mark.parametrize("interleaved", PAIRINGS, ids=PAIRING_IDS)
 def test_gradcheck(device, interleaved):
     f = rotary.freqs_table(6, 24).to(device)
