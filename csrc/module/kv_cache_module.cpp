@@ -49,10 +49,12 @@ void KVCacheImpl::reset() {
                     "KVCache.reset: a float8_e4m3fn cache cannot become ", dt,
                     " (its scales stay registered); build a new KVCache");
   const auto opts = torch::TensorOptions().dtype(dt).device(device);
-  // Registered once; a later reset() replaces what the same buffers hold.
-  // (clone() calls reset() on a copy whose members still alias the
-  // original's tensors, with no buffers registered: it registers new ones.)
+  // Registered once; a later reset() replaces what the same buffers hold
+  // with zeros, and empties the cache. (clone() calls reset() on a copy whose
+  // members still alias the original's tensors, with no buffers registered:
+  // it registers new ones, keeps the length, and copies the rows after.)
   const auto registered = named_buffers(/*recurse=*/false);
+  if (registered.contains("k")) length_ = 0;
   auto install = [&](torch::Tensor& member, const char* name, const torch::Tensor& fresh) {
     if (!registered.contains(name)) {
       member = register_buffer(name, fresh);
@@ -76,19 +78,26 @@ void KVCacheImpl::save(torch::serialize::OutputArchive& archive) const {
 }
 
 void KVCacheImpl::load(torch::serialize::InputArchive& archive) {
+  const char* who = "KVCache.load";
   torch::Tensor saved[4];
   const char* names[4] = {"k", "v", "k_scale", "v_scale"};
   for (int i = 0; i < 4; ++i) archive.try_read(names[i], saved[i], /*is_buffer=*/true);
   for (int i = 0; i < 2; ++i) {
-    TORCH_CHECK_VALUE(saved[i].defined(), "KVCache.load: the archive has no '", names[i], "'");
+    TORCH_CHECK_VALUE(saved[i].defined(), who, ": the archive has no '", names[i], "'");
   }
+  // The length and layout travel too (save): an archive without them is
+  // refused, as a partial state_dict is, since the cache would append at the wrong row.
   torch::Tensor length;
   c10::IValue layout;
-  const bool has_layout = archive.try_read("layout", layout);
-  load_state(saved[0], saved[1], saved[2], saved[3],
-             archive.try_read("length", length, /*is_buffer=*/true) ? std::optional<int64_t>(length.item<int64_t>())
-                                                                      : std::optional<int64_t>(0),
-             has_layout ? std::optional<std::string>(layout.toStringRef()) : std::nullopt, "KVCache.load");
+  TORCH_CHECK_VALUE(archive.try_read("length", length, /*is_buffer=*/true), who,
+                    ": the archive has no 'length'; a KVCache loads all of its state or none");
+  TORCH_CHECK_VALUE(archive.try_read("layout", layout), who,
+                    ": the archive has no 'layout'; a KVCache loads all of its state or none");
+  TORCH_CHECK_VALUE(length.numel() == 1 && at::isIntegralType(length.scalar_type(), /*includeBool=*/false), who,
+                    ": the saved 'length' must be one integer, got ", length.scalar_type(), " ", length.sizes());
+  TORCH_CHECK_VALUE(layout.isString(), who, ": the saved 'layout' must be a string, got ", layout.tagKind());
+  load_state(saved[0], saved[1], saved[2], saved[3], length.to(torch::kLong).item<int64_t>(), layout.toStringRef(),
+             who);
 }
 
 void KVCacheImpl::load_state(const torch::Tensor& k_in, const torch::Tensor& v_in, const torch::Tensor& k_scale_in,

@@ -45,7 +45,8 @@ void RotaryEmbeddingImpl::load(torch::serialize::InputArchive& archive) {
   // Read into fresh tensors (not into the buffers): nothing is installed
   // before it has been checked.
   torch::Tensor saved_freqs, saved_inv_freq;
-  archive.read("freqs", saved_freqs, /*is_buffer=*/true);
+  TORCH_CHECK_VALUE(archive.try_read("freqs", saved_freqs, /*is_buffer=*/true),
+                    "RotaryEmbedding.load: the archive has no 'freqs' (torch::save of a RotaryEmbedding writes it)");
   const bool has_inv = archive.try_read("inv_freq", saved_inv_freq, /*is_buffer=*/true);
   load_tables(saved_freqs, has_inv ? std::optional<torch::Tensor>(saved_inv_freq) : std::nullopt);
 }
@@ -72,19 +73,20 @@ at::OptionalIntArrayRef RotaryEmbeddingImpl::axes_for(const std::optional<torch:
 }
 
 void RotaryEmbeddingImpl::pretty_print(std::ostream& stream) const {
-  stream << "rotary::RotaryEmbedding(dim=" << options.dim() << ", max_seq_len=" << options.max_seq_len()
-         << ", theta=" << options.theta() << ", interleaved=" << (options.interleaved() ? "true" : "false");
-  if (options.scaling().type() != "default") {
-    stream << ", scaling=" << options.scaling().type();
-    if (options.scaling().factor()) stream << "(factor=" << *options.scaling().factor() << ")";
+  const auto& o = tables_.options();  // in effect: set by the last reset()
+  stream << "rotary::RotaryEmbedding(dim=" << o.dim() << ", max_seq_len=" << o.max_seq_len()
+         << ", theta=" << o.theta() << ", interleaved=" << (o.interleaved() ? "true" : "false");
+  if (o.scaling().type() != "default") {
+    stream << ", scaling=" << o.scaling().type();
+    if (o.scaling().factor()) stream << "(factor=" << *o.scaling().factor() << ")";
   }
-  if (options.angle_dtype() != torch::kFloat64) stream << ", angle_dtype=" << angle_dtype_name(options.angle_dtype());
-  if (options.rotary_offset() != 0) stream << ", rotary_offset=" << options.rotary_offset();
-  if (!options.mrope_section().empty()) {
-    stream << ", mrope_section=" << c10::ArrayRef<int64_t>(options.mrope_section())
-           << (options.mrope_interleaved() ? ", mrope_interleaved=true" : "");
+  if (o.angle_dtype() != torch::kFloat64) stream << ", angle_dtype=" << angle_dtype_name(o.angle_dtype());
+  if (o.rotary_offset() != 0) stream << ", rotary_offset=" << o.rotary_offset();
+  if (!o.mrope_section().empty()) {
+    stream << ", mrope_section=" << c10::ArrayRef<int64_t>(o.mrope_section())
+           << (o.mrope_interleaved() ? ", mrope_interleaved=true" : "");
   }
-  if (!options.axes_dim().empty()) stream << ", axes_dim=" << c10::ArrayRef<int64_t>(options.axes_dim());
+  if (!o.axes_dim().empty()) stream << ", axes_dim=" << c10::ArrayRef<int64_t>(o.axes_dim());
   stream << ")";
 }
 
@@ -101,7 +103,7 @@ auto RotaryEmbeddingImpl::run(
     const std::optional<torch::Tensor>& offsets,
     const std::optional<torch::Tensor>& position_ids,
     Op&& op) {
-  if (q.dim() == 4) check_span(options, q);  // other ranks: the op names the shape
+  if (q.dim() == 4) check_span(tables_.options(), q);  // other ranks: the op names the shape
   const int64_t seq_len = q.dim() == 4 ? q.size(2) : 0;
   return run_module_call(tables_, module_buffers(), seq_len, start_pos, offsets, position_ids, std::forward<Op>(op));
 }
@@ -113,8 +115,8 @@ torch::Tensor RotaryEmbeddingImpl::forward(
     const std::optional<torch::Tensor>& position_ids) {
   return run(x, start_pos, offsets, position_ids, [&](const torch::Tensor& f, const std::optional<torch::Tensor>& inv) {
     return apply_rope(
-        x, f, start_pos, options.interleaved(), offsets, position_ids, false, std::nullopt, inv, "BHSD",
-        options.rotary_offset(), axes_for(position_ids));
+        x, f, start_pos, tables_.options().interleaved(), offsets, position_ids, false, std::nullopt, inv, "BHSD",
+        tables_.options().rotary_offset(), axes_for(position_ids));
   });
 }
 
@@ -126,8 +128,8 @@ std::tuple<torch::Tensor, torch::Tensor> RotaryEmbeddingImpl::forward(
     const std::optional<torch::Tensor>& position_ids) {
   return run(q, start_pos, offsets, position_ids, [&](const torch::Tensor& f, const std::optional<torch::Tensor>& inv) {
     return apply_rope_qk(
-        q, k, f, start_pos, options.interleaved(), offsets, position_ids, false, std::nullopt, inv, "BHSD",
-        options.rotary_offset(), axes_for(position_ids));
+        q, k, f, start_pos, tables_.options().interleaved(), offsets, position_ids, false, std::nullopt, inv,
+        "BHSD", tables_.options().rotary_offset(), axes_for(position_ids));
   });
 }
 

@@ -40,11 +40,13 @@ class KVCacheImpl : public torch::nn::Cloneable<KVCacheImpl> {
  public:
   explicit KVCacheImpl(const KVCacheOptions& options_);
 
-  // Fresh zero buffers; length() is kept, so clone() (which calls reset()
-  // and then copies the buffers) keeps it too. truncate(0) empties the cache.
+  // Fresh zero buffers for the options (changed ones too) and length 0;
+  // clone() (which calls reset() on the copy and then copies the buffers)
+  // keeps the length. truncate(0) empties the cache without reallocating.
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
-  // The buffers, length() and layout; load is load_state's.
+  // The buffers, length() and layout; load refuses an archive without any
+  // of them, then is load_state's.
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
   // Restores a saved state (load, and Python's load_state_dict and pickle):

@@ -108,6 +108,8 @@ class RotaryEmbeddingImpl : public torch::nn::Cloneable<RotaryEmbeddingImpl> {
       const std::optional<torch::Tensor>& inv_freq,
       const std::string& who = "RotaryEmbedding.load");
 
+  // What the next reset() builds (torch's convention): the module runs, and
+  // pretty_prints, with tables().options(), which reset() sets from these.
   RotaryEmbeddingOptions options;
   torch::Tensor freqs;     // complex64 [rows, dim / 2], rows >= max_seq_len
   torch::Tensor inv_freq;  // float64 [dim / 2]

@@ -88,9 +88,18 @@ TEST(NeverWrong, KVCacheLengthResetAndSaveLoad) {
   const at::Tensor k = cache->k;
   cache->k.fill_(2.0);
   cache->reset();
-  EXPECT_EQ(cache->length(), 3);
+  EXPECT_EQ(cache->length(), 0);  // zero rows are not keys: a reset empties the cache
   EXPECT_TRUE(cache->k.is_same(k) && cache->k.eq(0).all().item<bool>());  // the registered buffer, zeroed
   EXPECT_EQ(cache->named_buffers().size(), 2u);
+  // A smaller capacity: the length cannot outlive it.
+  cache->advance(6);
+  cache->options.capacity(4);
+  cache->reset();
+  EXPECT_EQ(cache->length(), 0);
+  EXPECT_EQ(cache->k.size(2), 4);
+  cache->options.capacity(8);
+  cache->reset();
+  cache->advance(3);
   cache->k.fill_(3.0);
   auto copy = std::dynamic_pointer_cast<rotary::KVCacheImpl>(cache->clone());  // reset() on a copy
   EXPECT_TRUE(!copy->k.is_same(cache->k) && copy->k.eq(3).all().item<bool>() && cache->k.eq(3).all().item<bool>());
@@ -122,6 +131,80 @@ TEST(NeverWrong, KVCacheLengthResetAndSaveLoad) {
   ExpectError<c10::ValueError>([&] { torch::load(bshd, third); },
                                {"KVCache.load: the state was saved from a 'BHSD' cache, this one is 'BSHD'"});
   EXPECT_TRUE(at::equal(bshd->k, before));
+}
+
+// An archive must hold every piece of the state, each of its kind; a refused
+// load leaves the cache as it was.
+TEST(NeverWrong, KVCacheLoadRefusesAnIncompleteArchive) {
+  using rotary::KVCacheOptions;
+  rotary::KVCache src(KVCacheOptions(1, 2, 8, 16));
+  src->k.copy_(at::randn_like(src->k));
+  const auto write = [&](const char* skip, const c10::IValue& length, const c10::IValue& layout) {
+    torch::serialize::OutputArchive a;
+    a.write("k", src->k, true);
+    a.write("v", src->v, true);
+    if (std::string(skip) != "length") {
+      if (length.isTensor()) a.write("length", length.toTensor(), true);
+      else a.write("length", length);
+    }
+    if (std::string(skip) != "layout") a.write("layout", layout);
+    std::stringstream stream;
+    a.save_to(stream);
+    return stream.str();
+  };
+  const c10::IValue len(at::tensor(int64_t{3})), bhsd(std::string("BHSD"));
+  const std::pair<std::string, std::vector<std::string>> cases[] = {
+      {write("length", len, bhsd), {"KVCache.load: the archive has no 'length'", "all of its state or none"}},
+      {write("layout", len, bhsd), {"KVCache.load: the archive has no 'layout'"}},
+      {write("", c10::IValue(int64_t{3}), bhsd), {"KVCache.load: the archive has no 'length'"}},
+      {write("", c10::IValue(at::tensor(3.7)), bhsd), {"the saved 'length' must be one integer, got Double"}},
+      {write("", c10::IValue(at::ones({}, at::kBool)), bhsd), {"the saved 'length' must be one integer, got Bool"}},
+      {write("", c10::IValue(at::tensor(1e30)), bhsd), {"the saved 'length' must be one integer"}},
+      {write("", c10::IValue(at::tensor({int64_t{1}, int64_t{2}})), bhsd), {"must be one integer, got Long [2]"}},
+      {write("", len, c10::IValue(int64_t{5})), {"the saved 'layout' must be a string, got Int"}},
+  };
+  for (const auto& [bytes, words] : cases) {
+    rotary::KVCache dst(KVCacheOptions(1, 2, 8, 16));
+    dst->advance(4);
+    std::stringstream stream(bytes);
+    ExpectError<c10::ValueError>([&] { torch::load(dst, stream); }, words);
+    EXPECT_EQ(dst->length(), 4);
+    EXPECT_TRUE(dst->k.eq(0).all().item<bool>());
+  }
+  rotary::KVCache dst(KVCacheOptions(1, 2, 8, 16));
+  std::stringstream whole(write("", len, bhsd));
+  torch::load(dst, whole);
+  EXPECT_EQ(dst->length(), 3);
+  EXPECT_TRUE(at::equal(dst->k, src->k));
+  // A RotaryEmbedding archive names its missing table.
+  torch::serialize::OutputArchive a;
+  a.write("inv_freq", at::ones({4}, at::kDouble), true);
+  std::stringstream no_freqs;
+  a.save_to(no_freqs);
+  rotary::RotaryEmbedding rope(rotary::RotaryEmbeddingOptions(8));
+  ExpectError<c10::ValueError>([&] { torch::load(rope, no_freqs); }, {"RotaryEmbedding.load: the archive has no 'freqs'"});
+}
+
+// options changed without reset() take effect nowhere (torch's convention):
+// forward and forward_with_cache both rotate as the module was built.
+TEST(NeverWrong, OptionsChangedWithoutResetTakeNoEffect) {
+  rotary::RotaryEmbedding rope(rotary::RotaryEmbeddingOptions(16).max_seq_len(32));
+  rope->options.interleaved(false).rotary_offset(4).theta(500.0);
+  const auto q = at::randn({1, 2, 3, 16}), k = at::randn({1, 2, 3, 16}), v = at::randn({1, 2, 3, 16});
+  const auto want_q = ref_rope(q, 0, true), want_k = ref_rope(k, 0, true);
+  const auto tol = rotary_test::tolerance_for(at::kFloat);
+  EXPECT_TRUE(AllClose(rope->forward(q, 0), want_q, tol));
+  rotary::KVCache cache(rotary::KVCacheOptions(1, 2, 8, 16));
+  auto q2 = q.clone(), k2 = k.clone();
+  rope->forward_with_cache(q2, k2, v, cache);
+  EXPECT_TRUE(AllClose(q2, want_q, tol));
+  EXPECT_TRUE(AllClose(k2, want_k, tol));
+  std::ostringstream printed;
+  rope->pretty_print(printed);
+  EXPECT_EQ(printed.str(), "rotary::RotaryEmbedding(dim=16, max_seq_len=32, theta=10000, interleaved=true)");
+  rope->reset();  // now they do
+  EXPECT_FALSE(rope->tables().options().interleaved());
+  EXPECT_EQ(rope->tables().options().rotary_offset(), 4);
 }
 
 // A module's host-driven rule installs new tables into the same buffers: the
