@@ -22,3 +22,43 @@ def families():
 def test_the_patch_adds_no_graph_break(model_type, families):
     line, worse = hf_graph_breaks.check(model_type, families[model_type])
     assert not worse, line
+
+
+def test_a_patched_model_compiles_once():
+    """Three identical calls of a compiled patched model (fused q/k norms)
+    make one graph. Run on a fresh thread: the deferred norms' per-thread
+    state once came into being inside the first compiled call, and cost a
+    recompile."""
+    import threading
+
+    import torch
+    from torch._dynamo.utils import counters
+
+    from rotary.integrations.transformers import rotary_patched
+
+    model = hf_sweep.tiny_model("qwen3", "Qwen3ForCausalLM").eval()
+    ids = torch.randint(3, hf_sweep.VOCAB, (1, 5), generator=torch.Generator().manual_seed(0))
+    graphs, errors = [], []
+
+    def body():
+        try:
+            counters.clear()
+            torch._dynamo.reset()
+            with rotary_patched(model), torch.no_grad():
+                assert model._rotary_integration_state.norms
+                f = torch.compile(lambda i: model(input_ids=i, use_cache=False).logits, backend="eager",
+                                  fullgraph=True)
+                for _ in range(3):
+                    f(ids)
+            graphs.append(counters["stats"].get("unique_graphs"))
+        except BaseException as e:  # noqa: BLE001 - raised below
+            errors.append(e)
+        finally:
+            torch._dynamo.reset()
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    if errors:
+        raise errors[0]
+    assert graphs == [1]

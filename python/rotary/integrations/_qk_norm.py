@@ -27,22 +27,25 @@ from typing import List, Optional, Tuple
 import torch
 from torch import nn
 
-_local = threading.local()
+class _Local(threading.local):
+    """Per thread: the deferred norms, and the attention modules whose
+    forward is running (innermost last). Made in __init__ (at import for the
+    main thread): created inside a compiled call, they would cost a recompile."""
+
+    def __init__(self) -> None:
+        self.pending: list = []
+        self.running: list = []
+
+
+_local = _Local()
 
 
 def _pending() -> list:
-    pending = getattr(_local, "pending", None)
-    if pending is None:
-        pending = _local.pending = []
-    return pending
+    return _local.pending
 
 
 def _running() -> list:
-    """The attention modules whose forward is running on this thread, innermost last."""
-    running = getattr(_local, "running", None)
-    if running is None:
-        running = _local.running = []
-    return running
+    return _local.running
 
 
 _EPS_NAMES = ("variance_epsilon", "eps")
