@@ -278,6 +278,7 @@ def check_family(model_type, cls_name, bf16=None):
 
 def _short(e, n=160):
     text = " ".join(str(e).replace("from_hf_config: ", "").replace("rotary: ", "").split())
+    text = re.sub(r"^model_type '[^']*' is not supported: ", "", text)  # the table names the family
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
