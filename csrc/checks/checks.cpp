@@ -205,7 +205,13 @@ void check_same_device(const char* op, const char* name, const at::Tensor& t, co
       "; move both to the same device");
 }
 
+void check_defined(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK_VALUE(t.defined(), op, ": ", name, " is an undefined tensor (C++ at::Tensor()); pass a tensor, or ",
+                    "std::nullopt where the argument is optional");
+}
+
 void check_integer_dtype(const char* op, const char* name, const at::Tensor& t) {
+  check_defined(op, name, t);
   TORCH_CHECK_TYPE(at::isIntegralType(t.scalar_type(), /*includeBool=*/false), op, ": ", name,
                    " must have an integer dtype (int64 or int32 are read without a copy), got ", t.scalar_type());
 }
@@ -216,6 +222,7 @@ void check_same_dtype_as_q(const char* op, const at::Tensor& k, const at::Tensor
 }
 
 void check_float_dtype(const char* op, const char* name, const at::Tensor& t) {
+  check_defined(op, name, t);
   const auto d = t.scalar_type();
   TORCH_CHECK_TYPE(d == at::kFloat || d == at::kDouble || d == at::kHalf || d == at::kBFloat16, op, ": ", name,
                    " must be float32, float64, float16 or bfloat16, got ", d);

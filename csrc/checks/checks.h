@@ -76,6 +76,8 @@ at::Tensor canonical_view(const at::Tensor& x, Layout layout, bool varlen);
 // `name` on q's device, and an integer (not bool) tensor: the words every
 // op's messages use.
 void check_same_device(const char* op, const char* name, const at::Tensor& t, const at::Tensor& q);
+// An undefined at::Tensor (C++) is refused by name, before its dtype is read.
+void check_defined(const char* op, const char* name, const at::Tensor& t);
 void check_integer_dtype(const char* op, const char* name, const at::Tensor& t);
 // One of the four float dtypes the kernels take.
 void check_float_dtype(const char* op, const char* name, const at::Tensor& t);

@@ -32,7 +32,9 @@ at::ScalarType angle_dtype_from_string(const std::string& name, const char* who,
 }
 
 std::string angle_dtype_name(at::ScalarType angle_dtype) {
-  return angle_dtype == at::kFloat ? "float32" : "float64";
+  if (angle_dtype == at::kFloat) return "float32";
+  if (angle_dtype == at::kDouble) return "float64";
+  return c10::toString(angle_dtype);  // not an angle dtype: named as torch names it
 }
 
 namespace {

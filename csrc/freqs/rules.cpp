@@ -87,7 +87,9 @@ const std::array<Rule, 8>& rules() {
 }
 
 const Rule& rule_of(RopeType type) {
-  return rules()[static_cast<size_t>(type)];
+  const auto i = static_cast<size_t>(type);
+  TORCH_CHECK_VALUE(i < rules().size(), "rotary: RopeType ", i, " is not a rule; the rules: ", rope_type_names());
+  return rules()[i];
 }
 
 std::string fields_of(RopeType type) {
@@ -150,6 +152,7 @@ void validate(const RopeScaling& s, int64_t rotary_dim) {
   const RopeType type = rope_type_of(s);
   const std::string& t = s.type();
 #define ROTARY_SCALING_CHECK(cond, ...) TORCH_CHECK_VALUE(cond, "RopeScaling(type='", t, "'): ", __VA_ARGS__)
+  ROTARY_SCALING_CHECK(rotary_dim > 0 && rotary_dim % 2 == 0, "rotary_dim must be even and > 0, got ", rotary_dim);
   for (const Field& f : kFields) {
     ROTARY_SCALING_CHECK(
         !f.is_set(s) || rule_uses_field(type, f.name), f.name, " is not a field of this rule (it would be ignored); ",

@@ -207,6 +207,23 @@ TEST(NeverWrong, OptionsChangedWithoutResetTakeNoEffect) {
   EXPECT_EQ(rope->tables().options().rotary_offset(), 4);
 }
 
+// Undefined tensors and out-of-range enums from C++ are named, not read.
+TEST(NeverWrong, UndefinedTensorsAndBadEnumsAreNamed) {
+  const auto f = rotary::rope_freqs(8, 16);
+  const auto x = at::randn({1, 2, 3, 8});
+  ExpectError<c10::ValueError>([&] { rotary::apply_rope(at::Tensor(), f); }, {"apply_rope: x is an undefined tensor"});
+  ExpectError<c10::ValueError>([&] { rotary::apply_rope(x, f, 0, true, at::Tensor()); },
+                               {"apply_rope: offsets is an undefined tensor", "std::nullopt"});
+  rotary::RotaryEmbedding rope(rotary::RotaryEmbeddingOptions(8));
+  ExpectError<c10::ValueError>([&] { rope->forward(x, 0, std::nullopt, at::Tensor()); },
+                               {"position_ids is an undefined tensor"});
+  EXPECT_EQ(rotary::angle_dtype_name(at::kHalf), "Half");
+  ExpectError<c10::ValueError>([] { rotary::validate(rotary::RopeScaling("linear").factor(2.0), -2); },
+                               {"rotary_dim must be even and > 0, got -2"});
+  ExpectError<c10::ValueError>([] { rotary::to_string(static_cast<rotary::RopeType>(99)); },
+                               {"RopeType 99 is not a rule"});
+}
+
 // A module's host-driven rule installs new tables into the same buffers: the
 // backward of an earlier output used them (3.5 off for dynamic, 4.5 for
 // longrope) instead of the tables its forward read.
