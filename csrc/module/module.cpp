@@ -1,3 +1,5 @@
+#include "params/layouts.h"
+
 #include <rotary/axes.h>
 #include <rotary/freqs.h>
 #include <rotary/front_end.h>
@@ -102,9 +104,11 @@ auto RotaryEmbeddingImpl::run(
     int64_t start_pos,
     const std::optional<torch::Tensor>& offsets,
     const std::optional<torch::Tensor>& position_ids,
+    c10::string_view layout,
     Op&& op) {
   if (q.dim() == 4) check_span(tables_.options(), q);  // other ranks: the op names the shape
-  const int64_t seq_len = q.dim() == 4 ? q.size(2) : 0;
+  // An unknown layout reads as BHSD here; the op refuses it by name.
+  const int64_t seq_len = q.dim() == 4 ? q.size(axes_of(parse_layout(layout)).seq) : 0;
   return run_module_call(tables_, module_buffers(), seq_len, start_pos, offsets, position_ids, std::forward<Op>(op));
 }
 
@@ -112,11 +116,12 @@ torch::Tensor RotaryEmbeddingImpl::forward(
     const torch::Tensor& x,
     int64_t start_pos,
     const std::optional<torch::Tensor>& offsets,
-    const std::optional<torch::Tensor>& position_ids) {
-  return run(x, start_pos, offsets, position_ids, [&](const torch::Tensor& f, const std::optional<torch::Tensor>& inv) {
-    return apply_rope(
-        x, f, start_pos, tables_.options().interleaved(), offsets, position_ids, false, std::nullopt, inv, "BHSD",
-        tables_.options().rotary_offset(), axes_for(position_ids));
+    const std::optional<torch::Tensor>& position_ids,
+    c10::string_view layout) {
+  const auto& o = tables_.options();
+  return run(x, start_pos, offsets, position_ids, layout, [&](const torch::Tensor& f, const std::optional<torch::Tensor>& inv) {
+    return apply_rope(x, f, start_pos, o.interleaved(), offsets, position_ids, false, std::nullopt, inv, layout,
+                      o.rotary_offset(), axes_for(position_ids));
   });
 }
 
@@ -125,18 +130,20 @@ std::tuple<torch::Tensor, torch::Tensor> RotaryEmbeddingImpl::forward(
     const torch::Tensor& k,
     int64_t start_pos,
     const std::optional<torch::Tensor>& offsets,
-    const std::optional<torch::Tensor>& position_ids) {
-  return run(q, start_pos, offsets, position_ids, [&](const torch::Tensor& f, const std::optional<torch::Tensor>& inv) {
-    return apply_rope_qk(
-        q, k, f, start_pos, tables_.options().interleaved(), offsets, position_ids, false, std::nullopt, inv,
-        "BHSD", tables_.options().rotary_offset(), axes_for(position_ids));
+    const std::optional<torch::Tensor>& position_ids,
+    c10::string_view layout) {
+  const auto& o = tables_.options();
+  return run(q, start_pos, offsets, position_ids, layout, [&](const torch::Tensor& f, const std::optional<torch::Tensor>& inv) {
+    return apply_rope_qk(q, k, f, start_pos, o.interleaved(), offsets, position_ids, false, std::nullopt, inv, layout,
+                         o.rotary_offset(), axes_for(position_ids));
   });
 }
 
 // The fused op writes the rows; the cache only learns its new length.
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> RotaryEmbeddingImpl::forward_with_cache(
-    torch::Tensor& q, torch::Tensor& k, const torch::Tensor& v, KVCache& cache, std::optional<int64_t> start_pos) {
-  return rotary::forward_with_cache(tables_, module_buffers(), q, k, v, *cache, start_pos);
+    torch::Tensor& q, torch::Tensor& k, const torch::Tensor& v, KVCache& cache, std::optional<int64_t> start_pos,
+    c10::string_view layout) {
+  return rotary::forward_with_cache(tables_, module_buffers(), q, k, v, *cache, start_pos, layout);
 }
 
 // Only the device changes: the table stays complex64 and inv_freq float64

@@ -181,9 +181,9 @@ std::optional<int64_t> optional_start_pos(const py::object& start_pos) {
 
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> forward_with_cache(
     rotary::RotaryEmbeddingImpl& rope, torch::Tensor q, torch::Tensor k, const torch::Tensor& v, const py::object& cache,
-    const py::object& start_pos) {
+    const py::object& start_pos, const std::string& layout) {
   rotary::KVCache holder(cache_of(cache, "RotaryEmbedding.forward_with_cache"));
-  return rope.forward_with_cache(q, k, v, holder, optional_start_pos(start_pos));
+  return rope.forward_with_cache(q, k, v, holder, optional_start_pos(start_pos), layout);
 }
 
 }  // namespace python

@@ -95,11 +95,12 @@ void bind_cpp_module(py::module_& m) {
   cpp_module
       .def_property_readonly("pair_axes", [](const Impl& self) { return self.pair_axes; })
       // rope(x, start_pos=0) or rope(q, k, start_pos=0); offsets= or
-      // position_ids= (positions= deprecated), as in the Python module.
+      // position_ids= (positions= deprecated) and layout=, as in the Python module.
       .def(
           "forward",
           [](Impl& self, const py::object& q, const py::object& k, const py::object& start_pos,
-             const py::object& offsets, const py::object& position_ids, const py::object& positions) -> py::object {
+             const py::object& offsets, const py::object& position_ids, const py::object& positions,
+             const std::string& layout) -> py::object {
             // Host-driven rules size the table by every rank's positions (rotary._dtensor_shards).
             auto whole = [&](const py::object& t) -> py::object {
               if (!self.host_driven() || t.is_none() || THPVariable_CheckExact(t.ptr())) return t;
@@ -107,13 +108,14 @@ void bind_cpp_module(py::module_& m) {
             };
             auto [x, k_tensor, pos, off, ids] =
                 call_args(q, k, start_pos, whole(offsets), whole(position_ids), whole(positions));
-            if (!k_tensor) return py::cast(self.forward(x, pos, off, ids));
-            return py::cast(self.forward(x, *k_tensor, pos, off, ids));
+            if (!k_tensor) return py::cast(self.forward(x, pos, off, ids, layout));
+            return py::cast(self.forward(x, *k_tensor, pos, off, ids, layout));
           },
           py::arg("q"), py::arg("k") = py::none(), py::arg("start_pos") = 0, py::kw_only(),
-          py::arg("offsets") = py::none(), py::arg("position_ids") = py::none(), py::arg("positions") = py::none())
+          py::arg("offsets") = py::none(), py::arg("position_ids") = py::none(), py::arg("positions") = py::none(),
+          py::arg("layout") = "BHSD")
       .def("forward_with_cache", &forward_with_cache, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("cache"),
-           py::arg("start_pos") = py::none(),
+           py::arg("start_pos") = py::none(), py::kw_only(), py::arg("layout") = "BHSD",
            "Rotate q and k in place at start_pos (default: cache.length) and append k and v to the KVCache, in one "
            "op; returns (q, keys, values) with the filled cache as [batch, kv_heads, length, head_dim].")
       // The buffers (module.freqs, module.inv_freq, state_dict()) are reached

@@ -170,7 +170,7 @@ void bind_launch(py::module_& m);
 void bind_cpp_module(py::module_& m);
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> forward_with_cache(
     rotary::RotaryEmbeddingImpl& rope, torch::Tensor q, torch::Tensor k, const torch::Tensor& v, const py::object& cache,
-    const py::object& start_pos);
+    const py::object& start_pos, const std::string& layout);
 
 }  // namespace python
 }  // namespace rotary

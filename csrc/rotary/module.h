@@ -6,6 +6,7 @@
 #include <rotary/tables.h>
 
 #include <c10/util/OptionalArrayRef.h>
+#include <c10/util/string_view.h>
 
 #include <torch/detail/static.h>
 #include <torch/nn/cloneable.h>
@@ -52,25 +53,28 @@ class RotaryEmbeddingImpl : public torch::nn::Cloneable<RotaryEmbeddingImpl> {
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
 
-  // x: [batch, heads, seq, head_dim] with head_dim >= dim; rows start_pos ..
-  // start_pos + seq - 1, shifted per batch by `offsets` ([] / [batch]), or
-  // the absolute `position_ids` ([seq] / [batch, seq], start_pos 0); see
-  // rotary::apply_rope.
+  // x: [batch, heads, seq, head_dim] with head_dim >= dim (or as `layout`
+  // says: "BSHD", "SBHD"); rows start_pos .. start_pos + seq - 1, shifted
+  // per batch by `offsets` ([] / [batch]), or the absolute `position_ids`
+  // ([seq] / [batch, seq], start_pos 0); see rotary::apply_rope.
   torch::Tensor forward(
       const torch::Tensor& x,
       int64_t start_pos = 0,
       const std::optional<torch::Tensor>& offsets = std::nullopt,
-      const std::optional<torch::Tensor>& position_ids = std::nullopt);
-  // q: [batch, heads_q, seq, head_dim], k: [batch, heads_k, seq, head_dim], one launch.
+      const std::optional<torch::Tensor>& position_ids = std::nullopt,
+      c10::string_view layout = "BHSD");
+  // q: [batch, heads_q, seq, head_dim], k: [batch, heads_k, seq, head_dim]
+  // (or in `layout`), one launch.
   std::tuple<torch::Tensor, torch::Tensor> forward(
       const torch::Tensor& q,
       const torch::Tensor& k,
       int64_t start_pos = 0,
       const std::optional<torch::Tensor>& offsets = std::nullopt,
-      const std::optional<torch::Tensor>& position_ids = std::nullopt);
+      const std::optional<torch::Tensor>& position_ids = std::nullopt,
+      c10::string_view layout = "BHSD");
 
-  // Decode with a cache: rotates q and k ([batch, heads, seq, head_dim]) in
-  // place at positions start_pos .. (default: cache->length()) and appends
+  // Decode with a cache: rotates q and k ([batch, heads, seq, head_dim], or
+  // in `layout`) in place at positions start_pos .. (default: cache->length()) and appends
   // the rotated k and v at cache->length(), in one op
   // (rotary::apply_rope_with_kv_cache_). Returns (q, keys, values), keys and
   // values the filled cache as [batch, kv_heads, length, head_dim].
@@ -79,7 +83,8 @@ class RotaryEmbeddingImpl : public torch::nn::Cloneable<RotaryEmbeddingImpl> {
       torch::Tensor& k,
       const torch::Tensor& v,
       KVCache& cache,
-      std::optional<int64_t> start_pos = std::nullopt);
+      std::optional<int64_t> start_pos = std::nullopt,
+      c10::string_view layout = "BHSD");
 
   // Host-driven rules: make the tables right for a call whose largest
   // position is reach - 1. A no-op for the other rules.
@@ -130,6 +135,7 @@ class RotaryEmbeddingImpl : public torch::nn::Cloneable<RotaryEmbeddingImpl> {
       int64_t start_pos,
       const std::optional<torch::Tensor>& offsets,
       const std::optional<torch::Tensor>& position_ids,
+      c10::string_view layout,
       Op&& op);
 
   // Copied by clone(), so a copy keeps the host-driven state.

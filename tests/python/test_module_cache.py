@@ -106,10 +106,11 @@ def test_against_float64_reference(dtype):
 
 
 @needs_advance
+@pytest.mark.parametrize("module", [rotary.RotaryEmbedding, rotary.CppRotaryEmbedding], ids=["py", "cpp"])
 @pytest.mark.parametrize("layout", ["BSHD", "SBHD"])
-def test_q_k_v_layouts(layout):
+def test_q_k_v_layouts(layout, module):
     # The same cache contents and bits as BHSD inputs holding the same values.
-    rope = rotary.RotaryEmbedding(DIM, 64)
+    rope = module(DIM, 64)
     c_lay, c_ref = make_cache("BHSD", torch.float32), make_cache("BHSD", torch.float32)
     for S, seed in STEPS:
         a, b = qkv(S, seed, torch.float32, layout), qkv(S, seed, torch.float32)

@@ -17,6 +17,10 @@ pytestmark = pytest.mark.usefixtures("reset_dynamo")
 DTYPES = [torch.float32, torch.bfloat16]
 DTYPE_IDS = ["fp32", "bf16"]
 B, H, S, D = 2, 3, 5, 16
+# The Python module and the C++ one (bound) take the same layout argument.
+MODULES = [rotary.RotaryEmbedding, rotary.CppRotaryEmbedding]
+MODULE_IDS = ["py", "cpp"]
+both = pytest.mark.parametrize("module", MODULES, ids=MODULE_IDS)
 
 
 def heads(layout, dtype, seed, h=H, s=S, d=D):
@@ -27,8 +31,9 @@ def heads(layout, dtype, seed, h=H, s=S, d=D):
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "half"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("layout", LAYOUT_NAMES)
-def test_q_and_k_with_equal_heads(layout, dtype, interleaved, start_pos):
-    rope = rotary.RotaryEmbedding(D, 32, interleaved=interleaved)
+@both
+def test_q_and_k_with_equal_heads(module, layout, dtype, interleaved, start_pos):
+    rope = module(D, 32, interleaved=interleaved)
     q, k = heads(layout, dtype, 1), heads(layout, dtype, 2)
     got_q, got_k = rope(q, k, start_pos, layout=layout)
     assert got_q.shape == q.shape and got_k.shape == k.shape
@@ -40,10 +45,11 @@ def test_q_and_k_with_equal_heads(layout, dtype, interleaved, start_pos):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("layout", LAYOUT_NAMES)
-def test_gqa_partial_rotary_and_strided_views(layout, dtype):
+@both
+def test_gqa_partial_rotary_and_strided_views(module, layout, dtype):
     # rotary dim 8 of head_dim 16; 4 q heads, 2 kv heads; q and k views of a
     # BHSD buffer, so the layout is strides, not a copy.
-    rope = rotary.RotaryEmbedding(8, 32)
+    rope = module(8, 32)
     q = from_bhsd(randn((B, 4, S, D), dtype, 3), layout)
     k = from_bhsd(randn((B, 2, S, D), dtype, 4), layout)
     got_q, got_k = rope(q, k, 3, layout=layout)
@@ -54,10 +60,11 @@ def test_gqa_partial_rotary_and_strided_views(layout, dtype):
 @pytest.mark.parametrize("kind", ["offsets", "position_ids", "past_table"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("layout", ["BSHD", "SBHD"])
-def test_other_paths(layout, dtype, kind):
+@both
+def test_other_paths(module, layout, dtype, kind):
     # The paths past the fast one: explicit positions, and a reach past the
     # 8-row table (float64 angles: computed on the fly).
-    rope = rotary.RotaryEmbedding(D, 8 if kind == "past_table" else 32)
+    rope = module(D, 8 if kind == "past_table" else 32)
     q, k = heads(layout, dtype, 5), heads(layout, dtype, 6)
     if kind == "offsets":
         off = torch.tensor([1, 4])
@@ -81,13 +88,14 @@ def test_other_paths(layout, dtype, kind):
     ids=["dynamic", "fp32-angles", "rotary_offset"],
 )
 @pytest.mark.parametrize("layout", ["BSHD", "SBHD"])
-def test_same_bits_as_bhsd(layout, kwargs):
+@both
+def test_same_bits_as_bhsd(module, layout, kwargs):
     # Rules without a float64 reference here: the layout's result is the
     # BHSD result of the same values, bit for bit. dynamic reaches past its
     # 8 positions, so it rebuilds its table for this call's seq.
     kw = dict(dim=D, max_seq_len=32)
     kw.update(kwargs)
-    make = lambda: rotary.RotaryEmbedding(**kw)  # noqa: E731
+    make = lambda: module(**kw)  # noqa: E731
     q, k = heads(layout, torch.float32, 7, s=6), heads(layout, torch.float32, 8, s=6)
     got = make()(q, k, 5, layout=layout)
     ref = make()(to_bhsd(q, layout).contiguous(), to_bhsd(k, layout).contiguous(), 5)
@@ -120,20 +128,33 @@ def test_unknown_layout_is_refused_by_name(bad):
         rope(q, layout=bad)
 
 
-def test_head_dim_check_reads_the_last_dim():
+@both
+def test_head_dim_check_reads_the_last_dim(module):
     # BSHD [2, 5, 3, 8] for a dim-16 module: head_dim 8, whatever the layout.
-    rope = rotary.RotaryEmbedding(D, 32)
+    rope = module(D, 32)
     q = heads("BSHD", torch.float32, 12, d=8)
     with pytest.raises(ValueError, match=r"RotaryEmbedding\(dim=16\): head_dim must be >= dim .*got head_dim 8 "
-                                         r"\(shape \(2, 5, 3, 8\)\)"):
+                                         r"\(shape [(\[]2, 5, 3, 8[)\]]\)"):
         rope(q, q.clone(), layout="BSHD")
 
 
+@pytest.mark.parametrize("bad", ["BHDS", "bshd"])
+def test_cpp_module_refuses_an_unknown_layout_by_name(bad):
+    rope = rotary.CppRotaryEmbedding(D, 32)
+    q = heads("BHSD", torch.float32, 11)
+    before = q.clone()
+    for call in (lambda: rope(q, q.clone(), 1, layout=bad), lambda: rope(q, layout=bad)):
+        with pytest.raises(ValueError, match=rf"layout must be 'BHSD', 'BSHD' or 'SBHD'.*got '{bad}'"):
+            call()
+    assert torch.equal(q, before)
+
+
 @pytest.mark.parametrize("layout", ["BSHD", "SBHD"])
-def test_table_bound_reads_the_seq_dim(layout):
+@both
+def test_table_bound_reads_the_seq_dim(module, layout):
     # float32 angles have no on-the-fly path: 6 + seq 5 > 8 rows is refused,
     # naming seq 5 (the layout's seq dim; heads are 3, which would fit).
-    rope = rotary.RotaryEmbedding(D, 8, angle_dtype="float32")
+    rope = module(D, 8, angle_dtype="float32")
     q = heads(layout, torch.float32, 13)
     with pytest.raises(IndexError, match=r"start_pos \+ seq_len = 6 \+ 5 = 11 exceeds max_seq_len 8"):
         rope(q, q.clone(), 6, layout=layout)
