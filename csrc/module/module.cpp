@@ -12,6 +12,8 @@
 
 namespace rotary {
 
+using OptTensor = std::optional<torch::Tensor>;
+
 RotaryEmbeddingImpl::RotaryEmbeddingImpl(const RotaryEmbeddingOptions& options_)
     : options(options_), tables_(options_) {
   reset();
@@ -119,7 +121,7 @@ torch::Tensor RotaryEmbeddingImpl::forward(
     const std::optional<torch::Tensor>& position_ids,
     c10::string_view layout) {
   const auto& o = tables_.options();
-  return run(x, start_pos, offsets, position_ids, layout, [&](const torch::Tensor& f, const std::optional<torch::Tensor>& inv) {
+  return run(x, start_pos, offsets, position_ids, layout, [&](const torch::Tensor& f, const OptTensor& inv) {
     return apply_rope(x, f, start_pos, o.interleaved(), offsets, position_ids, false, std::nullopt, inv, layout,
                       o.rotary_offset(), axes_for(position_ids));
   });
@@ -133,7 +135,7 @@ std::tuple<torch::Tensor, torch::Tensor> RotaryEmbeddingImpl::forward(
     const std::optional<torch::Tensor>& position_ids,
     c10::string_view layout) {
   const auto& o = tables_.options();
-  return run(q, start_pos, offsets, position_ids, layout, [&](const torch::Tensor& f, const std::optional<torch::Tensor>& inv) {
+  return run(q, start_pos, offsets, position_ids, layout, [&](const torch::Tensor& f, const OptTensor& inv) {
     return apply_rope_qk(q, k, f, start_pos, o.interleaved(), offsets, position_ids, false, std::nullopt, inv, layout,
                          o.rotary_offset(), axes_for(position_ids));
   });

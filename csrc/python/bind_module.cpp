@@ -102,12 +102,13 @@ void bind_cpp_module(py::module_& m) {
              const py::object& offsets, const py::object& position_ids, const py::object& positions,
              const std::string& layout) -> py::object {
             // Host-driven rules size the table by every rank's positions (rotary._dtensor_shards).
-            auto whole = [&](const py::object& t) -> py::object {
+            auto whole = [&](const py::object& t, const char* name) -> py::object {
               if (!self.host_driven() || t.is_none() || THPVariable_CheckExact(t.ptr())) return t;
-              return py::module_::import("rotary._dtensor_shards").attr("whole_positions")(t);
+              return py::module_::import("rotary._dtensor_shards").attr("whole_positions")(t, name);
             };
-            auto [x, k_tensor, pos, off, ids] =
-                call_args(q, k, start_pos, whole(offsets), whole(position_ids), whole(positions));
+            auto [x, k_tensor, pos, off, ids] = call_args(q, k, start_pos, whole(offsets, "offsets"),
+                                                          whole(position_ids, "position_ids"),
+                                                          whole(positions, "positions"));
             if (!k_tensor) return py::cast(self.forward(x, pos, off, ids, layout));
             return py::cast(self.forward(x, *k_tensor, pos, off, ids, layout));
           },

@@ -11,12 +11,12 @@ sequence shards, which would need slots renumbered per rank) are refused;
 positions, slots, scales and tables are plain tensors or replicated DTensors.
 """
 
-from ._dtensor_shards import _DIMS, _bind, _call, _fmt, _local_range, _refuse, _whole, _refuse_heads_norm
+from ._dtensor_shards import _DIMS, _bind, _call, _fmt, _local_range, _refuse, _whole, _refuse_heads_norm, check_global
 
 _DATA = ("q", "k", "v")
 _CACHES = ("k_cache", "v_cache")
 _WHOLE = ("freqs", "inv_freq", "cu_seqlens", "offsets", "position_ids", "cache_positions", "slot_mapping",
-          "q_weight", "k_weight")
+          "q_weight", "k_weight", "q_fp8_scale")
 _CACHE_HEADS = {"BHSD": 1, "HND": 1, "BSHD": 2, "NHD": 2}
 _WHY = "tensor-parallel cache writes need all of it on every rank"
 
@@ -34,6 +34,7 @@ def kv_handler(op, args, kwargs):
             f"{', '.join(plain)} {'is a plain tensor' if len(plain) == 1 else 'are plain tensors'}; pass q, k, v, "
             "k_cache and v_cache all as DTensors on one mesh (DTensor.from_local or distribute_tensor)",
         )
+    check_global(op, bound)  # the plain op's checks on the whole call
     q = bound["q"]
     mesh, placements = q.device_mesh, tuple(q.placements)
     if bound.get("cu_seqlens") is not None:

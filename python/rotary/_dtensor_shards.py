@@ -11,8 +11,6 @@ _DIMS = {  # layout -> (batch, heads, seq, head_dim) tensor dims
     "SBHD": (1, 2, 0, 3),
 }
 
-
-
 _SCHEMAS = {}  # op -> ((name, kwarg_only, has_default, default), ...)
 
 
@@ -55,6 +53,7 @@ def _call(op, bound):
 # decode-sized kernel. Specs are hashable and immutable.
 _RANGES = {}  # spec -> (local shape, global offset) on this rank
 _OUT_SPECS = {}  # (spec, stride, dtype) -> output DTensorSpec
+_CHECKED = {}  # (op, the call's shapes, dtypes and options) -> True: the global call passed the op's checks
 _CACHE_MAX = 4096
 
 
@@ -65,6 +64,34 @@ def _cached(cache, key, make):
             cache.clear()
         v = cache[key] = make()
     return v
+
+
+def _signature(v):
+    if isinstance(v, torch.Tensor):
+        return (tuple(v.shape), tuple(v.stride()), v.dtype)
+    return tuple(v) if isinstance(v, list) else v
+
+
+def check_global(op, bound):
+    """The op's own checks on the call as a whole: the global shapes, dtypes
+    and options, run by the op's Meta kernel (so a position tensor, scale or
+    start_pos the plain call refuses is refused in its words, on every rank,
+    before anything is sliced per rank). Values stay each rank's to check."""
+    key = (op,) + tuple((n, _signature(v)) for n, v in bound.items())
+    try:
+        if key in _CHECKED:
+            return
+    except TypeError:  # an unhashable option: check, do not remember
+        key = None
+
+    def meta(v):
+        if not isinstance(v, torch.Tensor):
+            return v
+        return torch.empty_strided(tuple(v.shape), tuple(v.stride()), dtype=v.dtype, device="meta")
+
+    _call(op, {n: meta(v) for n, v in bound.items()})
+    if key is not None:
+        _cached(_CHECKED, key, lambda: True)
 
 
 def _fmt(placements):
@@ -116,8 +143,10 @@ def _local_range(t, op, name):
     return local, offset
 
 
-def _check_placements(op, name, t, dims, packed):
-    """Refuse the placements of a rotated tensor that have no local rule."""
+def _check_placements(op, name, t, dims, packed, linear):
+    """Refuse the placements of a rotated tensor that have no local rule. A
+    rotation is linear: Partial(sum / avg) rotates term by term (the backward
+    of a replicated output feeding a sharded matmul gets one); a norm is not."""
     from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
 
     batch, heads, seq, head_dim = dims
@@ -130,11 +159,15 @@ def _check_placements(op, name, t, dims, packed):
     for i, p in enumerate(t.placements):
         if isinstance(p, Replicate):
             continue
+        if isinstance(p, Partial) and linear and p.reduce_op in ("sum", "avg"):
+            continue
         if isinstance(p, Partial):
             _refuse(
                 op,
-                f"{name} has placement {p!r} on mesh dim {i}; the rotary ops take whole values: reduce it "
-                f"first, then {ok_hint}",
+                f"{name} has placement {p!r} on mesh dim {i}; "
+                + ("a norm needs whole values" if linear is False and p.reduce_op in ("sum", "avg")
+                   else "only Partial(sum) or Partial(avg) rotates term by term")
+                + f": reduce it first, then {ok_hint}",
             )
         if not isinstance(p, Shard):
             _refuse(
@@ -158,12 +191,25 @@ def _check_placements(op, name, t, dims, packed):
             )
 
 
-def whole_positions(t):
+def _check_position_placements(who, arg, p, data):
+    """Positions are read as whole values: Replicate or Shard only."""
+    from torch.distributed.tensor.placement_types import Replicate, Shard
+
+    for i, pl in enumerate(p.placements):
+        if type(pl) not in (Replicate, Shard):  # Partial, _StridedShard: no local reading
+            raise _Refuse(f"{who} on DTensor: {arg} has placement {pl!r} on mesh dim {i}; each rank reads its "
+                          f"positions as whole values: replicate {arg}, or shard it as the sequence/batch of {data}")
+
+
+def whole_positions(t, arg="position_ids"):
     """A sharded positions DTensor as every rank's values (an all-gather):
     the modules' host-driven rules (dynamic, longrope) size the table by the
     largest position of the call, on every rank alike. Anything else as is."""
     full = getattr(t, "full_tensor", None) if isinstance(t, torch.Tensor) and type(t) is not torch.Tensor else None
-    return full() if full is not None else t
+    if full is None:
+        return t
+    _check_position_placements("RotaryEmbedding", arg, t, "q")
+    return full()
 
 
 def _position_kind(arg, p, packed):
@@ -182,19 +228,16 @@ def _localize_positions(op, arg, p, kind, want, mesh, data, data_name, data_plac
     if isinstance(p, DTensor):
         if p.device_mesh != mesh:
             _refuse(op, f"{arg} is on mesh {p.device_mesh} but {data[0]} is on mesh {mesh}; use one mesh")
-        from torch.distributed.tensor.placement_types import Replicate, Shard
-
-        for i, pl in enumerate(p.placements):
-            if type(pl) not in (Replicate, Shard):  # Partial, _StridedShard: no local reading
-                _refuse(op, f"{arg} has placement {pl!r} on mesh dim {i}; each rank reads its positions as whole "
-                            f"values: replicate {arg}, or shard it as the sequence/batch of {data[0]}")
+        _check_position_placements(f"rotary.{op._schema.name.split('::')[-1]}", arg, p, data[0])
         local, have = _local_range(p, op, arg)
         placed = f"{arg} has placements {_fmt(p.placements)}"
     else:
         local, have = p, (0,) * p.dim()
         placed = f"{arg} is a plain tensor (read as replicated)"
     for d in range(p.dim()):
-        if want[d] is None or p.shape[d] == 1:
+        # Whole, or a size-1 dim that broadcasts; one sharded like the data
+        # (empty on this rank) is sliced below.
+        if want[d] is None or (p.shape[d] == 1 and local.shape[d] == 1):
             if local.shape[d] != p.shape[d]:
                 _refuse(
                     op,

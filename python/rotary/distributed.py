@@ -43,6 +43,7 @@ from ._dtensor_shards import (
     _refuse_heads_norm,
     _bind,
     _cached,
+    check_global,
     _call,
     _check_placements,
     _DIMS,
@@ -145,15 +146,18 @@ def _localize_all_positions(op, bound, local, dims, packed, x_offset, x_local, m
     kinds = {n: _position_kind(n, bound[n], packed) for n in pos_args}
     for n in pos_args:
         p = bound[n]
+        # N-D ids (pair_axes) lead with their axis dim, always whole.
+        lead = [None] if kinds[n] == "ids" and bound.get("pair_axes") is not None else []
+        rest = p.dim() - len(lead)
         if kinds[n] == "offsets":
             # [] or [batch] (size 1 broadcasts)
             want = [None if batch is None else (x_offset[batch], x_local.shape[batch])] * p.dim()
         elif packed:
             want = [None] * p.dim()  # [total_tokens]; tokens are never sharded here
-        elif p.dim() == 1:  # [seq]
-            want = [(x_offset[seq], x_local.shape[seq])]
+        elif rest == 1:  # [seq]
+            want = lead + [(x_offset[seq], x_local.shape[seq])]
         else:  # [batch, seq]
-            want = [(x_offset[batch], x_local.shape[batch]), (x_offset[seq], x_local.shape[seq])]
+            want = lead + [(x_offset[batch], x_local.shape[batch]), (x_offset[seq], x_local.shape[seq])]
         local[n] = _localize_positions(op, n, p, kinds[n], want, mesh, data, data_name, placements)
     if seq_sharded and "ids" not in kinds.values():
         # No ids: token s of this shard is token seq_offset + s of the sequence.
@@ -187,12 +191,17 @@ def _handler(op, args, kwargs):
                 f"{n} is a plain tensor but {data[0] if n != data[0] else data[-1]} is a DTensor; pass both as "
                 "DTensors placed alike (DTensor.from_local or distribute_tensor)",
             )
-        if t.device_mesh != mesh or tuple(t.placements) != placements:
+        if t.device_mesh != mesh:
+            _refuse(op, f"{data[0]} is on mesh {mesh} but {n} is on mesh {t.device_mesh}; use one mesh")
+        if tuple(t.placements) != placements:
             _refuse(
                 op,
                 f"{data[0]} has placements {_fmt(placements)} but {n} has {_fmt(t.placements)}; q and k "
                 "must be sharded alike (the same placement on every mesh dim)",
             )
+    # The plain op's checks on the whole call (global shapes, options): a
+    # position tensor or scale of the wrong size is refused, not sliced.
+    check_global(op, bound)
 
     local = dict(bound)
     for n in _REPLICATED_ARGS:
@@ -209,7 +218,7 @@ def _handler(op, args, kwargs):
     sharded = dims is not None and not all(p.is_replicate() for p in placements)
     if sharded:
         for n in data:
-            _check_placements(op, n, bound[n], dims, packed)
+            _check_placements(op, n, bound[n], dims, packed, linear="norm" not in op._schema.name)
 
     if sharded and bound.get("norm") == "heads":
         _refuse_heads_norm(op, placements, x.ndim, dims[1])

@@ -195,7 +195,7 @@ class RotaryEmbedding(nn.Module):
             return self._rotate(q, k, start_pos, offsets, position_ids, self.freqs, self.inv_freq, layout)
         seq_len = q.shape[ax] if q.dim() == 4 else 0  # the op reports a wrong shape
         # Every rank sizes the table by every rank's positions.
-        offsets, position_ids = _whole_positions(offsets), _whole_positions(position_ids)
+        offsets, position_ids = _whole_positions(offsets, "offsets"), _whole_positions(position_ids)
         reach = _C.RopeTables.reach_of(seq_len, start_pos, offsets, position_ids)
 
         def op(fresh):  # under the lock; new tables are installed only once the op returned

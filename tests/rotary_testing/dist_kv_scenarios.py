@@ -74,7 +74,7 @@ def kv_refusals(mesh):
     dts = placed([Shard(1)], [Shard(1)])
     with pytest.raises(ValueError, match=r"v_cache is a plain tensor; pass q, k, v, k_cache and v_cache all as DTensors"):
         OP(*dts[:4], full[4], f, **kw)
-    slots = DTensor.from_local(torch.zeros(1, 3, dtype=torch.long), mesh, [Shard(0)], run_check=False)
+    slots, _ = dshard(torch.zeros(2, 3, dtype=torch.long), mesh, [Shard(0)])  # [batch, seq], sharded
     with pytest.raises(ValueError, match=r"cache_positions has placements \(Shard\(dim=0\)\); tensor-parallel cache "
                                          r"writes need all of it"):
         OP(*dts, f, cache_positions=slots, **kw)

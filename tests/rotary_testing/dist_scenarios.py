@@ -372,9 +372,9 @@ def refusals(mesh):
     refused(r"x has placement _StridedShard\(dim=1, sf=2\) on mesh dim 0, which has no rotary rule",
             lambda: OPS.apply_rope(strided, f))
 
-    part = DTensor.from_local(q, mesh, [Partial()], run_check=False)
-    refused(r"x has placement Partial\(sum\) on mesh dim 0; the rotary ops take whole values: reduce it first",
-            lambda: OPS.apply_rope(part, f))
+    part = DTensor.from_local(q, mesh, [Partial("max")], run_check=False)
+    refused(r"x has placement Partial\(max\) on mesh dim 0; only Partial\(sum\) or Partial\(avg\) rotates term "
+            r"by term: reduce it first", lambda: OPS.apply_rope(part, f))
 
     fs, _ = dshard(f, mesh, [Shard(0)])
     refused(r"freqs has placements \(Shard\(dim=0\)\); every rank needs all of it: replicate it",
@@ -412,6 +412,7 @@ def scenarios(world):
     from rotary_testing.dist_kv_scenarios import scenarios as kv_scenarios  # it imports this module
     from rotary_testing.dist_module_scenarios import scenarios as module_scenarios
     from rotary_testing.dist_norm_scenarios import scenarios as norm_scenarios
+    from rotary_testing.dist_trial_scenarios import scenarios as trial_scenarios
 
-    return out + kv_scenarios() + norm_scenarios() + module_scenarios()
+    return out + kv_scenarios() + norm_scenarios() + module_scenarios() + trial_scenarios()
 
