@@ -125,9 +125,13 @@ std::tuple<at::Tensor, at::Tensor> apply_rope_cos_sin_composite(
                       ", got ", sin->sym_sizes());
     const at::Tensor cr = rows_of(cos, "cos", position_ids), sr = rows_of(*sin, "sin", position_ids);
     // Only a table that repeats its values is a rotation: check it, or a
-    // non-RoPE table would be read as one (one more pass; asynchronous).
-    const at::Tensor same = at::logical_and(at::eq(half(cr, interleaved, false), half(cr, interleaved, true)).all(),
-                                            at::eq(half(sr, interleaved, false), half(sr, interleaved, true)).all());
+    // non-RoPE table would be read as one (one more pass; asynchronous). A
+    // NaN repeated is a repeat: it reaches the output, as in the formula.
+    const auto repeats = [&](const at::Tensor& t) {
+      const at::Tensor a = half(t, interleaved, false), b = half(t, interleaved, true);
+      return at::logical_or(at::eq(a, b), at::logical_and(at::isnan(a), at::isnan(b))).all();
+    };
+    const at::Tensor same = at::logical_and(repeats(cr), repeats(sr));
     const char* const why = interleaved
         ? "apply_rope_cos_sin: with interleaved=True, cos and sin must repeat each value twice ([c0, c0, c1, c1, "
           "...], repeat_interleave'd); these do not, so they are not RoPE tables for that pairing"

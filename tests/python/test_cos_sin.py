@@ -166,6 +166,24 @@ def test_decode_and_empty(device, shape):
     assert ok.shape == k.shape
 
 
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+def test_a_nan_in_the_tables_reaches_the_output(interleaved):
+    """A NaN angle repeated as the table form repeats it is a RoPE table: its
+    pair turns to NaN, as in the formula, and nothing else changes (it was
+    refused as 'not rotate_half tables', the wrong cause)."""
+    q, k = randn((1, 2, 3, 8), torch.float32, 40), randn((1, 1, 3, 8), torch.float32, 41)
+    a = angles((1, 3), 4, 42)
+    a[0, 1, 2] = float("nan")
+    cos, sin = hf_tables(a, interleaved, torch.float32)
+    oq, ok = rotary.apply_rope_cos_sin(q, k, cos, sin, interleaved=interleaved)
+    c, s = read(cos), read(sin)
+    c, s = (c[..., 0::2], s[..., 0::2]) if interleaved else (c[..., :4], s[..., :4])
+    for out, x in ((oq, q), (ok, k)):
+        want = reference(x, c, s, interleaved)
+        assert torch.equal(out.isnan(), want.isnan()) and out.isnan().any()
+        torch.testing.assert_close(out.double().nan_to_num(), want.nan_to_num(), rtol=1e-6, atol=1e-6)
+
+
 def test_gradients_fp64():
     """gradcheck / gradgradcheck in q and k (the backward is the inverse
     rotation by the same tables)."""

@@ -159,6 +159,27 @@ def test_layer_refuses_what_it_cannot_read():
         apply_rotary_transformers(q, k, cos, sin)
     with pytest.raises(ValueError, match="unsqueeze_dim 1 .* or 2"):
         apply_rotary_transformers(q, k, torch.cat([a.cos()] * 2, -1), torch.cat([a.sin()] * 2, -1), 0)
+    # gpt-oss's one value per pair, scaled: at position 0 its halves repeat, and its
+    # first half would have been read as a partial-rotary table.
+    half_cos, half_sin = torch.full((1, 4, 4), 1.3466), torch.zeros(1, 4, 4)
+    with pytest.raises(ValueError, match=r"cos and sin must be \[batch, seq, head_dim\] = \[\*, \*, 8\]"):
+        apply_rotary_transformers(q, k, half_cos, half_sin)
+    # A 2-D table broadcasts against q's dim 1 in transformers: not the sequence.
+    with pytest.raises(ValueError, match=r"got cos of shape \(4, 8\)"):
+        apply_rotary_transformers(q, k, torch.cat([a[0].cos()] * 2, -1), torch.cat([a[0].sin()] * 2, -1))
+
+
+def test_layer_function_returns_the_promoted_dtype():
+    """bf16 q with float32 tables (autocast): transformers' q * cos gives
+    float32, and so does the layer, computed in float32."""
+    q, k = randn((1, 2, 4, 8), torch.bfloat16, 9), randn((1, 2, 4, 8), torch.bfloat16, 10)
+    a = torch.rand(1, 4, 4, generator=gen(11)) * 3
+    cos, sin = torch.cat([a.cos()] * 2, -1), torch.cat([a.sin()] * 2, -1)
+    got = apply_rotary_transformers(q, k, cos, sin)
+    want = modeling_llama.apply_rotary_pos_emb(q, k, cos, sin)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype == torch.float32
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
 
 
 def test_the_patch_reads_a_hub_function_signature():

@@ -42,15 +42,26 @@ def apply_rotary_transformers(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Hugging Face's ``apply_rotary_pos_emb`` contract: q, k ``[batch,
     heads, seq, head_dim]`` (``unsqueeze_dim=2``: ``[batch, seq, heads,
-    head_dim]``), cos/sin ``[batch, seq, R]`` rotate_half tables (R <=
-    head_dim: the first R dims rotate, as the partial-rotary families split
-    them). A table that is not rotate_half is an error, never misread."""
+    head_dim]``), cos/sin ``[batch, seq, head_dim]`` rotate_half tables that
+    the function multiplies into q and k elementwise (the partial-rotary
+    families split q before the call), in the dtype that product promotes
+    to. Anything else (a table that is not rotate_half, of another width or
+    rank) is an error, never misread."""
     layout = LAYOUTS.get(unsqueeze_dim)
     if layout is None or q.dim() != 4:
         raise ValueError(
             f"rotary_pos_emb: rotary serves 4-D q and k with unsqueeze_dim 1 ([batch, heads, seq, head_dim]) or 2 "
             f"([batch, seq, heads, head_dim]), got q of shape {tuple(q.shape)} and unsqueeze_dim={unsqueeze_dim!r}"
         )
+    if cos.dim() != 3 or cos.shape[-1] != q.shape[-1]:
+        # A 2-D table broadcasts against another dim of q under unsqueeze_dim; a narrower one (gpt-oss's one
+        # value per pair) is another function's contract: its halves can look alike (position 0).
+        raise ValueError(
+            f"rotary_pos_emb: cos and sin must be [batch, seq, head_dim] = [*, *, {q.shape[-1]}], multiplied into q "
+            f"elementwise as transformers' apply_rotary_pos_emb does; got cos of shape {tuple(cos.shape)}")
+    dtype = torch.result_type(q, cos)  # q * cos: bf16 q and float32 tables (autocast) give float32
+    if dtype != q.dtype and dtype.is_floating_point:
+        q, k = q.to(dtype), k.to(dtype)
     return apply_rope_cos_sin(q, k, cos, sin, layout=layout)
 
 
