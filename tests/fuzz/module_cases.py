@@ -20,6 +20,7 @@ import torch
 
 import rotary
 from rotary_testing.reference import exact_angle, rotate_pairs_nd
+from rotary_testing.rope_testing import from_bhsd, to_bhsd
 
 from .common import DOCUMENTED, FLOATS, Finding, Refused, bits, check_close, expect_refusal, same_bits, set_kind
 
@@ -237,6 +238,7 @@ def one_call(rng, gen, m, model, front):
         start = 0  # position_ids are absolute: start_pos must be 0 with them
     x = torch.randn(B, H, S, D, generator=gen).to(dtype)
     k = torch.randn(B, 1, S, D, generator=gen).to(dtype) if qk else None
+    layout = rng.choice(["BHSD", "BHSD", "BSHD", "SBHD"])  # passed as views of x and k in that layout
     angle = m.angle_dtype
     start_int = int(start)
     reach = (start_int + S) if positions is None else (start_int + int(positions.max()) + 1)
@@ -253,9 +255,12 @@ def one_call(rng, gen, m, model, front):
 
     def call():
         kw = {} if positions is None else {"position_ids": positions}
+        if layout != "BHSD":
+            kw["layout"] = layout
+        xl = from_bhsd(x, layout)
         if qk:
-            return m(x, k, start, **kw)
-        return m(x, start, **kw)
+            return tuple(to_bhsd(o, layout) for o in m(xl, from_bhsd(k, layout), start, **kw))
+        return to_bhsd(m(xl, start, **kw), layout)
 
     saved = state_of(m)
     if bad is not None:
@@ -292,7 +297,8 @@ def one_call(rng, gen, m, model, front):
     outs = out if qk else (out,)
     for name, src, o in zip(("q", "k"), (x, k), outs):
         ref = module_reference(src, rows, inv, scale, m.interleaved, dim, angle)
-        check_close(o, ref, dtype, f"{front} module {name} (rule {model.rule}, reach {reach}, angle {angle})", scale)
+        check_close(o, ref, dtype, f"{front} module {name} (rule {model.rule}, reach {reach}, angle {angle}, "
+                    f"layout {layout})", scale)
     return "accepted"
 
 
