@@ -271,6 +271,16 @@ def rope_kwargs_from_hf_config(
                          "rules per layer type; pass config.per_layer_config[layer_type]")
     params = _rope_params(config, layer_type, fam)
     nested = layer_types_of(config) is not None
+    if isinstance(config, Mapping) and fam.neox_fields:  # the NeoX classes read only their own names
+        for name in ("rope_theta", "partial_rotary_factor"):
+            if _get(config, name) is not None:
+                raise ValueError(f"from_hf_config: {name}={_get(config, name)!r}: transformers' {model_type} config "
+                                 "ignores it at the top level (it reads rotary_emb_base and rotary_pct, or "
+                                 "rope_parameters); rename it, or drop it")
+    elif isinstance(config, Mapping) and not nested and "partial_rotary_factor" not in params:
+        top = _get(config, "partial_rotary_factor")
+        if top is not None:  # the config class moves it into the rule (proportional reads it there)
+            params["partial_rotary_factor"] = top
     if isinstance(config, Mapping) and model_type:  # what the config class would fill in
         if model_type in CLASS_RULE and not _given_params(config):
             raise ValueError(f"from_hf_config: the {model_type} dict has no rope_parameters; its config class "

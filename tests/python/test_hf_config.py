@@ -392,3 +392,35 @@ def test_the_dict_form_reads_like_the_config_object():
                 assert got == want, (model_type, layer_type, got, want)
             checked.append(model_type)
     assert {"jetmoe", "zamba2", "llama", "gptj"} <= set(checked), sorted(checked)
+
+
+@pytest.mark.parametrize("form", ["rope_scaling", "rope_parameters"])
+def test_a_dict_top_level_partial_reaches_the_proportional_rule(form):
+    """transformers' config class moves a top-level partial_rotary_factor into
+    the rule, and proportional turns only that share of the pairs."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    rule = {"rope_type": "proportional", "factor": 2.0}
+    d = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 2, "max_position_embeddings": 256,
+         "partial_rotary_factor": 0.25}
+    d.update({"rope_theta": 10000.0, "rope_scaling": rule} if form == "rope_scaling"
+             else {"rope_parameters": dict(rule, rope_theta=10000.0)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = LlamaRotaryEmbedding(transformers.LlamaConfig.from_dict(dict(d)))
+    ours = rotary.RotaryEmbedding.from_hf_config(d)
+    torch.testing.assert_close(ours.inv_freq, theirs.inv_freq.double(), rtol=1e-6, atol=0)
+    assert int((ours.inv_freq != 0).sum()) == 4
+
+
+@pytest.mark.parametrize("model_type", ["gpt_neox", "gpt_neox_japanese"])
+@pytest.mark.parametrize("name,value", [("rope_theta", 1e6), ("partial_rotary_factor", 0.5)])
+def test_neox_dicts_refuse_the_generic_names_their_class_ignores(model_type, name, value):
+    d = {"model_type": model_type, "hidden_size": 64, "num_attention_heads": 2, "max_position_embeddings": 64,
+         name: value}
+    with pytest.raises(ValueError, match=rf"{name}={value!r}: transformers' {model_type} config ignores it at the "
+                                         r"top level \(it reads rotary_emb_base and rotary_pct"):
+        rotary.RotaryEmbedding.from_hf_config(d)
+    neox = {"rope_theta": "rotary_emb_base", "partial_rotary_factor": "rotary_pct"}[name]
+    assert rotary.RotaryEmbedding.from_hf_config({**{k: v for k, v in d.items() if k != name}, neox: value})
