@@ -15,7 +15,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from . import _C
 from ._hf_parts import get as _get, layer_theta as _layer_theta, layer_thetas as _layer_thetas
 from ._hf_parts import rule_of as _rule_of, scaling as _scaling, sections as _sections
-from .hf_families import CLASS_RULE, CLASS_THETA, DEFAULT_RULE_READS_PARTIAL, FAMILIES, GENERIC_FIELDS, Family
+from .hf_families import (CLASS_HEAD_DIM, CLASS_ORIGINAL_MAX, CLASS_PARTIAL, CLASS_RULE, CLASS_TEXT_CONFIG, CLASS_THETA,
+                          DEFAULT_RULE_READS_PARTIAL, FAMILIES, GENERIC_FIELDS, Family)
 from .hf_families import family_of
 
 __all__ = ["layer_thetas_of", "layer_types_of", "rope_kwargs_from_hf_config"]
@@ -47,6 +48,11 @@ def _fields(config: Any) -> Dict[str, Any]:
 def _text_config(config: Any) -> Any:
     text = _get(config, "text_config")
     if text is None:
+        top = _get(config, "model_type")
+        if isinstance(config, Mapping) and top in CLASS_TEXT_CONFIG:
+            raise ValueError(f"from_hf_config: the {top} dict has no text_config; its config class builds one from "
+                             "its own defaults, not from top-level fields: pass the config object, or the dict "
+                             "with text_config")
         return config
     if not isinstance(text, Mapping) and not hasattr(text, "__dict__"):
         raise ValueError(f"from_hf_config: text_config must be a config or a dict, got {text!r}; "
@@ -89,6 +95,29 @@ def _given_params(config: Any) -> Any:
     if isinstance(config, Mapping):
         return _get(config, "rope_scaling") or _get(config, "rope_parameters") or {}
     return _get(config, "rope_parameters") or _get(config, "rope_scaling") or {}
+
+
+def _check_class_fields(config: Mapping, params: Dict[str, Any], fam: Family, model_type: str, field: Any,
+                        rule: str) -> None:
+    """A dict without a field its config class fills in otherwise than the
+    dict is read (hf_families.CLASS_HEAD_DIM, CLASS_PARTIAL,
+    CLASS_ORIGINAL_MAX) is refused where the family reads the field."""
+    def refuse(name: str, why: str) -> None:
+        raise ValueError(f"from_hf_config: the {model_type} dict has no {name}; its config class fills in {why}: "
+                         f"pass the config object, or the dict with {name}")
+
+    reads_head_dim = fam.span == "leading" or fam.table_dim_field == "head_dim"
+    if model_type in CLASS_HEAD_DIM and reads_head_dim and field("head_dim") is None:
+        refuse("head_dim", "one that is not hidden_size // num_attention_heads")
+    given = (params.get("partial_rotary_factor"), _get(config, "partial_rotary_factor"),
+             _get(config, "rotary_pct") if fam.neox_fields else None)
+    default = CLASS_PARTIAL.get(model_type)
+    if default is not None and default != fam.partial_default and all(v is None for v in given):
+        refuse("partial_rotary_factor", f"{default!r}")
+    if (model_type in CLASS_ORIGINAL_MAX and rule in ("yarn", "llama3", "longrope")
+            and _get(config, "original_max_position_embeddings") is None
+            and params.get("original_max_position_embeddings") is None):
+        refuse("original_max_position_embeddings", "its own, not max_position_embeddings")
 
 
 def layer_types_of(config: Any) -> Optional[List[str]]:
@@ -331,6 +360,8 @@ def rope_kwargs_from_hf_config(
                          "class is not known to read it in its default rule (those that do: "
                          "rotary.hf_families.DEFAULT_RULE_READS_PARTIAL); it rotates the whole head there. Drop "
                          "the field to rotate the whole head")
+    if isinstance(config, Mapping) and model_type:  # more of what the config class would fill in
+        _check_class_fields(config, params, fam, model_type, field, rule)
     proportional = rule == "proportional"
     rotary_dim, offset = _span(config, fam, 1.0 if proportional else partial, model_type, field, rule)
 

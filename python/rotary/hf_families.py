@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 __all__ = ["Family", "FAMILIES", "GENERIC_FIELDS", "DEFAULT_RULE_READS_PARTIAL", "CLASS_THETA", "CLASS_RULE",
+           "CLASS_HEAD_DIM", "CLASS_PARTIAL", "CLASS_ORIGINAL_MAX", "CLASS_TEXT_CONFIG",
            "family_of"]
 
 
@@ -125,6 +126,60 @@ CLASS_RULE = frozenset({
     "gemma4_text", "gemma4_unified", "gemma4_unified_assistant", "gemma4_unified_text", "gpt_oss",
     "higgs_audio_v2", "lfm3", "lfm3_vl", "ministral3", "mistral4", "mistral_large4", "mistral_large4_text",
     "openai_privacy_filter",
+})
+
+# What a text config class fills in that its dict may lack, unlike the dict's
+# reading (hidden_size // num_attention_heads, the family's partial default,
+# max_position_embeddings): a fixed head_dim (CLASS_HEAD_DIM), a
+# partial_rotary_factor (CLASS_PARTIAL: the class's value) and
+# original_max_position_embeddings (CLASS_ORIGINAL_MAX). A dict of one of them
+# without the field is refused where the family reads it.
+CLASS_HEAD_DIM = frozenset({
+    'afmoe', 'axk1', 'axk2', 'bailing_hybrid', 'beam', 'canary_decoder', 'cohere2_moe', 'cosmos3_edge_text', 'cwm',
+    'd_fine', 'deepseek_v2', 'deepseek_v3', 'deepseek_v32', 'deepseek_v4', 'deimv2', 'dia_decoder', 'dia_encoder',
+    'dory', 'dots3_note_audio_encoder', 'ernie4_5', 'flint', 'gemma', 'gemma2', 'gemma3_text', 'gemma3n_text',
+    'gemma4_vision', 'glm', 'glm4', 'glm4_moe_lite', 'glm_moe_dsa', 'gpt_oss', 'gradium_phonon_tts', 'helium',
+    'higgs_audio_v2', 'hrm_text', 'hy_v3', 'hy_v4', 'hy_v4_vl_text', 'inkling2_loop_text', 'inkling2_text',
+    'inkling_text', 'internlm3', 'iquestcoder', 'jetmoe', 'kimi_linear', 'kolibri1', 'kosmos_2_5_vision_model',
+    'laguna', 'lara_mini', 'lfm3', 'llama4_text', 'longcat_flash', 'longt5', 'mellum', 'mimo_v2_flash', 'minicpm3',
+    'minimax_m2', 'minimax_m3_vl_text', 'ministral3', 'mistral4', 'mistral_large4_text', 'molmo2_adapter',
+    'molmo2_text', 'molmo2_vision', 'mt5', 'muse_glimmer_assistant', 'muse_glimmer_text', 'muse_spark_text',
+    'nemotron_h', 'neomme', 'neucodec', 'openai_privacy_filter', 'paddleocr_vl_text', 'pe_audio_encoder',
+    'pe_audio_video_encoder', 'pe_video_encoder', 'pocket_tts', 'qwen2_5_omni_dit', 'qwen2_5_omni_talker', 'qwen3',
+    'qwen3_5_moe_text', 'qwen3_5_text', 'qwen3_next', 'qwen3_omni_moe_talker_code_predictor', 'qwen3_vl_text',
+    'qwen4_exp_text', 'sarvam_mla', 'sarvam_moe', 'seed_oss', 'solar_open', 'step3p5', 't5', 't5_gemma_module',
+    't5gemma2_decoder', 't5gemma2_text', 'timesfm', 'timesfm2_5', 'umt5', 'vaultgemma', 'voxtral_realtime_encoder',
+    'xcodec2', 'youtu', 'zamba', 'zamba2', 'zaya',
+})
+CLASS_PARTIAL = {
+    'bamba': 0.5, 'dots3_note_audio_encoder': 0.5, 'efficientloftr': 4.0, 'glm': 0.5, 'glm4': 0.5, 'glm4_moe': 0.5,
+    'glm4v_moe_text': 0.5, 'glmasr_encoder': 0.5, 'gpt_neox': 0.25, 'mistral4': 0.5, 'moonshine': 0.9,
+    'moonshine_streaming': 0.8, 'nemotron': 0.5, 'nemotron3_5_transcribe_asr_audio': 0.5,
+    'nemotron3_5_transcribe_word_timestamp': 0.5, 'persimmon': 0.5, 'phi': 0.5, 'qwen3_5_moe_text': 0.25,
+    'qwen3_5_text': 0.25, 'qwen3_next': 0.25, 'recurrent_gemma': 0.5, 'stablelm': 0.25,
+}
+CLASS_ORIGINAL_MAX = frozenset({'phi3', 'phi4_multimodal'})
+# Composite configs whose class builds its text_config from its own defaults,
+# not from top-level fields: a dict of one without text_config is refused.
+CLASS_TEXT_CONFIG = frozenset({
+    'aimv2', 'align', 'altclip', 'apertus1p5', 'aria', 'audioflamingo3', 'aya_vision', 'blip', 'blip-2',
+    'bridgetower', 'chinese_clip', 'clap', 'clip', 'clipseg', 'clvp', 'cohere2_vision', 'cohere_compass',
+    'cosmos3_edge', 'cosmos3_omni', 'deepseek_ocr2', 'deepseek_vl', 'deepseek_vl_hybrid', 'diffusion_gemma',
+    'embedding_gemma2', 'emu3', 'ernie4_5_vl_moe', 'exaone4_5', 'fast_vlm', 'flava', 'florence2', 'fun_asr_nano',
+    'gemma3', 'gemma3n', 'gemma4', 'gemma4_unified', 'gemma4_unified_assistant', 'glm46v', 'glm4v', 'glm4v_moe',
+    'glm_image', 'glm_ocr', 'glmasr', 'glmga', 'got_ocr2', 'granite4_vision', 'granite_docling', 'granite_speech',
+    'granite_speech_plus', 'grounding-dino', 'groupvit', 'hy_v4_vl', 'hyperclovax_vision_v2', 'idefics2',
+    'idefics3', 'inkling2', 'inkling2_loop', 'inkling_mm_model', 'instructblip', 'instructblipvideo', 'internvl',
+    'janus', 'jev', 'kimi_k25', 'kosmos-2', 'kosmos-2.5', 'lfm2_vl', 'lfm3_vl', 'lighton_ocr', 'llama4', 'llava',
+    'llava_next', 'llava_next_video', 'llava_onevision', 'metaclip_2', 'minicpm_ocr', 'minicpmv4_6', 'minicpmv4_7',
+    'minimax_m3_vl', 'mistral3', 'mistral_large4', 'mllama', 'mm-grounding-dino', 'modernvbert', 'molmo2',
+    'moss_transcribe_diarize', 'muse_glimmer', 'muse_spark', 'musicflamingo', 'nemo_speechlm', 'nemotron_h_omni',
+    'omdet-turbo', 'omniasr', 'ovis2', 'owlv2', 'owlvit', 'paligemma', 'pe_audio', 'pe_audio_video', 'pe_video',
+    'perception_lm', 'pix2struct', 'pp_chart2table', 'pp_formulanet', 'qianfan_ocr', 'qwen2_5_omni_thinker',
+    'qwen2_audio', 'qwen3_5', 'qwen3_5_moe', 'qwen3_asr', 'qwen3_omni_moe_thinker', 'qwen3_vl', 'qwen3_vl_moe',
+    'qwen4_exp', 'sam3', 'sam3_lite_text', 'shieldgemma2', 'siglip', 'siglip2', 'smolvlm', 'step3p7',
+    't5gemma2_encoder', 'tipsv2', 'ultravbert', 'unlimited_ocr', 'vibevoice', 'vibevoice_asr', 'video_llama_3',
+    'video_llava', 'videoprism', 'vipllava', 'vision-text-dual-encoder', 'voxtral', 'voxtral_realtime', 'xclip',
 })
 
 _HALF = Family()

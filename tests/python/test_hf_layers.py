@@ -96,7 +96,11 @@ def test_mimo_v2_flash_per_layer_type(given):
 
 def test_llama4_dict_form_reads_as_its_text_config():
     cfg = make_config("Llama4TextConfig", **dict(SMALL, head_dim=16))
-    assert rope_kwargs_from_hf_config({**cfg.to_dict(), "model_type": "llama4"}) == rope_kwargs_from_hf_config(cfg)
+    nested = {"model_type": "llama4", "text_config": cfg.to_dict()}
+    assert rope_kwargs_from_hf_config(nested) == rope_kwargs_from_hf_config(cfg)
+    # Llama4Config builds its text_config from its own defaults, not from top-level fields.
+    with pytest.raises(ValueError, match=r"the llama4 dict has no text_config"):
+        rope_kwargs_from_hf_config({**cfg.to_dict(), "model_type": "llama4"})
 
 
 @pytest.mark.parametrize("sections", [None, [4, 2, 2]], ids=["default", "given"])

@@ -84,6 +84,90 @@ def test_class_defaults_are_transformers_own():
     assert rules == set(hf_families.CLASS_RULE)
 
 
+def _class_fields(cls):
+    """Whether a text config class fills in head_dim, partial_rotary_factor
+    (its value) and original_max_position_embeddings otherwise than a dict
+    without them is read (hidden_size // num_attention_heads, 1.0,
+    max_position_embeddings)."""
+    a = cls()
+    params = getattr(a, "rope_parameters", None)
+    partial = None
+    if isinstance(params, dict) and not any(isinstance(v, dict) for v in params.values()):
+        partial = params.get("partial_rotary_factor") if params.get("partial_rotary_factor") != 1.0 else None
+    m, original = getattr(a, "max_position_embeddings", None), False
+    if isinstance(getattr(a, "original_max_position_embeddings", None), int) and isinstance(m, int):
+        try:
+            original = cls(max_position_embeddings=2 * m).original_max_position_embeddings != 2 * m
+        except Exception:  # cannot say: treated as filled in (refused)
+            original = True
+    hd, h, n = getattr(a, "head_dim", None), getattr(a, "hidden_size", None), getattr(a, "num_attention_heads", None)
+    head = False
+    if all(isinstance(v, int) and v > 0 for v in (hd, h, n)):
+        try:
+            head = not (hd == h // n and cls(hidden_size=2 * h, num_attention_heads=n).head_dim == (2 * h) // n)
+        except Exception:
+            head = True
+    return head, partial, original
+
+
+def test_class_fields_of_dicts_are_transformers_own():
+    """What a dict lacking head_dim, partial_rotary_factor,
+    original_max_position_embeddings or (a composite's) text_config would be
+    read as differently from its config class (hf_families.CLASS_*)."""
+    heads, partials, originals, composites, seen = set(), {}, set(), set(), set()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for model_type, cls in transformers.CONFIG_MAPPING.items():
+            try:
+                top = cls()
+                text = type(top.get_text_config())
+                if text is not cls and hasattr(top, "text_config"):
+                    h = top.get_text_config().hidden_size
+                    if isinstance(h, int) and cls.from_dict({"hidden_size": 2 * h}).get_text_config().hidden_size != 2 * h:
+                        composites.add(model_type)
+                if text in seen:
+                    continue
+                seen.add(text)
+                head, partial, original = _class_fields(text)
+            except Exception:  # no default instance, several text configs, per-layer attributes
+                continue
+            if head:
+                heads.add(text.model_type)
+            if partial is not None:
+                partials[text.model_type] = partial
+            if original:
+                originals.add(text.model_type)
+    assert heads == set(hf_families.CLASS_HEAD_DIM)
+    assert partials == hf_families.CLASS_PARTIAL
+    assert originals == set(hf_families.CLASS_ORIGINAL_MAX)
+    assert composites == set(hf_families.CLASS_TEXT_CONFIG)
+
+
+@pytest.mark.parametrize("model_type,missing,given,match", [
+    ("qwen3", "head_dim", dict(hidden_size=96, num_attention_heads=2), "no head_dim"),
+    ("phi", "partial_rotary_factor", dict(hidden_size=96, num_attention_heads=2), "no partial_rotary_factor.*0.5"),
+    ("stablelm", "partial_rotary_factor", dict(hidden_size=96, num_attention_heads=2), "no partial.*fills in 0.25"),
+    ("phi3", "original_max_position_embeddings",
+     dict(hidden_size=64, num_attention_heads=2, rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 16,
+                                                              "long_factor": [2.0] * 16}),
+     "no original_max_position_embeddings"),
+    ("llama4", "text_config", dict(hidden_size=96, num_attention_heads=2), "no text_config"),
+])
+def test_a_dict_without_a_field_its_class_fills_in_is_refused(model_type, missing, given, match):
+    """transformers reads these dicts with its class's value (qwen3: head_dim
+    128, not 96 // 2); rotary refuses rather than read another. With the field
+    given, they agree."""
+    d = dict(given, model_type=model_type, max_position_embeddings=1000, rope_theta=10000.0)
+    with pytest.raises(ValueError, match=rf"the {model_type} dict has {match}"):
+        rotary.RotaryEmbedding.from_hf_config(d)
+    cls = transformers.CONFIG_MAPPING[model_type]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        full = cls.from_dict(dict(d)).to_dict()
+    ours = rotary.RotaryEmbedding.from_hf_config(full)  # every field given: read
+    assert ours.dim > 0
+
+
 # --------------------------------------------------------- partial rotary
 def test_partial_under_a_default_rule_that_ignores_it_is_refused():
     """Llama's default rule rotates the whole head whatever the config says."""
