@@ -12,7 +12,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
 import rotary
-from rotary_testing.dist_scenarios import dshard, local_part
+from rotary_testing.dist_scenarios import local_part
 from rotary_testing.reference import rope_reference, rope_reference_nd
 
 D = 16

@@ -27,6 +27,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import nn
 
+
 class _Local(threading.local):
     """Per thread: the deferred norms, and the attention modules whose
     forward is running (innermost last). Made in __init__ (at import for the
