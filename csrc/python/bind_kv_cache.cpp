@@ -56,7 +56,7 @@ void kv_load_from_state_dict(py::object self, py::object state_dict, const std::
       absent += std::string(absent.empty() ? "" : ", ") + names[i];
     }
   }
-  leaf_unexpected_keys(sd, prefix, {"k", "v", "k_scale", "v_scale", "_extra_state"}, unexpected_keys);
+  leaf_unexpected_keys(sd, prefix, names, unexpected_keys);
   if (present.empty()) return;  // nothing of this cache's: the missing keys say so
   if (!absent.empty()) {
     error_msgs.append(std::string(who) + ": the state has " + present + " but not " + absent +

@@ -46,7 +46,7 @@ void load_from_state_dict(
       error_msgs.append(std::string(e.what_without_backtrace()));
     }
   }
-  if (strict) leaf_unexpected_keys(sd, prefix, {"freqs", "inv_freq"}, unexpected_keys);
+  if (strict) leaf_unexpected_keys(sd, prefix, names, unexpected_keys);
 }
 
 // pickle / copy.deepcopy: the options and the saved tables; rebuilt from

@@ -213,8 +213,8 @@ py::object scaling_or_none(const RopeScaling& s) {
   return scaling_to_dict(s);
 }
 
-void leaf_unexpected_keys(const py::dict& state_dict, const std::string& prefix,
-                          std::initializer_list<const char*> own, py::list unexpected_keys) {
+void leaf_unexpected_keys(const py::dict& state_dict, const std::string& prefix, c10::ArrayRef<const char*> own,
+                          py::list unexpected_keys) {
   for (auto item : state_dict) {
     const std::string key = py::str(item.first);
     if (key.rfind(prefix, 0) != 0) continue;

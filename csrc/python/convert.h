@@ -7,7 +7,6 @@
 
 #include <torch/python.h>
 
-#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -66,8 +65,8 @@ py::object scaling_or_none(const rotary::RopeScaling& s);
 // _load_from_state_dict of a bound C++ module (no children): torch's strict
 // rule, every key under prefix other than `own` is unexpected (dotted ones
 // too); and a saved entry as a tensor, else an error naming it.
-void leaf_unexpected_keys(const py::dict& state_dict, const std::string& prefix,
-                          std::initializer_list<const char*> own, py::list unexpected_keys);
+void leaf_unexpected_keys(const py::dict& state_dict, const std::string& prefix, c10::ArrayRef<const char*> own,
+                          py::list unexpected_keys);
 std::optional<torch::Tensor> saved_tensor(const py::handle& v, const char* who, const char* name, py::list error_msgs);
 
 // torch.nn.cpp.ModuleWrapper._apply casts every buffer with `fn`, which
