@@ -97,15 +97,33 @@ def _given_params(config: Any) -> Any:
     return _get(config, "rope_parameters") or _get(config, "rope_scaling") or {}
 
 
-def _check_class_fields(config: Mapping, params: Dict[str, Any], fam: Family, model_type: str, field: Any,
-                        rule: str) -> None:
-    """A dict without a field its config class fills in otherwise than the
-    dict is read (hf_families.CLASS_HEAD_DIM, CLASS_PARTIAL,
-    CLASS_ORIGINAL_MAX) is refused where the family reads the field."""
+def _read_as_its_class(config: Mapping, params: Dict[str, Any], fam: Family, model_type: str, field: Any,
+                       rule: str, nested: bool) -> None:
+    """A dict (config.json) read as its transformers config class reads it:
+    fields the class moves are moved (into ``params``), and a dict without a
+    field the class fills in otherwise than the dict would be read
+    (hf_families.CLASS_*) is refused where the family reads the field."""
+    if fam.neox_fields:  # the NeoX classes read only their own names
+        for name in ("rope_theta", "partial_rotary_factor"):
+            if _get(config, name) is not None:
+                raise ValueError(f"from_hf_config: {name}={_get(config, name)!r}: transformers' {model_type} config "
+                                 "ignores it at the top level (it reads rotary_emb_base and rotary_pct, or "
+                                 "rope_parameters); rename it, or drop it")
+    elif not nested and "partial_rotary_factor" not in params:
+        top = _get(config, "partial_rotary_factor")
+        if top is not None:  # the config class moves it into the rule (proportional reads it there)
+            params["partial_rotary_factor"] = top
+    if not model_type:
+        return
+
     def refuse(name: str, why: str) -> None:
         raise ValueError(f"from_hf_config: the {model_type} dict has no {name}; its config class fills in {why}: "
                          f"pass the config object, or the dict with {name}")
 
+    if model_type in CLASS_RULE and not _given_params(config):
+        refuse("rope_parameters", "a scaled rule")
+    if model_type in CLASS_THETA and params.get("rope_theta") is None and _get(config, "rope_theta") is None:
+        refuse("rope_theta", "a base other than 10000")
     reads_head_dim = fam.span == "leading" or fam.table_dim_field == "head_dim"
     if model_type in CLASS_HEAD_DIM and reads_head_dim and field("head_dim") is None:
         refuse("head_dim", "one that is not hidden_size // num_attention_heads")
@@ -300,23 +318,9 @@ def rope_kwargs_from_hf_config(
                          "rules per layer type; pass config.per_layer_config[layer_type]")
     params = _rope_params(config, layer_type, fam)
     nested = layer_types_of(config) is not None
-    if isinstance(config, Mapping) and fam.neox_fields:  # the NeoX classes read only their own names
-        for name in ("rope_theta", "partial_rotary_factor"):
-            if _get(config, name) is not None:
-                raise ValueError(f"from_hf_config: {name}={_get(config, name)!r}: transformers' {model_type} config "
-                                 "ignores it at the top level (it reads rotary_emb_base and rotary_pct, or "
-                                 "rope_parameters); rename it, or drop it")
-    elif isinstance(config, Mapping) and not nested and "partial_rotary_factor" not in params:
-        top = _get(config, "partial_rotary_factor")
-        if top is not None:  # the config class moves it into the rule (proportional reads it there)
-            params["partial_rotary_factor"] = top
-    if isinstance(config, Mapping) and model_type:  # what the config class would fill in
-        if model_type in CLASS_RULE and not _given_params(config):
-            raise ValueError(f"from_hf_config: the {model_type} dict has no rope_parameters; its config class "
-                             "fills in a scaled rule: pass the config object, or the dict with rope_parameters")
-        if model_type in CLASS_THETA and params.get("rope_theta") is None and _get(config, "rope_theta") is None:
-            raise ValueError(f"from_hf_config: the {model_type} dict has no rope_theta; its config class fills in "
-                             "a base other than 10000: pass the config object, or the dict with rope_theta")
+    rule = _rule_of(params)
+    if isinstance(config, Mapping):
+        _read_as_its_class(config, params, fam, model_type, field, rule, nested)
 
     if fam.theta is not None:  # the family's code ignores these: refuse rather than ignore
         given = {k: v for k, v in params.items() if not (k in ("rope_type", "type") and v == "default")}
@@ -353,15 +357,12 @@ def rope_kwargs_from_hf_config(
 
     # proportional (Gemma 4): the rule turns that share of the whole head's
     # pairs (the others get inv_freq 0), so the span is the whole head.
-    rule = _rule_of(params)
     if (rule == "default" and partial != 1.0 and fam.span == "leading" and model_type
             and model_type not in DEFAULT_RULE_READS_PARTIAL):
         raise ValueError(f"from_hf_config: partial_rotary_factor={partial!r}: transformers' {model_type} rotary "
                          "class is not known to read it in its default rule (those that do: "
                          "rotary.hf_families.DEFAULT_RULE_READS_PARTIAL); it rotates the whole head there. Drop "
                          "the field to rotate the whole head")
-    if isinstance(config, Mapping) and model_type:  # more of what the config class would fill in
-        _check_class_fields(config, params, fam, model_type, field, rule)
     proportional = rule == "proportional"
     rotary_dim, offset = _span(config, fam, 1.0 if proportional else partial, model_type, field, rule)
 
