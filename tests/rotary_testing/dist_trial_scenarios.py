@@ -66,11 +66,12 @@ def nd_positions_on_replicated_inputs(mesh):
             pos = (ids if ids.dim() == 3 else ids[:, None].expand(3, B, 6)).numpy()
             want = rope_reference_nd(q, pos, axes, D)
             torch.testing.assert_close(out.to_local().double(), want, rtol=1e-5, atol=1e-5)
-    m = rotary.RotaryEmbedding(D, 64, mrope_section=[4, 2, 2])
+    m = rotary.RotaryEmbedding(D, 64, mrope_section=[4, 2, 2])  # pairs on axes 0,0,0,0,1,1,2,2, as above
     q = _rand(1, 4, 6, D, seed=9)
     ids = torch.randint(0, 64, (3, 1, 6), generator=torch.Generator().manual_seed(10))
-    assert torch.equal(m(distribute_tensor(q, mesh, [Replicate()]), position_ids=ids).to_local(),
-                       m(q, position_ids=ids))
+    out = m(distribute_tensor(q, mesh, [Replicate()]), position_ids=ids)
+    torch.testing.assert_close(out.to_local().double(), rope_reference_nd(q, ids.numpy(), axes, D),
+                               rtol=1e-5, atol=1e-5)
 
 
 def a_size_one_dim_sharded_like_q(mesh):
@@ -84,6 +85,8 @@ def a_size_one_dim_sharded_like_q(mesh):
         out = rotary.apply_rope(dq, f, **{name: distribute_tensor(pos, mesh, [ipl])})
         assert tuple(out.placements) == (qpl,)
         assert torch.equal(out.to_local(), local_part(rotary.apply_rope(q, f, **kw), mesh, [qpl]))
+        want = rope_reference(q, positions=pos)  # [B, S] ids or [B] offsets
+        torch.testing.assert_close(out.to_local().double(), local_part(want, mesh, [qpl]), rtol=1e-5, atol=1e-5)
 
 
 def a_partial_gradient_rotates_term_by_term(mesh):
