@@ -93,9 +93,10 @@ def test_parity_for_each_path(rule):
 
 
 @needs_advance
+@pytest.mark.parametrize("module", [rotary.RotaryEmbedding, rotary.CppRotaryEmbedding], ids=["py", "cpp"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_against_float64_reference(dtype):
-    rope, cache = rotary.RotaryEmbedding(DIM, 64), make_cache("BSHD", dtype)
+def test_against_float64_reference(dtype, module):
+    rope, cache = module(DIM, 64), make_cache("BSHD", dtype)
     for S, seed in STEPS:
         q, k, v = qkv(S, seed, dtype)
         start, q_in, k_in = cache.length, q.clone(), k.clone()
