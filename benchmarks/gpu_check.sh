@@ -3,7 +3,8 @@
 #   configure + build, gtest, every CUDA case of tests/python (the device
 #   fixture's cuda parameter and the CUDA-only tests),
 #   the linked-runtime check and the Python error, runtime and variant tests,
-#   compute-sanitizer memcheck and racecheck over the gtests' CUDA cases, an Nsight
+#   compute-sanitizer memcheck and racecheck over the gtests' CUDA cases
+#   and memcheck over the Python suites' eager CUDA cases, an Nsight
 #   Compute summary of the bf16 prefill launches (DRAM %, achieved occupancy,
 #   registers), and the GPU benchmark table (clone, torch.compile of the HF
 #   formula, Liger, FlashInfer), the fused KV-cache step against the unfused
@@ -13,12 +14,15 @@
 #
 # The GPU machine has no network. Prepare, here, before the device run:
 #   cp -r /usr/src/googletest .gtest-src          # GoogleTest source (no package there)
-#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
-#     --platform manylinux_2_28_x86_64 -d .whl liger-kernel
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --abi abi3 --abi none --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
+#     liger-kernel transformers==5.24.0 kernels==0.18.3 tomlkit
 #   .venv/bin/python benchmarks/peers/build_flashinfer.py   # FlashInfer's RoPE kernels, built for sm_90
-# liger-kernel is a pure-Python wheel (py3-none-any), so the platform tag does
-# not matter; it installs with --no-deps into /tmp/site (triton and torch are
-# in the image). The FlashInfer wheel is over the carry limit: its RoPE header
+# The wheels install with --no-deps into /tmp/site, first on every Python
+# step's path (triton, torch and transformers' other needs are in the image):
+# Liger for its column; transformers and kernels at the CPU CI's pins, as the
+# image's transformers is older and it has no kernels (the Hub route's CUDA
+# test needs both). The FlashInfer wheel is over the carry limit: its RoPE header
 # is compiled here into .peers/lib/rotary_flashinfer_peer.so (a few MB). The
 # folders are git-ignored: pass .gtest-src, .whl and .peers/lib in the carry.
 #
@@ -27,25 +31,40 @@
 # libraries): the build uses /usr/bin/g++ for both.
 #
 # Order: build, gtest, the figures (launch model, bf16 benchmark table, fused
-# KV-cache step, ncu, fp32 table), then the Python suites, the sanitizers and the prologue
-# benchmark. The run keeps to GPU_CHECK_BUDGET seconds (360): a session's
+# KV-cache step, ncu, fp32 table, the prologue), then the Python suites and
+# the sanitizers. The run keeps to GPU_CHECK_BUDGET seconds (360): a session's
 # device time is 15 minutes, the machine's start (1-2 minutes) included, so
 # two calls of 360 s fit with a margin. A step that would not fit is
-# skipped, named, and the summary prints the command that runs the rest on
-# the still-warm machine (its build tree is kept; the passed steps get
-# T_<STEP>=0).
+# skipped, named, and the summary prints the command that runs the rest:
+# GPU_CHECK_RESUME=1 on the still-warm machine (its build tree and the list
+# of steps that ran are kept; the machine goes back 30 s after a call, so
+# send it at once), or T_<STEP>=0 for each step that ran on a fresh one.
 #
 # Usage: bash benchmarks/gpu_check.sh
 # Env:   PYTHON (python3), OUT (log dir), BUILD_DIR (build-gpu), GPU_CHECK_BUDGET (360),
+#        GPU_CHECK_RESUME (0), GPU_MAX_LOAD (12),
 #        T_<STEP> overrides a step's timeout in seconds (T_BUILD=300 ...; 0 skips it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 PY=${PYTHON:-python3}
-LOG_DIR=${OUT:-/tmp/rotary-gpu}
+# At most 8 files come back from the device's $OUT: the step logs go in
+# logs/ and are packed into one archive at the end, beside the two tables.
+LOG_ROOT=${OUT:-/tmp/rotary-gpu}
+LOG_DIR=$LOG_ROOT/logs
 BUILD=${BUILD_DIR:-build-gpu}
+# Steps that ran (ok or failed, not cut by the budget), kept in the build tree:
+# GPU_CHECK_RESUME=1 on the still-warm machine runs only the others.
+DONE=$BUILD/gpu_check.done
 HOST_CXX=${ROTARY_HOST_CXX:-/usr/bin/g++}
-mkdir -p "$LOG_DIR"
+mkdir -p "$LOG_DIR" "$BUILD"
+[[ ${GPU_CHECK_RESUME:-0} == 1 ]] || rm -f "$DONE"
+pack() {
+  cp "$DONE" "$LOG_ROOT/gpu_check.done" 2> /dev/null
+  for md in "$LOG_DIR"/*.md; do [ -f "$md" ] && cp "$md" "$LOG_ROOT/"; done
+  tar czf "$LOG_ROOT/gpu_check_logs.tgz" -C "$LOG_ROOT" logs && rm -rf "$LOG_DIR"
+}
+trap pack EXIT
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
 export PYTHONUNBUFFERED=1
 failed=()
@@ -55,6 +74,10 @@ T0=$SECONDS
 # The whole run's budget. A step gets at most what is left of it, and is
 # skipped, named, when too little is.
 BUDGET=${GPU_CHECK_BUDGET:-360}
+# The 16-core machine's 1-minute load stays high for a minute after the -j16
+# build though nothing runs: GPU-timed steps accept up to 12 (printed with
+# each table) rather than wait it out.
+GPU_MAX_LOAD=${GPU_MAX_LOAD:-12}
 
 # step NAME SECONDS CMD...: runs CMD under a timeout, logs to $LOG_DIR/NAME.log.
 step() {
@@ -66,6 +89,11 @@ step() {
   if ((secs == 0)); then
     skip "$name" "$var=0"
     return 1
+  fi
+  if [[ ${GPU_CHECK_RESUME:-0} == 1 && $name != configure && $name != build && $name != wheels ]] &&
+    grep -qx "$name .*" "$DONE" 2> /dev/null; then
+    echo "=== $name: ran in an earlier call ($(grep -x "$name .*" "$DONE" | tail -n 1 | cut -d' ' -f2-))"
+    return 0
   fi
   if ((left < 30)); then
     skip "$name" "the run's ${BUDGET} s budget is spent"
@@ -82,6 +110,7 @@ step() {
   if ((rc == 0)); then
     echo "=== $name: ok ($((SECONDS - start)) s)"
     passed+=("$name")
+    echo "$name ok" >> "$DONE"
   else
     if ((rc == 124 || rc == 137)); then
       echo "=== $name: TIMED OUT after ${secs}s"
@@ -89,6 +118,7 @@ step() {
     fi
     echo "=== $name: FAILED rc=$rc ($((SECONDS - start)) s)"
     failed+=("$name")
+    ((cut && (rc == 124 || rc == 137))) || echo "$name failed rc=$rc" >> "$DONE"
   fi
   return $rc
 }
@@ -133,31 +163,34 @@ fi
 
 # ---- the figures first, after the gtests (the GPU benchmark table checks
 # ours against the references before timing; Liger from the carried wheel)
-BENCH_PATH=$ROOT/python
+# The carried wheels (Liger; transformers and kernels at the CPU CI's pins) go
+# first on every Python step's path.
+PY_PATH=$ROOT/python
 if compgen -G ".whl/*.whl" > /dev/null; then
-  step liger_install 60 "$PY" -m pip install --no-index --no-deps --target /tmp/site .whl/*.whl &&
-    BENCH_PATH=$BENCH_PATH:/tmp/site
+  step wheels 90 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && PY_PATH=/tmp/site:$PY_PATH
 else
-  echo "=== liger: no .whl/*.whl carried, the Liger column is skipped"
+  echo "=== wheels: no .whl/*.whl carried: the Liger column is skipped, the image's transformers is used"
 fi
+BENCH_PATH=$PY_PATH
 if [ -f .peers/lib/rotary_flashinfer_peer.so ]; then
   echo "=== flashinfer: .peers/lib/rotary_flashinfer_peer.so carried (the FlashInfer columns)"
 else
   echo "=== flashinfer: no .peers/lib carried, the FlashInfer columns are skipped"
 fi
 if ((built)); then  # the prediction the table below confirms or refutes
-  step launch_model 60 env PYTHONPATH="$ROOT/python" "$PY" benchmarks/launch_model.py
+  step launch_model 60 env PYTHONPATH="$PY_PATH" "$PY" benchmarks/launch_model.py
 else
   skip launch_model "build failed"
 fi
 if ((built && have_gpu)); then
   # One step per dtype (each compiles the HF formula per row), so either fits a call.
   step bench_bf16 240 env PYTHONPATH="$BENCH_PATH" "$PY" benchmarks/bench.py --device cuda --cuda-dtype bf16 --repeat 11 \
-    --wait-load 60 --max-load 4 --markdown "$LOG_DIR/bench_gpu_bf16.md"
+    --wait-load 20 --max-load "$GPU_MAX_LOAD" --markdown "$LOG_DIR/bench_gpu_bf16.md"
   # The fused KV-cache write (one launch) vs the RoPE launch + index_copy_, torch.compile and the
   # copy floor, as GPU time of CUDA-graph replays: decode B=64 and prefill S=8192.
-  step bench_kv_cache 240 env PYTHONPATH="$ROOT/python" "$PY" benchmarks/bench_kv_cache.py --device cuda --graph \
-    --rounds 11 --max-load 4
+  step bench_kv_cache 240 env PYTHONPATH="$PY_PATH" "$PY" benchmarks/bench_kv_cache.py --device cuda --graph \
+    --rounds 11 --max-load "$GPU_MAX_LOAD"
 else
   skip bench_bf16 "needs the build and a GPU"
   skip bench_kv_cache "needs the build and a GPU"
@@ -196,7 +229,7 @@ if ((built && have_gpu)) && command -v ncu > /dev/null; then
   metrics=dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active
   metrics+=,sm__maximum_warps_per_active_cycle_pct,launch__registers_per_thread,launch__grid_size
   metrics+=,launch__block_size,gpu__time_duration.sum
-  step ncu 180 env PYTHONPATH="$ROOT/python" ncu --clock-control none --kernel-name regex:rope_k \
+  step ncu 180 env PYTHONPATH="$PY_PATH" ncu --clock-control none --kernel-name regex:rope_k \
     --metrics "$metrics" --csv "$PY" -c "$NCU_DRIVER"
 else
   skip ncu "needs the build, a GPU and ncu"
@@ -204,17 +237,25 @@ fi
 
 if ((built && have_gpu)); then
   step bench_fp32 240 env PYTHONPATH="$BENCH_PATH" "$PY" benchmarks/bench.py --device cuda --cuda-dtype fp32 --repeat 11 \
-    --wait-load 60 --max-load 4 --markdown "$LOG_DIR/bench_gpu_fp32.md"
+    --wait-load 20 --max-load "$GPU_MAX_LOAD" --markdown "$LOG_DIR/bench_gpu_fp32.md"
 else
   skip bench_fp32 "needs the build and a GPU"
 fi
 
+if ((built && have_gpu)); then
+  # The prologue (q/k RMSNorm + RoPE): fused vs unfused vs torch.compile vs the copy floor.
+  step bench_qk_norm 240 env PYTHONPATH="$PY_PATH" "$PY" benchmarks/bench_qk_norm.py --device cuda --rounds 11 \
+    --threads 1 --max-load "$GPU_MAX_LOAD"
+else
+  skip bench_qk_norm "needs the build and a GPU"
+fi
+
 # ---- the Python suites on the GPU
 if ((built)); then
-  step pytest_cuda 300 env PYTHONPATH="$ROOT/python" "$PY" -m pytest -q -rs tests/python -k cuda
+  step pytest_cuda 300 env PYTHONPATH="$PY_PATH" "$PY" -m pytest -q -rs tests/python -k cuda
   # Error messages that format numbers must come back whole (no private C++ runtime).
   step cxx_runtime 60 ctest --test-dir "$BUILD" -R cxx_runtime --output-on-failure
-  step pytest_errors_variants 240 env PYTHONPATH="$ROOT/python" "$PY" -m pytest -q -rs \
+  step pytest_errors_variants 240 env PYTHONPATH="$PY_PATH" "$PY" -m pytest -q -rs \
     tests/python/test_errors.py tests/python/test_layouts.py tests/python/test_varlen.py \
     tests/python/test_partial_rotary.py tests/python/test_position_forms.py tests/python/test_inv_freq.py \
     tests/python/test_inplace.py tests/python/test_variant_gradients.py tests/python/test_variant_opcheck.py \
@@ -229,17 +270,16 @@ if ((built && have_gpu)) && command -v compute-sanitizer > /dev/null; then
   step memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 1 \
     "$TESTS" --gtest_filter='*/cuda:RopeErrors.DeviceMismatch'
   step racecheck 120 compute-sanitizer --tool racecheck --error-exitcode 1 "$TESTS" --gtest_filter='*/cuda:RopeErrors.DeviceMismatch'
+  # The Python suites' CUDA kernels under memcheck (the compiled cases left out:
+  # cudagraph trees and inductor's own kernels are not ours).
+  step memcheck_py 180 env PYTHONPATH="$PY_PATH" compute-sanitizer --tool memcheck --error-exitcode 1 \
+    "$PY" -m pytest -q -x tests/python/test_ops.py tests/python/test_kv_cache.py tests/python/test_kv_cache_mla.py \
+    tests/python/test_qk_norm.py tests/python/test_qk_norm_kv_cache.py tests/python/test_qk_norm_fp8.py \
+    tests/python/test_cos_sin.py -k "cuda and not compile"
 else
   skip memcheck "needs the build, a GPU and compute-sanitizer"
   skip racecheck "needs the build, a GPU and compute-sanitizer"
-fi
-
-if ((built && have_gpu)); then
-  # The prologue (q/k RMSNorm + RoPE): fused vs unfused vs torch.compile vs the copy floor.
-  step bench_qk_norm 240 env PYTHONPATH="$ROOT/python" "$PY" benchmarks/bench_qk_norm.py --device cuda --rounds 11 \
-    --threads 1 --max-load 4
-else
-  skip bench_qk_norm "needs the build and a GPU"
+  skip memcheck_py "needs the build, a GPU and compute-sanitizer"
 fi
 
 # ---- the short summary last (the device reply carries the end of the output)
@@ -276,9 +316,10 @@ if ((${#failed[@]})); then
     done_steps=""
     for name in "${passed[@]}"; do
       # the build is incremental, and the Liger install sets the tables' path
-      [[ $name == configure || $name == build || $name == liger_install ]] || done_steps+="T_${name^^}=0 "
+      [[ $name == configure || $name == build || $name == wheels ]] || done_steps+="T_${name^^}=0 "
     done
-    echo "gpu_check: the rest (${over_budget[*]}): ${done_steps}bash benchmarks/gpu_check.sh"
+    echo "gpu_check: the rest (${over_budget[*]}): GPU_CHECK_RESUME=1 bash benchmarks/gpu_check.sh on the warm"
+    echo "  machine; on a fresh one: ${done_steps}bash benchmarks/gpu_check.sh"
   fi
   exit 1
 fi
