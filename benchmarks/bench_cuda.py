@@ -113,6 +113,9 @@ def add_flashinfer(fns, notes, q, k, freqs, want, tol, device: str) -> None:
     if ops is None:
         notes["flashinfer"] = why
         return
+    if q.dtype not in (torch.float16, torch.bfloat16):  # its kernels are instantiated for these alone
+        notes["flashinfer"] = "16-bit data only"
+        return
     views = token_major(q, k)
     if views is None:
         notes["flashinfer"] = "needs token-major rows"

@@ -42,7 +42,7 @@
 #
 # Usage: bash benchmarks/gpu_check.sh
 # Env:   PYTHON (python3), OUT (log dir), BUILD_DIR (build-gpu), GPU_CHECK_BUDGET (360),
-#        GPU_CHECK_RESUME (0), GPU_MAX_LOAD (12),
+#        GPU_CHECK_RESUME (0), GPU_MAX_LOAD (12), BENCH_CASES (prefill,training,long,decode),
 #        T_<STEP> overrides a step's timeout in seconds (T_BUILD=300 ...; 0 skips it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -57,7 +57,7 @@ BUILD=${BUILD_DIR:-build-gpu}
 # GPU_CHECK_RESUME=1 on the still-warm machine runs only the others.
 DONE=$BUILD/gpu_check.done
 HOST_CXX=${ROTARY_HOST_CXX:-/usr/bin/g++}
-mkdir -p "$LOG_DIR" "$BUILD"
+mkdir -p "$LOG_DIR"
 [[ ${GPU_CHECK_RESUME:-0} == 1 ]] || rm -f "$DONE"
 pack() {
   cp "$DONE" "$LOG_ROOT/gpu_check.done" 2> /dev/null
@@ -78,6 +78,7 @@ BUDGET=${GPU_CHECK_BUDGET:-360}
 # build though nothing runs: GPU-timed steps accept up to 12 (printed with
 # each table) rather than wait it out.
 GPU_MAX_LOAD=${GPU_MAX_LOAD:-12}
+BENCH_CASES=${BENCH_CASES:-prefill,training,long,decode}
 
 # step NAME SECONDS CMD...: runs CMD under a timeout, logs to $LOG_DIR/NAME.log.
 step() {
@@ -110,7 +111,7 @@ step() {
   if ((rc == 0)); then
     echo "=== $name: ok ($((SECONDS - start)) s)"
     passed+=("$name")
-    echo "$name ok" >> "$DONE"
+    done_step "$name ok"
   else
     if ((rc == 124 || rc == 137)); then
       echo "=== $name: TIMED OUT after ${secs}s"
@@ -118,10 +119,13 @@ step() {
     fi
     echo "=== $name: FAILED rc=$rc ($((SECONDS - start)) s)"
     failed+=("$name")
-    ((cut && (rc == 124 || rc == 137))) || echo "$name failed rc=$rc" >> "$DONE"
+    ((cut && (rc == 124 || rc == 137))) || done_step "$name failed rc=$rc"
   fi
   return $rc
 }
+
+# Noted in the build tree, which configure makes (nothing is noted before it).
+done_step() { [ -d "$BUILD" ] && echo "$1" >> "$DONE"; }
 
 skip() {
   echo "=== $1: skipped ($2)"
@@ -152,7 +156,8 @@ have_gpu=0
 
 # ---- tests
 if ((built)); then
-  step gtest 180 "$TESTS" --gtest_brief=1
+  # A hung test is named (with every thread's stack) and the rest still runs.
+  step gtest 180 "$PY" tests/cpp/gtest_watchdog.py "$TESTS" --per-test 30
   if ((have_gpu)); then
     # No GTEST_SKIP may hide a GPU test here: count them.
     grep -q "SKIPPED" "$LOG_DIR/gtest.log" && echo "gtest: some tests were skipped (see gtest.log)"
@@ -185,7 +190,7 @@ else
 fi
 if ((built && have_gpu)); then
   # One step per dtype (each compiles the HF formula per row), so either fits a call.
-  step bench_bf16 240 env PYTHONPATH="$BENCH_PATH" "$PY" benchmarks/bench.py --device cuda --cuda-dtype bf16 --repeat 11 \
+  step bench_bf16 240 env PYTHONPATH="$BENCH_PATH" "$PY" benchmarks/bench.py --device cuda --cuda-dtype bf16 --cases "$BENCH_CASES" --repeat 11 \
     --wait-load 20 --max-load "$GPU_MAX_LOAD" --markdown "$LOG_DIR/bench_gpu_bf16.md"
   # The fused KV-cache write (one launch) vs the RoPE launch + index_copy_, torch.compile and the
   # copy floor, as GPU time of CUDA-graph replays: decode B=64 and prefill S=8192.
@@ -236,7 +241,7 @@ else
 fi
 
 if ((built && have_gpu)); then
-  step bench_fp32 240 env PYTHONPATH="$BENCH_PATH" "$PY" benchmarks/bench.py --device cuda --cuda-dtype fp32 --repeat 11 \
+  step bench_fp32 240 env PYTHONPATH="$BENCH_PATH" "$PY" benchmarks/bench.py --device cuda --cuda-dtype fp32 --cases "$BENCH_CASES" --repeat 11 \
     --wait-load 20 --max-load "$GPU_MAX_LOAD" --markdown "$LOG_DIR/bench_gpu_fp32.md"
 else
   skip bench_fp32 "needs the build and a GPU"
