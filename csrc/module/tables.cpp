@@ -86,7 +86,7 @@ void check_options(const RotaryEmbeddingOptions& options) {
 int64_t rows_for(const RotaryEmbeddingOptions& o, int64_t seq_len) {
   const RopeScaling& s = o.scaling();
   if (rope_type_of(s) == RopeType::Dynamic && seq_len > *s.max_position_embeddings()) {
-    return std::max(o.max_seq_len(), seq_len);
+    return std::max(o.max_seq_len(), std::min(seq_len, RopeTables::kMaxGrownRows));
   }
   return o.max_seq_len();
 }
@@ -186,11 +186,13 @@ void RopeTables::check_start_pos(int64_t start_pos) {
 
 void RopeTables::check_rows(int64_t seq_len, int64_t start_pos, bool has_positions, int64_t rows) const {
   if (!extends_past_table() && !has_positions && seq_len > 0) {
+    const bool grown = rows > options_.max_seq_len();  // a dynamic table at kMaxGrownRows
     TORCH_CHECK_INDEX(
         seq_len <= rows - start_pos, "RotaryEmbedding(angle_dtype=float32): start_pos + seq_len = ", start_pos,
-        " + ", seq_len, " = ", start_pos + seq_len, " exceeds max_seq_len ", rows,
+        " + ", seq_len, " = ", start_pos + seq_len, grown ? " exceeds the rows a dynamic table grows to, " : "",
+        grown ? "" : " exceeds max_seq_len ", rows,
         "; float32-angle tables are not extended on the fly (that path is float64): build the module with a "
-        "larger max_seq_len");
+        "larger max_seq_len", grown ? " or angle_dtype=float64" : "");
   }
 }
 

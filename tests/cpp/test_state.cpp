@@ -1,6 +1,7 @@
 // Module state: one module called from many threads, torch::save /
 // torch::load round trips, and loading tables the options would not build.
 #include "helpers.h"
+#include "reference.h"
 
 #include <rotary/freqs.h>
 #include <rotary/module.h>
@@ -11,6 +12,7 @@
 #include <torch/serialize.h>
 
 #include <atomic>
+#include <cmath>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -256,8 +258,8 @@ TEST(RopeTables, RunRecordsTheStateOnlyWhenTheOpReturns) {
 }
 
 // A call that raises leaves the module as it was: the refused call (odd
-// head_dim) must not grow the dynamic table, nor a failed allocation record
-// the new length.
+// head_dim) must not grow the dynamic table, nor a float32-angle call past
+// the rows a dynamic table grows to record the new length.
 TEST(RopeTables, RefusedCallLeavesTheModuleAsItWas) {
   const auto o = RotaryEmbeddingOptions(8).max_seq_len(64).scaling(dynamic64());
   RotaryEmbedding rope(o);
@@ -274,11 +276,35 @@ TEST(RopeTables, RefusedCallLeavesTheModuleAsItWas) {
   ExpectError<c10::Error>([&] { rope->forward(at::randn({1, 2, 4, 8}), at::randn({1, 2, 5, 8}), 996); }, {});
   unchanged("q/k seq mismatch");
   const auto x = at::randn({1, 1, 4, 8});
-  EXPECT_ANY_THROW(rope->forward(x, int64_t{1} << 40));  // 2^40 rows cannot be allocated
-  unchanged("failed allocation");
   // ... and later calls are right: the same as a fresh module's.
   EXPECT_TRUE(at::equal(rope->forward(x, 300), RotaryEmbedding(o)->forward(x, 300)));
   EXPECT_TRUE(at::equal(rope->forward(x, 3), RotaryEmbedding(o)->forward(x, 3)));
+
+  RotaryEmbedding f32(RotaryEmbeddingOptions(o).angle_dtype(torch::kFloat32));
+  const auto f32_freqs = f32->freqs.clone();
+  const int64_t past = rotary::RopeTables::kMaxGrownRows;
+  ExpectError<c10::IndexError>(
+      [&] { f32->forward(x, past); },
+      {"= " + std::to_string(past + 4) + " exceeds the rows a dynamic table grows to, " + std::to_string(past),
+       "or angle_dtype=float64"});
+  EXPECT_EQ(f32->tables().state(), 0);
+  EXPECT_TRUE(at::equal(f32->freqs, f32_freqs));
+}
+
+// A dynamic call far past the table (2^40 rows would not fit in any memory)
+// is served with a table of at most kMaxGrownRows rows: the positions past
+// it are computed on the fly, from the grown base.
+TEST(RopeTables, FarDynamicReachKeepsTheTableBounded) {
+  RotaryEmbedding rope(RotaryEmbeddingOptions(8).max_seq_len(64).scaling(dynamic64()));
+  const auto x = at::randn({1, 2, 4, 8}, at::kDouble);
+  const int64_t start = int64_t{1} << 40;
+  const auto got = rope->forward(x, start);
+  EXPECT_EQ(rope->freqs.size(0), rotary::RopeTables::kMaxGrownRows);
+  EXPECT_EQ(rope->tables().state(), start + 4);
+  // base = theta * (factor * L / m - (factor - 1))^(d / (d - 2)), L the reach. The angles near 3e7 rad
+  // magnify the few ulps between this pow and the rule's own (1e-7); a reach off by one moves them 1e-5.
+  const double base = 10000.0 * std::pow(2.0 * static_cast<double>(start + 4) / 64.0 - 1.0, 8.0 / 6.0);
+  EXPECT_TRUE(rotary_test::AllClose(got, rotary_test::ref_rope(x, start, true, std::nullopt, false, base), {1e-6, 1e-6}));
 }
 
 TEST(RopeTables, LoadingAMetaTensorIsAValueError) {

@@ -89,9 +89,9 @@ def self_overlap_expanded():
 
 
 # ---- 4. the dynamic rule: a refused call leaves the module as it was
-def _dynamic_refusal(front, bad_call):
+def _dynamic_refusal(front, bad_call, angle_dtype="float64"):
     cls = rotary.RotaryEmbedding if front == "py" else rotary.CppRotaryEmbedding
-    m = cls(8, 16, scaling={"rope_type": "dynamic", "factor": 2.0})
+    m = cls(8, 16, scaling={"rope_type": "dynamic", "factor": 2.0}, angle_dtype=angle_dtype)
     model = RuleModel(8, 10000.0, {"rope_type": "dynamic", "factor": 2.0}, 16)
     saved = state_of(m)
     try:
@@ -108,7 +108,7 @@ def _dynamic_refusal(front, bad_call):
     for start in (17, 0):  # past max_position_embeddings (the table must grow), then back
         model.reach(start + 3)
         inv, scale = model.frequencies()
-        ref = module_reference(x, positions_grid(1, 3, start), inv, scale, True, 8, "float64")
+        ref = module_reference(x, positions_grid(1, 3, start), inv, scale, True, 8, angle_dtype)
         check_close(m(x, start), ref, torch.float32, f"{front} dynamic: a call (start_pos {start}) after a refused one")
     return "refused: state kept"
 
@@ -121,12 +121,39 @@ def dynamic_refused_odd_head_cpp():
     return _dynamic_refusal("cpp", lambda m: m(_x(1, 2, 3, 7, dtype=torch.float32), 997))
 
 
-def dynamic_failed_allocation_py():
-    return _dynamic_refusal("py", lambda m: m(_x(1, 1, 1, 8, dtype=torch.float32), 2**40))
+def dynamic_fp32_angles_past_grown_rows_py():
+    return _dynamic_refusal("py", lambda m: m(_x(1, 1, 1, 8, dtype=torch.float32), 2**20), "float32")
 
 
-def dynamic_failed_allocation_cpp():
-    return _dynamic_refusal("cpp", lambda m: m(_x(1, 1, 1, 8, dtype=torch.float32), 2**40))
+def dynamic_fp32_angles_past_grown_rows_cpp():
+    return _dynamic_refusal("cpp", lambda m: m(_x(1, 1, 1, 8, dtype=torch.float32), 2**20), "float32")
+
+
+def _dynamic_far(front):
+    """A reach of 2^40 is served from a table of at most 2^20 rows (one row
+    per position would not fit in memory): the rest on the fly, from the
+    grown base."""
+    from rotary_testing.reference import positions_grid
+    cls = rotary.RotaryEmbedding if front == "py" else rotary.CppRotaryEmbedding
+    m = cls(8, 16, scaling={"rope_type": "dynamic", "factor": 2.0})
+    model = RuleModel(8, 10000.0, {"rope_type": "dynamic", "factor": 2.0}, 16)
+    x, start = _x(1, 2, 3, 8, seed=5, dtype=torch.float32), 2**40
+    got = m(x, start)
+    if m.freqs.shape[0] > 2**20:
+        raise Finding(f"{front} dynamic: a reach of 2^40 grew the table to {m.freqs.shape[0]} rows")
+    model.reach(start + 3)
+    inv, scale = model.frequencies()
+    ref = module_reference(x, positions_grid(1, 3, start), inv, scale, True, 8, "float64")
+    check_close(got, ref, torch.float32, f"{front} dynamic: a call at start_pos 2^40")
+    return "served: the table stays bounded"
+
+
+def dynamic_far_reach_py():
+    return _dynamic_far("py")
+
+
+def dynamic_far_reach_cpp():
+    return _dynamic_far("cpp")
 
 
 # ---- 5. garbage accepted (each must raise ValueError / TypeError)
@@ -314,8 +341,9 @@ def _scalar_start_pos(value):
 
 
 CASES = [conj_table_with_inv_freq, qk_partial_overlap, packed_qkv_still_accepted, self_overlap_as_strided,
-         self_overlap_expanded, dynamic_refused_odd_head_py, dynamic_refused_odd_head_cpp, dynamic_failed_allocation_py,
-         dynamic_failed_allocation_cpp, start_pos_2_64, module_start_pos_tensor] + [_garbage(n) for n in GARBAGE] + [
+         self_overlap_expanded, dynamic_refused_odd_head_py, dynamic_refused_odd_head_cpp,
+         dynamic_fp32_angles_past_grown_rows_py, dynamic_fp32_angles_past_grown_rows_cpp, dynamic_far_reach_py,
+         dynamic_far_reach_cpp, start_pos_2_64, module_start_pos_tensor] + [_garbage(n) for n in GARBAGE] + [
          rotary_offset_near_int64_max, neg_view_as_k_in_place, uint8_positions_do_not_wrap,
          _scalar_start_pos(True), _scalar_start_pos(2.0)] + [_neg_view_kv(w) for w in ("k", "k_cache", "v_cache")] + [
          _fp8_bad_scale("k_scale", v) for v in (0.0, float("nan"), float("inf"), -1.0)] + [

@@ -200,12 +200,27 @@ def test_refused_call_leaves_the_module_as_it_was(kind):
     with pytest.raises(ValueError, match="head_dim"):
         m(torch.randn(1, 1, 4, 7), 996)  # odd head_dim: the reach 1000 must not grow the table
     unchanged()
-    with pytest.raises(RuntimeError):
-        m(torch.randn(1, 1, 4, 8), 2**40)  # 2^40 rows cannot be allocated
-    unchanged()
     x = torch.randn(1, 1, 4, 8)
     assert torch.equal(m(x, 300), fresh(x, 300))
     assert torch.equal(m(x, 3), fresh(x, 3))
+    # float32 angles have no on-the-fly path: past the rows a dynamic table grows to is an IndexError
+    m32 = MODULES[kind](8, 64, scaling=DYNAMIC, angle_dtype="float32")
+    before32 = m32.freqs.clone()
+    with pytest.raises(IndexError, match=r"exceeds the rows a dynamic table grows to, 1048576.*angle_dtype=float64"):
+        m32(x, 2**20)
+    assert m32.rope_state == 0 and torch.equal(m32.freqs, before32)
+
+
+@pytest.mark.parametrize("kind", list(MODULES))
+def test_far_dynamic_reach_keeps_the_table_bounded(kind):
+    """A reach of 2^40 (one row per position would not fit in memory) grows
+    the table to 2^20 rows; the positions past them are computed on the fly
+    (tests/fuzz/regressions.py checks the values against the reference)."""
+    m = MODULES[kind](8, 64, scaling=DYNAMIC)
+    x = torch.randn(1, 1, 4, 8, dtype=torch.float64)
+    got = m(x, 2**40)
+    assert m.freqs.shape == (2**20, 4) and m.rope_state == 2**40 + 4
+    assert torch.equal(got, MODULES[kind](8, 64, scaling=DYNAMIC)(x, 2**40)) and got.isfinite().all()
 
 
 @pytest.mark.parametrize("kind", list(MODULES))
