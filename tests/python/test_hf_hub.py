@@ -55,8 +55,9 @@ def kernelize(model, mode):
 
 @torch.no_grad()
 def outputs(model):
-    ids = torch.randint(3, 128, (2, 12), generator=gen(1))
-    pos = torch.arange(12).expand(2, 12) + torch.tensor([[40], [7]])
+    device = next(model.parameters()).device
+    ids = torch.randint(3, 128, (2, 12), generator=gen(1)).to(device)
+    pos = (torch.arange(12).expand(2, 12) + torch.tensor([[40], [7]])).to(device)
     logits = [model(input_ids=ids).logits, model(input_ids=ids, position_ids=pos).logits]
     tokens = model.generate(input_ids=ids[:1, :6], max_new_tokens=4, do_sample=False, use_cache=True, pad_token_id=0)
     return logits, tokens
@@ -107,6 +108,25 @@ def test_transformers_kernel_config_reads_the_repository():
     kc = hub.kernel_config()
     kc.sanitize_kernel_mapping(tiny_llama())
     assert kc.kernel_mapping == {hub.LAYER_NAME: f"{hub.kernel_repository()}:RotaryPosEmb"} and kc.use_local_kernel
+
+
+def test_kernel_config_survives_from_pretrained_rewrite(monkeypatch):
+    """from_pretrained(use_kernels=True) first rewrites the mapping
+    (register_kernel_replacements_and_fusions: entries become (repository,
+    metadata)), then builds the kernels mapping for the model's device; the
+    local repository must come through both (the device taken as CUDA: the
+    step builds the mapping only, nothing runs there)."""
+    from kernels import LocalLayerRepository, Mode
+    from transformers.integrations.hub_kernels import register_kernel_replacements_and_fusions
+    from transformers.utils import kernel_config as kc_module
+
+    model, kc = tiny_llama(), hub.kernel_config()
+    register_kernel_replacements_and_fusions(type(model), model.config, kc)
+    monkeypatch.setattr(kc_module, "infer_device", lambda m: "cuda")
+    kc.sanitize_kernel_mapping(model)
+    kc.create_compatible_mapping(model)
+    repo = kc.kernel_mapping[hub.LAYER_NAME]["cuda"][Mode.INFERENCE]
+    assert isinstance(repo, LocalLayerRepository) and repo.layer_name == "RotaryPosEmb"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="transformers loads kernels on GPU devices only")

@@ -21,6 +21,7 @@ or, on a GPU, at load with transformers' own loader::
 import ``kernels`` or ``transformers``.
 """
 
+import functools
 import pathlib
 import types
 from typing import Tuple
@@ -100,6 +101,22 @@ def kernel_config():
     repository, for ``from_pretrained(..., use_kernels=True,
     kernel_config=kernel_config())`` (transformers loads kernels on GPU
     devices only)."""
+    return _local_kernel_config_class()({LAYER_NAME: f"{kernel_repository()}:RotaryPosEmb"}, use_local_kernel=True)
+
+
+@functools.lru_cache(maxsize=None)
+def _local_kernel_config_class():
     from transformers import KernelConfig
 
-    return KernelConfig({LAYER_NAME: f"{kernel_repository()}:RotaryPosEmb"}, use_local_kernel=True)
+    class LocalKernelConfig(KernelConfig):
+        """transformers 5.24's from_pretrained rewrites each mapping entry as
+        (repository, metadata) before it builds the kernels mapping, and its
+        local-repository branch reads only a string: the string is given back
+        to it."""
+
+        def create_compatible_mapping(self, model, compile=False):
+            self.kernel_mapping = {name: repo[0] if isinstance(repo, tuple) else repo
+                                   for name, repo in self.kernel_mapping.items()}
+            return super().create_compatible_mapping(model, compile)
+
+    return LocalKernelConfig
