@@ -218,10 +218,10 @@ def test_cuda_nd_and_graph_replay(tables, dtype):
         torch.testing.assert_close(gk.cpu(), ck, rtol=0, atol=TOL_GRAPH[dtype])
     x = randn((1, 2, 5, 16), dtype, seed=23).cuda()
     dev_pos = grid(3, 1, 5, 64, seed=24).cuda()
-    out = torch.empty_like(x)
+    out, fc = torch.empty_like(x), f.cuda()  # no host-to-device copy while capturing
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        out.copy_(rotary.apply_rope(x, f.cuda(), position_ids=dev_pos, pair_axes=axes))
+        out.copy_(rotary.apply_rope(x, fc, position_ids=dev_pos, pair_axes=axes))
     new = grid(3, 1, 5, 64, seed=25)
     dev_pos.copy_(new)
     g.replay()

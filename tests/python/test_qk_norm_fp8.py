@@ -16,7 +16,7 @@ MAX_LEN = 64
 def test_fp8_q_bits(device, dtype, per_head):
     """q as float8_e4m3fn: the bits of torch's (q / scale).clamp(-448, 448)
     .to(float8_e4m3fn) on the unrounded result (the op in fp32 on the
-    widened inputs; fp64 itself), some values saturating; k unchanged."""
+    widened inputs; fp64 itself), some values saturating; k as without it."""
     B, Hq, Hk, S, D, r = 2, 4, 2, 3, 16, 8
     q, k = randn((B, S, Hq, D), dtype, 1, device), randn((B, S, Hk, D), dtype, 2, device)
     qw, kw = heads_weight("head", Hq, D, torch.float32, 3, device), heads_weight("head", Hk, D, torch.float32, 4, device)
@@ -32,7 +32,15 @@ def test_fp8_q_bits(device, dtype, per_head):
     want = (exact_q / s).clamp(-448, 448).to(torch.float8_e4m3fn)
     assert (exact_q / s).abs().max() > 448  # saturation is exercised
     assert torch.equal(q8.view(torch.uint8), want.view(torch.uint8))
-    assert torch.equal(k_out, want_k)
+    if device == "cpu" or dtype == torch.float64:
+        assert torch.equal(k_out, want_k)
+    else:  # on CUDA an fp8 q takes the element path and the plain call the vector path: k's sum of squares in
+        # another order, so the two agree to a rounding, not to the bit
+        torch.testing.assert_close(k_out, want_k, **ONE_ROUNDING[dtype])
+
+
+ONE_ROUNDING = {torch.float32: dict(rtol=1e-6, atol=1e-6), torch.float16: dict(rtol=2**-10, atol=2**-14),
+                torch.bfloat16: dict(rtol=2**-7, atol=2**-14)}
 
 
 def test_fp8_q_allocates_two_outputs():
