@@ -219,8 +219,8 @@ def main() -> int:
               f"{m['grid']} x {m['block']} | {m['blocks_per_sm']} / {m['warps']} | {m['inflight_kb']:.0f} | "
               f"{lo:.2f}-{hi:.2f} | {lo2:.2f}-{hi2:.2f} |")
     print(f"\nH200: {SMS} SMs; need {NEED_KB[0]:.0f}-{NEED_KB[1]:.0f} KB in flight per SM (Little's law); "
-          "the copy's bandwidth is the 1.00 line. A model, not a measurement: benchmarks/gpu_check.sh owes the "
-          "figures.")
+          "the copy's bandwidth is the 1.00 line. A model, not a measurement: docs/performance.md has the "
+          "H200's figures.")
     print("\n| decode step | cache | fused | launches | row blocks x block | dependent round trips | "
           "predicted GPU time | / two launches |")
     print("|---|---|---|--:|--:|--:|--:|--:|")
@@ -229,7 +229,7 @@ def main() -> int:
               f"{m['grid']} x {m['block']} | {m['trips']} | {m['us'][0]:.1f}-{m['us'][1]:.1f} us | "
               f"{m['ratio'][0]:.2f}-{m['ratio'][1]:.2f} |")
     print(f"\n{LAUNCH_US[0]}-{LAUNCH_US[1]} us per launch, {TRIP_US[0]}-{TRIP_US[1]} us per dependent round trip: "
-          "a model of a latency-bound step; gpu_check.sh's decode rows owe the figures.")
+          "a model of a latency-bound step; docs/performance.md has the H200's decode rows.")
     print("\n| prologue | dtype | norm | pairing | path | regs | grid x block | blocks / warps per SM | "
           "KB in flight per SM (element path) | predicted: prefill / copy floor, decode GPU time | element path |")
     print("|---|---|---|---|---|--:|--:|--:|--:|--:|--:|")
@@ -240,7 +240,7 @@ def main() -> int:
               f"{m['blocks_per_sm']} / {m['warps']} | {m['now_kb']:.1f} ({m['before_kb']:.1f}) | "
               f"{m['now'][0]:.1f}-{m['now'][1]:.1f}{unit} | {m['before'][0]:.1f}-{m['before'][1]:.1f}{unit} |")
     print(f"\nPhase-2 items at {ONCHIP_US[0]}-{ONCHIP_US[1]} us per dependent on-chip trip. A model, not a "
-          "measurement: bench_qk_norm.py --device cuda owes the figures.")
+          "measurement: docs/performance.md has the H200's figures.")
     return 0
 
 
