@@ -45,7 +45,7 @@ def main() -> int:
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         state = {"test": None, "since": time.monotonic()}
 
-        def watch():
+        def watch(proc=proc, state=state):  # bound now: the next run rebinds both names
             while proc.poll() is None:
                 if state["test"] and time.monotonic() - state["since"] > a.per_test:
                     backtrace(proc.pid)
@@ -53,7 +53,8 @@ def main() -> int:
                     return
                 time.sleep(0.5)
 
-        threading.Thread(target=watch, daemon=True).start()
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
         for line in proc.stdout:
             sys.stdout.write(line)
             if line.startswith("[ RUN      ] "):
@@ -65,6 +66,7 @@ def main() -> int:
                     failed.append(name)
                 state["test"] = None
         rc = proc.wait()
+        watcher.join()  # its backtrace printed and its kill done before the next run starts
         if state["test"] and rc != 0 and state["test"] not in done:
             print(f"gtest_watchdog: {state['test']} ran past {a.per_test:.0f} s (or died): killed; the rest runs again",
                   flush=True)
