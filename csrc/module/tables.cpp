@@ -83,9 +83,14 @@ void check_options(const RotaryEmbeddingOptions& options) {
 }
 
 // Rows a module with these options holds in the state reached with seq_len.
+// A grown dynamic base changes every row, so with float64 angles the table
+// keeps row 0 alone (the op reads the attention scaling there): every other
+// position is computed on the fly, and a decode step that grows the base
+// costs the frequencies, not a table of its reach.
 int64_t rows_for(const RotaryEmbeddingOptions& o, int64_t seq_len) {
   const RopeScaling& s = o.scaling();
   if (rope_type_of(s) == RopeType::Dynamic && seq_len > *s.max_position_embeddings()) {
+    if (o.angle_dtype() == at::kDouble) return 1;
     return std::max(o.max_seq_len(), std::min(seq_len, RopeTables::kMaxGrownRows));
   }
   return o.max_seq_len();
@@ -237,7 +242,8 @@ int64_t check_saved_tables(
     rows = freqs->size(0);
     const bool grows = type == RopeType::Dynamic;
     TORCH_CHECK_VALUE(
-        grows ? rows >= options.max_seq_len() : rows == options.max_seq_len(), who, ": the saved 'freqs' has ",
+        grows ? rows >= options.max_seq_len() || rows == 1 : rows == options.max_seq_len(), who,
+        ": the saved 'freqs' has ",
         rows, " rows but this module's max_seq_len is ", options.max_seq_len(), " (", desc, ")", hint);
     f_saved = freqs->detach().to(at::kCPU).resolve_conj().contiguous();
   }

@@ -66,9 +66,9 @@ class RopeTables {
   // Whether the op gets inv_freq, so positions past the table are computed
   // exactly (float64 angles only: that path is float64).
   bool extends_past_table() const { return options_.angle_dtype() == at::kDouble; }
-  // The rows a grown dynamic table stops at (or max_seq_len, when larger):
-  // a far reach must not allocate one row per position. Float64-angle calls
-  // past it take the on-the-fly path; float32-angle ones are refused.
+  // The rows a grown float32-angle dynamic table stops at (or max_seq_len,
+  // when larger): a far reach must not allocate one row per position; calls
+  // past it are refused. A grown float64-angle table keeps row 0 alone.
   static constexpr int64_t kMaxGrownRows = int64_t{1} << 20;
 
   // The tables of `state` (not necessarily the current one) on `device`;

@@ -351,16 +351,16 @@ TEST(ScalingModule, DynamicGrowsAndResets) {
   expect_state(0, 48, __LINE__);
   rope->forward(x, 20);  // reach 24
   expect_state(0, 48, __LINE__);
-  rope->forward(x, 36);  // reach 40 > 32: grow
-  expect_state(40, 48, __LINE__);
-  rope->forward(x, 60);  // reach 64: grow, table gains rows
-  expect_state(64, 64, __LINE__);
+  rope->forward(x, 36);  // reach 40 > 32: grow (float64 angles: row 0 alone, the rest on the fly)
+  expect_state(40, 1, __LINE__);
+  rope->forward(x, 60);  // reach 64: grow
+  expect_state(64, 1, __LINE__);
   rope->forward(x, 40);  // reach 44: kept
-  expect_state(64, 64, __LINE__);
+  expect_state(64, 1, __LINE__);
   rope->forward(x, 10);  // reach 14 < 32: reset
   expect_state(0, 48, __LINE__);
   rope->forward(x, 0, std::nullopt, torch::tensor({0, 1, 2, 99}, torch::kLong).view({1, 4}));  // ids: reach 100
-  expect_state(100, 100, __LINE__);
+  expect_state(100, 1, __LINE__);
 
   // An unset max_position_embeddings is the module's max_seq_len.
   RotaryEmbedding implicit(RotaryEmbeddingOptions(8).max_seq_len(32).scaling(RopeScaling("dynamic").factor(2.0)));
@@ -391,7 +391,7 @@ TEST(ScalingModule, LongropeSwitchesFactors) {
 TEST(ScalingModule, CloneKeepsBothBuffersAndTheState) {
   const auto dyn = RopeScaling("dynamic").factor(2.0).max_position_embeddings(32);
   RotaryEmbedding rope(RotaryEmbeddingOptions(8).max_seq_len(32).scaling(dyn));
-  rope->forward(torch::randn({1, 1, 8, 8}), 40);  // grown to 48
+  rope->forward(torch::randn({1, 1, 8, 8}), 40);  // grown to 48 (row 0 alone)
   auto cloned = std::dynamic_pointer_cast<rotary::RotaryEmbeddingImpl>(rope->clone());
   ASSERT_TRUE(cloned);
   EXPECT_EQ(buffer_names(*cloned), (std::vector<std::string>{"freqs", "inv_freq"}));
@@ -400,12 +400,12 @@ TEST(ScalingModule, CloneKeepsBothBuffersAndTheState) {
   EXPECT_NE(cloned->freqs.data_ptr(), rope->freqs.data_ptr());
   EXPECT_NE(cloned->inv_freq.data_ptr(), rope->inv_freq.data_ptr());
   EXPECT_EQ(cloned->named_buffers()["inv_freq"].data_ptr(), cloned->inv_freq.data_ptr());
-  EXPECT_EQ(cloned->freqs.size(0), 48);
+  EXPECT_EQ(cloned->freqs.size(0), 1);
   // the clone knows it was grown: going under max_position_embeddings resets it
   cloned->forward(torch::randn({1, 1, 2, 8}), 0);
   EXPECT_TRUE(torch::equal(cloned->inv_freq, rotary::inv_freq_tensor(rotary::compute_frequencies(8, 1e4, dyn))));
   EXPECT_EQ(cloned->freqs.size(0), 32);
-  EXPECT_EQ(rope->freqs.size(0), 48);  // the original is untouched
+  EXPECT_EQ(rope->freqs.size(0), 1);  // the original is untouched
 }
 
 TEST(ScalingModule, SaveLoadKeepsBothBuffers) {

@@ -183,13 +183,13 @@ TEST(ModuleState, LoadRestoresGrownDynamicState) {
   const auto o = RotaryEmbeddingOptions(8).max_seq_len(64).scaling(dynamic64());
   RotaryEmbedding a(o);
   const auto x = at::randn({1, 1, 4, 8});
-  a->forward(x, 196);  // reach 200 > 64: grown
-  ASSERT_EQ(a->freqs.size(0), 200);
+  a->forward(x, 196);  // reach 200 > 64: grown (float64 angles: row 0 alone, the rest on the fly)
+  ASSERT_EQ(a->freqs.size(0), 1);
   std::stringstream stream;
   torch::save(a, stream);
   RotaryEmbedding b(o);
   torch::load(b, stream);
-  EXPECT_EQ(b->freqs.size(0), 200);
+  EXPECT_EQ(b->freqs.size(0), 1);
   EXPECT_TRUE(at::equal(b->inv_freq, a->inv_freq));
   EXPECT_TRUE(at::equal(b->forward(x, 10), RotaryEmbedding(o)->forward(x, 10)));  // shrinks back
   EXPECT_EQ(b->freqs.size(0), 64);
@@ -247,7 +247,7 @@ TEST(RopeTables, RunRecordsTheStateOnlyWhenTheOpReturns) {
     rows = fresh->freqs.size(0);
     return 0;
   });
-  EXPECT_EQ(rows, 200);
+  EXPECT_EQ(rows, 1);  // a grown float64-angle table: row 0 alone
   EXPECT_EQ(t.state(), 200);
   t.run(100, at::kCPU, [](const rotary::RopeTableSet* fresh) {
     EXPECT_EQ(fresh, nullptr);  // reach 100 <= 200: the grown tables stay
@@ -292,14 +292,19 @@ TEST(RopeTables, RefusedCallLeavesTheModuleAsItWas) {
 }
 
 // A dynamic call far past the table (2^40 rows would not fit in any memory)
-// is served with a table of at most kMaxGrownRows rows: the positions past
-// it are computed on the fly, from the grown base.
+// is served from row 0 alone: every other position is computed on the fly,
+// from the grown base. A float32-angle table (no on-the-fly path) grows, up
+// to kMaxGrownRows rows.
 TEST(RopeTables, FarDynamicReachKeepsTheTableBounded) {
+  RotaryEmbedding f32(RotaryEmbeddingOptions(8).max_seq_len(64).scaling(dynamic64()).angle_dtype(torch::kFloat32));
+  f32->forward(at::randn({1, 1, 4, 8}), 196);
+  EXPECT_EQ(f32->freqs.size(0), 200);
+
   RotaryEmbedding rope(RotaryEmbeddingOptions(8).max_seq_len(64).scaling(dynamic64()));
   const auto x = at::randn({1, 2, 4, 8}, at::kDouble);
   const int64_t start = int64_t{1} << 40;
   const auto got = rope->forward(x, start);
-  EXPECT_EQ(rope->freqs.size(0), rotary::RopeTables::kMaxGrownRows);
+  EXPECT_EQ(rope->freqs.size(0), 1);
   EXPECT_EQ(rope->tables().state(), start + 4);
   // base = theta * (factor * L / m - (factor - 1))^(d / (d - 2)), L the reach. The angles near 3e7 rad
   // magnify the few ulps between this pow and the rule's own (1e-7); a reach off by one moves them 1e-5.
