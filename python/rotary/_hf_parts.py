@@ -95,6 +95,12 @@ def scaling(config: Any, params: Dict[str, Any], max_pos: Optional[int], rotary_
                              "transformers never reads it there (it truncates); rotary cannot tell which the "
                              "model was trained with")
         scaling["truncate"] = params["truncate"]  # None: no truncation (the C++ reader)
+    if rope_type == "yarn":
+        # transformers reads .get("beta_fast") or 32 and .get("beta_slow") or 1: a 0 is the default there
+        for key in ("beta_fast", "beta_slow"):
+            value = scaling.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0:
+                scaling[key] = None
     if rope_type in ("llama3", "yarn", "longrope"):
         top = None if nested else get(config, "original_max_position_embeddings")  # a layer type's own wins
         if top is not None:

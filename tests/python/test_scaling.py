@@ -690,6 +690,26 @@ def test_proportional_matches_transformers(partial, factor):
     assert kwargs["dim"] == 64 and kwargs["scaling"].get("partial_rotary_factor", 1.0) == partial  # whole head
 
 
+@pytest.mark.parametrize("fast,slow", [(0, 0), (0.0, 2.0), (16, 0)])
+def test_yarn_zero_betas_are_the_defaults_as_in_transformers(fast, slow):
+    """transformers reads beta_fast / beta_slow as `.get(key) or default`: a 0
+    in a config is 32 / 1 there, so from_hf_config reads it so (the rule's
+    own constructor still refuses 0: it is not a boundary)."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64,
+              "beta_fast": fast, "beta_slow": slow}
+    cfg = LlamaConfig(hidden_size=256, num_attention_heads=4, max_position_embeddings=256, rope_parameters=params)
+    hf_inv, hf_att = ROPE_INIT_FUNCTIONS["yarn"](cfg, "cpu")
+    m = rotary.RotaryEmbedding.from_hf_config(cfg)
+    torch.testing.assert_close(m.inv_freq.float(), hf_inv.float(), rtol=1e-6, atol=0)
+    assert m.attention_scaling == pytest.approx(hf_att, rel=1e-12)
+    with pytest.raises(ValueError, match="beta_fast must be finite and > 0, got 0"):
+        rotary.RotaryEmbedding(64, 256, scaling={"rope_type": "yarn", "factor": 4.0,
+                                                 "original_max_position_embeddings": 64, "beta_fast": 0})
+
+
 def test_yarn_truncate_none_does_not_truncate():
     """transformers reads .get("truncate", True): an explicit None is falsy,
     so it does not truncate; every entry point reads it so."""
