@@ -6,6 +6,7 @@
 #include <c10/util/complex.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -29,6 +30,12 @@ at::ScalarType angle_dtype_from_string(const std::string& name, const char* who,
       false, who, ": angle_dtype must be 'float64' (exact angles, the default) or 'float32' (the fp32-angle ",
       "tables of Hugging Face / Meta), got ", q, name, q);
   return at::kDouble;
+}
+
+std::string number_text(double value) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof(buf), value);
+  return std::string(buf, r.ptr);
 }
 
 std::string angle_dtype_name(at::ScalarType angle_dtype) {

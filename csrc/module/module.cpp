@@ -79,10 +79,10 @@ at::OptionalIntArrayRef RotaryEmbeddingImpl::axes_for(const std::optional<torch:
 void RotaryEmbeddingImpl::pretty_print(std::ostream& stream) const {
   const auto& o = tables_.options();  // in effect: set by the last reset()
   stream << "rotary::RotaryEmbedding(dim=" << o.dim() << ", max_seq_len=" << o.max_seq_len()
-         << ", theta=" << o.theta() << ", interleaved=" << (o.interleaved() ? "true" : "false");
+         << ", theta=" << number_text(o.theta()) << ", interleaved=" << (o.interleaved() ? "true" : "false");
   if (o.scaling().type() != "default") {
     stream << ", scaling=" << o.scaling().type();
-    if (o.scaling().factor()) stream << "(factor=" << *o.scaling().factor() << ")";
+    if (o.scaling().factor()) stream << "(factor=" << number_text(*o.scaling().factor()) << ")";
   }
   if (o.angle_dtype() != torch::kFloat64) stream << ", angle_dtype=" << angle_dtype_name(o.angle_dtype());
   if (o.rotary_offset() != 0) stream << ", rotary_offset=" << o.rotary_offset();

@@ -33,7 +33,7 @@ RotaryEmbeddingOptions with_defaults(RotaryEmbeddingOptions o) {
 
 std::string describe_options(const RotaryEmbeddingOptions& o) {
   std::ostringstream os;
-  os << "dim=" << o.dim() << ", max_seq_len=" << o.max_seq_len() << ", theta=" << o.theta()
+  os << "dim=" << o.dim() << ", max_seq_len=" << o.max_seq_len() << ", theta=" << number_text(o.theta())
      << ", rope_type=" << o.scaling().type() << ", angle_dtype=" << angle_dtype_name(o.angle_dtype());
   return os.str();
 }

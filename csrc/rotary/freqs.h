@@ -63,6 +63,9 @@ void check_angle_dtype(at::ScalarType angle_dtype, const char* who);
 at::ScalarType angle_dtype_from_string(const std::string& name, const char* who, bool quote = true);
 // The inverse: "float64" or "float32".
 std::string angle_dtype_name(at::ScalarType angle_dtype);
+// A double as the modules print it: the shortest text that reads back as the
+// same value (theta=1000000.5, not 1e+06).
+std::string number_text(double value);
 
 // complex64 [max_seq_len, inv_freq.size()] with entry (p, j) =
 // attention_scaling * exp(i * angle(p, j)), the angle formed as angle_dtype

@@ -336,6 +336,12 @@ TEST(ScalingModule, RegistersTableAndInvFreq) {
   std::ostringstream os;
   os << *rope;
   EXPECT_NE(os.str().find("scaling=yarn(factor=4)"), std::string::npos) << os.str();
+  // Numbers print whole: six significant digits would show 1000000.5 as 1e+06.
+  std::ostringstream exact;
+  exact << *RotaryEmbedding(RotaryEmbeddingOptions(8).max_seq_len(16).theta(1000000.5).scaling(
+      RopeScaling("linear").factor(2.25)));
+  EXPECT_NE(exact.str().find("theta=1000000.5, interleaved=true, scaling=linear(factor=2.25)"), std::string::npos)
+      << exact.str();
 }
 
 TEST(ScalingModule, DynamicGrowsAndResets) {
