@@ -78,6 +78,9 @@ at::Tensor canonical_view(const at::Tensor& x, Layout layout, bool varlen);
 void check_same_device(const char* op, const char* name, const at::Tensor& t, const at::Tensor& q);
 // An undefined at::Tensor (C++) is refused by name, before its dtype is read.
 void check_defined(const char* op, const char* name, const at::Tensor& t);
+// c10::TypeError unless t is a dense (strided, not nested) tensor, naming
+// what it is: sparse, mkldnn and nested tensors have no strides to read.
+void check_dense(const char* op, const char* name, const at::Tensor& t);
 void check_integer_dtype(const char* op, const char* name, const at::Tensor& t);
 // One of the four float dtypes the kernels take.
 void check_float_dtype(const char* op, const char* name, const at::Tensor& t);

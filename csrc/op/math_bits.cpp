@@ -3,6 +3,8 @@
 // for these ops: the Conjugate one would materialise a lazily conjugated
 // table (rows past it would then turn by +angle), and the Negative one
 // crashes on an op that writes more than one tensor and returns nothing.
+#include "op/op_names.h"
+
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
@@ -63,23 +65,21 @@ void negative_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torc
   op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::Negative), stack);
 }
 
-// Every op that takes a table. The prologue ones normalize before they
-// rotate: an RMSNorm is odd in its input too.
-constexpr const char* kOps[] = {
-    "apply_rope", "apply_rope_qk", "apply_rope_", "apply_rope_qk_", "apply_rope_with_kv_cache_",
-    "apply_qk_norm_rope", "apply_qk_norm_rope_", "apply_qk_norm_rope_with_kv_cache_"};
-
 }  // namespace
 
+// Both bits are registered for every op that takes a table
+// (detail::kTableOps). The prologue ones normalize before they rotate: an
+// RMSNorm is odd in its input too.
+//
 // Conjugate: prepare_rope reads a lazily conjugated table as the inverse
 // rotation, inside the table and past it (from inv_freq). Every other
 // argument is real, so it has no conjugate bit to carry.
 TORCH_LIBRARY_IMPL(rotary, Conjugate, m) {
-  for (const char* name : kOps) m.impl(name, torch::CppFunction::makeFallthrough());
+  for (const char* name : detail::kTableOps) m.impl(name, torch::CppFunction::makeFallthrough());
 }
 
 TORCH_LIBRARY_IMPL(rotary, Negative, m) {
-  for (const char* name : kOps) m.impl(name, torch::CppFunction::makeFromBoxedFunction<&negative_kernel>());
+  for (const char* name : detail::kTableOps) m.impl(name, torch::CppFunction::makeFromBoxedFunction<&negative_kernel>());
 }
 
 }  // namespace rotary

@@ -711,3 +711,46 @@ def test_cross_device_errors():
         rotary.apply_rope(randn((1, 2, 3, 7), device="cuda"), f_cpu.cuda())
     with pytest.raises(IndexError, match=r"start_pos \+ seq_len"):
         rotary.apply_rope(x, f_cpu.cuda(), 14)
+
+
+def _dense_refusal_cases():
+    f = rotary.freqs_table(8, 16)
+    q, w = randn((1, 2, 4, 8), seed=290), torch.ones(8)
+    nested = torch.nested.nested_tensor([q[0], q[0]])
+    cache = torch.zeros(1, 2, 16, 8)
+    sparse, fix = "a sparse COO tensor", r"\(\.to_dense\(\)\)"
+    return [
+        ("apply_rope", "x", sparse, lambda: rotary.apply_rope(q.to_sparse(), f)),
+        ("apply_rope", "x", "a sparse compressed tensor", lambda: rotary.apply_rope(q[0, 0].to_sparse_csr(), f)),
+        ("apply_rope", "x", "an mkldnn tensor", lambda: rotary.apply_rope(q.to_mkldnn(), f)),
+        ("apply_rope", "x", "a nested tensor", lambda: rotary.apply_rope(nested, f)),
+        ("apply_rope", "freqs", sparse, lambda: rotary.apply_rope(q, torch.view_as_real(f).to_sparse())),
+        ("apply_rope", "position_ids", sparse,
+         lambda: rotary.apply_rope(q, f, position_ids=torch.arange(4).view(1, 4).to_sparse())),
+        ("apply_rope_qk", "k", sparse, lambda: rotary.apply_rope_qk(q, q.to_sparse(), f)),
+        ("apply_rope_", "x", sparse, lambda: rotary.apply_rope_(q.to_sparse(), f)),
+        ("apply_rope", "x", sparse, lambda: rotary.RotaryEmbedding(8, 16)(q.to_sparse())),
+        ("apply_rope", "x", sparse, lambda: rotary.CppRotaryEmbedding(8, 16)(q.to_sparse())),
+        ("apply_qk_norm_rope", "q_weight", sparse, lambda: rotary.apply_qk_norm_rope(q, q, f, q_weight=w.to_sparse())),
+        ("apply_rope_with_kv_cache_", "k_cache", sparse,
+         lambda: rotary.apply_rope_with_kv_cache_(q, q.clone(), q.clone(), cache.to_sparse(), cache, f, 0, True)),
+        ("apply_rope_cos_sin", "cos", sparse,
+         lambda: rotary.apply_rope_cos_sin(q, q, torch.randn(4, 8).to_sparse(), torch.randn(4, 8))),
+        ("apply_rope_cos_sin", "q", "a nested tensor",
+         lambda: rotary.apply_rope_cos_sin(nested, q, torch.randn(4, 8), torch.randn(4, 8))),
+    ], fix
+
+
+def test_sparse_mkldnn_and_nested_tensors_are_refused_by_name():
+    """They dispatch to their own keys before any kernel runs; each op
+    refuses the first such argument by name, what it is and what to pass
+    (the module calls as the op they make), and writes nothing."""
+    cases, fix = _dense_refusal_cases()
+    for op, name, what, call in cases:
+        with pytest.raises(TypeError, match=rf"^{op}: {name} must be a dense \(strided\) tensor, got {what}; "):
+            call()
+    q = randn((1, 2, 4, 8), seed=291)
+    saved = q.clone()
+    with pytest.raises(TypeError, match=fix):
+        rotary.apply_rope_qk_(q, q.to_sparse(), rotary.freqs_table(8, 16))
+    assert torch.equal(q, saved)
