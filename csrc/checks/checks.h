@@ -94,9 +94,10 @@ void check_disjoint(
     const char* op, const char* written, const at::Tensor& w, const char* other, const at::Tensor& t,
     const char* why = "the rotation would overwrite an input it reads");
 
-// Where an out-of-place kernel writes: same dtype, shape and (for dense
-// inputs) layout as the input. Meta calls this too, so strides agree.
-at::Tensor make_output(const at::Tensor& x);
+// Where an out-of-place kernel writes: same shape and (for dense inputs)
+// strides as the input, in x's dtype or `dtype`. Meta calls this too, so
+// strides agree, size-1 and empty dims included.
+at::Tensor make_output(const at::Tensor& x, std::optional<at::ScalarType> dtype = std::nullopt);
 
 // checks_axes.cpp: the rotated span, and N-D positions (pair_axes with a
 // leading axis dim on position_ids): shapes and values of pair_axes here, the

@@ -48,7 +48,7 @@ NormCall check_norm_rope_inputs(
 }
 
 at::Tensor make_q_output(const at::Tensor& q, const NormCall& call) {
-  return call.q_fp8_scale ? at::empty_like(q, q.options().dtype(at::kFloat8_e4m3fn)) : make_output(q);
+  return make_output(q, call.q_fp8_scale ? std::optional<at::ScalarType>(at::kFloat8_e4m3fn) : std::nullopt);
 }
 
 NormCall check_norm_args(const char* op, RopeCall rope, const at::Tensor& q, const NormArgs& norm, bool in_place) {

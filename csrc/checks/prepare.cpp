@@ -18,8 +18,13 @@
 namespace rotary {
 namespace detail {
 
-at::Tensor make_output(const at::Tensor& x) {
-  return at::empty_like(x);
+at::Tensor make_output(const at::Tensor& x, std::optional<at::ScalarType> dtype) {
+  const auto options = x.options().dtype(dtype.value_or(x.scalar_type()));
+  // x's own strides where they are dense: empty_like gives those on a real
+  // device but re-derives them on Meta, where size-1 and empty dims then
+  // differ from what the kernel returns.
+  if (x.is_non_overlapping_and_dense()) return at::empty_strided_symint(x.sym_sizes(), x.sym_strides(), options);
+  return at::empty_like(x, options);
 }
 
 namespace {

@@ -602,3 +602,26 @@ def test_empty(device, tables, shape):
     oq, ok = rotary.apply_rope_qk(x, x, tables(8, 64).to(device), 3)
     sync(device)
     assert out.shape == x.shape and oq.shape == x.shape and ok.shape == x.shape
+
+
+@pytest.mark.parametrize("shape", [(0, 2, 4, 8), (1, 0, 4, 8), (1, 2, 0, 8), (1, 1, 1, 8), (1, 2, 1, 8), (2, 3, 5, 8)])
+def test_meta_outputs_have_the_kernels_strides(shape):
+    """Meta allocates the outputs as the kernels do (the input's strides where
+    it is dense, size-1 and empty dims included; torch's empty_like re-derives
+    those on Meta), so a traced graph's strides are the eager ones."""
+    f = rotary.freqs_table(8, 16)
+    b, h, s, d = shape
+    inputs = {"contiguous": torch.randn(shape), "transposed": torch.randn(b, s, h, d).transpose(1, 2),
+              "strided": torch.randn(b, h, s, 2 * d)[..., ::2]}
+    calls = {
+        "apply_rope": lambda x, f: [rotary.apply_rope(x, f)],
+        "apply_rope_qk": lambda x, f: list(rotary.apply_rope_qk(x, x.clone(), f)),
+        "apply_qk_norm_rope": lambda x, f: list(rotary.apply_qk_norm_rope(x, x.clone(), f)),
+        "apply_qk_norm_rope fp8 q": lambda x, f: list(rotary.apply_qk_norm_rope(
+            x, x.clone(), f, q_fp8_scale=torch.tensor(0.1, device=x.device))),
+    }
+    for layout, x in inputs.items():
+        for name, call in calls.items():
+            eager, meta = call(x, f), call(x.to("meta"), f.to("meta"))
+            for e, m in zip(eager, meta):
+                assert (m.shape, m.stride(), m.dtype) == (e.shape, e.stride(), e.dtype), (layout, name)
