@@ -81,9 +81,9 @@ std::tuple<at::Tensor, at::Tensor> apply_rope_cos_sin_composite(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
     const std::optional<at::Tensor>& sin ROTARY_COS_SIN_PARAMS) {
   // A composite: it runs for every layout, so it refuses the ones the kernels have no strides for first.
-  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"q", &q}, {"k", &k}, {"cos", &cos}}) {
-    detail::check_dense(kOp, name, *t);
-  }
+  detail::check_dense(kOp, "q", q);
+  detail::check_dense(kOp, "k", k);
+  detail::check_dense(kOp, "cos", cos);
   if (sin) detail::check_dense(kOp, "sin", *sin);
   if (position_ids) detail::check_dense(kOp, "position_ids", *position_ids);
   TORCH_CHECK_VALUE(q.dim() == 3 || q.dim() == 4, kOp, ": q must be [batch, heads, seq, head_dim] in layout, or ",

@@ -89,10 +89,28 @@ def self_overlap_expanded():
 
 
 # ---- 4. the dynamic rule: a refused call leaves the module as it was
-def _dynamic_refusal(front, bad_call, angle_dtype="float64"):
+_DYNAMIC = {"rope_type": "dynamic", "factor": 2.0}
+
+
+def _dynamic_module(front, angle_dtype="float64"):
+    """A dynamic module (max_position_embeddings 16) and its rule's model."""
     cls = rotary.RotaryEmbedding if front == "py" else rotary.CppRotaryEmbedding
-    m = cls(8, 16, scaling={"rope_type": "dynamic", "factor": 2.0}, angle_dtype=angle_dtype)
-    model = RuleModel(8, 10000.0, {"rope_type": "dynamic", "factor": 2.0}, 16)
+    return cls(8, 16, scaling=_DYNAMIC, angle_dtype=angle_dtype), RuleModel(8, 10000.0, _DYNAMIC, 16)
+
+
+def _check_dynamic_call(front, m, model, start, angle_dtype, what):
+    """m on 3 tokens at start_pos `start` against the rule's float64 reference at that reach."""
+    from rotary_testing.reference import positions_grid
+    x = _x(1, 2, 3, 8, seed=5, dtype=torch.float32)
+    got = m(x, start)
+    model.reach(start + 3)
+    inv, scale = model.frequencies()
+    ref = module_reference(x, positions_grid(1, 3, start), inv, scale, True, 8, angle_dtype)
+    check_close(got, ref, torch.float32, f"{front} dynamic: {what}")
+
+
+def _dynamic_refusal(front, bad_call, angle_dtype="float64"):
+    m, model = _dynamic_module(front, angle_dtype)
     saved = state_of(m)
     try:
         bad_call(m)
@@ -103,13 +121,8 @@ def _dynamic_refusal(front, bad_call, angle_dtype="float64"):
         raise Finding(f"{front} dynamic: the bad call was accepted")
     if not same_state(m, saved):
         raise Finding(f"{front} dynamic: a refused call changed the module state")
-    from rotary_testing.reference import positions_grid
-    x = _x(1, 2, 3, 8, seed=5, dtype=torch.float32)
     for start in (17, 0):  # past max_position_embeddings (the table must grow), then back
-        model.reach(start + 3)
-        inv, scale = model.frequencies()
-        ref = module_reference(x, positions_grid(1, 3, start), inv, scale, True, 8, angle_dtype)
-        check_close(m(x, start), ref, torch.float32, f"{front} dynamic: a call (start_pos {start}) after a refused one")
+        _check_dynamic_call(front, m, model, start, angle_dtype, f"a call (start_pos {start}) after a refused one")
     return "refused: state kept"
 
 
@@ -132,18 +145,10 @@ def dynamic_fp32_angles_past_grown_rows_cpp():
 def _dynamic_far(front):
     """A reach of 2^40 is served from row 0 alone (one row per position
     would not fit in memory): the rest on the fly, from the grown base."""
-    from rotary_testing.reference import positions_grid
-    cls = rotary.RotaryEmbedding if front == "py" else rotary.CppRotaryEmbedding
-    m = cls(8, 16, scaling={"rope_type": "dynamic", "factor": 2.0})
-    model = RuleModel(8, 10000.0, {"rope_type": "dynamic", "factor": 2.0}, 16)
-    x, start = _x(1, 2, 3, 8, seed=5, dtype=torch.float32), 2**40
-    got = m(x, start)
+    m, model = _dynamic_module(front)
+    _check_dynamic_call(front, m, model, 2**40, "float64", "a call at start_pos 2^40")
     if m.freqs.shape[0] != 1:
         raise Finding(f"{front} dynamic: a reach of 2^40 left a table of {m.freqs.shape[0]} rows, not row 0 alone")
-    model.reach(start + 3)
-    inv, scale = model.frequencies()
-    ref = module_reference(x, positions_grid(1, 3, start), inv, scale, True, 8, "float64")
-    check_close(got, ref, torch.float32, f"{front} dynamic: a call at start_pos 2^40")
     return "served: the table stays bounded"
 
 
