@@ -23,6 +23,8 @@ CUDA_COLUMNS = (
     ("ours_half", "ours half"),
     ("ours_", "ours in place"),
     ("ours_half_", "ours half in place"),
+    ("ours_nopf", "ours, no L2 prefetch"),
+    ("ours_half_nopf", "ours half, no L2 prefetch"),
     ("compile(hf)", "compile(HF)"),
     ("liger", "Liger"),
     ("flashinfer", "FlashInfer half"),
@@ -58,6 +60,18 @@ def cuda_group(case: Case, dtype: torch.dtype, layout: str, compile_refs: bool, 
     fns["ours_"] = lambda: inplace(qi, ki, freqs, 0, True)
     fns["ours_half_"] = lambda: inplace(qi, ki, freqs, 0, False)
 
+    def without_prefetch(fn):  # the launch reads the switch on the host, call by call
+        def run():
+            rotary._C._cuda_set_l2_prefetch(False)
+            try:
+                return fn()
+            finally:
+                rotary._C._cuda_set_l2_prefetch(True)
+        return run
+
+    fns["ours_nopf"] = without_prefetch(fns["ours"])
+    fns["ours_half_nopf"] = without_prefetch(fns["ours_half"])
+
     tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=5e-2, rtol=2e-2)
     for got, want in zip(fns["ours"](), reference_rope_qk(q, k, freqs)):
         torch.testing.assert_close(got, want, **tol)
@@ -67,6 +81,9 @@ def cuda_group(case: Case, dtype: torch.dtype, layout: str, compile_refs: bool, 
     fns["ours_"]()
     for got, want in zip((qi, ki), fns["ours"]()):
         assert torch.equal(got, want), "apply_rope_qk_ differs from apply_rope_qk"
+    for name, plain in (("ours_nopf", "ours"), ("ours_half_nopf", "ours_half")):
+        for got, want in zip(fns[name](), fns[plain]()):
+            assert torch.equal(got, want), f"{name} differs from {plain}"
 
     if compile_refs:
         torch._dynamo.reset()  # one static graph per row; never hit the recompile limit

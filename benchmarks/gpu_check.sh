@@ -202,7 +202,8 @@ else
 fi
 
 # One run of each variant of the bf16 prefill case (S=8192, 32/8 heads, D=128):
-# HF layout and BHSD, both pairings, out of place and in place.
+# HF layout and BHSD, both pairings, out of place and in place, and the half
+# pairing out of place without the L2 prefetch.
 NCU_DRIVER='
 import torch, rotary
 torch.manual_seed(0)
@@ -218,6 +219,10 @@ for layout in ("hf", "bhsd"):
         rope = rotary.RotaryEmbedding(D, S, interleaved=interleaved).cuda()
         rope(q, k)
         torch.ops.rotary.apply_rope_qk_(q, k, rope.freqs, 0, interleaved)
+    # The same module call without the L2 prefetch of next rows (the A/B).
+    rotary._C._cuda_set_l2_prefetch(False)
+    rope(q, k)
+    rotary._C._cuda_set_l2_prefetch(True)
 # The decode step with a paged cache (B=64, one token each): the fused launch, bf16 and fp8.
 B, D = 64, 128
 q = torch.randn(B, 1, HQ, D, device="cuda", dtype=torch.bfloat16)
@@ -228,7 +233,8 @@ for cdt in (torch.bfloat16, torch.float8_e4m3fn):
     kc, vc = (torch.zeros(B * 4, 16, HK, D, device="cuda", dtype=cdt) for _ in range(2))
     rotary.apply_rope_with_kv_cache_(q, k, v, kc, vc, f, 7, False, layout="BSHD", slot_mapping=slots, kv_layout="NHD")
 torch.cuda.synchronize()
-print("ncu driver: 10 launches (hf/bhsd x interleaved/half x out of place/in place; decode with a bf16 and an fp8 cache)")
+print("ncu driver: 12 launches (hf/bhsd x (interleaved/half x out of place/in place, half without L2 prefetch); "
+      "decode with a bf16 and an fp8 cache)")
 '
 if ((built && have_gpu)) && command -v ncu > /dev/null; then
   metrics=dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active

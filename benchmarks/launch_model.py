@@ -7,13 +7,18 @@ registers of that instantiation (read from the sm_90 cubin of librotary),
 resident blocks and warps per SM, q/k bytes in flight per SM per memory
 round trip, and a predicted time / clone:
 
-- a row of the current kernel costs one round trip (its data loads go out
-  before the table read; tests/sass/contract.py checks that in SASS), so
-  bytes in flight = resident threads x load bytes per thread; the column
-  "2 trips" halves that, as for the kernel before the reorder;
-- bandwidth is min(1, in flight / need) of the copy's, with need the
-  Little's-law line of 20-34 KB per SM (shared/GPU.md), and the last
-  partial pass of the grid-stride loop runs with fewer blocks in flight;
+- a row costs one round trip (its data loads go out before the table
+  read; tests/sass/contract.py checks that in SASS), so bytes in flight =
+  resident threads x load bytes per thread; a launch that prefetches
+  (l2_prefetch: a vector path whose grid strides) also has each thread's
+  next row in flight, twice the bytes; the column "without prefetch" is
+  the same launch with the switch off (rotary._C._cuda_set_l2_prefetch),
+  what the H200 measured on 2026-12-04 but for the even grid;
+- bandwidth is min(1, in flight / need) of the copy's, and the last partial
+  pass of the grid-stride loop runs with fewer blocks in flight. need is
+  fitted to that measurement (MEASURED: BHSD, out of place, time / clone):
+  54-74 KB per SM, two to three times the textbook 20-34 KB (shared/GPU.md), as
+  a round trip under full load takes about 2.5 us;
 - our bytes are the copy's plus one read of the table rows used.
 
 The decode step with a KV cache (apply_rope_with_kv_cache_, the decode
@@ -66,7 +71,14 @@ from bench_qk_norm import CUDA_SHAPES as PROLOGUE_SHAPES  # noqa: E402
 import contract  # noqa: E402
 
 SMS, MAX_BLOCKS_PER_SM, MAX_THREADS_PER_SM = 132, 32, 2048
-NEED_KB = (20.0, 34.0)  # Little's law on the H200: bytes in flight per SM for full bandwidth
+NEED_KB = (54.0, 74.0)  # bytes in flight per SM for the copy's bandwidth, fitted to MEASURED
+# The H200's time / clone of the kernel without prefetch (docs/performance.md,
+# 2026-12-04, BHSD out of place), by (case, dtype, pairing): the fit's data.
+MEASURED = {("prefill", "bf16", "interleaved"): 1.09, ("prefill", "bf16", "half"): 1.08,
+            ("training", "bf16", "interleaved"): 1.06, ("training", "bf16", "half"): 1.12,
+            ("prefill", "fp32", "interleaved"): 1.08, ("prefill", "fp32", "half"): 1.11,
+            ("training", "fp32", "interleaved"): 1.07, ("training", "fp32", "half"): 1.11,
+            ("long", "fp32", "interleaved"): 1.08, ("long", "fp32", "half"): 1.17}
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 LAUNCH_US = (1.5, 2.0)  # one small kernel on a stream: launch, ramp and drain
 TRIP_US = (0.5, 0.8)    # one dependent DRAM round trip at low occupancy
@@ -109,17 +121,20 @@ def model_rows():
                 r = regs[label]
                 bt = s["block_threads"]
                 bps = min(contract.resident_blocks(r, bt), MAX_BLOCKS_PER_SM, MAX_THREADS_PER_SM // bt)
-                grid = min(s["row_blocks"], SMS * bps)
+                grid = rotary._C._cuda_launch_shape(q, k, freqs, interleaved, False, SMS * bps)["blocks"]
                 per_sm = min(bps, math.ceil(grid / SMS))
                 warps = per_sm * math.ceil(bt / 32)
-                inflight_kb = per_sm * bt * s["load_bytes"] / 1024
+                row_kb = per_sm * bt * s["load_bytes"] / 1024  # one row per thread
+                prefetch = bool(s["l2_prefetch"]) and s["row_blocks"] > grid
+                inflight_kb = row_kb * (2 if prefetch else 1)
                 data = 2 * (q.numel() + k.numel()) * q.element_size()
                 table = case.q_shape[2] * freqs.shape[1] * 8  # one read of the complex64 rows used
                 now = [predicted(s["rows"], s["row_blocks"], grid, inflight_kb, data, table, n) for n in NEED_KB]
-                two = [predicted(s["rows"], s["row_blocks"], grid, inflight_kb / 2, data, table, n) for n in NEED_KB]
-                yield dict(case=case.name, dtype=dname, pairing="interleaved" if interleaved else "half",
-                           label=label, regs=r, grid=grid, block=bt, blocks_per_sm=per_sm, warps=warps,
-                           inflight_kb=inflight_kb, now=now, two=two)
+                without = [predicted(s["rows"], s["row_blocks"], grid, row_kb, data, table, n) for n in NEED_KB]
+                pairing = "interleaved" if interleaved else "half"
+                yield dict(case=case.name, dtype=dname, pairing=pairing, label=label, regs=r, grid=grid, block=bt,
+                           blocks_per_sm=per_sm, warps=warps, prefetch=prefetch, inflight_kb=inflight_kb, now=now,
+                           without=without, measured=MEASURED.get((case.name, dname, pairing)))
 
 
 def decode_rows():
@@ -209,17 +224,19 @@ def prologue_rows():
 
 
 def main() -> int:
-    print("| case | dtype | pairing | instantiation | regs | grid x block | blocks / warps per SM | "
-          "KB in flight per SM per trip | predicted / clone | if 2 trips per row |")
-    print("|---|---|---|---|--:|--:|--:|--:|--:|--:|")
+    print("| case | dtype | pairing | instantiation | regs | grid x block | blocks / warps per SM | L2 prefetch | "
+          "KB in flight per SM | predicted / clone | without prefetch | H200, without prefetch |")
+    print("|---|---|---|---|--:|--:|--:|---|--:|--:|--:|--:|")
     for m in model_rows():
         lo, hi = sorted(m["now"])
-        lo2, hi2 = sorted(m["two"])
+        lo2, hi2 = sorted(m["without"])
+        measured = f"{m['measured']:.2f}" if m["measured"] else "owed"
         print(f"| {m['case']} | {m['dtype']} | {m['pairing']} | `{m['label']}` | {m['regs']} | "
-              f"{m['grid']} x {m['block']} | {m['blocks_per_sm']} / {m['warps']} | {m['inflight_kb']:.0f} | "
-              f"{lo:.2f}-{hi:.2f} | {lo2:.2f}-{hi2:.2f} |")
-    print(f"\nH200: {SMS} SMs; need {NEED_KB[0]:.0f}-{NEED_KB[1]:.0f} KB in flight per SM (Little's law); "
-          "the copy's bandwidth is the 1.00 line. A model, not a measurement: docs/performance.md has the "
+              f"{m['grid']} x {m['block']} | {m['blocks_per_sm']} / {m['warps']} | "
+              f"{'next row' if m['prefetch'] else 'none'} | {m['inflight_kb']:.0f} | "
+              f"{lo:.2f}-{hi:.2f} | {lo2:.2f}-{hi2:.2f} | {measured} |")
+    print(f"\nH200: {SMS} SMs; {NEED_KB[0]:.0f}-{NEED_KB[1]:.0f} KB in flight per SM give the copy's bandwidth "
+          "(the 1.00 line), fitted to the last column. A model, not a measurement: docs/performance.md has the "
           "H200's figures.")
     print("\n| decode step | cache | fused | launches | row blocks x block | dependent round trips | "
           "predicted GPU time | / two launches |")

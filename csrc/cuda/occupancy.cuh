@@ -9,7 +9,6 @@
 
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstdint>
 
@@ -48,13 +47,14 @@ int resident_blocks(int device, int block_threads) {
   return n;
 }
 
-// Blocks for grid g of Kernel on the current device.
+// Blocks for grid g of Kernel on the current device: whole waves, evenly
+// loaded (even_grid).
 template <auto Kernel>
 unsigned resident_grid(const kernel::Grid& g) {
   int device = 0;
   cudaGetDevice(&device);
   const int64_t full = static_cast<int64_t>(sm_count(device)) * resident_blocks<Kernel>(device, g.block_threads);
-  return static_cast<unsigned>(std::min(g.row_blocks, full));
+  return static_cast<unsigned>(kernel::even_grid(g.row_blocks, full));
 }
 
 // Launches the instantiation of the index width s chose (Kernel32 or
@@ -63,12 +63,13 @@ template <auto Kernel32, auto Kernel64, typename Params>
 void launch_rows(const Params& params, const kernel::RopeParams& rope, const kernel::LaunchShape& s,
                  cudaStream_t stream) {
   const kernel::Grid& g = s.grid;
+  const bool prefetch = s.prefetch && kernel::l2_prefetch();
   if (s.int32) {
     const unsigned blocks = resident_grid<Kernel32>(g);
-    Kernel32<<<blocks, g.block_threads, 0, stream>>>(params, kernel::launched(rope, g, blocks));
+    Kernel32<<<blocks, g.block_threads, 0, stream>>>(params, kernel::launched(rope, g, blocks, prefetch));
   } else {
     const unsigned blocks = resident_grid<Kernel64>(g);
-    Kernel64<<<blocks, g.block_threads, 0, stream>>>(params, kernel::launched(rope, g, blocks));
+    Kernel64<<<blocks, g.block_threads, 0, stream>>>(params, kernel::launched(rope, g, blocks, prefetch));
   }
 }
 

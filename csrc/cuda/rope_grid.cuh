@@ -5,6 +5,7 @@
 // model all include it.
 #pragma once
 
+#include "params/l2_prefetch.h"
 #include "params/rope_params.h"
 #include "rope_vector.cuh"
 
@@ -32,6 +33,10 @@ struct Tile {
   static constexpr int kCopyElems = kVectorized ? kElems : 1;  // per pass-through group
   // Heads a thread has in flight: 128 bytes of loads on the vector paths.
   static constexpr int kHeads = !kVectorized ? 4 : (kInterleaved ? 8 : 4);
+  // The vector paths prefetch the next row, but for float64 interleaved:
+  // eight heads of it fill the register cap, and the next row's offsets
+  // spill its int64-index instantiation.
+  static constexpr bool kPrefetch = kVectorized && !(sizeof(T) == 8 && kInterleaved);
 };
 
 // The operands of one pair group of up to kHeads heads, as a thread loads
@@ -67,11 +72,26 @@ struct Grid {
   int64_t blocks = 0;
   int64_t step_b = 0;
   int64_t step_s = 0;
+  // Whether a thread asks L2 for its next row's q/k lines while it loads
+  // this row's (vector paths, when l2_prefetch() and the grid strides).
+  bool prefetch = false;
 };
 
-// Grid g of p as launched with `blocks` blocks (1 to row_blocks).
-inline Grid launched(const RopeParams& p, Grid g, int64_t blocks) {
+// Blocks of a launch over row_blocks with `resident` blocks resident at once:
+// the passes of the grid-stride loop that `resident` blocks would take, with
+// the row blocks spread evenly over them (no last pass with a third of the
+// blocks, bytes in flight for a third of the bandwidth).
+inline int64_t even_grid(int64_t row_blocks, int64_t resident) {
+  if (row_blocks <= resident) return row_blocks;
+  const int64_t passes = (row_blocks + resident - 1) / resident;
+  return (row_blocks + passes - 1) / passes;
+}
+
+// Grid g of p as launched with `blocks` blocks (1 to row_blocks), prefetching
+// each thread's next row or not.
+inline Grid launched(const RopeParams& p, Grid g, int64_t blocks, bool prefetch = false) {
   g.blocks = blocks;
+  g.prefetch = prefetch && blocks < g.row_blocks;
   const int64_t step = blocks * g.rows_per_block;
   g.step_b = p.seq > 0 ? step / p.seq : 0;
   g.step_s = step - g.step_b * p.seq;
@@ -162,6 +182,7 @@ inline bool can_vectorize(const RopeParams& p) {
 struct LaunchShape {
   bool vectorized = false;
   bool int32 = false;
+  bool prefetch = false;   // the instantiation prefetches next rows (Tile::kPrefetch)
   int32_t load_bytes = 0;  // q/k bytes one thread has in flight per round trip
   Grid grid;
 };
@@ -170,6 +191,7 @@ template <typename T, bool kInterleaved, bool kVectorized>
 inline LaunchShape shape_of(const RopeParams& p) {
   LaunchShape s;
   s.vectorized = kVectorized;
+  s.prefetch = Tile<T, kInterleaved, kVectorized>::kPrefetch;
   s.grid = make_grid<T, kInterleaved, kVectorized>(p);
   s.int32 = fits_int32(p, s.grid);
   s.load_bytes = static_cast<int32_t>(sizeof(HeadLoads<T, kInterleaved, kVectorized>));

@@ -9,6 +9,8 @@
 // and sin are read once per (row, group), and all kHeads loads are issued
 // before any store (in and out may alias, so the compiler cannot reorder
 // them itself). q and k stream through the caches, the table is kept in L2.
+// With the loads of a row go L2 prefetches of the thread's next row: two
+// rows of bytes in flight per thread, one of them in no register.
 // Blocks hold whole rows and grid-stride over rows; the launch sizes the
 // grid to resident blocks. tests/sass/contract.py checks the result in SASS.
 #pragma once
@@ -24,14 +26,15 @@
 namespace rotary {
 namespace kernel {
 
-// The kernel's stores (16-byte vectors stream); the host-emulation test swaps
-// in one that counts writes.
+// The kernel's stores (16-byte vectors stream) and L2 prefetches; the
+// host-emulation tests swap in ones that count writes and record prefetches.
 struct DirectStore {
   template <typename V>
   ROTARY_HOST_DEVICE static void put(V* at, const V& v) {
     *at = v;
   }
   ROTARY_HOST_DEVICE static void put(Vector* at, const Vector& v) { store_stream(at, v); }
+  ROTARY_HOST_DEVICE static void prefetch(const void* at) { prefetch_l2(at); }
 };
 
 // Where a row's rotated k goes besides k: nowhere in a plain launch. The
@@ -77,12 +80,46 @@ struct RowPointers {
   ROTARY_HOST_DEVICE Index dst_elem(Index h) const { return h < q_heads ? out_elem[0] : out_elem[1]; }
 };
 
+// A thread's next row (its grid-stride successor) as element offsets from
+// this row in q and in k; `on` when there is one and the launch prefetches.
+template <typename Index>
+struct NextRow {
+  Index delta_q = 0, delta_k = 0;  // two scalars: an array indexed at run time would live in local memory
+  bool on = false;
+
+  NextRow() = default;  // none
+  // The next row after row (., s) of row block rb of p under grid g.
+  ROTARY_HOST_DEVICE NextRow(const RopeParams& p, const Grid& g, int64_t rb, int32_t row_in_block, Index s) {
+    const int64_t next = rb + g.blocks;
+    if (!g.prefetch || next >= g.row_blocks || next * g.rows_per_block + row_in_block >= g.rows) return;
+    int64_t db = g.step_b, ds = g.step_s;
+    if (s + ds >= p.seq) {  // the step is below seq: one wrap at most
+      ds -= p.seq;
+      ++db;
+    }
+    // The difference of two offsets inside the tensor: it fits in Index.
+    delta_q = static_cast<Index>(db * p.q.in_stride[0] + ds * p.q.in_stride[2]);
+    delta_k = static_cast<Index>(db * p.k.in_stride[0] + ds * p.k.in_stride[2]);
+    on = true;
+  }
+  ROTARY_HOST_DEVICE Index of(bool q) const { return q ? delta_q : delta_k; }
+};
+
+// Asks L2 for the line of the vector at `at` of the next row, once per line:
+// by the thread whose vector opens it (a line a span starts inside of is
+// read from DRAM when loaded, as without prefetch).
+template <typename Store, typename T>
+ROTARY_HOST_DEVICE void prefetch_vector(const T* at) {
+  if ((reinterpret_cast<uintptr_t>(at) & 127) < static_cast<uintptr_t>(kVectorBytes)) Store::prefetch(at);
+}
+
 // Loads pair group (a0, a1) of heads h0, h0 + step, ... below `heads`; a0 and
-// a1 are the element offsets of its first and second members.
-template <typename T, bool kInterleaved, bool kVectorized, typename Index>
+// a1 are the element offsets of its first and second members. With `next`
+// on, the vector paths also prefetch the same group of the next row.
+template <typename T, bool kInterleaved, bool kVectorized, typename Index, typename Store>
 ROTARY_HOST_DEVICE void load_heads(
-    const RowPointers<T, Index>& row, Index h0, Index step, Index heads, Index a0, Index a1,
-    HeadLoads<T, kInterleaved, kVectorized>& l) {
+    const RowPointers<T, Index>& row, const NextRow<Index>& next, Index h0, Index step, Index heads, Index a0,
+    Index a1, HeadLoads<T, kInterleaved, kVectorized>& l) {
 #pragma unroll
   for (int i = 0; i < Tile<T, kInterleaved, kVectorized>::kHeads; ++i) {
     const Index h = h0 + i * step;
@@ -91,6 +128,11 @@ ROTARY_HOST_DEVICE void load_heads(
       if constexpr (kVectorized) {
         l.x[i][0] = load_stream(reinterpret_cast<const Vector*>(src + a0));
         if constexpr (!kInterleaved) l.x[i][1] = load_stream(reinterpret_cast<const Vector*>(src + a1));
+        if (next.on) {
+          const T* ahead = src + next.of(h < row.q_heads);
+          prefetch_vector<Store>(ahead + a0);
+          if constexpr (!kInterleaved) prefetch_vector<Store>(ahead + a1);
+        }
       } else {
         const Index e = row.src_elem(h);
         l.x[i][0] = src[a0 * e];
@@ -163,7 +205,8 @@ ROTARY_HOST_DEVICE void rotate_store(
 // Copies one pass-through chunk (a vector, or one element) at offset `at` of
 // heads h0, h0 + step, ...: loads first, then stores.
 template <typename T, bool kVectorized, int kHeads, typename Index, typename Store>
-ROTARY_HOST_DEVICE void copy_heads(const RowPointers<T, Index>& row, Index h0, Index step, Index heads, Index at) {
+ROTARY_HOST_DEVICE void copy_heads(const RowPointers<T, Index>& row, const NextRow<Index>& next, Index h0, Index step,
+                                   Index heads, Index at) {
   using Chunk = std::conditional_t<kVectorized, Vector, T>;
   Chunk x[kHeads];
 #pragma unroll
@@ -172,6 +215,7 @@ ROTARY_HOST_DEVICE void copy_heads(const RowPointers<T, Index>& row, Index h0, I
     if (h >= heads) continue;
     if constexpr (kVectorized) {
       x[i] = load_stream(reinterpret_cast<const Vector*>(row.src(h) + at));
+      if (next.on) prefetch_vector<Store>(row.src(h) + next.of(h < row.q_heads) + at);
     } else {
       x[i] = row.src(h)[at * row.src_elem(h)];
     }
@@ -227,6 +271,8 @@ ROTARY_HOST_DEVICE void rope_thread(const RopeParams& p, const Grid& g, int64_t 
   for (int64_t rb = block; rb < g.row_blocks; rb += g.blocks) {
     if (rb * g.rows_per_block + row_in_block >= g.rows) return;  // only the last row block is partial
     const RowPointers<T, Index> row(p, b, s);
+    NextRow<Index> next;
+    if constexpr (TileT::kPrefetch) next = NextRow<Index>(p, g, rb, row_in_block, s);
     // The row's place (position, packed sequence, cache row) is looked up
     // once its first data loads are in flight: a varlen search then overlaps
     // their round trip. Only the position stays live.
@@ -244,7 +290,7 @@ ROTARY_HOST_DEVICE void rope_thread(const RopeParams& p, const Grid& g, int64_t 
         // pair group) and used for every head.
         HeadLoads<T, kInterleaved, kVectorized> l;
         Index h0 = chunk;
-        load_heads<T, kInterleaved, kVectorized, Index>(row, h0, chunks, heads, a0, a1, l);
+        load_heads<T, kInterleaved, kVectorized, Index, Store>(row, next, h0, chunks, heads, a0, a1, l);
         if (!placed) {
           const TokenPlace place = place_of(p, b, s, Sink::kOn ? -1 : sequence);
           if constexpr (Sink::kOn) sink.start_row(b, s, place);
@@ -259,7 +305,7 @@ ROTARY_HOST_DEVICE void rope_thread(const RopeParams& p, const Grid& g, int64_t 
           rotate_store<T, kInterleaved, kVectorized, Index, Store>(row, h0, chunks, heads, a0, a1, l, sink, c, sn);
           h0 += TileT::kHeads * chunks;
           if (h0 >= heads) break;
-          load_heads<T, kInterleaved, kVectorized, Index>(row, h0, chunks, heads, a0, a1, l);
+          load_heads<T, kInterleaved, kVectorized, Index, Store>(row, next, h0, chunks, heads, a0, a1, l);
         }
       } else {
         // Pass-through dims: [0, off), then [off + rotary_dim, head_dim).
@@ -267,7 +313,7 @@ ROTARY_HOST_DEVICE void rope_thread(const RopeParams& p, const Grid& g, int64_t 
         const Index at = from < off ? from : from + static_cast<Index>(p.rotary_dim);
 #pragma unroll 1
         for (Index h0 = chunk; h0 < heads; h0 += TileT::kHeads * chunks) {
-          copy_heads<T, kVectorized, TileT::kHeads, Index, Store>(row, h0, chunks, heads, at);
+          copy_heads<T, kVectorized, TileT::kHeads, Index, Store>(row, next, h0, chunks, heads, at);
         }
       }
     }

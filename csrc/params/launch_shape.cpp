@@ -9,10 +9,26 @@
 #include <ATen/Dispatch.h>
 #endif
 
+#include <atomic>
+
 namespace rotary {
+namespace kernel {
+
+namespace {
+std::atomic<bool>& prefetch_setting() {
+  static std::atomic<bool> on{true};
+  return on;
+}
+}  // namespace
+
+bool l2_prefetch() { return prefetch_setting().load(std::memory_order_relaxed); }
+bool set_l2_prefetch(bool on) { return prefetch_setting().exchange(on); }
+
+}  // namespace kernel
+
 namespace detail {
 
-std::map<std::string, int64_t> cuda_launch_shape(const kernel::RopeParams& p, at::ScalarType dtype) {
+std::map<std::string, int64_t> cuda_launch_shape(const kernel::RopeParams& p, at::ScalarType dtype, int64_t resident) {
   std::map<std::string, int64_t> out;
 #ifdef ROTARY_WITH_CUDA
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "rotary_launch_shape", [&] {
@@ -21,11 +37,14 @@ std::map<std::string, int64_t> cuda_launch_shape(const kernel::RopeParams& p, at
     out = {{"vectorized", s.vectorized}, {"int32", s.int32}, {"load_bytes", s.load_bytes},
            {"rotary_groups", g.rotary_groups}, {"groups", g.groups}, {"group_threads", g.group_threads},
            {"chunks", g.chunks}, {"lanes", g.lanes}, {"rows_per_block", g.rows_per_block},
-           {"block_threads", g.block_threads}, {"heads", g.heads}, {"rows", g.rows}, {"row_blocks", g.row_blocks}};
+           {"block_threads", g.block_threads}, {"heads", g.heads}, {"rows", g.rows}, {"row_blocks", g.row_blocks},
+           {"l2_prefetch", s.prefetch && kernel::l2_prefetch()}};
+    if (resident > 0) out["blocks"] = kernel::even_grid(g.row_blocks, resident);
   });
 #else
   (void)p;
   (void)dtype;
+  (void)resident;
 #endif
   return out;
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "kv_params.h"
+#include "l2_prefetch.h"
 #include "norm_params.h"
 #include "rope_params.h"
 
@@ -17,9 +18,12 @@
 namespace rotary {
 namespace detail {
 
-// Fields of kernel::LaunchShape by name (vectorized, int32, load_bytes and
-// the Grid's); empty when librotary was built without CUDA.
-std::map<std::string, int64_t> cuda_launch_shape(const kernel::RopeParams& p, at::ScalarType dtype);
+// Fields of kernel::LaunchShape by name (vectorized, int32, load_bytes, the
+// Grid's, and l2_prefetch: whether a grid-stride launch prefetches); with
+// `resident` blocks resident on the device, also "blocks", the launch's grid
+// (even_grid). Empty when librotary was built without CUDA.
+std::map<std::string, int64_t> cuda_launch_shape(const kernel::RopeParams& p, at::ScalarType dtype,
+                                                 int64_t resident = 0);
 
 // The same for apply_rope_with_kv_cache_, plus "fused" (one launch also
 // writes the caches: can_fuse_cache) and "launches".

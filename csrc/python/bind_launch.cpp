@@ -3,7 +3,7 @@
 // apply_qk_norm_rope call would make, for the launch model
 // (benchmarks/launch_model.py). They validate and describe the call exactly
 // as the op does (prepare_rope, prepare_kv, prepare_norm_rope); no GPU
-// needed.
+// needed. _cuda_set_l2_prefetch switches the launches' L2 prefetch.
 #include "convert.h"
 #include "checks/checks.h"
 #include "checks/kv_checks.h"
@@ -16,17 +16,23 @@ namespace rotary {
 namespace python {
 
 void bind_launch(py::module_& m) {
+  m.def("_cuda_set_l2_prefetch", &kernel::set_l2_prefetch, py::arg("on"),
+        "Whether the CUDA RoPE launches prefetch each thread's next row into L2 (default on); returns the previous "
+        "setting. For benchmarks that compare both.");
   m.def(
       "_cuda_launch_shape",
       [](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& freqs, bool interleaved,
-         bool in_place) {
+         bool in_place, int64_t resident) {
+        TORCH_CHECK_VALUE(resident >= 0, "_cuda_launch_shape: resident must be at least 0, got ", resident);
         const std::optional<torch::Tensor> none;
         const detail::RopeArgs args{0, interleaved, none, none, false, none, none, "BHSD"};
         const auto prepared = detail::prepare_rope("_cuda_launch_shape", q, &k, freqs, args, in_place);
-        return detail::cuda_launch_shape(prepared.params, q.scalar_type());
+        return detail::cuda_launch_shape(prepared.params, q.scalar_type(), resident);
       },
       py::arg("q"), py::arg("k"), py::arg("freqs"), py::arg("interleaved") = true, py::arg("in_place") = false,
-      "Fields of the CUDA launch (kernel::LaunchShape) for BHSD q and k; {} without CUDA kernels.");
+      py::arg("resident") = 0,
+      "Fields of the CUDA launch (kernel::LaunchShape) for BHSD q and k, and with `resident` blocks resident on "
+      "the device, 'blocks' (the grid); {} without CUDA kernels.");
   m.def(
       "_cuda_kv_launch",
       [](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& k_cache,

@@ -4,11 +4,9 @@
 // where there is no GPU.
 #ifdef ROTARY_EMULATION
 
-#include "checks/checks.h"
-#include "cuda/cuda_types.h"
-#include "cuda/rope_kernel.cuh"
 #include "helpers.h"
 #include "reference.h"
+#include "rope_emulation.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -17,138 +15,11 @@
 #include <cstdint>
 #include <limits>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 namespace {
 
-using rotary::kernel::Grid;
-using rotary::kernel::RopeParams;
-
-// Which variant of the launch to emulate: vector or strided path, 32- or
-// 64-bit index math, and how many blocks the grid has (fewer than the row
-// blocks makes every block wrap around the grid-stride loop).
-struct Variant {
-  bool vectorized = true;
-  bool index64 = false;  // otherwise int32 when fits_int32 allows it
-  int64_t max_blocks = int64_t{1} << 40;
-};
-
-// Counts the bytes every store writes (the kernel's plain store otherwise).
-struct CountingStore {
-  static std::unordered_map<uintptr_t, int>& counts() {
-    static std::unordered_map<uintptr_t, int> c;
-    return c;
-  }
-  template <typename V>
-  static void put(V* at, const V& v) {
-    *at = v;
-    const auto base = reinterpret_cast<uintptr_t>(at);
-    for (size_t i = 0; i < sizeof(V); ++i) ++counts()[base + i];
-  }
-};
-
-// Runs the whole grid of one launch on the CPU: every block, every thread of
-// it, through rope_thread, the exact per-thread body of the GPU kernel.
-template <typename T, bool kInterleaved, bool kVectorized, typename Index, typename Store>
-void emulate_launch(const RopeParams& p, const Grid& g, int64_t max_blocks) {
-  const int64_t blocks = std::min(g.row_blocks, max_blocks);
-  const Grid launched = rotary::kernel::launched(p, g, blocks);
-  for (int64_t block = 0; block < blocks; ++block) {
-    for (int32_t tid = 0; tid < g.block_threads; ++tid) {
-      rotary::kernel::rope_thread<T, kInterleaved, kVectorized, Index, Store>(p, launched, block, tid);
-    }
-  }
-}
-
-template <typename T, bool kInterleaved, bool kVectorized, typename Store>
-void emulate_grid(const RopeParams& p, const Variant& v) {
-  const Grid g = rotary::kernel::make_grid<T, kInterleaved, kVectorized>(p);
-  if (g.row_blocks == 0) return;
-  if (!v.index64 && rotary::kernel::fits_int32(p, g)) {
-    emulate_launch<T, kInterleaved, kVectorized, int32_t, Store>(p, g, v.max_blocks);
-  } else {
-    emulate_launch<T, kInterleaved, kVectorized, int64_t, Store>(p, g, v.max_blocks);
-  }
-}
-
-template <typename T, typename Store = rotary::kernel::DirectStore>
-void emulate(const RopeParams& p, const Variant& v) {
-  if (p.interleaved) {
-    v.vectorized ? emulate_grid<T, true, true, Store>(p, v) : emulate_grid<T, true, false, Store>(p, v);
-  } else {
-    v.vectorized ? emulate_grid<T, false, true, Store>(p, v) : emulate_grid<T, false, false, Store>(p, v);
-  }
-}
-
-// Both index widths and a wrapping grid, on the given path.
-std::vector<Variant> variants(bool vectorized) {
-  std::vector<Variant> out;
-  for (bool index64 : {false, true}) {
-    for (int64_t max_blocks : {int64_t{1} << 40, int64_t{2}}) out.push_back({vectorized, index64, max_blocks});
-  }
-  return out;
-}
-
-void poison(const rotary::detail::PreparedRope& prepared) {
-  prepared.out_q.fill_(std::numeric_limits<double>::quiet_NaN());
-  prepared.out_k.fill_(std::numeric_limits<double>::quiet_NaN());
-}
-
-template <typename T>
-void emulate(const RopeParams& p, bool vectorized) {
-  Variant v;
-  v.vectorized = vectorized;
-  emulate<T>(p, v);
-}
-
-enum class Layout { kContiguous, kTransposed, kPackedQkv, kMisaligned, kStridedLastDim };
-
-const char* layout_name(Layout l) {
-  switch (l) {
-    case Layout::kContiguous: return "contiguous";
-    case Layout::kTransposed: return "transposed";
-    case Layout::kPackedQkv: return "packed_qkv";
-    case Layout::kMisaligned: return "misaligned";
-    case Layout::kStridedLastDim: return "strided_last_dim";
-  }
-  return "?";
-}
-
-// q [B, Hq, S, D] and k [B, Hk, S, D] laid out as asked, filled with randn.
-std::pair<at::Tensor, at::Tensor> make_qk(
-    Layout layout, int64_t B, int64_t Hq, int64_t Hk, int64_t S, int64_t D, at::ScalarType dtype) {
-  const auto opts = at::TensorOptions().dtype(dtype);
-  switch (layout) {
-    case Layout::kContiguous:
-      return {at::randn({B, Hq, S, D}, opts), at::randn({B, Hk, S, D}, opts)};
-    case Layout::kTransposed:
-      return {at::randn({B, S, Hq, D}, opts).transpose(1, 2), at::randn({B, S, Hk, D}, opts).transpose(1, 2)};
-    case Layout::kPackedQkv: {
-      auto qkv = at::randn({B, S, Hq + 2 * Hk, D}, opts).transpose(1, 2);
-      return {qkv.narrow(1, 0, Hq), qkv.narrow(1, Hq, Hk)};
-    }
-    case Layout::kMisaligned: {
-      // One element past an aligned base, so no row start is 16-byte aligned.
-      auto flat_q = at::randn({B * Hq * S * D + 1}, opts);
-      auto flat_k = at::randn({B * Hk * S * D + 1}, opts);
-      return {flat_q.narrow(0, 1, B * Hq * S * D).view({B, Hq, S, D}),
-              flat_k.narrow(0, 1, B * Hk * S * D).view({B, Hk, S, D})};
-    }
-    case Layout::kStridedLastDim:
-      return {at::randn({B, Hq, S, D, 2}, opts).select(4, 1), at::randn({B, Hk, S, D, 2}, opts).select(4, 0)};
-  }
-  return {};
-}
-
-double tolerance(at::ScalarType dtype) {
-  switch (dtype) {
-    case at::kFloat: return 2e-5;
-    case at::kDouble: return 2e-6;  // the table is complex64
-    case at::kHalf: return 4e-3;
-    default: return 3e-2;           // bfloat16: one rounding of values up to ~4
-  }
-}
+using namespace rotary_emulation;
 
 struct EmulationCase {
   at::ScalarType dtype;
@@ -166,62 +37,11 @@ struct EmulationCase {
 
 using Opt = std::optional<at::Tensor>;
 
-// Table from the reference formula, not from the library.
-at::Tensor reference_table(int64_t len, int64_t rotary_dim) {
-  auto freqs = at::empty({len, rotary_dim / 2}, at::kComplexFloat);
-  auto* f = freqs.data_ptr<c10::complex<float>>();
-  for (int64_t pos = 0; pos < len; ++pos) {
-    for (int64_t j = 0; j < rotary_dim / 2; ++j) {
-      const auto e = rotary_test::ref_freq(pos, j, rotary_dim);
-      f[pos * (rotary_dim / 2) + j] = {static_cast<float>(e.real()), static_cast<float>(e.imag())};
-    }
-  }
-  return freqs;
-}
-
 // Reference with partial rotary: dims past rotary_dim are copied.
 at::Tensor reference_partial(
     const at::Tensor& x, int64_t rotary_dim, int64_t start, bool interleaved, const Opt& positions, bool inverse) {
   const auto rotated = rotary_test::ref_rope(x.narrow(3, 0, rotary_dim), start, interleaved, positions, inverse);
   return at::cat({rotated, x.narrow(3, rotary_dim, x.size(3) - rotary_dim).to(at::kDouble).cpu()}, 3);
-}
-
-// Runs the emulated grid of the CUDA kernel for dtype over p.
-template <typename Store = rotary::kernel::DirectStore>
-void emulate_dtype(at::ScalarType dtype, const RopeParams& p, const Variant& v) {
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "emulate", [&] {
-    using T = typename rotary::cuda::CudaType<scalar_t>::type;
-    emulate<T, Store>(p, v);
-  });
-}
-
-void emulate_dtype(at::ScalarType dtype, const RopeParams& p, bool vectorized) {
-  Variant v;
-  v.vectorized = vectorized;
-  emulate_dtype(dtype, p, v);
-}
-
-// The launch shape the kernel gets for dtype, on the chosen path.
-Grid grid_for(at::ScalarType dtype, const RopeParams& p, bool vectorized) {
-  Grid g;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "grid", [&] {
-    using T = typename rotary::cuda::CudaType<scalar_t>::type;
-    if (p.interleaved) {
-      g = vectorized ? rotary::kernel::make_grid<T, true, true>(p) : rotary::kernel::make_grid<T, true, false>(p);
-    } else {
-      g = vectorized ? rotary::kernel::make_grid<T, false, true>(p) : rotary::kernel::make_grid<T, false, false>(p);
-    }
-  });
-  return g;
-}
-
-bool vectorizable(at::ScalarType dtype, const RopeParams& p) {
-  bool result = false;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "vectorizable", [&] {
-    using T = typename rotary::cuda::CudaType<scalar_t>::type;
-    result = rotary::kernel::can_vectorize<T>(p);
-  });
-  return result;
 }
 
 std::string describe(const EmulationCase& c) {
@@ -517,92 +337,6 @@ TEST(CudaEmulation, WideRowsLoopOverGroupsAndHeads) {
       }
     }
   }
-}
-
-// Every byte of every output element is stored exactly once, and nothing
-// else is: the pass-through dims out of place, only the rotated dims in place.
-TEST(CudaEmulation, WritesEachOutputElementOnce) {
-  at::manual_seed(21);
-  const int64_t D = 128, R = 64;
-  for (auto dtype : {at::kFloat, at::kBFloat16}) {
-    for (bool interleaved : {true, false}) {
-      for (bool in_place : {false, true}) {
-        for (auto layout : {Layout::kPackedQkv, Layout::kStridedLastDim}) {
-          auto [q, k] = make_qk(layout, 2, 5, 3, 7, D, dtype);
-          const Opt none;
-          const rotary::detail::RopeArgs args{1, interleaved, none, none, false, none, none, "BHSD"};
-          // params point into the table: it must outlive the emulation (a
-          // temporary here once had it read freed memory, which ASan found).
-          const at::Tensor table = reference_table(16, R);
-          const auto prepared = rotary::detail::prepare_rope("emulate", q, &k, table, args, in_place);
-          const bool can_vector = vectorizable(dtype, prepared.params);
-          for (bool vectorized : {true, false}) {
-            if (vectorized && !can_vector) continue;
-            for (const Variant& v : variants(vectorized)) {
-              SCOPED_TRACE(std::string(c10::toString(dtype)) + (interleaved ? " interleaved " : " half ") +
-                           layout_name(layout) + (in_place ? " in place" : "") +
-                           (vectorized ? " vector" : " strided") + (v.index64 ? " int64" : " int32") +
-                           " max_blocks " + std::to_string(v.max_blocks));
-              CountingStore::counts().clear();
-              emulate_dtype<CountingStore>(dtype, prepared.params, v);
-              const int64_t elem = prepared.out_q.element_size();
-              int64_t expected_bytes = 0, wrong = 0;
-              for (const auto& out : {prepared.out_q, prepared.out_k}) {
-                auto* base = static_cast<const char*>(out.data_ptr());
-                for (int64_t b = 0; b < out.size(0); ++b)
-                  for (int64_t h = 0; h < out.size(1); ++h)
-                    for (int64_t s = 0; s < out.size(2); ++s)
-                      for (int64_t d = 0; d < D; ++d) {
-                        const int want = (d < R || !in_place) ? 1 : 0;
-                        const auto at = reinterpret_cast<uintptr_t>(base) +
-                            elem * (b * out.stride(0) + h * out.stride(1) + s * out.stride(2) + d * out.stride(3));
-                        for (int64_t i = 0; i < elem; ++i) {
-                          const auto it = CountingStore::counts().find(at + i);
-                          wrong += (it == CountingStore::counts().end() ? 0 : it->second) != want;
-                        }
-                        expected_bytes += want * elem;
-                      }
-              }
-              int64_t written = 0;
-              for (const auto& [addr, n] : CountingStore::counts()) written += n;
-              EXPECT_EQ(wrong, 0) << "bytes written other than once";
-              EXPECT_EQ(written, expected_bytes) << "bytes written outside the outputs";
-            }
-          }
-        }
-      }
-    }
-  }
-}
-
-// The 32-bit index path is taken only when every offset fits.
-TEST(CudaEmulation, IndexWidthFollowsTheExtent) {
-  RopeParams p;
-  p.batch = 1;
-  p.head_dim = 128;
-  p.rotary_dim = 128;
-  p.q.heads = 32;
-  p.k.heads = 8;
-  auto contiguous = [&](rotary::kernel::HeadTensor& t) {
-    const int64_t st[4] = {t.heads * p.seq * p.head_dim, p.seq * p.head_dim, p.head_dim, 1};
-    for (int d = 0; d < 4; ++d) t.in_stride[d] = t.out_stride[d] = st[d];
-  };
-  p.seq = 4096;  // 2^24 q elements
-  contiguous(p.q);
-  contiguous(p.k);
-  const Grid small = rotary::kernel::make_grid<__nv_bfloat16, true, true>(p);
-  EXPECT_TRUE(rotary::kernel::fits_int32(p, small));
-  p.seq = int64_t{1} << 20;  // 2^32 q elements: the last offset is past int32
-  contiguous(p.q);
-  contiguous(p.k);
-  EXPECT_FALSE(rotary::kernel::fits_int32(p, rotary::kernel::make_grid<__nv_bfloat16, true, true>(p)));
-  // k alone too large (out only), q small.
-  p.seq = 4096;
-  contiguous(p.q);
-  contiguous(p.k);
-  p.k.out_stride[0] = int64_t{1} << 31;
-  p.batch = 2;
-  EXPECT_FALSE(rotary::kernel::fits_int32(p, rotary::kernel::make_grid<__nv_bfloat16, true, true>(p)));
 }
 
 }  // namespace

@@ -134,7 +134,7 @@ std::vector<int64_t> pair_axes(const FusedCase& c) {
 template <typename T, bool kIl, bool kVec, typename Index, typename Sink = rotary::kernel::NoSink>
 void run_grid(const KVCacheParams& kv, const Grid& g, int64_t max_blocks, Sink sink = Sink()) {
   const int64_t blocks = std::min(g.row_blocks, max_blocks);
-  const Grid launched = rotary::kernel::launched(kv.rope, g, blocks);
+  const Grid launched = rotary::kernel::launched(kv.rope, g, blocks, true);  // prefetching when it strides
   for (int64_t block = 0; block < blocks; ++block) {
     for (int32_t tid = 0; tid < g.block_threads; ++tid) {
       rotary::kernel::rope_thread<T, kIl, kVec, Index, rotary::kernel::DirectStore, Sink>(kv.rope, launched, block,

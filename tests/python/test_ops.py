@@ -595,6 +595,38 @@ def test_more_than_2_31_elements():
     assert torch.equal(x, out), "in place differs from out of place"
 
 
+@needs_cuda
+@pytest.mark.parametrize("layout", ["hf", "bhsd"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_l2_prefetch_of_next_rows_cuda(layout, dtype, interleaved):
+    """Enough rows that every block strides (the launch prefetches each
+    thread's next row into L2): the reference's values, and the bits of the
+    launch without the prefetch, out of place and in place."""
+    B, S, HQ, HK, D, start = 2, 4099, 8, 2, 128, 5
+    gen = torch.Generator("cuda").manual_seed(260)
+    if layout == "hf":
+        q, k = (torch.randn(B, S, h, D, device="cuda", dtype=dtype, generator=gen).transpose(1, 2) for h in (HQ, HK))
+    else:
+        q, k = (torch.randn(B, h, S, D, device="cuda", dtype=dtype, generator=gen) for h in (HQ, HK))
+    f = rotary.freqs_table(D, S + start).to("cuda")
+    assert rotary._C._cuda_launch_shape(q, k, f, interleaved)["l2_prefetch"] == 1
+    oq, ok = rotary.apply_rope_qk(q, k, f, start, interleaved)
+    prior = rotary._C._cuda_set_l2_prefetch(False)
+    try:
+        pq, pk = rotary.apply_rope_qk(q, k, f, start, interleaved)
+    finally:
+        rotary._C._cuda_set_l2_prefetch(prior)
+    sync("cuda")
+    assert torch.equal(oq, pq) and torch.equal(ok, pk), "the prefetch changed the results"
+    for x, out in ((q, oq), (k, ok)):
+        assert_close_ref(out.cpu(), rope_reference(x.cpu(), start, interleaved), dtype, f"{layout}")
+    qi, ki = q.clone(), k.clone()
+    rotary.apply_rope_qk_(qi, ki, f, start, interleaved)
+    sync("cuda")
+    assert torch.equal(qi, oq) and torch.equal(ki, ok), "in place differs from out of place"
+
+
 @pytest.mark.parametrize("shape", [(0, 2, 4, 8), (2, 0, 4, 8), (2, 2, 0, 8)])
 def test_empty(device, tables, shape):
     x = randn(shape, seed=233, device=device)

@@ -33,6 +33,7 @@ def res(name, regs):
 GOOD = [
     "LDG.E.EF.128 R4, desc[UR4][R2.64]",
     "LDG.E.EF.128 R8, desc[UR4][R6.64]",
+    "CCTL.E.PF2 [R14]",  # the next row's line, with this row's loads
     "LDG.E.128.CONSTANT R12, desc[UR6][R10.64]",  # the table, after the data
     "FMUL R4, R4, R12",
     "STG.E.EF.128 desc[UR4][R2.64], R4",
@@ -52,16 +53,28 @@ def test_a_compliant_listing_passes():
 
 
 @pytest.mark.parametrize("case,edit,expect", [
-    ("narrow store", lambda g: g[:4] + ["STG.E desc[UR4][R2.64], R4"] + g[5:], "a store narrower than 128 bits"),
+    ("narrow store", lambda g: g[:5] + ["STG.E desc[UR4][R2.64], R4"] + g[6:], "a store narrower than 128 bits"),
     ("narrow data load", lambda g: ["LDG.E.EF.64 R4, desc[UR4][R2.64]"] + g[1:], "a data load narrower than 128"),
-    ("table first", lambda g: [g[2], g[0], g[1]] + g[3:], "not preceded by a data load"),
-    ("table after a store", lambda g: g[:2] + [g[4], g[2], g[3]] + g[5:], "not preceded by a data load"),
+    ("table first", lambda g: [g[3], g[0], g[1], g[2]] + g[4:], "not preceded by a data load"),
+    ("table after a store", lambda g: g[:3] + [g[5], g[3], g[4]] + g[6:], "not preceded by a data load"),
+    ("no prefetch", lambda g: g[:2] + g[3:], "no L2 prefetch"),
+    ("prefetch after a store", lambda g: g[:2] + g[3:6] + [g[2]] + g[6:], "not issued with a row's data loads"),
+    ("prefetch first", lambda g: [g[2]] + g[:2] + g[3:], "not issued with a row's data loads (back to the kernel's"),
     ("no streaming", lambda g: [t.replace(".EF", "") for t in g], "no streaming (.EF) data load"),
     ("local memory", lambda g: ["STL.64 [R1], R4"] + g, "local memory outside the slow path"),
 ])
 def test_each_rule_can_fail(case, edit, expect):
     bad = violations(listing(HOT, *edit(list(GOOD))))
     assert any(expect in b for b in bad), (case, bad)
+
+
+def test_float64_interleaved_needs_no_prefetch():
+    """At the register cap it does not prefetch; its half pairing must."""
+    no_prefetch = [t for t in GOOD if not t.startswith("CCTL")]
+    for name, want in ((HOT.replace("13__nv_bfloat16Lb1E", "dLb1E"), []),
+                       (HOT.replace("13__nv_bfloat16Lb1E", "dLb0E"), ["no L2 prefetch"])):
+        n, bad = contract.check(listing(name, *no_prefetch), res(name, 80))
+        assert n == 1 and [w for w in want if any(w in b for b in bad)] == want and len(bad) == len(want), bad
 
 
 def test_registers_for_the_resident_blocks():
@@ -100,8 +113,8 @@ FUSED_FP32_FP8 = FUSED.replace("13__nv_bfloat16Lb0ES2_iE", "fLb1EhlE")
 
 def fused_listing(name, cache_store):
     """GOOD with the cache writes of the rotated k and of a v vector."""
-    return listing(name, *(GOOD[:5] + [f"{cache_store} desc[UR4][R20.64], R4", "LDG.E.EF.128 R8, desc[UR4][R22.64]",
-                                       f"{cache_store} desc[UR4][R24.64], R8"] + GOOD[5:]))
+    return listing(name, *(GOOD[:6] + [f"{cache_store} desc[UR4][R20.64], R4", "LDG.E.EF.128 R8, desc[UR4][R22.64]",
+                                       f"{cache_store} desc[UR4][R24.64], R8"] + GOOD[6:]))
 
 
 @pytest.mark.parametrize("name,good,wrong", [
@@ -115,7 +128,7 @@ def test_each_fused_rule_can_fail(name, good, wrong):
     n, bad = contract.check(fused_listing(name, wrong), res(name, 120), pattern=contract.FUSED_KERNEL)
     assert len(bad) == 2 and all("a cache store" in b for b in bad), bad
     # The rope_kernel rules hold for it too.
-    n, bad = contract.check(listing(name, GOOD[2], *GOOD[:2], *GOOD[3:]), res(name, 120), pattern=contract.FUSED_KERNEL)
+    n, bad = contract.check(listing(name, GOOD[3], *GOOD[:3], *GOOD[4:]), res(name, 120), pattern=contract.FUSED_KERNEL)
     assert any("not preceded by a data load" in b for b in bad), bad
     n, bad = contract.check(listing(name, *GOOD), res(name, 136), pattern=contract.FUSED_KERNEL)
     assert any("fewer than 2" in b for b in bad), bad
@@ -124,7 +137,7 @@ def test_each_fused_rule_can_fail(name, good, wrong):
 def test_the_fused_fp8_spill_budget_is_a_bound():
     spills = [f"STL [R1+0x{4 * i:x}], R{i}" for i in range(contract.FUSED_FP8_SPILL_BUDGET)]
     for name, store in ((FUSED_FP8, "STG.E.64"), (FUSED, "STG.E.128")):
-        n, bad = contract.check(listing(name, *(spills + GOOD[:5] + [f"{store} desc[UR4][R20.64], R4"] + GOOD[5:])),
+        n, bad = contract.check(listing(name, *(spills + GOOD[:6] + [f"{store} desc[UR4][R20.64], R4"] + GOOD[6:])),
                                 res(name, 120), pattern=contract.FUSED_KERNEL)
         if name == FUSED_FP8:
             assert bad == [], bad

@@ -12,7 +12,11 @@ and for every vectorized one:
   and so is every streaming (.EF) load, of which there is at least one;
 - the data loads of a row go out before its table read: walking back from
   each 128-bit table load (no .EF), a streaming data load comes before any
-  store or the kernel's start.
+  store or the kernel's start;
+- the next row's lines are asked of L2 with this row's loads: at least one
+  L2 prefetch (CCTL.E.PF2), but in the float64 interleaved ones (at the
+  register cap, they do not prefetch), and walking back from each, a
+  streaming data load comes before any store or the kernel's start.
 
 For every instantiation of rotary::kernel::rope_kv_kernel (the fused
 KV-cache launch), the rope_kernel rules above, and:
@@ -87,6 +91,7 @@ FUSED_FP8_SPILL_BUDGET = 16
 NORM_BLOCK_THREADS, NORM_MIN_BLOCKS, NORM_VECTOR_MIN_BLOCKS = 128, 4, 3
 INSTR = re.compile(r"/\*(?P<addr>[0-9a-f]{4,})\*/\s+(?P<text>[^;]*);")
 MEM = re.compile(r"^(?:@!?U?P\w+\s+)?(?P<op>LDG|STG|LDL|STL)(?P<mods>(?:\.[A-Z0-9_]+)*)\s")
+PREFETCH = re.compile(r"^(?:@!?U?P\w+\s+)?CCTL(?:\.[A-Z0-9_]+)*\.PF2\s")
 CALL = re.compile(r"\bCALL\.\w+(?:\.\w+)*\s+(?P<target>0x[0-9a-f]+)")
 REG = re.compile(r"Function (?P<name>\S+):\s*\n\s*REG:(?P<regs>\d+)")
 
@@ -122,6 +127,12 @@ class Kernel:
     def vectorized(self) -> bool:
         m = KERNEL.search(self.name)
         return bool(m) and m["vec"] == "1" or bool(FUSED_KERNEL.search(self.name))
+
+    @property
+    def prefetches(self) -> bool:
+        """A vectorized instantiation that prefetches next rows (Tile::kPrefetch)."""
+        m = KERNEL.search(self.name) or FUSED_KERNEL.search(self.name)
+        return self.vectorized and not (m["T"] == "d" and m["il"] == "1")
 
     @property
     def cache_store(self) -> Optional[str]:
@@ -308,6 +319,16 @@ def check_kernel(k: Kernel, block_threads: int = 256, min_blocks: int = 2) -> Li
             where = "the kernel's start" if before is None else f"the store at 0x{before[0]:04x}"
             bad.append(f"{k.label}: the table load at 0x{a:04x} is not preceded by a data load (back to {where}): "
                        "a row takes two dependent memory round trips")
+    prefetches = [a for a, t in body if PREFETCH.match(t)]
+    if not prefetches and k.prefetches:
+        bad.append(f"{k.label}: no L2 prefetch (CCTL.E.PF2): the next row's bytes are not in flight with this row's")
+    for a in prefetches:
+        before = next((m for m in reversed(mem) if m[0] < a and (m[2] == "STG" or (m[2] == "LDG" and ".EF" in m[3]))),
+                      None)
+        if before is None or before[2] == "STG":
+            where = "the kernel's start" if before is None else f"the store at 0x{before[0]:04x}"
+            bad.append(f"{k.label}: the L2 prefetch at 0x{a:04x} is not issued with a row's data loads (back to "
+                       f"{where})")
     return bad
 
 

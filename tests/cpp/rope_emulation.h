@@ -1,0 +1,209 @@
+// The host emulation of the CUDA RoPE kernel (cuda/rope_kernel.cuh), shared
+// by its tests: rope_thread, the kernel's own per-thread body, run over the
+// whole grid of a launch on the CPU, a store that counts writes and records
+// prefetches, and the inputs and reference tables the tests draw.
+#pragma once
+
+#include "checks/checks.h"
+#include "cuda/cuda_types.h"
+#include "cuda/rope_kernel.cuh"
+#include "reference.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace rotary_emulation {
+
+using rotary::kernel::Grid;
+using rotary::kernel::RopeParams;
+
+// Which variant of the launch to emulate: vector or strided path, 32- or
+// 64-bit index math, and how many blocks the grid has (fewer than the row
+// blocks makes every block wrap around the grid-stride loop).
+struct Variant {
+  bool vectorized = true;
+  bool index64 = false;  // otherwise int32 when fits_int32 allows it
+  int64_t max_blocks = int64_t{1} << 40;
+  bool prefetch = true;  // prefetch each thread's next row (when the grid strides)
+};
+
+// Counts the bytes every store writes (the kernel's plain store otherwise).
+struct CountingStore {
+  static std::unordered_map<uintptr_t, int>& counts() {
+    static std::unordered_map<uintptr_t, int> c;
+    return c;
+  }
+  template <typename V>
+  static void put(V* at, const V& v) {
+    *at = v;
+    const auto base = reinterpret_cast<uintptr_t>(at);
+    for (size_t i = 0; i < sizeof(V); ++i) ++counts()[base + i];
+  }
+  // Every L2 prefetch, by address.
+  static std::vector<uintptr_t>& prefetches() {
+    static std::vector<uintptr_t> p;
+    return p;
+  }
+  static void prefetch(const void* at) { prefetches().push_back(reinterpret_cast<uintptr_t>(at)); }
+};
+
+// Runs the whole grid of one launch on the CPU: every block, every thread of
+// it, through rope_thread, the exact per-thread body of the GPU kernel.
+template <typename T, bool kInterleaved, bool kVectorized, typename Index, typename Store>
+void emulate_launch(const RopeParams& p, const Grid& g, int64_t max_blocks, bool prefetch) {
+  const int64_t blocks = std::min(g.row_blocks, max_blocks);
+  const Grid launched = rotary::kernel::launched(p, g, blocks, prefetch);
+  for (int64_t block = 0; block < blocks; ++block) {
+    for (int32_t tid = 0; tid < g.block_threads; ++tid) {
+      rotary::kernel::rope_thread<T, kInterleaved, kVectorized, Index, Store>(p, launched, block, tid);
+    }
+  }
+}
+
+template <typename T, bool kInterleaved, bool kVectorized, typename Store>
+void emulate_grid(const RopeParams& p, const Variant& v) {
+  const Grid g = rotary::kernel::make_grid<T, kInterleaved, kVectorized>(p);
+  if (g.row_blocks == 0) return;
+  if (!v.index64 && rotary::kernel::fits_int32(p, g)) {
+    emulate_launch<T, kInterleaved, kVectorized, int32_t, Store>(p, g, v.max_blocks, v.prefetch);
+  } else {
+    emulate_launch<T, kInterleaved, kVectorized, int64_t, Store>(p, g, v.max_blocks, v.prefetch);
+  }
+}
+
+template <typename T, typename Store = rotary::kernel::DirectStore>
+void emulate(const RopeParams& p, const Variant& v) {
+  if (p.interleaved) {
+    v.vectorized ? emulate_grid<T, true, true, Store>(p, v) : emulate_grid<T, true, false, Store>(p, v);
+  } else {
+    v.vectorized ? emulate_grid<T, false, true, Store>(p, v) : emulate_grid<T, false, false, Store>(p, v);
+  }
+}
+
+// Both index widths and a wrapping grid, on the given path.
+inline std::vector<Variant> variants(bool vectorized) {
+  std::vector<Variant> out;
+  for (bool index64 : {false, true}) {
+    for (int64_t max_blocks : {int64_t{1} << 40, int64_t{2}}) out.push_back({vectorized, index64, max_blocks});
+  }
+  return out;
+}
+
+inline void poison(const rotary::detail::PreparedRope& prepared) {
+  prepared.out_q.fill_(std::numeric_limits<double>::quiet_NaN());
+  prepared.out_k.fill_(std::numeric_limits<double>::quiet_NaN());
+}
+
+template <typename T>
+void emulate(const RopeParams& p, bool vectorized) {
+  Variant v;
+  v.vectorized = vectorized;
+  emulate<T>(p, v);
+}
+
+enum class Layout { kContiguous, kTransposed, kPackedQkv, kMisaligned, kStridedLastDim };
+
+inline const char* layout_name(Layout l) {
+  switch (l) {
+    case Layout::kContiguous: return "contiguous";
+    case Layout::kTransposed: return "transposed";
+    case Layout::kPackedQkv: return "packed_qkv";
+    case Layout::kMisaligned: return "misaligned";
+    case Layout::kStridedLastDim: return "strided_last_dim";
+  }
+  return "?";
+}
+
+// q [B, Hq, S, D] and k [B, Hk, S, D] laid out as asked, filled with randn.
+inline std::pair<at::Tensor, at::Tensor> make_qk(
+    Layout layout, int64_t B, int64_t Hq, int64_t Hk, int64_t S, int64_t D, at::ScalarType dtype) {
+  const auto opts = at::TensorOptions().dtype(dtype);
+  switch (layout) {
+    case Layout::kContiguous:
+      return {at::randn({B, Hq, S, D}, opts), at::randn({B, Hk, S, D}, opts)};
+    case Layout::kTransposed:
+      return {at::randn({B, S, Hq, D}, opts).transpose(1, 2), at::randn({B, S, Hk, D}, opts).transpose(1, 2)};
+    case Layout::kPackedQkv: {
+      auto qkv = at::randn({B, S, Hq + 2 * Hk, D}, opts).transpose(1, 2);
+      return {qkv.narrow(1, 0, Hq), qkv.narrow(1, Hq, Hk)};
+    }
+    case Layout::kMisaligned: {
+      // One element past an aligned base, so no row start is 16-byte aligned.
+      auto flat_q = at::randn({B * Hq * S * D + 1}, opts);
+      auto flat_k = at::randn({B * Hk * S * D + 1}, opts);
+      return {flat_q.narrow(0, 1, B * Hq * S * D).view({B, Hq, S, D}),
+              flat_k.narrow(0, 1, B * Hk * S * D).view({B, Hk, S, D})};
+    }
+    case Layout::kStridedLastDim:
+      return {at::randn({B, Hq, S, D, 2}, opts).select(4, 1), at::randn({B, Hk, S, D, 2}, opts).select(4, 0)};
+  }
+  return {};
+}
+
+inline double tolerance(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat: return 2e-5;
+    case at::kDouble: return 2e-6;  // the table is complex64
+    case at::kHalf: return 4e-3;
+    default: return 3e-2;           // bfloat16: one rounding of values up to ~4
+  }
+}
+
+// Table from the reference formula, not from the library.
+inline at::Tensor reference_table(int64_t len, int64_t rotary_dim) {
+  auto freqs = at::empty({len, rotary_dim / 2}, at::kComplexFloat);
+  auto* f = freqs.data_ptr<c10::complex<float>>();
+  for (int64_t pos = 0; pos < len; ++pos) {
+    for (int64_t j = 0; j < rotary_dim / 2; ++j) {
+      const auto e = rotary_test::ref_freq(pos, j, rotary_dim);
+      f[pos * (rotary_dim / 2) + j] = {static_cast<float>(e.real()), static_cast<float>(e.imag())};
+    }
+  }
+  return freqs;
+}
+
+// Runs the emulated grid of the CUDA kernel for dtype over p.
+template <typename Store = rotary::kernel::DirectStore>
+void emulate_dtype(at::ScalarType dtype, const RopeParams& p, const Variant& v) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "emulate", [&] {
+    using T = typename rotary::cuda::CudaType<scalar_t>::type;
+    emulate<T, Store>(p, v);
+  });
+}
+
+inline void emulate_dtype(at::ScalarType dtype, const RopeParams& p, bool vectorized) {
+  Variant v;
+  v.vectorized = vectorized;
+  emulate_dtype(dtype, p, v);
+}
+
+// The launch shape the kernel gets for dtype, on the chosen path.
+inline Grid grid_for(at::ScalarType dtype, const RopeParams& p, bool vectorized) {
+  Grid g;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "grid", [&] {
+    using T = typename rotary::cuda::CudaType<scalar_t>::type;
+    if (p.interleaved) {
+      g = vectorized ? rotary::kernel::make_grid<T, true, true>(p) : rotary::kernel::make_grid<T, true, false>(p);
+    } else {
+      g = vectorized ? rotary::kernel::make_grid<T, false, true>(p) : rotary::kernel::make_grid<T, false, false>(p);
+    }
+  });
+  return g;
+}
+
+inline bool vectorizable(at::ScalarType dtype, const RopeParams& p) {
+  bool result = false;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "vectorizable", [&] {
+    using T = typename rotary::cuda::CudaType<scalar_t>::type;
+    result = rotary::kernel::can_vectorize<T>(p);
+  });
+  return result;
+}
+
+}  // namespace rotary_emulation
