@@ -72,6 +72,10 @@ import contract  # noqa: E402
 
 SMS, MAX_BLOCKS_PER_SM, MAX_THREADS_PER_SM = 132, 32, 2048
 NEED_KB = (54.0, 74.0)  # bytes in flight per SM for the copy's bandwidth, fitted to MEASURED
+# The prologue's model keeps the textbook line: it counts only the share of a
+# warp's time spent waiting on DRAM, and on the one H200 figure (bf16 prefill,
+# 2.04x the copy floor) it is optimistic (1.1-1.9), not refitted.
+PROLOGUE_NEED_KB = (20.0, 34.0)
 # The H200's time / clone of the kernel without prefetch (docs/performance.md,
 # 2026-12-04, BHSD out of place), by (case, dtype, pairing): the fit's data.
 MEASURED = {("prefill", "bf16", "interleaved"): 1.09, ("prefill", "bf16", "half"): 1.08,
@@ -218,7 +222,8 @@ def prologue_rows():
                         write = math.ceil(cache_elems / min(s["batch"], cache_elems)) if cache else 0  # v from DRAM
                         out[key] = [l + units * u + write * d for l, u, d in zip(LAUNCH_US, per_unit, TRIP_US)]
                     else:  # bandwidth: Little's law on the bytes in flight while waiting on DRAM
-                        out[key] = [max(1.0, NEED_KB[0] / (kb * max(duty))), max(1.0, NEED_KB[1] / (kb * min(duty)))]
+                        need = PROLOGUE_NEED_KB
+                        out[key] = [max(1.0, need[0] / (kb * max(duty))), max(1.0, need[1] / (kb * min(duty)))]
                     out[key + "_kb"] = kb
                 yield out
 
