@@ -125,6 +125,21 @@ def fmt_time(s: float) -> str:
 # Kernel peers, when present
 
 
+def without_l2_prefetch(fn: Callable[[], object]) -> Callable[[], object]:
+    """fn with the CUDA launches' L2 prefetch of next rows switched off: the
+    launch reads the switch on the host, call by call, so both time in the
+    same interleaved rounds."""
+    import rotary
+
+    def run():
+        rotary._C._cuda_set_l2_prefetch(False)
+        try:
+            return fn()
+        finally:
+            rotary._C._cuda_set_l2_prefetch(True)
+    return run
+
+
 def liger_fn():
     try:
         from liger_kernel.transformers.rope import liger_rotary_pos_emb

@@ -14,7 +14,7 @@ from typing import Callable, Dict, List, Sequence
 import torch
 
 from bench_common import (CUDA_CASES, DTYPES, Case, Timer, case_bytes, flashinfer_ops, flashinfer_table, fmt_time,
-                          hf_rope_qk, hf_tables, liger_fn, log, reference_rope_qk)
+                          hf_rope_qk, hf_tables, liger_fn, log, reference_rope_qk, without_l2_prefetch)
 from protocol import LoadGuard, ratio_cell, time_interleaved
 
 CUDA_LAYOUTS = ("hf", "bhsd")
@@ -59,18 +59,8 @@ def cuda_group(case: Case, dtype: torch.dtype, layout: str, compile_refs: bool, 
     fns["ours_half"] = lambda: rope_h(q, k)
     fns["ours_"] = lambda: inplace(qi, ki, freqs, 0, True)
     fns["ours_half_"] = lambda: inplace(qi, ki, freqs, 0, False)
-
-    def without_prefetch(fn):  # the launch reads the switch on the host, call by call
-        def run():
-            rotary._C._cuda_set_l2_prefetch(False)
-            try:
-                return fn()
-            finally:
-                rotary._C._cuda_set_l2_prefetch(True)
-        return run
-
-    fns["ours_nopf"] = without_prefetch(fns["ours"])
-    fns["ours_half_nopf"] = without_prefetch(fns["ours_half"])
+    fns["ours_nopf"] = without_l2_prefetch(fns["ours"])
+    fns["ours_half_nopf"] = without_l2_prefetch(fns["ours_half"])
 
     tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=5e-2, rtol=2e-2)
     for got, want in zip(fns["ours"](), reference_rope_qk(q, k, freqs)):

@@ -20,6 +20,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_common import without_l2_prefetch  # noqa: E402
 from protocol import add_protocol_args, check_load, ratio_cell, thread_passes, time_interleaved  # noqa: E402
 
 import torch  # noqa: E402
@@ -74,6 +75,8 @@ def cases(B, S, Hq, Hk, D, dtype, compiled, device):
         "fused apply_qk_norm_rope_ (in place)": lambda: rotary.apply_qk_norm_rope_(
             qi, ki, freqs, start, q_weight=ones, k_weight=ones, **rope),
     }
+    if torch.device(device).type == "cuda":  # the A/B of the vector path's L2 prefetch of next rows
+        out["fused apply_qk_norm_rope, no L2 prefetch"] = without_l2_prefetch(out["fused apply_qk_norm_rope"])
     if compiled:
         fn = torch.compile(model_code, fullgraph=True)
         out["torch.compile(model code)"] = lambda: fn(q, k, qw, kw, cos, sin)

@@ -36,7 +36,8 @@ path (norm "head" on aligned rows): a lane loads its item of two heads
 (vector_lane_heads), two 16-byte vectors each, and their shared table
 reads in one trip, and keeps them for phase 2 (the weights: one on-chip
 trip); its bytes in flight per SM are warps x 32 lanes x the share of lanes with an
-item x the item's bytes. The element path (norm "heads", fp8 q, strided or
+item x the item's bytes, plus, when the blocks stride over rows
+(l2_prefetch), each resident block's next row, which it asks of L2. The element path (norm "heads", fp8 q, strided or
 unaligned rows): a thread has `batch` loads of its phase-1 elements in
 flight, then re-reads its pairs from L1 and reads their table entries
 (phase 2), one dependent on-chip trip per item; warps x 32 lanes x batch x
@@ -216,6 +217,8 @@ def prologue_rows():
                         items = math.ceil(unit // 2 / unit_threads)  # phase 2: pairs (the whole head rotates)
                         kb = warps * 32 * b * q.element_size() / 1024
                         units = math.ceil((Hq + Hk) / (bt // 32)) if norm == "head" else 2
+                    if vector and s["l2_prefetch"]:  # each block's next row, asked of L2 (no register holds it)
+                        kb += per_sm * (Hq + Hk) * D * q.element_size() / 1024
                     duty = [trips * d / (trips * d + items * o) for d, o in zip(TRIP_US, ONCHIP_US)]
                     if name == "decode":  # latency: a launch, a block's units in turn, then its cache write
                         per_unit = [trips * d + items * o for d, o in zip(TRIP_US, ONCHIP_US)]

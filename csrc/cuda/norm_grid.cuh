@@ -47,7 +47,13 @@ struct NormGrid {
   int64_t step_b, step_s;
   int32_t items, rotated, lanes_log2;
   bool cache_vector;  // the vector path's cache write (norm_grid_for)
+  // The vector path's L2 prefetch of a block's next row: 2^prefetch_log2
+  // line slots (128 bytes each) per head; -1: none (the element path, or
+  // the launch's switch, l2_prefetch(), off).
+  int32_t prefetch_log2;
 };
+
+constexpr int64_t kLineBytes = 128;  // an L2 line, the prefetch's unit
 
 // Elements of elem_bytes per vector (the vector path's unit).
 inline int32_t norm_vector_elems(int64_t elem_bytes) { return static_cast<int32_t>(kVectorBytes / elem_bytes); }
@@ -58,6 +64,7 @@ inline NormGrid norm_grid(const RopeParams& p, const NormParams& n, int64_t bloc
   g.step_s = blocks - g.step_b * p.seq;
   g.items = g.rotated = g.lanes_log2 = 0;
   g.cache_vector = false;
+  g.prefetch_log2 = -1;
   const int64_t v = norm_vector_elems(elem_bytes);
   // fp64 stays on the element path: its vector instantiations spill.
   if (elem_bytes > 4 || n.kind != NormKind::kHead || n.q_scale != nullptr || p.num_axes > 0 ||
@@ -71,6 +78,9 @@ inline NormGrid norm_grid(const RopeParams& p, const NormParams& n, int64_t bloc
   g.items = static_cast<int32_t>(items);
   g.rotated = static_cast<int32_t>(rotated);
   while ((int64_t{1} << g.lanes_log2) < items) ++g.lanes_log2;
+  const int64_t lines = (p.head_dim * elem_bytes + kLineBytes - 1) / kLineBytes;
+  g.prefetch_log2 = 0;
+  while ((int64_t{1} << g.prefetch_log2) < lines) ++g.prefetch_log2;
   return g;
 }
 

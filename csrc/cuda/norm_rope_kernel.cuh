@@ -123,6 +123,43 @@ struct NormRows {
   }
 };
 
+// The vector path asks L2 for the block's next row while it works on this
+// one (row (b, s); NormGrid.prefetch_log2): thread tid takes line slots
+// tid, tid + kNormThreads, ... of the row's heads, q's then k's, a slot per
+// 128 bytes of a head (the rest of a head's 2^prefetch_log2 idle). Every
+// field is chosen by a select: indexing the parameters would copy them to
+// local memory.
+// Which instantiations prefetch: the vector ones, but for float32 data with
+// an fp8 cache (at 128 registers the prefetch's state spilled there).
+template <typename T, typename Cache, bool kVector>
+constexpr bool kNormPrefetch = kVector && !(std::is_same_v<T, float> && std::is_same_v<Cache, uint8_t>);
+
+template <typename T, typename Sync>
+ROTARY_HOST_DEVICE void prefetch_next_row(const RopeParams& p, const NormGrid& g, int64_t b, int64_t s, int32_t tid,
+                                          Sync& sync) {
+  if (g.prefetch_log2 < 0) return;
+  b += g.step_b;
+  s += g.step_s;
+  if (s >= p.seq) {
+    s -= p.seq;
+    ++b;
+  }
+  if (b >= p.batch) return;
+  const int32_t q_heads = static_cast<int32_t>(p.q.heads);
+  const int32_t slots = static_cast<int32_t>(p.q.heads + p.k.heads) << g.prefetch_log2;
+  const int64_t head_bytes = p.head_dim * static_cast<int64_t>(sizeof(T));
+  for (int32_t t = tid; t < slots; t += kNormThreads) {
+    const int32_t h = t >> g.prefetch_log2;
+    const int64_t at = static_cast<int64_t>(t - (h << g.prefetch_log2)) * kLineBytes;
+    if (at >= head_bytes) continue;
+    const bool q = h < q_heads;
+    const T* in = static_cast<const T*>(q ? p.q.in : p.k.in);
+    const int64_t off = b * (q ? p.q.in_stride[0] : p.k.in_stride[0]) + s * (q ? p.q.in_stride[2] : p.k.in_stride[2]) +
+        (q ? h : h - q_heads) * (q ? p.q.in_stride[1] : p.k.in_stride[1]);
+    sync.prefetch(reinterpret_cast<const char*>(in + off) + at);
+  }
+}
+
 // Phase 1: thread tid of `threads` sums the squares of its elements, in
 // element order. Loads go out kNormBatch at a time: a loop that summed each
 // element before loading the next would wait a memory round trip per
@@ -271,6 +308,7 @@ ROTARY_HOST_DEVICE void norm_rope_thread(
   const int32_t q_heads = static_cast<int32_t>(p.q.heads), k_heads = static_cast<int32_t>(p.k.heads);
   for (NormRows r(p, block); r.more(p); r.next(p, g)) {
     const int64_t b = r.b, s = r.s, pos = r.place.pos;
+    if constexpr (kNormPrefetch<T, Cache, kVector>) prefetch_next_row<T>(p, g, b, s, tid, sync);
     if constexpr (!std::is_void_v<Cache>) {
       if (tid == 0) sh.dest[parity] = cache_dest(kv, b, s, r.place);  // read after the barrier below
     }
@@ -317,6 +355,7 @@ ROTARY_HOST_DEVICE void norm_rope_thread(
 #if defined(__CUDACC__)
 struct DeviceSync {
   __device__ __forceinline__ void block() const { __syncthreads(); }
+  __device__ __forceinline__ void prefetch(const void* at) const { prefetch_l2(at); }
   template <typename V>
   __device__ __forceinline__ V shfl_xor(V v, int m) const {
     return __shfl_xor_sync(0xffffffffu, v, m);

@@ -72,7 +72,8 @@ std::map<std::string, int64_t> cuda_norm_launch(
   const kernel::NormGrid g = kernel::norm_grid(p, n, blocks, c10::elementSize(dtype));
   out = {{"rows", rows}, {"blocks", blocks}, {"block_threads", kernel::kNormThreads}, {"batch", kernel::kNormBatch},
          {"vector_items", g.items}, {"vector_rotated", g.rotated},
-         {"vector_lanes", g.items > 0 ? int64_t{1} << g.lanes_log2 : 0}, {"vector_lane_heads", kernel::kNormLaneHeads}};
+         {"vector_lanes", g.items > 0 ? int64_t{1} << g.lanes_log2 : 0}, {"vector_lane_heads", kernel::kNormLaneHeads},
+         {"l2_prefetch", g.prefetch_log2 >= 0 && blocks < rows && kernel::l2_prefetch()}};
 #else
   (void)p;
   (void)n;

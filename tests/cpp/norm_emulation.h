@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 namespace rotary_test {
 
@@ -27,6 +28,10 @@ struct HostSync {
   int32_t tid, warp, lane;
   int parity = 0;
   void block() const { fibers->sync_block(tid); }
+  std::vector<uintptr_t>* prefetched = nullptr;  // where the kernel's L2 prefetches go, if anywhere
+  void prefetch(const void* at) const {
+    if (prefetched != nullptr) prefetched->push_back(reinterpret_cast<uintptr_t>(at));
+  }
   template <typename V>
   V shfl_xor(V v, int m) {
     double* slot = (*slots)[parity][warp];
@@ -41,9 +46,11 @@ struct HostSync {
 // with `blocks` blocks: the instantiation the launch picks
 // (with_norm_kernel), each block in turn, its threads as fibers, odd blocks
 // on the schedule that lets a warp run ahead. Blocks past
-// the rows have none and are skipped.
+// the rows have none and are skipped. `prefetched`, if given, collects
+// every L2 prefetch.
 template <typename T, typename Cache = void>
-void emulate_norm_rope(const rotary::kernel::KVCacheParams& kv, const rotary::kernel::NormParams& n, int64_t blocks) {
+void emulate_norm_rope(const rotary::kernel::KVCacheParams& kv, const rotary::kernel::NormParams& n, int64_t blocks,
+                       std::vector<uintptr_t>* prefetched = nullptr) {
   namespace k = rotary::kernel;
   using acc_t = typename k::Acc<T>::type;
   const k::NormGrid g = k::norm_grid_for<T, Cache>(kv, n, blocks);
@@ -54,6 +61,7 @@ void emulate_norm_rope(const rotary::kernel::KVCacheParams& kv, const rotary::ke
     k::NormShared<acc_t> shared;
     fibers.run([&](int tid) {
       HostSync sync{&fibers, &slots, tid, tid / 32, tid % 32};
+      sync.prefetched = prefetched;  // fibers take turns: one vector is safe
       for (int64_t b = 0; b < busy; ++b) {
         if (tid == 0) fibers.schedule(b % 2 ? Schedule::kLowestFirst : Schedule::kRoundRobin);  // by turns
         k::norm_rope_thread<T, decltype(fp8_q)::value, Cache, decltype(vector)::value>(

@@ -15,6 +15,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <iterator>
 #include <limits>
 #include <optional>
@@ -188,6 +190,64 @@ INSTANTIATE_TEST_SUITE_P(
         NormCase{"bf16_head_interleaved_r24_element_path", at::kBFloat16, false, true, 64, 24, 8, 4, 2, false, false,
                  kLocal, false}),
     [](const ::testing::TestParamInfo<NormCase>& info) { return info.param.name; });
+
+// The vector path asks L2 for each block's next row: one prefetch per 128
+// bytes of every q and k head of exactly the rows a block reaches after its
+// first, none when every row has its own block, the switch off or the
+// element path.
+TEST(NormEmulationPrefetch, AsksForEachBlocksNextRow) {
+  at::manual_seed(31);
+  const int64_t B = 2, S = 5, Hq = 3, Hk = 2;
+  for (auto dtype : {at::kBFloat16, at::kFloat}) {
+    for (int64_t D : {int64_t{128}, int64_t{80}}) {
+      for (bool transposed : {false, true}) {
+        for (const char* norm : {"head", "heads"}) {
+          const auto opts = at::TensorOptions().dtype(dtype);
+          auto make = [&](int64_t h) {
+            return transposed ? at::randn({B, S, h, D}, opts).transpose(1, 2) : at::randn({B, h, S, D}, opts);
+          };
+          const at::Tensor q = make(Hq), k = make(Hk);
+          const at::Tensor table = at::polar(at::ones({16, D / 2}), at::rand({16, D / 2}));
+          const std::optional<at::Tensor> none;
+          const rotary::detail::RopeArgs args{1, false, none, none, false, none, none, "BHSD", 0, {}};
+          const rotary::detail::NormArgs nargs{none, none, 1e-5, norm, 0.0, none};
+          const auto prepared = rotary::detail::prepare_norm_rope("emulation", q, k, table, args, nargs, false);
+          const auto& rp = prepared.rope.params;
+          const bool vector = std::string(norm) == "head";
+          ASSERT_EQ(rotary::kernel::norm_grid(rp, prepared.norm.params, 3, q.element_size()).items > 0, vector);
+          for (int64_t blocks : {int64_t{3}, int64_t{7}, B * S}) {
+            SCOPED_TRACE(std::string(c10::toString(dtype)) + " D=" + std::to_string(D) +
+                         (transposed ? " BSHD storage" : " BHSD") + " norm " + norm + " blocks " +
+                         std::to_string(blocks));
+            std::vector<uintptr_t> got, want;
+            rotary::kernel::KVCacheParams kv;
+            kv.rope = rp;
+            if (dtype == at::kFloat) {
+              rotary_test::emulate_norm_rope<float>(kv, prepared.norm.params, blocks, &got);
+            } else {
+              rotary_test::emulate_norm_rope<__nv_bfloat16>(kv, prepared.norm.params, blocks, &got);
+            }
+            const int64_t elem = q.element_size();
+            const int64_t lines = (D * elem + 127) / 128;
+            for (int64_t row = blocks; vector && row < B * S; ++row) {
+              const int64_t b = row / S, s = row % S;
+              for (const at::Tensor* x : {&q, &k}) {
+                for (int64_t h = 0; h < x->size(1); ++h) {
+                  const auto head = reinterpret_cast<uintptr_t>(x->data_ptr()) +
+                      elem * (b * x->stride(0) + h * x->stride(1) + s * x->stride(2));
+                  for (int64_t l = 0; l < lines; ++l) want.push_back(head + 128 * l);
+                }
+              }
+            }
+            std::sort(got.begin(), got.end());
+            std::sort(want.begin(), want.end());
+            EXPECT_EQ(got, want);
+          }
+        }
+      }
+    }
+  }
+}
 
 }  // namespace
 

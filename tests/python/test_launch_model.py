@@ -107,7 +107,8 @@ def test_norm_launch_is_the_ops_grid():
     f = rotary.freqs_table(64, 16)
     s = rotary._C._cuda_norm_launch(q, k, f, "head", 132)
     assert s == {"rows": 15, "blocks": 15, "block_threads": 128, "batch": 8, "vector_items": 4, "vector_rotated": 4,
-                 "vector_lanes": 4, "vector_lane_heads": 2}, s  # bf16 D 64: 4 items of 8 pairs, 4 lanes a head
+                 "vector_lanes": 4, "vector_lane_heads": 2, "l2_prefetch": 0}, s  # bf16 D 64: 4 items of 8 pairs,
+    # 4 lanes a head; a block per row: no next row to prefetch
     half = rotary._C._cuda_norm_launch(q, k, f, "head", 132, interleaved=False)
     assert (half["vector_items"], half["vector_lanes"]) == (4, 4), half  # a vector from each half per lane
     assert rotary._C._cuda_norm_launch(q, k, f, "heads", 132)["vector_items"] == 0  # across heads: element path
@@ -116,8 +117,11 @@ def test_norm_launch_is_the_ops_grid():
     wide = torch.empty(1, 2, 5, 640, dtype=torch.bfloat16)  # 40 items: wider than a warp
     assert rotary._C._cuda_norm_launch(wide, wide, rotary.freqs_table(640, 16), "head", 132)["vector_items"] == 0
     assert rotary._C._cuda_norm_launch(q, k, f, "heads", 1)["blocks"] == 15  # at most 16 blocks per SM
+    strides = rotary._C._cuda_norm_launch(torch.empty(2, 4, 9, 64, dtype=torch.bfloat16),
+                                          torch.empty(2, 2, 9, 64, dtype=torch.bfloat16), f, "head", 1)
+    assert strides["blocks"] == 16 and strides["l2_prefetch"] == 1  # blocks stride: the vector path prefetches
     assert rotary._C._cuda_norm_launch(torch.empty(2, 4, 9, 64, dtype=torch.bfloat16),
-                                       torch.empty(2, 2, 9, 64, dtype=torch.bfloat16), f, "head", 1)["blocks"] == 16
+                                       torch.empty(2, 2, 9, 64, dtype=torch.bfloat16), f, "heads", 1)["l2_prefetch"] == 0
     with pytest.raises(ValueError, match="norm"):  # validated as the op validates
         rotary._C._cuda_norm_launch(q, k, f, "tokens", 132)
     with pytest.raises(ValueError, match="sms must be at least 1, got 0"):

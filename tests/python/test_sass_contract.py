@@ -168,7 +168,7 @@ VECTOR = (["LDG.E.EF.128 R20, desc[UR8][R20.64]", "LDG.E.EF.128 R24, desc[UR8][R
            "STG.E.EF.128 desc[UR8][R2.64], R68", "STG.E.EF.128 desc[UR8][R76.64], R4", "BRA 0x100",
            "LDG.E.EF.128 R28, desc[UR8][R28.64]", "STG.E.EF.128 desc[UR8][R6.64], R28", "BRA 0x200"])
 NORM_GOOD = VECTOR + BATCH + BATCH + [f"SHFL.BFLY PT, R5, R4, {m}, 0x1f" for m in (16, 8, 4, 2, 1)] + [
-    "MUFU.RSQ R6, R5", "STG.E.U16 desc[UR4][R2.64], R6", "EXIT"]
+    "CCTL.E.PF2 [R30]", "MUFU.RSQ R6, R5", "STG.E.U16 desc[UR4][R2.64], R6", "EXIT"]  # with the next row's prefetch
 
 
 def unbatched(g):
@@ -188,6 +188,7 @@ def unbatched(g):
      "and 0 stores"),
     ("table read after a branch on the data", lambda g: g[:2] + ["@P0 BRA 0x80"] + g[2:], "no q/k vector load in its "
      "block"),
+    ("no prefetch", lambda g: [t for t in g if not t.startswith("CCTL")], "no L2 prefetch"),
 ])
 def test_each_norm_rule_can_fail(case, edit, expect):
     n, bad = contract.check_norm(listing(NORM, *edit(list(NORM_GOOD))), res(NORM, 72))

@@ -40,7 +40,8 @@ with and without the fp8 q output, and with the KV-cache write):
   issued before the first (one memory round trip per batch, not per
   element);
 - the vector instantiations (kVector; without fp8 q, one per dtype and
-  cache) have a vector path: at least NORM_VECTOR_ACCESSES 16-byte
+  cache) ask L2 for the block's next row (at least one CCTL.E.PF2; but
+  float32 with an fp8 cache, which spilled with it) and have a vector path: at least NORM_VECTOR_ACCESSES 16-byte
   streaming loads and stores of q/k, and every 16-byte table read shares
   its basic block with a q/k vector load (one round trip per head, not a
   table read that waits for a branch on the data or the data on it);
@@ -258,6 +259,8 @@ def check_norm_kernel(k: Kernel) -> List[str]:
                   NORM_VECTOR_MIN_BLOCKS if vector else NORM_MIN_BLOCKS)
     if vector:
         bad += check_norm_vector(k, body)
+        if not any(PREFETCH.match(t) for _, t in body) and k.label != "norm_rope_kernel<fp32, fp8 cache, vector>":
+            bad.append(f"{k.label}: no L2 prefetch (CCTL.E.PF2): the block's next row is not asked of L2")
     batched = sum(r >= NORM_BATCH for r in square_runs(body))
     if batched < 2:
         bad.append(f"{k.label}: {batched} runs of {NORM_BATCH} square sums with no load between them (2 wanted): "
