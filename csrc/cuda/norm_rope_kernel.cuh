@@ -123,17 +123,17 @@ struct NormRows {
   }
 };
 
+// Which instantiations prefetch: the vector ones, but for float32 data with
+// an fp8 cache (at 128 registers the prefetch's state spilled there).
+template <typename T, typename Cache, bool kVector>
+constexpr bool kNormPrefetch = kVector && !(std::is_same_v<T, float> && std::is_same_v<Cache, uint8_t>);
+
 // The vector path asks L2 for the block's next row while it works on this
 // one (row (b, s); NormGrid.prefetch_log2): thread tid takes line slots
 // tid, tid + kNormThreads, ... of the row's heads, q's then k's, a slot per
 // 128 bytes of a head (the rest of a head's 2^prefetch_log2 idle). Every
 // field is chosen by a select: indexing the parameters would copy them to
 // local memory.
-// Which instantiations prefetch: the vector ones, but for float32 data with
-// an fp8 cache (at 128 registers the prefetch's state spilled there).
-template <typename T, typename Cache, bool kVector>
-constexpr bool kNormPrefetch = kVector && !(std::is_same_v<T, float> && std::is_same_v<Cache, uint8_t>);
-
 template <typename T, typename Sync>
 ROTARY_HOST_DEVICE void prefetch_next_row(const RopeParams& p, const NormGrid& g, int64_t b, int64_t s, int32_t tid,
                                           Sync& sync) {

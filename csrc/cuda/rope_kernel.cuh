@@ -12,7 +12,8 @@
 // With the loads of a row go L2 prefetches of the thread's next row: two
 // rows of bytes in flight per thread, one of them in no register.
 // Blocks hold whole rows and grid-stride over rows; the launch sizes the
-// grid to resident blocks. tests/sass/contract.py checks the result in SASS.
+// grid to resident blocks, rows spread evenly over its passes (even_grid).
+// tests/sass/contract.py checks the result in SASS.
 #pragma once
 
 #include "params/rope_params.h"
