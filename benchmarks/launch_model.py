@@ -37,8 +37,8 @@ path (norm "head" on aligned rows): a lane loads its item of two heads
 reads in one trip, and keeps them for phase 2 (the weights: one on-chip
 trip); its bytes in flight per SM are warps x 32 lanes x the share of lanes with an
 item x the item's bytes, plus, when the blocks stride over rows
-(l2_prefetch), each resident block's next row, which it asks of L2. The element path (norm "heads", fp8 q, strided or
-unaligned rows): a thread has `batch` loads of its phase-1 elements in
+(l2_prefetch), each resident block's next row, which it asks of L2. The
+element path (norm "heads", fp8 q, strided or unaligned rows): a thread has `batch` loads of its phase-1 elements in
 flight, then re-reads its pairs from L1 and reads their table entries
 (phase 2), one dependent on-chip trip per item; warps x 32 lanes x batch x
 element bytes in flight. Either is weighted by the share of a warp's time

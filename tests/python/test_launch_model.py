@@ -120,8 +120,9 @@ def test_norm_launch_is_the_ops_grid():
     strides = rotary._C._cuda_norm_launch(torch.empty(2, 4, 9, 64, dtype=torch.bfloat16),
                                           torch.empty(2, 2, 9, 64, dtype=torch.bfloat16), f, "head", 1)
     assert strides["blocks"] == 16 and strides["l2_prefetch"] == 1  # blocks stride: the vector path prefetches
-    assert rotary._C._cuda_norm_launch(torch.empty(2, 4, 9, 64, dtype=torch.bfloat16),
-                                       torch.empty(2, 2, 9, 64, dtype=torch.bfloat16), f, "heads", 1)["l2_prefetch"] == 0
+    across = rotary._C._cuda_norm_launch(torch.empty(2, 4, 9, 64, dtype=torch.bfloat16),
+                                         torch.empty(2, 2, 9, 64, dtype=torch.bfloat16), f, "heads", 1)
+    assert across["l2_prefetch"] == 0  # the element path does not prefetch
     with pytest.raises(ValueError, match="norm"):  # validated as the op validates
         rotary._C._cuda_norm_launch(q, k, f, "tokens", 132)
     with pytest.raises(ValueError, match="sms must be at least 1, got 0"):
