@@ -53,8 +53,6 @@ struct NormGrid {
   int32_t prefetch_log2;
 };
 
-constexpr int64_t kLineBytes = 128;  // an L2 line, the prefetch's unit
-
 // Elements of elem_bytes per vector (the vector path's unit).
 inline int32_t norm_vector_elems(int64_t elem_bytes) { return static_cast<int32_t>(kVectorBytes / elem_bytes); }
 

@@ -113,13 +113,17 @@ struct NormRows {
   }
   ROTARY_HOST_DEVICE bool more(const RopeParams& p) const { return b < p.batch; }
   ROTARY_HOST_DEVICE void next(const RopeParams& p, const NormGrid& g) {
+    step(p, g, b, s);
+    if (b < p.batch) place = place_of(p, b, s);
+  }
+  // (b, s) one grid stride on (the block's next row), without a division.
+  ROTARY_HOST_DEVICE static void step(const RopeParams& p, const NormGrid& g, int64_t& b, int64_t& s) {
     b += g.step_b;
     s += g.step_s;
     if (s >= p.seq) {
       s -= p.seq;
       ++b;
     }
-    if (b < p.batch) place = place_of(p, b, s);
   }
 };
 
@@ -138,12 +142,7 @@ template <typename T, typename Sync>
 ROTARY_HOST_DEVICE void prefetch_next_row(const RopeParams& p, const NormGrid& g, int64_t b, int64_t s, int32_t tid,
                                           Sync& sync) {
   if (g.prefetch_log2 < 0) return;
-  b += g.step_b;
-  s += g.step_s;
-  if (s >= p.seq) {
-    s -= p.seq;
-    ++b;
-  }
+  NormRows::step(p, g, b, s);
   if (b >= p.batch) return;
   const int32_t q_heads = static_cast<int32_t>(p.q.heads);
   const int32_t slots = static_cast<int32_t>(p.q.heads + p.k.heads) << g.prefetch_log2;

@@ -111,7 +111,7 @@ struct NextRow {
 // read from DRAM when loaded, as without prefetch).
 template <typename Store, typename T>
 ROTARY_HOST_DEVICE void prefetch_vector(const T* at) {
-  if ((reinterpret_cast<uintptr_t>(at) & 127) < static_cast<uintptr_t>(kVectorBytes)) Store::prefetch(at);
+  if (reinterpret_cast<uintptr_t>(at) % kLineBytes < static_cast<uintptr_t>(kVectorBytes)) Store::prefetch(at);
 }
 
 // Loads pair group (a0, a1) of heads h0, h0 + step, ... below `heads`; a0 and

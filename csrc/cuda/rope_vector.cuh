@@ -97,8 +97,10 @@ ROTARY_HOST_DEVICE void store_vector(Vector* p, const Vector& v) {
   *p = v;
 #endif
 }
-// Asks L2 for the 128-byte line at p (a hint, no register, nothing waits on
-// it): a thread's next row, so two rows of bytes are in flight per thread.
+constexpr int64_t kLineBytes = 128;  // an L2 line, the prefetch's unit
+
+// Asks L2 for the kLineBytes line at p (a hint, no register, nothing waits
+// on it): a thread's next row, so two rows of bytes are in flight per thread.
 ROTARY_HOST_DEVICE void prefetch_l2(const void* p) {
 #if defined(__CUDA_ARCH__)
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
