@@ -125,19 +125,32 @@ def fmt_time(s: float) -> str:
 # Kernel peers, when present
 
 
-def without_l2_prefetch(fn: Callable[[], object]) -> Callable[[], object]:
-    """fn with the CUDA launches' L2 prefetch of next rows switched off: the
-    launch reads the switch on the host, call by call, so both time in the
-    same interleaved rounds."""
+def switched_off(fn: Callable[[], object], switch: str) -> Callable[[], object]:
+    """fn with one of the CUDA launches' switches (rotary._C._cuda_set_<switch>)
+    off: the launch reads it on the host, call by call (and a CUDA graph as
+    it is captured), so both time in the same interleaved rounds."""
     import rotary
 
+    setter = getattr(rotary._C, f"_cuda_set_{switch}")
+
     def run():
-        rotary._C._cuda_set_l2_prefetch(False)
+        prior = setter(False)
         try:
             return fn()
         finally:
-            rotary._C._cuda_set_l2_prefetch(True)
+            setter(prior)
     return run
+
+
+def without_l2_prefetch(fn: Callable[[], object]) -> Callable[[], object]:
+    """fn with the L2 prefetch of next rows switched off."""
+    return switched_off(fn, "l2_prefetch")
+
+
+def without_copy_blocks(fn: Callable[[], object]) -> Callable[[], object]:
+    """fn with the fused KV-cache launch's copy blocks switched off (the rope
+    rows copy v after their rotation)."""
+    return switched_off(fn, "copy_blocks")
 
 
 def liger_fn():

@@ -16,6 +16,9 @@ Per shape, the median time of one step of:
   flashinfer  FlashInfer's fused RoPE + paged append (RopeQuantizeAppendPagedKVCache,
             scale 1, q to its own buffer), paged shapes on CUDA, when
             benchmarks/peers/build_flashinfer.py built it
+  rows copy  (CUDA) the fused launch with its copy blocks switched off
+            (rotary._C._cuda_set_copy_blocks): the rope rows copy v after
+            their rotation, as before copy blocks (a decode step's A/B)
 q, k, v are token-major ([batch, seq, heads, head_dim], layout BSHD), as a
 projection leaves them. Shapes: decode B=64, 32/8 heads, D=128, paged NHD
 block 16 (one slot per sequence); prefill one sequence of S tokens into a
@@ -37,7 +40,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_common import flashinfer_ops, flashinfer_table  # noqa: E402
+from bench_common import flashinfer_ops, flashinfer_table, without_copy_blocks  # noqa: E402
 from protocol import add_protocol_args, check_load, ratio_cell, thread_passes, time_interleaved  # noqa: E402
 
 import torch  # noqa: E402
@@ -130,6 +133,8 @@ def cases(device, dtype, B, S, Hq, Hk, D, kv_layout, block=16, start=100, compil
         dst_k.copy_(src_k)
 
     fns["floor"] = floor
+    if device == "cuda":
+        fns["rows_copy"] = without_copy_blocks(fused)
     if kv_layout == "NHD" and device == "cuda":
         add_flashinfer(fns, q, k, v, kc, vc, f, start, block, extra)
     return fns, {"q": q, "k": k, "prologue's q": qp, "prologue's k": kp}
@@ -236,14 +241,14 @@ def main() -> None:
     cuda = a.device == "cuda"
     sync = torch.cuda.synchronize if cuda else None
     print(guard.header())
-    cols = ("unfused", "compiled", "compiled_put", "floor", "flashinfer")
+    cols = ("unfused", "compiled", "compiled_put", "floor", "flashinfer", "rows_copy")
     for nt in thread_passes([None] if cuda else a.threads, reset_compiled=not a.no_compile):
         where = f"{a.device}" + (f", {torch.cuda.get_device_name()}" if cuda else f", {nt} thread(s)")
         print(f"\n{a.dtype}, {where}, median of {a.rounds} interleaved rounds{guard.marker()}\n")
         print("| shape | fused us | unfused us | compiled us | compiled put us | floor us | FlashInfer us "
-              "| fused/unfused | fused/compiled | fused/compiled put | fused/floor | fused/FlashInfer "
-              "| prologue us | prologue unfused us | prologue/unfused |")
-        print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+              "| rows copy us | fused/unfused | fused/compiled | fused/compiled put | fused/floor | fused/FlashInfer "
+              "| fused/rows copy | prologue us | prologue unfused us | prologue/unfused |")
+        print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
         for title, kw, calls in shapes:
             fns, inputs = cases(a.device, dtype, Hq=32, Hk=8, D=128, compile_=not a.no_compile, **kw)
             per = 1

@@ -192,8 +192,9 @@ if ((built && have_gpu)); then
   # One step per dtype (each compiles the HF formula per row), so either fits a call.
   step bench_bf16 240 env PYTHONPATH="$BENCH_PATH" "$PY" benchmarks/bench.py --device cuda --cuda-dtype bf16 --cases "$BENCH_CASES" --repeat 11 \
     --wait-load 20 --max-load "$GPU_MAX_LOAD" --markdown "$LOG_DIR/bench_gpu_bf16.md"
-  # The fused KV-cache write (one launch) vs the RoPE launch + index_copy_, torch.compile and the
-  # copy floor, as GPU time of CUDA-graph replays: decode B=64 and prefill S=8192.
+  # The fused KV-cache write (one launch) vs the RoPE launch + index_copy_, torch.compile, the
+  # copy floor and the fused launch without copy blocks, as GPU time of CUDA-graph replays:
+  # decode B=64 and prefill S=8192.
   step bench_kv_cache 240 env PYTHONPATH="$PY_PATH" "$PY" benchmarks/bench_kv_cache.py --device cuda --graph \
     --rounds 11 --max-load "$GPU_MAX_LOAD"
 else
@@ -229,12 +230,17 @@ q = torch.randn(B, 1, HQ, D, device="cuda", dtype=torch.bfloat16)
 k, v = (torch.randn(B, 1, HK, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
 slots = torch.arange(B, device="cuda") * 64 + 7
 f = rotary.freqs_table(D, 64).cuda()
+# Each with copy blocks (v copied beside the rotation) and without (the A/B).
 for cdt in (torch.bfloat16, torch.float8_e4m3fn):
     kc, vc = (torch.zeros(B * 4, 16, HK, D, device="cuda", dtype=cdt) for _ in range(2))
-    rotary.apply_rope_with_kv_cache_(q, k, v, kc, vc, f, 7, False, layout="BSHD", slot_mapping=slots, kv_layout="NHD")
+    for blocks in (True, False):
+        rotary._C._cuda_set_copy_blocks(blocks)
+        rotary.apply_rope_with_kv_cache_(q, k, v, kc, vc, f, 7, False, layout="BSHD", slot_mapping=slots,
+                                         kv_layout="NHD")
+rotary._C._cuda_set_copy_blocks(True)
 torch.cuda.synchronize()
-print("ncu driver: 12 launches (hf/bhsd x (interleaved/half x out of place/in place, half without L2 prefetch); "
-      "decode with a bf16 and an fp8 cache)")
+print("ncu driver: 14 launches (hf/bhsd x (interleaved/half x out of place/in place, half without L2 prefetch); "
+      "decode with a bf16 and an fp8 cache, with and without copy blocks)")
 '
 if ((built && have_gpu)) && command -v ncu > /dev/null; then
   metrics=dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active

@@ -22,13 +22,16 @@ round trip, and a predicted time / clone:
 - our bytes are the copy's plus one read of the table rows used.
 
 The decode step with a KV cache (apply_rope_with_kv_cache_, the decode
-case's shapes, bf16, contiguous and paged caches, same-dtype and fp8) is
-latency-bound, not bandwidth-bound: its GPU time is modelled as launches x
-LAUNCH_US plus dependent memory round trips x TRIP_US. The fused launch
-(rotary._C._cuda_kv_launch says whether the call gets it) has one launch
-and two round trips (the rotation's loads, then the cache copy's); the two
-launches have the RoPE kernel's one and the element-wise cache kernel's
-three (slot, then k, then v after the k store).
+case's shapes, bf16, contiguous and paged caches, same-dtype and fp8, both
+pairings) is latency-bound, not bandwidth-bound: its GPU time is modelled
+as launches x LAUNCH_US plus dependent memory round trips x TRIP_US. The
+fused launch (rotary._C._cuda_kv_launch says whether the call gets it, its
+grid and the round trips of a row's busiest thread) is one launch: when its
+rows fit in one wave, copy blocks copy v beside the rotation (the trips of
+the slower of the two), else the rope rows copy after their rotation (the
+sum; the H200's 5.0 us decode, half pairing, had 1 + 2). The two launches
+have the RoPE kernel's one and the element-wise cache kernel's three (slot,
+then k, then v after the k store).
 
 The prologue (apply_qk_norm_rope, bench_qk_norm.py's CUDA shapes) has two
 paths (rotary._C._cuda_norm_launch says which a call takes). The vector
@@ -144,30 +147,47 @@ def model_rows():
 
 def decode_rows():
     """The decode step with a KV cache: launches, grid and predicted GPU time."""
+    regs = cubin_regs(contract.FUSED_KERNEL)
     for case in (c for c in CUDA_CASES if c.decode):
         B, Hq, _, D = case.q_shape
         Hk = case.k_shape[1]
         for kv_layout in ("BHSD", "NHD"):
             for cache in ("bf16", "fp8"):
-                cdt = torch.bfloat16 if cache == "bf16" else torch.float8_e4m3fn
-                q = torch.empty(case.q_shape, dtype=torch.bfloat16)
-                k = torch.empty(case.k_shape, dtype=torch.bfloat16)
-                v = torch.empty(case.k_shape, dtype=torch.bfloat16)
-                if kv_layout == "BHSD":
-                    shape, slots = (B, Hk, 64, D), None
-                else:
-                    shape, slots = (B * 4, 16, Hk, D), torch.arange(B, dtype=torch.int64).reshape(B, 1) * 64
-                kc, vc = torch.empty(shape, dtype=cdt), torch.empty(shape, dtype=cdt)
-                freqs = rotary.freqs_table(D, 64)
-                s = rotary._C._cuda_kv_launch(q, k, v, kc, vc, freqs, 7, slots, kv_layout)
-                if not s:
-                    raise SystemExit("librotary was built without CUDA kernels: nothing to model")
-                trips = 2 if s["fused"] else 1 + 3
-                us = [s["launches"] * l + trips * t for l, t in zip(LAUNCH_US, TRIP_US)]
-                unfused = [2 * l + 4 * t for l, t in zip(LAUNCH_US, TRIP_US)]
-                yield dict(case=case.name, kv_layout=kv_layout, cache=cache, fused=bool(s["fused"]),
-                           launches=s["launches"], grid=s["row_blocks"], block=s["block_threads"], trips=trips,
-                           us=us, ratio=[a / b for a, b in zip(us, unfused)])
+                for interleaved in (False, True):
+                    cdt = torch.bfloat16 if cache == "bf16" else torch.float8_e4m3fn
+                    q = torch.empty(case.q_shape, dtype=torch.bfloat16)
+                    k = torch.empty(case.k_shape, dtype=torch.bfloat16)
+                    v = torch.empty(case.k_shape, dtype=torch.bfloat16)
+                    if kv_layout == "BHSD":
+                        shape, slots = (B, Hk, 64, D), None
+                    else:
+                        shape, slots = (B * 4, 16, Hk, D), torch.arange(B, dtype=torch.int64).reshape(B, 1) * 64
+                    kc, vc = torch.empty(shape, dtype=cdt), torch.empty(shape, dtype=cdt)
+                    freqs = rotary.freqs_table(D, 64)
+                    s = rotary._C._cuda_kv_launch(q, k, v, kc, vc, freqs, 7, slots, kv_layout, 0, interleaved)
+                    if not s:
+                        raise SystemExit("librotary was built without CUDA kernels: nothing to model")
+                    pairing = "interleaved" if interleaved else "half"
+                    copy_blocks, trips = 0, 1 + 3
+                    rows_trips = trips
+                    if s["fused"]:
+                        label = (f"rope_kv_kernel<bf16, {pairing}, {'fp8' if cache == 'fp8' else 'same-dtype'} "
+                                 f"cache, {'int32' if s['int32'] else 'int64'}>")
+                        bps = min(contract.resident_blocks(regs[label], s["block_threads"]), MAX_BLOCKS_PER_SM)
+                        s = rotary._C._cuda_kv_launch(q, k, v, kc, vc, freqs, 7, slots, kv_layout, SMS * bps,
+                                                      interleaved)
+                        copy_blocks = s["copy_blocks"]
+                        # Copy blocks run beside the rotation; else the rows copy after it.
+                        rows_trips = s["rope_trips"] + s["row_copy_trips"]
+                        trips = max(s["rope_trips"], s["copy_block_trips"]) if copy_blocks else rows_trips
+                    us = [s["launches"] * l + trips * t for l, t in zip(LAUNCH_US, TRIP_US)]
+                    rows_us = [s["launches"] * l + rows_trips * t for l, t in zip(LAUNCH_US, TRIP_US)]
+                    unfused = [2 * l + 4 * t for l, t in zip(LAUNCH_US, TRIP_US)]
+                    yield dict(case=case.name, kv_layout=kv_layout, cache=cache, pairing=pairing,
+                               fused=bool(s["fused"]), launches=s["launches"], grid=s["row_blocks"],
+                               copy_blocks=copy_blocks, block=s["block_threads"], trips=trips, us=us,
+                               rows_trips=rows_trips, rows_us=rows_us,
+                               ratio=[a / b for a, b in zip(us, unfused)])
 
 
 def prologue_rows():
@@ -246,15 +266,17 @@ def main() -> int:
     print(f"\nH200: {SMS} SMs; {NEED_KB[0]:.0f}-{NEED_KB[1]:.0f} KB in flight per SM give the copy's bandwidth "
           "(the 1.00 line), fitted to the last column. A model, not a measurement: docs/performance.md has the "
           "H200's figures.")
-    print("\n| decode step | cache | fused | launches | row blocks x block | dependent round trips | "
-          "predicted GPU time | / two launches |")
-    print("|---|---|---|--:|--:|--:|--:|--:|")
+    print("\n| decode step | cache | pairing | fused | launches | row blocks + copy blocks x block | "
+          "dependent round trips | predicted GPU time | / two launches | rows copying: trips, GPU time |")
+    print("|---|---|---|---|--:|--:|--:|--:|--:|--:|")
     for m in decode_rows():
-        print(f"| {m['case']} {m['kv_layout']} | {m['cache']} | {'yes' if m['fused'] else 'no'} | {m['launches']} | "
-              f"{m['grid']} x {m['block']} | {m['trips']} | {m['us'][0]:.1f}-{m['us'][1]:.1f} us | "
-              f"{m['ratio'][0]:.2f}-{m['ratio'][1]:.2f} |")
+        print(f"| {m['case']} {m['kv_layout']} | {m['cache']} | {m['pairing']} | {'yes' if m['fused'] else 'no'} | "
+              f"{m['launches']} | {m['grid']} + {m['copy_blocks']} x {m['block']} | {m['trips']} | "
+              f"{m['us'][0]:.1f}-{m['us'][1]:.1f} us | {m['ratio'][0]:.2f}-{m['ratio'][1]:.2f} | "
+              f"{m['rows_trips']}, {m['rows_us'][0]:.1f}-{m['rows_us'][1]:.1f} us |")
     print(f"\n{LAUNCH_US[0]}-{LAUNCH_US[1]} us per launch, {TRIP_US[0]}-{TRIP_US[1]} us per dependent round trip: "
-          "a model of a latency-bound step; docs/performance.md has the H200's decode rows.")
+          "a model of a latency-bound step; docs/performance.md has the H200's decode rows. The last column is "
+          "the launch without copy blocks (as the H200 ran it on 2026-12-04: 5.0 us, half pairing, paged NHD).")
     print("\n| prologue | dtype | norm | pairing | path | regs | grid x block | blocks / warps per SM | "
           "KB in flight per SM (element path) | predicted: prefill / copy floor, decode GPU time | element path |")
     print("|---|---|---|---|---|--:|--:|--:|--:|--:|--:|")

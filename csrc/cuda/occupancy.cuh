@@ -47,14 +47,22 @@ int resident_blocks(int device, int block_threads) {
   return n;
 }
 
-// Blocks for grid g of Kernel on the current device: whole waves, evenly
-// loaded (even_grid).
+// Blocks of Kernel resident at once on the current device (one wave), at
+// block_threads threads a block.
 template <auto Kernel>
-unsigned resident_grid(const kernel::Grid& g) {
+int64_t resident_wave(int block_threads) {
   int device = 0;
   cudaGetDevice(&device);
-  const int64_t full = static_cast<int64_t>(sm_count(device)) * resident_blocks<Kernel>(device, g.block_threads);
-  return static_cast<unsigned>(kernel::even_grid(g.row_blocks, full));
+  return static_cast<int64_t>(sm_count(device)) * resident_blocks<Kernel>(device, block_threads);
+}
+
+// s's grid of `rope` as Kernel launches it: whole waves of `wave` blocks
+// (resident_wave), evenly loaded (even_grid), prefetching when it strides.
+template <auto Kernel>
+kernel::Grid launch_grid(const kernel::RopeParams& rope, const kernel::LaunchShape& s, int64_t& wave) {
+  wave = resident_wave<Kernel>(s.grid.block_threads);
+  return kernel::launched(rope, s.grid, kernel::even_grid(s.grid.row_blocks, wave),
+                          s.prefetch && kernel::l2_prefetch());
 }
 
 // Launches the instantiation of the index width s chose (Kernel32 or
@@ -62,14 +70,13 @@ unsigned resident_grid(const kernel::Grid& g) {
 template <auto Kernel32, auto Kernel64, typename Params>
 void launch_rows(const Params& params, const kernel::RopeParams& rope, const kernel::LaunchShape& s,
                  cudaStream_t stream) {
-  const kernel::Grid& g = s.grid;
-  const bool prefetch = s.prefetch && kernel::l2_prefetch();
+  int64_t wave = 0;
   if (s.int32) {
-    const unsigned blocks = resident_grid<Kernel32>(g);
-    Kernel32<<<blocks, g.block_threads, 0, stream>>>(params, kernel::launched(rope, g, blocks, prefetch));
+    const kernel::Grid g = launch_grid<Kernel32>(rope, s, wave);
+    Kernel32<<<static_cast<unsigned>(g.blocks), g.block_threads, 0, stream>>>(params, g);
   } else {
-    const unsigned blocks = resident_grid<Kernel64>(g);
-    Kernel64<<<blocks, g.block_threads, 0, stream>>>(params, kernel::launched(rope, g, blocks, prefetch));
+    const kernel::Grid g = launch_grid<Kernel64>(rope, s, wave);
+    Kernel64<<<static_cast<unsigned>(g.blocks), g.block_threads, 0, stream>>>(params, g);
   }
 }
 

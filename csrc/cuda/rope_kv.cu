@@ -6,14 +6,34 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 namespace rotary {
 namespace cuda {
 namespace {
 
+// The rope blocks as launch_rows sizes them, then copy blocks when both fit
+// in one wave (use_copy_blocks: int32-index launches only).
+template <typename T, bool kInterleaved, typename Cache, typename Index>
+void launch_fused(const kernel::KVCacheParams& p, const kernel::LaunchShape& s, cudaStream_t stream) {
+  constexpr auto kRows = &kernel::rope_kv_kernel<T, kInterleaved, Cache, Index, false>;
+  int64_t wave = 0;
+  const kernel::Grid g = launch_grid<kRows>(p.rope, s, wave);
+  if constexpr (std::is_same_v<Index, int32_t>) {
+    const kernel::CopyGrid copy = kernel::use_copy_blocks(s, g, kernel::copy_grid<T, Cache>(p, g), wave);
+    if (copy.blocks > 0) {
+      kernel::rope_kv_kernel<T, kInterleaved, Cache, Index, true>
+          <<<static_cast<unsigned>(g.blocks + copy.blocks), g.block_threads, 0, stream>>>(p, g, copy);
+      return;
+    }
+  }
+  kRows<<<static_cast<unsigned>(g.blocks), g.block_threads, 0, stream>>>(p, g, kernel::CopyGrid());
+}
+
 template <typename T, bool kInterleaved, typename Cache>
 void launch(const kernel::KVCacheParams& p, const kernel::LaunchShape& s, cudaStream_t stream) {
-  launch_rows<&kernel::rope_kv_kernel<T, kInterleaved, Cache, int32_t>,
-              &kernel::rope_kv_kernel<T, kInterleaved, Cache, int64_t>>(p, p.rope, s, stream);
+  s.int32 ? launch_fused<T, kInterleaved, Cache, int32_t>(p, s, stream)
+          : launch_fused<T, kInterleaved, Cache, int64_t>(p, s, stream);
 }
 
 }  // namespace

@@ -25,6 +25,57 @@ struct CacheChunk {
       std::conditional_t<kBytes == 8, uint64_t, std::conditional_t<kBytes == 4, uint32_t, uint16_t>>>;
 };
 
+// The copy blocks of a fused launch: the cache vectors a row's rotation
+// does not write (k's pass-through dims, then v), split over their own
+// threads as the rope grid splits pair groups and heads (`group_threads`
+// across the row's chunks, `chunks` across k heads), one row per thread.
+// A launch whose rows all fit in one wave adds them after its rope blocks,
+// so a row's v copy runs beside its rotation instead of after it: a decode
+// step is one memory round trip, not three. `blocks` is 0 when the rope
+// rows copy their own (use_copy_blocks).
+struct CopyGrid {
+  int32_t group_threads = 0;
+  int32_t chunks = 0;
+  int32_t lanes = 0;  // group_threads * chunks
+  int32_t rows_per_block = 0;
+  int64_t rows = 0;
+  int64_t row_blocks = 0;
+  int64_t blocks = 0;
+};
+
+// The copy split for k head rows of `pass` pass-through and `v_chunks` v
+// chunks, in blocks of g.block_threads (the launch's block).
+inline CopyGrid copy_grid(const Grid& g, int64_t k_heads, int64_t pass, int64_t v_chunks) {
+  CopyGrid c;
+  const int64_t total = pass + v_chunks;
+  if (g.block_threads == 0 || total == 0 || k_heads == 0 || g.rows == 0) return c;
+  c.group_threads = static_cast<int32_t>(total < g.block_threads ? total : g.block_threads);
+  const int64_t max_chunks = g.block_threads / c.group_threads;
+  c.chunks = static_cast<int32_t>(k_heads < max_chunks ? k_heads : max_chunks);
+  c.lanes = c.group_threads * c.chunks;
+  c.rows_per_block = g.block_threads / c.lanes;
+  c.rows = g.rows;
+  c.row_blocks = (g.rows + c.rows_per_block - 1) / c.rows_per_block;
+  return c;
+}
+
+template <typename T, typename Cache>
+inline CopyGrid copy_grid(const KVCacheParams& p, const Grid& g) {
+  constexpr int64_t kElems = CacheChunk<T, Cache>::kElems;
+  return copy_grid(g, p.rope.k.heads, (p.rope.head_dim - p.rope.rotary_dim) / kElems, p.v_dim / kElems);
+}
+
+// c with its blocks launched when the rope blocks (g as launched, of shape
+// s) and the copy blocks fit in one wave of `resident` blocks: no rope block
+// strides, and no copy block waits for a rope block to leave. Only an int32
+// index has a copy-block kernel (a grid that small has one unless its
+// strides pass 2^31); copy_blocks() switches them off.
+inline CopyGrid use_copy_blocks(const LaunchShape& s, const Grid& g, CopyGrid c, int64_t resident) {
+  const bool fits = g.blocks == g.row_blocks && g.blocks + c.row_blocks <= resident;
+  c.blocks = s.int32 && c.row_blocks > 0 && fits && copy_blocks() ? c.row_blocks : 0;
+  return c;
+}
+
 // Whether a fused kernel is built for (T, Cache): all but a float64 model
 // with an fp8 cache, whose 2-element chunks would spill (it keeps the two
 // launches).

@@ -19,10 +19,16 @@ std::atomic<bool>& prefetch_setting() {
   static std::atomic<bool> on{true};
   return on;
 }
+std::atomic<bool>& copy_blocks_setting() {
+  static std::atomic<bool> on{true};
+  return on;
+}
 }  // namespace
 
 bool l2_prefetch() { return prefetch_setting().load(std::memory_order_relaxed); }
 bool set_l2_prefetch(bool on) { return prefetch_setting().exchange(on); }
+bool copy_blocks() { return copy_blocks_setting().load(std::memory_order_relaxed); }
+bool set_copy_blocks(bool on) { return copy_blocks_setting().exchange(on); }
 
 }  // namespace kernel
 
@@ -49,16 +55,63 @@ std::map<std::string, int64_t> cuda_launch_shape(const kernel::RopeParams& p, at
   return out;
 }
 
-std::map<std::string, int64_t> cuda_kv_launch(const kernel::KVCacheParams& p, at::ScalarType dtype) {
-  std::map<std::string, int64_t> out = cuda_launch_shape(p.rope, dtype);
+namespace {
+#ifdef ROTARY_WITH_CUDA
+int64_t ceil_div(int64_t a, int64_t b) { return b > 0 ? (a + b - 1) / b : 0; }
+
+// Dependent memory round trips of a row's busiest thread: `items` split over
+// `threads`, `heads` over `chunks`, kHeads heads' loads per trip.
+int64_t row_trips(int64_t items, int64_t threads, int64_t heads, int64_t chunks, int64_t k_heads) {
+  return ceil_div(items, threads) * ceil_div(ceil_div(heads, chunks), k_heads);
+}
+
+template <typename T, typename Cache, bool kInterleaved>
+void add_copy_grid(const kernel::KVCacheParams& p, const kernel::LaunchShape& s, int64_t resident,
+                   std::map<std::string, int64_t>& out) {
+  const bool fused = kernel::can_fuse_cache<T, Cache>(p, s);
+  out["fused"] = fused;
+  out["launches"] = fused ? 1 : 2;
+  if (!fused) return;
+  constexpr int64_t kHeads = kernel::Tile<T, kInterleaved, true>::kHeads;
+  constexpr int64_t kElems = kernel::CacheChunk<T, Cache>::kElems;
+  const kernel::Grid& g = s.grid;
+  const kernel::CopyGrid c = kernel::copy_grid<T, Cache>(p, g);
+  const int64_t copies = (p.rope.head_dim - p.rope.rotary_dim) / kElems + p.v_dim / kElems;
+  out["copy_lanes"] = c.lanes;
+  out["copy_rows_per_block"] = c.rows_per_block;
+  out["copy_row_blocks"] = c.row_blocks;
+  out["rope_trips"] = row_trips(g.groups, g.group_threads, g.heads, g.chunks, kHeads);
+  out["row_copy_trips"] = row_trips(copies, g.group_threads, p.rope.k.heads, g.chunks, kHeads);
+  out["copy_block_trips"] = row_trips(copies, c.group_threads, p.rope.k.heads, c.chunks, kHeads);
+  if (resident > 0) {
+    const kernel::Grid launched = kernel::launched(p.rope, g, kernel::even_grid(g.row_blocks, resident));
+    out["copy_blocks"] = kernel::use_copy_blocks(s, launched, c, resident).blocks;
+  }
+}
+
+template <typename T, typename Cache>
+void add_copy_grid(const kernel::KVCacheParams& p, const kernel::LaunchShape& s, int64_t resident,
+                   std::map<std::string, int64_t>& out) {
+  p.rope.interleaved ? add_copy_grid<T, Cache, true>(p, s, resident, out)
+                     : add_copy_grid<T, Cache, false>(p, s, resident, out);
+}
+#endif
+}  // namespace
+
+std::map<std::string, int64_t> cuda_kv_launch(const kernel::KVCacheParams& p, at::ScalarType dtype, int64_t resident) {
+  std::map<std::string, int64_t> out = cuda_launch_shape(p.rope, dtype, resident);
 #ifdef ROTARY_WITH_CUDA
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "rotary_kv_launch", [&] {
     using T = typename cuda::CudaType<scalar_t>::type;
     const auto s = kernel::launch_shape<T>(p.rope);
-    const bool fused = p.fp8 ? kernel::can_fuse_cache<T, uint8_t>(p, s) : kernel::can_fuse_cache<T, T>(p, s);
-    out["fused"] = fused;
-    out["launches"] = fused ? 1 : 2;
+    if (p.fp8) {
+      add_copy_grid<T, uint8_t>(p, s, resident, out);
+    } else {
+      add_copy_grid<T, T>(p, s, resident, out);
+    }
   });
+#else
+  (void)resident;
 #endif
   return out;
 }

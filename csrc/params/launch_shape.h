@@ -26,8 +26,14 @@ std::map<std::string, int64_t> cuda_launch_shape(const kernel::RopeParams& p, at
                                                  int64_t resident = 0);
 
 // The same for apply_rope_with_kv_cache_, plus "fused" (one launch also
-// writes the caches: can_fuse_cache) and "launches".
-std::map<std::string, int64_t> cuda_kv_launch(const kernel::KVCacheParams& p, at::ScalarType dtype);
+// writes the caches: can_fuse_cache), "launches", and for a fused launch its
+// copy split (copy_grid: copy_lanes, copy_rows_per_block, copy_row_blocks),
+// the dependent memory round trips of a row's busiest thread (rope_trips,
+// row_copy_trips: the rope rows' copy after them, copy_block_trips: a copy
+// block's, beside them) and with `resident`, "copy_blocks"
+// (use_copy_blocks: 0 when the rope rows copy).
+std::map<std::string, int64_t> cuda_kv_launch(const kernel::KVCacheParams& p, at::ScalarType dtype,
+                                              int64_t resident = 0);
 
 // The prologue's launch (apply_qk_norm_rope) on a GPU of `sms` SMs: rows,
 // blocks, block_threads, batch (loads per thread before the sum of squares

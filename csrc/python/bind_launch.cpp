@@ -3,7 +3,8 @@
 // apply_qk_norm_rope call would make, for the launch model
 // (benchmarks/launch_model.py). They validate and describe the call exactly
 // as the op does (prepare_rope, prepare_kv, prepare_norm_rope); no GPU
-// needed. _cuda_set_l2_prefetch switches the launches' L2 prefetch.
+// needed. _cuda_set_l2_prefetch and _cuda_set_copy_blocks switch the
+// launches' L2 prefetch and copy blocks.
 #include "convert.h"
 #include "checks/checks.h"
 #include "checks/kv_checks.h"
@@ -19,6 +20,10 @@ void bind_launch(py::module_& m) {
   m.def("_cuda_set_l2_prefetch", &kernel::set_l2_prefetch, py::arg("on"),
         "Whether the CUDA RoPE launches prefetch each thread's next row into L2 (default on); returns the previous "
         "setting. For benchmarks that compare both.");
+  m.def("_cuda_set_copy_blocks", &kernel::set_copy_blocks, py::arg("on"),
+        "Whether a fused KV-cache launch whose rows fit in one wave copies v in blocks of its own, beside the "
+        "rotation (default on), or in the rope rows after it; returns the previous setting. For benchmarks "
+        "that compare both.");
   m.def(
       "_cuda_launch_shape",
       [](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& freqs, bool interleaved,
@@ -37,17 +42,22 @@ void bind_launch(py::module_& m) {
       "_cuda_kv_launch",
       [](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& k_cache,
          const torch::Tensor& v_cache, const torch::Tensor& freqs, int64_t start_pos,
-         const std::optional<torch::Tensor>& slot_mapping, const std::string& kv_layout) {
+         const std::optional<torch::Tensor>& slot_mapping, const std::string& kv_layout, int64_t resident,
+         bool interleaved) {
+        TORCH_CHECK_VALUE(resident >= 0, "_cuda_kv_launch: resident must be at least 0, got ", resident);
         const std::optional<torch::Tensor> none;
-        const detail::RopeArgs args{start_pos, true, none, none, false, none, none, "BHSD"};
+        const detail::RopeArgs args{start_pos, interleaved, none, none, false, none, none, "BHSD"};
         const detail::KVArgs kv{none, slot_mapping, kv_layout, none, none};
         const auto prepared = detail::prepare_kv("_cuda_kv_launch", q, k, v, k_cache, v_cache, freqs, args, kv);
-        return detail::cuda_kv_launch(prepared.params, q.scalar_type());
+        return detail::cuda_kv_launch(prepared.params, q.scalar_type(), resident);
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("k_cache"), py::arg("v_cache"), py::arg("freqs"),
       py::arg("start_pos") = 0, py::arg("slot_mapping") = py::none(), py::arg("kv_layout") = "BHSD",
-      "The CUDA launch apply_rope_with_kv_cache_ would make for BHSD q/k/v (interleaved): the RoPE launch's fields, "
-      "'fused' and 'launches'; {} without CUDA kernels.");
+      py::arg("resident") = 0, py::arg("interleaved") = true,
+      "The CUDA launch apply_rope_with_kv_cache_ would make for BHSD q/k/v: the RoPE launch's fields, 'fused', "
+      "'launches' and a fused launch's copy split (copy_lanes, copy_rows_per_block, copy_row_blocks) and round "
+      "trips (rope_trips, row_copy_trips, copy_block_trips); with `resident` blocks resident on the device, "
+      "'blocks' and 'copy_blocks' (0: the rope rows copy); {} without CUDA kernels.");
   m.def(
       "_cuda_norm_launch",
       [](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& freqs, const std::string& norm,

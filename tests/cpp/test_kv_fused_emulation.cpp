@@ -5,7 +5,8 @@
 // scales), cache layout, pairing and feature of the op (start_pos, partial
 // rotary inside the head, inverse, cache_positions, packed varlen, N-D ids
 // with pair_axes, MLA's own v_dim, skipped and out-of-range slots), at both
-// index widths, and with one block walking every row block. Caches the
+// index widths, with one block walking every row block, and with copy
+// blocks copying v and the pass-through dims beside the rotation. Caches the
 // fused kernel cannot vector-address take the two-launch path, emulated
 // the same way.
 #ifdef ROTARY_EMULATION
@@ -26,6 +27,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -157,17 +159,42 @@ void run_widths(const KVCacheParams& kv, bool index64, int64_t max_blocks, Sink 
 // What launch_rope_with_kv_cache runs, on the CPU: the fused grid when
 // can_fuse_cache holds, else the RoPE grid then the element-wise cache grid
 // (run with the torch types, which share the CUDA types' bits).
+// With copy_blocks, the fused launch's copy blocks (use_copy_blocks with
+// room for all) copy the rows' v and pass-through dims, after the rope
+// blocks ran (any order would do: they touch disjoint bytes).
+template <typename T, typename Cache, bool kIl>
+void run_copy_blocks(const KVCacheParams& kv) {
+  const Grid g = rotary::kernel::make_grid<T, kIl, true>(kv.rope);
+  rotary::kernel::CopyGrid c = rotary::kernel::copy_grid<T, Cache>(kv, g);
+  c.blocks = c.row_blocks;  // as use_copy_blocks launches them
+  ASSERT_GE(c.rows_per_block * c.lanes, 1);
+  ASSERT_LE(c.rows_per_block * c.lanes, g.block_threads);
+  for (int64_t block = 0; block < c.blocks; ++block) {
+    for (int32_t tid = 0; tid < g.block_threads; ++tid) {
+      rotary::kernel::copy_thread<T, Cache, rotary::kernel::Tile<T, kIl, true>::kHeads>(kv, c, block, tid);
+    }
+  }
+}
+
 template <typename scalar_t, typename CacheCpu>
-void emulate(const KVCacheParams& kv, bool index64, int64_t max_blocks, bool expect_fused, const std::string& what) {
+void emulate(const KVCacheParams& kv, bool index64, int64_t max_blocks, bool copy_blocks, bool expect_fused,
+             const std::string& what) {
   using T = typename rotary::cuda::CudaType<scalar_t>::type;
   using Cache = std::conditional_t<std::is_same_v<CacheCpu, uint8_t>, uint8_t, T>;
   const bool fused = rotary::kernel::can_fuse_cache<T, Cache>(kv, rotary::kernel::launch_shape<T>(kv.rope));
   EXPECT_EQ(fused, expect_fused) << what << ": can_fuse_cache";
   if (fused) {
     if constexpr (rotary::kernel::kFusedCache<T, Cache>) {
-      const rotary::kernel::CacheSink<T, Cache> sink(kv);
-      kv.rope.interleaved ? run_widths<T, true, true>(kv, index64, max_blocks, sink)
-                          : run_widths<T, false, true>(kv, index64, max_blocks, sink);
+      if (copy_blocks) {
+        const rotary::kernel::CacheSink<T, Cache, false> sink(kv);
+        kv.rope.interleaved ? run_widths<T, true, true>(kv, index64, max_blocks, sink)
+                            : run_widths<T, false, true>(kv, index64, max_blocks, sink);
+        kv.rope.interleaved ? run_copy_blocks<T, Cache, true>(kv) : run_copy_blocks<T, Cache, false>(kv);
+      } else {
+        const rotary::kernel::CacheSink<T, Cache> sink(kv);
+        kv.rope.interleaved ? run_widths<T, true, true>(kv, index64, max_blocks, sink)
+                            : run_widths<T, false, true>(kv, index64, max_blocks, sink);
+      }
     }
     return;
   }
@@ -183,9 +210,13 @@ void emulate(const KVCacheParams& kv, bool index64, int64_t max_blocks, bool exp
 }
 
 void check(const FusedCase& c) {
+  // All blocks, rows copying their own; one block walking every row block;
+  // all blocks with copy blocks.
+  const std::vector<std::pair<int64_t, bool>> modes = {{int64_t{1} << 40, false}, {1, false}, {int64_t{1} << 40, true}};
   for (const bool index64 : {false, true}) {
-    for (const int64_t max_blocks : {int64_t{1} << 40, int64_t{1}}) {  // one block: it walks every row block
-      const std::string what = c.name + (index64 ? " int64" : " int32") + (max_blocks == 1 ? " one block" : "");
+    for (const auto& [max_blocks, copy_blocks] : modes) {
+      const std::string what = c.name + (index64 ? " int64" : " int32") + (max_blocks == 1 ? " one block" : "") +
+          (copy_blocks ? " copy blocks" : "");
       const FusedInputs op = make(c, 7);
       FusedInputs emu = rotary_test::copy_cache_inputs(op);
       const std::vector<int64_t> axes = pair_axes(c);
@@ -206,9 +237,9 @@ void check(const FusedCase& c) {
       }
       AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, c.dtype, "emulate", [&] {
         if (c.fp8) {
-          emulate<scalar_t, uint8_t>(prepared.params, index64, max_blocks, c.fusable, what);
+          emulate<scalar_t, uint8_t>(prepared.params, index64, max_blocks, copy_blocks, c.fusable, what);
         } else {
-          emulate<scalar_t, scalar_t>(prepared.params, index64, max_blocks, c.fusable, what);
+          emulate<scalar_t, scalar_t>(prepared.params, index64, max_blocks, copy_blocks, c.fusable, what);
         }
       });
       const at::Tensor kc_before = op.kc.clone();

@@ -348,6 +348,27 @@ def test_device_matches_unfused_and_cpu(device, dtype, case):
 
 
 @needs_cuda
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_copy_blocks_switch_cuda(dtype, case):
+    """These small calls fit one wave: their v is copied by copy blocks beside
+    the rotation. Switched off, the rope rows copy it after the rotation: the
+    same bits either way."""
+    c = KVCase(dtype=dtype, device="cuda", **CASES[case])
+    args, kw, _, _ = build(c)
+    rotary.apply_rope_with_kv_cache_(*args, **kw)
+    rows_args, _, _, _ = build(c)
+    prior = rotary._C._cuda_set_copy_blocks(False)
+    try:
+        rotary.apply_rope_with_kv_cache_(*rows_args, **kw)
+    finally:
+        rotary._C._cuda_set_copy_blocks(prior)
+    torch.cuda.synchronize()
+    for i in (0, 1, 3, 4):
+        assert torch.equal(raw(args[i]).cpu(), raw(rows_args[i]).cpu()), f"tensor {i} differs without copy blocks"
+
+
+@needs_cuda
 @pytest.mark.parametrize("kv_layout", ["BHSD", "NHD", "HND"])
 def test_device_side_out_of_range_skipped(kv_layout):
     c = KVCase(kv_layout=kv_layout, block=16, device="cuda", pos="cache_positions" if kv_layout == "BHSD" else "none")

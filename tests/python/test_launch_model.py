@@ -94,11 +94,40 @@ def test_kv_launch_fused_when_the_caches_are_vector_addressable():
         rotary._C._cuda_kv_launch(q, k, v, kc, vc, rotary.freqs_table(64, 64), 40)  # past the cache rows
 
 
+def test_kv_launch_copy_blocks():
+    """Decode (B=64, 32/8 heads, D=128, bf16, half pairing): 32 rope blocks of
+    two rows; copy blocks of one row (16 v chunks x 8 heads of 160 lanes)
+    when both fit in one wave, each thread one round trip; the rope rows'
+    own copy would take two after the rotation."""
+    q = torch.empty(64, 32, 1, 128, dtype=torch.bfloat16)
+    k, v = (torch.empty(64, 8, 1, 128, dtype=torch.bfloat16) for _ in range(2))
+    kc, vc = (torch.empty(256, 16, 8, 128, dtype=torch.bfloat16) for _ in range(2))
+    f = rotary.freqs_table(128, 64)
+    slots = torch.arange(64).reshape(64, 1) * 64
+
+    def launch(resident):
+        return rotary._C._cuda_kv_launch(q, k, v, kc, vc, f, 7, slots, "NHD", resident, False)
+
+    s = launch(264)
+    assert (s["row_blocks"], s["block_threads"]) == (32, 160), s
+    assert (s["copy_lanes"], s["copy_rows_per_block"], s["copy_row_blocks"], s["copy_blocks"]) == (128, 1, 64, 64), s
+    assert (s["rope_trips"], s["row_copy_trips"], s["copy_block_trips"]) == (1, 2, 1), s
+    assert launch(95)["copy_blocks"] == 0  # 32 + 64 blocks do not fit one wave: the rows copy
+    assert "copy_blocks" not in launch(0)
+    assert rotary._C._cuda_set_copy_blocks(False) is True
+    try:
+        assert launch(264)["copy_blocks"] == 0
+    finally:
+        assert rotary._C._cuda_set_copy_blocks(True) is False
+
+
 def test_decode_fused_predicted_at_most_0_6_of_two_launches():
     rows = list(load_model().decode_rows())
-    assert len(rows) == 4 and all(m["fused"] and m["launches"] == 1 for m in rows), rows
+    assert len(rows) == 8 and all(m["fused"] and m["launches"] == 1 for m in rows), rows
     for m in rows:
         assert max(m["ratio"]) <= 0.6, m
+        assert m["copy_blocks"] > 0 and m["trips"] == 1, m  # v copied beside the rotation
+        assert m["rows_trips"] == (3 if m["pairing"] == "half" else 2), m  # as the H200 ran it
 
 
 def test_norm_launch_is_the_ops_grid():

@@ -106,9 +106,11 @@ def test_the_built_kernels_keep_the_contract():
     assert not bad, "\n".join(bad)
 
 
-FUSED = "_ZN6rotary6kernel14rope_kv_kernelI13__nv_bfloat16Lb0ES2_iEEvNS0_13KVCacheParamsENS0_4GridE"
-FUSED_FP8 = FUSED.replace("Lb0ES2_iE", "Lb0EhiE")
-FUSED_FP32_FP8 = FUSED.replace("13__nv_bfloat16Lb0ES2_iE", "fLb1EhlE")
+FUSED = ("_ZN6rotary6kernel14rope_kv_kernelI13__nv_bfloat16Lb0ES2_iLb0EEEvNS0_13KVCacheParamsENS0_4GridENS0_"
+         "8CopyGridE")
+FUSED_FP8 = FUSED.replace("Lb0ES2_iLb0E", "Lb0EhiLb0E")
+FUSED_FP32_FP8 = FUSED.replace("13__nv_bfloat16Lb0ES2_iLb0E", "fLb1EhlLb0E")
+FUSED_COPY_BLOCKS = FUSED.replace("S2_iLb0E", "S2_iLb1E")
 
 
 def fused_listing(name, cache_store):
@@ -121,6 +123,7 @@ def fused_listing(name, cache_store):
     (FUSED, "STG.E.128", "STG.E"),
     (FUSED_FP8, "STG.E.64", "STG.E.128"),
     (FUSED_FP32_FP8, "STG.E", "STG.E.U16"),
+    (FUSED_COPY_BLOCKS, "STG.E.128", "STG.E"),
 ])
 def test_each_fused_rule_can_fail(name, good, wrong):
     n, bad = contract.check(fused_listing(name, good), res(name, 120), pattern=contract.FUSED_KERNEL)
@@ -152,8 +155,9 @@ def test_the_fused_fp8_spill_budget_is_a_bound():
 def test_the_built_fused_kernels_keep_the_contract():
     sass, usage = contract.dump(rotary.library_path(), contract.find_cuobjdump())
     n, bad = contract.check(sass, usage, pattern=contract.FUSED_KERNEL)
-    # 4 dtypes x 2 pairings x 2 index widths x (same-dtype, fp8) cache, less float64 with fp8.
-    assert n == 28, f"{n} rope_kv_kernel instantiations in the sm_90 cubin, expected 28"
+    # 4 dtypes x 2 pairings x (int32, int64, int32 with copy blocks) x (same-dtype, fp8) cache, less
+    # float64 with fp8.
+    assert n == 42, f"{n} rope_kv_kernel instantiations in the sm_90 cubin, expected 42"
     assert not bad, "\n".join(bad)
 
 

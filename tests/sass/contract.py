@@ -19,7 +19,8 @@ and for every vectorized one:
   streaming data load comes before any store or the kernel's start.
 
 For every instantiation of rotary::kernel::rope_kv_kernel (the fused
-KV-cache launch), the rope_kernel rules above, and:
+KV-cache launch; the int32 ones also with copy blocks, which copy v beside
+the rotation), the rope_kernel rules above, and:
 - cache rows are written with one store per 16-byte vector of q/k data:
   128-bit for a cache of the data's dtype, 64-bit for an fp8 cache of 16-bit
   data, 32-bit for one of float32 data; nothing narrower or wider;
@@ -82,7 +83,8 @@ KERNEL = re.compile(r"rope_kernelI(?P<T>13__nv_bfloat16|6__half|f|d)Lb(?P<il>[01
 NORM_KERNEL = re.compile(
     r"norm_rope_kernelI(?P<T>13__nv_bfloat16|6__half|f|d)Lb(?P<fp8>[01])E(?P<cache>v|h|S\d*_|f|d)Lb(?P<vec>[01])EE")
 FUSED_KERNEL = re.compile(
-    r"rope_kv_kernelI(?P<T>13__nv_bfloat16|6__half|f|d)Lb(?P<il>[01])E(?P<cache>h|S2_|f|d)(?P<idx>[il])E")
+    r"rope_kv_kernelI(?P<T>13__nv_bfloat16|6__half|f|d)Lb(?P<il>[01])E(?P<cache>h|S2_|f|d)(?P<idx>[il])"
+    r"Lb(?P<copy>[01])EE")
 TYPES = {"13__nv_bfloat16": "bf16", "6__half": "fp16", "f": "fp32", "d": "fp64"}
 FP8_CACHE_STORE = {"bf16": ".E.64", "fp16": ".E.64", "fp32": ".E"}  # one byte per element of 16 bytes
 FUSED_FP8_SPILL_BUDGET = 16
@@ -112,7 +114,8 @@ class Kernel:
         f = FUSED_KERNEL.search(self.name)
         if f:
             return (f"rope_kv_kernel<{TYPES[f['T']]}, {'interleaved' if f['il'] == '1' else 'half'}, "
-                    f"{'fp8' if f['cache'] == 'h' else 'same-dtype'} cache, {'int32' if f['idx'] == 'i' else 'int64'}>")
+                    f"{'fp8' if f['cache'] == 'h' else 'same-dtype'} cache, {'int32' if f['idx'] == 'i' else 'int64'}"
+                    f"{', copy blocks' if f['copy'] == '1' else ''}>")
         n = NORM_KERNEL.search(self.name)
         if n:
             cache = {"v": ""}.get(n["cache"], ", fp8 cache" if n["cache"] == "h" else ", same-dtype cache")
