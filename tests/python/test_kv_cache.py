@@ -117,6 +117,32 @@ def test_fp8_matches_reference_expression_in_dtype(dtype):
         assert torch.equal(got.view(torch.uint8), canonical_tokens(want, c)[t].view(torch.uint8))
 
 
+@needs_cuda
+@pytest.mark.parametrize("scale", [1.0, 0.37, 3.1e-3, 2.0**-70, 2.0**70], ids=["1", "0.37", "3.1e-3", "2^-70", "2^70"])
+def test_fp8_scales_cuda(scale):
+    """The fused launch divides by a scale in [2^-64, 2^64] as x times its
+    reciprocal with one fma correction, outside it by a division: either way
+    the bits of (x / scale).clamp(-448, 448).to(float8_e4m3fn), edge values,
+    fp8 ties and the quotient's whole range included."""
+    c = KVCase(dtype=torch.float32, fp8="tensor", B=1, S=8, Hq=2, Hk=2, D=32, device="cuda")
+    args, kw, _, dest = build(c)
+    q, k, v, kc, vc, f = args
+    special = torch.tensor(
+        [0.0, -0.0, 448.0, -448.0, 464.0, 479.9, 480.0, 1e30, float("inf"), float("-inf"), float("nan"),
+         2.0**-9, 2.0**-10, 3 * 2.0**-10, 2.0**-6, 1.0625, 1.1875, -1.0625, 17.0, 19.0, 1e-30, 240.0, 232.0, 248.0],
+        dtype=torch.float64)
+    spread = torch.exp2(torch.linspace(-14, 9, v.numel() - special.numel(), dtype=torch.float64))
+    signs = torch.randint(0, 2, spread.shape, generator=torch.Generator().manual_seed(3)) * 2 - 1
+    vals = (torch.cat([special, spread * signs]) * scale).to(torch.float32)
+    v.copy_(vals.reshape(v.shape).to("cuda"))
+    kw["v_scale"] = torch.tensor(scale, dtype=torch.float32, device="cuda")
+    rotary.apply_rope_with_kv_cache_(*args, **kw)
+    want = (v.cpu() / kw["v_scale"].cpu()).clamp(-448, 448).to(FP8)
+    for t, d in enumerate(dest):
+        got = cache_view(vc, "BHSD")[d[0], :, d[1], :].cpu()
+        assert torch.equal(got.view(torch.uint8), canonical_tokens(want, c)[t].view(torch.uint8)), t
+
+
 def test_fp8_16bit_documented_rounding():
     """bf16 / fp16 input: the op divides in float32 once; torch's expression
     in the 16-bit dtype rounds the quotient to bf16 first. Where the two

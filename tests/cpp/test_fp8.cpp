@@ -1,0 +1,150 @@
+// The float8_e4m3fn encoding (params/fp8.h) against c10's, and the GPU's
+// division by a cache scale (divide_by_reciprocal: x times the scale's
+// reciprocal, one fma correction) against the division itself, bit for bit.
+// Both are plain arithmetic, so the host checks what the device computes
+// (fmaf is the IEEE fused multiply-add on both).
+#include "params/fp8.h"
+
+#include <c10/util/Float8_e4m3fn.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+namespace {
+
+using rotary::kernel::bits_of_float;
+using rotary::kernel::divide_by_reciprocal;
+using rotary::kernel::float_of_bits;
+
+// Low 12 bits that sit on and around the rounding points of every format
+// here (exact, half way, just off it), under every value of the top 20
+// bits: sign, exponent and the mantissa's top 11 bits.
+constexpr uint32_t kLowBits[] = {0x000, 0x001, 0x7ff, 0x800, 0x801, 0xfff};
+
+template <typename F>
+void for_each_float(F&& f) {
+  for (uint32_t top = 0; top < (1u << 20); ++top) {
+    for (const uint32_t low : kLowBits) f(float_of_bits(top << 12 | low));
+  }
+}
+
+bool same(float a, float b) {
+  return bits_of_float(a) == bits_of_float(b) || (std::isnan(a) && std::isnan(b));
+}
+bool same(double a, double b) {
+  uint64_t x, y;
+  std::memcpy(&x, &a, 8);
+  std::memcpy(&y, &b, 8);
+  return x == y || (std::isnan(a) && std::isnan(b));
+}
+
+TEST(Fp8Encoding, MatchesC10OnEveryRoundingPoint) {
+  int64_t bad = 0;
+  for_each_float([&](float f) {
+    const uint8_t want = c10::detail::fp8e4m3fn_from_fp32_value(f);
+    if (rotary::kernel::fp8_e4m3fn_bits(f) != want && bad++ < 5) {
+      ADD_FAILURE() << "bits 0x" << std::hex << bits_of_float(f) << ": got 0x"
+                    << int(rotary::kernel::fp8_e4m3fn_bits(f)) << ", c10 0x" << int(want);
+    }
+  });
+  EXPECT_EQ(bad, 0);
+}
+
+// Scales the reciprocal path serves: typical ones, the range's ends, and
+// random ones across it.
+std::vector<float> scales() {
+  std::vector<float> s = {1.0f, 3.0f, 0.1f, 0.0123f, 448.0f / 240.0f, 1.0f / 3.0f, 7.0f, 0.0078125f,
+                          static_cast<float>(rotary::kernel::kFp8ReciprocalMin),
+                          static_cast<float>(rotary::kernel::kFp8ReciprocalMax),
+                          std::nextafter(static_cast<float>(rotary::kernel::kFp8ReciprocalMax), 0.0f), -2.5f};
+  std::mt19937 gen(8);
+  std::uniform_real_distribution<float> exponent(-64.0f, 64.0f);
+  for (int i = 0; i < 8; ++i) s.push_back(std::exp2(exponent(gen)) * (1.0f + 0.37f * static_cast<float>(i)));
+  return s;
+}
+
+// Where |x / b| >= 2^-11, inf or NaN, the same bits; below (where x or the
+// correction's r may underflow, no longer exact) the same sign and both
+// below 2^-11, where float8_e4m3fn rounds to that signed zero. And the fp8
+// bits, the property the cache needs, for every x.
+template <typename acc_t>
+bool agrees(acc_t got, acc_t want) {
+  if (same(got, want)) return true;
+  const acc_t zero = acc_t(1) / acc_t(2048);
+  return std::fabs(want) < zero && std::fabs(got) < zero && std::signbit(got) == std::signbit(want);
+}
+
+TEST(Fp8Divide, ReciprocalIsTheDivisionInFloat) {
+  for (const float b : scales()) {
+    const rotary::kernel::Fp8Scale<float> scale(&b);
+    ASSERT_TRUE(scale.reciprocal) << b;
+    ASSERT_EQ(bits_of_float(scale.y), bits_of_float(1.0f / b));
+    int64_t bad = 0;
+    for_each_float([&](float x) {
+      const float got = divide_by_reciprocal(x, scale.b, scale.y), want = x / b;
+      const bool ok = agrees(got, want) &&
+          rotary::kernel::fp8_of_quotient(got) == rotary::kernel::fp8_of_quotient(want);
+      if (!ok && bad++ < 5) {
+        ADD_FAILURE() << "x bits 0x" << std::hex << bits_of_float(x) << " / " << b << ": got " << got << ", want "
+                      << want;
+      }
+    });
+    EXPECT_EQ(bad, 0) << "scale " << b;
+  }
+}
+
+TEST(Fp8Divide, ReciprocalIsTheDivisionInDouble) {
+  std::mt19937_64 gen(9);
+  std::vector<double> xs = {0.0, -0.0, std::numeric_limits<double>::infinity(),
+                            -std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN(),
+                            std::numeric_limits<double>::denorm_min(), std::numeric_limits<double>::max()};
+  std::uniform_real_distribution<double> exponent(-40.0, 40.0);
+  for (int i = 0; i < 1 << 19; ++i) {
+    uint64_t u = gen();
+    double x;
+    std::memcpy(&x, &u, 8);
+    xs.push_back(x);                                          // any bits
+    xs.push_back(std::exp2(exponent(gen)) * (1.0 + x * 0.0));  // the range a model's values take
+    xs.back() = std::nextafter(xs.back(), static_cast<double>(u % 3) - 1.0);
+  }
+  for (const float bf : scales()) {
+    const rotary::kernel::Fp8Scale<double> scale(&bf);
+    ASSERT_TRUE(scale.reciprocal);
+    int64_t bad = 0;
+    for (const double x : xs) {
+      const double got = divide_by_reciprocal(x, scale.b, scale.y), want = x / scale.b;
+      const bool ok = agrees(got, want) &&
+          rotary::kernel::fp8_of_quotient(got) == rotary::kernel::fp8_of_quotient(want);
+      if (!ok && bad++ < 5) ADD_FAILURE() << x << " / " << scale.b << ": got " << got << ", want " << want;
+    }
+    EXPECT_EQ(bad, 0) << "scale " << bf;
+  }
+}
+
+// Outside [2^-64, 2^64] (and for 0, inf, NaN) a scale takes the division.
+TEST(Fp8Divide, ScalesOutsideTheRangeDivide) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const float b : {0.0f, 1e-30f, 1e30f, inf, -inf, std::numeric_limits<float>::quiet_NaN(),
+                        std::numeric_limits<float>::denorm_min()}) {
+    EXPECT_FALSE(rotary::kernel::Fp8Scale<float>(&b).reciprocal) << b;
+  }
+  EXPECT_TRUE(rotary::kernel::Fp8Scale<float>(nullptr).reciprocal);  // none: 1
+}
+
+// One quantized element per form: the scale by pointer and as an Fp8Scale.
+TEST(Fp8Divide, QuantizeFormsAgree) {
+  for (const float b : scales()) {
+    const rotary::kernel::Fp8Scale<float> scale(&b);
+    for (uint32_t top = 0; top < (1u << 16); ++top) {
+      const float x = float_of_bits(top << 16 | 0x8000u);
+      ASSERT_EQ(rotary::kernel::quantize_fp8(x, scale), rotary::kernel::quantize_fp8(x, &b)) << x << " / " << b;
+    }
+  }
+}
+
+}  // namespace
