@@ -34,6 +34,7 @@ struct CacheChunk {
 // step is one memory round trip, not three. `blocks` is 0 when the rope
 // rows copy their own (use_copy_blocks).
 struct CopyGrid {
+  int64_t row_chunks = 0;  // pass-through and v chunks of a k head row
   int32_t group_threads = 0;
   int32_t chunks = 0;
   int32_t lanes = 0;  // group_threads * chunks
@@ -48,6 +49,7 @@ struct CopyGrid {
 inline CopyGrid copy_grid(const Grid& g, int64_t k_heads, int64_t pass, int64_t v_chunks) {
   CopyGrid c;
   const int64_t total = pass + v_chunks;
+  c.row_chunks = total;
   if (g.block_threads == 0 || total == 0 || k_heads == 0 || g.rows == 0) return c;
   c.group_threads = static_cast<int32_t>(total < g.block_threads ? total : g.block_threads);
   const int64_t max_chunks = g.block_threads / c.group_threads;

@@ -38,10 +38,10 @@ constexpr double kFp8ReciprocalMax = 1.8446744073709552e19;  // 2^64
 // theorem), for b within [2^-64, 2^64] and |x / b| >= 2^-11 (x and r
 // normal). Below that x or r may underflow and the quotient be an ulp off:
 // it keeps its sign and stays under 2^-11, where float8_e4m3fn rounds it to
-// the same zero. Where
-// r is 0 (q exact, and x = -0 keeps its sign) or q is not finite (x is, or
-// x / b rounds to, +-inf or NaN), q itself. tests/cpp/test_fp8.cpp checks
-// it against the division, and the fp8 bits of both.
+// the same zero. Where r is 0 (q exact, and x = -0 keeps its sign) or q is
+// not finite (x is, or x / b rounds to, +-inf or NaN), q itself.
+// tests/cpp/test_fp8.cpp checks it against the division, and the fp8 bits
+// of both.
 ROTARY_HOST_DEVICE float fused_multiply_add(float a, float b, float c) { return fmaf(a, b, c); }
 ROTARY_HOST_DEVICE double fused_multiply_add(double a, double b, double c) { return fma(a, b, c); }
 template <typename acc_t>

@@ -73,16 +73,14 @@ void add_copy_grid(const kernel::KVCacheParams& p, const kernel::LaunchShape& s,
   out["launches"] = fused ? 1 : 2;
   if (!fused) return;
   constexpr int64_t kHeads = kernel::Tile<T, kInterleaved, true>::kHeads;
-  constexpr int64_t kElems = kernel::CacheChunk<T, Cache>::kElems;
   const kernel::Grid& g = s.grid;
   const kernel::CopyGrid c = kernel::copy_grid<T, Cache>(p, g);
-  const int64_t copies = (p.rope.head_dim - p.rope.rotary_dim) / kElems + p.v_dim / kElems;
   out["copy_lanes"] = c.lanes;
   out["copy_rows_per_block"] = c.rows_per_block;
   out["copy_row_blocks"] = c.row_blocks;
   out["rope_trips"] = row_trips(g.groups, g.group_threads, g.heads, g.chunks, kHeads);
-  out["row_copy_trips"] = row_trips(copies, g.group_threads, p.rope.k.heads, g.chunks, kHeads);
-  out["copy_block_trips"] = row_trips(copies, c.group_threads, p.rope.k.heads, c.chunks, kHeads);
+  out["row_copy_trips"] = row_trips(c.row_chunks, g.group_threads, p.rope.k.heads, g.chunks, kHeads);
+  out["copy_block_trips"] = row_trips(c.row_chunks, c.group_threads, p.rope.k.heads, c.chunks, kHeads);
   if (resident > 0) {
     const kernel::Grid launched = kernel::launched(p.rope, g, kernel::even_grid(g.row_blocks, resident));
     out["copy_blocks"] = kernel::use_copy_blocks(s, launched, c, resident).blocks;
