@@ -95,6 +95,13 @@ def test_fp8_cache(dtype, scale, kv_layout):
     check_case(KVCase(dtype=dtype, fp8=scale, kv_layout=kv_layout, Hq=4, Hk=3, skip=True))
 
 
+# Quotients at fp8's edges: ties, subnormals, saturation, +-inf, NaN, -0.
+FP8_EDGES = torch.tensor(
+    [0.0, -0.0, 448.0, -448.0, 464.0, 479.9, 480.0, 1e30, float("inf"), float("-inf"), float("nan"),
+     2.0**-9, 2.0**-10, 3 * 2.0**-10, 2.0**-6, 1.0625, 1.1875, -1.0625, 17.0, 19.0, 1e-30, 240.0, 232.0, 248.0],
+    dtype=torch.float64)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
 def test_fp8_matches_reference_expression_in_dtype(dtype):
     """Edge values through v (never rotated): ties, subnormals, saturation,
@@ -103,10 +110,7 @@ def test_fp8_matches_reference_expression_in_dtype(dtype):
     c = KVCase(dtype=dtype, fp8="tensor", B=1, S=8, Hq=2, Hk=2, D=32)
     args, kw, _, dest = build(c)
     q, k, v, kc, vc, f = args
-    special = torch.tensor(
-        [0.0, -0.0, 448.0, -448.0, 464.0, 479.9, 480.0, 1e30, float("inf"), float("-inf"), float("nan"),
-         2.0**-9, 2.0**-10, 3 * 2.0**-10, 2.0**-6, 1.0625, 1.1875, -1.0625, 17.0, 19.0, 1e-30, 240.0, 232.0, 248.0],
-        dtype=torch.float64)
+    special = FP8_EDGES
     vals = torch.cat([special, torch.randn(v.numel() - special.numel(), generator=torch.Generator().manual_seed(1)) * 100])
     v.copy_(vals.reshape(v.shape).to(dtype))
     kw["v_scale"] = torch.tensor(1.0)
@@ -127,10 +131,7 @@ def test_fp8_scales_cuda(scale):
     c = KVCase(dtype=torch.float32, fp8="tensor", B=1, S=8, Hq=2, Hk=2, D=32, device="cuda")
     args, kw, _, dest = build(c)
     q, k, v, kc, vc, f = args
-    special = torch.tensor(
-        [0.0, -0.0, 448.0, -448.0, 464.0, 479.9, 480.0, 1e30, float("inf"), float("-inf"), float("nan"),
-         2.0**-9, 2.0**-10, 3 * 2.0**-10, 2.0**-6, 1.0625, 1.1875, -1.0625, 17.0, 19.0, 1e-30, 240.0, 232.0, 248.0],
-        dtype=torch.float64)
+    special = FP8_EDGES
     spread = torch.exp2(torch.linspace(-14, 9, v.numel() - special.numel(), dtype=torch.float64))
     signs = torch.randint(0, 2, spread.shape, generator=torch.Generator().manual_seed(3)) * 2 - 1
     vals = (torch.cat([special, spread * signs]) * scale).to(torch.float32)
