@@ -31,7 +31,10 @@ rows fit in one wave, copy blocks copy v beside the rotation (the trips of
 the slower of the two), else the rope rows copy after their rotation (the
 sum; the H200's 5.0 us decode, half pairing, had 1 + 2). The two launches
 have the RoPE kernel's one and the element-wise cache kernel's three (slot,
-then k, then v after the k store).
+then k, then v after the k store). A second prediction fits the trip to
+that 5.0 us (DECODE_MEASURED_US), as NEED_KB is fitted for prefill; neither
+counts the fp8 encoding's instructions (the H200's fp8-cache launch took
+2.7x the bf16 one under Nsight Compute).
 
 The prologue (apply_qk_norm_rope, bench_qk_norm.py's CUDA shapes) has two
 paths (rotary._C._cuda_norm_launch says which a call takes). The vector
@@ -90,6 +93,10 @@ MEASURED = {("prefill", "bf16", "interleaved"): 1.09, ("prefill", "bf16", "half"
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 LAUNCH_US = (1.5, 2.0)  # one small kernel on a stream: launch, ramp and drain
 TRIP_US = (0.5, 0.8)    # one dependent DRAM round trip at low occupancy
+# The H200's fused decode step (2026-12-04: bf16, half pairing, paged NHD,
+# the rope rows copying v after their rotation) and FlashInfer's, in us. A
+# trip fitted to it: (DECODE_MEASURED_US - LAUNCH_US) / that launch's trips.
+DECODE_MEASURED_US, DECODE_FLASHINFER_US = 5.0, 3.0
 ONCHIP_US = (0.15, 0.3)  # one dependent L1 / L2 hit (the prologue's phase 2)
 
 
@@ -145,9 +152,22 @@ def model_rows():
                            without=without, measured=MEASURED.get((case.name, dname, pairing)))
 
 
+def measured_decode_trips():
+    """Round trips of the launch the H200 measured at DECODE_MEASURED_US:
+    bench_kv_cache.py's decode step (B=64, 32/8 heads, D=128, bf16, half
+    pairing, paged NHD blocks of 16), its rope rows copying v."""
+    q = torch.empty(64, 32, 1, 128, dtype=torch.bfloat16)
+    k, v = (torch.empty(64, 8, 1, 128, dtype=torch.bfloat16) for _ in range(2))
+    kc, vc = (torch.empty(64 * 8, 16, 8, 128, dtype=torch.bfloat16) for _ in range(2))
+    slots = torch.arange(64).reshape(64, 1) * 128 + 100
+    s = rotary._C._cuda_kv_launch(q, k, v, kc, vc, rotary.freqs_table(128, 128), 100, slots, "NHD", 0, False)
+    return s["rope_trips"] + s["row_copy_trips"]
+
+
 def decode_rows():
     """The decode step with a KV cache: launches, grid and predicted GPU time."""
     regs = cubin_regs(contract.FUSED_KERNEL)
+    measured_trips = measured_decode_trips()
     for case in (c for c in CUDA_CASES if c.decode):
         B, Hq, _, D = case.q_shape
         Hk = case.k_shape[1]
@@ -182,11 +202,15 @@ def decode_rows():
                         trips = max(s["rope_trips"], s["copy_block_trips"]) if copy_blocks else rows_trips
                     us = [s["launches"] * l + trips * t for l, t in zip(LAUNCH_US, TRIP_US)]
                     rows_us = [s["launches"] * l + rows_trips * t for l, t in zip(LAUNCH_US, TRIP_US)]
+                    fit = [(DECODE_MEASURED_US - l) / measured_trips for l in LAUNCH_US]
+                    fitted_us = [s["launches"] * l + trips * t for l, t in zip(LAUNCH_US, fit)]
+                    rows_fitted_us = [s["launches"] * l + rows_trips * t for l, t in zip(LAUNCH_US, fit)]
                     unfused = [2 * l + 4 * t for l, t in zip(LAUNCH_US, TRIP_US)]
                     yield dict(case=case.name, kv_layout=kv_layout, cache=cache, pairing=pairing,
                                fused=bool(s["fused"]), launches=s["launches"], grid=s["row_blocks"],
                                copy_blocks=copy_blocks, block=s["block_threads"], trips=trips, us=us,
-                               rows_trips=rows_trips, rows_us=rows_us,
+                               rows_trips=rows_trips, rows_us=rows_us, fitted_us=fitted_us,
+                               rows_fitted_us=rows_fitted_us,
                                ratio=[a / b for a, b in zip(us, unfused)])
 
 
@@ -267,16 +291,21 @@ def main() -> int:
           "(the 1.00 line), fitted to the last column. A model, not a measurement: docs/performance.md has the "
           "H200's figures.")
     print("\n| decode step | cache | pairing | fused | launches | row blocks + copy blocks x block | "
-          "dependent round trips | predicted GPU time | / two launches | rows copying: trips, GPU time |")
-    print("|---|---|---|---|--:|--:|--:|--:|--:|--:|")
+          "dependent round trips | predicted GPU time | / two launches | trips fitted to the H200 | "
+          "rows copying: trips, GPU time, fitted |")
+    print("|---|---|---|---|--:|--:|--:|--:|--:|--:|--:|")
     for m in decode_rows():
         print(f"| {m['case']} {m['kv_layout']} | {m['cache']} | {m['pairing']} | {'yes' if m['fused'] else 'no'} | "
               f"{m['launches']} | {m['grid']} + {m['copy_blocks']} x {m['block']} | {m['trips']} | "
               f"{m['us'][0]:.1f}-{m['us'][1]:.1f} us | {m['ratio'][0]:.2f}-{m['ratio'][1]:.2f} | "
-              f"{m['rows_trips']}, {m['rows_us'][0]:.1f}-{m['rows_us'][1]:.1f} us |")
+              f"{m['fitted_us'][0]:.1f}-{m['fitted_us'][1]:.1f} us | {m['rows_trips']}, "
+              f"{m['rows_us'][0]:.1f}-{m['rows_us'][1]:.1f} us, {m['rows_fitted_us'][0]:.1f}-"
+              f"{m['rows_fitted_us'][1]:.1f} us |")
     print(f"\n{LAUNCH_US[0]}-{LAUNCH_US[1]} us per launch, {TRIP_US[0]}-{TRIP_US[1]} us per dependent round trip: "
-          "a model of a latency-bound step; docs/performance.md has the H200's decode rows. The last column is "
-          "the launch without copy blocks (as the H200 ran it on 2026-12-04: 5.0 us, half pairing, paged NHD).")
+          "a model of a latency-bound step; docs/performance.md has the H200's decode rows. \"Fitted\": trips of "
+          f"(DECODE_MEASURED_US - launch) / its trips, which gives the H200's {DECODE_MEASURED_US} us for the "
+          "launch it ran (no copy blocks, half pairing, paged NHD); FlashInfer took "
+          f"{DECODE_FLASHINFER_US} us there. The last column is each launch without copy blocks.")
     print("\n| prologue | dtype | norm | pairing | path | regs | grid x block | blocks / warps per SM | "
           "KB in flight per SM (element path) | predicted: prefill / copy floor, decode GPU time | element path |")
     print("|---|---|---|---|---|--:|--:|--:|--:|--:|--:|")
