@@ -13,10 +13,11 @@
 namespace rotary {
 namespace kernel {
 
-// The fp8 bytes of x's elements as the cache's chunk word; each element's
-// quantize_fp8 with `scale` (an Fp8Scale, or its pointer).
-template <typename T, typename Cache, typename Scale>
-ROTARY_HOST_DEVICE typename CacheChunk<T, Cache>::type fp8_chunk(const Vector& x, const Scale& scale) {
+// The fp8 bytes of x's elements as the cache's chunk word, each element's
+// quantize_fp8<kReciprocal>.
+template <typename T, typename Cache, bool kReciprocal>
+ROTARY_HOST_DEVICE typename CacheChunk<T, Cache>::type fp8_chunk(
+    const Vector& x, const Fp8Scale<typename Acc<T>::type>& scale) {
   using acc_t = typename Acc<T>::type;
   using W = typename CacheChunk<T, Cache>::type;
   W word = 0;
@@ -24,27 +25,31 @@ ROTARY_HOST_DEVICE typename CacheChunk<T, Cache>::type fp8_chunk(const Vector& x
   for (int k = 0; k < CacheChunk<T, Cache>::kElems / 2; ++k) {
     acc_t a, b;
     Pairs<T>::get(x, k, a, b);
-    word |= static_cast<W>(static_cast<W>(quantize_fp8<acc_t>(a, scale)) << (16 * k));
-    word |= static_cast<W>(static_cast<W>(quantize_fp8<acc_t>(b, scale)) << (16 * k + 8));
+    word |= static_cast<W>(static_cast<W>(quantize_fp8<kReciprocal>(a, scale)) << (16 * k));
+    word |= static_cast<W>(static_cast<W>(quantize_fp8<kReciprocal>(b, scale)) << (16 * k + 8));
   }
   return word;
 }
 
-// x into the cache at `at`: a copy, or quantize_fp8 of each element (the same
-// bits as the element-wise write, which reads k after its rounding to T),
-// the chunk's scale read once.
+// x into the cache at `at`: a copy, or quantize_fp8 of each element by the
+// scale's value (1: none), the same bits as the element-wise write (which
+// reads k after its rounding to T). A scale outside Fp8Scale's reciprocal
+// range divides each element, on a branch of its own: the hot path holds no
+// division.
 template <typename T, typename Cache>
-ROTARY_HOST_DEVICE void store_chunk(Cache* at, const Vector& x, const float* scale) {
-  using Chunk = CacheChunk<T, Cache>;
+ROTARY_HOST_DEVICE void store_chunk(Cache* at, const Vector& x, float scale) {
   if constexpr (std::is_same_v<T, Cache>) {
     store_vector(reinterpret_cast<Vector*>(at), x);
   } else {
-    // A scale outside Fp8Scale's reciprocal range divides each element, on a
-    // branch of its own: the hot path holds no division.
     const Fp8Scale<typename Acc<T>::type> divisor(scale);
-    *reinterpret_cast<typename Chunk::type*>(at) =
-        divisor.reciprocal ? fp8_chunk<T, Cache>(x, divisor) : fp8_chunk<T, Cache>(x, scale);
+    *reinterpret_cast<typename CacheChunk<T, Cache>::type*>(at) =
+        divisor.reciprocal ? fp8_chunk<T, Cache, true>(x, divisor) : fp8_chunk<T, Cache, false>(x, divisor);
   }
+}
+// The same, the scale read here (null: none; a same-dtype cache reads none).
+template <typename T, typename Cache>
+ROTARY_HOST_DEVICE void store_chunk(Cache* at, const Vector& x, const float* scale) {
+  store_chunk<T, Cache>(at, x, std::is_same_v<T, Cache> || scale == nullptr ? 1.0f : *scale);
 }
 
 }  // namespace kernel

@@ -67,10 +67,14 @@ ROTARY_HOST_DEVICE void copy_cache_row(const KVCacheParams& p, const T* k_row, I
 #pragma unroll 1
     for (int64_t h0 = chunk; h0 < heads; h0 += kHeads * static_cast<int64_t>(chunks)) {
       Vector x[kHeads];
+      float scales[kHeads];  // copy blocks' fp8 scales, read with the data (not a trip after it)
 #pragma unroll
       for (int i = 0; i < kHeads; ++i) {
         const int64_t h = h0 + i * static_cast<int64_t>(chunks);
-        if (h < heads) x[i] = load_stream(reinterpret_cast<const Vector*>(src + h * src_head));
+        if (h < heads) {
+          x[i] = load_stream(reinterpret_cast<const Vector*>(src + h * src_head));
+          if constexpr (kLoadsFirst && !std::is_same_v<T, Cache>) scales[i] = scale ? scale[h * scale_head] : 1.0f;
+        }
       }
       if (!found) {
         if (!cache_rows(p, b, s, kc, vc)) return;
@@ -81,7 +85,11 @@ ROTARY_HOST_DEVICE void copy_cache_row(const KVCacheParams& p, const T* k_row, I
       for (int i = 0; i < kHeads; ++i) {
         const int64_t h = h0 + i * static_cast<int64_t>(chunks);
         if (h >= heads) continue;
-        store_chunk<T, Cache>(dst + h * dst_head, x[i], scale != nullptr ? scale + h * scale_head : nullptr);
+        if constexpr (kLoadsFirst && !std::is_same_v<T, Cache>) {
+          store_chunk<T, Cache>(dst + h * dst_head, x[i], scales[i]);
+        } else {
+          store_chunk<T, Cache>(dst + h * dst_head, x[i], scale != nullptr ? scale + h * scale_head : nullptr);
+        }
       }
     }
   }
@@ -97,6 +105,10 @@ struct CacheSink {
   // Only it lives through the rotation (copy_row finds the rest again):
   // more would spill on the fp8 paths.
   Cache* kc = nullptr;
+  // With copy blocks (no copy in the row, registers to spare), a per-tensor
+  // fp8 scale read with the row's data, not a memory trip after the rotation.
+  float k_scale = 1.0f;
+  static constexpr bool kEarlyScale = !kRowsCopy && !std::is_same_v<T, Cache>;
 
   ROTARY_HOST_DEVICE explicit CacheSink(const KVCacheParams& params) : p(params) {}
 
@@ -105,11 +117,20 @@ struct CacheSink {
     kc = cache_row(p, b, s, place, outer, inner)
         ? static_cast<Cache*>(p.k_cache) + (outer * p.kc_stride[0] + inner * p.kc_stride[2])
         : nullptr;
+    if constexpr (kEarlyScale) {
+      if (p.k_scale != nullptr && p.k_scale_stride == 0) k_scale = *p.k_scale;
+    }
   }
 
   // Rotated vector y of k head h at element offset `at`.
   ROTARY_HOST_DEVICE void put_k(int64_t h, int64_t at, const Vector& y) const {
     if (kc == nullptr) return;
+    if constexpr (kEarlyScale) {
+      if (p.k_scale_stride == 0) {
+        store_chunk<T, Cache>(kc + (h * p.kc_stride[1] + at), y, k_scale);
+        return;
+      }
+    }
     store_chunk<T, Cache>(kc + (h * p.kc_stride[1] + at), y, cache_scale(p, false, h));
   }
 

@@ -52,29 +52,28 @@ ROTARY_HOST_DEVICE acc_t divide_by_reciprocal(acc_t x, acc_t b, acc_t y) {
   return r == acc_t(0) || !(q - q == acc_t(0)) ? q : q1;
 }
 
-// A cache's fp8 scale, read once for the elements it divides (null: 1).
-// With `reciprocal` set the GPU divides by multiplying with its reciprocal
-// (divide_by_reciprocal: the same fp8 bits, no division per element); a
-// scale without it goes through quantize_fp8(v, const float*), on a cold
-// path. The host divides.
+// A cache's fp8 scale, read once for the elements it divides (none: 1, and
+// x / 1 is x). With `reciprocal` set the GPU may divide by multiplying with
+// its reciprocal (divide_by_reciprocal: the same fp8 bits, no division per
+// element); kReciprocal false divides, the path of a scale without it. The
+// host divides.
 template <typename acc_t>
 struct Fp8Scale {
   acc_t b = 1, y = 1;
   bool reciprocal = true;
 
-  ROTARY_HOST_DEVICE explicit Fp8Scale(const float* scale) {
-    if (scale == nullptr) return;
-    b = static_cast<acc_t>(*scale);
-    y = acc_t(1) / b;
+  ROTARY_HOST_DEVICE explicit Fp8Scale(float scale) : b(static_cast<acc_t>(scale)), y(acc_t(1) / b) {
     const acc_t m = b < acc_t(0) ? -b : b;
     reciprocal = m >= acc_t(kFp8ReciprocalMin) && m <= acc_t(kFp8ReciprocalMax);
   }
+  ROTARY_HOST_DEVICE explicit Fp8Scale(const float* scale) : Fp8Scale(scale != nullptr ? *scale : 1.0f) {}
+
+  template <bool kReciprocal>
   ROTARY_HOST_DEVICE acc_t divide(acc_t x) const {
 #if defined(__CUDA_ARCH__)
-    return divide_by_reciprocal(x, b, y);
-#else
-    return x / b;
+    if constexpr (kReciprocal) return divide_by_reciprocal(x, b, y);
 #endif
+    return x / b;
   }
 };
 
@@ -88,11 +87,11 @@ ROTARY_HOST_DEVICE uint8_t fp8_of_quotient(acc_t v) {
 
 // v / scale clamped to +-448 and rounded to float8_e4m3fn, the division in
 // acc_t (float32, or float64 for double data), once: the bits of torch's
-// (x / scale).clamp(-448, 448).to(torch.float8_e4m3fn). On the GPU, for a
+// (x / scale).clamp(-448, 448).to(torch.float8_e4m3fn). kReciprocal: for a
 // scale with `reciprocal` set only.
-template <typename acc_t>
+template <bool kReciprocal, typename acc_t>
 ROTARY_HOST_DEVICE uint8_t quantize_fp8(acc_t v, const Fp8Scale<acc_t>& scale) {
-  return fp8_of_quotient(scale.divide(v));
+  return fp8_of_quotient(scale.template divide<kReciprocal>(v));
 }
 // The same for one element, its scale by pointer (null: none).
 template <typename acc_t>
