@@ -32,16 +32,16 @@ ROTARY_HOST_DEVICE typename CacheChunk<T, Cache>::type fp8_chunk(
 }
 
 // x into the cache at `at`: a copy, or quantize_fp8 of each element by the
-// scale's value (1: none), the same bits as the element-wise write (which
-// reads k after its rounding to T). A scale outside Fp8Scale's reciprocal
-// range divides each element, on a branch of its own: the hot path holds no
-// division.
+// scale's value (`scaled` false: none), the same bits as the element-wise
+// write (which reads k after its rounding to T). A scale outside Fp8Scale's
+// reciprocal range divides each element, on a branch of its own: the hot
+// path holds no division.
 template <typename T, typename Cache>
-ROTARY_HOST_DEVICE void store_chunk(Cache* at, const Vector& x, float scale) {
+ROTARY_HOST_DEVICE void store_chunk(Cache* at, const Vector& x, float scale, bool scaled) {
   if constexpr (std::is_same_v<T, Cache>) {
     store_vector(reinterpret_cast<Vector*>(at), x);
   } else {
-    const Fp8Scale<typename Acc<T>::type> divisor(scale);
+    const Fp8Scale<typename Acc<T>::type> divisor(scale, scaled);
     *reinterpret_cast<typename CacheChunk<T, Cache>::type*>(at) =
         divisor.reciprocal ? fp8_chunk<T, Cache, true>(x, divisor) : fp8_chunk<T, Cache, false>(x, divisor);
   }
@@ -49,7 +49,7 @@ ROTARY_HOST_DEVICE void store_chunk(Cache* at, const Vector& x, float scale) {
 // The same, the scale read here (null: none; a same-dtype cache reads none).
 template <typename T, typename Cache>
 ROTARY_HOST_DEVICE void store_chunk(Cache* at, const Vector& x, const float* scale) {
-  store_chunk<T, Cache>(at, x, std::is_same_v<T, Cache> || scale == nullptr ? 1.0f : *scale);
+  store_chunk<T, Cache>(at, x, std::is_same_v<T, Cache> || scale == nullptr ? 1.0f : *scale, scale != nullptr);
 }
 
 }  // namespace kernel

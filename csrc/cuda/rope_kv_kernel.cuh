@@ -86,7 +86,7 @@ ROTARY_HOST_DEVICE void copy_cache_row(const KVCacheParams& p, const T* k_row, I
         const int64_t h = h0 + i * static_cast<int64_t>(chunks);
         if (h >= heads) continue;
         if constexpr (kLoadsFirst && !std::is_same_v<T, Cache>) {
-          store_chunk<T, Cache>(dst + h * dst_head, x[i], scales[i]);
+          store_chunk<T, Cache>(dst + h * dst_head, x[i], scales[i], scale != nullptr);
         } else {
           store_chunk<T, Cache>(dst + h * dst_head, x[i], scale != nullptr ? scale + h * scale_head : nullptr);
         }
@@ -127,7 +127,7 @@ struct CacheSink {
     if (kc == nullptr) return;
     if constexpr (kEarlyScale) {
       if (p.k_scale_stride == 0) {
-        store_chunk<T, Cache>(kc + (h * p.kc_stride[1] + at), y, k_scale);
+        store_chunk<T, Cache>(kc + (h * p.kc_stride[1] + at), y, k_scale, p.k_scale != nullptr);
         return;
       }
     }

@@ -52,28 +52,34 @@ ROTARY_HOST_DEVICE acc_t divide_by_reciprocal(acc_t x, acc_t b, acc_t y) {
   return r == acc_t(0) || !(q - q == acc_t(0)) ? q : q1;
 }
 
-// A cache's fp8 scale, read once for the elements it divides (none: 1, and
-// x / 1 is x). With `reciprocal` set the GPU may divide by multiplying with
-// its reciprocal (divide_by_reciprocal: the same fp8 bits, no division per
-// element); kReciprocal false divides, the path of a scale without it. The
-// host divides.
+// A cache's fp8 scale, read once for the elements it divides. With
+// `reciprocal` set the GPU may divide by multiplying with its reciprocal
+// (divide_by_reciprocal: the same fp8 bits, no division per element);
+// kReciprocal false divides, the path of a scale without it. The host
+// divides. Without a scale (`scaled` false) x is left as it is, by a select:
+// no arithmetic, so a NaN keeps its bits as torch's .to() keeps them.
 template <typename acc_t>
 struct Fp8Scale {
   acc_t b = 1, y = 1;
   bool reciprocal = true;
+  bool scaled = true;
 
-  ROTARY_HOST_DEVICE explicit Fp8Scale(float scale) : b(static_cast<acc_t>(scale)), y(acc_t(1) / b) {
+  ROTARY_HOST_DEVICE Fp8Scale(float scale, bool has_scale)
+      : b(has_scale ? static_cast<acc_t>(scale) : acc_t(1)), y(acc_t(1) / b), scaled(has_scale) {
     const acc_t m = b < acc_t(0) ? -b : b;
     reciprocal = m >= acc_t(kFp8ReciprocalMin) && m <= acc_t(kFp8ReciprocalMax);
   }
-  ROTARY_HOST_DEVICE explicit Fp8Scale(const float* scale) : Fp8Scale(scale != nullptr ? *scale : 1.0f) {}
+  ROTARY_HOST_DEVICE explicit Fp8Scale(const float* scale)
+      : Fp8Scale(scale != nullptr ? *scale : 1.0f, scale != nullptr) {}
 
   template <bool kReciprocal>
   ROTARY_HOST_DEVICE acc_t divide(acc_t x) const {
 #if defined(__CUDA_ARCH__)
-    if constexpr (kReciprocal) return divide_by_reciprocal(x, b, y);
+    const acc_t q = kReciprocal ? divide_by_reciprocal(x, b, y) : x / b;
+#else
+    const acc_t q = x / b;
 #endif
-    return x / b;
+    return scaled ? q : x;
   }
 };
 

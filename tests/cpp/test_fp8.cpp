@@ -136,21 +136,23 @@ TEST(Fp8Divide, ScalesOutsideTheRangeDivide) {
   EXPECT_TRUE(rotary::kernel::Fp8Scale<float>(nullptr).reciprocal);  // none: 1
 }
 
-// A scale by value and by pointer are one scale; none is 1, and dividing by
-// it leaves every x (so a cache without a scale holds x's own fp8 bits).
+// A scale by value and by pointer are one scale; none leaves every x as it
+// is, NaNs bit for bit (a cache without a scale holds x's own fp8 bits).
 TEST(Fp8Divide, ScaleFormsAgree) {
   for (const float b : scales()) {
-    const rotary::kernel::Fp8Scale<float> by_value(b), by_pointer(&b);
+    const rotary::kernel::Fp8Scale<float> by_value(b, true), by_pointer(&b);
     EXPECT_EQ(bits_of_float(by_value.b), bits_of_float(by_pointer.b));
     EXPECT_EQ(bits_of_float(by_value.y), bits_of_float(by_pointer.y));
     EXPECT_EQ(by_value.reciprocal, by_pointer.reciprocal);
   }
-  const rotary::kernel::Fp8Scale<float> none(nullptr);
-  EXPECT_TRUE(none.b == 1.0f && none.y == 1.0f && none.reciprocal);
+  const rotary::kernel::Fp8Scale<float> none(nullptr), unset(123.0f, false);
+  EXPECT_TRUE(none.b == 1.0f && none.y == 1.0f && none.reciprocal && !none.scaled);
+  EXPECT_TRUE(unset.b == 1.0f && !unset.scaled);
   int64_t bad = 0;
   for_each_float([&](float x) {
-    const uint8_t want = rotary::kernel::fp8_of_quotient(x);
+    const uint8_t want = rotary::kernel::fp8_e4m3fn_bits(x > 448.0f ? 448.0f : (x < -448.0f ? -448.0f : x));
     if (rotary::kernel::quantize_fp8<true>(x, none) != want && bad++ < 5) ADD_FAILURE() << x;
+    if (bits_of_float(none.divide<true>(x)) != bits_of_float(x) && bad++ < 5) ADD_FAILURE() << x;  // NaNs too
     if (!same(divide_by_reciprocal(x, none.b, none.y), x) && !std::isnan(x) && bad++ < 5) ADD_FAILURE() << x;
   });
   EXPECT_EQ(bad, 0);
