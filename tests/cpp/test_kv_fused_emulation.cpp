@@ -285,6 +285,8 @@ TEST(KVFusedEmulation, Features) {
   add("BSHD q/k/v", [](FusedCase& c) { c.layout = "BSHD", c.kv_layout = "NHD"; });
   add("MLA v_dim 16", [](FusedCase& c) { c.vd = 16, c.kv_layout = "HND"; });
   add("MLA v_dim 48", [](FusedCase& c) { c.vd = 48; });
+  // More copy chunks in a row than its block has threads: a copy thread walks several.
+  add("v rows wider than the block", [](FusedCase& c) { c.vd = 512, c.B = 1, c.S = 2, c.Hk = 3; });
   add("fp8 per-head scales", [](FusedCase& c) { c.fp8 = true, c.per_head_scale = true, c.kv_layout = "NHD"; });
   add("fp32 fp8 partial", [](FusedCase& c) {
     c.dtype = at::kFloat, c.fp8 = true, c.D = 48, c.rotary_dim = 16, c.rotary_offset = 8, c.vd = 24;
