@@ -14,8 +14,8 @@ namespace rotary {
 namespace kernel {
 
 // The fp8 bytes of x's elements as the cache's chunk word, each element's
-// quantize_fp8<kReciprocal>.
-template <typename T, typename Cache, bool kReciprocal>
+// quantize_fp8.
+template <typename T, typename Cache>
 ROTARY_HOST_DEVICE typename CacheChunk<T, Cache>::type fp8_chunk(
     const Vector& x, const Fp8Scale<typename Acc<T>::type>& scale) {
   using acc_t = typename Acc<T>::type;
@@ -25,25 +25,23 @@ ROTARY_HOST_DEVICE typename CacheChunk<T, Cache>::type fp8_chunk(
   for (int k = 0; k < CacheChunk<T, Cache>::kElems / 2; ++k) {
     acc_t a, b;
     Pairs<T>::get(x, k, a, b);
-    word |= static_cast<W>(static_cast<W>(quantize_fp8<kReciprocal>(a, scale)) << (16 * k));
-    word |= static_cast<W>(static_cast<W>(quantize_fp8<kReciprocal>(b, scale)) << (16 * k + 8));
+    word |= static_cast<W>(static_cast<W>(quantize_fp8(a, scale)) << (16 * k));
+    word |= static_cast<W>(static_cast<W>(quantize_fp8(b, scale)) << (16 * k + 8));
   }
   return word;
 }
 
 // x into the cache at `at`: a copy, or quantize_fp8 of each element by the
 // scale's value (`scaled` false: none), the same bits as the element-wise
-// write (which reads k after its rounding to T). A scale outside Fp8Scale's
-// reciprocal range divides each element, on a branch of its own: the hot
-// path holds no division.
+// write (which reads k after its rounding to T); on the GPU without a
+// division or a branch per element.
 template <typename T, typename Cache>
 ROTARY_HOST_DEVICE void store_chunk(Cache* at, const Vector& x, float scale, bool scaled) {
   if constexpr (std::is_same_v<T, Cache>) {
     store_vector(reinterpret_cast<Vector*>(at), x);
   } else {
-    const Fp8Scale<typename Acc<T>::type> divisor(scale, scaled);
     *reinterpret_cast<typename CacheChunk<T, Cache>::type*>(at) =
-        divisor.reciprocal ? fp8_chunk<T, Cache, true>(x, divisor) : fp8_chunk<T, Cache, false>(x, divisor);
+        fp8_chunk<T, Cache>(x, Fp8Scale<typename Acc<T>::type>(scale, scaled));
   }
 }
 // The same, the scale read here (null: none; a same-dtype cache reads none).

@@ -28,20 +28,20 @@ ROTARY_HOST_DEVICE uint8_t fp8_e4m3fn_bits(float f) {
   return static_cast<uint8_t>(result | (sign >> 24));
 }
 
-// Below 2^-64 or above 2^64 a scale takes the plain division (the
-// reciprocal's correction is exact only away from underflow and overflow).
-constexpr double kFp8ReciprocalMin = 5.421010862427522e-20;  // 2^-64
-constexpr double kFp8ReciprocalMax = 1.8446744073709552e19;  // 2^64
+// Scales within [2^-64, 2^64] divide as they are; others are first brought
+// into [1, 2) by powers of two (Fp8Scale).
+constexpr double kFp8ScaleMin = 5.421010862427522e-20;  // 2^-64
+constexpr double kFp8ScaleMax = 1.8446744073709552e19;  // 2^64
 
 // x / b from y = RN(1 / b): q = RN(x y) is within an ulp of x / b, r =
 // x - b q is exact (one fma), and RN(q + r y) is RN(x / b) (Markstein's
 // theorem), for b within [2^-64, 2^64] and |x / b| >= 2^-11 (x and r
 // normal). Below that x or r may underflow and the quotient be an ulp off:
 // it keeps its sign and stays under 2^-11, where float8_e4m3fn rounds it to
-// the same zero. Where r is 0 (q exact, and x = -0 keeps its sign) or q is
-// not finite (x is, or x / b rounds to, +-inf or NaN), q itself.
-// tests/cpp/test_fp8.cpp checks it against the division, and the fp8 bits
-// of both.
+// the same zero. Where r is 0 (q exact, and x = -0 keeps its sign) or not
+// a number (b is +-inf), or q is not finite (x is, or x / b rounds to,
+// +-inf or NaN; b is 0 or NaN), q itself. tests/cpp/test_fp8.cpp checks it
+// against the division, and the fp8 bits of both.
 ROTARY_HOST_DEVICE float fused_multiply_add(float a, float b, float c) { return fmaf(a, b, c); }
 ROTARY_HOST_DEVICE double fused_multiply_add(double a, double b, double c) { return fma(a, b, c); }
 template <typename acc_t>
@@ -49,33 +49,58 @@ ROTARY_HOST_DEVICE acc_t divide_by_reciprocal(acc_t x, acc_t b, acc_t y) {
   const acc_t q = x * y;
   const acc_t r = fused_multiply_add(-b, q, x);
   const acc_t q1 = fused_multiply_add(r, y, q);
-  return r == acc_t(0) || !(q - q == acc_t(0)) ? q : q1;
+  return (r < acc_t(0) || r > acc_t(0)) && q - q == acc_t(0) ? q1 : q;
 }
 
-// A cache's fp8 scale, read once for the elements it divides. With
-// `reciprocal` set the GPU may divide by multiplying with its reciprocal
-// (divide_by_reciprocal: the same fp8 bits, no division per element);
-// kReciprocal false divides, the path of a scale without it. The host
-// divides. Without a scale (`scaled` false) x is left as it is, by a select:
-// no arithmetic, so a NaN keeps its bits as torch's .to() keeps them.
+ROTARY_HOST_DEVICE int binary_exponent(float b) {
+  int e = 0;
+  frexpf(b, &e);
+  return e;
+}
+ROTARY_HOST_DEVICE int binary_exponent(double b) {
+  int e = 0;
+  frexp(b, &e);
+  return e;
+}
+
+// A cache's fp8 scale b, read once for the elements it divides. The GPU
+// divides by multiplying with a reciprocal (quotient: the same fp8 bits, no
+// division per element, no branch); the host divides. A b outside
+// [2^-64, 2^64] is brought into [1, 2) as m = b p1 p2 (powers of two, of
+// one sign of exponent: exact), and x / b computed as (x p1 p2) / m, the
+// same real number: x p1 p2 is exact, or overflows to +-inf (then
+// |x / b| >= 2^127, saturated) or underflows (then |x / b| < 2^-126,
+// rounded to a signed zero). Without a scale (`scaled` false) x is left as it is, by a
+// select: no arithmetic, so a NaN keeps its bits as torch's .to() keeps
+// them.
 template <typename acc_t>
 struct Fp8Scale {
-  acc_t b = 1, y = 1;
-  bool reciprocal = true;
+  acc_t b = 1;           // the scale, as the host divides by it
+  acc_t m = 1, y = 1;    // b p1 p2, and RN(1 / m)
+  acc_t p1 = 1, p2 = 1;  // powers of two
   bool scaled = true;
 
   ROTARY_HOST_DEVICE Fp8Scale(float scale, bool has_scale)
-      : b(has_scale ? static_cast<acc_t>(scale) : acc_t(1)), y(acc_t(1) / b), scaled(has_scale) {
-    const acc_t m = b < acc_t(0) ? -b : b;
-    reciprocal = m >= acc_t(kFp8ReciprocalMin) && m <= acc_t(kFp8ReciprocalMax);
+      : b(has_scale ? static_cast<acc_t>(scale) : acc_t(1)), m(b), scaled(has_scale) {
+    const acc_t mag = b < acc_t(0) ? -b : b;  // NaN: no comparison holds
+    if (mag > acc_t(0) && mag - mag == acc_t(0) && (mag < acc_t(kFp8ScaleMin) || mag > acc_t(kFp8ScaleMax))) {
+      const int k = 1 - binary_exponent(b);  // b 2^k in [1, 2); |k| in [64, 149]
+      const int k1 = k > 0 ? 64 : -64;
+      p1 = static_cast<acc_t>(k1 > 0 ? kFp8ScaleMax : kFp8ScaleMin);
+      p2 = static_cast<acc_t>(ldexp(1.0, k - k1));
+      m = b * p1 * p2;
+    }
+    y = acc_t(1) / m;
   }
   ROTARY_HOST_DEVICE explicit Fp8Scale(const float* scale)
       : Fp8Scale(scale != nullptr ? *scale : 1.0f, scale != nullptr) {}
 
-  template <bool kReciprocal>
+  // The GPU's x / b.
+  ROTARY_HOST_DEVICE acc_t quotient(acc_t x) const { return divide_by_reciprocal(x * p1 * p2, m, y); }
+
   ROTARY_HOST_DEVICE acc_t divide(acc_t x) const {
 #if defined(__CUDA_ARCH__)
-    const acc_t q = kReciprocal ? divide_by_reciprocal(x, b, y) : x / b;
+    const acc_t q = quotient(x);
 #else
     const acc_t q = x / b;
 #endif
@@ -93,11 +118,10 @@ ROTARY_HOST_DEVICE uint8_t fp8_of_quotient(acc_t v) {
 
 // v / scale clamped to +-448 and rounded to float8_e4m3fn, the division in
 // acc_t (float32, or float64 for double data), once: the bits of torch's
-// (x / scale).clamp(-448, 448).to(torch.float8_e4m3fn). kReciprocal: for a
-// scale with `reciprocal` set only.
-template <bool kReciprocal, typename acc_t>
+// (x / scale).clamp(-448, 448).to(torch.float8_e4m3fn).
+template <typename acc_t>
 ROTARY_HOST_DEVICE uint8_t quantize_fp8(acc_t v, const Fp8Scale<acc_t>& scale) {
-  return fp8_of_quotient(scale.template divide<kReciprocal>(v));
+  return fp8_of_quotient(scale.divide(v));
 }
 // The same for one element, its scale by pointer (null: none).
 template <typename acc_t>

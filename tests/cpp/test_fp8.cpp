@@ -1,6 +1,7 @@
 // The float8_e4m3fn encoding (params/fp8.h) against c10's, and the GPU's
-// division by a cache scale (divide_by_reciprocal: x times the scale's
-// reciprocal, one fma correction) against the division itself, bit for bit.
+// division by a cache scale (Fp8Scale::quotient: x times the scale's
+// reciprocal, one fma correction, out-of-range scales normalized by powers
+// of two) against the division itself, bit for bit.
 // Both are plain arithmetic, so the host checks what the device computes
 // (fmaf is the IEEE fused multiply-add on both).
 #include "params/fp8.h"
@@ -18,7 +19,6 @@
 namespace {
 
 using rotary::kernel::bits_of_float;
-using rotary::kernel::divide_by_reciprocal;
 using rotary::kernel::float_of_bits;
 
 // Low 12 bits that sit on and around the rounding points of every format
@@ -55,38 +55,42 @@ TEST(Fp8Encoding, MatchesC10OnEveryRoundingPoint) {
   EXPECT_EQ(bad, 0);
 }
 
-// Scales the reciprocal path serves: typical ones, the range's ends, and
-// random ones across it.
+// Scales: typical ones, the ends of the range taken as it is, random ones
+// across it, and past it (brought into [1, 2) by powers of two):
+// subnormal, tiny, huge, the largest float.
 std::vector<float> scales() {
-  std::vector<float> s = {1.0f, 3.0f, 0.1f, 0.0123f, 448.0f / 240.0f, 1.0f / 3.0f, 7.0f, 0.0078125f,
-                          static_cast<float>(rotary::kernel::kFp8ReciprocalMin),
-                          static_cast<float>(rotary::kernel::kFp8ReciprocalMax),
-                          std::nextafter(static_cast<float>(rotary::kernel::kFp8ReciprocalMax), 0.0f), -2.5f};
+  const float lo = static_cast<float>(rotary::kernel::kFp8ScaleMin);
+  const float hi = static_cast<float>(rotary::kernel::kFp8ScaleMax);
+  std::vector<float> s = {1.0f, 3.0f, 0.1f, 0.0123f, 448.0f / 240.0f, 1.0f / 3.0f, 7.0f, 0.0078125f, lo, hi,
+                          std::nextafter(hi, 0.0f), std::nextafter(lo, 0.0f), std::nextafter(hi, 1e30f), -2.5f,
+                          1e-30f, -3.7e-25f, 6.1e21f, 1e30f, std::numeric_limits<float>::max(),
+                          std::numeric_limits<float>::denorm_min(), 3.3e-42f, 1.1e-38f};
   std::mt19937 gen(8);
   std::uniform_real_distribution<float> exponent(-64.0f, 64.0f);
   for (int i = 0; i < 8; ++i) s.push_back(std::exp2(exponent(gen)) * (1.0f + 0.37f * static_cast<float>(i)));
   return s;
 }
 
-// Where |x / b| >= 2^-11, inf or NaN, the same bits; below (where x or the
-// correction's r may underflow, no longer exact) the same sign and both
-// below 2^-11, where float8_e4m3fn rounds to that signed zero. And the fp8
-// bits, the property the cache needs, for every x.
+// Where 2^-11 <= |x / b| < 2^127, inf or NaN, the same bits; below (where x
+// or the correction's r may underflow, no longer exact) the same sign and
+// both below 2^-11, where float8_e4m3fn rounds to that signed zero; above,
+// a scale under 2^-64 may overflow x's power-of-two step to the same-signed
+// inf (both saturate). And the fp8 bits, the property the cache needs, for
+// every x.
 template <typename acc_t>
 bool agrees(acc_t got, acc_t want) {
   if (same(got, want)) return true;
-  const acc_t zero = acc_t(1) / acc_t(2048);
-  return std::fabs(want) < zero && std::fabs(got) < zero && std::signbit(got) == std::signbit(want);
+  const acc_t zero = acc_t(1) / acc_t(2048), huge = std::ldexp(acc_t(1), 127);
+  if (std::signbit(got) != std::signbit(want)) return false;
+  return (std::fabs(want) < zero && std::fabs(got) < zero) || (std::fabs(want) >= huge && std::isinf(got));
 }
 
-TEST(Fp8Divide, ReciprocalIsTheDivisionInFloat) {
+TEST(Fp8Divide, QuotientIsTheDivisionInFloat) {
   for (const float b : scales()) {
     const rotary::kernel::Fp8Scale<float> scale(&b);
-    ASSERT_TRUE(scale.reciprocal) << b;
-    ASSERT_EQ(bits_of_float(scale.y), bits_of_float(1.0f / b));
     int64_t bad = 0;
     for_each_float([&](float x) {
-      const float got = divide_by_reciprocal(x, scale.b, scale.y), want = x / b;
+      const float got = scale.quotient(x), want = x / b;
       const bool ok = agrees(got, want) &&
           rotary::kernel::fp8_of_quotient(got) == rotary::kernel::fp8_of_quotient(want);
       if (!ok && bad++ < 5) {
@@ -98,7 +102,7 @@ TEST(Fp8Divide, ReciprocalIsTheDivisionInFloat) {
   }
 }
 
-TEST(Fp8Divide, ReciprocalIsTheDivisionInDouble) {
+TEST(Fp8Divide, QuotientIsTheDivisionInDouble) {
   std::mt19937_64 gen(9);
   std::vector<double> xs = {0.0, -0.0, std::numeric_limits<double>::infinity(),
                             -std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN(),
@@ -114,10 +118,9 @@ TEST(Fp8Divide, ReciprocalIsTheDivisionInDouble) {
   }
   for (const float bf : scales()) {
     const rotary::kernel::Fp8Scale<double> scale(&bf);
-    ASSERT_TRUE(scale.reciprocal);
     int64_t bad = 0;
     for (const double x : xs) {
-      const double got = divide_by_reciprocal(x, scale.b, scale.y), want = x / scale.b;
+      const double got = scale.quotient(x), want = x / scale.b;
       const bool ok = agrees(got, want) &&
           rotary::kernel::fp8_of_quotient(got) == rotary::kernel::fp8_of_quotient(want);
       if (!ok && bad++ < 5) ADD_FAILURE() << x << " / " << scale.b << ": got " << got << ", want " << want;
@@ -126,14 +129,30 @@ TEST(Fp8Divide, ReciprocalIsTheDivisionInDouble) {
   }
 }
 
-// Outside [2^-64, 2^64] (and for 0, inf, NaN) a scale takes the division.
-TEST(Fp8Divide, ScalesOutsideTheRangeDivide) {
+// Scales no quotient is a number for, or every one is: the division's.
+TEST(Fp8Divide, SpecialScales) {
   const float inf = std::numeric_limits<float>::infinity();
-  for (const float b : {0.0f, 1e-30f, 1e30f, inf, -inf, std::numeric_limits<float>::quiet_NaN(),
-                        std::numeric_limits<float>::denorm_min()}) {
-    EXPECT_FALSE(rotary::kernel::Fp8Scale<float>(&b).reciprocal) << b;
+  for (const float b : {0.0f, -0.0f, inf, -inf, std::numeric_limits<float>::quiet_NaN()}) {
+    const rotary::kernel::Fp8Scale<float> scale(&b);
+    int64_t bad = 0;
+    for_each_float([&](float x) {
+      const float got = scale.quotient(x), want = x / b;
+      if (!same(got, want) && bad++ < 5) ADD_FAILURE() << x << " / " << b << ": got " << got << ", want " << want;
+    });
+    EXPECT_EQ(bad, 0) << "scale " << b;
   }
-  EXPECT_TRUE(rotary::kernel::Fp8Scale<float>(nullptr).reciprocal);  // none: 1
+}
+
+// A scale past [2^-64, 2^64] becomes m in [1, 2) times powers of two.
+TEST(Fp8Divide, OutOfRangeScalesAreNormalized) {
+  for (const float b : {1e-30f, 3.3e-42f, 6.1e21f, std::numeric_limits<float>::max()}) {
+    const rotary::kernel::Fp8Scale<float> scale(&b);
+    EXPECT_TRUE(std::fabs(scale.m) >= 1.0f && std::fabs(scale.m) < 2.0f) << b;
+    EXPECT_EQ(static_cast<double>(scale.m), static_cast<double>(b) * scale.p1 * scale.p2) << b;
+  }
+  const float in_range = 0.37f;
+  const rotary::kernel::Fp8Scale<float> plain(&in_range);
+  EXPECT_TRUE(plain.m == in_range && plain.p1 == 1.0f && plain.p2 == 1.0f);
 }
 
 // A scale by value and by pointer are one scale; none leaves every x as it
@@ -143,17 +162,17 @@ TEST(Fp8Divide, ScaleFormsAgree) {
     const rotary::kernel::Fp8Scale<float> by_value(b, true), by_pointer(&b);
     EXPECT_EQ(bits_of_float(by_value.b), bits_of_float(by_pointer.b));
     EXPECT_EQ(bits_of_float(by_value.y), bits_of_float(by_pointer.y));
-    EXPECT_EQ(by_value.reciprocal, by_pointer.reciprocal);
+    EXPECT_EQ(bits_of_float(by_value.m), bits_of_float(by_pointer.m));
   }
   const rotary::kernel::Fp8Scale<float> none(nullptr), unset(123.0f, false);
-  EXPECT_TRUE(none.b == 1.0f && none.y == 1.0f && none.reciprocal && !none.scaled);
+  EXPECT_TRUE(none.b == 1.0f && none.y == 1.0f && !none.scaled);
   EXPECT_TRUE(unset.b == 1.0f && !unset.scaled);
   int64_t bad = 0;
   for_each_float([&](float x) {
     const uint8_t want = rotary::kernel::fp8_e4m3fn_bits(x > 448.0f ? 448.0f : (x < -448.0f ? -448.0f : x));
-    if (rotary::kernel::quantize_fp8<true>(x, none) != want && bad++ < 5) ADD_FAILURE() << x;
-    if (bits_of_float(none.divide<true>(x)) != bits_of_float(x) && bad++ < 5) ADD_FAILURE() << x;  // NaNs too
-    if (!same(divide_by_reciprocal(x, none.b, none.y), x) && !std::isnan(x) && bad++ < 5) ADD_FAILURE() << x;
+    if (rotary::kernel::quantize_fp8(x, none) != want && bad++ < 5) ADD_FAILURE() << x;
+    if (bits_of_float(none.divide(x)) != bits_of_float(x) && bad++ < 5) ADD_FAILURE() << x;  // NaNs too
+    if (!same(none.quotient(x), x) && !std::isnan(x) && bad++ < 5) ADD_FAILURE() << x;
   });
   EXPECT_EQ(bad, 0);
 }
