@@ -70,9 +70,9 @@ ROTARY_HOST_DEVICE int binary_exponent(double b) {
 // one sign of exponent: exact), and x / b computed as (x p1 p2) / m, the
 // same real number: x p1 p2 is exact, or overflows to +-inf (then
 // |x / b| >= 2^127, saturated) or underflows (then |x / b| < 2^-126,
-// rounded to a signed zero). Without a scale (`scaled` false) x is left as it is, by a
-// select: no arithmetic, so a NaN keeps its bits as torch's .to() keeps
-// them.
+// rounded to a signed zero). Without a scale (`scaled` false) x is left as
+// it is, by a select: no arithmetic, so a NaN keeps its bits as torch's
+// .to() keeps them.
 template <typename acc_t>
 struct Fp8Scale {
   acc_t b = 1;           // the scale, as the host divides by it
