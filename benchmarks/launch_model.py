@@ -167,7 +167,7 @@ def measured_decode_trips():
 def decode_rows():
     """The decode step with a KV cache: launches, grid and predicted GPU time."""
     regs = cubin_regs(contract.FUSED_KERNEL)
-    measured_trips = measured_decode_trips()
+    fit = [(DECODE_MEASURED_US - l) / measured_decode_trips() for l in LAUNCH_US]  # us per trip
     for case in (c for c in CUDA_CASES if c.decode):
         B, Hq, _, D = case.q_shape
         Hk = case.k_shape[1]
@@ -202,7 +202,6 @@ def decode_rows():
                         trips = max(s["rope_trips"], s["copy_block_trips"]) if copy_blocks else rows_trips
                     us = [s["launches"] * l + trips * t for l, t in zip(LAUNCH_US, TRIP_US)]
                     rows_us = [s["launches"] * l + rows_trips * t for l, t in zip(LAUNCH_US, TRIP_US)]
-                    fit = [(DECODE_MEASURED_US - l) / measured_trips for l in LAUNCH_US]
                     fitted_us = [s["launches"] * l + trips * t for l, t in zip(LAUNCH_US, fit)]
                     rows_fitted_us = [s["launches"] * l + rows_trips * t for l, t in zip(LAUNCH_US, fit)]
                     unfused = [2 * l + 4 * t for l, t in zip(LAUNCH_US, TRIP_US)]
