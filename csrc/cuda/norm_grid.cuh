@@ -6,6 +6,7 @@
 #pragma once
 
 #include "params/kv_params.h"
+#include "params/launch_switches.h"
 #include "params/norm_params.h"
 #include "params/rope_params.h"
 #include "rope_grid.cuh"
@@ -76,9 +77,11 @@ inline NormGrid norm_grid(const RopeParams& p, const NormParams& n, int64_t bloc
   g.items = static_cast<int32_t>(items);
   g.rotated = static_cast<int32_t>(rotated);
   while ((int64_t{1} << g.lanes_log2) < items) ++g.lanes_log2;
-  const int64_t lines = (p.head_dim * elem_bytes + kLineBytes - 1) / kLineBytes;
-  g.prefetch_log2 = 0;
-  while ((int64_t{1} << g.prefetch_log2) < lines) ++g.prefetch_log2;
+  if (l2_prefetch()) {
+    const int64_t lines = (p.head_dim * elem_bytes + kLineBytes - 1) / kLineBytes;
+    g.prefetch_log2 = 0;
+    while ((int64_t{1} << g.prefetch_log2) < lines) ++g.prefetch_log2;
+  }
   return g;
 }
 

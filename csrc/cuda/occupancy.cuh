@@ -61,8 +61,7 @@ int64_t resident_wave(int block_threads) {
 template <auto Kernel>
 kernel::Grid launch_grid(const kernel::RopeParams& rope, const kernel::LaunchShape& s, int64_t& wave) {
   wave = resident_wave<Kernel>(s.grid.block_threads);
-  return kernel::launched(rope, s.grid, kernel::even_grid(s.grid.row_blocks, wave),
-                          s.prefetch && kernel::l2_prefetch());
+  return kernel::launched(rope, s.grid, kernel::even_grid(s.grid.row_blocks, wave), s.prefetch);
 }
 
 // Launches the instantiation of the index width s chose (Kernel32 or

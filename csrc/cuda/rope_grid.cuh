@@ -5,7 +5,7 @@
 // model all include it.
 #pragma once
 
-#include "params/l2_prefetch.h"
+#include "params/launch_switches.h"
 #include "params/rope_params.h"
 #include "rope_vector.cuh"
 
@@ -182,7 +182,7 @@ inline bool can_vectorize(const RopeParams& p) {
 struct LaunchShape {
   bool vectorized = false;
   bool int32 = false;
-  bool prefetch = false;   // the instantiation prefetches next rows (Tile::kPrefetch)
+  bool prefetch = false;   // the instantiation prefetches next rows (Tile::kPrefetch) and l2_prefetch() is on
   int32_t load_bytes = 0;  // q/k bytes one thread has in flight per round trip
   Grid grid;
 };
@@ -191,7 +191,7 @@ template <typename T, bool kInterleaved, bool kVectorized>
 inline LaunchShape shape_of(const RopeParams& p) {
   LaunchShape s;
   s.vectorized = kVectorized;
-  s.prefetch = Tile<T, kInterleaved, kVectorized>::kPrefetch;
+  s.prefetch = Tile<T, kInterleaved, kVectorized>::kPrefetch && l2_prefetch();
   s.grid = make_grid<T, kInterleaved, kVectorized>(p);
   s.int32 = fits_int32(p, s.grid);
   s.load_bytes = static_cast<int32_t>(sizeof(HeadLoads<T, kInterleaved, kVectorized>));

@@ -44,7 +44,7 @@ std::map<std::string, int64_t> cuda_launch_shape(const kernel::RopeParams& p, at
            {"rotary_groups", g.rotary_groups}, {"groups", g.groups}, {"group_threads", g.group_threads},
            {"chunks", g.chunks}, {"lanes", g.lanes}, {"rows_per_block", g.rows_per_block},
            {"block_threads", g.block_threads}, {"heads", g.heads}, {"rows", g.rows}, {"row_blocks", g.row_blocks},
-           {"l2_prefetch", s.prefetch && kernel::l2_prefetch()}};
+           {"l2_prefetch", s.prefetch}};
     if (resident > 0) out["blocks"] = kernel::even_grid(g.row_blocks, resident);
   });
 #else
@@ -124,7 +124,7 @@ std::map<std::string, int64_t> cuda_norm_launch(
   out = {{"rows", rows}, {"blocks", blocks}, {"block_threads", kernel::kNormThreads}, {"batch", kernel::kNormBatch},
          {"vector_items", g.items}, {"vector_rotated", g.rotated},
          {"vector_lanes", g.items > 0 ? int64_t{1} << g.lanes_log2 : 0}, {"vector_lane_heads", kernel::kNormLaneHeads},
-         {"l2_prefetch", g.prefetch_log2 >= 0 && blocks < rows && kernel::l2_prefetch()}};
+         {"l2_prefetch", g.prefetch_log2 >= 0 && blocks < rows}};
 #else
   (void)p;
   (void)n;

@@ -4,7 +4,7 @@
 #pragma once
 
 #include "kv_params.h"
-#include "l2_prefetch.h"
+#include "launch_switches.h"
 #include "norm_params.h"
 #include "rope_params.h"
 

@@ -21,6 +21,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -215,21 +216,23 @@ TEST(NormEmulationPrefetch, AsksForEachBlocksNextRow) {
           const auto& rp = prepared.rope.params;
           const bool vector = std::string(norm) == "head";
           ASSERT_EQ(rotary::kernel::norm_grid(rp, prepared.norm.params, 3, q.element_size()).items > 0, vector);
-          for (int64_t blocks : {int64_t{3}, int64_t{7}, B * S}) {
+          for (const auto& [blocks, on] : {std::pair<int64_t, bool>{3, true}, {7, true}, {B * S, true}, {3, false}}) {
             SCOPED_TRACE(std::string(c10::toString(dtype)) + " D=" + std::to_string(D) +
                          (transposed ? " BSHD storage" : " BHSD") + " norm " + norm + " blocks " +
-                         std::to_string(blocks));
+                         std::to_string(blocks) + (on ? "" : " switch off"));
             std::vector<uintptr_t> got, want;
             rotary::kernel::KVCacheParams kv;
             kv.rope = rp;
+            const bool prior = rotary::kernel::set_l2_prefetch(on);  // the grid reads it
             if (dtype == at::kFloat) {
               rotary_test::emulate_norm_rope<float>(kv, prepared.norm.params, blocks, &got);
             } else {
               rotary_test::emulate_norm_rope<__nv_bfloat16>(kv, prepared.norm.params, blocks, &got);
             }
+            rotary::kernel::set_l2_prefetch(prior);
             const int64_t elem = q.element_size();
             const int64_t lines = (D * elem + 127) / 128;
-            for (int64_t row = blocks; vector && row < B * S; ++row) {
+            for (int64_t row = blocks; on && vector && row < B * S; ++row) {
               const int64_t b = row / S, s = row % S;
               for (const at::Tensor* x : {&q, &k}) {
                 for (int64_t h = 0; h < x->size(1); ++h) {
