@@ -377,22 +377,22 @@ def test_device_matches_unfused_and_cpu(device, dtype, case):
 @needs_cuda
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
-def test_copy_blocks_switch_cuda(dtype, case):
+@pytest.mark.parametrize("copy_blocks", [True, False], ids=["copy_blocks", "rows_copy"])
+def test_copy_blocks_switch_cuda(dtype, case, copy_blocks):
     """These small calls fit one wave: their v is copied by copy blocks beside
-    the rotation. Switched off, the rope rows copy it after the rotation: the
-    same bits either way."""
+    the rotation; switched off, by the rope rows after it. Either way the bits
+    of the unfused sequence (the RoPE op, then torch's own cache writes)."""
     c = KVCase(dtype=dtype, device="cuda", **CASES[case])
-    args, kw, _, _ = build(c)
-    rotary.apply_rope_with_kv_cache_(*args, **kw)
-    rows_args, _, _, _ = build(c)
-    prior = rotary._C._cuda_set_copy_blocks(False)
+    args, kw, _, dest = build(c)
+    prior = rotary._C._cuda_set_copy_blocks(copy_blocks)
     try:
-        rotary.apply_rope_with_kv_cache_(*rows_args, **kw)
+        rotary.apply_rope_with_kv_cache_(*args, **kw)
     finally:
         rotary._C._cuda_set_copy_blocks(prior)
-    torch.cuda.synchronize()
+    ref_args, _, _, _ = build(c)
+    unfused(ref_args, kw, dest, c)
     for i in (0, 1, 3, 4):
-        assert torch.equal(raw(args[i]).cpu(), raw(rows_args[i]).cpu()), f"tensor {i} differs without copy blocks"
+        assert torch.equal(raw(args[i]).cpu(), raw(ref_args[i]).cpu()), f"tensor {i} differs from the unfused sequence"
 
 
 @needs_cuda
