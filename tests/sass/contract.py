@@ -25,7 +25,7 @@ the rotation), the rope_kernel rules above, and:
   128-bit for a cache of the data's dtype, 64-bit for an fp8 cache of 16-bit
   data, 32-bit for one of float32 data; nothing narrower or wider;
 - the fp8-cache ones make at most FUSED_FP8_SPILL_BUDGET stack accesses
-  (interleaved ones spill row and copy setup values today, up to 15
+  (interleaved ones spill row and copy setup values today, up to 12
   accesses in the int64-index ones), a known gap; the others none.
 
 For every instantiation of rotary::kernel::norm_rope_kernel (the prologue,
