@@ -10,7 +10,9 @@ wall, one pass per --threads count, refused on a loaded machine):
   weight) on q and k, then rotary.apply_rope_qk;
 - unfused F.rms_norm: torch.nn.functional.rms_norm, then rotary.apply_rope_qk;
 - torch.compile of the model's own code (HF norm, then rotate_half RoPE);
-- fused: rotary.apply_qk_norm_rope (out of place) and apply_qk_norm_rope_.
+- fused: rotary.apply_qk_norm_rope (out of place) and apply_qk_norm_rope_;
+- q as fp8 (a per-head scale): the fused call with q_fp8_scale, against the
+  fused call followed by torch's (q / scale).clamp(-448, 448).to(fp8).
 
     PYTHONPATH=python .venv/bin/python benchmarks/bench_qk_norm.py [--dtype bfloat16] [--quick]
 """
@@ -75,6 +77,12 @@ def cases(B, S, Hq, Hk, D, dtype, compiled, device):
         "fused apply_qk_norm_rope_ (in place)": lambda: rotary.apply_qk_norm_rope_(
             qi, ki, freqs, start, q_weight=ones, k_weight=ones, **rope),
     }
+    scale = torch.linspace(0.01, 0.02, Hq, device=device).view(Hq, 1)
+    out["fused, then torch's fp8 quantization of q"] = lambda: (
+        (rotary.apply_qk_norm_rope(q, k, freqs, start, q_weight=qw, k_weight=kw, **rope)[0] / scale)
+        .clamp(-448, 448).to(torch.float8_e4m3fn))
+    out["fused apply_qk_norm_rope, fp8 q"] = lambda: rotary.apply_qk_norm_rope(
+        q, k, freqs, start, q_weight=qw, k_weight=kw, q_fp8_scale=scale.view(Hq), **rope)
     if torch.device(device).type == "cuda":  # the A/B of the vector path's L2 prefetch of next rows
         out["fused apply_qk_norm_rope, no L2 prefetch"] = without_l2_prefetch(out["fused apply_qk_norm_rope"])
     if compiled:

@@ -44,7 +44,7 @@ reads in one trip, and keeps them for phase 2 (the weights: one on-chip
 trip); its bytes in flight per SM are warps x 32 lanes x the share of lanes with an
 item x the item's bytes, plus, when the blocks stride over rows
 (l2_prefetch), each resident block's next row, which it asks of L2. The
-element path (norm "heads", fp8 q, strided or unaligned rows): a thread has `batch` loads of its phase-1 elements in
+element path (norm "heads", fp64, strided or unaligned rows): a thread has `batch` loads of its phase-1 elements in
 flight, then re-reads its pairs from L1 and reads their table entries
 (phase 2), one dependent on-chip trip per item; warps x 32 lanes x batch x
 element bytes in flight. Either is weighted by the share of a warp's time
@@ -215,27 +215,31 @@ def decode_rows():
 
 def prologue_rows():
     """The prologue: per shape, dtype and norm (for norm "head", per pairing;
-    at decode, also with a same-dtype cache), the launch, the bytes in flight,
+    at decode, also with a same-dtype cache and with q written as fp8), the launch, the bytes in flight,
     and prefill time / copy floor or decode GPU time, for the kernel as built
     ("now": the vector path where the launch takes it) and the element path
     ("before": what every call ran before the vector path)."""
     regs = cubin_regs(contract.NORM_KERNEL)
     for name, B, S, Hq, Hk, D in PROLOGUE_SHAPES:
         for dname, dtype in DTYPES.items():
-            cases = [("head", True, False), ("head", False, False), ("heads", True, False)]
-            for norm, interleaved, cache in cases + ([("head", False, True)] if name == "decode" else []):
+            cases = [("head", True, ""), ("head", False, ""), ("heads", True, "")]
+            decode = [("head", False, "cache"), ("head", False, "fp8 q")] if name == "decode" else []
+            for norm, interleaved, extra in cases + decode:
+                cache, fp8_q = extra == "cache", extra == "fp8 q"
                 q, k = torch.empty(B, Hq, S, D, dtype=dtype), torch.empty(B, Hk, S, D, dtype=dtype)
-                s = rotary._C._cuda_norm_launch(q, k, rotary.freqs_table(D, S), norm, SMS, interleaved)
+                s = rotary._C._cuda_norm_launch(q, k, rotary.freqs_table(D, S), norm, SMS, interleaved,
+                                                q_fp8_scale=torch.tensor(0.05) if fp8_q else None)
                 if not s:
                     raise SystemExit("librotary was built without CUDA kernels: nothing to model")
                 bt = s["block_threads"]
                 cache_elems = math.ceil(Hk * D / bt)  # a thread's k and v elements of the row
-                out = dict(case=name + (", cache" if cache else ""), dtype=dname, norm=norm,
+                out = dict(case=name + (", " + extra if extra else ""), dtype=dname, norm=norm,
                            pairing="interleaved" if interleaved else "rotate_half", grid=s["blocks"], block=bt,
                            vector=s["vector_items"] > 0)
                 for key in ("now", "before"):
                     vector = key == "now" and out["vector"]
-                    suffix = (", same-dtype cache" if cache else "") + (", vector" if vector else "")
+                    suffix = ((", fp8 q" if fp8_q else "") + (", same-dtype cache" if cache else "")
+                              + (", vector" if vector else ""))
                     r = regs[f"norm_rope_kernel<{dname}{suffix}>"]  # each path's own instantiation
                     per_sm = min(contract.resident_blocks(r, bt), MAX_BLOCKS_PER_SM, math.ceil(s["blocks"] / SMS))
                     warps = per_sm * bt // 32

@@ -4,26 +4,36 @@
 // apply_rope_qk_ runs: the cache holds the same bits as the unfused sequence.
 #include "rope_cpu.h"
 
+#include "kernel/fp8_kernel.h"
 #include "op/kv_backend.h"
 
 #include <ATen/Dispatch.h>
 #include <torch/library.h>
 
 #include <cstring>
+#include <type_traits>
 
 namespace rotary {
 namespace {
 
 using kernel::KVCacheParams;
 
-// A head row moves with one memcpy when both sides are dense along head_dim
-// and the cache has the input's dtype; anything else goes element by element.
+// n values of x into an fp8 cache row: the build's vector quantization.
+template <typename T>
+void quantize_row(const T* x, int64_t n, const float* scale, uint8_t* out) {
+  static const cpu::Capability cap = cpu::capability_from_aten();
+  ROTARY_CPU_DISPATCH(cap, isa::quantize_fp8_row(x, n, scale, out))
+}
+
+// A head row moves as a whole when both sides are dense along head_dim: one
+// memcpy into a cache of the input's dtype, or one quantized row into an
+// fp8 cache (the element-wise write's bytes); anything else goes element by
+// element.
 template <typename T, typename Cache>
 void write_rows(const KVCacheParams& p, int64_t b, int64_t s0, int64_t n, int64_t h0, int64_t h1) {
   const auto& r = p.rope;
   const int64_t dim = r.head_dim;
-  const bool rows = std::is_same<T, Cache>::value && r.k.out_stride[3] == 1 && p.v_stride[3] == 1 &&
-      p.kc_stride[3] == 1 && p.vc_stride[3] == 1;
+  const bool rows = r.k.out_stride[3] == 1 && p.v_stride[3] == 1 && p.kc_stride[3] == 1 && p.vc_stride[3] == 1;
   for (int64_t s = s0; s < s0 + n; ++s) {
     int64_t outer = 0, inner = 0;
     if (!kernel::cache_row(p, b, s, outer, inner)) continue;  // slot -1
@@ -35,10 +45,15 @@ void write_rows(const KVCacheParams& p, int64_t b, int64_t s0, int64_t n, int64_
       }
       const T* k = static_cast<const T*>(r.k.out) + row.k + h * r.k.out_stride[1];
       const T* v = static_cast<const T*>(p.v) + row.v + h * p.v_stride[1];
-      T* kc = static_cast<T*>(p.k_cache) + row.kc + h * p.kc_stride[1];
-      T* vc = static_cast<T*>(p.v_cache) + row.vc + h * p.vc_stride[1];
-      std::memcpy(kc, k, dim * sizeof(T));
-      std::memcpy(vc, v, p.v_dim * sizeof(T));
+      Cache* kc = static_cast<Cache*>(p.k_cache) + row.kc + h * p.kc_stride[1];
+      Cache* vc = static_cast<Cache*>(p.v_cache) + row.vc + h * p.vc_stride[1];
+      if constexpr (std::is_same_v<T, Cache>) {
+        std::memcpy(kc, k, dim * sizeof(T));
+        std::memcpy(vc, v, p.v_dim * sizeof(T));
+      } else {
+        quantize_row(k, dim, kernel::cache_scale(p, false, h), kc);
+        quantize_row(v, p.v_dim, kernel::cache_scale(p, true, h), vc);
+      }
     }
   }
 }

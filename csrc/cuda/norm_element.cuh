@@ -22,14 +22,16 @@ template <typename T, bool kFp8Q>
 struct NormUnit {
   using value_type = T;
   using acc_t = typename Acc<T>::type;
+  static constexpr bool kFp8 = kFp8Q;
   const T* in;
-  void* out;  // T, or float8_e4m3fn bytes with fp8_scale
+  void* out;  // T, or float8_e4m3fn bytes with fp8
   int64_t in_head, out_head, in_elem, out_elem;
   const void* weight;   // weight_of's: null (ones), acc_t or T elements
   int64_t weight_head;  // 0 for norm "head": one weight row for every head
   int32_t heads;
   // q as fp8 (kFp8Q only): head h of the unit is q head h0 + h. Its scale
-  // is read from the parameters at the store, so nothing more stays live.
+  // is read from the parameters when a thread reaches the head, so nothing
+  // more stays live.
   bool fp8;
   int32_t h0;
 
@@ -38,11 +40,17 @@ struct NormUnit {
   ROTARY_HOST_DEVICE acc_t weight_at(const NormParams& n, int32_t h, int64_t d) const {
     return weight_of<T, acc_t>(weight, n.weight_acc, static_cast<acc_t>(n.weight_offset), h * weight_head + d);
   }
+  // The fp8 scale of head h of the unit (fp8 units only).
+  ROTARY_HOST_DEVICE float q8_scale(const NormParams& n, int32_t h) const {
+    return n.q_scale[(h0 + h) * n.q_scale_stride];
+  }
 
-  ROTARY_HOST_DEVICE void put(const NormParams& n, int32_t h, int64_t at, acc_t v) const {
+  // v into element `at` of the output: as T, or (fp8) its quantize_fp8 by
+  // its head's scale q8.
+  ROTARY_HOST_DEVICE void put(int64_t at, acc_t v, const Fp8Scale<acc_t>& q8) const {
     if constexpr (kFp8Q) {
       if (fp8) {
-        static_cast<uint8_t*>(out)[at] = quantize_fp8(v, n.q_scale + (h0 + h) * n.q_scale_stride);
+        static_cast<uint8_t*>(out)[at] = quantize_fp8(v, q8);
         return;
       }
     }
@@ -118,7 +126,17 @@ ROTARY_HOST_DEVICE void norm_finish(
   const int32_t pairs = static_cast<int32_t>(p.rotary_dim / 2);
   const int32_t off = static_cast<int32_t>(p.rotary_offset);
   const int32_t width = static_cast<int32_t>(p.head_dim) - pairs;  // items per head
+  // fp8 q: the scale of the head in hand, made (its reciprocal, no division
+  // per element) when the walk reaches a head; a norm "head" unit has one.
+  Fp8Scale<acc_t> q8(1.0f, false);
+  int32_t q8_head = -1;
   for (HeadWalk w(tid, width); w.h < u.heads; w.next(threads, width)) {
+    if constexpr (Unit::kFp8) {
+      if (u.fp8 && w.h != q8_head) {
+        q8 = Fp8Scale<acc_t>(u.q8_scale(n, w.h), true);
+        q8_head = w.h;
+      }
+    }
     const T* in = u.in + w.h * u.in_head;
     const int64_t out = w.h * u.out_head;
     if (w.i < pairs) {
@@ -130,12 +148,12 @@ ROTARY_HOST_DEVICE void norm_finish(
       acc_t c, sn, y0, y1;
       rotation_of<acc_t>(p, pair_position(p, b, s, pos, j), j, c, sn);
       rotate_pair(x0, x1, c, sn, y0, y1);
-      u.put(n, w.h, out + d0 * u.out_elem, y0);
-      u.put(n, w.h, out + d1 * u.out_elem, y1);
+      u.put(out + d0 * u.out_elem, y0, q8);
+      u.put(out + d1 * u.out_elem, y1, q8);
     } else {
       const int32_t k = w.i - pairs;
       const int64_t d = k < off ? k : k + p.rotary_dim;
-      u.put(n, w.h, out + d * u.out_elem, normalized(to_acc(in[d * u.in_elem]), scale, u.weight_at(n, w.h, d)));
+      u.put(out + d * u.out_elem, normalized(to_acc(in[d * u.in_elem]), scale, u.weight_at(n, w.h, d)), q8);
     }
   }
 }

@@ -37,7 +37,7 @@ inline int64_t norm_blocks(int64_t rows, int64_t sms) {
 // The launch's grid stride over token rows (its block count) as a step in
 // (b, s), found once on the host (norm_grid) so that the kernel reads it
 // from its parameters and divides nothing per row. The vector path (16- and
-// 32-bit data, norm "head", q not fp8, 1-D positions, every q/k access an
+// 32-bit data, norm "head", 1-D positions, every q/k access an
 // aligned 16-byte vector and every cos/sin read an aligned float4): a head
 // is `items` items, the first `rotated` of them two vectors of pairs
 // (adjacent when interleaved, one from each half of the span for
@@ -66,7 +66,7 @@ inline NormGrid norm_grid(const RopeParams& p, const NormParams& n, int64_t bloc
   g.prefetch_log2 = -1;
   const int64_t v = norm_vector_elems(elem_bytes);
   // fp64 stays on the element path: its vector instantiations spill.
-  if (elem_bytes > 4 || n.kind != NormKind::kHead || n.q_scale != nullptr || p.num_axes > 0 ||
+  if (elem_bytes > 4 || n.kind != NormKind::kHead || p.num_axes > 0 ||
       !can_vectorize(p, elem_bytes) ||
       p.rotary_dim % (2 * v) != 0 || !table_rows_vector(p, static_cast<int>(v))) {
     return g;
@@ -97,18 +97,21 @@ inline NormGrid norm_grid_for(const KVCacheParams& kv, const NormParams& n, int6
 
 // The instantiation of norm_rope_kernel a launch of T with a Cache runs,
 // passed to f as its kFp8Q and kVector (std::bool_constant): q as fp8
-// (never with a cache, never the vector path), the vector path
-// (NormGrid.items > 0; never fp64), or the element path alone. The launch
-// and the host emulation both choose through it.
+// (never with a cache), the vector path (NormGrid.items > 0; never fp64),
+// each with or without the other, or the element path alone. The launch and
+// the host emulation both choose through it.
 template <typename T, typename Cache, typename F>
 inline void with_norm_kernel(const NormParams& n, const NormGrid& g, F&& f) {
+  const auto with_fp8 = [&](auto fp8_q) {
+    if constexpr (!std::is_same_v<T, double>) {
+      if (g.items > 0) return f(fp8_q, std::true_type());
+    }
+    f(fp8_q, std::false_type());
+  };
   if constexpr (std::is_void_v<Cache>) {
-    if (n.q_scale != nullptr) return f(std::true_type(), std::false_type());
+    if (n.q_scale != nullptr) return with_fp8(std::true_type());
   }
-  if constexpr (!std::is_same_v<T, double>) {
-    if (g.items > 0) return f(std::false_type(), std::true_type());
-  }
-  f(std::false_type(), std::false_type());
+  with_fp8(std::false_type());
 }
 
 // (head, index) of flat item `first` of rows of `width` items, and the step

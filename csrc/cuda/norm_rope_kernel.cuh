@@ -125,8 +125,9 @@ ROTARY_HOST_DEVICE acc_t warp_sum(Sync& sync, acc_t v, int width = 32) {
 // The vector path's heads of one row for warp `warp`: kNormLaneHeads x (32
 // >> lanes_log2) heads at a time; the lanes of segment `slot` take heads
 // h0 + slot, h0 + slot + per_warp, ... (every lane takes part in the sums,
-// idle ones with +0).
-template <typename T, bool kInterleaved, typename Sync>
+// idle ones with +0). kFp8Q: q heads are written as fp8, each by its scale,
+// read with the item's loads so that phase 2 waits on no memory for it.
+template <typename T, bool kFp8Q, bool kInterleaved, typename Sync>
 ROTARY_HOST_DEVICE void norm_vector_row(
     const RopeParams& p, const NormParams& n, const NormGrid& g, int64_t b, int64_t s, int64_t pos, int32_t lane,
     int32_t warp, Sync& sync) {
@@ -134,7 +135,7 @@ ROTARY_HOST_DEVICE void norm_vector_row(
   const int32_t q_heads = static_cast<int32_t>(p.q.heads), total = q_heads + static_cast<int32_t>(p.k.heads);
   const int32_t per_warp = 32 >> g.lanes_log2, slot = lane >> g.lanes_log2, item = lane & ((1 << g.lanes_log2) - 1);
   for (int32_t h0 = warp * per_warp * kNormLaneHeads; h0 < total; h0 += kNormWarps * per_warp * kNormLaneHeads) {
-    NormUnit<T, false> u[kNormLaneHeads];
+    NormUnit<T, kFp8Q> u[kNormLaneHeads];
     bool on[kNormLaneHeads];
 #pragma unroll
     for (int j = 0; j < kNormLaneHeads; ++j) {
@@ -142,12 +143,17 @@ ROTARY_HOST_DEVICE void norm_vector_row(
       on[j] = hj < total && item < g.items;
       const int32_t h = on[j] ? hj : 0;
       const int i = h < q_heads ? 0 : 1;
-      u[j] = norm_unit<T, false>(p, n, i, b, s, i ? h - q_heads : h, 1);
+      u[j] = norm_unit<T, kFp8Q>(p, n, i, b, s, i ? h - q_heads : h, 1);
     }
     NormItem<T, kInterleaved> it;
     acc_t ss[kNormLaneHeads];
+    float q8[kNormLaneHeads] = {};
     if (on[0]) {
       norm_item_load<kInterleaved>(p, g, u, on, pos, item, it, ss);
+      if constexpr (kFp8Q) {
+#pragma unroll
+        for (int j = 0; j < kNormLaneHeads; ++j) q8[j] = u[j].fp8 ? u[j].q8_scale(n, 0) : 1.0f;
+      }
     } else {
 #pragma unroll
       for (int j = 0; j < kNormLaneHeads; ++j) ss[j] = 0;
@@ -158,7 +164,7 @@ ROTARY_HOST_DEVICE void norm_vector_row(
     }
 #pragma unroll
     for (int j = 0; j < kNormLaneHeads; ++j) {
-      if (on[j]) norm_item_store<kInterleaved>(n, u[j], it, j, ss[j]);
+      if (on[j]) norm_item_store<kInterleaved>(n, u[j], it, j, ss[j], q8[j]);
     }
   }
 }
@@ -189,10 +195,12 @@ ROTARY_HOST_DEVICE void norm_rope_thread(
     }
     const bool vector = kVector && vector_row_at(p, g, pos);  // this row's path, for all three phases
     if (vector) {
-      if (p.interleaved) {
-        norm_vector_row<T, true>(p, n, g, b, s, pos, lane, warp, sync);
-      } else {
-        norm_vector_row<T, false>(p, n, g, b, s, pos, lane, warp, sync);
+      if constexpr (kVector) {  // only the vector instantiations hold it
+        if (p.interleaved) {
+          norm_vector_row<T, kFp8Q, true>(p, n, g, b, s, pos, lane, warp, sync);
+        } else {
+          norm_vector_row<T, kFp8Q, false>(p, n, g, b, s, pos, lane, warp, sync);
+        }
       }
     } else if (n.kind == NormKind::kHead) {
       for (int32_t h = warp; h < q_heads + k_heads; h += kNormWarps) {

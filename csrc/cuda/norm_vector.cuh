@@ -9,6 +9,7 @@
 #pragma once
 
 #include "norm_grid.cuh"
+#include "params/fp8.h"
 #include "params/norm_params.h"
 #include "params/rope_params.h"
 #include "rope_rotations.cuh"
@@ -96,26 +97,53 @@ ROTARY_HOST_DEVICE void norm_item_load(
   }
 }
 
+// Where phase 2 puts a head's finished item: as T, 16-byte vectors
+// (VectorOut), or as fp8 q, each element's quantize_fp8 from its acc_t value
+// (not rounded to T first, as the element path and the CPU kernel do), a
+// vector's bytes in one 8- or 4-byte store (Fp8Out). put(v, k, a, b) sets
+// elements 2k and 2k + 1 of output vector v; store(v, at) writes it at
+// element `at` of the head.
+template <typename T>
+struct VectorOut {
+  using acc_t = typename Acc<T>::type;
+  T* out;
+  Vector y[2];
+  ROTARY_HOST_DEVICE void put(int v, int k, acc_t a, acc_t b) { Pairs<T>::put(y[v], k, a, b); }
+  ROTARY_HOST_DEVICE void store(int v, int32_t at) { store_stream(reinterpret_cast<Vector*>(out + at), y[v]); }
+};
+template <typename T>
+struct Fp8Out {
+  using acc_t = typename Acc<T>::type;
+  using W = typename CacheChunk<T, uint8_t>::type;  // a vector's bytes: 8 (16-bit T) or 4 (float)
+  uint8_t* out;
+  Fp8Scale<acc_t> scale;
+  W y[2] = {0, 0};
+  ROTARY_HOST_DEVICE void put(int v, int k, acc_t a, acc_t b) {
+    y[v] |= static_cast<W>(static_cast<W>(quantize_fp8(a, scale)) << (16 * k)) |
+        static_cast<W>(static_cast<W>(quantize_fp8(b, scale)) << (16 * k + 8));
+  }
+  ROTARY_HOST_DEVICE void store(int v, int32_t at) { store_stream(reinterpret_cast<W*>(out + at), y[v]); }
+};
+
 // Phase 2 with the weights read as W (float, or T: one type per launch, so
 // each element holds one weight register, not one of each type).
-template <typename W, typename T, bool kInterleaved>
+template <typename W, typename T, bool kInterleaved, typename Out>
 ROTARY_HOST_DEVICE void norm_item_write(
     const NormItem<T, kInterleaved>& it, int h, typename Acc<T>::type scale, const W* w, typename Acc<T>::type w_offset,
-    T* out) {
+    Out& out) {
   using Item = NormItem<T, kInterleaved>;
   using acc_t = typename Acc<T>::type;
   const auto weight = [&](int32_t d) { return weight_element(w, w_offset, d); };
   constexpr int kWords = Item::kElems / 2;  // element pairs per vector
-  Vector y[Item::kVectors];
   if (!it.rotated) {
 #pragma unroll
     for (int k = 0; k < kWords; ++k) {
       acc_t e0, e1;
       Pairs<T>::get(it.x[h][0], k, e0, e1);
       const acc_t y0 = normalized(e0, scale, weight(it.a0 + 2 * k));
-      Pairs<T>::put(y[0], k, y0, normalized(e1, scale, weight(it.a0 + 2 * k + 1)));
+      out.put(0, k, y0, normalized(e1, scale, weight(it.a0 + 2 * k + 1)));
     }
-    store_stream(reinterpret_cast<Vector*>(out + it.a0), y[0]);
+    out.store(0, it.a0);
     return;
   }
   if constexpr (kInterleaved) {  // pair v * kWords + j is elements (2j, 2j + 1) of vector v
@@ -128,7 +156,7 @@ ROTARY_HOST_DEVICE void norm_item_write(
         Pairs<T>::get(it.x[h][v], j, e0, e1);
         rotate_pair<acc_t>(normalized(e0, scale, weight(at + 2 * j)), normalized(e1, scale, weight(at + 2 * j + 1)),
                            it.c[v * kWords + j], it.s[v * kWords + j], y0, y1);
-        Pairs<T>::put(y[v], j, y0, y1);
+        out.put(v, j, y0, y1);
       }
     }
   } else {  // pair j is element j of the low and of the high vector
@@ -143,28 +171,44 @@ ROTARY_HOST_DEVICE void norm_item_write(
         rotate_pair<acc_t>(normalized(lo[e], scale, weight(it.a0 + j)), normalized(hi[e], scale, weight(it.a1 + j)),
                            it.c[j], it.s[j], ylo[e], yhi[e]);
       }
-      Pairs<T>::put(y[0], k, ylo[0], ylo[1]);
-      Pairs<T>::put(y[1], k, yhi[0], yhi[1]);
+      out.put(0, k, ylo[0], ylo[1]);
+      out.put(1, k, yhi[0], yhi[1]);
     }
   }
-  store_stream(reinterpret_cast<Vector*>(out + it.a0), y[0]);
-  store_stream(reinterpret_cast<Vector*>(out + it.a1), y[1]);
+  out.store(0, it.a0);
+  out.store(1, it.a1);
 }
 
-// Phase 2: head h's item normalized by scale and the weights of its dims
-// (as weight_of reads them), its pairs rotated, stored into u (that head)
-// as 16-byte vectors.
-template <bool kInterleaved, typename Unit, typename T = typename Unit::value_type>
-ROTARY_HOST_DEVICE void norm_item_store(
-    const NormParams& n, const Unit& u, const NormItem<T, kInterleaved>& it, int h, typename Acc<T>::type scale) {
+// Phase 2 into one output, the weights read as weight_of reads them.
+template <bool kInterleaved, typename Unit, typename Out, typename T = typename Unit::value_type>
+ROTARY_HOST_DEVICE void norm_item_put(
+    const NormParams& n, const Unit& u, const NormItem<T, kInterleaved>& it, int h, typename Acc<T>::type scale,
+    Out& out) {
   using acc_t = typename Acc<T>::type;
-  T* out = static_cast<T*>(u.out);
   const acc_t offset = static_cast<acc_t>(n.weight_offset);
   if (std::is_same_v<T, acc_t> || u.weight == nullptr || n.weight_acc) {
     norm_item_write(it, h, scale, static_cast<const acc_t*>(u.weight), offset, out);
   } else {
     norm_item_write(it, h, scale, static_cast<const T*>(u.weight), offset, out);
   }
+}
+
+// Phase 2: head h's item normalized by scale and the weights of its dims,
+// its pairs rotated, stored into u (that head): as 16-byte vectors, or, for
+// an fp8 q unit, as fp8 bytes by the head's scale `q8` (read with the
+// phase-1 loads).
+template <bool kInterleaved, typename Unit, typename T = typename Unit::value_type>
+ROTARY_HOST_DEVICE void norm_item_store(
+    const NormParams& n, const Unit& u, const NormItem<T, kInterleaved>& it, int h, typename Acc<T>::type scale,
+    float q8) {
+  if constexpr (Unit::kFp8) {
+    if (u.fp8) {
+      Fp8Out<T> out{static_cast<uint8_t*>(u.out), Fp8Scale<typename Acc<T>::type>(q8, true)};
+      return norm_item_put(n, u, it, h, scale, out);
+    }
+  }
+  VectorOut<T> out{static_cast<T*>(u.out)};
+  norm_item_put(n, u, it, h, scale, out);
 }
 
 }  // namespace kernel

@@ -85,6 +85,21 @@ ROTARY_HOST_DEVICE void store_stream(Vector* p, const Vector& v) {
   *p = v;
 #endif
 }
+// The same for a vector's fp8 bytes (the prologue's fp8 q: 8 or 4 bytes).
+ROTARY_HOST_DEVICE void store_stream(uint64_t* p, uint64_t v) {
+#if defined(__CUDA_ARCH__)
+  __stcs(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(v));
+#else
+  *p = v;
+#endif
+}
+ROTARY_HOST_DEVICE void store_stream(uint32_t* p, uint32_t v) {
+#if defined(__CUDA_ARCH__)
+  __stcs(reinterpret_cast<unsigned int*>(p), static_cast<unsigned int>(v));
+#else
+  *p = v;
+#endif
+}
 // A 16-byte store with the default policy (the cache rows, which attention
 // reads next) as one st.global.v4: a plain uint4 store may be split into
 // words, and __stwb is a strong store.

@@ -124,7 +124,7 @@ std::map<std::string, int64_t> cuda_norm_launch(
   out = {{"rows", rows}, {"blocks", blocks}, {"block_threads", kernel::kNormThreads}, {"batch", kernel::kNormBatch},
          {"vector_items", g.items}, {"vector_rotated", g.rotated},
          {"vector_lanes", g.items > 0 ? int64_t{1} << g.lanes_log2 : 0}, {"vector_lane_heads", kernel::kNormLaneHeads},
-         {"l2_prefetch", g.prefetch_log2 >= 0 && blocks < rows}};
+         {"l2_prefetch", g.prefetch_log2 >= 0 && blocks < rows}, {"fp8_q", n.q_scale != nullptr}};
 #else
   (void)p;
   (void)n;

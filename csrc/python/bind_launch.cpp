@@ -61,19 +61,19 @@ void bind_launch(py::module_& m) {
   m.def(
       "_cuda_norm_launch",
       [](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& freqs, const std::string& norm,
-         int64_t sms, bool interleaved) {
+         int64_t sms, bool interleaved, const std::optional<torch::Tensor>& q_fp8_scale) {
         TORCH_CHECK_VALUE(sms >= 1, "_cuda_norm_launch: sms must be at least 1, got ", sms);
         const std::optional<torch::Tensor> none;
         const detail::RopeArgs args{0, interleaved, none, none, false, none, none, "BHSD"};
-        const detail::NormArgs nargs{none, none, 1e-6, norm, 0.0, none};
+        const detail::NormArgs nargs{none, none, 1e-6, norm, 0.0, q_fp8_scale};
         const auto prepared = detail::prepare_norm_rope("_cuda_norm_launch", q, k, freqs, args, nargs, false);
         return detail::cuda_norm_launch(prepared.rope.params, prepared.norm.params, q.scalar_type(), sms);
       },
       py::arg("q"), py::arg("k"), py::arg("freqs"), py::arg("norm") = "head", py::arg("sms") = 132,
-      py::arg("interleaved") = true,
-      "The CUDA launch apply_qk_norm_rope would make for BHSD q and k on a GPU of `sms` SMs: rows, blocks, "
-      "block_threads, batch, vector_items, vector_rotated, vector_lanes and vector_lane_heads; {} without CUDA "
-      "kernels.");
+      py::arg("interleaved") = true, py::arg("q_fp8_scale") = py::none(),
+      "The CUDA launch apply_qk_norm_rope would make for BHSD q and k (q as fp8 with q_fp8_scale) on a GPU of "
+      "`sms` SMs: rows, blocks, block_threads, batch, vector_items, vector_rotated, vector_lanes, "
+      "vector_lane_heads, l2_prefetch and fp8_q; {} without CUDA kernels.");
 }
 
 }  // namespace python

@@ -10,16 +10,20 @@
 
 #include "checks/checks.h"
 #include "checks/norm_checks.h"
+#include "cpu/kernel/fp8_kernel.h"
 #include "cpu/rope_cpu.h"
+#include "params/fp8.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Version.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <limits>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -256,6 +260,58 @@ TEST(CpuCapability, EveryPrologueBuildGivesTheBitsOfDefault) {
         }
       }
     }
+  }
+}
+
+// The fp8 row (the CPU fp8 KV-cache write) of each build against the scalar
+// kernel::quantize_fp8 (which test_fp8.cpp holds to c10's encoding): every
+// rounding point of float32 (the top 20 bits under low bits on and around
+// them), every float16 and bfloat16, with and without scales, special ones
+// included; rows of odd length, so vectors and the scalar tail both run.
+template <typename T>
+void expect_fp8_rows(const std::vector<T>& x, Capability cap, const char* what) {
+  using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  const float specials[] = {0.37f, 3.1e-3f, 1e-30f, 448.0f / 240.0f, -2.5f, 0.0f,
+                            std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()};
+  std::vector<uint8_t> got(x.size());
+  for (int i = -1; i < static_cast<int>(std::size(specials)); ++i) {
+    const float* scale = i < 0 ? nullptr : &specials[i];
+    if (i >= 4 && x.size() > (1u << 16)) continue;  // the special scales on the 16-bit sets only
+    [&] { ROTARY_CPU_DISPATCH(cap, isa::quantize_fp8_row(x.data(), static_cast<int64_t>(x.size()), scale, got.data())) }();
+    int64_t bad = 0;
+    for (size_t j = 0; j < x.size(); ++j) {
+      const uint8_t want = rotary::kernel::quantize_fp8(static_cast<acc_t>(x[j]), scale);
+      if (got[j] != want && bad++ < 3) {
+        ADD_FAILURE() << what << " " << rotary::cpu::capability_name(cap) << " scale "
+                      << (scale ? *scale : 1.0f) << " element " << j << ": got 0x" << std::hex << int(got[j])
+                      << ", want 0x" << int(want);
+      }
+    }
+    EXPECT_EQ(bad, 0) << what << " " << rotary::cpu::capability_name(cap);
+  }
+}
+
+TEST(CpuCapability, EveryBuildQuantizesFp8RowsAsTheScalarEncoder) {
+  constexpr uint32_t kLow[] = {0x000, 0x001, 0x7ff, 0x800, 0x801, 0xfff};
+  std::vector<float> f;
+  for (uint32_t top = 0; top < (1u << 20); ++top) {
+    for (const uint32_t low : kLow) f.push_back(rotary::kernel::float_of_bits(top << 12 | low));
+  }
+  f.push_back(1.0f);  // an odd length
+  std::vector<c10::Half> h;
+  std::vector<c10::BFloat16> b;
+  for (uint32_t bits = 0; bits < (1u << 16); ++bits) {
+    h.push_back(c10::Half(static_cast<uint16_t>(bits), c10::Half::from_bits()));
+    b.push_back(c10::BFloat16(static_cast<uint16_t>(bits), c10::BFloat16::from_bits()));
+  }
+  h.push_back(h[1]);
+  b.push_back(b[1]);
+  const std::vector<double> d(f.begin(), f.begin() + (1 << 16) + 3);
+  for (const auto cap : runnable_capabilities()) {
+    expect_fp8_rows(f, cap, "float32");
+    expect_fp8_rows(h, cap, "float16");
+    expect_fp8_rows(b, cap, "bfloat16");
+    expect_fp8_rows(d, cap, "float64");
   }
 }
 

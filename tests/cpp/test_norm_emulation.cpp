@@ -33,7 +33,7 @@ struct NormCase {
   bool interleaved;
   int64_t D, r, off, Hq, Hk;
   bool in_place;
-  bool fp8_q = false;  // q out as float8_e4m3fn, per-head scales
+  bool fp8_q = false;  // q out as float8_e4m3fn, per-head scales (Hq > 1; Hq 1: a [] scale)
   // Token positions: start + s; + offsets[b]; ids[b][s]; or packed
   // sequences (cu_seqlens, THD), start + the index within each sequence.
   enum class Pos { kLocal, kOffsets, kIds, kVarlen } pos = Pos::kLocal;
@@ -115,8 +115,9 @@ TEST_P(NormEmulation, MatchesReferenceOnEveryGrid) {
     at::Tensor q = op_view(q0).clone(), k = op_view(k0).clone();
     const std::optional<at::Tensor> oqw(qw), okw(kw);
     std::optional<at::Tensor> none;
-    const std::optional<at::Tensor> q_scale =
-        c.fp8_q ? std::optional<at::Tensor>(at::linspace(0.004, 0.02, c.Hq)) : std::nullopt;
+    const std::optional<at::Tensor> q_scale = !c.fp8_q ? std::nullopt
+        : c.Hq > 1                                        ? std::optional<at::Tensor>(at::linspace(0.004, 0.02, c.Hq))
+                                                          : std::optional<at::Tensor>(at::full({}, 0.011));
     const rotary::detail::RopeArgs args{op_pos.start_pos, c.interleaved, op_pos.offsets, op_pos.position_ids, false,
                                         pos.cu_seqlens, none, varlen ? "THD" : "BHSD", c.off, {}};
     const rotary::detail::NormArgs nargs{oqw, okw, 1e-5, c.heads ? "heads" : "head", 0.0, q_scale};
@@ -140,7 +141,7 @@ TEST_P(NormEmulation, MatchesReferenceOnEveryGrid) {
       const at::Tensor want =
           rotary_test::ref_norm_rope(*x[t], *w[t], c.heads, 1e-5, 0.0, start, c.interleaved, c.off, c.r, pos.ref);
       if (c.fp8_q && t == 0) {  // fp8: x / scale, saturated, within half an fp8 ulp (2^-4)
-        const at::Tensor q8 = (want / q_scale->to(at::kDouble).view({1, c.Hq, 1, 1})).clamp(-448, 448);
+        const at::Tensor q8 = (want / q_scale->to(at::kDouble).expand({c.Hq}).view({1, c.Hq, 1, 1})).clamp(-448, 448);
         EXPECT_TRUE(rotary_test::AllClose(out[i][t].to(at::kDouble), q8, {1e-3, 0.0625})) << c.name << " fp8 q";
         continue;
       }
@@ -167,7 +168,7 @@ INSTANTIATE_TEST_SUITE_P(
         NormCase{"fp16_heads_in_place", at::kHalf, true, false, 48, 16, 8, 2, 2, true},
         NormCase{"fp64_head_d512", at::kDouble, false, true, 512, 128, 0, 2, 1, true},
         NormCase{"fp32_head_d16", at::kFloat, false, true, 16, 8, 4, 5, 3, false, false, kLocal, true},
-        NormCase{"bf16_head_fp8_q", at::kBFloat16, false, false, 64, 32, 16, 4, 2, false, true},
+        NormCase{"bf16_head_fp8_q", at::kBFloat16, false, false, 64, 32, 16, 4, 2, false, true, kLocal, true},
         NormCase{"fp32_heads_fp8_q", at::kFloat, true, true, 32, 32, 0, 3, 1, false, true},
         NormCase{"bf16_head_offsets", at::kBFloat16, false, false, 64, 64, 0, 4, 2, false, false,
                  NormCase::Pos::kOffsets, true},
@@ -177,7 +178,18 @@ INSTANTIATE_TEST_SUITE_P(
         NormCase{"fp64_heads_varlen_in_place", at::kDouble, true, true, 32, 32, 0, 2, 2, true, false,
                  NormCase::Pos::kVarlen},
         NormCase{"bf16_head_varlen_fp8_q", at::kBFloat16, false, true, 64, 64, 0, 4, 2, false, true,
-                 NormCase::Pos::kVarlen},
+                 NormCase::Pos::kVarlen, true},
+        // fp8 q on the vector path: each dtype and pairing, pass-through
+        // items, a per-tensor scale, per-token positions; fp64 fp8 q stays
+        // on the element path.
+        NormCase{"fp32_head_interleaved_fp8_q", at::kFloat, false, true, 64, 64, 0, 4, 2, false, true, kLocal, true},
+        NormCase{"fp16_head_half_partial_fp8_q", at::kHalf, false, false, 128, 64, 32, 5, 1, false, true,
+                 NormCase::Pos::kOffsets, true},
+        NormCase{"fp32_head_half_partial_fp8_q_per_tensor", at::kFloat, false, false, 64, 32, 16, 1, 2, false, true,
+                 kLocal, true},
+        NormCase{"bf16_head_ids_fp8_q", at::kBFloat16, false, false, 64, 64, 0, 3, 1, false, true,
+                 NormCase::Pos::kIds, true},
+        NormCase{"fp64_head_fp8_q", at::kDouble, false, false, 32, 32, 0, 3, 1, false, true},
         // The vector path: interleaved in place, a head of 32 items (a whole
         // warp). The element path: fp64 (either pairing), 40 items (wider
         // than a warp), interleaved pairs of 1.5 vectors (24 dims of bf16).

@@ -148,8 +148,13 @@ def test_norm_launch_is_the_ops_grid():
     f = rotary.freqs_table(64, 16)
     s = rotary._C._cuda_norm_launch(q, k, f, "head", 132)
     assert s == {"rows": 15, "blocks": 15, "block_threads": 128, "batch": 8, "vector_items": 4, "vector_rotated": 4,
-                 "vector_lanes": 4, "vector_lane_heads": 2, "l2_prefetch": 0}, s  # bf16 D 64: 4 items of 8 pairs,
-    # 4 lanes a head; a block per row: no next row to prefetch
+                 "vector_lanes": 4, "vector_lane_heads": 2, "l2_prefetch": 0, "fp8_q": 0}, s  # bf16 D 64: 4 items
+    # of 8 pairs, 4 lanes a head; a block per row: no next row to prefetch
+    for scale in (torch.tensor(0.5), torch.linspace(0.1, 0.4, 4)):  # fp8 q, per tensor or per head: the vector path
+        fp8 = rotary._C._cuda_norm_launch(q, k, f, "head", 132, q_fp8_scale=scale)
+        assert fp8 == dict(s, fp8_q=1), fp8
+    assert rotary._C._cuda_norm_launch(q.double(), k.double(), f, "head", 132,
+                                       q_fp8_scale=torch.tensor(0.5))["vector_items"] == 0  # fp64: element path
     half = rotary._C._cuda_norm_launch(q, k, f, "head", 132, interleaved=False)
     assert (half["vector_items"], half["vector_lanes"]) == (4, 4), half  # a vector from each half per lane
     assert rotary._C._cuda_norm_launch(q, k, f, "heads", 132)["vector_items"] == 0  # across heads: element path
@@ -172,8 +177,8 @@ def test_norm_launch_is_the_ops_grid():
 
 def test_the_prologue_vector_path_never_models_slower():
     rows = list(load_model().prologue_rows())
-    # 2 shapes x 2 dtypes x (head: both pairings, heads), and decode with a cache per dtype.
-    assert len(rows) == 14
+    # 2 shapes x 2 dtypes x (head: both pairings, heads), and decode with a cache and with fp8 q per dtype.
+    assert len(rows) == 16
     for m in rows:
         assert m["vector"] == (m["norm"] == "head"), m  # contiguous BHSD rows: "head" takes the vector path
         assert 1.0 <= m["now"][0] <= m["now"][1], m

@@ -212,6 +212,38 @@ def test_the_element_path_instantiations_have_no_vector_path_to_check():
         assert n == 1 and bad == [], (name, bad)
 
 
+# The fp8 q vector path: k's vectors as before, q's as one 8-byte store each.
+FP8_Q = NORM.replace("Lb0EvLb1E", "Lb1EvLb1E")
+FP8_Q_ELEMENT = NORM.replace("Lb0EvLb1E", "Lb1EvLb0E")
+FP8_Q_GOOD = [t.replace("BRA 0x200", "STG.E.EF.64 desc[UR8][R8.64], R30") for t in NORM_GOOD] + [
+    "STG.E.EF.64 desc[UR8][R10.64], R32", "STG.E.EF.64 desc[UR8][R12.64], R34"]
+
+
+def two(name, body, twin_body):
+    """A listing of name and of its twin without fp8 q."""
+    twin = name.replace("Lb1E", "Lb0E", 1)
+    return listing(name, *body) + listing(twin, *twin_body), res(name, 72) + res(twin, 72)
+
+
+@pytest.mark.parametrize("case,name,body,expect", [
+    ("compliant vector", FP8_Q, FP8_Q_GOOD, None),
+    ("compliant element", FP8_Q_ELEMENT, NORM_GOOD[len(VECTOR):], None),
+    ("a division per element", FP8_Q, ["FCHK P0, R4, R5"] + FP8_Q_GOOD, "1 FCHK against 0 without fp8 q"),
+    ("a division per element, element path", FP8_Q_ELEMENT,
+     ["FCHK P0, R4, R5"] + NORM_GOOD[len(VECTOR):], "1 FCHK against 0 without fp8 q"),
+    ("fp8 q a byte at a time", FP8_Q, [t.replace("STG.E.EF.64", "STG.E.U8") for t in FP8_Q_GOOD],
+     "0 STG.E.EF.64 (3 wanted)"),
+])
+def test_each_fp8_q_rule_can_fail(case, name, body, expect):
+    twin_body = NORM_GOOD if "Lb1EE" in name else NORM_GOOD[len(VECTOR):]
+    n, bad = contract.check_norm(*two(name, body, twin_body))
+    assert n == 2
+    assert (bad == []) if expect is None else (len(bad) == 1 and expect in bad[0]), (case, bad)
+    if expect is None:  # the twin's own divisions (the norm's) are allowed as many times
+        n, bad = contract.check_norm(*two(name, ["FCHK P0, R4, R5"] + body, ["FCHK P0, R4, R5"] + twin_body))
+        assert bad == [], (case, bad)
+
+
 # The cache write of one batch: k and v loads, then their cache stores.
 CACHE_BATCH = ([f"LDG.E.U16 R{20 + i}, desc[UR4][R6.64+0x{2 * i:x}]" for i in range(2 * contract.NORM_BATCH)]
                + [f"STG.E.U16 desc[UR4][R8.64+0x{2 * i:x}], R{20 + i}" for i in range(2 * contract.NORM_BATCH)])
@@ -280,9 +312,8 @@ def test_the_prologue_spill_budget_is_a_bound():
 def test_the_built_prologue_kernels_keep_the_contract():
     sass, usage = contract.dump(rotary.library_path(), contract.find_cuobjdump())
     n, bad = contract.check_norm(sass, usage)
-    # 4 dtypes x (fp8 q, plain, same-dtype cache, fp8 cache), and the last three with the vector path for all
-    # but fp64.
-    assert n == 25, f"{n} norm_rope_kernel instantiations in the sm_90 cubin, expected 25"
+    # 4 dtypes x (fp8 q, plain, same-dtype cache, fp8 cache), and each with the vector path for all but fp64.
+    assert n == 28, f"{n} norm_rope_kernel instantiations in the sm_90 cubin, expected 28"
     assert not bad, "\n".join(bad)
 
 

@@ -40,8 +40,14 @@ with and without the fp8 q output, and with the KV-cache write):
   with no load or branch between them, so the loads they sum were all
   issued before the first (one memory round trip per batch, not per
   element);
-- the vector instantiations (kVector; without fp8 q, one per dtype and
-  cache) ask L2 for the block's next row (at least one CCTL.E.PF2; but
+- the fp8 q ones divide no more often than their twins without it (as
+  many FCHK: the norm's own divisions; the scale's reciprocal is taken once
+  per head, Fp8Scale, not a division per element), and their vector
+  instantiations write q as one streaming store per vector of the fp8 width
+  (at least NORM_VECTOR_ACCESSES of STG.E.EF.64 for 16-bit data, STG.E.EF
+  for float32);
+- the vector instantiations (kVector; one per dtype and cache, and per
+  dtype with fp8 q) ask L2 for the block's next row (at least one CCTL.E.PF2; but
   float32 with an fp8 cache, which spilled with it) and have a vector path: at least NORM_VECTOR_ACCESSES 16-byte
   streaming loads and stores of q/k, and every 16-byte table read shares
   its basic block with a q/k vector load (one round trip per head, not a
@@ -348,10 +354,41 @@ def kernels_of(sass: str, res_usage: str = "", pattern: "re.Pattern[str]" = KERN
     return kernels
 
 
+# The fp8 q vector write: a vector's bytes in one streaming store.
+FP8_Q_STORE = {"bf16": ".E.EF.64", "fp16": ".E.EF.64", "fp32": ".E.EF"}
+
+
+def check_norm_fp8_q(k: Kernel, twin: Optional[Kernel]) -> List[str]:
+    """An fp8 q instantiation against its twin without fp8 q."""
+    n = NORM_KERNEL.search(k.name)
+    if not n or n["fp8"] != "1":
+        return []
+    body = _body(k)
+    bad = []
+    divisions = sum("FCHK" in t for _, t in body)
+    twin_divisions = sum("FCHK" in t for _, t in _body(twin)) if twin else 0
+    if divisions > twin_divisions:
+        bad.append(f"{k.label}: {divisions} FCHK against {twin_divisions} without fp8 q: q's fp8 write divides "
+                   "per element")
+    if n["vec"] == "1":
+        width = FP8_Q_STORE[TYPES[n["T"]]]
+        store = re.compile(rf"\bSTG{re.escape(width)}\s")
+        stores = sum(bool(store.search(t)) for _, t in body)
+        if stores < NORM_VECTOR_ACCESSES:
+            bad.append(f"{k.label}: {stores} STG{width} ({NORM_VECTOR_ACCESSES} wanted): the vector path must write "
+                       "fp8 q a vector's bytes at a time")
+    return bad
+
+
 def check_norm(sass: str, res_usage: str = "") -> Tuple[int, List[str]]:
     """(prologue kernels checked, violations)."""
     kernels = kernels_of(sass, res_usage, NORM_KERNEL)
+    by_name = {k.name: k for k in kernels}
     bad = [b for k in kernels for b in check_norm_kernel(k)]
+    for k in kernels:
+        n = NORM_KERNEL.search(k.name)
+        twin = k.name[:n.start("fp8")] + "0" + k.name[n.end("fp8"):] if n else ""
+        bad += check_norm_fp8_q(k, by_name.get(twin))
     return len(kernels), bad + ([] if kernels else ["no norm_rope_kernel instantiation in the listing"])
 
 

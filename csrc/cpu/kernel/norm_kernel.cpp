@@ -75,7 +75,9 @@ struct Sink {
     }
   }
   C10_ALWAYS_INLINE void put(T* p, const Vectorized<acc_t>& v) const {
-    if constexpr (std::is_same_v<T, uint8_t>) {
+    if constexpr (std::is_same_v<T, uint8_t> && std::is_same_v<acc_t, float>) {
+      store_fp8(p, v, fp8_scale);
+    } else if constexpr (std::is_same_v<T, uint8_t>) {
       __at_align__ acc_t a[Vectorized<acc_t>::size()];
       v.store(a);
       for (int i = 0; i < Vectorized<acc_t>::size(); ++i) p[i] = kernel::quantize_fp8(a[i], fp8_scale);

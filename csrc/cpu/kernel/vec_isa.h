@@ -9,6 +9,7 @@
 //   bf16_members one vector of such words widened: the low (even) and the
 //                high (odd) bf16 of each word (x86 builds)
 //   stream_fence orders streaming stores before the task returns
+//   store_fp8    one vector of floats divided by a scale, as float8_e4m3fn
 // Conversions to 16-bit types round to nearest even with canonical NaNs, the
 // bits of c10::BFloat16(float) and of c10::Half(float) on the DEFAULT build
 // (0x7FC0; sign | 0x7E00), so every capability writes the same bits.
@@ -24,6 +25,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
@@ -254,6 +256,33 @@ inline void stream_fence() {
   _mm_sfence();
 }
 #endif
+
+// v / *scale (null: v) clamped to +-448, as float8_e4m3fn bytes into p:
+// kernel::quantize_fp8 lane by lane. The division, a clamp that keeps NaN
+// (compares, not min/max), then fp8_e4m3fn_bits' integer arithmetic, its
+// three candidates selected, in at::vec's integer ops: every build writes
+// the scalar encoder's bytes.
+inline void store_fp8(uint8_t* p, Vectorized<float> v, const float* scale) {
+  using VF = Vectorized<float>;
+  using VI = Vectorized<int32_t>;
+  static_assert(VF::size() == VI::size(), "one int32 lane per float lane");
+  if (scale != nullptr) v = v / VF(*scale);
+  v = VF::blendv(v, VF(448.0f), v > VF(448.0f));
+  v = VF::blendv(v, VF(-448.0f), v < VF(-448.0f));
+  constexpr int32_t kDenorm = 141 << 23;  // as fp8_e4m3fn_bits: subnormals rounded by a float add
+  const VI bits = at::vec::cast<int32_t>(v);
+  const VI sign = bits & VI(std::numeric_limits<int32_t>::min());
+  const VI mag = bits & VI(std::numeric_limits<int32_t>::max());
+  const VI subnormal =
+      at::vec::cast<int32_t>(at::vec::cast<float>(mag) + at::vec::cast<float>(VI(kDenorm))) - VI(kDenorm);
+  const VI normal = (mag + VI(-(120 << 23) + 0x7FFFF) + ((mag >> VI(20)) & VI(1))) >> VI(20);
+  VI r = VI::blendv(normal, subnormal, mag < VI(121 << 23));
+  r = VI::blendv(r, VI(0x7f), mag >= VI(1087 << 20));
+  r = r | (sign >> VI(24));  // the sign's byte, 0x80, in the low byte
+  __at_align__ int32_t out[VI::size()];
+  r.store(out);
+  for (int i = 0; i < VI::size(); ++i) p[i] = static_cast<uint8_t>(out[i]);
+}
 
 }  // namespace CPU_CAPABILITY
 }  // namespace cpu
