@@ -16,6 +16,10 @@ Per shape, the median time of one step of:
   flashinfer  FlashInfer's fused RoPE + paged append (RopeQuantizeAppendPagedKVCache,
             scale 1, q to its own buffer), paged shapes on CUDA, when
             benchmarks/peers/build_flashinfer.py built it
+  fp8       the fused call into float8_e4m3fn caches (per-tensor k_scale and
+            v_scale), against rotary.apply_rope_qk_ + torch's
+            (x / scale).clamp(-448, 448).to(float8_e4m3fn) of k and v + the
+            two index_copy_ (of the bytes)
   rows copy  (CUDA) the fused launch with its copy blocks switched off
             (rotary._C._cuda_set_copy_blocks): the rope rows copy v after
             their rotation, as before copy blocks (a decode step's A/B)
@@ -119,7 +123,20 @@ def cases(device, dtype, B, S, Hq, Hk, D, kv_layout, block=16, start=100, compil
         rotary.apply_qk_norm_rope_(qp, kp, f, start, False, layout="BSHD", q_weight=qw, k_weight=kw)
         write(kc, vc, kp, v)
 
-    fns = {"fused": fused, "unfused": unfused, "prologue": prologue, "prologue_unfused": prologue_unfused}
+    kc8, vc8 = (torch.zeros_like(kc, dtype=torch.float8_e4m3fn) for _ in range(2))
+    ks, vs = torch.tensor(0.02, device=device), torch.tensor(0.03, device=device)
+
+    def fused_fp8():
+        rotary.apply_rope_with_kv_cache_(q, k, v, kc8, vc8, f, start, False, layout="BSHD", k_scale=ks, v_scale=vs,
+                                         **extra)
+
+    def unfused_fp8():
+        rotary.apply_rope_qk_(q, k, f, start, False, layout="BSHD")
+        k8, v8 = ((x / sc).clamp(-448, 448).to(torch.float8_e4m3fn) for x, sc in ((k, ks), (v, vs)))
+        write(kc8.view(torch.uint8), vc8.view(torch.uint8), k8.view(torch.uint8), v8.view(torch.uint8))
+
+    fns = {"fused": fused, "unfused": unfused, "prologue": prologue, "prologue_unfused": prologue_unfused,
+           "fused_fp8": fused_fp8, "unfused_fp8": unfused_fp8}
     if compile_:
         compiled_fn = torch.compile(eager, fullgraph=True, dynamic=False)
         compiled_put = torch.compile(lambda *a: eager(*a, put=True), fullgraph=True, dynamic=False)
@@ -247,8 +264,9 @@ def main() -> None:
         print(f"\n{a.dtype}, {where}, median of {a.rounds} interleaved rounds{guard.marker()}\n")
         print("| shape | fused us | unfused us | compiled us | compiled put us | floor us | FlashInfer us "
               "| rows copy us | fused/unfused | fused/compiled | fused/compiled put | fused/floor | fused/FlashInfer "
-              "| fused/rows copy | prologue us | prologue unfused us | prologue/unfused |")
-        print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+              "| fused/rows copy | prologue us | prologue unfused us | prologue/unfused | fp8 fused us "
+              "| fp8 unfused us | fp8 fused/unfused |")
+        print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
         for title, kw, calls in shapes:
             fns, inputs = cases(a.device, dtype, Hq=32, Hk=8, D=128, compile_=not a.no_compile, **kw)
             per = 1
@@ -260,7 +278,9 @@ def main() -> None:
             ratios = " | ".join(ratio_cell(t["fused"], t[n], guard) if n in t else "-" for n in cols)
             pro = " | ".join(f"{t[n].median * 1e6 / per:.1f}" if n in t else "-" for n in ("prologue", "prologue_unfused"))
             pro_ratio = ratio_cell(t["prologue"], t["prologue_unfused"], guard) if "prologue" in t else "-"
-            print(f"| {title} | {us} | {ratios} | {pro} | {pro_ratio} |")
+            fp8 = " | ".join(f"{t[n].median * 1e6 / per:.1f}" if n in t else "-" for n in ("fused_fp8", "unfused_fp8"))
+            fp8_ratio = ratio_cell(t["fused_fp8"], t["unfused_fp8"], guard) if "fused_fp8" in t else "-"
+            print(f"| {title} | {us} | {ratios} | {pro} | {pro_ratio} | {fp8} | {fp8_ratio} |")
     print("\n" + guard.finish())
 
 

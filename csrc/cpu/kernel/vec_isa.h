@@ -17,6 +17,8 @@
 // kept for fp16) and so are not used.
 #pragma once
 
+#include "params/fp8.h"
+
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <c10/util/BFloat16.h>
@@ -258,12 +260,14 @@ inline void stream_fence() {
 #endif
 
 // v / *scale (null: v) clamped to +-448, as float8_e4m3fn bytes into p:
-// kernel::quantize_fp8 lane by lane. The division, a clamp that keeps NaN
-// (compares, not min/max), then fp8_e4m3fn_bits' integer arithmetic, its
-// three candidates selected, in at::vec's integer ops: every build writes
-// the scalar encoder's bytes.
+// kernel::quantize_fp8 lane by lane. The x86 builds divide, clamp keeping
+// NaN (compares, not min/max), and run fp8_e4m3fn_bits' integer arithmetic
+// with its three candidates selected, in vector registers; elsewhere (where
+// at::vec's integer vectors may be arrays) each lane is quantized as a
+// scalar. Every build writes the scalar encoder's bytes.
 inline void store_fp8(uint8_t* p, Vectorized<float> v, const float* scale) {
   using VF = Vectorized<float>;
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
   using VI = Vectorized<int32_t>;
   static_assert(VF::size() == VI::size(), "one int32 lane per float lane");
   if (scale != nullptr) v = v / VF(*scale);
@@ -279,9 +283,21 @@ inline void store_fp8(uint8_t* p, Vectorized<float> v, const float* scale) {
   VI r = VI::blendv(normal, subnormal, mag < VI(121 << 23));
   r = VI::blendv(r, VI(0x7f), mag >= VI(1087 << 20));
   r = r | (sign >> VI(24));  // the sign's byte, 0x80, in the low byte
-  __at_align__ int32_t out[VI::size()];
-  r.store(out);
-  for (int i = 0; i < VI::size(); ++i) p[i] = static_cast<uint8_t>(out[i]);
+  // Each lane's low byte, packed.
+#if defined(CPU_CAPABILITY_AVX512)
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(r));
+#else
+  const __m256i bytes = _mm256_shuffle_epi8(  // per 128-bit half: its lanes' low bytes in its low word
+      r, _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1, -1, -1, -1,
+                          -1, -1, -1, -1, -1, -1, -1, -1));
+  const __m256i words = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(words));
+#endif
+#else
+  __at_align__ float a[VF::size()];
+  v.store(a);
+  for (int i = 0; i < VF::size(); ++i) p[i] = kernel::quantize_fp8(a[i], scale);
+#endif
 }
 
 }  // namespace CPU_CAPABILITY
