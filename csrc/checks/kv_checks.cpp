@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <utility>
 #include <vector>
@@ -99,13 +100,16 @@ bool same_but_head_dim(const at::Tensor& a, const at::Tensor& b) {
 
 void check_scale_values(const char* op, const char* name, const std::optional<at::Tensor>& s, const char* stored) {
   if (!s || !s->is_cpu() || s->numel() == 0) return;
-  const at::Tensor flat = s->flatten();
-  const at::Tensor bad = flat.isfinite().logical_and(flat.gt(0)).logical_not();
-  if (!bad.any().item<bool>()) return;
-  const int64_t i = bad.to(at::kByte).argmax().item<int64_t>();
-  TORCH_CHECK_VALUE(
-      false, op, ": ", name, " must be finite and > 0 (", stored, " x / scale), got ", flat[i].item<float>(),
-      s->dim() ? " at head " + std::to_string(i) : std::string());
+  // A float32 [] or [heads] tensor (check_scale), read where it lies: tensor
+  // ops for this took longer than a CPU decode step's cache write.
+  const float* v = s->data_ptr<float>();
+  const int64_t stride = s->dim() == 1 ? s->stride(0) : 0;
+  for (int64_t i = 0; i < s->numel(); ++i) {
+    const float x = v[i * stride];
+    TORCH_CHECK_VALUE(
+        std::isfinite(x) && x > 0, op, ": ", name, " must be finite and > 0 (", stored, " x / scale), got ", x,
+        s->dim() ? " at head " + std::to_string(i) : std::string());
+  }
 }
 
 KVCall check_kv_inputs(

@@ -233,6 +233,21 @@ def test_fp8_scales_must_be_finite_and_positive(name, scale):
         rotary.KVCache(1, 2, 8, 16, dtype=FP8, **{name: scale})
 
 
+def test_fp8_scales_are_read_through_their_stride():
+    """A per-head scale that is a strided view is checked element by element
+    where it lies: a bad head is named, the stride's other elements are not
+    read."""
+    f = rotary.freqs_table(16, 16)
+    q, k, v, kc, vc = kv_inputs(cache_dtype=FP8)
+    every_other = torch.tensor([1.0, float("nan"), 2.0, float("nan")])[::2]  # [1, 2]: the NaNs lie between
+    rotary.apply_rope_with_kv_cache_(q, k, v, kc, vc, f, 1, k_scale=torch.tensor(1.0), v_scale=every_other)
+    bad = torch.tensor([1.0, 5.0, -3.0, 5.0])[::2]  # [1, -3]
+    before = snapshot(q, k, v, kc, vc)
+    with pytest.raises(ValueError, match=r"v_scale must be finite and > 0 \(the cache stores x / scale\), got -3 at head 1"):
+        rotary.apply_rope_with_kv_cache_(q, k, v, kc, vc, f, 1, k_scale=torch.tensor(1.0), v_scale=bad)
+    assert unchanged(before, q, k, v, kc, vc)
+
+
 def test_kv_cache_module_refusals():
     with pytest.raises(ValueError, match=r"KVCache: head_dim must be even .*got 15"):
         rotary.KVCache(1, 2, 8, 15)
