@@ -191,7 +191,7 @@ void norm_rows(const NormRun<scalar_t>& r) {
     // and float64 go one at a time: there the loads bound the loop, and two
     // heads of loads then two of work made float32 prefill slower (1.5 to
     // 2.0 ms), a prefetch of the next pair notwithstanding. Each head's
-    // arithmetic is as it is alone; the rest go one at a time.
+    // arithmetic is as it is alone; an odd last head goes by itself.
     int64_t h = 0;
     if constexpr (sizeof(scalar_t) == 2) {
       for (; h + kNormHeads <= r.heads; h += kNormHeads) {
