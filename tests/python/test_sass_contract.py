@@ -62,6 +62,7 @@ def test_a_compliant_listing_passes():
     ("prefetch first", lambda g: [g[2]] + g[:2] + g[3:], "not issued with a row's data loads (back to the kernel's"),
     ("no streaming", lambda g: [t.replace(".EF", "") for t in g], "no streaming (.EF) data load"),
     ("local memory", lambda g: ["STL.64 [R1], R4"] + g, "local memory outside the slow path"),
+    ("a division", lambda g: g[:4] + ["FCHK P0, R4, R12"] + g[4:], "1 FCHK: a float32 division in the body"),
 ])
 def test_each_rule_can_fail(case, edit, expect):
     bad = violations(listing(HOT, *edit(list(GOOD))))
@@ -113,10 +114,12 @@ FUSED_FP32_FP8 = FUSED.replace("13__nv_bfloat16Lb0ES2_iLb0E", "fLb1EhlLb0E")
 FUSED_COPY_BLOCKS = FUSED.replace("S2_iLb0E", "S2_iLb1E")
 
 
-def fused_listing(name, cache_store):
-    """GOOD with the cache writes of the rotated k and of a v vector."""
-    return listing(name, *(GOOD[:6] + [f"{cache_store} desc[UR4][R20.64], R4", "LDG.E.EF.128 R8, desc[UR4][R22.64]",
-                                       f"{cache_store} desc[UR4][R24.64], R8"] + GOOD[6:]))
+def fused_listing(name, cache_store, before_store=()):
+    """GOOD with the cache writes of the rotated k and of a v vector (and
+    before_store ahead of the first)."""
+    return listing(name, *(GOOD[:6] + list(before_store) + [
+        f"{cache_store} desc[UR4][R20.64], R4", "LDG.E.EF.128 R8, desc[UR4][R22.64]",
+        f"{cache_store} desc[UR4][R24.64], R8"] + GOOD[6:]))
 
 
 @pytest.mark.parametrize("name,good,wrong", [
@@ -135,6 +138,11 @@ def test_each_fused_rule_can_fail(name, good, wrong):
     assert any("not preceded by a data load" in b for b in bad), bad
     n, bad = contract.check(listing(name, *GOOD), res(name, 136), pattern=contract.FUSED_KERNEL)
     assert any("fewer than 2" in b for b in bad), bad
+    # The fp8 write divided per element before Fp8Scale: a division anywhere in the body is refused.
+    divided = fused_listing(name, good, ["MUFU.RCP R7, R6", "FCHK P0, R4, R6", "@P0 BRA 0x2000"])
+    n, bad = contract.check(divided, res(name, 120), pattern=contract.FUSED_KERNEL)
+    assert bad == [f"{contract.Kernel(name, []).label}: 1 FCHK: a float32 division in the body (rows step without "
+                   "dividing; the fp8 write multiplies by Fp8Scale's reciprocal)"], bad
 
 
 def test_the_fused_fp8_spill_budget_is_a_bound():

@@ -4,6 +4,10 @@ cuobjdump (no GPU needed).
 For every instantiation of rotary::kernel::rope_kernel:
 - no local memory (LDL / STL) outside the subroutines it calls (the cold
   float64 sin/cos slow path that on-the-fly rows reach);
+- no float32 division (FCHK, the IEEE division's range check) in its body:
+  a thread steps from row to row without dividing, and the fused fp8 write
+  multiplies by Fp8Scale's reciprocal (the kernels before it divided per
+  element);
 - registers leave room for at least --min-blocks resident blocks of
   --block-threads threads per SM (2 of 256: the kernel's launch bounds; at
   3, 80 registers, today's vector paths spill);
@@ -307,6 +311,10 @@ def check_kernel(k: Kernel, block_threads: int = 256, min_blocks: int = 2) -> Li
     if cache_store is not None and cache_store != ".E.128":
         mem = _spill_budget(mem, FUSED_FP8_SPILL_BUDGET)
     bad = _common(k, mem, block_threads, min_blocks)
+    divisions = sum("FCHK" in t for _, t in body)
+    if divisions:
+        bad.append(f"{k.label}: {divisions} FCHK: a float32 division in the body (rows step without dividing; the "
+                   "fp8 write multiplies by Fp8Scale's reciprocal)")
     if not k.vectorized:
         return bad
     data_loads = [(a, mods) for a, _, op, mods in mem if op == "LDG" and ".EF" in mods]
