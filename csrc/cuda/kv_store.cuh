@@ -25,8 +25,7 @@ ROTARY_HOST_DEVICE typename CacheChunk<T, Cache>::type fp8_chunk(
   for (int k = 0; k < CacheChunk<T, Cache>::kElems / 2; ++k) {
     acc_t a, b;
     Pairs<T>::get(x, k, a, b);
-    word |= static_cast<W>(static_cast<W>(quantize_fp8(a, scale)) << (16 * k));
-    word |= static_cast<W>(static_cast<W>(quantize_fp8(b, scale)) << (16 * k + 8));
+    word |= fp8_pair<W>(k, a, b, scale);
   }
   return word;
 }

@@ -118,10 +118,7 @@ struct Fp8Out {
   uint8_t* out;
   Fp8Scale<acc_t> scale;
   W y[2] = {0, 0};
-  ROTARY_HOST_DEVICE void put(int v, int k, acc_t a, acc_t b) {
-    y[v] |= static_cast<W>(static_cast<W>(quantize_fp8(a, scale)) << (16 * k)) |
-        static_cast<W>(static_cast<W>(quantize_fp8(b, scale)) << (16 * k + 8));
-  }
+  ROTARY_HOST_DEVICE void put(int v, int k, acc_t a, acc_t b) { y[v] |= fp8_pair<W>(k, a, b, scale); }
   ROTARY_HOST_DEVICE void store(int v, int32_t at) { store_stream(reinterpret_cast<W*>(out + at), y[v]); }
 };
 

@@ -11,6 +11,15 @@
 namespace rotary {
 namespace kernel {
 
+// The encoding's constants, on the bits of |f| (fp8_e4m3fn_bits, and the
+// CPU's vector twin, store_fp8 in cpu/kernel/vec_isa.h).
+constexpr uint32_t kFp8NanFrom = 1087u << 20;    // |f| >= 480: NaN
+constexpr uint32_t kFp8NormalFrom = 121u << 23;  // |f| >= 2^-6: normal; below, subnormal
+constexpr uint32_t kFp8DenormBits = 141u << 23;  // 2^14: a float add rounds a subnormal
+// The exponent rebiased (7 - 127) and half the dropped mantissa added.
+constexpr uint32_t kFp8NormalBias = (static_cast<uint32_t>(7 - 127) << 23) + 0x7FFFFu;
+constexpr float kFp8Max = 448.0f;  // the largest finite value
+
 // float -> float8_e4m3fn bits, round to nearest even; |f| >= 480 and NaN give
 // NaN (0x7f). The same arithmetic as c10's fp8e4m3fn_from_fp32_value, so the
 // cache holds the bits torch's .to(torch.float8_e4m3fn) gives. All three
@@ -19,12 +28,10 @@ ROTARY_HOST_DEVICE uint8_t fp8_e4m3fn_bits(float f) {
   uint32_t bits = bits_of_float(f);
   const uint32_t sign = bits & 0x80000000u;
   bits ^= sign;
-  // Below 2^-6: subnormal, rounded by a float add.
-  constexpr uint32_t denorm_bits = 141u << 23;
-  const uint32_t subnormal = bits_of_float(float_of_bits(bits) + float_of_bits(denorm_bits)) - denorm_bits;
+  const uint32_t subnormal = bits_of_float(float_of_bits(bits) + float_of_bits(kFp8DenormBits)) - kFp8DenormBits;
   const uint32_t mant_odd = (bits >> 20) & 1u;
-  const uint32_t normal = (bits + (static_cast<uint32_t>(7 - 127) << 23) + 0x7FFFFu + mant_odd) >> 20;
-  const uint32_t result = bits >= (1087u << 20) ? 0x7fu : (bits < (121u << 23) ? subnormal : normal);
+  const uint32_t normal = (bits + kFp8NormalBias + mant_odd) >> 20;
+  const uint32_t result = bits >= kFp8NanFrom ? 0x7fu : (bits < kFp8NormalFrom ? subnormal : normal);
   return static_cast<uint8_t>(result | (sign >> 24));
 }
 
@@ -112,7 +119,8 @@ struct Fp8Scale {
 // .clamp(-448, 448).to(torch.float8_e4m3fn) of it (NaN stays NaN).
 template <typename acc_t>
 ROTARY_HOST_DEVICE uint8_t fp8_of_quotient(acc_t v) {
-  v = v > acc_t(448) ? acc_t(448) : (v < acc_t(-448) ? acc_t(-448) : v);
+  const acc_t top = kFp8Max;
+  v = v > top ? top : (v < -top ? -top : v);
   return fp8_e4m3fn_bits(static_cast<float>(v));
 }
 
@@ -127,6 +135,14 @@ ROTARY_HOST_DEVICE uint8_t quantize_fp8(acc_t v, const Fp8Scale<acc_t>& scale) {
 template <typename acc_t>
 ROTARY_HOST_DEVICE uint8_t quantize_fp8(acc_t v, const float* scale) {
   return fp8_of_quotient(scale != nullptr ? v / static_cast<acc_t>(*scale) : v);
+}
+
+// Elements 2k and 2k + 1 of a vector as fp8 bytes 2k and 2k + 1 of the word
+// W that holds its bytes (the cache's chunk, the prologue's fp8 q).
+template <typename W, typename acc_t>
+ROTARY_HOST_DEVICE W fp8_pair(int k, acc_t a, acc_t b, const Fp8Scale<acc_t>& scale) {
+  return static_cast<W>(static_cast<W>(quantize_fp8(a, scale)) << (16 * k)) |
+      static_cast<W>(static_cast<W>(quantize_fp8(b, scale)) << (16 * k + 8));
 }
 
 }  // namespace kernel

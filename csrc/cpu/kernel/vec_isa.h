@@ -270,18 +270,20 @@ inline void store_fp8(uint8_t* p, Vectorized<float> v, const float* scale) {
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
   using VI = Vectorized<int32_t>;
   static_assert(VF::size() == VI::size(), "one int32 lane per float lane");
+  // fp8_e4m3fn_bits' constants as int32 lanes: its two bounds are below
+  // 2^31, so signed compares hold, and the bias adds as its unsigned sum does.
+  const VI denorm(static_cast<int32_t>(kernel::kFp8DenormBits));
+  const VF top(kernel::kFp8Max), bottom(-kernel::kFp8Max);
   if (scale != nullptr) v = v / VF(*scale);
-  v = VF::blendv(v, VF(448.0f), v > VF(448.0f));
-  v = VF::blendv(v, VF(-448.0f), v < VF(-448.0f));
-  constexpr int32_t kDenorm = 141 << 23;  // as fp8_e4m3fn_bits: subnormals rounded by a float add
+  v = VF::blendv(v, top, v > top);
+  v = VF::blendv(v, bottom, v < bottom);
   const VI bits = at::vec::cast<int32_t>(v);
   const VI sign = bits & VI(std::numeric_limits<int32_t>::min());
   const VI mag = bits & VI(std::numeric_limits<int32_t>::max());
-  const VI subnormal =
-      at::vec::cast<int32_t>(at::vec::cast<float>(mag) + at::vec::cast<float>(VI(kDenorm))) - VI(kDenorm);
-  const VI normal = (mag + VI(-(120 << 23) + 0x7FFFF) + ((mag >> VI(20)) & VI(1))) >> VI(20);
-  VI r = VI::blendv(normal, subnormal, mag < VI(121 << 23));
-  r = VI::blendv(r, VI(0x7f), mag >= VI(1087 << 20));
+  const VI subnormal = at::vec::cast<int32_t>(at::vec::cast<float>(mag) + at::vec::cast<float>(denorm)) - denorm;
+  const VI normal = (mag + VI(static_cast<int32_t>(kernel::kFp8NormalBias)) + ((mag >> VI(20)) & VI(1))) >> VI(20);
+  VI r = VI::blendv(normal, subnormal, mag < VI(static_cast<int32_t>(kernel::kFp8NormalFrom)));
+  r = VI::blendv(r, VI(0x7f), mag >= VI(static_cast<int32_t>(kernel::kFp8NanFrom)));
   r = r | (sign >> VI(24));  // the sign's byte, 0x80, in the low byte
   // Each lane's low byte, packed.
 #if defined(CPU_CAPABILITY_AVX512)
