@@ -27,8 +27,9 @@ namespace kernel {
 ROTARY_HOST_DEVICE bool cache_rows(const KVCacheParams& p, int64_t b, int64_t s, int64_t& kc, int64_t& vc) {
   int64_t outer = 0, inner = 0;
   if (!cache_row(p, b, s, outer, inner)) return false;
-  kc = outer * p.kc_stride[0] + inner * p.kc_stride[2];
-  vc = outer * p.vc_stride[0] + inner * p.vc_stride[2];
+  const KVRow row = kv_row(p, b, s, outer, inner);
+  kc = row.kc;
+  vc = row.vc;
   return true;
 }
 
@@ -114,9 +115,8 @@ struct CacheSink {
 
   ROTARY_HOST_DEVICE void start_row(int64_t b, int64_t s, const TokenPlace& place) {
     int64_t outer = 0, inner = 0;
-    kc = cache_row(p, b, s, place, outer, inner)
-        ? static_cast<Cache*>(p.k_cache) + (outer * p.kc_stride[0] + inner * p.kc_stride[2])
-        : nullptr;
+    kc = cache_row(p, b, s, place, outer, inner) ? static_cast<Cache*>(p.k_cache) + kv_row(p, b, s, outer, inner).kc
+                                                 : nullptr;
     if constexpr (kEarlyScale) {
       if (p.k_scale != nullptr && p.k_scale_stride == 0) k_scale = *p.k_scale;
     }
