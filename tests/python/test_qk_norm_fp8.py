@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import rotary
-from rotary_testing.prologue_reference import heads_weight
+from rotary_testing.prologue_reference import heads_weight, ref_prologue
 from rotary_testing.rope_testing import DTYPE_IDS, DTYPES, randn
 
 MAX_LEN = 64
@@ -72,6 +72,9 @@ def test_fp8_q_on_the_vector_path(device, dtype, interleaved, per_head):
     differ = got != ref
     assert differ.sum() <= q8.numel() // 1000, f"{int(differ.sum())} of {q8.numel()} fp8 bytes differ"
     assert ((got - ref).abs()[differ] == 1).all()  # one step, the same sign (sign-magnitude bytes)
+    # And against the float64 reference: within half an fp8 step (2^-4 relative) of q / scale, saturated.
+    exact = (ref_prologue(q, qw, r, 16, 3, interleaved) / s.cpu().double()).clamp(-448, 448)
+    torch.testing.assert_close(q8.cpu().double(), exact, rtol=2**-4, atol=2**-10, msg="q8 against float64")
     torch.testing.assert_close(k_out, want_k, **ONE_ROUNDING[dtype], msg="k as without fp8 q")
 
 
