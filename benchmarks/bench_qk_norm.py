@@ -12,7 +12,9 @@ wall, one pass per --threads count, refused on a loaded machine):
 - torch.compile of the model's own code (HF norm, then rotate_half RoPE);
 - fused: rotary.apply_qk_norm_rope (out of place) and apply_qk_norm_rope_;
 - q as fp8 (a per-head scale): the fused call with q_fp8_scale, against the
-  fused call followed by torch's (q / scale).clamp(-448, 448).to(fp8).
+  fused call followed by torch's (q / scale).clamp(-448, 448).to(fp8);
+- OLMo2's norm over all heads of a token (norm="heads"), unfused (HF's
+  RMSNorm over the flattened heads, then rotary.apply_rope_qk) and fused.
 
     PYTHONPATH=python .venv/bin/python benchmarks/bench_qk_norm.py [--dtype bfloat16] [--quick]
 """
@@ -83,6 +85,13 @@ def cases(B, S, Hq, Hk, D, dtype, compiled, device):
         .clamp(-448, 448).to(torch.float8_e4m3fn))
     out["fused apply_qk_norm_rope, fp8 q"] = lambda: rotary.apply_qk_norm_rope(
         q, k, freqs, start, q_weight=qw, k_weight=kw, q_fp8_scale=scale.view(Hq), **rope)
+    # OLMo2's norm over all heads of a token (weights [heads * D]), unfused and fused.
+    qhw = (1 + 0.1 * torch.randn(Hq * D, generator=g)).to(device, dtype)
+    khw = (1 + 0.1 * torch.randn(Hk * D, generator=g)).to(device, dtype)
+    out["unfused HF norm over heads + rotary"] = lambda: rotary.apply_rope_qk(
+        hf_norm(q.flatten(2), qhw).view(q.shape), hf_norm(k.flatten(2), khw).view(k.shape), freqs, start, **rope)
+    out["fused apply_qk_norm_rope, norm heads"] = lambda: rotary.apply_qk_norm_rope(
+        q, k, freqs, start, q_weight=qhw, k_weight=khw, norm="heads", **rope)
     if torch.device(device).type == "cuda":  # the A/B of the vector path's L2 prefetch of next rows
         out["fused apply_qk_norm_rope, no L2 prefetch"] = without_l2_prefetch(out["fused apply_qk_norm_rope"])
     if compiled:

@@ -38,13 +38,14 @@ counts the fp8 encoding's instructions (the H200's fp8-cache launch took
 
 The prologue (apply_qk_norm_rope, bench_qk_norm.py's CUDA shapes) has two
 paths (rotary._C._cuda_norm_launch says which a call takes). The vector
-path (norm "head" on aligned rows): a lane loads its item of two heads
+path (aligned rows): a lane loads its item of two heads
 (vector_lane_heads), two 16-byte vectors each, and their shared table
 reads in one trip, and keeps them for phase 2 (the weights: one on-chip
-trip); its bytes in flight per SM are warps x 32 lanes x the share of lanes with an
+trip; norm "heads" loads them again after the block's sums: one more);
+its bytes in flight per SM are warps x 32 lanes x the share of lanes with an
 item x the item's bytes, plus, when the blocks stride over rows
 (l2_prefetch), each resident block's next row, which it asks of L2. The
-element path (norm "heads", fp64, strided or unaligned rows): a thread has `batch` loads of its phase-1 elements in
+element path (fp64, strided or unaligned rows): a thread has `batch` loads of its phase-1 elements in
 flight, then re-reads its pairs from L1 and reads their table entries
 (phase 2), one dependent on-chip trip per item; warps x 32 lanes x batch x
 element bytes in flight. Either is weighted by the share of a warp's time
@@ -248,11 +249,12 @@ def prologue_rows():
                     if vector:
                         # A lane's item of vector_lane_heads heads (two vectors each) and their shared
                         # table reads in one trip; a warp steps over 32 / lanes x that many heads at a
-                        # time. Phase 2: the weights, one on-chip trip.
+                        # time. Phase 2: the weights, one on-chip trip; norm "heads" loads the items
+                        # again after the block's sums, from L1 or L2: one more.
                         lanes = s["vector_lanes"]
                         lane_bytes = 32 * s["vector_lane_heads"]  # a rotated item: two 16-byte vectors a head
                         kb = warps * 32 * (s["vector_items"] / lanes) * lane_bytes / 1024
-                        trips, items = 1, 1
+                        trips, items = 1, 2 if norm == "heads" else 1
                         units = math.ceil((Hq + Hk) / (bt // 32 * (32 // lanes) * s["vector_lane_heads"]))
                     else:
                         # Element path: a unit is one head for a warp ("head"), or q's heads for the

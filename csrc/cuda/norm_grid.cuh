@@ -37,7 +37,7 @@ inline int64_t norm_blocks(int64_t rows, int64_t sms) {
 // The launch's grid stride over token rows (its block count) as a step in
 // (b, s), found once on the host (norm_grid) so that the kernel reads it
 // from its parameters and divides nothing per row. The vector path (16- and
-// 32-bit data, norm "head", 1-D positions, every q/k access an
+// 32-bit data, either norm, 1-D positions, every q/k access an
 // aligned 16-byte vector and every cos/sin read an aligned float4): a head
 // is `items` items, the first `rotated` of them two vectors of pairs
 // (adjacent when interleaved, one from each half of the span for
@@ -57,7 +57,7 @@ struct NormGrid {
 // Elements of elem_bytes per vector (the vector path's unit).
 inline int32_t norm_vector_elems(int64_t elem_bytes) { return static_cast<int32_t>(kVectorBytes / elem_bytes); }
 
-inline NormGrid norm_grid(const RopeParams& p, const NormParams& n, int64_t blocks, int64_t elem_bytes) {
+inline NormGrid norm_grid(const RopeParams& p, int64_t blocks, int64_t elem_bytes) {
   NormGrid g;
   g.step_b = p.seq > 0 ? blocks / p.seq : 0;
   g.step_s = blocks - g.step_b * p.seq;
@@ -66,7 +66,7 @@ inline NormGrid norm_grid(const RopeParams& p, const NormParams& n, int64_t bloc
   g.prefetch_log2 = -1;
   const int64_t v = norm_vector_elems(elem_bytes);
   // fp64 stays on the element path: its vector instantiations spill.
-  if (elem_bytes > 4 || n.kind != NormKind::kHead || p.num_axes > 0 ||
+  if (elem_bytes > 4 || p.num_axes > 0 ||
       !can_vectorize(p, elem_bytes) ||
       p.rotary_dim % (2 * v) != 0 || !table_rows_vector(p, static_cast<int>(v))) {
     return g;
@@ -89,8 +89,8 @@ inline NormGrid norm_grid(const RopeParams& p, const NormParams& n, int64_t bloc
 // with a cache on the vector path, whether the write moves 16-byte vectors
 // of k's finished rows and v's (their caches vector-addressable).
 template <typename T, typename Cache>
-inline NormGrid norm_grid_for(const KVCacheParams& kv, const NormParams& n, int64_t blocks) {
-  NormGrid g = norm_grid(kv.rope, n, blocks, sizeof(T));
+inline NormGrid norm_grid_for(const KVCacheParams& kv, int64_t blocks) {
+  NormGrid g = norm_grid(kv.rope, blocks, sizeof(T));
   if constexpr (!std::is_void_v<Cache>) g.cache_vector = g.items > 0 && caches_vector_addressable<T, Cache>(kv);
   return g;
 }

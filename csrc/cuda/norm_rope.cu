@@ -18,7 +18,7 @@ void launch_norm_rope(const kernel::KVCacheParams& kv, const kernel::NormParams&
     sms = 1;
   }
   const int64_t blocks = kernel::norm_blocks(rows, sms);
-  const kernel::NormGrid g = kernel::norm_grid_for<T, Cache>(kv, n, blocks);
+  const kernel::NormGrid g = kernel::norm_grid_for<T, Cache>(kv, blocks);
   const dim3 block(32, kernel::kNormWarps);
   const unsigned grid = static_cast<unsigned>(blocks);
   kernel::with_norm_kernel<T, Cache>(n, g, [&](auto fp8_q, auto vector) {

@@ -13,10 +13,10 @@
 // barriers and shuffles through a Sync of its own, so the emulation gives
 // the kernel's bits. The walks over rows (NormRows) and over (head, dim)
 // (HeadWalk) step without a division per item; the element path's unit and
-// phases are in norm_element.cuh. Norm "head" on aligned,
-// unit-stride rows takes the vector path instead (norm_vector.cuh): a
-// segment of lanes per head, one item of two 16-byte vectors per lane and
-// head, loaded once. apply_qk_norm_rope_with_kv_cache_ runs the same launch
+// phases are in norm_element.cuh. Aligned, unit-stride rows take the
+// vector path instead (norm_vector.cuh): a segment of lanes per head, one
+// item of two 16-byte vectors per lane and head, loaded once (norm "heads":
+// once more after the block's sums). apply_qk_norm_rope_with_kv_cache_ runs the same launch
 // with a cache type: once a row's k is finished, the block writes it and v
 // into the caches (norm_cache.cuh), at the cache row one thread found for
 // the block (CacheDest).
@@ -107,6 +107,8 @@ ROTARY_HOST_DEVICE void prefetch_next_row(const RopeParams& p, const NormGrid& g
 template <typename acc_t>
 struct NormShared {
   acc_t warp_total[kNormWarps];
+  // Norm "heads" on the vector path: each warp's q and k sums of squares.
+  acc_t heads_total[2][kNormWarps];
   // With a cache: the rows' destinations, two so that thread 0 can write the
   // next row's while other warps still read this one's (the next row's
   // barrier comes before the one after it).
@@ -127,16 +129,22 @@ ROTARY_HOST_DEVICE acc_t warp_sum(Sync& sync, acc_t v, int width = 32) {
 // h0 + slot, h0 + slot + per_warp, ... (every lane takes part in the sums,
 // idle ones with +0). kFp8Q: q heads are written as fp8, each by its scale,
 // read with the item's loads so that phase 2 waits on no memory for it.
+// Norm "heads": a first pass loads the same items for their squares alone,
+// summed per tensor over the warp, then over the block's warps in a fixed
+// order (sh.heads_total, between two barriers); the pass that writes loads
+// them again, from L1 or L2 (DRAM is read once).
 template <typename T, bool kFp8Q, bool kInterleaved, typename Sync>
 ROTARY_HOST_DEVICE void norm_vector_row(
     const RopeParams& p, const NormParams& n, const NormGrid& g, int64_t b, int64_t s, int64_t pos, int32_t lane,
-    int32_t warp, Sync& sync) {
+    int32_t warp, NormShared<typename Acc<T>::type>& sh, Sync& sync) {
   using acc_t = typename Acc<T>::type;
   const int32_t q_heads = static_cast<int32_t>(p.q.heads), total = q_heads + static_cast<int32_t>(p.k.heads);
   const int32_t per_warp = 32 >> g.lanes_log2, slot = lane >> g.lanes_log2, item = lane & ((1 << g.lanes_log2) - 1);
-  for (int32_t h0 = warp * per_warp * kNormLaneHeads; h0 < total; h0 += kNormWarps * per_warp * kNormLaneHeads) {
-    NormUnit<T, kFp8Q> u[kNormLaneHeads];
-    bool on[kNormLaneHeads];
+  const int32_t stride = kNormWarps * per_warp * kNormLaneHeads;
+  // A step's heads h0 + j * per_warp + slot of this lane: their units, and
+  // their item loaded (ss: its squares; 0 for heads that are off).
+  const auto load = [&](int32_t h0, NormUnit<T, kFp8Q>(&u)[kNormLaneHeads], bool(&on)[kNormLaneHeads],
+                        NormItem<T, kInterleaved>& it, acc_t(&ss)[kNormLaneHeads]) {
 #pragma unroll
     for (int j = 0; j < kNormLaneHeads; ++j) {
       const int32_t hj = h0 + j * per_warp + slot;
@@ -145,28 +153,74 @@ ROTARY_HOST_DEVICE void norm_vector_row(
       const int i = h < q_heads ? 0 : 1;
       u[j] = norm_unit<T, kFp8Q>(p, n, i, b, s, i ? h - q_heads : h, 1);
     }
-    NormItem<T, kInterleaved> it;
-    acc_t ss[kNormLaneHeads];
-    float q8[kNormLaneHeads] = {};
     if (on[0]) {
       norm_item_load<kInterleaved>(p, g, u, on, pos, item, it, ss);
-      if constexpr (kFp8Q) {
-#pragma unroll
-        for (int j = 0; j < kNormLaneHeads; ++j) q8[j] = u[j].fp8 ? u[j].q8_scale(n, 0) : 1.0f;
-      }
     } else {
 #pragma unroll
       for (int j = 0; j < kNormLaneHeads; ++j) ss[j] = 0;
     }
+  };
+  // Norm "heads": the block's q and k sums of squares, in shared memory;
+  // the pass that writes takes each head's scale from them as norm "head"
+  // takes its own from the warp (no register holds them across the pass;
+  // nor a row parity for two sets of them: the row ends at a barrier).
+  // Selects, not an index that depends on the head: a register array
+  // indexed at run time lives in local memory.
+  const bool across = n.kind == NormKind::kHeads;
+  acc_t(&totals)[2][kNormWarps] = sh.heads_total;
+  if (across) {
+    acc_t part[2] = {0, 0};
+    for (int32_t h0 = warp * per_warp * kNormLaneHeads; h0 < total; h0 += stride) {
+      NormUnit<T, kFp8Q> u[kNormLaneHeads];
+      bool on[kNormLaneHeads];
+      NormItem<T, kInterleaved> it;
+      acc_t ss[kNormLaneHeads];
+      load(h0, u, on, it, ss);
+#pragma unroll
+      for (int j = 0; j < kNormLaneHeads; ++j) {
+        const bool q = h0 + j * per_warp + slot < q_heads;
+        part[0] += q ? ss[j] : acc_t(0);  // squares: + 0 leaves the sum's bits
+        part[1] += q ? acc_t(0) : ss[j];
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      part[t] = warp_sum(sync, part[t]);
+      if (lane == 0) totals[t][warp] = part[t];
+    }
+    sync.block();
+  }
+  for (int32_t h0 = warp * per_warp * kNormLaneHeads; h0 < total; h0 += stride) {
+    NormUnit<T, kFp8Q> u[kNormLaneHeads];
+    bool on[kNormLaneHeads];
+    NormItem<T, kInterleaved> it;
+    acc_t ss[kNormLaneHeads];
+    float q8[kNormLaneHeads] = {};
+    load(h0, u, on, it, ss);
+    if constexpr (kFp8Q) {
+      if (on[0]) {
+#pragma unroll
+        for (int j = 0; j < kNormLaneHeads; ++j) q8[j] = u[j].fp8 ? u[j].q8_scale(n, 0) : 1.0f;
+      }
+    }
 #pragma unroll
     for (int j = 0; j < kNormLaneHeads; ++j) {
-      ss[j] = rms_scale(warp_sum(sync, ss[j], 1 << g.lanes_log2), p.head_dim, n.eps);
+      if (across) {
+        const int t = h0 + j * per_warp + slot < q_heads ? 0 : 1;
+        acc_t sum = totals[t][0];
+#pragma unroll
+        for (int w = 1; w < kNormWarps; ++w) sum += totals[t][w];
+        ss[j] = rms_scale(sum, (t ? p.k.heads : p.q.heads) * p.head_dim, n.eps);
+      } else {
+        ss[j] = rms_scale(warp_sum(sync, ss[j], 1 << g.lanes_log2), p.head_dim, n.eps);
+      }
     }
 #pragma unroll
     for (int j = 0; j < kNormLaneHeads; ++j) {
       if (on[j]) norm_item_store<kInterleaved>(n, u[j], it, j, ss[j], q8[j]);
     }
   }
+  if (across) sync.block();  // heads_total is rewritten by the next row
 }
 
 // The body of thread (lane, warp) of block `block`, as a plain function of
@@ -197,9 +251,9 @@ ROTARY_HOST_DEVICE void norm_rope_thread(
     if (vector) {
       if constexpr (kVector) {  // only the vector instantiations hold it
         if (p.interleaved) {
-          norm_vector_row<T, kFp8Q, true>(p, n, g, b, s, pos, lane, warp, sync);
+          norm_vector_row<T, kFp8Q, true>(p, n, g, b, s, pos, lane, warp, sh, sync);
         } else {
-          norm_vector_row<T, kFp8Q, false>(p, n, g, b, s, pos, lane, warp, sync);
+          norm_vector_row<T, kFp8Q, false>(p, n, g, b, s, pos, lane, warp, sh, sync);
         }
       }
     } else if (n.kind == NormKind::kHead) {
@@ -245,8 +299,15 @@ struct DeviceSync {
   }
 };
 
+// The resident blocks the vector instantiations' registers must leave room
+// for: 3 (ptxas would keep float32's with a cache to 4 blocks' 128
+// registers, and spill), but 4 for float32 without a cache (128 fit); none
+// asked of the element path (its choice: 62-96).
+template <typename T, typename Cache, bool kVector>
+constexpr int kNormMinBlocks = !kVector ? 1 : std::is_same_v<T, float> && std::is_void_v<Cache> ? 4 : 3;
+
 template <typename T, bool kFp8Q, typename Cache, bool kVector>
-__global__ void __launch_bounds__(kNormThreads) norm_rope_kernel(
+__global__ void __launch_bounds__(kNormThreads, (kNormMinBlocks<T, Cache, kVector>)) norm_rope_kernel(
     const __grid_constant__ KVCacheParams kv, const __grid_constant__ NormParams n, const NormGrid g) {
   __shared__ NormShared<typename Acc<T>::type> shared;
   DeviceSync sync;

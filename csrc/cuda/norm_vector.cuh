@@ -1,5 +1,5 @@
-// The prologue kernel's vector path (NormGrid.items > 0): norm "head" with
-// every q/k access an aligned 16-byte vector. A head is split into items
+// The prologue kernel's vector path (NormGrid.items > 0): norm "head" or
+// "heads" with every q/k access an aligned 16-byte vector. A head is split into items
 // (norm_grid.cuh); a lane loads its item of kNormLaneHeads heads once, with
 // the cos/sin of its pairs, in phase 1, and keeps them in registers for
 // phase 2: one memory round trip per head and 16-byte stores, where the
@@ -176,17 +176,21 @@ ROTARY_HOST_DEVICE void norm_item_write(
   out.store(1, it.a1);
 }
 
-// Phase 2 into one output, the weights read as weight_of reads them.
+// Phase 2 into one output, the weights read as weight_of reads them: the
+// unit's head's row (norm "heads": row h0 of the tensor's weights; norm
+// "head": the one row).
 template <bool kInterleaved, typename Unit, typename Out, typename T = typename Unit::value_type>
 ROTARY_HOST_DEVICE void norm_item_put(
     const NormParams& n, const Unit& u, const NormItem<T, kInterleaved>& it, int h, typename Acc<T>::type scale,
     Out& out) {
   using acc_t = typename Acc<T>::type;
   const acc_t offset = static_cast<acc_t>(n.weight_offset);
+  const int64_t row = u.h0 * u.weight_head;
   if (std::is_same_v<T, acc_t> || u.weight == nullptr || n.weight_acc) {
-    norm_item_write(it, h, scale, static_cast<const acc_t*>(u.weight), offset, out);
+    const acc_t* w = static_cast<const acc_t*>(u.weight);
+    norm_item_write(it, h, scale, w != nullptr ? w + row : w, offset, out);
   } else {
-    norm_item_write(it, h, scale, static_cast<const T*>(u.weight), offset, out);
+    norm_item_write(it, h, scale, static_cast<const T*>(u.weight) + row, offset, out);
   }
 }
 

@@ -120,7 +120,7 @@ std::map<std::string, int64_t> cuda_norm_launch(
 #ifdef ROTARY_WITH_CUDA
   const int64_t rows = p.batch * p.seq;
   const int64_t blocks = kernel::norm_blocks(rows, sms);
-  const kernel::NormGrid g = kernel::norm_grid(p, n, blocks, c10::elementSize(dtype));
+  const kernel::NormGrid g = kernel::norm_grid(p, blocks, c10::elementSize(dtype));
   out = {{"rows", rows}, {"blocks", blocks}, {"block_threads", kernel::kNormThreads}, {"batch", kernel::kNormBatch},
          {"vector_items", g.items}, {"vector_rotated", g.rotated},
          {"vector_lanes", g.items > 0 ? int64_t{1} << g.lanes_log2 : 0}, {"vector_lane_heads", kernel::kNormLaneHeads},

@@ -53,7 +53,7 @@ void emulate_norm_rope(const rotary::kernel::KVCacheParams& kv, const rotary::ke
                        std::vector<uintptr_t>* prefetched = nullptr) {
   namespace k = rotary::kernel;
   using acc_t = typename k::Acc<T>::type;
-  const k::NormGrid g = k::norm_grid_for<T, Cache>(kv, n, blocks);
+  const k::NormGrid g = k::norm_grid_for<T, Cache>(kv, blocks);
   const int64_t busy = std::min(blocks, kv.rope.batch * kv.rope.seq);
   k::with_norm_kernel<T, Cache>(n, g, [&](auto fp8_q, auto vector) {
     FiberBlock fibers(k::kNormThreads);

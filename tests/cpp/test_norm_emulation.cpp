@@ -130,7 +130,7 @@ TEST_P(NormEmulation, MatchesReferenceOnEveryGrid) {
       prepared.rope.out_k.fill_(std::numeric_limits<double>::quiet_NaN());
     }
     const auto& rp = prepared.rope.params;
-    EXPECT_EQ(rotary::kernel::norm_grid(rp, prepared.norm.params, blocks, q.element_size()).items > 0, c.vector)
+    EXPECT_EQ(rotary::kernel::norm_grid(rp, blocks, q.element_size()).items > 0, c.vector)
         << c.name << ": the vector path's choice";
     emulate_dtype(c, prepared, blocks);
     out[i][0] = ref_view(prepared.rope.out_q);
@@ -163,20 +163,31 @@ INSTANTIATE_TEST_SUITE_P(
     Grid, NormEmulation,
     ::testing::Values(
         NormCase{"fp32_head_half_partial", at::kFloat, false, false, 64, 32, 16, 4, 2, false, false, kLocal, true},
-        NormCase{"fp32_heads_interleaved", at::kFloat, true, true, 32, 32, 0, 3, 1, false},
+        NormCase{"fp32_heads_interleaved", at::kFloat, true, true, 32, 32, 0, 3, 1, false, false, kLocal, true},
         NormCase{"bf16_head_d256_gqa", at::kBFloat16, false, false, 256, 256, 0, 8, 1, false, false, kLocal, true},
-        NormCase{"fp16_heads_in_place", at::kHalf, true, false, 48, 16, 8, 2, 2, true},
+        NormCase{"fp16_heads_in_place", at::kHalf, true, false, 48, 16, 8, 2, 2, true, false, kLocal, true},
         NormCase{"fp64_head_d512", at::kDouble, false, true, 512, 128, 0, 2, 1, true},
         NormCase{"fp32_head_d16", at::kFloat, false, true, 16, 8, 4, 5, 3, false, false, kLocal, true},
         NormCase{"bf16_head_fp8_q", at::kBFloat16, false, false, 64, 32, 16, 4, 2, false, true, kLocal, true},
-        NormCase{"fp32_heads_fp8_q", at::kFloat, true, true, 32, 32, 0, 3, 1, false, true},
+        NormCase{"fp32_heads_fp8_q", at::kFloat, true, true, 32, 32, 0, 3, 1, false, true, kLocal, true},
         NormCase{"bf16_head_offsets", at::kBFloat16, false, false, 64, 64, 0, 4, 2, false, false,
                  NormCase::Pos::kOffsets, true},
-        NormCase{"fp32_heads_ids", at::kFloat, true, true, 32, 16, 8, 3, 1, true, false, NormCase::Pos::kIds},
+        NormCase{"fp32_heads_ids", at::kFloat, true, true, 32, 16, 8, 3, 1, true, false, NormCase::Pos::kIds, true},
         NormCase{"fp16_head_varlen", at::kHalf, false, false, 64, 32, 16, 4, 2, false, false, NormCase::Pos::kVarlen,
                  true},
         NormCase{"fp64_heads_varlen_in_place", at::kDouble, true, true, 32, 32, 0, 2, 2, true, false,
                  NormCase::Pos::kVarlen},
+        // Norm "heads" on the vector path: 48 heads (a warp takes two steps
+        // of them, the sums span both), fp8 q, packed sequences; 24 dims of
+        // bf16 in interleaved pairs stay on the element path.
+        NormCase{"bf16_heads_d128_two_steps", at::kBFloat16, true, false, 128, 128, 0, 40, 8, false, false,
+                 NormCase::Pos::kOffsets, true},
+        NormCase{"bf16_heads_interleaved_partial_fp8_q", at::kBFloat16, true, true, 64, 32, 16, 4, 2, false, true,
+                 kLocal, true},
+        NormCase{"fp16_heads_varlen_in_place", at::kHalf, true, false, 64, 64, 0, 4, 2, true, false,
+                 NormCase::Pos::kVarlen, true},
+        NormCase{"bf16_heads_interleaved_r24_element_path", at::kBFloat16, true, true, 64, 24, 8, 4, 2, false, false,
+                 kLocal, false},
         NormCase{"bf16_head_varlen_fp8_q", at::kBFloat16, false, true, 64, 64, 0, 4, 2, false, true,
                  NormCase::Pos::kVarlen, true},
         // fp8 q on the vector path: each dtype and pairing, pass-through
@@ -207,27 +218,30 @@ INSTANTIATE_TEST_SUITE_P(
 // The vector path asks L2 for each block's next row: one prefetch per 128
 // bytes of every q and k head of exactly the rows a block reaches after its
 // first, none when every row has its own block, the switch off or the
-// element path.
+// element path (rows a misaligned element apart).
 TEST(NormEmulationPrefetch, AsksForEachBlocksNextRow) {
   at::manual_seed(31);
   const int64_t B = 2, S = 5, Hq = 3, Hk = 2;
   for (auto dtype : {at::kBFloat16, at::kFloat}) {
     for (int64_t D : {int64_t{128}, int64_t{80}}) {
       for (bool transposed : {false, true}) {
-        for (const char* norm : {"head", "heads"}) {
+        for (const std::string norm : {"head", "heads", "head, misaligned"}) {
           const auto opts = at::TensorOptions().dtype(dtype);
+          const bool vector = norm != "head, misaligned";
           auto make = [&](int64_t h) {
-            return transposed ? at::randn({B, S, h, D}, opts).transpose(1, 2) : at::randn({B, h, S, D}, opts);
+            const int64_t w = vector ? D : D + 1;  // misaligned: rows D + 1 elements apart
+            const at::Tensor x =
+                transposed ? at::randn({B, S, h, w}, opts).transpose(1, 2) : at::randn({B, h, S, w}, opts);
+            return x.narrow(-1, 0, D);
           };
           const at::Tensor q = make(Hq), k = make(Hk);
           const at::Tensor table = at::polar(at::ones({16, D / 2}), at::rand({16, D / 2}));
           const std::optional<at::Tensor> none;
           const rotary::detail::RopeArgs args{1, false, none, none, false, none, none, "BHSD", 0, {}};
-          const rotary::detail::NormArgs nargs{none, none, 1e-5, norm, 0.0, none};
+          const rotary::detail::NormArgs nargs{none, none, 1e-5, norm.substr(0, norm.find(',')), 0.0, none};
           const auto prepared = rotary::detail::prepare_norm_rope("emulation", q, k, table, args, nargs, false);
           const auto& rp = prepared.rope.params;
-          const bool vector = std::string(norm) == "head";
-          ASSERT_EQ(rotary::kernel::norm_grid(rp, prepared.norm.params, 3, q.element_size()).items > 0, vector);
+          ASSERT_EQ(rotary::kernel::norm_grid(rp, 3, q.element_size()).items > 0, vector);
           for (const auto& [blocks, on] : {std::pair<int64_t, bool>{3, true}, {7, true}, {B * S, true}, {3, false}}) {
             SCOPED_TRACE(std::string(c10::toString(dtype)) + " D=" + std::to_string(D) +
                          (transposed ? " BSHD storage" : " BHSD") + " norm " + norm + " blocks " +

@@ -104,7 +104,7 @@ bool emulate(const rotary::detail::PreparedNormKV& fused, const rotary::detail::
     rotary::kernel::kv_cache_thread<scalar_t, CacheCpu>(two.kv.params, i);
   }
   // Whether the launch writes the caches as vectors (norm_cache_vectors).
-  return rotary::kernel::norm_grid_for<T, Cache>(fused.kv.params, fused.norm.params, blocks).cache_vector;
+  return rotary::kernel::norm_grid_for<T, Cache>(fused.kv.params, blocks).cache_vector;
 }
 
 // A cache as float64 values (fp8 bytes decoded), a copy.
