@@ -37,8 +37,9 @@ inline int64_t norm_blocks(int64_t rows, int64_t sms) {
 // The launch's grid stride over token rows (its block count) as a step in
 // (b, s), found once on the host (norm_grid) so that the kernel reads it
 // from its parameters and divides nothing per row. The vector path (16- and
-// 32-bit data, either norm, 1-D positions, every q/k access an
-// aligned 16-byte vector and every cos/sin read an aligned float4): a head
+// 32-bit data, either norm, every q/k access an aligned 16-byte vector and
+// every table row read as aligned float4s, or, with N-D positions, a pair
+// at a time from its axis's row): a head
 // is `items` items, the first `rotated` of them two vectors of pairs
 // (adjacent when interleaved, one from each half of the span for
 // rotate_half), the rest one pass-through vector each. A segment of
@@ -66,8 +67,7 @@ inline NormGrid norm_grid(const RopeParams& p, int64_t blocks, int64_t elem_byte
   g.prefetch_log2 = -1;
   const int64_t v = norm_vector_elems(elem_bytes);
   // fp64 stays on the element path: its vector instantiations spill.
-  if (elem_bytes > 4 || p.num_axes > 0 ||
-      !can_vectorize(p, elem_bytes) ||
+  if (elem_bytes > 4 || !can_vectorize(p, elem_bytes) ||
       p.rotary_dim % (2 * v) != 0 || !table_rows_vector(p, static_cast<int>(v))) {
     return g;
   }

@@ -153,8 +153,10 @@ ROTARY_HOST_DEVICE void norm_vector_row(
       const int i = h < q_heads ? 0 : 1;
       u[j] = norm_unit<T, kFp8Q>(p, n, i, b, s, i ? h - q_heads : h, 1);
     }
-    if (on[0]) {
-      norm_item_load<kInterleaved>(p, g, u, on, pos, item, it, ss);
+    if (on[0] && p.num_axes == 0) {
+      norm_item_load<kInterleaved, false>(p, g, u, on, b, s, pos, item, it, ss);
+    } else if (on[0]) {
+      norm_item_load<kInterleaved, true>(p, g, u, on, b, s, pos, item, it, ss);
     } else {
 #pragma unroll
       for (int j = 0; j < kNormLaneHeads; ++j) ss[j] = 0;
@@ -247,7 +249,7 @@ ROTARY_HOST_DEVICE void norm_rope_thread(
     if constexpr (!std::is_void_v<Cache>) {
       if (tid == 0) sh.dest[parity] = cache_dest(kv, b, s, r.place);  // read after the barrier below
     }
-    const bool vector = kVector && vector_row_at(p, g, pos);  // this row's path, for all three phases
+    const bool vector = kVector && vector_row_at(p, g, b, s, pos);  // this row's path, for all three phases
     if (vector) {
       if constexpr (kVector) {  // only the vector instantiations hold it
         if (p.interleaved) {
@@ -300,14 +302,13 @@ struct DeviceSync {
 };
 
 // The resident blocks the vector instantiations' registers must leave room
-// for: 3 (ptxas would keep float32's with a cache to 4 blocks' 128
-// registers, and spill), but 4 for float32 without a cache (128 fit); none
-// asked of the element path (its choice: 62-96).
-template <typename T, typename Cache, bool kVector>
-constexpr int kNormMinBlocks = !kVector ? 1 : std::is_same_v<T, float> && std::is_void_v<Cache> ? 4 : 3;
+// for: 3 (ptxas would keep float32's to 4 blocks' 128 registers, and
+// spill); none asked of the element path (its choice: 64-100).
+template <bool kVector>
+constexpr int kNormMinBlocks = kVector ? 3 : 1;
 
 template <typename T, bool kFp8Q, typename Cache, bool kVector>
-__global__ void __launch_bounds__(kNormThreads, (kNormMinBlocks<T, Cache, kVector>)) norm_rope_kernel(
+__global__ void __launch_bounds__(kNormThreads, kNormMinBlocks<kVector>) norm_rope_kernel(
     const __grid_constant__ KVCacheParams kv, const __grid_constant__ NormParams n, const NormGrid g) {
   __shared__ NormShared<typename Acc<T>::type> shared;
   DeviceSync sync;

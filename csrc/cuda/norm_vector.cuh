@@ -21,11 +21,37 @@
 namespace rotary {
 namespace kernel {
 
-// True when the vector path serves a row at position pos: its cos/sin are
-// table reads. A row past the table (inv_freq) takes the element path, so
-// the vector path holds no sin/cos call.
-ROTARY_HOST_DEVICE bool vector_row_at(const RopeParams& p, const NormGrid& g, int64_t pos) {
-  return g.items > 0 && pos >= 0 && pos < p.freqs_len;
+// True when the vector path serves row (b, s) at position pos: its cos/sin
+// are table reads (with N-D positions, every axis's row is in the table). A
+// row past the table (inv_freq) takes the element path, so the vector path
+// holds no sin/cos call.
+ROTARY_HOST_DEVICE bool vector_row_at(const RopeParams& p, const NormGrid& g, int64_t b, int64_t s, int64_t pos) {
+  if (g.items == 0) return false;
+  for (int64_t a = 0; a < p.num_axes; ++a) {
+    const int64_t at = p.start_pos + given_position(p, b, s, a);
+    if (at < 0 || at >= p.freqs_len) return false;
+  }
+  return pos >= 0 && pos < p.freqs_len;
+}
+
+// cos/sin of the kPairs pairs from j0 of row (b, s) at position pos, in the
+// table (vector_row_at): float4 reads of row pos, or, with N-D positions
+// (kAxes), each pair's (cos, sin) from its axis's row.
+template <bool kAxes, typename acc_t, int kPairs>
+ROTARY_HOST_DEVICE void load_item_rotations(
+    const RopeParams& p, int64_t b, int64_t s, int64_t pos, int32_t j0, acc_t (&c)[kPairs], acc_t (&sn)[kPairs]) {
+  if constexpr (!kAxes) {
+    load_table_pairs<acc_t, kPairs>(p, pos, j0, c, sn);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j) {
+      const int64_t row = p.start_pos + given_position(p, b, s, p.pair_axis[j0 + j]);
+      const float2 e =
+          load_table_pair(reinterpret_cast<const float2*>(p.freqs + 2 * (row * p.freqs_stride_pos + j0 + j)));
+      c[j] = static_cast<acc_t>(e.x);
+      sn[j] = static_cast<acc_t>(p.inverse ? -e.y : e.y);
+    }
+  }
 }
 
 // One lane's item of kNormLaneHeads heads: each head's vectors at element
@@ -60,15 +86,17 @@ ROTARY_HOST_DEVICE void add_squares(const Vector& x, typename Acc<T>::type& ss) 
 
 // Phase 1: item `item` of the heads u[h] with on[h] (a token at position
 // pos, which vector_row_at checked; on[0] holds) is loaded into it: every
-// head's data first, then the cos/sin, so all round trips overlap. The
+// head's data first, then the cos/sin, so all round trips overlap (kAxes:
+// N-D positions, chosen by the caller, so no branch between the two). The
 // loads are unconditional, so no branch sits between them: a head that is
 // off loads head 0's item, a pass-through item loads its vector twice and
 // reads the table's first pairs. ss[h] is head h's sum of squares (0 when
 // off).
-template <bool kInterleaved, typename Unit, typename T = typename Unit::value_type>
+template <bool kInterleaved, bool kAxes, typename Unit, typename T = typename Unit::value_type>
 ROTARY_HOST_DEVICE void norm_item_load(
     const RopeParams& p, const NormGrid& g, const Unit (&u)[kNormLaneHeads], const bool (&on)[kNormLaneHeads],
-    int64_t pos, int32_t item, NormItem<T, kInterleaved>& it, typename Acc<T>::type (&ss)[kNormLaneHeads]) {
+    int64_t b, int64_t s, int64_t pos, int32_t item, NormItem<T, kInterleaved>& it,
+    typename Acc<T>::type (&ss)[kNormLaneHeads]) {
   using Item = NormItem<T, kInterleaved>;
   using acc_t = typename Acc<T>::type;
   const int32_t off = static_cast<int32_t>(p.rotary_offset), R = static_cast<int32_t>(p.rotary_dim);
@@ -87,7 +115,7 @@ ROTARY_HOST_DEVICE void norm_item_load(
     it.x[h][0] = load_stream(reinterpret_cast<const Vector*>(in + it.a0));
     it.x[h][1] = load_stream(reinterpret_cast<const Vector*>(in + it.a1));
   }
-  load_table_pairs<acc_t, Item::kPairs>(p, pos, j0, it.c, it.s);
+  load_item_rotations<kAxes, acc_t, Item::kPairs>(p, b, s, pos, j0, it.c, it.s);
 #pragma unroll
   for (int h = 0; h < kNormLaneHeads; ++h) {
     acc_t sum = 0;

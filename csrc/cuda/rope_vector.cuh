@@ -136,6 +136,19 @@ ROTARY_HOST_DEVICE float4 load_table(const float4* p) {
   return *p;
 #endif
 }
+// One pair's (cos, sin), with the same policy (N-D positions: each pair its
+// own row).
+ROTARY_HOST_DEVICE float2 load_table_pair(const float2* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  float2 v;
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  asm("ld.global.nc.L2::cache_hint.v2.f32 {%0, %1}, [%2], %3;" : "=f"(v.x), "=f"(v.y) : "l"(p), "l"(policy));
+  return v;
+#else
+  return *p;
+#endif
+}
 
 // Elements 2k and 2k+1 of a vector, read and written in the accumulate type.
 template <typename T>

@@ -34,10 +34,14 @@ struct NormCase {
   int64_t D, r, off, Hq, Hk;
   bool in_place;
   bool fp8_q = false;  // q out as float8_e4m3fn, per-head scales (Hq > 1; Hq 1: a [] scale)
-  // Token positions: start + s; + offsets[b]; ids[b][s]; or packed
-  // sequences (cu_seqlens, THD), start + the index within each sequence.
-  enum class Pos { kLocal, kOffsets, kIds, kVarlen } pos = Pos::kLocal;
+  // Token positions: start + s; + offsets[b]; ids[b][s]; packed sequences
+  // (cu_seqlens, THD), start + the index within each sequence; or N-D ids
+  // [3, B, S], pair j on axis j % 3 (as Qwen3-VL's interleaved M-RoPE), or on
+  // sections of a half, a quarter and a quarter of the pairs (Qwen2-VL's).
+  enum class Pos { kLocal, kOffsets, kIds, kVarlen, kAxes, kSections } pos = Pos::kLocal;
   bool vector = false;  // the case takes the vector path (norm_vector.cuh)
+  // Ids (N-D) below id_end; past the 64-row table, inv_freq computes them.
+  int64_t id_end = 50;
 };
 
 // Packed sequences of 4, 1 and 6 tokens: a grid stride of 2 or 5 rows
@@ -50,10 +54,24 @@ constexpr int64_t kPacked[] = {0, 4, 5, 11};
 // its sequence, for the reference only.
 struct NormPositions {
   std::optional<at::Tensor> cu_seqlens, ref;
+  std::vector<int64_t> axes;  // N-D: each pair's axis of ref [3, B, S]
 };
 NormPositions positions_of(const NormCase& c, int64_t B, int64_t S) {
   NormPositions p;
   switch (c.pos) {
+    case NormCase::Pos::kAxes:
+    case NormCase::Pos::kSections: {
+      const int64_t pairs = c.r / 2;
+      p.ref = at::randint(0, c.id_end, {3, B, S}, at::kLong);
+      if (c.id_end > 50) {  // both kinds of row: every id of (0, 0) in the table, (1, 2)'s axis 1 past it
+        p.ref->select(1, 0).select(1, 0).fill_(3);
+        (*p.ref)[1][1][2].fill_(c.id_end - 1);
+      }
+      for (int64_t j = 0; j < pairs; ++j) {
+        p.axes.push_back(c.pos == NormCase::Pos::kAxes ? j % 3 : j < pairs / 2 ? 0 : j < 3 * pairs / 4 ? 1 : 2);
+      }
+      break;
+    }
     case NormCase::Pos::kLocal: break;
     case NormCase::Pos::kOffsets: p.ref = at::randint(0, 40, {B}, at::kInt); break;
     case NormCase::Pos::kIds: p.ref = at::randint(0, 50, {B, S}, at::kLong); break;
@@ -107,7 +125,28 @@ TEST_P(NormEmulation, MatchesReferenceOnEveryGrid) {
       at::outer(at::arange(64, at::kDouble), 1.0 / at::pow(10000.0, at::arange(0, c.r, 2, at::kDouble) / c.r))
           .to(at::kFloat));
   const int64_t start = 5;
-  const rotary_test::OpPositions op_pos = rotary_test::op_positions(start, varlen ? std::nullopt : pos.ref);
+  const bool nd = !pos.axes.empty();  // N-D ids: absolute, start added to them
+  const rotary_test::OpPositions op_pos = nd ? rotary_test::OpPositions{0, std::nullopt, *pos.ref + start}
+                                             : rotary_test::op_positions(start, varlen ? std::nullopt : pos.ref);
+  // Past the table's 64 rows the kernel computes the rotation from inv_freq.
+  const std::optional<at::Tensor> inv_freq = c.id_end + start <= 64 ? std::nullopt
+      : std::optional<at::Tensor>(1.0 / at::pow(10000.0, at::arange(0, c.r, 2, at::kDouble) / c.r));
+  // The float64 reference: N-D, each pair's dims from the reference at its
+  // axis's ids (the norm does not depend on the positions).
+  const auto reference = [&](const at::Tensor& x, const at::Tensor& w) {
+    if (!nd) return rotary_test::ref_norm_rope(x, w, c.heads, 1e-5, 0.0, start, c.interleaved, c.off, c.r, pos.ref);
+    at::Tensor by_axis[3], want;
+    for (int a = 0; a < 3; ++a) {
+      by_axis[a] = rotary_test::ref_norm_rope(x, w, c.heads, 1e-5, 0.0, start, c.interleaved, c.off, c.r, (*pos.ref)[a]);
+    }
+    want = by_axis[0].clone();
+    for (int64_t j = 0; j < c.r / 2; ++j) {
+      for (const int64_t d : {c.interleaved ? 2 * j : j, c.interleaved ? 2 * j + 1 : j + c.r / 2}) {
+        want.select(3, c.off + d).copy_(by_axis[pos.axes[j]].select(3, c.off + d));
+      }
+    }
+    return want;
+  };
   constexpr int64_t kGrids[] = {int64_t{1} << 20, 2, 5};  // a block per row; (b, s) steps (0, 2), (1, 2) at S = 3
   at::Tensor out[3][2];
   for (int i = 0; i < 3; ++i) {
@@ -119,7 +158,8 @@ TEST_P(NormEmulation, MatchesReferenceOnEveryGrid) {
         : c.Hq > 1                                        ? std::optional<at::Tensor>(at::linspace(0.004, 0.02, c.Hq))
                                                           : std::optional<at::Tensor>(at::full({}, 0.011));
     const rotary::detail::RopeArgs args{op_pos.start_pos, c.interleaved, op_pos.offsets, op_pos.position_ids, false,
-                                        pos.cu_seqlens, none, varlen ? "THD" : "BHSD", c.off, {}};
+                                        pos.cu_seqlens, inv_freq, varlen ? "THD" : "BHSD", c.off,
+                                        nd ? at::OptionalIntArrayRef(pos.axes) : at::OptionalIntArrayRef()};
     const rotary::detail::NormArgs nargs{oqw, okw, 1e-5, c.heads ? "heads" : "head", 0.0, q_scale};
     const auto prepared = rotary::detail::prepare_norm_rope("emulation", q, k, table, args, nargs, c.in_place);
     if (c.fp8_q) {
@@ -138,8 +178,7 @@ TEST_P(NormEmulation, MatchesReferenceOnEveryGrid) {
     const at::Tensor* x[2] = {&q0, &k0};
     const at::Tensor* w[2] = {&qw, &kw};
     for (int t = 0; t < 2; ++t) {
-      const at::Tensor want =
-          rotary_test::ref_norm_rope(*x[t], *w[t], c.heads, 1e-5, 0.0, start, c.interleaved, c.off, c.r, pos.ref);
+      const at::Tensor want = reference(*x[t], *w[t]);
       if (c.fp8_q && t == 0) {  // fp8: x / scale, saturated, within half an fp8 ulp (2^-4)
         const at::Tensor q8 = (want / q_scale->to(at::kDouble).expand({c.Hq}).view({1, c.Hq, 1, 1})).clamp(-448, 448);
         EXPECT_TRUE(rotary_test::AllClose(out[i][t].to(at::kDouble), q8, {1e-3, 0.0625})) << c.name << " fp8 q";
@@ -188,6 +227,17 @@ INSTANTIATE_TEST_SUITE_P(
                  NormCase::Pos::kVarlen, true},
         NormCase{"bf16_heads_interleaved_r24_element_path", at::kBFloat16, true, true, 64, 24, 8, 4, 2, false, false,
                  kLocal, false},
+        // N-D positions on the vector path: each pair's cos/sin from its
+        // axis's table row; rows with an id past the table (inv_freq) take
+        // the element path.
+        NormCase{"bf16_head_mrope_interleaved_axes", at::kBFloat16, false, false, 128, 128, 0, 4, 2, false, false,
+                 NormCase::Pos::kAxes, true},
+        NormCase{"fp32_heads_sections_in_place", at::kFloat, true, true, 64, 48, 8, 3, 1, true, false,
+                 NormCase::Pos::kSections, true},
+        NormCase{"fp16_head_axes_fp8_q_partial", at::kHalf, false, true, 64, 32, 16, 4, 2, false, true,
+                 NormCase::Pos::kAxes, true},
+        NormCase{"bf16_head_axes_past_the_table", at::kBFloat16, false, false, 64, 64, 0, 4, 2, false, false,
+                 NormCase::Pos::kAxes, true, 90},
         NormCase{"bf16_head_varlen_fp8_q", at::kBFloat16, false, true, 64, 64, 0, 4, 2, false, true,
                  NormCase::Pos::kVarlen, true},
         // fp8 q on the vector path: each dtype and pairing, pass-through
