@@ -14,7 +14,8 @@ wall, one pass per --threads count, refused on a loaded machine):
 - q as fp8 (a per-head scale): the fused call with q_fp8_scale, against the
   fused call followed by torch's (q / scale).clamp(-448, 448).to(fp8);
 - OLMo2's norm over all heads of a token (norm="heads"), unfused (HF's
-  RMSNorm over the flattened heads, then rotary.apply_rope_qk) and fused.
+  RMSNorm over the flattened heads, then rotary.apply_rope_qk) and fused;
+- the fused call with Qwen3-VL's interleaved M-RoPE positions (N-D ids).
 
     PYTHONPATH=python .venv/bin/python benchmarks/bench_qk_norm.py [--dtype bfloat16] [--quick]
 """
@@ -92,6 +93,12 @@ def cases(B, S, Hq, Hk, D, dtype, compiled, device):
         hf_norm(q.flatten(2), qhw).view(q.shape), hf_norm(k.flatten(2), khw).view(k.shape), freqs, start, **rope)
     out["fused apply_qk_norm_rope, norm heads"] = lambda: rotary.apply_qk_norm_rope(
         q, k, freqs, start, q_weight=qhw, k_weight=khw, norm="heads", **rope)
+    # Qwen3-VL's interleaved M-RoPE: N-D ids [3, B, S] (t, h, w), pair j on axis j % 3.
+    ids = (start + torch.arange(S, device=device)).expand(3, B, S).contiguous()
+    ids[1:] //= 2
+    axes = [j % 3 for j in range(D // 2)]
+    out["fused apply_qk_norm_rope, M-RoPE ids"] = lambda: rotary.apply_qk_norm_rope(
+        q, k, freqs, q_weight=qw, k_weight=kw, position_ids=ids, pair_axes=axes, **rope)
     if torch.device(device).type == "cuda":  # the A/B of the vector path's L2 prefetch of next rows
         out["fused apply_qk_norm_rope, no L2 prefetch"] = without_l2_prefetch(out["fused apply_qk_norm_rope"])
     if compiled:
