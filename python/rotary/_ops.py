@@ -94,7 +94,12 @@ def _pair_axes(op: str, name: str, value):
         return None  # 1-D positions
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise TypeError(f"{op}: {name} must be a list of ints or None, got {value!r}")
-    return [_int_arg(op, f"{name}[{j}]", a) for j, a in enumerate(value)]
+    out = list(value)
+    # Plain ints in int64 (a call's usual list) pass in one sweep; the entry
+    # at fault is named by _int_arg, whose per-entry names cost microseconds.
+    if set(map(type, out)) <= {int} and (not out or (-(2**63) <= min(out) and max(out) < 2**63)):
+        return out
+    return [_int_arg(op, f"{name}[{j}]", a) for j, a in enumerate(out)]
 
 
 def _start_pos(op: str, start_pos):
