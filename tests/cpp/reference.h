@@ -135,4 +135,25 @@ inline at::Tensor ref_norm_rope(const at::Tensor& x, const at::Tensor& w, bool h
   return out;
 }
 
+// The same with N-D positions: pair j of token (b, s) turns by start_pos +
+// ids[axes[j], b, s] (ids [n_axes, B, S]). Each pair's dims are taken from
+// the 1-D reference at its axis's ids: the norm does not depend on them.
+inline at::Tensor ref_norm_rope_nd(const at::Tensor& x, const at::Tensor& w, bool heads, double eps, double offset,
+                                   int64_t start_pos, bool interleaved, int64_t rotary_offset, int64_t rotary_dim,
+                                   const at::Tensor& ids, const std::vector<int64_t>& axes) {
+  std::vector<at::Tensor> by_axis;
+  for (int64_t a = 0; a < ids.size(0); ++a) {
+    by_axis.push_back(
+        ref_norm_rope(x, w, heads, eps, offset, start_pos, interleaved, rotary_offset, rotary_dim, ids[a]));
+  }
+  at::Tensor want = by_axis[0].clone();
+  const int64_t pairs = rotary_dim / 2;
+  for (int64_t j = 0; j < pairs; ++j) {
+    for (const int64_t d : {interleaved ? 2 * j : j, interleaved ? 2 * j + 1 : j + pairs}) {
+      want.select(3, rotary_offset + d).copy_(by_axis.at(static_cast<size_t>(axes.at(j))).select(3, rotary_offset + d));
+    }
+  }
+  return want;
+}
+
 }  // namespace rotary_test

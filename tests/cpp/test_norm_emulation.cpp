@@ -131,21 +131,10 @@ TEST_P(NormEmulation, MatchesReferenceOnEveryGrid) {
   // Past the table's 64 rows the kernel computes the rotation from inv_freq.
   const std::optional<at::Tensor> inv_freq = c.id_end + start <= 64 ? std::nullopt
       : std::optional<at::Tensor>(1.0 / at::pow(10000.0, at::arange(0, c.r, 2, at::kDouble) / c.r));
-  // The float64 reference: N-D, each pair's dims from the reference at its
-  // axis's ids (the norm does not depend on the positions).
   const auto reference = [&](const at::Tensor& x, const at::Tensor& w) {
-    if (!nd) return rotary_test::ref_norm_rope(x, w, c.heads, 1e-5, 0.0, start, c.interleaved, c.off, c.r, pos.ref);
-    at::Tensor by_axis[3], want;
-    for (int a = 0; a < 3; ++a) {
-      by_axis[a] = rotary_test::ref_norm_rope(x, w, c.heads, 1e-5, 0.0, start, c.interleaved, c.off, c.r, (*pos.ref)[a]);
-    }
-    want = by_axis[0].clone();
-    for (int64_t j = 0; j < c.r / 2; ++j) {
-      for (const int64_t d : {c.interleaved ? 2 * j : j, c.interleaved ? 2 * j + 1 : j + c.r / 2}) {
-        want.select(3, c.off + d).copy_(by_axis[pos.axes[j]].select(3, c.off + d));
-      }
-    }
-    return want;
+    return nd ? rotary_test::ref_norm_rope_nd(x, w, c.heads, 1e-5, 0.0, start, c.interleaved, c.off, c.r, *pos.ref,
+                                              pos.axes)
+              : rotary_test::ref_norm_rope(x, w, c.heads, 1e-5, 0.0, start, c.interleaved, c.off, c.r, pos.ref);
   };
   constexpr int64_t kGrids[] = {int64_t{1} << 20, 2, 5};  // a block per row; (b, s) steps (0, 2), (1, 2) at S = 3
   at::Tensor out[3][2];

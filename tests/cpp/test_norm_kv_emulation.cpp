@@ -46,6 +46,7 @@ struct NormKVCase {
   bool interleaved = false;
   int64_t B = 2, S = 3, Hq = 4, Hk = 2, D = 32, rotary_dim = 32, rotary_offset = 0, vd = 32, start = 3;
   bool cache_positions = false;
+  bool nd = false;  // N-D ids [3, B, S] (absolute), pair j on axis j % 3, as Qwen3-VL's M-RoPE
   std::optional<bool> vector_cache;  // the cache write's path, where a case checks it
 };
 
@@ -56,7 +57,7 @@ bool paged(const NormKVCase& c) {
 }
 
 struct NormKVInputs {
-  at::Tensor q, k, v, kc, vc, slots, cache_positions, k_scale, v_scale;
+  at::Tensor q, k, v, kc, vc, slots, cache_positions, k_scale, v_scale, ids;
 };
 
 // A cache of `width` dims per head row in c's layout, random (fp8: its bits).
@@ -88,6 +89,7 @@ NormKVInputs make(const NormKVCase& c, int64_t seed) {
     in.cache_positions = at::stack(rows).to(at::kInt);
   }
   if (c.fp8) std::tie(in.k_scale, in.v_scale) = rotary_test::fp8_scales(c.per_head_scale, c.Hk);
+  if (c.nd) in.ids = at::randint(0, 60, {3, c.B, c.S}, at::kLong);
   return in;
 }
 
@@ -146,6 +148,9 @@ std::pair<at::Tensor, at::Tensor> expected_caches(const NormKVCase& c, const Nor
 
 void check(const NormKVCase& c) {
   const at::Tensor freqs = rotary::rope_freqs(c.rotary_dim, 64);
+  std::vector<int64_t> axes;  // N-D: pair j's axis
+  for (int64_t j = 0; c.nd && j < c.rotary_dim / 2; ++j) axes.push_back(j % 3);
+  const int64_t start = c.nd ? 0 : c.start;  // N-D ids are absolute
   const at::Tensor qw = 1 + 0.5 * at::randn({c.heads ? c.Hq * c.D : c.D});
   const at::Tensor kw = 1 + 0.5 * at::randn({c.heads ? c.Hk * c.D : c.D});
   const std::optional<at::Tensor> oqw(qw), okw(kw), none;
@@ -159,8 +164,10 @@ void check(const NormKVCase& c) {
     auto prepare = [&](NormKVInputs& in) {
       const auto cache_pos = opt(in.cache_positions), slots = opt(in.slots);
       const auto k_scale = opt(in.k_scale), v_scale = opt(in.v_scale);
-      const rotary::detail::RopeArgs args{c.start, c.interleaved, none, none, false, none, none,
-                                          "BHSD", c.rotary_offset, std::nullopt};
+      const auto ids = opt(in.ids);
+      const rotary::detail::RopeArgs args{start, c.interleaved, none, ids, false, none, none,
+                                          "BHSD", c.rotary_offset,
+                                          c.nd ? at::OptionalIntArrayRef(axes) : at::OptionalIntArrayRef()};
       const rotary::detail::KVArgs kvargs{cache_pos, slots, c.kv_layout, k_scale, v_scale};
       const rotary::detail::NormArgs nargs{oqw, okw, 1e-5, norm, 0.0, none};
       return rotary::detail::prepare_norm_kv("test", in.q, in.k, in.v, in.kc, in.vc, freqs, args, kvargs, nargs);
@@ -199,10 +206,14 @@ void check(const NormKVCase& c) {
     // cache dtype (fp8: half a step, 2^-4 relative, plus k's own error).
     const auto tol = rotary_test::tolerance_for(c.dtype);
     const rotary_test::Tolerance fp8_tol{1e-2, 0.07};
-    const at::Tensor ref_q = rotary_test::ref_norm_rope(op.q, qw, c.heads, 1e-5, 0.0, c.start, c.interleaved,
-                                                        c.rotary_offset, c.rotary_dim);
-    const at::Tensor ref_k = rotary_test::ref_norm_rope(op.k, kw, c.heads, 1e-5, 0.0, c.start, c.interleaved,
-                                                        c.rotary_offset, c.rotary_dim);
+    const auto reference = [&](const at::Tensor& x, const at::Tensor& w) {
+      return c.nd ? rotary_test::ref_norm_rope_nd(x, w, c.heads, 1e-5, 0.0, 0, c.interleaved, c.rotary_offset,
+                                                  c.rotary_dim, op.ids, axes)
+                  : rotary_test::ref_norm_rope(x, w, c.heads, 1e-5, 0.0, c.start, c.interleaved, c.rotary_offset,
+                                               c.rotary_dim);
+    };
+    const at::Tensor ref_q = reference(op.q, qw);
+    const at::Tensor ref_k = reference(op.k, kw);
     EXPECT_TRUE(rotary_test::AllClose(fused.q, ref_q, tol)) << what + " q vs reference";
     EXPECT_TRUE(rotary_test::AllClose(fused.k, ref_k, tol)) << what + " k vs reference";
     const auto [ref_kc, ref_vc] = expected_caches(c, op, want.slots, ref_k);
@@ -214,9 +225,10 @@ void check(const NormKVCase& c) {
     // dtype's tolerance, v's cache rows equal, k's within one step of the
     // cache dtype (fp8: 2^-3 relative).
     rotary::apply_qk_norm_rope_with_kv_cache_(
-        want.q, want.k, want.v, want.kc, want.vc, freqs, c.start, c.interleaved, std::nullopt, std::nullopt,
+        want.q, want.k, want.v, want.kc, want.vc, freqs, start, c.interleaved, std::nullopt, opt(want.ids),
         std::nullopt, std::nullopt, "BHSD", opt(want.cache_positions), opt(want.slots), c.kv_layout,
-        opt(want.k_scale), opt(want.v_scale), false, c.rotary_offset, std::nullopt, oqw, okw, 1e-5, norm);
+        opt(want.k_scale), opt(want.v_scale), false, c.rotary_offset,
+        c.nd ? at::OptionalIntArrayRef(axes) : at::OptionalIntArrayRef(), oqw, okw, 1e-5, norm);
     EXPECT_TRUE(rotary_test::AllClose(fused.q, want.q, tol)) << what + " q vs CPU";
     EXPECT_TRUE(rotary_test::AllClose(fused.k, want.k, tol)) << what + " k vs CPU";
     EXPECT_TRUE(SameBits(fused.vc, want.vc)) << what + " v_cache vs CPU";
@@ -255,6 +267,11 @@ TEST(NormKVEmulation, Features) {
   // launch writes the caches element by element.
   add("v_dim 20, element-wise cache write", [](NormKVCase& c) { c.vd = 20, c.vector_cache = false; });
   add("fp8, vector cache write", [](NormKVCase& c) { c.fp8 = true, c.vector_cache = true; });
+  add("N-D ids, vector cache write", [](NormKVCase& c) { c.nd = true, c.D = 64, c.rotary_dim = 48, c.rotary_offset = 8,
+                                                        c.vd = 64, c.vector_cache = true; });
+  add("N-D ids, norm heads, cache_positions", [](NormKVCase& c) {
+    c.nd = true, c.heads = true, c.cache_positions = true, c.kv_layout = "BSHD";
+  });
   add("many rows", [](NormKVCase& c) { c.B = 3, c.S = 20, c.kv_layout = "HND"; });
   // 12 x 96 cache elements a row: 9 per thread of 128, a full batch and
   // one more, whose elements cross heads (96 is not the thread count).
