@@ -117,34 +117,26 @@ inline at::Tensor ref_rope(
   return out;
 }
 
-// The prologue (apply_qk_norm_rope) in float64: x [B, H, S, D] over
-// sqrt(mean(x^2) + eps), the mean over head_dim (norm "heads": over every
-// head and head_dim), times w + offset (w [D], or [H * D] for "heads");
-// then ref_rope of dims [rotary_offset, rotary_offset + rotary_dim) at
-// the positions RefPositions gives (start_pos + s without a tensor).
-inline at::Tensor ref_norm_rope(const at::Tensor& x, const at::Tensor& w, bool heads, double eps, double offset,
-                                int64_t start_pos, bool interleaved, int64_t rotary_offset, int64_t rotary_dim,
-                                const std::optional<at::Tensor>& positions = std::nullopt) {
-  const at::Tensor xd = x.detach().to(at::kCPU, at::kDouble);
-  const at::Tensor ms = heads ? (xd * xd).mean({1, 3}, true) : (xd * xd).mean({3}, true);
-  const at::Tensor wd = w.detach().to(at::kCPU, at::kDouble) + offset;
-  const at::Tensor y = xd / at::sqrt(ms + eps) * (heads ? wd.view({1, x.size(1), 1, x.size(3)}) : wd);
-  at::Tensor out = y.contiguous();
+// Dims [rotary_offset, rotary_offset + rotary_dim) of x rotated by ref_rope
+// at the positions RefPositions gives, the others as they are: float64.
+inline at::Tensor ref_rope_span(const at::Tensor& x, int64_t start_pos, bool interleaved, int64_t rotary_offset,
+                                int64_t rotary_dim, const std::optional<at::Tensor>& positions = std::nullopt,
+                                bool inverse = false) {
+  at::Tensor out = x.detach().to(at::kCPU, at::kDouble).contiguous().clone();
   out.narrow(3, rotary_offset, rotary_dim)
-      .copy_(ref_rope(y.narrow(3, rotary_offset, rotary_dim), start_pos, interleaved, positions));
+      .copy_(ref_rope(out.narrow(3, rotary_offset, rotary_dim), start_pos, interleaved, positions, inverse));
   return out;
 }
 
 // The same with N-D positions: pair j of token (b, s) turns by start_pos +
 // ids[axes[j], b, s] (ids [n_axes, B, S]). Each pair's dims are taken from
-// the 1-D reference at its axis's ids: the norm does not depend on them.
-inline at::Tensor ref_norm_rope_nd(const at::Tensor& x, const at::Tensor& w, bool heads, double eps, double offset,
-                                   int64_t start_pos, bool interleaved, int64_t rotary_offset, int64_t rotary_dim,
-                                   const at::Tensor& ids, const std::vector<int64_t>& axes) {
+// the 1-D result at its axis's ids.
+inline at::Tensor ref_rope_span_nd(const at::Tensor& x, int64_t start_pos, bool interleaved, int64_t rotary_offset,
+                                   int64_t rotary_dim, const at::Tensor& ids, const std::vector<int64_t>& axes,
+                                   bool inverse = false) {
   std::vector<at::Tensor> by_axis;
   for (int64_t a = 0; a < ids.size(0); ++a) {
-    by_axis.push_back(
-        ref_norm_rope(x, w, heads, eps, offset, start_pos, interleaved, rotary_offset, rotary_dim, ids[a]));
+    by_axis.push_back(ref_rope_span(x, start_pos, interleaved, rotary_offset, rotary_dim, ids[a], inverse));
   }
   at::Tensor want = by_axis[0].clone();
   const int64_t pairs = rotary_dim / 2;
@@ -154,6 +146,31 @@ inline at::Tensor ref_norm_rope_nd(const at::Tensor& x, const at::Tensor& w, boo
     }
   }
   return want;
+}
+
+// The prologue's norm (apply_qk_norm_rope) in float64: x [B, H, S, D] over
+// sqrt(mean(x^2) + eps), the mean over head_dim (norm "heads": over every
+// head and head_dim), times w + offset (w [D], or [H * D] for "heads").
+inline at::Tensor ref_norm(const at::Tensor& x, const at::Tensor& w, bool heads, double eps, double offset) {
+  const at::Tensor xd = x.detach().to(at::kCPU, at::kDouble);
+  const at::Tensor ms = heads ? (xd * xd).mean({1, 3}, true) : (xd * xd).mean({3}, true);
+  const at::Tensor wd = w.detach().to(at::kCPU, at::kDouble) + offset;
+  return xd / at::sqrt(ms + eps) * (heads ? wd.view({1, x.size(1), 1, x.size(3)}) : wd);
+}
+
+// The prologue: ref_norm, then ref_rope_span (1-D positions) or
+// ref_rope_span_nd (N-D ids and each pair's axis).
+inline at::Tensor ref_norm_rope(const at::Tensor& x, const at::Tensor& w, bool heads, double eps, double offset,
+                                int64_t start_pos, bool interleaved, int64_t rotary_offset, int64_t rotary_dim,
+                                const std::optional<at::Tensor>& positions = std::nullopt) {
+  return ref_rope_span(ref_norm(x, w, heads, eps, offset), start_pos, interleaved, rotary_offset, rotary_dim,
+                       positions);
+}
+inline at::Tensor ref_norm_rope_nd(const at::Tensor& x, const at::Tensor& w, bool heads, double eps, double offset,
+                                   int64_t start_pos, bool interleaved, int64_t rotary_offset, int64_t rotary_dim,
+                                   const at::Tensor& ids, const std::vector<int64_t>& axes) {
+  return ref_rope_span_nd(ref_norm(x, w, heads, eps, offset), start_pos, interleaved, rotary_offset, rotary_dim,
+                          ids, axes);
 }
 
 }  // namespace rotary_test

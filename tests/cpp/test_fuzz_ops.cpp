@@ -5,6 +5,7 @@
 // Accepted calls must match the float64 reference; refused in-place calls
 // must leave every byte alone. ROTARY_FUZZ_CASES (default 60) and
 // ROTARY_FUZZ_SEED (default 0) pick the cases; `make fuzz` runs more.
+#include "fuzz_draw.h"
 #include "helpers.h"
 #include "reference.h"
 
@@ -22,11 +23,6 @@
 #include <vector>
 
 namespace {
-
-int64_t env_int(const char* name, int64_t fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoll(v) : fallback;
-}
 
 std::vector<int64_t> element_offsets(const at::Tensor& t) {
   std::vector<int64_t> out{t.storage_offset()};
@@ -184,7 +180,8 @@ void run_case(uint64_t seed) {
 }
 
 TEST(FuzzOps, SeededCasesMatchTheReferenceOrAreRefusedUntouched) {
-  const int64_t cases = env_int("ROTARY_FUZZ_CASES", 60), seed = env_int("ROTARY_FUZZ_SEED", 0);
+  const int64_t cases = rotary_test::fuzz_env("ROTARY_FUZZ_CASES", 60);
+  const int64_t seed = rotary_test::fuzz_env("ROTARY_FUZZ_SEED", 0);
   for (int64_t i = 0; i < cases && !::testing::Test::HasFailure(); ++i) {
     run_case(static_cast<uint64_t>(seed + i) * 0x9E3779B97F4A7C15ull + 1);
   }
