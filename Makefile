@@ -124,7 +124,7 @@ test-asan: test-asan-build
 
 # The fuzzer (tests/fuzz): its regression cases plus FUZZ_CASES seeded random
 # cases over every entry point, in child processes; then the C++ op fuzz and
-# the emulation fuzz of the RoPE and prologue kernels under ASan + UBSan when
+# the emulation fuzz of the RoPE, KV-cache and prologue launches under ASan + UBSan when
 # build-asan exists (make test-asan builds it), and
 # the op cases on CUDA when a GPU and the CUDA kernels are there. `make test`
 # runs a fixed 300-case smoke of it (tests/python/test_fuzz_smoke.py).
@@ -138,7 +138,7 @@ fuzz: build
 	if [ -x $(ASAN_BUILD)/tests/cpp/rotary_tests ]; then \
 	  ROTARY_FUZZ_CASES=$(FUZZ_ASAN_CASES) ROTARY_FUZZ_SEED=$(FUZZ_SEED) \
 	  ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	    ./$(ASAN_BUILD)/tests/cpp/rotary_tests --gtest_brief=1 --gtest_filter='FuzzOps.*:MemoryOverlap.*:RopeEmulationFuzz.*:NormEmulationFuzz.*' || status=1; \
+	    ./$(ASAN_BUILD)/tests/cpp/rotary_tests --gtest_brief=1 --gtest_filter='FuzzOps.*:MemoryOverlap.*:*EmulationFuzz.*' || status=1; \
 	else echo "fuzz: no $(ASAN_BUILD) (make test-asan builds it); C++ fuzz under ASan skipped"; fi; \
 	if PYTHONPATH=$(CURDIR)/python $(VPY) -c "import sys, torch, rotary; \
 	    sys.exit(0 if torch.cuda.is_available() and torch._C._dispatch_has_kernel_for_dispatch_key('rotary::apply_rope', 'CUDA') else 1)"; then \

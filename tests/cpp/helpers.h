@@ -25,6 +25,8 @@ struct Tolerance {
   double atol;
   double rtol;
 };
+// float32 within 1e-5 absolute (unit-normal values against the table).
+constexpr Tolerance kF32{1e-5, 0.0};
 
 // tests/tolerances.txt is the one tolerance table; the Python tests read it
 // too. CMake passes its path, so the binary finds it from any directory.

@@ -277,7 +277,8 @@ TEST(NormEmulationPrefetch, AsksForEachBlocksNextRow) {
           const at::Tensor table = at::polar(at::ones({16, D / 2}), at::rand({16, D / 2}));
           const std::optional<at::Tensor> none;
           const rotary::detail::RopeArgs args{1, false, none, none, false, none, none, "BHSD", 0, {}};
-          const rotary::detail::NormArgs nargs{none, none, 1e-5, norm.substr(0, norm.find(',')), 0.0, none};
+          const std::string kind = norm.substr(0, norm.find(','));  // NormArgs holds a view of it
+          const rotary::detail::NormArgs nargs{none, none, 1e-5, kind, 0.0, none};
           const auto prepared = rotary::detail::prepare_norm_rope("emulation", q, k, table, args, nargs, false);
           const auto& rp = prepared.rope.params;
           ASSERT_EQ(rotary::kernel::norm_grid(rp, 3, q.element_size()).items > 0, vector);

@@ -24,7 +24,7 @@ using rotary_test::ref_rope;
 using rotary_test::Tolerance;
 using rotary_test::tolerance_for;
 
-constexpr Tolerance kF32{1e-5, 0.0};
+using rotary_test::kF32;
 constexpr Tolerance kF64{1e-6, 0.0};
 
 using rotary_test::randn;
