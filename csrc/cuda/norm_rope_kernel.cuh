@@ -16,10 +16,10 @@
 // phases are in norm_element.cuh. Aligned, unit-stride rows take the
 // vector path instead (norm_vector.cuh): a segment of lanes per head, one
 // item of two 16-byte vectors per lane and head, loaded once (norm "heads":
-// once more after the block's sums). apply_qk_norm_rope_with_kv_cache_ runs the same launch
-// with a cache type: once a row's k is finished, the block writes it and v
-// into the caches (norm_cache.cuh), at the cache row one thread found for
-// the block (CacheDest).
+// once more after the block's sums). apply_qk_norm_rope_with_kv_cache_
+// runs the same launch with a cache type: once a row's k is finished, the
+// block writes it and v into the caches (norm_cache.cuh), at the cache row
+// one thread found for the block (CacheDest).
 #pragma once
 
 #include "norm_cache.cuh"

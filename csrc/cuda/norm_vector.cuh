@@ -1,11 +1,11 @@
 // The prologue kernel's vector path (NormGrid.items > 0): norm "head" or
-// "heads" with every q/k access an aligned 16-byte vector. A head is split into items
-// (norm_grid.cuh); a lane loads its item of kNormLaneHeads heads once, with
-// the cos/sin of its pairs, in phase 1, and keeps them in registers for
-// phase 2: one memory round trip per head and 16-byte stores, where the
-// element path makes one 2- or 4-byte access per element and reads each
-// element twice. Between them, each head's segment of lanes sums its
-// squares (warp_sum). No torch headers.
+// "heads" with every q/k access an aligned 16-byte vector. A head is split
+// into items (norm_grid.cuh); a lane loads its item of kNormLaneHeads heads
+// once, with the cos/sin of its pairs, in phase 1, and keeps them in
+// registers for phase 2: one memory round trip per head and 16-byte stores,
+// where the element path makes one 2- or 4-byte access per element and
+// reads each element twice. Between them, each head's segment of lanes
+// sums its squares (warp_sum). No torch headers.
 #pragma once
 
 #include "norm_grid.cuh"
