@@ -6,14 +6,20 @@
 // device-side out-of-range entries; cache_positions) at both index widths,
 // with one block walking every row and with copy blocks. q, k and both
 // caches must have the CPU op's bits, and q and k the float64 reference's
-// values. ROTARY_FUZZ_CASES (default 40) and ROTARY_FUZZ_SEED (default 0)
-// pick the cases.
+// values. The same calls with the prologue's norm
+// (apply_qk_norm_rope_with_kv_cache_, its own launch: norm_emulation.h) on
+// three grids must match the CPU op within the dtype's tolerance (its
+// reduction order is its own), v's cache rows bit for bit, and the float64
+// reference. ROTARY_FUZZ_CASES (default 40) and ROTARY_FUZZ_SEED (default
+// 0) pick the cases.
 #ifdef ROTARY_EMULATION
 
 #include "checks/kv_checks.h"
+#include "checks/norm_checks.h"
 #include "fuzz_draw.h"
 #include "helpers.h"
 #include "kv_emulation.h"
+#include "norm_emulation.h"
 
 #include <rotary/ops.h>
 
@@ -158,6 +164,69 @@ TEST(KVEmulationFuzz, SeededCallsHaveTheCpuOpsBitsOnEveryLaunch) {
   if (cases >= 20) {
     EXPECT_GT(fused_calls, cases / 5);
     EXPECT_LT(fused_calls, cases - cases / 10);
+  }
+}
+
+// The prologue's launch with the cache write: call c (not inverted: the
+// prologue has no inverse) with norm "head" or "heads" and random weights.
+void check_norm_call(const KVDraw& c, bool heads) {
+  const RopeDraw& r = c.rope;
+  const at::ScalarType dtype = r.q.scalar_type();
+  const auto copy = [](const at::Tensor& t) { return rotary_test::same_strides(t); };
+  const auto opt = rotary_test::opt;
+  const int64_t Hq = r.bhsd(r.q).size(1), Hk = r.bhsd(r.k).size(1), D = r.q.size(-1);
+  const at::Tensor qw = 1 + 0.5 * at::randn({heads ? Hq * D : D}), kw = 1 + 0.5 * at::randn({heads ? Hk * D : D});
+  const std::optional<at::Tensor> oqw(qw), okw(kw), none;
+  const char* norm = heads ? "heads" : "head";
+  at::Tensor want_q = copy(r.q), want_k = copy(r.k), want_kc = copy(c.kc), want_vc = copy(c.vc);
+  at::Tensor want_slots = c.slots.defined() ? c.slots.clone() : c.slots;
+  if (c.out_of_range >= 0) want_slots.view(-1)[c.out_of_range] = -1;
+  rotary::apply_qk_norm_rope_with_kv_cache_(
+      want_q, want_k, c.v, want_kc, want_vc, r.table, r.start_pos(), r.interleaved, r.offsets, r.ids, r.cu_seqlens,
+      r.inv_freq, r.layout(), opt(c.cache_positions), opt(want_slots), c.kv_layout, opt(c.k_scale), opt(c.v_scale),
+      false, r.off, r.pair_axes(), oqw, okw, 1e-5, norm);
+  const auto tol = rotary_test::tolerance_for(dtype);
+  const rotary_test::Tolerance cache_tol = c.fp8 ? rotary_test::Tolerance{1e-2, 0.13} : tol;
+  const at::Tensor ref_q = r.reference(rotary_test::ref_norm(r.bhsd(r.q), qw, heads, 1e-5, 0.0));
+  const at::Tensor ref_k = r.reference(rotary_test::ref_norm(r.bhsd(r.k), kw, heads, 1e-5, 0.0));
+  for (const int64_t blocks : {int64_t{1} << 20, int64_t{1}, int64_t{2}}) {
+    SCOPED_TRACE(std::to_string(blocks) + " blocks");
+    at::Tensor q = copy(r.q), k = copy(r.k), kc = copy(c.kc), vc = copy(c.vc);
+    at::Tensor slots = c.slots.defined() ? c.slots.clone() : c.slots;
+    const auto cache_pos = opt(c.cache_positions), slot_arg = opt(slots);
+    const auto k_scale = opt(c.k_scale), v_scale = opt(c.v_scale);
+    const rotary::detail::KVArgs kvargs{cache_pos, slot_arg, c.kv_layout, k_scale, v_scale};
+    const rotary::detail::NormArgs nargs{oqw, okw, 1e-5, norm, 0.0, none};
+    const auto prepared = rotary::detail::prepare_norm_kv("fuzz", q, k, c.v, kc, vc, r.table, r.args(), kvargs, nargs);
+    if (c.out_of_range >= 0) slots.view(-1)[c.out_of_range] = kc.size(0) * kBlock;  // after the host check
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "emulate", [&] {
+      using T = typename rotary::cuda::CudaType<scalar_t>::type;
+      c.fp8 ? rotary_test::emulate_norm_rope<T, uint8_t>(prepared.kv.params, prepared.norm.params, blocks)
+            : rotary_test::emulate_norm_rope<T, T>(prepared.kv.params, prepared.norm.params, blocks);
+    });
+    EXPECT_TRUE(rotary_test::AllClose(r.bhsd(q), ref_q, tol)) << "q vs reference";
+    EXPECT_TRUE(rotary_test::AllClose(r.bhsd(k), ref_k, tol)) << "k vs reference";
+    EXPECT_TRUE(rotary_test::AllClose(q, want_q, tol)) << "q vs CPU";
+    EXPECT_TRUE(rotary_test::AllClose(k, want_k, tol)) << "k vs CPU";
+    EXPECT_TRUE(rotary_test::AllClose(kc.to(at::kDouble), want_kc.to(at::kDouble), cache_tol)) << "k_cache vs CPU";
+    EXPECT_TRUE(rotary_test::SameBits(vc, want_vc)) << "v_cache vs CPU";
+  }
+}
+
+TEST(KVEmulationFuzz, SeededPrologueCallsMatchTheCpuOpOnEveryGrid) {
+  const int64_t cases = rotary_test::fuzz_env("ROTARY_FUZZ_CASES", 40);
+  const int64_t seed = rotary_test::fuzz_env("ROTARY_FUZZ_SEED", 0);
+  for (int64_t i = seed; i < seed + cases; ++i) {
+    Draw d(i);
+    at::manual_seed(static_cast<uint64_t>(i));
+    const KVDraw c = draw_kv(d);
+    const bool heads = d.coin();
+    SCOPED_TRACE("case " + std::to_string(i) + ": " + c.what + (heads ? ", norm heads" : ", norm head"));
+    try {
+      check_norm_call(c, heads);
+    } catch (const std::exception& e) {  // every drawn call is valid: a refusal is a failure
+      ADD_FAILURE() << "refused: " << e.what();
+    }
   }
 }
 
