@@ -8,7 +8,8 @@
 #   Compute summary of the bf16 prefill launches (DRAM %, achieved occupancy,
 #   registers), and the GPU benchmark table (clone, torch.compile of the HF
 #   formula, Liger, FlashInfer), the fused KV-cache step against the unfused
-#   one and FlashInfer's, and the q/k-norm prologue.
+#   one and FlashInfer's, and the q/k-norm prologue; last, the fuzzer's op
+#   cases on the GPU.
 # Each step has its own timeout and log under $OUT (or /tmp/rotary-gpu); a
 # failed step is reported at the end and the later steps still run.
 #
@@ -297,6 +298,14 @@ else
   skip memcheck "needs the build, a GPU and compute-sanitizer"
   skip racecheck "needs the build, a GPU and compute-sanitizer"
   skip memcheck_py "needs the build, a GPU and compute-sanitizer"
+fi
+# ---- the fuzzer's op cases on the GPU (the CPU machines run them on the CPU,
+# and the CUDA kernels' host emulation under their own fuzz in gtest)
+if ((built && have_gpu)); then
+  step fuzz_cuda 120 env ROTARY_FUZZ_DEVICE=cuda PYTHONPATH="$PY_PATH:$ROOT/tests" "$PY" -m fuzz.run --cases 1500 \
+    --seed 100000
+else
+  skip fuzz_cuda "needs the build and a GPU"
 fi
 
 # ---- the short summary last (the device reply carries the end of the output)

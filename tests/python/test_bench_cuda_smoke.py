@@ -71,7 +71,7 @@ def test_gpu_check_names_what_it_skips(tmp_path, env, why):
     assert r.returncode == 1, r.stdout + r.stderr
     assert why in r.stdout and "gpu_check: FAILED or skipped:" in r.stdout, r.stdout
     for later in ("gtest(skipped)", "launch_model(skipped)", "bench_bf16(skipped)", "bench_fp32(skipped)",
-                  "bench_kv_cache(skipped)", "pytest_cuda(skipped)", "memcheck(skipped)"):
+                  "bench_kv_cache(skipped)", "pytest_cuda(skipped)", "memcheck(skipped)", "fuzz_cuda(skipped)"):
         assert later in r.stdout, r.stdout
     assert not (tmp_path / "build").exists()
     # Skipped for the budget: the summary gives the command for the rest.
