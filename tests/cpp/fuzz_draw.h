@@ -1,7 +1,7 @@
 // Seeded draws of valid RoPE calls for the fuzz tests: test_fuzz_ops.cpp
 // (the ops), test_rope_emulation_fuzz.cpp and test_norm_emulation_fuzz.cpp
-// (the CUDA kernels through their host emulation). ROTARY_FUZZ_CASES and
-// ROTARY_FUZZ_SEED pick the cases.
+// (the CUDA kernels through their host emulation), and their driver
+// (run_fuzz).
 #pragma once
 
 #include "checks/checks.h"
@@ -11,6 +11,7 @@
 #include <rotary/freqs.h>
 
 #include <ATen/ATen.h>
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -34,6 +35,33 @@ struct Draw {
   int64_t in(int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); }
   bool coin(double p = 0.5) { return std::bernoulli_distribution(p)(rng); }
 };
+
+// Runs fn(d, what) for each case ROTARY_FUZZ_CASES (default 40) and
+// ROTARY_FUZZ_SEED (default 0) pick, each with its own Draw and torch seed:
+// fn draws a call, names it in `what` and checks it, returning whether it
+// took the path `counted` names. Every drawn call is valid, so one that
+// throws (a refusal) fails. With `counted`, 20 or more cases must reach
+// both that path and another (a fuzz that never took one says nothing of
+// it): more than a fifth of them, fewer than nine in ten.
+template <typename Fn>
+void run_fuzz(Fn&& fn, const char* counted = nullptr) {
+  const int64_t cases = fuzz_env("ROTARY_FUZZ_CASES", 40), seed = fuzz_env("ROTARY_FUZZ_SEED", 0);
+  int64_t taken = 0;
+  for (int64_t i = seed; i < seed + cases; ++i) {
+    Draw d(i);
+    at::manual_seed(static_cast<uint64_t>(i));
+    std::string what;
+    try {
+      taken += fn(d, what) ? 1 : 0;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "case " << i << " (" << what << ") refused: " << e.what();
+    }
+  }
+  if (counted != nullptr && cases >= 20) {
+    EXPECT_GT(taken, cases / 5) << counted;
+    EXPECT_LT(taken, cases - cases / 10) << counted;
+  }
+}
 
 // One rotation of q [B, Hq, S, D] and k (THD when packed): its arguments, and
 // how its positions read in the float64 reference (ref_rope_span[_nd]).

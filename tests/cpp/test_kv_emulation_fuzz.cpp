@@ -98,9 +98,9 @@ KVDraw draw_kv(Draw& d) {
   return c;
 }
 
-// Call c on every launch of it against the CPU op and the float64 reference
-// (counting the calls the launch fuses).
-void check_call(const KVDraw& c, int64_t& fused_calls) {
+// Call c on every launch of it against the CPU op and the float64 reference;
+// whether the launch is the fused one.
+bool check_call(const KVDraw& c) {
   const RopeDraw& r = c.rope;
   const at::ScalarType dtype = r.q.scalar_type();
   const auto copy = [](const at::Tensor& t) { return rotary_test::same_strides(t); };
@@ -117,6 +117,7 @@ void check_call(const KVDraw& c, int64_t& fused_calls) {
   const auto tol = rotary_test::tolerance_for(dtype);
   EXPECT_TRUE(rotary_test::AllClose(r.bhsd(want_q), ref_q, tol)) << "CPU q vs reference";
   const std::vector<std::pair<int64_t, bool>> modes = {{int64_t{1} << 40, false}, {1, false}, {int64_t{1} << 40, true}};
+  bool all_fused = true;  // the launch is the call's, whatever the grid
   for (const bool index64 : {false, true}) {
     for (const auto& [max_blocks, copy_blocks] : modes) {
       SCOPED_TRACE(std::string(index64 ? "int64" : "int32") + (max_blocks == 1 ? ", one block" : "") +
@@ -135,7 +136,7 @@ void check_call(const KVDraw& c, int64_t& fused_calls) {
                       : rotary_emulation::emulate_kv<scalar_t, scalar_t>(prepared.params, index64, max_blocks,
                                                                          copy_blocks);
       });
-      fused_calls += fused && !index64 && !copy_blocks && max_blocks > 1;
+      all_fused = all_fused && fused;
       EXPECT_TRUE(rotary_test::SameBits(q, want_q)) << "q";
       EXPECT_TRUE(rotary_test::SameBits(k, want_k)) << "k";
       EXPECT_TRUE(rotary_test::SameBits(kc, want_kc)) << "k_cache";
@@ -143,28 +144,18 @@ void check_call(const KVDraw& c, int64_t& fused_calls) {
       EXPECT_TRUE(rotary_test::AllClose(r.bhsd(k), ref_k, tol)) << "k vs reference";
     }
   }
+  return all_fused;
 }
 
 TEST(KVEmulationFuzz, SeededCallsHaveTheCpuOpsBitsOnEveryLaunch) {
-  const int64_t cases = rotary_test::fuzz_env("ROTARY_FUZZ_CASES", 40);
-  const int64_t seed = rotary_test::fuzz_env("ROTARY_FUZZ_SEED", 0);
-  int64_t fused_calls = 0;
-  for (int64_t i = seed; i < seed + cases; ++i) {
-    Draw d(i);
-    at::manual_seed(static_cast<uint64_t>(i));
-    const KVDraw c = draw_kv(d);
-    SCOPED_TRACE("case " + std::to_string(i) + ": " + c.what);
-    try {
-      check_call(c, fused_calls);
-    } catch (const std::exception& e) {  // every drawn call is valid: a refusal is a failure
-      ADD_FAILURE() << "refused: " << e.what();
-    }
-  }
-  // The draw reaches both the fused launch and the two launches.
-  if (cases >= 20) {
-    EXPECT_GT(fused_calls, cases / 5);
-    EXPECT_LT(fused_calls, cases - cases / 10);
-  }
+  rotary_test::run_fuzz(
+      [](Draw& d, std::string& what) {
+        const KVDraw c = draw_kv(d);
+        what = c.what;
+        SCOPED_TRACE(what);
+        return check_call(c);
+      },
+      "the fused launch");
 }
 
 // The prologue's launch with the cache write: call c (not inverted: the
@@ -214,20 +205,14 @@ void check_norm_call(const KVDraw& c, bool heads) {
 }
 
 TEST(KVEmulationFuzz, SeededPrologueCallsMatchTheCpuOpOnEveryGrid) {
-  const int64_t cases = rotary_test::fuzz_env("ROTARY_FUZZ_CASES", 40);
-  const int64_t seed = rotary_test::fuzz_env("ROTARY_FUZZ_SEED", 0);
-  for (int64_t i = seed; i < seed + cases; ++i) {
-    Draw d(i);
-    at::manual_seed(static_cast<uint64_t>(i));
+  rotary_test::run_fuzz([](Draw& d, std::string& what) {
     const KVDraw c = draw_kv(d);
     const bool heads = d.coin();
-    SCOPED_TRACE("case " + std::to_string(i) + ": " + c.what + (heads ? ", norm heads" : ", norm head"));
-    try {
-      check_norm_call(c, heads);
-    } catch (const std::exception& e) {  // every drawn call is valid: a refusal is a failure
-      ADD_FAILURE() << "refused: " << e.what();
-    }
-  }
+    what = c.what + (heads ? ", norm heads" : ", norm head");
+    SCOPED_TRACE(what);
+    check_norm_call(c, heads);
+    return false;
+  });
 }
 
 }  // namespace

@@ -88,9 +88,9 @@ Emulated run_emulation(const FuzzCall& c, int64_t blocks) {
           rotary::kernel::norm_grid(prepared.rope.params, blocks, r.q.element_size()).items > 0};
 }
 
-// Call c on the emulated grids against the float64 reference and the CPU op
-// (counting the calls the launch takes on its vector instantiation).
-void check_call(const FuzzCall& c, int64_t& vector_calls) {
+// Call c on the emulated grids against the float64 reference and the CPU op;
+// whether the launch takes its vector instantiation.
+bool check_call(const FuzzCall& c) {
   const RopeDraw& r = c.rope;
   const at::ScalarType dtype = r.q.scalar_type();
   // The float64 reference and the CPU op.
@@ -101,11 +101,12 @@ void check_call(const FuzzCall& c, int64_t& vector_calls) {
       r.off, r.pair_axes(), c.qw, c.kw, 1e-5, c.heads ? "heads" : "head", 0.0, c.q_scale);
   const at::Tensor cpu[2] = {r.bhsd(cpu_q), r.bhsd(cpu_k)};
   at::Tensor first[2];
+  bool vector = false;
   for (const int64_t blocks : {int64_t{1} << 20, int64_t{1}, int64_t{2}, int64_t{3}}) {
     SCOPED_TRACE(std::to_string(blocks) + " blocks");
     const Emulated e = run_emulation(c, blocks);
     const at::Tensor out[2] = {e.q, e.k};
-    vector_calls += blocks == 1 && e.vector;
+    vector = vector || e.vector;
     for (int t = 0; t < 2; ++t) {
       if (t == 0 && c.q_scale) {  // fp8: x / scale within half an fp8 step; the CPU op's bytes within one
         const at::Tensor scale = c.q_scale->to(at::kDouble).reshape({1, -1, 1, 1});
@@ -122,29 +123,18 @@ void check_call(const FuzzCall& c, int64_t& vector_calls) {
       }
     }
   }
+  return vector;
 }
 
 TEST(NormEmulationFuzz, SeededCallsMatchTheReferenceTheCpuOpAndEveryGrid) {
-  const int64_t cases = rotary_test::fuzz_env("ROTARY_FUZZ_CASES", 40);
-  const int64_t seed = rotary_test::fuzz_env("ROTARY_FUZZ_SEED", 0);
-  int64_t vector_calls = 0;
-  for (int64_t i = seed; i < seed + cases; ++i) {
-    Draw d(i);
-    at::manual_seed(static_cast<uint64_t>(i));
-    const FuzzCall c = draw_call(d);
-    SCOPED_TRACE("case " + std::to_string(i) + ": " + c.what);
-    try {
-      check_call(c, vector_calls);
-    } catch (const std::exception& e) {  // every drawn call is valid: a refusal is a failure
-      ADD_FAILURE() << "refused: " << e.what();
-    }
-  }
-  // The draw reaches both paths (a fuzz that never took the vector path
-  // would say nothing of it).
-  if (cases >= 20) {
-    EXPECT_GT(vector_calls, cases / 5);
-    EXPECT_LT(vector_calls, cases - cases / 10);
-  }
+  rotary_test::run_fuzz(
+      [](Draw& d, std::string& what) {
+        const FuzzCall c = draw_call(d);
+        what = c.what;
+        SCOPED_TRACE(what);
+        return check_call(c);
+      },
+      "the vector instantiation");
 }
 
 }  // namespace

@@ -27,9 +27,9 @@ using rotary_emulation::Variant;
 using rotary_test::Draw;
 using rotary_test::RopeDraw;
 
-// Call r on every launch of it against the float64 reference and the CPU op
-// (counting the calls the vector path can take).
-void check_call(const RopeDraw& r, bool inverse, int64_t& vector_calls) {
+// Call r on every launch of it against the float64 reference and the CPU op;
+// whether the vector path can take it.
+bool check_call(const RopeDraw& r, bool inverse) {
   const at::ScalarType dtype = r.q.scalar_type();
   const auto tol = rotary_test::tolerance_for(dtype);
   const at::Tensor ref[2] = {r.reference(r.bhsd(r.q), inverse), r.reference(r.bhsd(r.k), inverse)};
@@ -63,30 +63,19 @@ void check_call(const RopeDraw& r, bool inverse, int64_t& vector_calls) {
       }
     }
   }
-  vector_calls += vector;
+  return vector;
 }
 
 TEST(RopeEmulationFuzz, SeededCallsMatchTheReferenceTheCpuOpAndEveryLaunch) {
-  const int64_t cases = rotary_test::fuzz_env("ROTARY_FUZZ_CASES", 40);
-  const int64_t seed = rotary_test::fuzz_env("ROTARY_FUZZ_SEED", 0);
-  int64_t vector_calls = 0;
-  for (int64_t i = seed; i < seed + cases; ++i) {
-    Draw d(i);
-    at::manual_seed(static_cast<uint64_t>(i));
-    const RopeDraw r = rotary_test::draw_rope(d);
-    const bool inverse = d.coin(0.2);
-    SCOPED_TRACE("case " + std::to_string(i) + ": " + r.what + (inverse ? ", inverse" : ""));
-    try {
-      check_call(r, inverse, vector_calls);
-    } catch (const std::exception& e) {  // every drawn call is valid: a refusal is a failure
-      ADD_FAILURE() << "refused: " << e.what();
-    }
-  }
-  // The draw reaches both paths.
-  if (cases >= 20) {
-    EXPECT_GT(vector_calls, cases / 5);
-    EXPECT_LT(vector_calls, cases - cases / 10);
-  }
+  rotary_test::run_fuzz(
+      [](Draw& d, std::string& what) {
+        const RopeDraw r = rotary_test::draw_rope(d);
+        const bool inverse = d.coin(0.2);
+        what = r.what + (inverse ? ", inverse" : "");
+        SCOPED_TRACE(what);
+        return check_call(r, inverse);
+      },
+      "the vector path");
 }
 
 }  // namespace
