@@ -15,7 +15,6 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <optional>
 #include <random>
 #include <set>
