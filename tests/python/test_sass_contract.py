@@ -200,6 +200,11 @@ def unbatched(g):
      "and 0 stores"),
     ("table read after a branch on the data", lambda g: g[:2] + ["@P0 BRA 0x80"] + g[2:], "no q/k vector load in its "
      "block"),
+    # N-D positions: a pair's 8-byte read from its axis's row, in the data's block or after a branch.
+    ("N-D pair reads", lambda g: g[:2] + ["LDG.E.64.CONSTANT R40, desc[UR6][R2.64]"] * 2 + g[4:], None),
+    ("N-D pair read after a branch on the data",
+     lambda g: g[:2] + ["@P0 BRA 0x80", "LDG.E.64.CONSTANT R40, desc[UR6][R2.64]"] + g[4:],
+     "no q/k vector load in its block"),
     ("no prefetch", lambda g: [t for t in g if not t.startswith("CCTL")], "no L2 prefetch"),
 ])
 def test_each_norm_rule_can_fail(case, edit, expect):

@@ -53,9 +53,10 @@ with and without the fp8 q output, and with the KV-cache write):
 - the vector instantiations (kVector; one per dtype and cache, and per
   dtype with fp8 q) ask L2 for the block's next row (at least one CCTL.E.PF2; but
   float32 with an fp8 cache, which spilled with it) and have a vector path: at least NORM_VECTOR_ACCESSES 16-byte
-  streaming loads and stores of q/k, and every 16-byte table read shares
-  its basic block with a q/k vector load (one round trip per head, not a
-  table read that waits for a branch on the data or the data on it);
+  streaming loads and stores of q/k, and every table read (16 bytes; with
+  N-D positions, a pair's 8) shares its basic block with a q/k vector load
+  (one round trip per head, not a table read that waits for a branch on the
+  data or the data on it);
 - the per-head sum of squares is reduced in registers: a warp butterfly of
   at least five SHFL.BFLY, no shared-memory round trip for it;
 - with a cache, a block barrier beyond the norm's two (three BAR.SYNC): the
@@ -220,10 +221,11 @@ def square_runs(body: List[Tuple[int, str]]) -> List[int]:
 
 # The vector path (norm_vector.cuh) of the vector instantiations:
 # q/k as 16-byte streaming loads and stores (a rotated item of half
-# pairing is two, a pass-through item one), cos/sin as 16-byte table reads.
+# pairing is two, a pass-through item one), cos/sin as 16-byte table reads
+# (N-D positions: a pair's 8 bytes from its axis's row).
 NORM_VECTOR_ACCESSES = 3
 DATA_VECTOR_LOAD, DATA_VECTOR_STORE = re.compile(r"\bLDG\.E\.EF\.128\b"), re.compile(r"\bSTG\.E\.EF\.128\b")
-TABLE_VECTOR_LOAD = re.compile(r"\bLDG\.E\.128\.CONSTANT\b")
+TABLE_LOAD = re.compile(r"\bLDG\.E\.(?:64|128)\.CONSTANT\b")
 
 
 def check_norm_vector(k: Kernel, body: List[Tuple[int, str]]) -> List[str]:
@@ -236,7 +238,7 @@ def check_norm_vector(k: Kernel, body: List[Tuple[int, str]]) -> List[str]:
                    f"({NORM_VECTOR_ACCESSES} of each wanted): the vector path must move whole vectors")
     texts = [t for _, t in body]
     for i, t in enumerate(texts):
-        if not TABLE_VECTOR_LOAD.search(t):
+        if not TABLE_LOAD.search(t):
             continue
         # The table read's basic block (up to the branches on either side).
         lo = next((j + 1 for j in range(i - 1, -1, -1) if "BRA" in texts[j]), 0)
