@@ -158,8 +158,8 @@ TEST(KVEmulationFuzz, SeededCallsHaveTheCpuOpsBitsOnEveryLaunch) {
       "the fused launch");
 }
 
-// The prologue's launch with the cache write: call c (not inverted: the
-// prologue has no inverse) with norm "head" or "heads" and random weights.
+// The prologue's launch with the cache write: call c with norm "head" or
+// "heads" and random weights.
 void check_norm_call(const KVDraw& c, bool heads) {
   const RopeDraw& r = c.rope;
   const at::ScalarType dtype = r.q.scalar_type();
@@ -175,11 +175,11 @@ void check_norm_call(const KVDraw& c, bool heads) {
   rotary::apply_qk_norm_rope_with_kv_cache_(
       want_q, want_k, c.v, want_kc, want_vc, r.table, r.start_pos(), r.interleaved, r.offsets, r.ids, r.cu_seqlens,
       r.inv_freq, r.layout(), opt(c.cache_positions), opt(want_slots), c.kv_layout, opt(c.k_scale), opt(c.v_scale),
-      false, r.off, r.pair_axes(), oqw, okw, 1e-5, norm);
+      c.inverse, r.off, r.pair_axes(), oqw, okw, 1e-5, norm);
   const auto tol = rotary_test::tolerance_for(dtype);
   const rotary_test::Tolerance cache_tol = c.fp8 ? rotary_test::Tolerance{1e-2, 0.13} : tol;
-  const at::Tensor ref_q = r.reference(rotary_test::ref_norm(r.bhsd(r.q), qw, heads, 1e-5, 0.0));
-  const at::Tensor ref_k = r.reference(rotary_test::ref_norm(r.bhsd(r.k), kw, heads, 1e-5, 0.0));
+  const at::Tensor ref_q = r.reference(rotary_test::ref_norm(r.bhsd(r.q), qw, heads, 1e-5, 0.0), c.inverse);
+  const at::Tensor ref_k = r.reference(rotary_test::ref_norm(r.bhsd(r.k), kw, heads, 1e-5, 0.0), c.inverse);
   for (const int64_t blocks : {int64_t{1} << 20, int64_t{1}, int64_t{2}}) {
     SCOPED_TRACE(std::to_string(blocks) + " blocks");
     at::Tensor q = copy(r.q), k = copy(r.k), kc = copy(c.kc), vc = copy(c.vc);
@@ -188,7 +188,8 @@ void check_norm_call(const KVDraw& c, bool heads) {
     const auto k_scale = opt(c.k_scale), v_scale = opt(c.v_scale);
     const rotary::detail::KVArgs kvargs{cache_pos, slot_arg, c.kv_layout, k_scale, v_scale};
     const rotary::detail::NormArgs nargs{oqw, okw, 1e-5, norm, 0.0, none};
-    const auto prepared = rotary::detail::prepare_norm_kv("fuzz", q, k, c.v, kc, vc, r.table, r.args(), kvargs, nargs);
+    const auto prepared =
+        rotary::detail::prepare_norm_kv("fuzz", q, k, c.v, kc, vc, r.table, r.args(c.inverse), kvargs, nargs);
     if (c.out_of_range >= 0) slots.view(-1)[c.out_of_range] = kc.size(0) * kBlock;  // after the host check
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "emulate", [&] {
       using T = typename rotary::cuda::CudaType<scalar_t>::type;

@@ -4,11 +4,11 @@
 // past the table) meets random calls without a GPU (fuzz_draw.h: dtypes,
 // head sizes, rotated spans and offsets, head counts, pairings, aligned,
 // misaligned, packed and strided rows, in place or not; here the norm, its
-// weights and fp8 q). Each call runs on a grid of a block per row and of
-// 1 to 3 blocks (the grid-stride walk) and must match the float64
-// reference, the CPU op (its own kernel) and itself across grids, bit for
-// bit. ROTARY_FUZZ_CASES (default 40) and ROTARY_FUZZ_SEED (default 0) pick
-// the cases.
+// weights, fp8 q and the inverse rotation). Each call runs on a grid of a
+// block per row and of 1 to 3 blocks (the grid-stride walk) and must match
+// the float64 reference, the CPU op (its own kernel) and itself across
+// grids, bit for bit. ROTARY_FUZZ_CASES (default 40) and ROTARY_FUZZ_SEED
+// (default 0) pick the cases.
 #ifdef ROTARY_EMULATION
 
 #include "checks/norm_checks.h"
@@ -36,7 +36,7 @@ struct FuzzCall {
   RopeDraw rope;
   at::Tensor qw, kw;
   std::optional<at::Tensor> q_scale;
-  bool heads = false;
+  bool heads = false, inverse = false;
   std::string what;
 };
 
@@ -46,10 +46,12 @@ FuzzCall draw_call(Draw& d) {
   const RopeDraw& r = c.rope;
   const int64_t Hq = r.bhsd(r.q).size(1), Hk = r.bhsd(r.k).size(1), D = r.q.size(-1);
   c.heads = d.coin();
+  c.inverse = d.coin(0.2);
   c.qw = 1 + 0.5 * at::randn({c.heads ? Hq * D : D});
   c.kw = 1 + 0.5 * at::randn({c.heads ? Hk * D : D});
   if (!r.in_place && d.coin(0.2)) c.q_scale = Hq > 1 && d.coin() ? at::rand({Hq}) * 0.02 + 0.004 : at::full({}, 0.011);
-  c.what = r.what + (c.heads ? ", norm heads" : ", norm head") + (c.q_scale ? ", fp8 q" : "");
+  c.what = r.what + (c.heads ? ", norm heads" : ", norm head") + (c.q_scale ? ", fp8 q" : "") +
+      (c.inverse ? ", inverse" : "");
   return c;
 }
 
@@ -71,7 +73,7 @@ Emulated run_emulation(const FuzzCall& c, int64_t blocks) {
   at::Tensor q = rotary_test::same_strides(r.q), k = rotary_test::same_strides(r.k);
   const std::optional<at::Tensor> qw(c.qw), kw(c.kw);
   const rotary::detail::NormArgs nargs{qw, kw, 1e-5, c.heads ? "heads" : "head", 0.0, c.q_scale};
-  const auto prepared = rotary::detail::prepare_norm_rope("fuzz", q, k, r.table, r.args(), nargs, r.in_place);
+  const auto prepared = rotary::detail::prepare_norm_rope("fuzz", q, k, r.table, r.args(c.inverse), nargs, r.in_place);
   if (c.q_scale) {
     prepared.rope.out_q.view(at::kByte).fill_(0x7f);  // NaN in float8_e4m3fn
   } else if (!r.in_place) {
@@ -94,10 +96,10 @@ bool check_call(const FuzzCall& c) {
   const RopeDraw& r = c.rope;
   const at::ScalarType dtype = r.q.scalar_type();
   // The float64 reference and the CPU op.
-  const at::Tensor ref[2] = {r.reference(rotary_test::ref_norm(r.bhsd(r.q), c.qw, c.heads, 1e-5, 0.0)),
-                             r.reference(rotary_test::ref_norm(r.bhsd(r.k), c.kw, c.heads, 1e-5, 0.0))};
+  const at::Tensor ref[2] = {r.reference(rotary_test::ref_norm(r.bhsd(r.q), c.qw, c.heads, 1e-5, 0.0), c.inverse),
+                             r.reference(rotary_test::ref_norm(r.bhsd(r.k), c.kw, c.heads, 1e-5, 0.0), c.inverse)};
   const auto [cpu_q, cpu_k] = rotary::apply_qk_norm_rope(
-      r.q, r.k, r.table, r.start_pos(), r.interleaved, r.offsets, r.ids, false, r.cu_seqlens, r.inv_freq, r.layout(),
+      r.q, r.k, r.table, r.start_pos(), r.interleaved, r.offsets, r.ids, c.inverse, r.cu_seqlens, r.inv_freq, r.layout(),
       r.off, r.pair_axes(), c.qw, c.kw, 1e-5, c.heads ? "heads" : "head", 0.0, c.q_scale);
   const at::Tensor cpu[2] = {r.bhsd(cpu_q), r.bhsd(cpu_k)};
   at::Tensor first[2];
