@@ -9,10 +9,10 @@
 #include "cuda/cuda_types.h"
 #include "cuda/kv_cache_kernel.cuh"
 #include "cuda/rope_kv_kernel.cuh"
+#include "rope_emulation.h"
 
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -22,29 +22,6 @@ using rotary::kernel::Grid;
 using rotary::kernel::KVCacheParams;
 
 constexpr int64_t kBlock = 16, kRows = 64;  // the tests' paged block size, and contiguous cache rows
-
-template <typename T, bool kIl, bool kVec, typename Index, typename Sink = rotary::kernel::NoSink>
-void run_grid(const KVCacheParams& kv, const Grid& g, int64_t max_blocks, Sink sink = Sink()) {
-  const int64_t blocks = std::min(g.row_blocks, max_blocks);
-  const Grid launched = rotary::kernel::launched(kv.rope, g, blocks, true);  // prefetching when it strides
-  for (int64_t block = 0; block < blocks; ++block) {
-    for (int32_t tid = 0; tid < g.block_threads; ++tid) {
-      rotary::kernel::rope_thread<T, kIl, kVec, Index, rotary::kernel::DirectStore, Sink>(kv.rope, launched, block,
-                                                                                          tid, sink);
-    }
-  }
-}
-
-template <typename T, bool kIl, bool kVec, typename Sink = rotary::kernel::NoSink>
-void run_widths(const KVCacheParams& kv, bool index64, int64_t max_blocks, Sink sink = Sink()) {
-  const Grid g = rotary::kernel::make_grid<T, kIl, kVec>(kv.rope);
-  if (g.row_blocks == 0) return;
-  if (!index64 && rotary::kernel::fits_int32(kv.rope, g)) {
-    run_grid<T, kIl, kVec, int32_t>(kv, g, max_blocks, sink);
-  } else {
-    run_grid<T, kIl, kVec, int64_t>(kv, g, max_blocks, sink);
-  }
-}
 
 // What launch_rope_with_kv_cache runs, on the CPU: the fused grid when
 // can_fuse_cache holds, else the RoPE grid then the element-wise cache grid
@@ -72,27 +49,23 @@ bool emulate_kv(const KVCacheParams& kv, bool index64, int64_t max_blocks, bool 
   using T = typename rotary::cuda::CudaType<scalar_t>::type;
   using Cache = std::conditional_t<std::is_same_v<CacheCpu, uint8_t>, uint8_t, T>;
   const bool fused = rotary::kernel::can_fuse_cache<T, Cache>(kv, rotary::kernel::launch_shape<T>(kv.rope));
+  const Variant launch{true, index64, max_blocks, true};  // the fused launch: the vector path, prefetching
   if (fused) {
     if constexpr (rotary::kernel::kFusedCache<T, Cache>) {
       if (copy_blocks) {
         const rotary::kernel::CacheSink<T, Cache, false> sink(kv);
-        kv.rope.interleaved ? run_widths<T, true, true>(kv, index64, max_blocks, sink)
-                            : run_widths<T, false, true>(kv, index64, max_blocks, sink);
+        kv.rope.interleaved ? emulate_grid<T, true, true>(kv.rope, launch, sink)
+                            : emulate_grid<T, false, true>(kv.rope, launch, sink);
         kv.rope.interleaved ? run_copy_blocks<T, Cache, true>(kv) : run_copy_blocks<T, Cache, false>(kv);
       } else {
         const rotary::kernel::CacheSink<T, Cache> sink(kv);
-        kv.rope.interleaved ? run_widths<T, true, true>(kv, index64, max_blocks, sink)
-                            : run_widths<T, false, true>(kv, index64, max_blocks, sink);
+        kv.rope.interleaved ? emulate_grid<T, true, true>(kv.rope, launch, sink)
+                            : emulate_grid<T, false, true>(kv.rope, launch, sink);
       }
     }
     return true;
   }
-  const bool vec = rotary::kernel::can_vectorize<T>(kv.rope);
-  if (kv.rope.interleaved) {
-    vec ? run_widths<T, true, true>(kv, index64, max_blocks) : run_widths<T, true, false>(kv, index64, max_blocks);
-  } else {
-    vec ? run_widths<T, false, true>(kv, index64, max_blocks) : run_widths<T, false, false>(kv, index64, max_blocks);
-  }
+  emulate<T>(kv.rope, Variant{rotary::kernel::can_vectorize<T>(kv.rope), index64, max_blocks, true});
   for (int64_t i = 0; i < rotary::kernel::kv_cache_threads(kv); ++i) {
     rotary::kernel::kv_cache_thread<scalar_t, CacheCpu>(kv, i);
   }

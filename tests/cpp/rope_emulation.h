@@ -54,26 +54,29 @@ struct CountingStore {
 };
 
 // Runs the whole grid of one launch on the CPU: every block, every thread of
-// it, through rope_thread, the exact per-thread body of the GPU kernel.
-template <typename T, bool kInterleaved, bool kVectorized, typename Index, typename Store>
-void emulate_launch(const RopeParams& p, const Grid& g, int64_t max_blocks, bool prefetch) {
+// it, through rope_thread, the exact per-thread body of the GPU kernel (with
+// a CacheSink: the fused KV-cache launch, kv_emulation.h).
+template <typename T, bool kInterleaved, bool kVectorized, typename Index, typename Store,
+          typename Sink = rotary::kernel::NoSink>
+void emulate_launch(const RopeParams& p, const Grid& g, int64_t max_blocks, bool prefetch, Sink sink = Sink()) {
   const int64_t blocks = std::min(g.row_blocks, max_blocks);
   const Grid launched = rotary::kernel::launched(p, g, blocks, prefetch);
   for (int64_t block = 0; block < blocks; ++block) {
     for (int32_t tid = 0; tid < g.block_threads; ++tid) {
-      rotary::kernel::rope_thread<T, kInterleaved, kVectorized, Index, Store>(p, launched, block, tid);
+      rotary::kernel::rope_thread<T, kInterleaved, kVectorized, Index, Store, Sink>(p, launched, block, tid, sink);
     }
   }
 }
 
-template <typename T, bool kInterleaved, bool kVectorized, typename Store>
-void emulate_grid(const RopeParams& p, const Variant& v) {
+template <typename T, bool kInterleaved, bool kVectorized, typename Store = rotary::kernel::DirectStore,
+          typename Sink = rotary::kernel::NoSink>
+void emulate_grid(const RopeParams& p, const Variant& v, Sink sink = Sink()) {
   const Grid g = rotary::kernel::make_grid<T, kInterleaved, kVectorized>(p);
   if (g.row_blocks == 0) return;
   if (!v.index64 && rotary::kernel::fits_int32(p, g)) {
-    emulate_launch<T, kInterleaved, kVectorized, int32_t, Store>(p, g, v.max_blocks, v.prefetch);
+    emulate_launch<T, kInterleaved, kVectorized, int32_t, Store>(p, g, v.max_blocks, v.prefetch, sink);
   } else {
-    emulate_launch<T, kInterleaved, kVectorized, int64_t, Store>(p, g, v.max_blocks, v.prefetch);
+    emulate_launch<T, kInterleaved, kVectorized, int64_t, Store>(p, g, v.max_blocks, v.prefetch, sink);
   }
 }
 
