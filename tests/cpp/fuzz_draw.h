@@ -20,6 +20,8 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 namespace rotary_test {
@@ -90,23 +92,24 @@ struct RopeDraw {
   }
 };
 
-// [B, H, S, D] as projections and caches give it: a view of BSHD storage,
-// BHSD storage, rows one element wider (misaligned), a slice of a packed
-// qkv projection, or every other element of the last dim.
-inline at::Tensor fuzz_input(int storage, int64_t B, int64_t H, int64_t S, int64_t D, at::ScalarType dtype) {
-  switch (storage) {
-    case 0: return randn({B, S, H, D}, dtype).transpose(1, 2);
-    case 1: return randn({B, H, S, D}, dtype);
-    case 2: return randn({B, H, S, D + 1}, dtype).narrow(-1, 0, D);
-    case 3: return randn({B, S, 3 * H, D}, dtype).transpose(1, 2).narrow(1, H, H);
-    default: return randn({B, H, S, D, 2}, dtype).select(4, 1);
-  }
+// q [B, Hq, S, D] and k laid out as the tests' layouts (make_qk), or with
+// rows one element wider (misaligned rows: unlike make_qk's misaligned base,
+// they stay misaligned in a same_strides copy, which the emulations run on).
+constexpr Layout kFuzzLayouts[] = {Layout::kTransposed, Layout::kContiguous, Layout::kPackedQkv,
+                                   Layout::kStridedLastDim};
+inline const char* fuzz_layout_name(int storage) {
+  return storage < 4 ? layout_name(kFuzzLayouts[storage]) : "misaligned rows";
+}
+inline std::pair<at::Tensor, at::Tensor> fuzz_qk(int storage, int64_t B, int64_t Hq, int64_t Hk, int64_t S, int64_t D,
+                                                 at::ScalarType dtype) {
+  if (storage < 4) return make_qk(kFuzzLayouts[storage], B, Hq, Hk, S, D, dtype);
+  return {randn({B, Hq, S, D + 1}, dtype).narrow(-1, 0, D), randn({B, Hk, S, D + 1}, dtype).narrow(-1, 0, D)};
 }
 
 // A valid call: dtype, head dim 8-256, a whole, vector-shaped or any even
 // span at any even offset, pairing, 1-6 q and 1-3 k heads, positions (start,
 // offsets, ids, N-D ids of 1-3 axes, packed sequences), ids past the table
-// with inv_freq, the storages of fuzz_input, in place or not.
+// with inv_freq, the layouts of fuzz_qk, in place or not.
 inline RopeDraw draw_rope(Draw& d) {
   static const at::ScalarType kTypes[] = {at::kFloat, at::kHalf, at::kBFloat16, at::kDouble};
   static const int64_t kDims[] = {8, 16, 24, 32, 48, 64, 96, 128, 256};
@@ -129,8 +132,7 @@ inline RopeDraw draw_rope(Draw& d) {
   const int64_t Hq = d.in(1, 6), Hk = d.in(1, 3);
   const int64_t B = c.varlen ? 1 : d.in(1, 3), S = c.varlen ? d.in(2, 7) : d.in(1, 4);
   const int storage = static_cast<int>(d.coin(0.5) ? d.in(0, 1) : d.in(2, 4));
-  c.q = fuzz_input(storage, B, Hq, S, D, dtype);
-  c.k = fuzz_input(storage, B, Hk, S, D, dtype);
+  std::tie(c.q, c.k) = fuzz_qk(storage, B, Hq, Hk, S, D, dtype);
   const bool past = d.coin(0.25);  // ids past the table's 64 rows: inv_freq computes them
   const int64_t id_end = past ? 90 : 55;
   c.start = d.in(0, 8);
@@ -163,7 +165,7 @@ inline RopeDraw draw_rope(Draw& d) {
   std::ostringstream os;
   os << c10::toString(dtype) << " D " << D << " r " << c.r << " off " << c.off
      << (c.interleaved ? " interleaved" : " half") << " Hq " << Hq << " Hk " << Hk << " B " << B << " S " << S
-     << " positions " << pos << " storage " << storage << (past ? " past the table" : "")
+     << " positions " << pos << " layout " << fuzz_layout_name(storage) << (past ? " past the table" : "")
      << (c.in_place ? " in place" : "");
   c.what = os.str();
   return c;

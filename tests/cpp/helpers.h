@@ -71,6 +71,45 @@ inline at::Tensor longs(const std::vector<int64_t>& v) {
   return at::tensor(v, at::kLong);
 }
 
+enum class Layout { kContiguous, kTransposed, kPackedQkv, kMisaligned, kStridedLastDim };
+
+inline const char* layout_name(Layout l) {
+  switch (l) {
+    case Layout::kContiguous: return "contiguous";
+    case Layout::kTransposed: return "transposed";
+    case Layout::kPackedQkv: return "packed_qkv";
+    case Layout::kMisaligned: return "misaligned";
+    case Layout::kStridedLastDim: return "strided_last_dim";
+  }
+  return "?";
+}
+
+// q [B, Hq, S, D] and k [B, Hk, S, D] laid out as asked, filled with randn.
+inline std::pair<at::Tensor, at::Tensor> make_qk(
+    Layout layout, int64_t B, int64_t Hq, int64_t Hk, int64_t S, int64_t D, at::ScalarType dtype) {
+  const auto opts = at::TensorOptions().dtype(dtype);
+  switch (layout) {
+    case Layout::kContiguous:
+      return {at::randn({B, Hq, S, D}, opts), at::randn({B, Hk, S, D}, opts)};
+    case Layout::kTransposed:
+      return {at::randn({B, S, Hq, D}, opts).transpose(1, 2), at::randn({B, S, Hk, D}, opts).transpose(1, 2)};
+    case Layout::kPackedQkv: {
+      auto qkv = at::randn({B, S, Hq + 2 * Hk, D}, opts).transpose(1, 2);
+      return {qkv.narrow(1, 0, Hq), qkv.narrow(1, Hq, Hk)};
+    }
+    case Layout::kMisaligned: {
+      // One element past an aligned base, so no row start is 16-byte aligned.
+      auto flat_q = at::randn({B * Hq * S * D + 1}, opts);
+      auto flat_k = at::randn({B * Hk * S * D + 1}, opts);
+      return {flat_q.narrow(0, 1, B * Hq * S * D).view({B, Hq, S, D}),
+              flat_k.narrow(0, 1, B * Hk * S * D).view({B, Hk, S, D})};
+    }
+    case Layout::kStridedLastDim:
+      return {at::randn({B, Hq, S, D, 2}, opts).select(4, 1), at::randn({B, Hk, S, D, 2}, opts).select(4, 0)};
+  }
+  return {};
+}
+
 // t as an optional argument: none when undefined.
 inline std::optional<at::Tensor> opt(const at::Tensor& t) {
   return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
