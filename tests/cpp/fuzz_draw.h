@@ -87,8 +87,7 @@ struct RopeDraw {
   at::Tensor bhsd(const at::Tensor& x) const { return varlen ? x.transpose(0, 1).unsqueeze(0) : x; }
   // x [B, H, S, D] (float64) rotated as this call rotates it.
   at::Tensor reference(const at::Tensor& x, bool inverse = false) const {
-    return axes.empty() ? ref_rope_span(x, start, interleaved, off, r, ref_pos, inverse)
-                        : ref_rope_span_nd(x, start, interleaved, off, r, *ref_pos, axes, inverse);
+    return ref_rope_at(x, start, interleaved, off, r, ref_pos, axes, inverse);
   }
 };
 

@@ -158,19 +158,23 @@ inline at::Tensor ref_norm(const at::Tensor& x, const at::Tensor& w, bool heads,
   return xd / at::sqrt(ms + eps) * (heads ? wd.view({1, x.size(1), 1, x.size(3)}) : wd);
 }
 
-// The prologue: ref_norm, then ref_rope_span (1-D positions) or
-// ref_rope_span_nd (N-D ids and each pair's axis).
+// ref_rope_span at 1-D positions (axes empty), or ref_rope_span_nd at N-D
+// ids (positions [n_axes, B, S]) with pair j on axes[j]: the one choice.
+inline at::Tensor ref_rope_at(const at::Tensor& x, int64_t start_pos, bool interleaved, int64_t rotary_offset,
+                              int64_t rotary_dim, const std::optional<at::Tensor>& positions,
+                              const std::vector<int64_t>& axes = {}, bool inverse = false) {
+  return axes.empty() ? ref_rope_span(x, start_pos, interleaved, rotary_offset, rotary_dim, positions, inverse)
+                      : ref_rope_span_nd(x, start_pos, interleaved, rotary_offset, rotary_dim, positions.value(), axes,
+                                         inverse);
+}
+
+// The prologue: ref_norm, then ref_rope_at.
 inline at::Tensor ref_norm_rope(const at::Tensor& x, const at::Tensor& w, bool heads, double eps, double offset,
                                 int64_t start_pos, bool interleaved, int64_t rotary_offset, int64_t rotary_dim,
-                                const std::optional<at::Tensor>& positions = std::nullopt) {
-  return ref_rope_span(ref_norm(x, w, heads, eps, offset), start_pos, interleaved, rotary_offset, rotary_dim,
-                       positions);
-}
-inline at::Tensor ref_norm_rope_nd(const at::Tensor& x, const at::Tensor& w, bool heads, double eps, double offset,
-                                   int64_t start_pos, bool interleaved, int64_t rotary_offset, int64_t rotary_dim,
-                                   const at::Tensor& ids, const std::vector<int64_t>& axes) {
-  return ref_rope_span_nd(ref_norm(x, w, heads, eps, offset), start_pos, interleaved, rotary_offset, rotary_dim,
-                          ids, axes);
+                                const std::optional<at::Tensor>& positions = std::nullopt,
+                                const std::vector<int64_t>& axes = {}) {
+  return ref_rope_at(ref_norm(x, w, heads, eps, offset), start_pos, interleaved, rotary_offset, rotary_dim, positions,
+                     axes);
 }
 
 }  // namespace rotary_test

@@ -132,9 +132,7 @@ TEST_P(NormEmulation, MatchesReferenceOnEveryGrid) {
   const std::optional<at::Tensor> inv_freq = c.id_end + start <= 64 ? std::nullopt
       : std::optional<at::Tensor>(1.0 / at::pow(10000.0, at::arange(0, c.r, 2, at::kDouble) / c.r));
   const auto reference = [&](const at::Tensor& x, const at::Tensor& w) {
-    return nd ? rotary_test::ref_norm_rope_nd(x, w, c.heads, 1e-5, 0.0, start, c.interleaved, c.off, c.r, *pos.ref,
-                                              pos.axes)
-              : rotary_test::ref_norm_rope(x, w, c.heads, 1e-5, 0.0, start, c.interleaved, c.off, c.r, pos.ref);
+    return rotary_test::ref_norm_rope(x, w, c.heads, 1e-5, 0.0, start, c.interleaved, c.off, c.r, pos.ref, pos.axes);
   };
   constexpr int64_t kGrids[] = {int64_t{1} << 20, 2, 5};  // a block per row; (b, s) steps (0, 2), (1, 2) at S = 3
   at::Tensor out[3][2];

@@ -207,10 +207,8 @@ void check(const NormKVCase& c) {
     const auto tol = rotary_test::tolerance_for(c.dtype);
     const rotary_test::Tolerance fp8_tol{1e-2, 0.07};
     const auto reference = [&](const at::Tensor& x, const at::Tensor& w) {
-      return c.nd ? rotary_test::ref_norm_rope_nd(x, w, c.heads, 1e-5, 0.0, 0, c.interleaved, c.rotary_offset,
-                                                  c.rotary_dim, op.ids, axes)
-                  : rotary_test::ref_norm_rope(x, w, c.heads, 1e-5, 0.0, c.start, c.interleaved, c.rotary_offset,
-                                               c.rotary_dim);
+      return rotary_test::ref_norm_rope(x, w, c.heads, 1e-5, 0.0, start, c.interleaved, c.rotary_offset, c.rotary_dim,
+                                        opt(op.ids), axes);
     };
     const at::Tensor ref_q = reference(op.q, qw);
     const at::Tensor ref_k = reference(op.k, kw);

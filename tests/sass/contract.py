@@ -184,6 +184,11 @@ def _body(k: Kernel) -> List[Tuple[int, str]]:
     return [(a, t) for a, t in k.instrs if a < body_end]
 
 
+def _divisions(k: Kernel) -> int:
+    """float32 divisions in the kernel's body: its FCHK range checks."""
+    return sum("FCHK" in t for _, t in _body(k))
+
+
 def _common(k: Kernel, mem, block_threads: int, min_blocks: int) -> List[str]:
     bad = [f"{k.label}: local memory outside the slow path at 0x{a:04x}: {t}"
            for a, t, op, _ in mem if op in ("LDL", "STL")]
@@ -313,7 +318,7 @@ def check_kernel(k: Kernel, block_threads: int = 256, min_blocks: int = 2) -> Li
     if cache_store is not None and cache_store != ".E.128":
         mem = _spill_budget(mem, FUSED_FP8_SPILL_BUDGET)
     bad = _common(k, mem, block_threads, min_blocks)
-    divisions = sum("FCHK" in t for _, t in body)
+    divisions = _divisions(k)
     if divisions:
         bad.append(f"{k.label}: {divisions} FCHK: a float32 division in the body (rows step without dividing; the "
                    "fp8 write multiplies by Fp8Scale's reciprocal)")
@@ -375,8 +380,8 @@ def check_norm_fp8_q(k: Kernel, twin: Optional[Kernel]) -> List[str]:
         return []
     body = _body(k)
     bad = []
-    divisions = sum("FCHK" in t for _, t in body)
-    twin_divisions = sum("FCHK" in t for _, t in _body(twin)) if twin else 0
+    divisions = _divisions(k)
+    twin_divisions = _divisions(twin) if twin else 0
     if divisions > twin_divisions:
         bad.append(f"{k.label}: {divisions} FCHK against {twin_divisions} without fp8 q: q's fp8 write divides "
                    "per element")
