@@ -62,7 +62,7 @@ void norm_rope_kernel(const RopeParams& p, const NormParams& n, Capability cap, 
   const int64_t task_elems = tile * (p.q.heads + p.k.heads) * p.head_dim;
   const int64_t grain = grain_tasks(task_elems);
   const bool across = n.kind == NormKind::kHeads;
-  const int64_t scratch_len = std::max(across ? std::max(p.q.heads, p.k.heads) : 1, kNormHeads) * p.head_dim;
+  const int64_t scratch_len = std::max(across ? std::max(p.q.heads, p.k.heads) : 1, kNormScratch) * p.head_dim;
   const int64_t weight_len[2] = {(across ? p.q.heads : 1) * p.head_dim, (across ? p.k.heads : 1) * p.head_dim};
   const acc_t offset = static_cast<acc_t>(n.weight_offset);
   at::parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {

@@ -20,14 +20,16 @@ namespace cpu {
 // (across_heads: over all `heads` vectors of its token), scaled by
 // weight + h * weight_head, and its dims [rotary_offset, rotary_offset +
 // rotary_dim) rotated with token t's coefficients at coef + t * coef_tok;
-// the other dims are written normalized. scratch holds kNormHeads *
+// the other dims are written normalized. scratch holds kNormScratch *
 // head_dim acc_t values (across_heads: heads * head_dim, if more). Every capability gives the same
 // bits: the sum of squares keeps 16 partial sums in a fixed order. With
 // fp8_scale, out holds float8_e4m3fn bytes: each value divided by
 // fp8_scale[h * fp8_scale_head], clamped to +-448, rounded once.
-// Heads the per-head norm works on at once, at most (the scratch rows it
-// needs).
+// Vectors the 16-bit per-head norm finds scales for at once, and the
+// scratch rows it needs: two such groups, one read while the other is
+// written.
 constexpr int64_t kNormHeads = 2;
+constexpr int64_t kNormScratch = 2 * kNormHeads;
 
 template <typename scalar_t>
 struct NormRun {
