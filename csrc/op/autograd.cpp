@@ -131,7 +131,7 @@ void apply_rope_with_kv_cache_autograd(ROTARY_KV_TENSORS ROTARY_KV_PARAMS) {
 }  // namespace
 
 TORCH_LIBRARY_IMPL(rotary, Autograd, m) {
-  ROTARY_IMPL_ALL(m, autograd);
+  ROTARY_IMPL_ALL(m, autograd, );
 }
 
 }  // namespace rotary

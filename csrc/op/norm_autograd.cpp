@@ -182,7 +182,7 @@ void apply_qk_norm_rope_with_kv_cache_autograd(ROTARY_KV_TENSORS ROTARY_KV_PARAM
 }  // namespace
 
 TORCH_LIBRARY_IMPL(rotary, Autograd, m) {
-  ROTARY_IMPL_NORM(m, autograd);
+  ROTARY_IMPL_NORM(m, autograd, );
 }
 
 }  // namespace rotary

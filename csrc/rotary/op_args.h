@@ -113,15 +113,16 @@
 #define ROTARY_COS_SIN_SCHEMA ROTARY_COS_SIN_ARGS(ROTARY_ARG_SCHEMA)
 
 // Registers one dispatch key's five kernels in a TORCH_LIBRARY_IMPL, named
-// after the op and the key (apply_rope_meta; in place: apply_rope_inplace_meta).
-#define ROTARY_IMPL_ALL(m, suffix)                                        \
-  m.impl("apply_rope", &apply_rope_##suffix);                             \
-  m.impl("apply_rope_qk", &apply_rope_qk_##suffix);                       \
-  m.impl("apply_rope_", &apply_rope_inplace_##suffix);                    \
-  m.impl("apply_rope_qk_", &apply_rope_qk_inplace_##suffix);              \
-  m.impl("apply_rope_with_kv_cache_", &apply_rope_with_kv_cache_##suffix)
+// after the op and the key (apply_rope_meta; in place: apply_rope_inplace_meta),
+// each through wrap (a macro taking the function's address; empty: as it is).
+#define ROTARY_IMPL_ALL(m, suffix, wrap)                                         \
+  m.impl("apply_rope", wrap(&apply_rope_##suffix));                              \
+  m.impl("apply_rope_qk", wrap(&apply_rope_qk_##suffix));                        \
+  m.impl("apply_rope_", wrap(&apply_rope_inplace_##suffix));                     \
+  m.impl("apply_rope_qk_", wrap(&apply_rope_qk_inplace_##suffix));               \
+  m.impl("apply_rope_with_kv_cache_", wrap(&apply_rope_with_kv_cache_##suffix))
 // The same for the prologue ops (registered from their own files).
-#define ROTARY_IMPL_NORM(m, suffix)                                       \
-  m.impl("apply_qk_norm_rope", &apply_qk_norm_rope_##suffix);             \
-  m.impl("apply_qk_norm_rope_", &apply_qk_norm_rope_inplace_##suffix);     \
-  m.impl("apply_qk_norm_rope_with_kv_cache_", &apply_qk_norm_rope_with_kv_cache_##suffix)
+#define ROTARY_IMPL_NORM(m, suffix, wrap)                                        \
+  m.impl("apply_qk_norm_rope", wrap(&apply_qk_norm_rope_##suffix));              \
+  m.impl("apply_qk_norm_rope_", wrap(&apply_qk_norm_rope_inplace_##suffix));     \
+  m.impl("apply_qk_norm_rope_with_kv_cache_", wrap(&apply_qk_norm_rope_with_kv_cache_##suffix))

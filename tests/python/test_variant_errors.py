@@ -150,3 +150,39 @@ def test_meta_kernel_checks_variants():
     assert out.shape == (5, 2, 8)
     x = torch.empty(3, 2, 4, 8, device="meta")  # SBHD
     assert rotary.apply_rope(x, f, layout="SBHD").stride() == x.stride()
+
+
+def _compiled_error(fn, *args):
+    """The message of the error a dynamic-shape compile of fn raises."""
+    compiled = torch.compile(fn, backend="eager", fullgraph=True, dynamic=True)
+    with pytest.raises(Exception) as info:
+        compiled(*args)
+    return str(info.value)
+
+
+def test_dynamic_shape_errors_name_numbers():
+    """Under dynamic shapes the meta kernel sees symbols (s0, s27); a failed
+    check is rerun at their hints, so the message names the numbers the
+    call was made with, as the eager op's does, for every op family."""
+    f = rotary.freqs_table(8, 16)
+    ids = torch.arange(5).expand(2, 5)
+    w = torch.ones(6)
+    cases = [
+        (lambda x: rotary.apply_rope(x, f, layout="BSHD"), (_x4(1, 4, 2, 7),),
+         "head_dim) must be even and > 0, got 7 (shape [1, 4, 2, 7])"),
+        (lambda x: rotary.apply_rope(x, f, layout="BSHD"), (_x4(1, 4, 2, 8)[..., None],),
+         "must be 4-D [batch, seq_len, heads, head_dim], got shape [1, 4, 2, 8, 1]"),
+        (lambda q, k, p: rotary.apply_rope_qk(q, k, f, position_ids=p, layout="BSHD"),
+         (_x4(2, 6, 4, 8), _x4(2, 6, 2, 8), ids), "with batch = 2, seq_len = 6; got [2, 5]"),
+        (lambda q, k, w: rotary.apply_qk_norm_rope(q, k, f, q_weight=w, layout="BSHD"),
+         (_x4(2, 3, 4, 8), _x4(2, 3, 2, 8), w),
+         "q_weight must be 1-D [head_dim] = [8] for norm 'head' (q has 4 heads of head_dim 8), got shape [6]"),
+        (lambda q, k, kc, p: rotary.apply_rope_with_kv_cache_(q, k, k, kc, kc.clone(), f, cache_positions=p),
+         (_x4(2, 4, 3, 8), _x4(2, 2, 3, 8), torch.zeros(2, 2, 16, 8), torch.tensor([0, 5])),
+         "cache_positions must have one entry per token, shape [batch, seq_len] = [2, 3] or [batch * seq_len] = [6] "
+         "(packed: [total_tokens]), got [2]"),
+    ]
+    for fn, args, want in cases:
+        message = _compiled_error(fn, *args)
+        assert want in message, message
+        assert not re.search(r"\bs\d+\b", message), message
