@@ -1,7 +1,8 @@
 // Autograd in C++, so C++ users get gradients too. RoPE is linear in q and k
 // and its Jacobian is a rotation: the backward pass is the inverse rotation,
-// run through the same op, which makes double backward work as well. Dims
-// past rotary_dim pass through, and so do their gradients.
+// run through the same op, which makes double backward work as well; the
+// forward mode's tangent is the same rotation of the input's. Dims past
+// rotary_dim pass through, and so do their gradients.
 #include <rotary/ops.h>
 
 #include "rope_state.h"
@@ -69,27 +70,55 @@ class RopeQKFunction : public torch::autograd::Function<RopeQKFunction> {
   }
 };
 
+// Forward mode: the op is linear in q and k, so an output's tangent is the
+// same rotation of the input's tangent (a zero one where the input has
+// none). The tables' tangents are refused, like their gradients.
+at::Tensor tangent_of(const at::Tensor& t) {
+  return t._fw_grad(/*level=*/0);
+}
+// t without its tangent, as a custom Function takes it (it refuses one).
+at::Tensor primal_of(const at::Tensor& t) {
+  return tangent_of(t).defined() ? t._fw_primal(/*level=*/0) : t;
+}
+bool any_tangent(std::initializer_list<const at::Tensor*> ts) {
+  for (const at::Tensor* t : ts) {
+    if (t->defined() && tangent_of(*t).defined()) return true;
+  }
+  return false;
+}
+
 at::Tensor apply_rope_autograd(const at::Tensor& x, const at::Tensor& freqs ROTARY_ROPE_PARAMS) {
-  check_no_tangent("apply_rope", {{"x", &x}, {"freqs", &freqs}, {"inv_freq", or_null(inv_freq)}});
+  check_no_tangent("apply_rope", {{"freqs", &freqs}, {"inv_freq", or_null(inv_freq)}});
+  at::Tensor out;
   if (!torch::autograd::compute_requires_grad(x, freqs, inv_freq.value_or(at::Tensor()))) {  // inference and decode: no graph to record
     at::AutoDispatchBelowADInplaceOrView guard;
-    return apply_rope(x, freqs ROTARY_ROPE_NAMES);
+    out = apply_rope(x, freqs ROTARY_ROPE_NAMES);
+  } else {
+    out = RopeFunction::apply(primal_of(x), state_of(freqs ROTARY_ROPE_NAMES));
   }
-  const RopeState s = state_of(freqs ROTARY_ROPE_NAMES);
-  return RopeFunction::apply(x, s);
+  if (any_tangent({&x})) out._set_fw_grad(apply_rope(tangent_of(x), freqs ROTARY_ROPE_NAMES), 0, false);
+  return out;
 }
 
 std::tuple<at::Tensor, at::Tensor> apply_rope_qk_autograd(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs ROTARY_ROPE_PARAMS) {
-  check_no_tangent(
-      "apply_rope_qk", {{"q", &q}, {"k", &k}, {"freqs", &freqs}, {"inv_freq", or_null(inv_freq)}});
+  check_no_tangent("apply_rope_qk", {{"freqs", &freqs}, {"inv_freq", or_null(inv_freq)}});
+  std::tuple<at::Tensor, at::Tensor> out;
   if (!torch::autograd::compute_requires_grad(q, k, freqs, inv_freq.value_or(at::Tensor()))) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    return apply_rope_qk(q, k, freqs ROTARY_ROPE_NAMES);
+    out = apply_rope_qk(q, k, freqs ROTARY_ROPE_NAMES);
+  } else {
+    auto both = RopeQKFunction::apply(primal_of(q), primal_of(k), state_of(freqs ROTARY_ROPE_NAMES));
+    out = {both[0], both[1]};
   }
-  const RopeState s = state_of(freqs ROTARY_ROPE_NAMES);
-  auto out = RopeQKFunction::apply(q, k, s);
-  return {out[0], out[1]};
+  if (any_tangent({&q, &k})) {
+    const at::Tensor tq = tangent_of(q), tk = tangent_of(k);
+    auto [oq, ok] = apply_rope_qk(tq.defined() ? tq : at::zeros_like(q), tk.defined() ? tk : at::zeros_like(k),
+                                  freqs ROTARY_ROPE_NAMES);
+    std::get<0>(out)._set_fw_grad(oq, 0, false);
+    std::get<1>(out)._set_fw_grad(ok, 0, false);
+  }
+  return out;
 }
 
 void apply_rope_inplace_autograd(at::Tensor& x, const at::Tensor& freqs ROTARY_ROPE_PARAMS) {

@@ -107,7 +107,7 @@ std::tuple<at::Tensor, at::Tensor> apply_rope_cos_sin_composite(
                       "count, got q ", q.sym_sizes(), " and k ", k.sym_sizes(), " (layout ",
                       tokens ? "[tokens, heads, head_dim]" : axes.dims, ")");
   }
-  detail::check_no_tangent(kOp, {{"q", &q}, {"k", &k}, {"cos", &cos}, {"sin", detail::or_null(sin)}});
+  detail::check_no_tangent(kOp, {{"cos", &cos}, {"sin", detail::or_null(sin)}});  // q's and k's: apply_rope_qk's
   const c10::SymInt batch = q4.sym_size(axes.batch), seq = q4.sym_size(axes.seq);
 
   check_table(cos, "cos", q);

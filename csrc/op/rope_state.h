@@ -70,14 +70,16 @@ inline const at::Tensor* or_null(const OptTensor& t) {
   return t ? &*t : nullptr;
 }
 
-// Forward-mode AD: the kernels run below autograd, so a tangent would be
-// dropped (a zero jvp). Refused, naming the tensor.
+// Forward-mode AD where no tangent is computed: the kernels run below
+// autograd, so it would be dropped (a zero jvp). Refused, naming the tensor.
+// The out-of-place rotations compute q's and k's (autograd.cpp).
 inline void check_no_tangent(const char* op, std::initializer_list<std::pair<const char*, const at::Tensor*>> ts) {
   for (const auto& [name, t] : ts) {
     TORCH_CHECK_NOT_IMPLEMENTED(
         !(t && t->defined() && t->_fw_grad(/*level=*/0).defined()), op, ": ", name,
-        " carries a forward-mode tangent (torch.func.jvp / jacfwd, torch.autograd.forward_ad); rotary's ops ",
-        "support reverse mode only (backward, torch.autograd.grad)");
+        " carries a forward-mode tangent (torch.func.jvp / jacfwd, torch.autograd.forward_ad); forward mode is ",
+        "served for q and k (x) of the out-of-place rotations apply_rope, apply_rope_qk and apply_rope_cos_sin, ",
+        "not for ", name, " here");
   }
 }
 

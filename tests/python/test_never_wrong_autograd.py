@@ -1,7 +1,9 @@
 """Autograd modes the ops cannot serve are refused by name, never silently
-wrong: forward-mode AD (the kernels run below autograd, so a tangent was
-dropped: a zero jvp), tables that require grad (they get no gradient), and a
-v that requires grad in the cache ops (v_cache would hold it with no graph).
+wrong: forward-mode AD where no tangent is computed (the kernels run below
+autograd, so a tangent was dropped: a zero jvp), tables that require grad
+(they get no gradient), and a v that requires grad in the cache ops (v_cache
+would hold it with no graph). The out-of-place rotations' tangents match a
+float64 reference.
 The prologue op's backward under a non-reentrant checkpoint matches a float64
 reference (it read its saved tensors twice and raised)."""
 
@@ -12,12 +14,13 @@ from torch.utils.checkpoint import checkpoint
 
 import rotary
 from rotary_testing.reference import inv_freq as ref_inv_freq
-from rotary_testing.rope_testing import Snapshot, randn
+from rotary_testing.rope_testing import Snapshot, randn, ref_rope4
 
 D, S = 8, 4
 FREQS = rotary.freqs_table(D, 16)
 ROPE, CPP_ROPE = rotary.RotaryEmbedding(D, 16), rotary.CppRotaryEmbedding(D, 16)
-TANGENT = r"carries a forward-mode tangent \(torch.func.jvp / jacfwd, torch.autograd.forward_ad\); rotary's ops support reverse mode only"
+TANGENT = (r"carries a forward-mode tangent \(torch.func.jvp / jacfwd, torch.autograd.forward_ad\); forward mode is "
+           r"served for q and k \(x\) of the out-of-place rotations apply_rope, apply_rope_qk and apply_rope_cos_sin")
 
 
 def heads(seed, h=2, dtype=torch.float64):
@@ -47,7 +50,13 @@ CALLS = {
 FIRST = {"apply_rope": "x", "apply_rope_": "x", "RotaryEmbedding": "x", "CppRotaryEmbedding": "x"}
 
 
-@pytest.mark.parametrize("name", list(CALLS))
+# The out-of-place rotations, which compute a tangent; the table's complex64
+# (cos, sin) bound their float64 results to about 1e-7.
+TOL = dict(rtol=1e-6, atol=1e-6)
+TANGENT_CALLS = ["apply_rope", "apply_rope_qk", "apply_rope_cos_sin", "RotaryEmbedding", "CppRotaryEmbedding"]
+
+
+@pytest.mark.parametrize("name", [n for n in CALLS if n not in TANGENT_CALLS])
 def test_forward_mode_ad_is_refused(name):
     x, k, t = heads(1), heads(2, h=1), heads(3)
     before = x.clone()
@@ -58,13 +67,56 @@ def test_forward_mode_ad_is_refused(name):
     assert torch.equal(x, before)  # a refused in-place call wrote nothing
 
 
-@pytest.mark.parametrize("name", ["apply_rope", "apply_qk_norm_rope", "RotaryEmbedding"])
-def test_func_jvp_and_jacfwd_are_refused(name):
+def test_func_jvp_and_jacfwd_are_refused():
     x, k, t = heads(1), heads(2, h=1), heads(3)
     with pytest.raises(NotImplementedError, match=TANGENT):
-        torch.func.jvp(lambda a: CALLS[name](a, k), (x,), (t,))
+        torch.func.jvp(lambda a: CALLS["apply_qk_norm_rope"](a, k), (x,), (t,))
     with pytest.raises(NotImplementedError, match=TANGENT):
-        torch.func.jacfwd(lambda a: CALLS[name](a, k))(x)
+        torch.func.jacfwd(lambda a: CALLS["apply_qk_norm_rope"](a, k))(x)
+
+
+@pytest.mark.parametrize("name", TANGENT_CALLS)
+def test_forward_mode_ad_matches_reference(name):
+    """The tangent of an out-of-place rotation is the same rotation of the
+    input's tangent (the op is linear): against the float64 reference,
+    through forward_ad, torch.func.jvp and jacfwd, with the primal also in a
+    reverse-mode graph."""
+    x, k, t = heads(1), heads(2, h=1), heads(3)
+    # CALLS rotate at 1 + s, interleaved; apply_rope_cos_sin's tables: rotate_half at s.
+    rope = dict(start=0, interleaved=False) if name == "apply_rope_cos_sin" else dict(start=1)
+    want_t, want = ref_rope4(t, **rope), ref_rope4(x, **rope)
+    for primal in (x, x.clone().requires_grad_()):
+        with fwAD.dual_level():
+            out = CALLS[name](fwAD.make_dual(primal, t), k)
+            got, got_t = fwAD.unpack_dual(out)
+            torch.testing.assert_close(got_t, want_t, **TOL)
+            torch.testing.assert_close(got.detach(), want, **TOL)
+            if primal.requires_grad:  # reverse mode through the same call
+                got.backward(t)
+                torch.testing.assert_close(primal.grad, ref_rope4(t, inverse=True, **rope), **TOL)
+    got, got_t = torch.func.jvp(lambda a: CALLS[name](a, k), (x,), (t,))
+    torch.testing.assert_close(got_t, want_t, **TOL)
+    # The Jacobian of one head's S x D outputs: the reference's rotation of each basis vector.
+    jac = torch.func.jacfwd(lambda a: CALLS[name](a, k[:, :1]))(x[:, :1]).reshape(S * D, S * D)
+    basis = torch.eye(S * D, dtype=torch.float64).reshape(S * D, 1, 1, S, D)
+    want_jac = torch.stack([ref_rope4(e, **rope) for e in basis]).reshape(S * D, S * D).T
+    torch.testing.assert_close(jac, want_jac, **TOL)
+
+
+def test_forward_mode_ad_of_q_or_k_alone():
+    """apply_rope_qk with a tangent on one of q and k: the other output's is
+    zero."""
+    q, k, tq, tk = heads(1), heads(2, h=1), heads(3), heads(4, h=1)
+    for dual_q, dual_k in ((True, False), (False, True)):
+        with fwAD.dual_level():
+            oq, ok = rotary.apply_rope_qk(fwAD.make_dual(q, tq) if dual_q else q,
+                                          fwAD.make_dual(k, tk) if dual_k else k, FREQS, 1)
+            got_q, got_k = fwAD.unpack_dual(oq).tangent, fwAD.unpack_dual(ok).tangent
+            for got, want, dual in ((got_q, tq, dual_q), (got_k, tk, dual_k)):
+                if dual:
+                    torch.testing.assert_close(got, ref_rope4(want, start=1), **TOL)
+                else:
+                    assert got is None or not got.any()
 
 
 def test_inv_freq_that_requires_grad_is_refused():
