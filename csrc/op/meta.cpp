@@ -84,8 +84,8 @@ void apply_qk_norm_rope_with_kv_cache_meta(ROTARY_KV_TENSORS ROTARY_KV_PARAMS RO
 // meta tensors of the sizes' hints, the values this trace was made for, so
 // the error the user sees names numbers as the eager op's does. Only a
 // failing call pays; its guards cost nothing, the trace ends there. Sizes
-// without a hint (unbacked), or a rerun that passes (storage the fresh
-// tensors do not share), keep the original error.
+// without a hint (unbacked), or a rerun that passes (a check of devices or
+// of storage the fresh tensors do not share), keep the original error.
 struct Hints {
   bool symbolic = false, hinted = true;
   void see(const c10::SymInt& s) {
@@ -112,8 +112,9 @@ std::vector<int64_t> hints(c10::SymIntArrayRef a) {
   for (const auto& s : a) out.push_back(hint(s));
   return out;
 }
-at::Tensor numbered(const at::Tensor& t) {
-  return t.defined() ? at::empty_strided(hints(t.sym_sizes()), hints(t.sym_strides()), t.options()) : t;
+at::Tensor numbered(const at::Tensor& t) {  // on meta whatever device t shows
+  if (!t.defined()) return t;
+  return at::empty_strided(hints(t.sym_sizes()), hints(t.sym_strides()), t.options().device(at::kMeta));
 }
 std::optional<at::Tensor> numbered(const std::optional<at::Tensor>& t) {
   return t ? std::optional<at::Tensor>(numbered(*t)) : std::nullopt;
