@@ -2,8 +2,8 @@
 wrong: forward-mode AD where no tangent is computed (the kernels run below
 autograd, so a tangent was dropped: a zero jvp), tables that require grad
 (they get no gradient), and a v that requires grad in the cache ops (v_cache
-would hold it with no graph). The out-of-place rotations' tangents match a
-float64 reference.
+would hold it with no graph). The out-of-place rotations' tangents, and a
+compiled-autograd step's gradients, match a float64 reference.
 The prologue op's backward under a non-reentrant checkpoint matches a float64
 reference (it read its saved tensors twice and raised)."""
 
@@ -151,11 +151,13 @@ def test_cache_ops_refuse_v_that_requires_grad(op):
     snap.check()
 
 
-def ref_norm_rope(x, w, start):
+def ref_norm_rope(x, w, start, positions=None):
     """float64 RMSNorm over head_dim (eps 1e-6, weight w), then RoPE with
-    interleaved pairs at positions start + s, in differentiable torch ops."""
+    interleaved pairs at positions start + s (or `positions`), in
+    differentiable torch ops."""
     xn = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
-    ang = (start + torch.arange(x.shape[2], dtype=torch.float64))[:, None] * torch.from_numpy(ref_inv_freq(D))
+    pos = start + torch.arange(x.shape[2], dtype=torch.float64) if positions is None else positions
+    ang = pos[:, None] * torch.from_numpy(ref_inv_freq(D))
     c, s = ang.cos(), ang.sin()
     x0, x1 = xn[..., 0::2], xn[..., 1::2]
     return torch.stack([x0 * c - x1 * s, x0 * s + x1 * c], -1).flatten(-2)
@@ -175,6 +177,38 @@ def test_prologue_backward_under_checkpoint(use_reentrant):
     got = [t.grad for t in (q, k, w)]
     ref = torch.autograd.grad((ref_norm_rope(q, w, 3) * g[0]).sum() + (ref_norm_rope(k, w, 3) * g[1]).sum(), (q, k, w))
     for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.usefixtures("reset_dynamo")
+def test_compiled_autograd_matches_reference():
+    """A step compiled with compiled autograd (its backward graph traced too):
+    q's, k's and the weight's gradients of the prologue and of a rotation after
+    it match the float64 reference's."""
+    q, k = heads(1).requires_grad_(), heads(2, h=1).requires_grad_()
+    w = (torch.rand(D, dtype=torch.float64, generator=torch.Generator().manual_seed(7)) + 0.5).requires_grad_()
+    g = [heads(8), heads(9, h=1)]
+
+    @torch.compile(backend="eager", fullgraph=False)
+    def step(q, k, w):
+        oq, ok = rotary.apply_qk_norm_rope(q, k, FREQS, 3, q_weight=w, k_weight=w, eps=1e-6)
+        oq, ok = rotary.apply_rope_qk(oq, ok, FREQS, 2, inverse=True)  # back by 2 + s
+        loss = (oq * g[0]).sum() + (ok * g[1]).sum()
+        loss.backward()
+
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    with torch._dynamo.compiled_autograd._enable(torch.compile(backend="eager")):
+        step(q, k, w)
+    assert counters["compiled_autograd"]["captures"] == 1  # the backward went through compiled autograd
+    got = [t.grad for t in (q, k, w)]
+
+    def ref(x):  # norm, rotated by 3 + s then back by 2 + s: by 1
+        return ref_norm_rope(x, w, 0, positions=torch.ones(S, dtype=torch.float64))
+
+    want = torch.autograd.grad((ref(q) * g[0]).sum() + (ref(k) * g[1]).sum(), (q, k, w))
+    for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
