@@ -9,6 +9,7 @@
 
 #include "checks/checks.h"
 #include "checks/checks_positions.h"
+#include "op/numbered_errors.h"
 #include "op/rope_state.h"
 #include "params/layouts.h"
 
@@ -180,7 +181,7 @@ std::tuple<at::Tensor, at::Tensor> apply_rope_cos_sin_composite(
 }  // namespace
 
 TORCH_LIBRARY_IMPL(rotary, CompositeImplicitAutograd, m) {
-  m.impl("apply_rope_cos_sin", &apply_rope_cos_sin_composite);
+  m.impl("apply_rope_cos_sin", ROTARY_NUMBERED_ERRORS(&apply_rope_cos_sin_composite));
 }
 
 }  // namespace rotary

@@ -181,6 +181,9 @@ def test_dynamic_shape_errors_name_numbers():
          (_x4(2, 4, 3, 8), _x4(2, 2, 3, 8), torch.zeros(2, 2, 16, 8), torch.tensor([0, 5])),
          "cache_positions must have one entry per token, shape [batch, seq_len] = [2, 3] or [batch * seq_len] = [6] "
          "(packed: [total_tokens]), got [2]"),
+        (lambda q, k, c, p: rotary.apply_rope_cos_sin(q, k, c, c, position_ids=p),
+         (_x4(2, 4, 3, 8), _x4(2, 2, 3, 8), torch.ones(16, 8), torch.arange(5)[None]),
+         "position_ids must be [seq] = [3] or [batch, seq] = [2, 3] (batch may be 1), got shape [1, 5]"),
     ]
     for fn, args, want in cases:
         message = _compiled_error(fn, *args)
