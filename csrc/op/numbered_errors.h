@@ -29,7 +29,11 @@ struct Scan {
     for (const auto& s : a) see(s);
   }
   void see(const at::Tensor& t) {
-    if (t.defined()) see(t.sym_sizes()), see(t.sym_strides());
+    if (dense(t)) see(t.sym_sizes()), see(t.sym_strides());
+  }
+  // Sparse, mkldnn and nested tensors have no strides to read (refused by name).
+  static bool dense(const at::Tensor& t) {
+    return t.defined() && t.layout() == at::kStrided && !t.is_nested() && !t.is_mkldnn();
   }
   void see(const std::optional<at::Tensor>& t) {
     if (t) see(*t);
@@ -51,7 +55,7 @@ inline std::vector<int64_t> hints(c10::SymIntArrayRef a) {
 // An argument at its hints: tensors on meta, whatever device they show (a
 // CUDA fake tensor must not allocate).
 inline at::Tensor at_hints(const at::Tensor& t) {
-  if (!t.defined()) return t;
+  if (!Scan::dense(t)) return t;
   return at::empty_strided(hints(t.sym_sizes()), hints(t.sym_strides()), t.options().device(at::kMeta));
 }
 inline std::optional<at::Tensor> at_hints(const std::optional<at::Tensor>& t) {
