@@ -171,10 +171,10 @@ C10_ALWAYS_INLINE void put_row(
 // issued a group ahead, they run while the previous group is written
 // instead of stalling its writes (bf16 prefill, q 16 and k 8 heads of 128
 // at S = 2048: 1147 to 1076 us at 1 thread, 577 to 554 at 2; decode, 64
-// tokens: 39.9 to 38.5 us, 24.4 to 22.7). The two groups alternate between halves of the scratch; in
-// place is safe, as group g + 1 is in scratch before group g's outputs are
-// written and the two are different vectors. Each vector's arithmetic is
-// as it is alone.
+// tokens: 39.9 to 38.5 us, 24.4 to 22.7). The two groups alternate between
+// halves of the scratch. In place is safe: a vector is in scratch before
+// its output is written, and vectors are disjoint. Each vector's arithmetic
+// is as it is alone.
 template <typename T, typename scalar_t, typename SinkOf>
 void norm_heads_ahead(const NormRun<scalar_t>& r, const SinkOf& sink_of) {
   using acc_t = typename NormRun<scalar_t>::acc_t;
