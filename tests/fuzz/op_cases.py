@@ -11,6 +11,7 @@ import random
 
 import numpy as np
 import torch
+import torch.autograd.forward_ad as fwAD
 
 import rotary
 from rotary_testing.reference import inv_freq as ref_inv_freq
@@ -423,4 +424,19 @@ def run(seed: int) -> tuple[str, str]:
                 continue
             expected = _reference(g, layout, rows, inv, scale, -sign, rd, interleaved, rotary_offset)
             check_close(canonical(t.grad, layout), expected, dtype, f"{op} grad {name} ({layout})", scale)
+    inputs = [t for t in (q, k) if t is not None]
+    if not in_place and dtype in (torch.float32, torch.float64) and rng.random() < 0.3 and not any(
+            self_overlaps(t) for t in inputs):  # make_dual copies a tangent into its primal's strides
+        # Forward mode: each output's tangent is the same rotation of its input's.
+        with fwAD.dual_level():
+            duals = [fwAD.make_dual(t.detach(), torch.randn(t.shape, generator=gen, dtype=dtype).to(DEVICE))
+                     for t in inputs]
+            dual_out = fn(*duals, freqs, start_pos, interleaved, **kw)
+            for name, o, d in zip(("q", "k"), dual_out if qk else (dual_out,), duals):
+                got = fwAD.unpack_dual(o).tangent
+                if got is None:
+                    raise Finding(f"{op}: forward mode gave {name}'s output no tangent")
+                tangent = fwAD.unpack_dual(d).tangent
+                expected = _reference(tangent, layout, rows, inv, scale, sign, rd, interleaved, rotary_offset)
+                check_close(canonical(got, layout), expected, dtype, f"{op} tangent {name} ({layout})", scale)
     return kind, "accepted"
