@@ -8,6 +8,7 @@
 #include "rope_state.h"
 #include <rotary/op_args.h>
 
+#include <ATen/FuncTorchTLS.h>
 #include <c10/util/Exception.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/functions/utils.h>
@@ -55,20 +56,59 @@ class RopeQKFunction : public torch::autograd::Function<RopeQKFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto s = load_state(ctx, ctx->get_saved_variables());
-    const auto& gq = grads[0];
-    const auto& gk = grads[1];
-    at::Tensor grad_q, grad_k;
-    if (gq.defined() && gk.defined()) {
-      std::tie(grad_q, grad_k) = s.backward(gq, gk);
-    } else if (gq.defined()) {
-      grad_q = s.backward(gq);
-    } else if (gk.defined()) {
-      grad_k = s.backward(gk);
-    }
+    auto [grad_q, grad_k] = load_state(ctx, ctx->get_saved_variables()).input_grads(grads[0], grads[1]);
     return {grad_q, grad_k, at::Tensor()};
   }
 };
+
+// torch.func's transforms (grad, vjp, jacrev; vmap over a graph) refuse
+// custom Functions. Under them the same backward is recorded as a plain
+// autograd node, as ATen's own ops record theirs; elsewhere the Functions
+// above, which compiled autograd knows.
+bool under_func_transforms() {
+  const auto& tls = at::functorch::functorchTLSAccessor();  // null until a transform has run on this thread
+  if (!tls) return false;
+  try {
+    tls->checkSupportsCppAutogradFunction();  // refuses exactly while a transform is active
+  } catch (const c10::Error&) {
+    return true;
+  }
+  return false;
+}
+
+class RopeNode : public torch::autograd::Node {
+ public:
+  RopeNode(RopeState s, size_t outputs) : s_(std::move(s)), outputs_(outputs) {}
+  variable_list apply(variable_list&& grads) override {
+    auto [grad_q, grad_k] = s_.input_grads(grads[0], outputs_ > 1 ? grads[1] : at::Tensor());
+    return outputs_ > 1 ? variable_list{grad_q, grad_k} : variable_list{grad_q};
+  }
+  std::string name() const override {
+    return "rotary::RopeBackward";
+  }
+
+ private:
+  RopeState s_;
+  size_t outputs_;
+};
+
+// The outputs of `forward` (run below autograd) recorded with a RopeNode
+// whose inputs are `inputs`. The tables as the forward read them (save_state).
+template <typename Forward>
+variable_list record_node(RopeState s, const variable_list& inputs, const Forward& forward) {
+  detail::check_tables_no_grad(s.freqs, s.inv_freq);
+  s.freqs = s.freqs.detach();
+  if (s.inv_freq && s.inv_freq->defined()) s.inv_freq = s.inv_freq->detach();
+  std::shared_ptr<RopeNode> node(new RopeNode(std::move(s), inputs.size()), torch::autograd::deleteNode);
+  node->set_next_edges(torch::autograd::collect_next_edges(inputs));
+  variable_list outs;
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    outs = forward();
+  }
+  torch::autograd::set_history(outs, node);
+  return outs;
+}
 
 // Forward mode: the op is linear in q and k, so an output's tangent is the
 // same rotation of the input's tangent (a zero one where the input has
@@ -93,6 +133,10 @@ at::Tensor apply_rope_autograd(const at::Tensor& x, const at::Tensor& freqs ROTA
   if (!torch::autograd::compute_requires_grad(x, freqs, inv_freq.value_or(at::Tensor()))) {  // inference and decode: no graph to record
     at::AutoDispatchBelowADInplaceOrView guard;
     out = apply_rope(x, freqs ROTARY_ROPE_NAMES);
+  } else if (under_func_transforms()) {
+    out = record_node(state_of(freqs ROTARY_ROPE_NAMES), {x}, [&] {
+      return variable_list{apply_rope(primal_of(x), freqs ROTARY_ROPE_NAMES)};
+    })[0];
   } else {
     out = RopeFunction::apply(primal_of(x), state_of(freqs ROTARY_ROPE_NAMES));
   }
@@ -108,7 +152,12 @@ std::tuple<at::Tensor, at::Tensor> apply_rope_qk_autograd(
     at::AutoDispatchBelowADInplaceOrView guard;
     out = apply_rope_qk(q, k, freqs ROTARY_ROPE_NAMES);
   } else {
-    auto both = RopeQKFunction::apply(primal_of(q), primal_of(k), state_of(freqs ROTARY_ROPE_NAMES));
+    const auto both = under_func_transforms()
+        ? record_node(state_of(freqs ROTARY_ROPE_NAMES), {q, k}, [&] {
+            auto [oq, ok] = apply_rope_qk(primal_of(q), primal_of(k), freqs ROTARY_ROPE_NAMES);
+            return variable_list{oq, ok};
+          })
+        : RopeQKFunction::apply(primal_of(q), primal_of(k), state_of(freqs ROTARY_ROPE_NAMES));
     out = {both[0], both[1]};
   }
   if (any_tangent({&q, &k})) {

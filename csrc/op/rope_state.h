@@ -41,6 +41,11 @@ struct RopeState {
   std::tuple<at::Tensor, at::Tensor> backward(const at::Tensor& gq, const at::Tensor& gk) const {
     return apply_rope_qk(gq, gk, freqs, start_pos, interleaved, offsets, position_ids, !inverse, cu_seqlens, inv_freq, layout, rotary_offset, axes());
   }
+  // q's and k's gradients from their outputs' (undefined where none came).
+  std::tuple<at::Tensor, at::Tensor> input_grads(const at::Tensor& gq, const at::Tensor& gk) const {
+    if (gq.defined() && gk.defined()) return backward(gq, gk);
+    return {gq.defined() ? backward(gq) : at::Tensor(), gk.defined() ? backward(gk) : at::Tensor()};
+  }
 };
 
 inline RopeState state_of(const at::Tensor& freqs ROTARY_ROPE_PARAMS) {

@@ -73,6 +73,9 @@ def test_func_jvp_and_jacfwd_are_refused():
         torch.func.jvp(lambda a: CALLS["apply_qk_norm_rope"](a, k), (x,), (t,))
     with pytest.raises(NotImplementedError, match=TANGENT):
         torch.func.jacfwd(lambda a: CALLS["apply_qk_norm_rope"](a, k))(x)
+    # The prologue's reverse mode under torch.func: torch's own refusal.
+    with pytest.raises(RuntimeError, match=r"cannot use C\+\+ torch::autograd::Function with functorch transforms"):
+        torch.func.grad(lambda a: CALLS["apply_qk_norm_rope"](a, k).sum())(x)
 
 
 @pytest.mark.parametrize("name", TANGENT_CALLS)
@@ -101,6 +104,32 @@ def test_forward_mode_ad_matches_reference(name):
     basis = torch.eye(S * D, dtype=torch.float64).reshape(S * D, 1, 1, S, D)
     want_jac = torch.stack([ref_rope4(e, **rope) for e in basis]).reshape(S * D, S * D).T
     torch.testing.assert_close(jac, want_jac, **TOL)
+
+
+@pytest.mark.parametrize("name", TANGENT_CALLS)
+def test_func_reverse_transforms_match_reference(name):
+    """torch.func's reverse-mode transforms, which refuse custom Functions:
+    under them the rotations record a plain node with the same backward.
+    grad, vjp, jacrev, hessian and per-sample gradients (vmap of grad)
+    against the float64 reference."""
+    x, k, g = heads(1), heads(2, h=1), heads(3)
+    rope = dict(start=0, interleaved=False) if name == "apply_rope_cos_sin" else dict(start=1)
+    back = ref_rope4(g, inverse=True, **rope)  # the transposed rotation of g
+    torch.testing.assert_close(torch.func.grad(lambda a: (CALLS[name](a, k) * g).sum())(x), back, **TOL)
+    out, vjp = torch.func.vjp(lambda a: CALLS[name](a, k), x)
+    torch.testing.assert_close(out, ref_rope4(x, **rope), **TOL)
+    torch.testing.assert_close(vjp(g)[0], back, **TOL)
+    jac = torch.func.jacrev(lambda a: CALLS[name](a, k[:, :1]))(x[:, :1]).reshape(S * D, S * D)
+    basis = torch.eye(S * D, dtype=torch.float64).reshape(S * D, 1, 1, S, D)
+    torch.testing.assert_close(jac, torch.stack([ref_rope4(e, **rope) for e in basis]).reshape(S * D, S * D).T, **TOL)
+    # A rotation keeps the norm: the Hessian of |R x|^2 is 2 I.
+    hess = torch.func.hessian(lambda a: (CALLS[name](a, k[:, :1]) ** 2).sum())(x[:, :1])
+    torch.testing.assert_close(hess.reshape(S * D, S * D), 2 * torch.eye(S * D, dtype=torch.float64), **TOL)
+    # d/dx sum(R x * x) = R x + R^T x, per sample of a batch of 3.
+    xs = torch.stack([heads(10 + i) for i in range(3)])
+    per_sample = torch.func.vmap(torch.func.grad(lambda a: (CALLS[name](a, k) * a).sum()))(xs)
+    for a, got in zip(xs, per_sample):
+        torch.testing.assert_close(got, ref_rope4(a, **rope) + ref_rope4(a, inverse=True, **rope), **TOL)
 
 
 def test_forward_mode_ad_of_q_or_k_alone():
