@@ -64,7 +64,9 @@ class RopeQKFunction : public torch::autograd::Function<RopeQKFunction> {
 // torch.func's transforms (grad, vjp, jacrev; vmap over a graph) refuse
 // custom Functions. Under them the same backward is recorded as a plain
 // autograd node, as ATen's own ops record theirs; elsewhere the Functions
-// above, which compiled autograd knows.
+// above, which compiled autograd knows. Whether a transform is active is
+// what torch's own refusal tests (its stack is not in the public headers):
+// a caught error per call, under a transform only.
 bool under_func_transforms() {
   const auto& tls = at::functorch::functorchTLSAccessor();  // null until a transform has run on this thread
   if (!tls) return false;
