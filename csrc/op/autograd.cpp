@@ -5,16 +5,17 @@
 // rotary_dim pass through, and so do their gradients.
 #include <rotary/ops.h>
 
+#include "func_node.h"
 #include "rope_state.h"
 #include <rotary/op_args.h>
 
-#include <ATen/FuncTorchTLS.h>
 #include <c10/util/Exception.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
 
+#include <functional>
 #include <string>
 
 namespace rotary {
@@ -61,55 +62,15 @@ class RopeQKFunction : public torch::autograd::Function<RopeQKFunction> {
   }
 };
 
-// torch.func's transforms (grad, vjp, jacrev; vmap over a graph) refuse
-// custom Functions. Under them the same backward is recorded as a plain
-// autograd node, as ATen's own ops record theirs; elsewhere the Functions
-// above, which compiled autograd knows. Whether a transform is active is
-// what torch's own refusal tests (its stack is not in the public headers):
-// a caught error per call, under a transform only.
-bool under_func_transforms() {
-  const auto& tls = at::functorch::functorchTLSAccessor();  // null until a transform has run on this thread
-  if (!tls) return false;
-  try {
-    tls->checkSupportsCppAutogradFunction();  // refuses exactly while a transform is active
-  } catch (const c10::Error&) {
-    return true;
-  }
-  return false;
-}
-
-class RopeNode : public torch::autograd::Node {
- public:
-  RopeNode(RopeState s, size_t outputs) : s_(std::move(s)), outputs_(outputs) {}
-  variable_list apply(variable_list&& grads) override {
-    auto [grad_q, grad_k] = s_.input_grads(grads[0], outputs_ > 1 ? grads[1] : at::Tensor());
-    return outputs_ > 1 ? variable_list{grad_q, grad_k} : variable_list{grad_q};
-  }
-  std::string name() const override {
-    return "rotary::RopeBackward";
-  }
-
- private:
-  RopeState s_;
-  size_t outputs_;
-};
-
-// The outputs of `forward` (run below autograd) recorded with a RopeNode
-// whose inputs are `inputs`. The tables as the forward read them (save_state).
-template <typename Forward>
-variable_list record_node(RopeState s, const variable_list& inputs, const Forward& forward) {
-  detail::check_tables_no_grad(s.freqs, s.inv_freq);
-  s.freqs = s.freqs.detach();
-  if (s.inv_freq && s.inv_freq->defined()) s.inv_freq = s.inv_freq->detach();
-  std::shared_ptr<RopeNode> node(new RopeNode(std::move(s), inputs.size()), torch::autograd::deleteNode);
-  node->set_next_edges(torch::autograd::collect_next_edges(inputs));
-  variable_list outs;
-  {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    outs = forward();
-  }
-  torch::autograd::set_history(outs, node);
-  return outs;
+// Under torch.func's transforms (func_node.h), the same backward as a node.
+variable_list record_rope(const RopeState& state, const variable_list& inputs,
+                          const std::function<variable_list()>& forward) {
+  const size_t n = inputs.size();
+  return detail::record_node("rotary::RopeBackward", inputs, [s = detail::held_for_backward(state), n](
+                                                                 const variable_list& grads) {
+    auto [grad_q, grad_k] = s.input_grads(grads[0], n > 1 ? grads[1] : at::Tensor());
+    return n > 1 ? variable_list{grad_q, grad_k} : variable_list{grad_q};
+  }, forward);
 }
 
 // Forward mode: the op is linear in q and k, so an output's tangent is the
@@ -135,8 +96,8 @@ at::Tensor apply_rope_autograd(const at::Tensor& x, const at::Tensor& freqs ROTA
   if (!torch::autograd::compute_requires_grad(x, freqs, inv_freq.value_or(at::Tensor()))) {  // inference and decode: no graph to record
     at::AutoDispatchBelowADInplaceOrView guard;
     out = apply_rope(x, freqs ROTARY_ROPE_NAMES);
-  } else if (under_func_transforms()) {
-    out = record_node(state_of(freqs ROTARY_ROPE_NAMES), {x}, [&] {
+  } else if (detail::under_func_transforms()) {
+    out = record_rope(state_of(freqs ROTARY_ROPE_NAMES), {x}, [&] {
       return variable_list{apply_rope(primal_of(x), freqs ROTARY_ROPE_NAMES)};
     })[0];
   } else {
@@ -154,8 +115,8 @@ std::tuple<at::Tensor, at::Tensor> apply_rope_qk_autograd(
     at::AutoDispatchBelowADInplaceOrView guard;
     out = apply_rope_qk(q, k, freqs ROTARY_ROPE_NAMES);
   } else {
-    const auto both = under_func_transforms()
-        ? record_node(state_of(freqs ROTARY_ROPE_NAMES), {q, k}, [&] {
+    const auto both = detail::under_func_transforms()
+        ? record_rope(state_of(freqs ROTARY_ROPE_NAMES), {q, k}, [&] {
             auto [oq, ok] = apply_rope_qk(primal_of(q), primal_of(k), freqs ROTARY_ROPE_NAMES);
             return variable_list{oq, ok};
           })

@@ -4,6 +4,7 @@
 // backward in torch ops in the accumulation type; every step is
 // differentiable, so double backward works as well.
 #include "checks/norm_checks.h"
+#include "func_node.h"
 #include "rope_state.h"
 #include <rotary/op_args.h>
 #include <rotary/ops.h>
@@ -11,9 +12,11 @@
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
 
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -99,22 +102,23 @@ class NormRopeFunction : public torch::autograd::Function<NormRopeFunction> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const RopeState s = detail::load_state(ctx, saved);
-    const NormState n = load_norm(ctx);
-    const at::Tensor &q = saved[detail::kSavedRope], &k = saved[detail::kSavedRope + 1];
-    const at::Tensor &qw = saved[detail::kSavedRope + 2], &kw = saved[detail::kSavedRope + 3];
-    at::Tensor gq = grads[0], gk = grads[1];
-    if (gq.defined() && gk.defined()) {
-      std::tie(gq, gk) = s.backward(gq, gk);
-    } else if (gq.defined()) {
-      gq = s.backward(gq);
-    } else if (gk.defined()) {
-      gk = s.backward(gk);
-    }
+    auto g = input_grads(detail::load_state(ctx, saved), load_norm(ctx), saved[detail::kSavedRope],
+                         saved[detail::kSavedRope + 1], saved[detail::kSavedRope + 2], saved[detail::kSavedRope + 3],
+                         grads[0], grads[1]);
+    g.insert(g.end(), {at::Tensor(), at::Tensor()});  // the states'
+    return g;
+  }
+
+  // q's, k's and the weights' gradients from the outputs' (undefined where
+  // none came): back through R (the inverse rotation), then N's backward.
+  static variable_list input_grads(const RopeState& s, const NormState& n, const at::Tensor& q, const at::Tensor& k,
+                                   const at::Tensor& qw, const at::Tensor& kw, const at::Tensor& out_gq,
+                                   const at::Tensor& out_gk) {
+    auto [gq, gk] = s.input_grads(out_gq, out_gk);
     at::Tensor grad_q, grad_k, grad_qw, grad_kw;
     if (gq.defined()) std::tie(grad_q, grad_qw) = norm_backward(q, qw, gq, n);
     if (gk.defined()) std::tie(grad_k, grad_kw) = norm_backward(k, kw, gk, n);
-    return {grad_q, grad_k, grad_qw, grad_kw, at::Tensor(), at::Tensor()};
+    return {grad_q, grad_k, grad_qw, grad_kw};
   }
 };
 
@@ -139,6 +143,23 @@ std::tuple<at::Tensor, at::Tensor> apply_qk_norm_rope_autograd(
   const bool heads = detail::parse_norm("apply_qk_norm_rope", norm) == kernel::NormKind::kHeads;
   const NormState n{heads, eps, weight_offset,
                     detail::heads_axis(parse_layout(layout), cu_seqlens.has_value())};
+  if (detail::under_func_transforms()) {  // the same backward as a node (func_node.h)
+    // q, k and the weights as saved tensors: a later in-place change to one is caught, not read.
+    auto saved = std::make_shared<std::vector<torch::autograd::SavedVariable>>();
+    for (const at::Tensor& t : {q, k, qw, kw}) saved->emplace_back(t, /*is_output=*/false);
+    const auto out = detail::record_node(
+        "rotary::NormRopeBackward", {q, k, qw, kw},
+        [held = detail::held_for_backward(s), n, saved](const variable_list& grads) {
+          const auto& v = *saved;
+          return NormRopeFunction::input_grads(held, n, v[0].unpack(), v[1].unpack(), v[2].unpack(), v[3].unpack(),
+                                               grads[0], grads[1]);
+        },
+        [&] {
+          auto [oq, ok] = apply_qk_norm_rope(q, k, freqs ROTARY_ROPE_NAMES ROTARY_NORM_NAMES);
+          return variable_list{oq, ok};
+        });
+    return {out[0], out[1]};
+  }
   // Optional weights: an absent one is no input of the graph (Function::apply).
   auto out = NormRopeFunction::apply(q, k, q_weight, k_weight, s, n);
   return {out[0], out[1]};

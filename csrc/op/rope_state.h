@@ -70,6 +70,17 @@ inline void check_tables_no_grad(const at::Tensor& freqs, const OptTensor& inv_f
       "pass inv_freq.detach() or register it as a buffer");
 }
 
+// The state a backward holds: its tables as this forward read them (a
+// module's host-driven rule later installs new ones into the same buffers,
+// set_data with no version bump), detached; tables that require grad are
+// refused (check_tables_no_grad).
+inline RopeState held_for_backward(RopeState s) {
+  check_tables_no_grad(s.freqs, s.inv_freq);
+  s.freqs = s.freqs.detach();
+  if (s.inv_freq && s.inv_freq->defined()) s.inv_freq = s.inv_freq->detach();
+  return s;
+}
+
 // An optional tensor as check_no_tangent takes it (null when absent).
 inline const at::Tensor* or_null(const OptTensor& t) {
   return t ? &*t : nullptr;
@@ -91,14 +102,10 @@ inline void check_no_tangent(const char* op, std::initializer_list<std::pair<con
 // The saved tensors are the state's five, then `extra` (from index
 // kSavedRope on).
 constexpr size_t kSavedRope = 5;
-inline void save_state(AutogradContext* ctx, const RopeState& s, const std::vector<at::Tensor>& extra = {}) {
-  check_tables_no_grad(s.freqs, s.inv_freq);
-  // The tables as this forward read them: a module's host-driven rule later
-  // installs new ones into the same buffers (set_data, no version bump), so
-  // saving the buffers themselves would let backward read the new tables.
-  const at::Tensor inv = s.inv_freq && s.inv_freq->defined() ? s.inv_freq->detach() : at::Tensor();
-  std::vector<at::Tensor> saved = {s.freqs.detach(), s.offsets.value_or(at::Tensor()),
-                                   s.position_ids.value_or(at::Tensor()), s.cu_seqlens.value_or(at::Tensor()), inv};
+inline void save_state(AutogradContext* ctx, const RopeState& state, const std::vector<at::Tensor>& extra = {}) {
+  const RopeState s = held_for_backward(state);
+  std::vector<at::Tensor> saved = {s.freqs, s.offsets.value_or(at::Tensor()), s.position_ids.value_or(at::Tensor()),
+                                   s.cu_seqlens.value_or(at::Tensor()), s.inv_freq.value_or(at::Tensor())};
   saved.insert(saved.end(), extra.begin(), extra.end());
   ctx->save_for_backward(saved);
   ctx->saved_data["start_pos"] = s.start_pos;
