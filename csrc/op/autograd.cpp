@@ -66,9 +66,9 @@ class RopeQKFunction : public torch::autograd::Function<RopeQKFunction> {
 variable_list record_rope(const RopeState& state, const variable_list& inputs,
                           const std::function<variable_list()>& forward) {
   const size_t n = inputs.size();
-  return detail::record_node("rotary::RopeBackward", inputs, [s = detail::held_for_backward(state), n](
+  return detail::record_node("rotary::RopeBackward", inputs, [s = detail::SavedRopeState(state), n](
                                                                  const variable_list& grads) {
-    auto [grad_q, grad_k] = s.input_grads(grads[0], n > 1 ? grads[1] : at::Tensor());
+    auto [grad_q, grad_k] = s.get().input_grads(grads[0], n > 1 ? grads[1] : at::Tensor());
     return n > 1 ? variable_list{grad_q, grad_k} : variable_list{grad_q};
   }, forward);
 }

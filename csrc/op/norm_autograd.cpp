@@ -149,10 +149,10 @@ std::tuple<at::Tensor, at::Tensor> apply_qk_norm_rope_autograd(
     for (const at::Tensor& t : {q, k, qw, kw}) saved->emplace_back(t, /*is_output=*/false);
     const auto out = detail::record_node(
         "rotary::NormRopeBackward", {q, k, qw, kw},
-        [held = detail::held_for_backward(s), n, saved](const variable_list& grads) {
+        [held = detail::SavedRopeState(s), n, saved](const variable_list& grads) {
           const auto& v = *saved;
-          return NormRopeFunction::input_grads(held, n, v[0].unpack(), v[1].unpack(), v[2].unpack(), v[3].unpack(),
-                                               grads[0], grads[1]);
+          return NormRopeFunction::input_grads(held.get(), n, v[0].unpack(), v[1].unpack(), v[2].unpack(),
+                                               v[3].unpack(), grads[0], grads[1]);
         },
         [&] {
           auto [oq, ok] = apply_qk_norm_rope(q, k, freqs ROTARY_ROPE_NAMES ROTARY_NORM_NAMES);

@@ -6,9 +6,11 @@
 
 #include <c10/util/Exception.h>
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/saved_variable.h>
 #include <ATen/core/grad_mode.h>
 
 #include <initializer_list>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -80,6 +82,34 @@ inline RopeState held_for_backward(RopeState s) {
   if (s.inv_freq && s.inv_freq->defined()) s.inv_freq = s.inv_freq->detach();
   return s;
 }
+
+// held_for_backward's state with its tensors as SavedVariables, for a node
+// (func_node.h): a later in-place change to one (offsets, ids) is caught when
+// backward reads it, as save_for_backward catches it for a Function.
+class SavedRopeState {
+ public:
+  explicit SavedRopeState(const RopeState& state)
+      : state_(held_for_backward(state)), saved_(std::make_shared<std::vector<torch::autograd::SavedVariable>>()) {
+    for (const OptTensor& t : {OptTensor(state_.freqs), state_.offsets, state_.position_ids, state_.cu_seqlens,
+                               state_.inv_freq}) {
+      saved_->emplace_back(t.value_or(at::Tensor()), /*is_output=*/false);
+    }
+  }
+  RopeState get() const {
+    const auto& v = *saved_;
+    RopeState s = state_;
+    s.freqs = v[0].unpack();
+    s.offsets = defined_or_none(v[1].unpack());
+    s.position_ids = defined_or_none(v[2].unpack());
+    s.cu_seqlens = defined_or_none(v[3].unpack());
+    s.inv_freq = defined_or_none(v[4].unpack());
+    return s;
+  }
+
+ private:
+  RopeState state_;
+  std::shared_ptr<std::vector<torch::autograd::SavedVariable>> saved_;  // shared: a node's backward is copyable
+};
 
 // An optional tensor as check_no_tangent takes it (null when absent).
 inline const at::Tensor* or_null(const OptTensor& t) {

@@ -129,6 +129,20 @@ def test_func_reverse_transforms_match_reference(name):
         torch.testing.assert_close(got, ref_rope4(a, **rope) + ref_rope4(a, inverse=True, **rope), **TOL)
 
 
+def test_ids_changed_in_place_after_the_forward_are_caught():
+    """Backward reads the positions the forward read: ids changed in place in
+    between are caught, under torch.func (a node) and outside it (a Function)."""
+    def f(x, ids):
+        out = rotary.apply_rope(x, FREQS, position_ids=ids)
+        ids.add_(1)
+        return (out * out).sum()
+
+    with pytest.raises(RuntimeError, match=r"modified by an inplace operation"):
+        torch.func.grad(f)(heads(1), torch.arange(S)[None].clone())
+    with pytest.raises(RuntimeError, match=r"modified by an inplace operation"):
+        f(heads(1).requires_grad_(), torch.arange(S)[None].clone()).backward()
+
+
 def test_forward_mode_ad_of_q_or_k_alone():
     """apply_rope_qk with a tangent on one of q and k: the other output's is
     zero."""
