@@ -76,19 +76,9 @@ variable_list record_rope(const RopeState& state, const variable_list& inputs,
 // Forward mode: the op is linear in q and k, so an output's tangent is the
 // same rotation of the input's tangent (a zero one where the input has
 // none). The tables' tangents are refused, like their gradients.
-at::Tensor tangent_of(const at::Tensor& t) {
-  return t._fw_grad(/*level=*/0);
-}
-// t without its tangent, as a custom Function takes it (it refuses one).
-at::Tensor primal_of(const at::Tensor& t) {
-  return tangent_of(t).defined() ? t._fw_primal(/*level=*/0) : t;
-}
-bool any_tangent(std::initializer_list<const at::Tensor*> ts) {
-  for (const at::Tensor* t : ts) {
-    if (t->defined() && tangent_of(*t).defined()) return true;
-  }
-  return false;
-}
+using detail::any_tangent;
+using detail::primal_of;
+using detail::tangent_of;
 
 at::Tensor apply_rope_autograd(const at::Tensor& x, const at::Tensor& freqs ROTARY_ROPE_PARAMS) {
   check_no_tangent("apply_rope", {{"freqs", &freqs}, {"inv_freq", or_null(inv_freq)}});

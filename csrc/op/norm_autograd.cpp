@@ -39,15 +39,37 @@ std::vector<int64_t> norm_dims(const NormState& n) {
   return n.heads ? std::vector<int64_t>{n.heads_axis, -1} : std::vector<int64_t>{-1};
 }
 
-// weight + weight_offset in acc, shaped to broadcast against x.
-at::Tensor effective_weight(const at::Tensor& w, const at::Tensor& x, const NormState& n, at::ScalarType acc) {
-  if (!w.defined()) return at::scalar_tensor(1.0 + n.weight_offset, x.options().dtype(acc));
-  at::Tensor e = w.to(acc) + n.weight_offset;
-  if (!n.heads) return e;
+// w in acc, shaped to broadcast against x.
+at::Tensor shaped_weight(const at::Tensor& w, const at::Tensor& x, const NormState& n, at::ScalarType acc) {
+  if (!n.heads) return w.to(acc);
   std::vector<int64_t> shape(x.dim(), 1);
   shape[n.heads_axis] = x.size(n.heads_axis);
   shape.back() = x.size(-1);
-  return e.view(shape);
+  return w.to(acc).view(shape);
+}
+
+// weight + weight_offset in acc, shaped to broadcast against x.
+at::Tensor effective_weight(const at::Tensor& w, const at::Tensor& x, const NormState& n, at::ScalarType acc) {
+  if (!w.defined()) return at::scalar_tensor(1.0 + n.weight_offset, x.options().dtype(acc));
+  return shaped_weight(w, x, n, acc) + n.weight_offset;
+}
+
+// N's forward-mode derivative for one tensor: the tangent of N(x) given
+// x's tangent tx and its weight's tw (undefined: zero), in x's dtype.
+at::Tensor norm_jvp(const at::Tensor& x, const at::Tensor& w, const at::Tensor& tx, const at::Tensor& tw,
+                    const NormState& n) {
+  const auto acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const auto dims = norm_dims(n);
+  const at::Tensor xf = x.to(acc);
+  const at::Tensor rstd = at::rsqrt(xf.pow(2).mean(dims, /*keepdim=*/true) + n.eps);
+  const at::Tensor nh = xf * rstd;
+  at::Tensor t = at::zeros_like(xf);
+  if (tx.defined()) {
+    const at::Tensor txf = tx.to(acc);
+    t = rstd * (txf - nh * (nh * txf).mean(dims, /*keepdim=*/true)) * effective_weight(w, x, n, acc);
+  }
+  if (tw.defined()) t = t + nh * shaped_weight(tw, x, n, acc);
+  return t.to(x.scalar_type());
 }
 
 // N's backward for one tensor: the gradients of x and of its weight, given
@@ -126,43 +148,61 @@ std::tuple<at::Tensor, at::Tensor> apply_qk_norm_rope_autograd(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs ROTARY_ROPE_PARAMS ROTARY_NORM_PARAMS) {
   const at::Tensor qw = q_weight.value_or(at::Tensor()), kw = k_weight.value_or(at::Tensor());
   const at::Tensor inv = inv_freq.value_or(at::Tensor());
-  detail::check_no_tangent("apply_qk_norm_rope", {{"q", &q}, {"k", &k}, {"q_weight", &qw}, {"k_weight", &kw},
-                                                  {"freqs", &freqs}, {"inv_freq", &inv}});
+  detail::check_no_tangent("apply_qk_norm_rope", {{"freqs", &freqs}, {"inv_freq", &inv}});
+  const bool tangent = detail::any_tangent({&q, &k, &qw, &kw});
   const bool grad = torch::autograd::compute_requires_grad(q, k, qw, kw, freqs, inv);
   TORCH_CHECK_VALUE(
-      !(grad && q_fp8_scale), "apply_qk_norm_rope: q_fp8_scale returns q as float8_e4m3fn, which is not ",
-      "differentiable; call under torch.no_grad() / inference mode, or drop q_fp8_scale");
+      !((grad || tangent) && q_fp8_scale), "apply_qk_norm_rope: q_fp8_scale returns q as float8_e4m3fn, which is ",
+      "not differentiable; call under torch.no_grad() / inference mode, or drop q_fp8_scale");
   detail::check_no_grad_scales("apply_qk_norm_rope", {{"q_fp8_scale", q_fp8_scale}});
-  if (!grad) {
+  if (!grad && !tangent) {
     at::AutoDispatchBelowADInplaceOrView guard;
     return apply_qk_norm_rope(q, k, freqs ROTARY_ROPE_NAMES ROTARY_NORM_NAMES);
   }
-  const RopeState s = detail::state_of(freqs ROTARY_ROPE_NAMES);
   // The graph's forward passes norm as a bool: parsed (refused) here. An
   // unknown layout is refused by the op inside forward.
   const bool heads = detail::parse_norm("apply_qk_norm_rope", norm) == kernel::NormKind::kHeads;
   const NormState n{heads, eps, weight_offset,
                     detail::heads_axis(parse_layout(layout), cu_seqlens.has_value())};
-  if (detail::under_func_transforms()) {  // the same backward as a node (func_node.h)
+  // The primals: a custom Function refuses tangents (they are set below).
+  const at::Tensor pq = detail::primal_of(q), pk = detail::primal_of(k);
+  const at::Tensor pqw = detail::primal_of(qw), pkw = detail::primal_of(kw);
+  std::tuple<at::Tensor, at::Tensor> out;
+  if (!grad) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    out = apply_qk_norm_rope(pq, pk, freqs ROTARY_ROPE_NAMES ROTARY_NORM_NAMES);
+  } else if (detail::under_func_transforms()) {  // the same backward as a node (func_node.h)
     // q, k and the weights as saved tensors: a later in-place change to one is caught, not read.
     auto saved = std::make_shared<std::vector<torch::autograd::SavedVariable>>();
-    for (const at::Tensor& t : {q, k, qw, kw}) saved->emplace_back(t, /*is_output=*/false);
-    const auto out = detail::record_node(
-        "rotary::NormRopeBackward", {q, k, qw, kw},
-        [held = detail::SavedRopeState(s), n, saved](const variable_list& grads) {
+    for (const at::Tensor& t : {pq, pk, pqw, pkw}) saved->emplace_back(t, /*is_output=*/false);
+    const auto both = detail::record_node(
+        "rotary::NormRopeBackward", {pq, pk, pqw, pkw},
+        [held = detail::SavedRopeState(detail::state_of(freqs ROTARY_ROPE_NAMES)), n,
+         saved](const variable_list& grads) {
           const auto& v = *saved;
           return NormRopeFunction::input_grads(held.get(), n, v[0].unpack(), v[1].unpack(), v[2].unpack(),
                                                v[3].unpack(), grads[0], grads[1]);
         },
         [&] {
-          auto [oq, ok] = apply_qk_norm_rope(q, k, freqs ROTARY_ROPE_NAMES ROTARY_NORM_NAMES);
+          auto [oq, ok] = apply_qk_norm_rope(pq, pk, freqs ROTARY_ROPE_NAMES ROTARY_NORM_NAMES);
           return variable_list{oq, ok};
         });
-    return {out[0], out[1]};
+    out = {both[0], both[1]};
+  } else {
+    // Optional weights: an absent one is no input of the graph (Function::apply).
+    const auto both = NormRopeFunction::apply(
+        pq, pk, q_weight ? std::optional<at::Tensor>(pqw) : std::nullopt,
+        k_weight ? std::optional<at::Tensor>(pkw) : std::nullopt, detail::state_of(freqs ROTARY_ROPE_NAMES), n);
+    out = {both[0], both[1]};
   }
-  // Optional weights: an absent one is no input of the graph (Function::apply).
-  auto out = NormRopeFunction::apply(q, k, q_weight, k_weight, s, n);
-  return {out[0], out[1]};
+  if (tangent) {  // forward mode: R of N's derivative (R is linear)
+    auto [tq, tk] = apply_rope_qk(norm_jvp(pq, pqw, detail::tangent_of(q), detail::tangent_of(qw), n),
+                                  norm_jvp(pk, pkw, detail::tangent_of(k), detail::tangent_of(kw), n),
+                                  freqs ROTARY_ROPE_NAMES);
+    std::get<0>(out)._set_fw_grad(tq, 0, false);
+    std::get<1>(out)._set_fw_grad(tk, 0, false);
+  }
+  return out;
 }
 
 void apply_qk_norm_rope_inplace_autograd(

@@ -111,6 +111,21 @@ class SavedRopeState {
   std::shared_ptr<std::vector<torch::autograd::SavedVariable>> saved_;  // shared: a node's backward is copyable
 };
 
+// Forward mode: t's tangent (undefined: none), t without it (as a custom
+// Function takes it: it refuses one), and whether any of ts has one.
+inline at::Tensor tangent_of(const at::Tensor& t) {
+  return t.defined() ? t._fw_grad(/*level=*/0) : at::Tensor();
+}
+inline at::Tensor primal_of(const at::Tensor& t) {
+  return tangent_of(t).defined() ? t._fw_primal(/*level=*/0) : t;
+}
+inline bool any_tangent(std::initializer_list<const at::Tensor*> ts) {
+  for (const at::Tensor* t : ts) {
+    if (tangent_of(*t).defined()) return true;
+  }
+  return false;
+}
+
 // An optional tensor as check_no_tangent takes it (null when absent).
 inline const at::Tensor* or_null(const OptTensor& t) {
   return t ? &*t : nullptr;
@@ -118,14 +133,15 @@ inline const at::Tensor* or_null(const OptTensor& t) {
 
 // Forward-mode AD where no tangent is computed: the kernels run below
 // autograd, so it would be dropped (a zero jvp). Refused, naming the tensor.
-// The out-of-place rotations compute q's and k's (autograd.cpp).
+// The out-of-place ops compute q's, k's and the weights' (autograd.cpp,
+// norm_autograd.cpp).
 inline void check_no_tangent(const char* op, std::initializer_list<std::pair<const char*, const at::Tensor*>> ts) {
   for (const auto& [name, t] : ts) {
     TORCH_CHECK_NOT_IMPLEMENTED(
         !(t && t->defined() && t->_fw_grad(/*level=*/0).defined()), op, ": ", name,
         " carries a forward-mode tangent (torch.func.jvp / jacfwd, torch.autograd.forward_ad); forward mode is ",
-        "served for q and k (x) of the out-of-place rotations apply_rope, apply_rope_qk and apply_rope_cos_sin, ",
-        "not for ", name, " here");
+        "served for q, k (x) and the weights of the out-of-place ops apply_rope, apply_rope_qk, ",
+        "apply_rope_cos_sin and apply_qk_norm_rope, not for ", name, " here");
   }
 }
 

@@ -20,7 +20,8 @@ D, S = 8, 4
 FREQS = rotary.freqs_table(D, 16)
 ROPE, CPP_ROPE = rotary.RotaryEmbedding(D, 16), rotary.CppRotaryEmbedding(D, 16)
 TANGENT = (r"carries a forward-mode tangent \(torch.func.jvp / jacfwd, torch.autograd.forward_ad\); forward mode is "
-           r"served for q and k \(x\) of the out-of-place rotations apply_rope, apply_rope_qk and apply_rope_cos_sin")
+           r"served for q, k \(x\) and the weights of the out-of-place ops apply_rope, apply_rope_qk, "
+           r"apply_rope_cos_sin and apply_qk_norm_rope")
 
 
 def heads(seed, h=2, dtype=torch.float64):
@@ -56,7 +57,7 @@ TOL = dict(rtol=1e-6, atol=1e-6)
 TANGENT_CALLS = ["apply_rope", "apply_rope_qk", "apply_rope_cos_sin", "RotaryEmbedding", "CppRotaryEmbedding"]
 
 
-@pytest.mark.parametrize("name", [n for n in CALLS if n not in TANGENT_CALLS])
+@pytest.mark.parametrize("name", [n for n in CALLS if n not in TANGENT_CALLS + ["apply_qk_norm_rope"]])
 def test_forward_mode_ad_is_refused(name):
     x, k, t = heads(1), heads(2, h=1), heads(3)
     before = x.clone()
@@ -68,11 +69,42 @@ def test_forward_mode_ad_is_refused(name):
 
 
 def test_func_jvp_and_jacfwd_are_refused():
-    x, k, t = heads(1), heads(2, h=1), heads(3)
+    x, k, v, t = heads(1), heads(2, h=1), heads(4, h=1), heads(3)
     with pytest.raises(NotImplementedError, match=TANGENT):
-        torch.func.jvp(lambda a: CALLS["apply_qk_norm_rope"](a, k), (x,), (t,))
+        torch.func.jvp(lambda a: rotary.apply_rope_with_kv_cache_(a, k, v, cache(5), cache(6), FREQS)[0], (x,), (t,))
     with pytest.raises(NotImplementedError, match=TANGENT):
-        torch.func.jacfwd(lambda a: CALLS["apply_qk_norm_rope"](a, k))(x)
+        torch.func.jvp(lambda c: rotary.apply_rope(x, c, 1), (FREQS,), (torch.ones_like(FREQS),))
+
+
+def test_prologue_forward_mode_matches_reference():
+    """apply_qk_norm_rope's tangents (q, k and the weight's) are R of the
+    norm's derivative: against jvp of the float64 reference, by forward_ad
+    and torch.func.jvp, with the primals also in a reverse graph."""
+    q, k, w = heads(1), heads(2, h=1), torch.rand(D, dtype=torch.float64, generator=torch.Generator().manual_seed(7)) + 0.5
+    tq, tk, tw = heads(3), heads(4, h=1), torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+    ours = lambda q, k, w: rotary.apply_qk_norm_rope(q, k, FREQS, 3, q_weight=w, k_weight=w, eps=1e-6)
+    ref = lambda q, k, w: (ref_norm_rope(q, w, 3), ref_norm_rope(k, w, 3))
+    ours_heads = lambda q, k, w: rotary.apply_qk_norm_rope(q, k, FREQS, 3, q_weight=w, eps=1e-6, norm="heads")[0]
+    want_out, want_t = torch.func.jvp(ref, (q, k, w), (tq, tk, tw))
+    got_out, got_t = torch.func.jvp(ours, (q, k, w), (tq, tk, tw))
+    for a, b in zip(got_out + got_t, want_out + want_t):
+        torch.testing.assert_close(a, b, **TOL)
+    _, only_w = torch.func.jvp(lambda w: ours(q, k, w), (w,), (tw,))  # the weight's tangent alone
+    _, want_w = torch.func.jvp(lambda w: ref(q, k, w), (w,), (tw,))
+    for a, b in zip(only_w, want_w):
+        torch.testing.assert_close(a, b, **TOL)
+    # OLMo2's norm over every head, its weight [heads * D].
+    wh, twh = w.repeat(2), tw.repeat(2) * 0.5
+    _, got_h = torch.func.jvp(lambda q, w: ours_heads(q, k, w), (q, wh), (tq, twh))
+    _, want_h = torch.func.jvp(lambda q, w: ref_norm_rope(q, w, 3, heads=True), (q, wh), (tq, twh))
+    torch.testing.assert_close(got_h, want_h, **TOL)
+    want_q = torch.func.jvp(lambda q: ref(q, k, w)[0], (q,), (tq,))[1]
+    pq = q.clone().requires_grad_()
+    with fwAD.dual_level():
+        oq, _ = ours(fwAD.make_dual(pq, tq), k, w)
+        torch.testing.assert_close(fwAD.unpack_dual(oq).tangent, want_q, **TOL)
+        (oq * heads(8)).sum().backward()
+    torch.testing.assert_close(pq.grad, torch.func.grad(lambda q: (ref(q, k, w)[0] * heads(8)).sum())(q), **TOL)
 
 
 @pytest.mark.parametrize("name", TANGENT_CALLS)
@@ -191,11 +223,14 @@ def test_cache_ops_refuse_v_that_requires_grad(op):
     snap.check()
 
 
-def ref_norm_rope(x, w, start, positions=None):
-    """float64 RMSNorm over head_dim (eps 1e-6, weight w), then RoPE with
-    interleaved pairs at positions start + s (or `positions`), in
-    differentiable torch ops."""
-    xn = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+def ref_norm_rope(x, w, start, positions=None, heads=False):
+    """float64 RMSNorm over head_dim (heads: over every head too; eps 1e-6,
+    weight w), then RoPE with interleaved pairs at positions start + s (or
+    `positions`), in differentiable torch ops."""
+    if heads:
+        xn = x * torch.rsqrt(x.pow(2).mean((1, 3), keepdim=True) + 1e-6) * w.view(1, x.shape[1], 1, D)
+    else:
+        xn = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
     pos = start + torch.arange(x.shape[2], dtype=torch.float64) if positions is None else positions
     ang = pos[:, None] * torch.from_numpy(ref_inv_freq(D))
     c, s = ang.cos(), ang.sin()
