@@ -64,6 +64,19 @@ void run_fuzz(Fn&& fn, const char* counted = nullptr) {
     EXPECT_LT(taken, cases - cases / 10) << counted;
   }
 }
+// The same with a call drawn by draw(d), named by its `what`, and checked
+// by check(call).
+template <typename DrawFn, typename CheckFn>
+void run_fuzz(DrawFn draw, CheckFn check, const char* counted) {
+  run_fuzz(
+      [&](Draw& d, std::string& what) {
+        const auto call = draw(d);
+        what = call.what;
+        SCOPED_TRACE(what);
+        return check(call);
+      },
+      counted);
+}
 
 // One rotation of q [B, Hq, S, D] and k (THD when packed): its arguments, and
 // how its positions read in the float64 reference (ref_rope_span[_nd]).

@@ -148,14 +148,7 @@ bool check_call(const KVDraw& c) {
 }
 
 TEST(KVEmulationFuzz, SeededCallsHaveTheCpuOpsBitsOnEveryLaunch) {
-  rotary_test::run_fuzz(
-      [](Draw& d, std::string& what) {
-        const KVDraw c = draw_kv(d);
-        what = c.what;
-        SCOPED_TRACE(what);
-        return check_call(c);
-      },
-      "the fused launch");
+  rotary_test::run_fuzz(draw_kv, check_call, "the fused launch");
 }
 
 // The prologue's launch with the cache write: call c with norm "head" or

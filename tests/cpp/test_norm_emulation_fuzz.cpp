@@ -129,14 +129,7 @@ bool check_call(const FuzzCall& c) {
 }
 
 TEST(NormEmulationFuzz, SeededCallsMatchTheReferenceTheCpuOpAndEveryGrid) {
-  rotary_test::run_fuzz(
-      [](Draw& d, std::string& what) {
-        const FuzzCall c = draw_call(d);
-        what = c.what;
-        SCOPED_TRACE(what);
-        return check_call(c);
-      },
-      "the vector instantiation");
+  rotary_test::run_fuzz(draw_call, check_call, "the vector instantiation");
 }
 
 }  // namespace
