@@ -33,7 +33,7 @@ struct Scan {
   }
   // Sparse, mkldnn and nested tensors have no strides to read (refused by name).
   static bool dense(const at::Tensor& t) {
-    return t.defined() && t.layout() == at::kStrided && !t.is_nested() && !t.is_mkldnn();
+    return t.defined() && t.layout() == at::kStrided && !t.is_nested();  // mkldnn: its own layout
   }
   void see(const std::optional<at::Tensor>& t) {
     if (t) see(*t);
