@@ -36,11 +36,6 @@ void check_weight(
 
 }  // namespace
 
-int64_t heads_axis(Layout layout, bool varlen) {
-  if (varlen) return 1;
-  return layout == Layout::kBSHD || layout == Layout::kSBHD ? 2 : 1;
-}
-
 NormCall check_norm_rope_inputs(
     const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs, const RopeArgs& args,
     const NormArgs& norm, bool in_place) {

@@ -46,10 +46,6 @@ NormCall check_norm_args(const char* op, RopeCall rope, const at::Tensor& q, con
 // The out-of-place q: q's dtype, or float8_e4m3fn with q_fp8_scale (Meta too).
 at::Tensor make_q_output(const at::Tensor& q, const NormCall& call);
 
-// The heads axis of q / k as passed (the norm "heads" reduces over it and
-// head_dim).
-int64_t heads_axis(Layout layout, bool varlen);
-
 // The weights as the kernels read them, and the norm's launch description.
 struct NormWeights {
   at::Tensor weight[2];  // what params.weight points at (undefined: none)

@@ -163,7 +163,7 @@ std::tuple<at::Tensor, at::Tensor> apply_qk_norm_rope_autograd(
   // unknown layout is refused by the op inside forward.
   const bool heads = detail::parse_norm("apply_qk_norm_rope", norm) == kernel::NormKind::kHeads;
   const NormState n{heads, eps, weight_offset,
-                    detail::heads_axis(parse_layout(layout), cu_seqlens.has_value())};
+                    heads_axis(parse_layout(layout), cu_seqlens.has_value())};
   // The primals: a custom Function refuses tangents (they are set below).
   const at::Tensor pq = detail::primal_of(q), pk = detail::primal_of(k);
   const at::Tensor pqw = detail::primal_of(qw), pkw = detail::primal_of(kw);

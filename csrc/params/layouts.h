@@ -37,18 +37,23 @@ inline CacheLayout parse_cache_layout(c10::string_view s) {
       {"BHSD", CacheLayout::kBHSD}, {"BSHD", CacheLayout::kBSHD}, {"NHD", CacheLayout::kNHD}, {"HND", CacheLayout::kHND}};
   return parse_name(s, kNames, CacheLayout::kUnknown);
 }
-// Where batch and seq sit in a 4-D q / k / v of a layout, and its dims as
-// messages write them (BHSD for anything but BSHD and SBHD).
+// Where batch, seq and heads sit in a 4-D q / k / v of a layout, and its
+// dims as messages write them (BHSD for anything but BSHD and SBHD).
 struct LayoutAxes {
-  int batch, seq;
+  int batch, seq, heads;
   const char* dims;
 };
 inline LayoutAxes axes_of(Layout l) {
   switch (l) {
-    case Layout::kBSHD: return {0, 1, "[batch, seq_len, heads, head_dim]"};
-    case Layout::kSBHD: return {1, 0, "[seq_len, batch, heads, head_dim]"};
-    default: return {0, 2, "[batch, heads, seq_len, head_dim]"};
+    case Layout::kBSHD: return {0, 1, 2, "[batch, seq_len, heads, head_dim]"};
+    case Layout::kSBHD: return {1, 0, 2, "[seq_len, batch, heads, head_dim]"};
+    default: return {0, 2, 1, "[batch, heads, seq_len, head_dim]"};
   }
+}
+// The heads axis of q / k as passed: packed [total_tokens, heads, head_dim]
+// with cu_seqlens (varlen), else the layout's.
+inline int heads_axis(Layout l, bool varlen) {
+  return varlen ? 1 : axes_of(l).heads;
 }
 inline bool is_paged(CacheLayout l) {
   return l == CacheLayout::kNHD || l == CacheLayout::kHND;

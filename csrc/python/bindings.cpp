@@ -133,6 +133,11 @@ PYBIND11_MODULE(_C, m) {
   py::dict seq_axis;
   for (const char* name : {"BHSD", "BSHD", "SBHD"}) seq_axis[name] = rotary::axes_of(rotary::parse_layout(name)).seq;
   m.attr("SEQ_AXIS") = seq_axis;
+  // The heads axis of q / k (params/layouts.h), for the vmap rules' fold.
+  m.def(
+      "heads_axis",
+      [](const std::string& layout, bool varlen) { return rotary::heads_axis(rotary::parse_layout(layout), varlen); },
+      py::arg("layout"), py::arg("varlen"));
 
   bind_rules(m);
   bind_schemes(m);
