@@ -98,3 +98,24 @@ def judge_refusal(label, e, buffers, saved, reasons, either=False, mention=None)
     if mention and mention not in str(e):
         raise Finding(f"{label}: refusal does not name {mention}: {msg}") from None
     return msg
+
+
+def check_vmap(rng, gen, fn, inputs, rest, kw, in_place, reference, check):
+    """torch.func.vmap of fn(q[, k], *rest, **kw) over two slices: the drawn
+    inputs and fresh ones stacked at a random dim (out of place, k may be
+    shared). Every slice's outputs against reference(name, its input)."""
+    dim = rng.randrange(inputs[0].dim() + 1)
+    shared_k = len(inputs) == 2 and not in_place and rng.random() < 0.3
+    stacked = [torch.stack([t.detach(), torch.randn(t.shape, generator=gen, dtype=t.dtype).to(t.device)], dim)
+               for t in (inputs[:1] if shared_k else inputs)]
+    before = [t.clone() for t in stacked]
+
+    def one(*ts):
+        return fn(*ts, *((inputs[1].detach(),) if shared_k else ()), *rest, **kw)
+
+    got = torch.func.vmap(one, in_dims=dim)(*stacked)
+    got = got if isinstance(got, tuple) else (got,)
+    for i in range(2):
+        sources = [t.select(dim, i) for t in before] + ([inputs[1].detach()] if shared_k else [])
+        for name, src, o in zip(("q", "k"), sources, got):
+            check(o[i], reference(name, src), f"{name} slice {i} (stacked at dim {dim})")

@@ -12,7 +12,7 @@ import torch
 
 import rotary
 
-from .common import DEVICE, DOCUMENTED, FLOATS, Finding, bits, check_close, judge_refusal, set_kind
+from .common import DEVICE, DOCUMENTED, FLOATS, Finding, bits, check_close, check_vmap, judge_refusal, set_kind
 from .op_cases import Builder, canonical, logical_shape
 
 LAYOUTS = ["BHSD", "BSHD", "SBHD", "THD"]  # THD here: vLLM's [tokens, heads, head_dim]
@@ -137,4 +137,11 @@ def run_cos_sin(seed: int) -> tuple[str, str]:
                     atol_extra=2e-6 if dtype == torch.float64 else 0.0)
     if any(not torch.equal(bits(t), s) for t, s in zip(b.buffers, saved)):
         raise Finding("apply_rope_cos_sin: out of place, but an input changed")
+    if rng.random() < 0.2:
+        check_vmap(rng, gen, rotary.apply_rope_cos_sin, [q, k], args[2:], kw, False,
+                   lambda name, x: _rotate(canonical(x.to("cpu", torch.float64), layout), read_c, read_s, rd, off,
+                                           interleaved),
+                   lambda o, want, what: check_close(canonical(o, layout), want, dtype,
+                                                     f"apply_rope_cos_sin vmap {what} ({layout}, {form})",
+                                                     atol_extra=2e-6 if dtype == torch.float64 else 0.0))
     return kind, "accepted"

@@ -15,7 +15,8 @@ import torch
 import rotary
 from rotary_testing.reference import inv_freq as ref_inv_freq
 
-from .common import DEVICE, DOCUMENTED, FLOATS, Finding, bits, check_close, judge_refusal, same_bits, set_kind
+from .common import (DEVICE, DOCUMENTED, FLOATS, Finding, bits, check_close, check_vmap, judge_refusal, same_bits,
+                     set_kind)
 from .op_cases import Builder, _positions, _reference, _rows, canonical, heads_axis, logical_shape, share_elements
 
 OPS = ["apply_qk_norm_rope", "apply_qk_norm_rope_"]
@@ -153,4 +154,11 @@ def run_norm(seed: int) -> tuple[str, str]:
         for buf, s in zip(b.buffers, saved):
             if not same_bits(buf, s):
                 raise Finding(f"{op}: out of place, but an input changed")
+    if eps > 0.0 and rng.random() < 0.2:
+        check_vmap(rng, gen, fn, [q, k], (freqs, start_pos, interleaved), kw_args, in_place,
+                   lambda name, x: _reference(_normalized(x, layout, qw if name == "q" else kw, eps, norm, offset),
+                                              layout, rows, inv, 1.0, 1.0, rd, interleaved, off),
+                   lambda o, want, what: check_close(
+                       canonical(o, layout), want, dtype, f"{op} vmap {what} ({layout}, norm {norm})",
+                       atol_extra=float(np.abs(want.numpy()).max(initial=0.0)) * 1e-6))
     return kind, "accepted"

@@ -17,7 +17,8 @@ import rotary
 from rotary_testing.reference import inv_freq as ref_inv_freq
 from rotary_testing.reference import exact_angle, positions_grid, rotate_pairs_nd
 
-from .common import DEVICE, FLOATS, Finding, Refused, bits, check_close, expect_refusal, same_bits, set_kind
+from .common import (DEVICE, FLOATS, Finding, Refused, bits, check_close, check_vmap, expect_refusal, same_bits,
+                     set_kind)
 
 OPS = ["apply_rope", "apply_rope_qk", "apply_rope_", "apply_rope_qk_"]
 LAYOUTS = ["BHSD", "BSHD", "SBHD", "THD"]
@@ -439,4 +440,9 @@ def run(seed: int) -> tuple[str, str]:
                 tangent = fwAD.unpack_dual(d).tangent
                 expected = _reference(tangent, layout, rows, inv, scale, sign, rd, interleaved, rotary_offset)
                 check_close(canonical(got, layout), expected, dtype, f"{op} tangent {name} ({layout})", scale)
+    if rng.random() < 0.2:
+        check_vmap(rng, gen, fn, inputs, (freqs, start_pos, interleaved), kw, in_place,
+                   lambda name, t: _reference(t, layout, rows, inv, scale, sign, rd, interleaved, rotary_offset),
+                   lambda o, want, what: check_close(canonical(o, layout), want, dtype, f"{op} vmap {what}", scale))
     return kind, "accepted"
+
