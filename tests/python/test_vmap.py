@@ -18,9 +18,9 @@ FREQS = rotary.freqs_table(D, 64)
 LENS = [3, 0, 2]
 
 
-def vmapped(shape, dtype, seed, in_dim):
+def vmapped(shape, dtype, seed, in_dim, device="cpu"):
     """V slices of `shape`, the vmapped dim at in_dim of the physical tensor."""
-    t = randn((V,) + tuple(shape), dtype, seed)
+    t = randn((V,) + tuple(shape), dtype, seed, device)
     return t.movedim(0, in_dim).contiguous() if in_dim else t
 
 
@@ -51,64 +51,65 @@ def tol(dtype):
     return dict(zip(("rtol", "atol"), TOL[dtype]))
 
 
-def layout_kw(layout):
-    return dict(layout="BHSD", cu_seqlens=cu_from_lens(LENS)) if layout == "THD" else dict(layout=layout)
+def layout_kw(layout, device="cpu"):
+    return dict(layout="BHSD", cu_seqlens=cu_from_lens(LENS).to(device)) if layout == "THD" else dict(layout=layout)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("layout", ["BHSD", "BSHD", "SBHD", "THD"])
 @pytest.mark.parametrize("in_dim", [0, 2, -1])
-def test_shared_positions_make_one_call(layout, in_dim, dtype):
+def test_shared_positions_make_one_call(device, layout, in_dim, dtype):
     """apply_rope, apply_rope_qk (k batched or shared), apply_rope_cos_sin and
     apply_qk_norm_rope with the vmapped dim anywhere: one call each, every
     slice its reference."""
-    qs, ks = vmapped(shape_of(layout, H), dtype, 1, in_dim), vmapped(shape_of(layout, HK), dtype, 2, in_dim)
-    k1 = randn(shape_of(layout, HK), dtype, 3)
-    kw = layout_kw(layout)
+    qs = vmapped(shape_of(layout, H), dtype, 1, in_dim, device)
+    ks = vmapped(shape_of(layout, HK), dtype, 2, in_dim, device)
+    k1, freqs = randn(shape_of(layout, HK), dtype, 3, device), FREQS.to(device)
+    kw = layout_kw(layout, device)
     cases = {
-        "apply_rope": (lambda q: rotary.apply_rope(q, FREQS, 3, **kw), (qs,), lambda q: (ref(q, layout, 3),)),
-        "apply_rope_qk": (lambda q, k: rotary.apply_rope_qk(q, k, FREQS, 3, **kw), (qs, ks),
+        "apply_rope": (lambda q: rotary.apply_rope(q, freqs, 3, **kw), (qs,), lambda q: (ref(q, layout, 3),)),
+        "apply_rope_qk": (lambda q, k: rotary.apply_rope_qk(q, k, freqs, 3, **kw), (qs, ks),
                           lambda q, k: (ref(q, layout, 3), ref(k, layout, 3))),
-        "apply_rope_qk shared k": (lambda q: rotary.apply_rope_qk(q, k1, FREQS, 3, **kw), (qs,),
+        "apply_rope_qk shared k": (lambda q: rotary.apply_rope_qk(q, k1, freqs, 3, **kw), (qs,),
                                    lambda q: (ref(q, layout, 3), ref(k1, layout, 3))),
     }
     if layout != "THD":
-        cos, sin = (t.float() for t in hf_cos_sin(S, D, 3))
+        cos, sin = (t.float().to(device) for t in hf_cos_sin(S, D, 3))
         cases["apply_rope_cos_sin"] = (
             lambda q, k: rotary.apply_rope_cos_sin(q, k, cos, sin, **kw), (qs, ks),
             lambda q, k: tuple(ref(t, layout, 3, interleaved=False) for t in (q, k)))
-        w = 1.0 + 0.5 * randn((D,), torch.float32, 4)
+        w = 1.0 + 0.5 * randn((D,), torch.float32, 4, device)
         cases["apply_qk_norm_rope"] = (
-            lambda q, k: rotary.apply_qk_norm_rope(q, k, FREQS, 3, q_weight=w, k_weight=w, **kw), (qs, ks),
+            lambda q, k: rotary.apply_qk_norm_rope(q, k, freqs, 3, q_weight=w, k_weight=w, **kw), (qs, ks),
             lambda q, k: tuple(ref_prologue(t.double(), w, D, start=3, layout=layout) for t in (q, k)))
     for name, (fn, args, want) in cases.items():
         got = torch.func.vmap(fn, in_dims=in_dim)(*args)
         got = got if isinstance(got, tuple) else (got,)
         for i in range(V):
             for g, w_ in zip(got, want(*(slices(a, in_dim)[i] for a in args))):
-                torch.testing.assert_close(g[i].double(), w_, **tol(dtype), msg=f"{name} slice {i}")
+                torch.testing.assert_close(g[i].cpu().double(), w_, **tol(dtype), msg=f"{name} slice {i}")
         one = 3 if name == "apply_rope_cos_sin" else 2  # per slice: 1 + 2 V, 1 + V
         assert rotary_calls(lambda: torch.func.vmap(fn, in_dims=in_dim)(*args)) == one, name
 
 
 @pytest.mark.parametrize("in_dim", [0, -1])
-def test_in_place_writes_the_callers_tensors(in_dim):
+def test_in_place_writes_the_callers_tensors(device, in_dim):
     """apply_rope_ and apply_rope_qk_ (q and k views of one packed qkv) under
     vmap: the vmapped tensors hold each slice's rotation. in_dim -1 puts the
     vmapped dim innermost, where the fold is a copy written back."""
-    x = vmapped((B, S, H, D), torch.float64, 5, in_dim)
+    x, freqs = vmapped((B, S, H, D), torch.float64, 5, in_dim, device), FREQS.to(device)
     want = [ref_rope4(t, start=2, layout="BSHD") for t in slices(x, in_dim)]
-    torch.func.vmap(lambda t: rotary.apply_rope_(t, FREQS, 2, layout="BSHD"), in_dims=in_dim)(x)
+    torch.func.vmap(lambda t: rotary.apply_rope_(t, freqs, 2, layout="BSHD"), in_dims=in_dim)(x)
     for i in range(V):
-        torch.testing.assert_close(slices(x, in_dim)[i], want[i])
-    qkv = vmapped((B, S, H + 2 * HK, D), torch.float64, 6, in_dim)
-    before = slices(qkv, in_dim).clone()
+        torch.testing.assert_close(slices(x, in_dim)[i].cpu(), want[i])
+    qkv = vmapped((B, S, H + 2 * HK, D), torch.float64, 6, in_dim, device)
+    before = slices(qkv, in_dim).to("cpu", copy=True)
 
     def rotate(t):
-        rotary.apply_rope_qk_(t[:, :, :H], t[:, :, H:H + HK], FREQS, 1, layout="BSHD")
+        rotary.apply_rope_qk_(t[:, :, :H], t[:, :, H:H + HK], freqs, 1, layout="BSHD")
         return t
     torch.func.vmap(rotate, in_dims=in_dim)(qkv)
-    after = slices(qkv, in_dim)
+    after = slices(qkv, in_dim).cpu()
     for i in range(V):
         want = ref_rope4(before[i][:, :, :H + HK], start=1, layout="BSHD")
         torch.testing.assert_close(after[i][:, :, :H + HK], want)
@@ -123,7 +124,8 @@ def test_batched_positions_weights_and_heads_norm_run_per_slice():
     got = torch.func.vmap(lambda t, i: rotary.apply_rope(t, FREQS, position_ids=i))(x, ids)
     for i in range(V):
         torch.testing.assert_close(got[i].double(), ref_rope4(x[i], positions=ids[i]), **tol(torch.float32))
-    assert rotary_calls(lambda: torch.func.vmap(lambda t, i: rotary.apply_rope(t, FREQS, position_ids=i))(x, ids)) == V + 1
+    calls = rotary_calls(lambda: torch.func.vmap(lambda t, i: rotary.apply_rope(t, FREQS, position_ids=i))(x, ids))
+    assert calls == V + 1
     k, w = randn((V, B, HK, S, D), torch.float32, 9), 1.0 + 0.5 * randn((V, D), torch.float32, 10)
     wh = 1.0 + 0.5 * randn((H * D,), torch.float32, 11)
     calls = {
