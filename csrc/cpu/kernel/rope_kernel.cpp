@@ -158,9 +158,14 @@ template <bool NT, int M, typename scalar_t>
 void rotate_heads_major(const Run<scalar_t>& r, int64_t h0, int64_t dim, bool interleaved) {
   const int64_t vec_bytes = dim * int64_t(sizeof(scalar_t));
   for (int64_t t = 0; t < r.tokens; ++t) {
-    if (t + kPrefetchTokens < r.tokens) {
-      for (int h = 0; h < M; ++h) {
-        const char* p = reinterpret_cast<const char*>(r.in + (t + kPrefetchTokens) * r.in_tok + (h0 + h) * r.in_head);
+    // Near the end of the run, the next heads' first tokens: the stream
+    // goes on without a stall where the run changes heads.
+    const bool wrap = t + kPrefetchTokens >= r.tokens;
+    const int64_t ahead = wrap ? t + kPrefetchTokens - r.tokens : t + kPrefetchTokens;
+    const int64_t hp = wrap ? h0 + M : h0;
+    if (ahead < r.tokens) {
+      for (int64_t h = hp; h < hp + M && h < r.heads; ++h) {
+        const char* p = reinterpret_cast<const char*>(r.in + ahead * r.in_tok + h * r.in_head);
         for (int64_t o = 0; o < vec_bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
       }
     }
