@@ -175,11 +175,14 @@ void rotate_heads_major(const Run<scalar_t>& r, int64_t h0, int64_t dim, bool in
 
 template <bool NT, typename scalar_t>
 void rotate_contiguous(const Run<scalar_t>& r, int64_t dim, bool interleaved) {
-  // Streaming stores fill a cache line in several stores; with a block of
-  // heads (and two halves) in flight, more lines are open than the core has
-  // write-combining buffers, and each one flushed half-written costs a read
-  // of the line. One head at a time keeps two open.
-  constexpr int M = NT ? 1 : kHeadBlock;
+  // Streaming stores narrower than a line fill it in several stores; with a
+  // block of heads (and two halves) in flight, more lines are open than the
+  // core has write-combining buffers, and each one flushed half-written
+  // costs a read of the line. One head at a time keeps two open. Whole-line
+  // stores (4- and 8-byte elements on AVX-512) leave none open: they keep
+  // the block, whose heads share each load of the coefficients.
+  constexpr bool kWholeLines = sizeof(scalar_t) >= 4 && sizeof(at::vec::Vectorized<scalar_t>) >= 64;
+  constexpr int M = NT && !kWholeLines ? 1 : kHeadBlock;
   const int64_t blocked = r.heads - r.heads % M;
   if (r.tokens_outer) {
     const int64_t vec_bytes = dim * int64_t(sizeof(scalar_t));
