@@ -8,6 +8,10 @@ position, weight, cache or fp8 scale, or the norm over all heads) it makes
 one call per slice. Should the folded call fail, the calls per slice run
 instead, so that an error names the shapes the caller passed.
 
+In place, the fold must be a view of every tensor it writes (else the op's
+own overlap checks would see copies): otherwise the calls per slice run.
+Those check every slice on copies before they write any, so that a refusal
+(say, one slice's positions past the table) leaves every tensor untouched.
 An in-place op whose written tensor is not batched while another input is
 is refused: every slice would write the same tensor.
 """
@@ -73,14 +77,13 @@ class _Rule:
         for n, d in dims.items():
             moved[n] = values[n].movedim(d, axis)  # [..., V, heads, ...]
             folded[n] = moved[n].flatten(axis, axis + 1)
+        if any(not folded[n]._is_view() for n in self.written):  # a copy: its writes would be lost
+            return self._per_slice(values, dims, size, level)
         scale = values.get("q_fp8_scale")
         if "q" in dims and scale is not None and scale.dim() == 1 and scale.numel() > 1:
             folded["q_fp8_scale"] = scale.repeat(size)  # per q head, each slice's heads alike
         with _lower():
             out = self._call(folded)
-            for n in self.written:  # a fold that could not be a view was a copy: written back
-                if not folded[n]._is_view():
-                    moved[n].copy_(folded[n].view(moved[n].shape))
         if out is None:
             return None
         outs = out if isinstance(out, tuple) else (out,)
@@ -92,9 +95,13 @@ class _Rule:
     def _per_slice(self, values, dims, size, level):
         """One call per slice, each input's slice a view (in place: written
         where it lies); the outputs stacked on a new dim 0."""
+        slices = [dict(values, **{n: values[n].select(d, i) for n, d in dims.items()}) for i in range(size)]
+        if self.written and size > 1:  # every slice checked (on copies) before any is written
+            for sliced in slices:
+                with _lower():
+                    self._call(dict(sliced, **{n: sliced[n].clone() for n in self.written}))
         outs = []
-        for i in range(size):
-            sliced = dict(values, **{n: values[n].select(d, i) for n, d in dims.items()})
+        for sliced in slices:
             with _lower():
                 outs.append(self._call(sliced))
         if not self.op._schema.returns:

@@ -96,7 +96,7 @@ def test_shared_positions_make_one_call(device, layout, in_dim, dtype):
 def test_in_place_writes_the_callers_tensors(device, in_dim):
     """apply_rope_ and apply_rope_qk_ (q and k views of one packed qkv) under
     vmap: the vmapped tensors hold each slice's rotation. in_dim -1 puts the
-    vmapped dim innermost, where the fold is a copy written back."""
+    vmapped dim innermost, where the fold would be a copy: it runs per slice."""
     x, freqs = vmapped((B, S, H, D), torch.float64, 5, in_dim, device), FREQS.to(device)
     want = [ref_rope4(t, start=2, layout="BSHD") for t in slices(x, in_dim)]
     torch.func.vmap(lambda t: rotary.apply_rope_(t, freqs, 2, layout="BSHD"), in_dims=in_dim)(x)
@@ -140,6 +140,22 @@ def test_batched_positions_weights_and_heads_norm_run_per_slice():
         for i in range(V):
             for g, w_ in zip(got, want(*(a[i] for a in args))):
                 torch.testing.assert_close(g[i].double(), w_, **tol(torch.float32), msg=name)
+
+
+def test_a_refused_slice_leaves_every_slice_untouched():
+    """In place per slice (batched positions): the last slice's positions
+    are past the table, so the call is refused and no slice is written, nor
+    the packed qkv that q and k view."""
+    x, qkv = randn((V, B, H, S, D), torch.float32, 22), randn((V, B, S, H + HK, D), torch.float32, 23)
+    ids = torch.randint(0, 60, (V, B, S), generator=torch.Generator().manual_seed(24))
+    ids[-1, 0, 0] = 64  # the table has 64 rows and no inv_freq
+    x0, qkv0 = x.clone(), qkv.clone()
+    with pytest.raises(IndexError, match=r"token \(batch 0, seq 0\) has position 64"):
+        torch.func.vmap(lambda t, i: rotary.apply_rope_(t, FREQS, position_ids=i))(x, ids)
+    with pytest.raises(IndexError, match=r"token \(batch 0, seq 0\) has position 64"):
+        torch.func.vmap(lambda t, i: rotary.apply_rope_qk_(t[:, :, :H], t[:, :, H:], FREQS, position_ids=i,
+                                                           layout="BSHD"))(qkv, ids)
+    assert torch.equal(x, x0) and torch.equal(qkv, qkv0)
 
 
 def test_nested_vmap_and_an_empty_vmapped_dim():
