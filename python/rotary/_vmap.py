@@ -23,6 +23,7 @@ from torch._functorch.pyfunctorch import retrieve_current_functorch_interpreter
 from . import _C
 
 _DATA = ("x", "q", "k")  # the tensors whose vmapped dim folds into their heads
+_UNFOLDED = object()  # _fold's answer where the calls per slice must run
 _LIB = None
 
 
@@ -65,9 +66,11 @@ class _Rule:
                     f"{n}. Batch {n} too, or call the out-of-place op")
         if self.foldable and set(dims) <= set(self.data) and values.get("norm", "head") == "head":
             try:
-                return self._fold(values, dims, size, level)
+                out = self._fold(values, dims, size, level)
             except Exception:  # noqa: BLE001 (the calls per slice raise it with the caller's shapes)
-                pass
+                out = _UNFOLDED
+            if out is not _UNFOLDED:
+                return out
         return self._per_slice(values, dims, size, level)
 
     def _fold(self, values, dims, size, level):
@@ -78,7 +81,7 @@ class _Rule:
             moved[n] = values[n].movedim(d, axis)  # [..., V, heads, ...]
             folded[n] = moved[n].flatten(axis, axis + 1)
         if any(not folded[n]._is_view() for n in self.written):  # a copy: its writes would be lost
-            return self._per_slice(values, dims, size, level)
+            return _UNFOLDED
         scale = values.get("q_fp8_scale")
         if "q" in dims and scale is not None and scale.dim() == 1 and scale.numel() > 1:
             folded["q_fp8_scale"] = scale.repeat(size)  # per q head, each slice's heads alike
