@@ -123,29 +123,43 @@ std::tuple<at::Tensor, at::Tensor> apply_rope_qk_autograd(
   return out;
 }
 
+// In place, the rotated tangents are computed out of place before the
+// primal is written (a refusal of either leaves both as they were), then
+// written into the tangents the tensors have.
 void apply_rope_inplace_autograd(at::Tensor& x, const at::Tensor& freqs ROTARY_ROPE_PARAMS) {
-  check_no_tangent("apply_rope_", {{"x", &x}, {"freqs", &freqs}, {"inv_freq", or_null(inv_freq)}});
+  check_no_tangent("apply_rope_", {{"freqs", &freqs}, {"inv_freq", or_null(inv_freq)}});
   check_no_grad("apply_rope_", "x", x);
   check_no_grad_tables(freqs, inv_freq);
+  const at::Tensor tx = any_tangent({&x}) ? apply_rope(tangent_of(x), freqs ROTARY_ROPE_NAMES) : at::Tensor();
   {
     at::AutoDispatchBelowADInplaceOrView guard;
     apply_rope_(x, freqs ROTARY_ROPE_NAMES);
   }
   torch::autograd::impl::bump_version(x);
+  if (tx.defined()) detail::set_in_place_tangent(x, tx);
 }
 
 void apply_rope_qk_inplace_autograd(at::Tensor& q, at::Tensor& k, const at::Tensor& freqs ROTARY_ROPE_PARAMS) {
-  check_no_tangent(
-      "apply_rope_qk_", {{"q", &q}, {"k", &k}, {"freqs", &freqs}, {"inv_freq", or_null(inv_freq)}});
+  check_no_tangent("apply_rope_qk_", {{"freqs", &freqs}, {"inv_freq", or_null(inv_freq)}});
   check_no_grad("apply_rope_qk_", "q", q);
   check_no_grad("apply_rope_qk_", "k", k);
   check_no_grad_tables(freqs, inv_freq);
+  at::Tensor tq, tk;
+  if (any_tangent({&q, &k})) {
+    const at::Tensor dq = tangent_of(q), dk = tangent_of(k);
+    std::tie(tq, tk) = apply_rope_qk(dq.defined() ? dq : at::zeros_like(q), dk.defined() ? dk : at::zeros_like(k),
+                                     freqs ROTARY_ROPE_NAMES);
+  }
   {
     at::AutoDispatchBelowADInplaceOrView guard;
     apply_rope_qk_(q, k, freqs ROTARY_ROPE_NAMES);
   }
   torch::autograd::impl::bump_version(q);
   torch::autograd::impl::bump_version(k);
+  if (tq.defined()) {
+    detail::set_in_place_tangent(q, tq);
+    detail::set_in_place_tangent(k, tk);
+  }
 }
 
 void apply_rope_with_kv_cache_autograd(ROTARY_KV_TENSORS ROTARY_KV_PARAMS) {

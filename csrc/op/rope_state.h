@@ -119,6 +119,12 @@ inline at::Tensor tangent_of(const at::Tensor& t) {
 inline at::Tensor primal_of(const at::Tensor& t) {
   return tangent_of(t).defined() ? t._fw_primal(/*level=*/0) : t;
 }
+// An in-place op's new tangent for t: written into the tangent t has (torch
+// requires it there), or set where it has none.
+inline void set_in_place_tangent(at::Tensor& t, const at::Tensor& tangent) {
+  at::Tensor had = tangent_of(t);
+  t._set_fw_grad(had.defined() ? had.copy_(tangent) : tangent, /*level=*/0, /*is_inplace_op=*/true);
+}
 inline bool any_tangent(std::initializer_list<const at::Tensor*> ts) {
   for (const at::Tensor* t : ts) {
     if (tangent_of(*t).defined()) return true;
@@ -133,15 +139,15 @@ inline const at::Tensor* or_null(const OptTensor& t) {
 
 // Forward-mode AD where no tangent is computed: the kernels run below
 // autograd, so it would be dropped (a zero jvp). Refused, naming the tensor.
-// The out-of-place ops compute q's, k's and the weights' (autograd.cpp,
-// norm_autograd.cpp).
+// The rotations compute q's and k's, in place too, and the prologue's
+// out-of-place op the weights' as well (autograd.cpp, norm_autograd.cpp).
 inline void check_no_tangent(const char* op, std::initializer_list<std::pair<const char*, const at::Tensor*>> ts) {
   for (const auto& [name, t] : ts) {
     TORCH_CHECK_NOT_IMPLEMENTED(
         !(t && t->defined() && t->_fw_grad(/*level=*/0).defined()), op, ": ", name,
         " carries a forward-mode tangent (torch.func.jvp / jacfwd, torch.autograd.forward_ad); forward mode is ",
-        "served for q, k (x) and the weights of the out-of-place ops apply_rope, apply_rope_qk, ",
-        "apply_rope_cos_sin and apply_qk_norm_rope, not for ", name, " here");
+        "served for q, k (x) of apply_rope, apply_rope_qk, their in-place forms and apply_rope_cos_sin, and for ",
+        "q, k and the weights of apply_qk_norm_rope, not for ", name, " here");
   }
 }
 

@@ -20,8 +20,8 @@ D, S = 8, 4
 FREQS = rotary.freqs_table(D, 16)
 ROPE, CPP_ROPE = rotary.RotaryEmbedding(D, 16), rotary.CppRotaryEmbedding(D, 16)
 TANGENT = (r"carries a forward-mode tangent \(torch.func.jvp / jacfwd, torch.autograd.forward_ad\); forward mode is "
-           r"served for q, k \(x\) and the weights of the out-of-place ops apply_rope, apply_rope_qk, "
-           r"apply_rope_cos_sin and apply_qk_norm_rope")
+           r"served for q, k \(x\) of apply_rope, apply_rope_qk, their in-place forms and apply_rope_cos_sin, and "
+           r"for q, k and the weights of apply_qk_norm_rope")
 
 
 def heads(seed, h=2, dtype=torch.float64):
@@ -57,7 +57,11 @@ TOL = dict(rtol=1e-6, atol=1e-6)
 TANGENT_CALLS = ["apply_rope", "apply_rope_qk", "apply_rope_cos_sin", "RotaryEmbedding", "CppRotaryEmbedding"]
 
 
-@pytest.mark.parametrize("name", [n for n in CALLS if n not in TANGENT_CALLS + ["apply_qk_norm_rope"]])
+IN_PLACE_TANGENT_CALLS = ["apply_rope_", "apply_rope_qk_"]
+
+
+@pytest.mark.parametrize("name", [n for n in CALLS if n not in TANGENT_CALLS + IN_PLACE_TANGENT_CALLS
+                                  + ["apply_qk_norm_rope"]])
 def test_forward_mode_ad_is_refused(name):
     x, k, t = heads(1), heads(2, h=1), heads(3)
     before = x.clone()
@@ -343,3 +347,39 @@ def test_fp8_scales_that_require_grad_are_refused():
 def test_negative_rotary_offset_names_the_bound():
     with pytest.raises(ValueError, match=r"apply_rope: rotary_offset must be >= 0, got -2"):
         rotary.apply_rope(heads(1), FREQS, rotary_offset=-2)
+
+
+def test_forward_mode_ad_in_place():
+    """apply_rope_ and apply_rope_qk_ rotate the tangent with the primal: x
+    alone, q and k as views of one packed qkv whose tangent they view (v's
+    part stays), and through torch.func.jvp and jacfwd of a function that
+    writes a copy in place. A refused call leaves primal and tangent as they
+    were."""
+    x, t = heads(1), heads(3)
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(x.clone(), t.clone())
+        rotary.apply_rope_(dual, FREQS, 1)
+        got, got_t = fwAD.unpack_dual(dual)
+        torch.testing.assert_close(got, ref_rope4(x, start=1), **TOL)
+        torch.testing.assert_close(got_t, ref_rope4(t, start=1), **TOL)
+    qkv, tqkv = randn((1, S, 4, D), torch.float64, seed=9), randn((1, S, 4, D), torch.float64, seed=10)
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(qkv.clone(), tqkv.clone())
+        rotary.apply_rope_qk_(dual[:, :, :2], dual[:, :, 2:3], FREQS, 1, layout="BSHD")
+        got, got_t = fwAD.unpack_dual(dual)
+        for have, want in ((got, qkv), (got_t, tqkv)):
+            torch.testing.assert_close(have[:, :, :3], ref_rope4(want[:, :, :3], start=1, layout="BSHD"), **TOL)
+            assert torch.equal(have[:, :, 3:], want[:, :, 3:])
+    _, jt = torch.func.jvp(lambda a: rotary.apply_rope_(a.clone(), FREQS, 1), (x,), (t,))
+    torch.testing.assert_close(jt, ref_rope4(t, start=1), **TOL)
+    jac = torch.func.jacfwd(lambda a: rotary.apply_rope_qk_(a.clone(), a[:, :1].clone(), FREQS, 1)[0])(x[:, :1])
+    basis = torch.eye(S * D, dtype=torch.float64).reshape(S * D, 1, 1, S, D)
+    want_jac = torch.stack([ref_rope4(e, start=1) for e in basis]).reshape(S * D, S * D).T
+    torch.testing.assert_close(jac.reshape(S * D, S * D), want_jac, **TOL)
+    far = torch.tensor([[0, 1, 2, 99]])  # past the 16-row table
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(x.clone(), t.clone())
+        with pytest.raises(IndexError, match=r"position 99"):
+            rotary.apply_rope_(dual, FREQS, position_ids=far)
+        got, got_t = fwAD.unpack_dual(dual)
+        assert torch.equal(got, x) and torch.equal(got_t, t)
