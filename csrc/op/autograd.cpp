@@ -123,14 +123,16 @@ std::tuple<at::Tensor, at::Tensor> apply_rope_qk_autograd(
   return out;
 }
 
-// In place, the rotated tangents are computed out of place before the
-// primal is written (a refusal of either leaves both as they were), then
-// written into the tangents the tensors have.
+// In place, the tangents are rotated first, by the same op on copies of
+// them (its errors name it), then the primal (a refusal of either leaves
+// both as they were); the copies are written into the tangents the tensors
+// have.
 void apply_rope_inplace_autograd(at::Tensor& x, const at::Tensor& freqs ROTARY_ROPE_PARAMS) {
   check_no_tangent("apply_rope_", {{"freqs", &freqs}, {"inv_freq", or_null(inv_freq)}});
   check_no_grad("apply_rope_", "x", x);
   check_no_grad_tables(freqs, inv_freq);
-  const at::Tensor tx = any_tangent({&x}) ? apply_rope(tangent_of(x), freqs ROTARY_ROPE_NAMES) : at::Tensor();
+  at::Tensor tx = any_tangent({&x}) ? tangent_of(x).clone() : at::Tensor();
+  if (tx.defined()) apply_rope_(tx, freqs ROTARY_ROPE_NAMES);
   {
     at::AutoDispatchBelowADInplaceOrView guard;
     apply_rope_(x, freqs ROTARY_ROPE_NAMES);
@@ -147,8 +149,9 @@ void apply_rope_qk_inplace_autograd(at::Tensor& q, at::Tensor& k, const at::Tens
   at::Tensor tq, tk;
   if (any_tangent({&q, &k})) {
     const at::Tensor dq = tangent_of(q), dk = tangent_of(k);
-    std::tie(tq, tk) = apply_rope_qk(dq.defined() ? dq : at::zeros_like(q), dk.defined() ? dk : at::zeros_like(k),
-                                     freqs ROTARY_ROPE_NAMES);
+    tq = dq.defined() ? dq.clone() : at::zeros_like(q);
+    tk = dk.defined() ? dk.clone() : at::zeros_like(k);
+    apply_rope_qk_(tq, tk, freqs ROTARY_ROPE_NAMES);
   }
   {
     at::AutoDispatchBelowADInplaceOrView guard;

@@ -144,6 +144,25 @@ class NormRopeFunction : public torch::autograd::Function<NormRopeFunction> {
   }
 };
 
+// Forward mode: the tangents of R(N(q)) and R(N(k)), R of N's derivative
+// (R is linear), from the primals as they are now.
+std::tuple<at::Tensor, at::Tensor> norm_rope_tangents(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& qw, const at::Tensor& kw, const NormState& n,
+    const at::Tensor& freqs ROTARY_ROPE_PARAMS) {
+  using detail::primal_of;
+  using detail::tangent_of;
+  return apply_rope_qk(norm_jvp(primal_of(q), primal_of(qw), tangent_of(q), tangent_of(qw), n),
+                       norm_jvp(primal_of(k), primal_of(kw), tangent_of(k), tangent_of(kw), n),
+                       freqs ROTARY_ROPE_NAMES);
+}
+
+// The norm's state of a call (norm refused here by name when unknown).
+NormState norm_state(const char* op, c10::string_view norm, double eps, double weight_offset,
+                     c10::string_view layout, bool varlen) {
+  const bool heads = detail::parse_norm(op, norm) == kernel::NormKind::kHeads;
+  return NormState{heads, eps, weight_offset, heads_axis(parse_layout(layout), varlen)};
+}
+
 std::tuple<at::Tensor, at::Tensor> apply_qk_norm_rope_autograd(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& freqs ROTARY_ROPE_PARAMS ROTARY_NORM_PARAMS) {
   const at::Tensor qw = q_weight.value_or(at::Tensor()), kw = k_weight.value_or(at::Tensor());
@@ -161,9 +180,7 @@ std::tuple<at::Tensor, at::Tensor> apply_qk_norm_rope_autograd(
   }
   // The graph's forward passes norm as a bool: parsed (refused) here. An
   // unknown layout is refused by the op inside forward.
-  const bool heads = detail::parse_norm("apply_qk_norm_rope", norm) == kernel::NormKind::kHeads;
-  const NormState n{heads, eps, weight_offset,
-                    heads_axis(parse_layout(layout), cu_seqlens.has_value())};
+  const NormState n = norm_state("apply_qk_norm_rope", norm, eps, weight_offset, layout, cu_seqlens.has_value());
   // The primals: a custom Function refuses tangents (they are set below).
   const at::Tensor pq = detail::primal_of(q), pk = detail::primal_of(k);
   const at::Tensor pqw = detail::primal_of(qw), pkw = detail::primal_of(kw);
@@ -195,10 +212,8 @@ std::tuple<at::Tensor, at::Tensor> apply_qk_norm_rope_autograd(
         k_weight ? std::optional<at::Tensor>(pkw) : std::nullopt, detail::state_of(freqs ROTARY_ROPE_NAMES), n);
     out = {both[0], both[1]};
   }
-  if (tangent) {  // forward mode: R of N's derivative (R is linear)
-    auto [tq, tk] = apply_rope_qk(norm_jvp(pq, pqw, detail::tangent_of(q), detail::tangent_of(qw), n),
-                                  norm_jvp(pk, pkw, detail::tangent_of(k), detail::tangent_of(kw), n),
-                                  freqs ROTARY_ROPE_NAMES);
+  if (tangent) {
+    auto [tq, tk] = norm_rope_tangents(q, k, qw, kw, n, freqs ROTARY_ROPE_NAMES);
     std::get<0>(out)._set_fw_grad(tq, 0, false);
     std::get<1>(out)._set_fw_grad(tk, 0, false);
   }
@@ -210,19 +225,35 @@ void apply_qk_norm_rope_inplace_autograd(
   const char* op = "apply_qk_norm_rope_";
   const at::Tensor qw = q_weight.value_or(at::Tensor()), kw = k_weight.value_or(at::Tensor());
   const at::Tensor inv = inv_freq.value_or(at::Tensor());
-  detail::check_no_tangent(
-      op, {{"q", &q}, {"k", &k}, {"q_weight", &qw}, {"k_weight", &kw}, {"freqs", &freqs}, {"inv_freq", &inv}});
+  detail::check_no_tangent(op, {{"freqs", &freqs}, {"inv_freq", &inv}});
   detail::check_no_grad(op, "q", q);
   detail::check_no_grad(op, "k", k);
   if (q_weight) detail::check_no_grad(op, "q_weight", *q_weight);
   if (k_weight) detail::check_no_grad(op, "k_weight", *k_weight);
   detail::check_no_grad_tables(freqs, inv_freq);
+  // Forward mode: the tangents from the primals before they are written.
+  // The op first runs on copies of q and k, so that every argument is
+  // checked, and named, by it; a refusal leaves primals and tangents.
+  at::Tensor tq, tk;
+  if (detail::any_tangent({&q, &k, &qw, &kw})) {
+    at::Tensor cq = detail::primal_of(q).clone(), ck = detail::primal_of(k).clone();
+    {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      apply_qk_norm_rope_(cq, ck, freqs ROTARY_ROPE_NAMES ROTARY_NORM_NAMES);
+    }
+    const NormState n = norm_state(op, norm, eps, weight_offset, layout, cu_seqlens.has_value());
+    std::tie(tq, tk) = norm_rope_tangents(q, k, qw, kw, n, freqs ROTARY_ROPE_NAMES);
+  }
   {
     at::AutoDispatchBelowADInplaceOrView guard;
     apply_qk_norm_rope_(q, k, freqs ROTARY_ROPE_NAMES ROTARY_NORM_NAMES);
   }
   torch::autograd::impl::bump_version(q);
   torch::autograd::impl::bump_version(k);
+  if (tq.defined()) {
+    detail::set_in_place_tangent(q, tq);
+    detail::set_in_place_tangent(k, tk);
+  }
 }
 
 void apply_qk_norm_rope_with_kv_cache_autograd(ROTARY_KV_TENSORS ROTARY_KV_PARAMS ROTARY_NORM_PARAMS) {

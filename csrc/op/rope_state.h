@@ -139,15 +139,15 @@ inline const at::Tensor* or_null(const OptTensor& t) {
 
 // Forward-mode AD where no tangent is computed: the kernels run below
 // autograd, so it would be dropped (a zero jvp). Refused, naming the tensor.
-// The rotations compute q's and k's, in place too, and the prologue's
-// out-of-place op the weights' as well (autograd.cpp, norm_autograd.cpp).
+// The rotations compute q's and k's, and the prologue the weights' as well,
+// in place too (autograd.cpp, norm_autograd.cpp).
 inline void check_no_tangent(const char* op, std::initializer_list<std::pair<const char*, const at::Tensor*>> ts) {
   for (const auto& [name, t] : ts) {
     TORCH_CHECK_NOT_IMPLEMENTED(
         !(t && t->defined() && t->_fw_grad(/*level=*/0).defined()), op, ": ", name,
         " carries a forward-mode tangent (torch.func.jvp / jacfwd, torch.autograd.forward_ad); forward mode is ",
         "served for q, k (x) of apply_rope, apply_rope_qk, their in-place forms and apply_rope_cos_sin, and for ",
-        "q, k and the weights of apply_qk_norm_rope, not for ", name, " here");
+        "q, k and the weights of apply_qk_norm_rope and apply_qk_norm_rope_, not for ", name, " here");
   }
 }
 

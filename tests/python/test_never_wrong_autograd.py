@@ -13,7 +13,7 @@ import torch.autograd.forward_ad as fwAD
 from torch.utils.checkpoint import checkpoint
 
 import rotary
-from rotary_testing.reference import inv_freq as ref_inv_freq
+from rotary_testing.prologue_reference import ref_norm_rope
 from rotary_testing.rope_testing import Snapshot, randn, ref_rope4
 
 D, S = 8, 4
@@ -21,7 +21,7 @@ FREQS = rotary.freqs_table(D, 16)
 ROPE, CPP_ROPE = rotary.RotaryEmbedding(D, 16), rotary.CppRotaryEmbedding(D, 16)
 TANGENT = (r"carries a forward-mode tangent \(torch.func.jvp / jacfwd, torch.autograd.forward_ad\); forward mode is "
            r"served for q, k \(x\) of apply_rope, apply_rope_qk, their in-place forms and apply_rope_cos_sin, and "
-           r"for q, k and the weights of apply_qk_norm_rope")
+           r"for q, k and the weights of apply_qk_norm_rope and apply_qk_norm_rope_")
 
 
 def heads(seed, h=2, dtype=torch.float64):
@@ -57,7 +57,7 @@ TOL = dict(rtol=1e-6, atol=1e-6)
 TANGENT_CALLS = ["apply_rope", "apply_rope_qk", "apply_rope_cos_sin", "RotaryEmbedding", "CppRotaryEmbedding"]
 
 
-IN_PLACE_TANGENT_CALLS = ["apply_rope_", "apply_rope_qk_"]
+IN_PLACE_TANGENT_CALLS = ["apply_rope_", "apply_rope_qk_", "apply_qk_norm_rope_"]
 
 
 @pytest.mark.parametrize("name", [n for n in CALLS if n not in TANGENT_CALLS + IN_PLACE_TANGENT_CALLS
@@ -227,21 +227,6 @@ def test_cache_ops_refuse_v_that_requires_grad(op):
     snap.check()
 
 
-def ref_norm_rope(x, w, start, positions=None, heads=False):
-    """float64 RMSNorm over head_dim (heads: over every head too; eps 1e-6,
-    weight w), then RoPE with interleaved pairs at positions start + s (or
-    `positions`), in differentiable torch ops."""
-    if heads:
-        xn = x * torch.rsqrt(x.pow(2).mean((1, 3), keepdim=True) + 1e-6) * w.view(1, x.shape[1], 1, D)
-    else:
-        xn = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
-    pos = start + torch.arange(x.shape[2], dtype=torch.float64) if positions is None else positions
-    ang = pos[:, None] * torch.from_numpy(ref_inv_freq(D))
-    c, s = ang.cos(), ang.sin()
-    x0, x1 = xn[..., 0::2], xn[..., 1::2]
-    return torch.stack([x0 * c - x1 * s, x0 * s + x1 * c], -1).flatten(-2)
-
-
 @pytest.mark.parametrize("use_reentrant", [False, True])
 def test_prologue_backward_under_checkpoint(use_reentrant):
     q, k = heads(1).requires_grad_(), heads(2, h=1).requires_grad_()
@@ -348,38 +333,3 @@ def test_negative_rotary_offset_names_the_bound():
     with pytest.raises(ValueError, match=r"apply_rope: rotary_offset must be >= 0, got -2"):
         rotary.apply_rope(heads(1), FREQS, rotary_offset=-2)
 
-
-def test_forward_mode_ad_in_place():
-    """apply_rope_ and apply_rope_qk_ rotate the tangent with the primal: x
-    alone, q and k as views of one packed qkv whose tangent they view (v's
-    part stays), and through torch.func.jvp and jacfwd of a function that
-    writes a copy in place. A refused call leaves primal and tangent as they
-    were."""
-    x, t = heads(1), heads(3)
-    with fwAD.dual_level():
-        dual = fwAD.make_dual(x.clone(), t.clone())
-        rotary.apply_rope_(dual, FREQS, 1)
-        got, got_t = fwAD.unpack_dual(dual)
-        torch.testing.assert_close(got, ref_rope4(x, start=1), **TOL)
-        torch.testing.assert_close(got_t, ref_rope4(t, start=1), **TOL)
-    qkv, tqkv = randn((1, S, 4, D), torch.float64, seed=9), randn((1, S, 4, D), torch.float64, seed=10)
-    with fwAD.dual_level():
-        dual = fwAD.make_dual(qkv.clone(), tqkv.clone())
-        rotary.apply_rope_qk_(dual[:, :, :2], dual[:, :, 2:3], FREQS, 1, layout="BSHD")
-        got, got_t = fwAD.unpack_dual(dual)
-        for have, want in ((got, qkv), (got_t, tqkv)):
-            torch.testing.assert_close(have[:, :, :3], ref_rope4(want[:, :, :3], start=1, layout="BSHD"), **TOL)
-            assert torch.equal(have[:, :, 3:], want[:, :, 3:])
-    _, jt = torch.func.jvp(lambda a: rotary.apply_rope_(a.clone(), FREQS, 1), (x,), (t,))
-    torch.testing.assert_close(jt, ref_rope4(t, start=1), **TOL)
-    jac = torch.func.jacfwd(lambda a: rotary.apply_rope_qk_(a.clone(), a[:, :1].clone(), FREQS, 1)[0])(x[:, :1])
-    basis = torch.eye(S * D, dtype=torch.float64).reshape(S * D, 1, 1, S, D)
-    want_jac = torch.stack([ref_rope4(e, start=1) for e in basis]).reshape(S * D, S * D).T
-    torch.testing.assert_close(jac.reshape(S * D, S * D), want_jac, **TOL)
-    far = torch.tensor([[0, 1, 2, 99]])  # past the 16-row table
-    with fwAD.dual_level():
-        dual = fwAD.make_dual(x.clone(), t.clone())
-        with pytest.raises(IndexError, match=r"position 99"):
-            rotary.apply_rope_(dual, FREQS, position_ids=far)
-        got, got_t = fwAD.unpack_dual(dual)
-        assert torch.equal(got, x) and torch.equal(got_t, t)

@@ -4,6 +4,7 @@ from the definitions; nothing here calls rotary."""
 
 import torch
 
+from .reference import inv_freq
 from .rope_testing import TOL, randn, ref_rope4, ref_varlen
 
 
@@ -46,3 +47,20 @@ def check(out, ref, dtype):
     rtol, atol = TOL[dtype]
     assert out.dtype == dtype and tuple(out.shape) == tuple(ref.shape)
     torch.testing.assert_close(out.detach().to("cpu", torch.float64), ref, rtol=rtol, atol=atol)
+
+
+def ref_norm_rope(x, w, start, positions=None, heads=False):
+    """float64 RMSNorm of [B, H, S, D] x over head_dim (heads: over every
+    head too; eps 1e-6, weight w), then RoPE with interleaved pairs at
+    positions start + s (or `positions`), in differentiable torch ops (for
+    gradients and tangents)."""
+    D = x.shape[-1]
+    if heads:
+        xn = x * torch.rsqrt(x.pow(2).mean((1, 3), keepdim=True) + 1e-6) * w.view(1, x.shape[1], 1, D)
+    else:
+        xn = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+    pos = start + torch.arange(x.shape[2], dtype=torch.float64) if positions is None else positions
+    ang = pos[:, None] * torch.from_numpy(inv_freq(D))
+    c, s = ang.cos(), ang.sin()
+    x0, x1 = xn[..., 0::2], xn[..., 1::2]
+    return torch.stack([x0 * c - x1 * s, x0 * s + x1 * c], -1).flatten(-2)
