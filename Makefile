@@ -216,6 +216,7 @@ test-bench: build
 	PYTHONPATH=$(CURDIR)/python $(VPY) benchmarks/bench.py --quick
 	PYTHONPATH=$(CURDIR)/python $(VPY) benchmarks/bench_hf.py --quick
 	PYTHONPATH=$(CURDIR)/python $(VPY) benchmarks/bench_qk_norm.py --quick
+	PYTHONPATH=$(CURDIR)/python $(VPY) benchmarks/bench_vmap.py --quick
 
 clean:
 	rm -rf $(BUILD) $(DEMO_BUILD) python/rotary/*.so
