@@ -11,6 +11,7 @@ import random
 
 import numpy as np
 import torch
+import torch.autograd.forward_ad as fwAD
 
 import rotary
 from rotary_testing.reference import inv_freq as ref_inv_freq
@@ -27,7 +28,11 @@ MODES = ["dense", "permuted", "gapped", "offset"]
 def _normalized(x, layout, w, eps, norm, offset):
     """float64 RMSNorm of x as passed, times (w + offset): over head_dim, or
     over the heads axis and head_dim."""
-    X = x.detach().to("cpu", torch.float64)
+    return _norm64(x.detach().to("cpu", torch.float64), layout, w, eps, norm, offset)
+
+
+def _norm64(X, layout, w, eps, norm, offset):
+    """_normalized of a float64 CPU tensor, differentiable in X (for jvp)."""
     dims = (-1,) if norm == "head" else (heads_axis(layout), -1)
     y = X / torch.sqrt((X * X).mean(dim=dims, keepdim=True) + eps)
     weff = 1.0 + offset if w is None else w.detach().to("cpu", torch.float32).double() + offset
@@ -154,6 +159,23 @@ def run_norm(seed: int) -> tuple[str, str]:
         for buf, s in zip(b.buffers, saved):
             if not same_bits(buf, s):
                 raise Finding(f"{op}: out of place, but an input changed")
+    if dtype in (torch.float32, torch.float64) and eps > 0.0 and rng.random() < 0.2:
+        # Forward mode: each output's tangent is R of the norm's derivative along
+        # its input's (in place: on copies of the inputs, from the values before).
+        with fwAD.dual_level():
+            duals = [fwAD.make_dual(t.detach().clone() if in_place else t.detach(),
+                                    torch.randn(t.shape, generator=gen, dtype=dtype).to(DEVICE)) for t in (q, k)]
+            was = [tuple(x.to("cpu", torch.float64, copy=True) for x in fwAD.unpack_dual(d)) for d in duals]
+            dual_out = fn(*duals, freqs, start_pos, interleaved, **kw_args)
+            got = [fwAD.unpack_dual(o).tangent for o in dual_out]
+            got = [None if g is None else g.clone() for g in got]
+        for name, g, (x, t), w in zip(("q", "k"), got, was, (qw, kw)):  # the reference's jvp: outside the level
+            if g is None:
+                raise Finding(f"{op}: forward mode gave {name}'s output no tangent")
+            _, dn = torch.func.jvp(lambda a: _norm64(a, layout, w, eps, norm, offset), (x,), (t,))
+            expected = _reference(dn, layout, rows, inv, 1.0, 1.0, rd, interleaved, off)
+            check_close(canonical(g, layout), expected, dtype, f"{op} tangent {name} ({layout}, norm {norm})",
+                        atol_extra=float(np.abs(expected.numpy()).max(initial=0.0)) * 1e-6)
     if eps > 0.0 and rng.random() < 0.2:
         check_vmap(rng, gen, fn, [q, k], (freqs, start_pos, interleaved), kw_args, in_place,
                    lambda name, x: _reference(_normalized(x, layout, qw if name == "q" else kw, eps, norm, offset),
