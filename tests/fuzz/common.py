@@ -6,6 +6,7 @@ import math
 import os
 
 import torch
+import torch.autograd.forward_ad as fwAD
 from rotary_testing.rope_testing import TOL  # noqa: F401 - (rtol, atol) per dtype, from tests/tolerances.txt (both suites)
 
 # Where the op cases put q, k and the tables ("cuda" on a GPU machine).
@@ -119,3 +120,22 @@ def check_vmap(rng, gen, fn, inputs, rest, kw, in_place, reference, check):
         sources = [t.select(dim, i) for t in before] + ([inputs[1].detach()] if shared_k else [])
         for name, src, o in zip(("q", "k"), sources, got):
             check(o[i], reference(name, src), f"{name} slice {i} (stacked at dim {dim})")
+
+
+def check_tangents(gen, fn, inputs, rest, kw, in_place, reference, check):
+    """Forward mode of fn(q[, k], *rest, **kw): each input made dual with a
+    random tangent (in place: copies of the inputs), each output's tangent
+    against reference(name, primal, tangent) of the input's values before
+    the call (float64, on the CPU). The references run outside the dual
+    level, so one may use torch.func.jvp."""
+    with fwAD.dual_level():
+        duals = [fwAD.make_dual(t.detach().clone() if in_place else t.detach(),
+                                torch.randn(t.shape, generator=gen, dtype=t.dtype).to(t.device)) for t in inputs]
+        was = [tuple(x.to("cpu", torch.float64, copy=True) for x in fwAD.unpack_dual(d)) for d in duals]
+        out = fn(*duals, *rest, **kw)
+        got = [fwAD.unpack_dual(o).tangent for o in (out if isinstance(out, tuple) else (out,))]
+        got = [None if g is None else g.clone() for g in got]
+    for name, g, (x, t) in zip(("q", "k"), got, was):
+        if g is None:
+            raise Finding(f"forward mode gave {name}'s output no tangent")
+        check(g, reference(name, x, t), f"tangent {name}")

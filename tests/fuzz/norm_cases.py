@@ -11,13 +11,12 @@ import random
 
 import numpy as np
 import torch
-import torch.autograd.forward_ad as fwAD
 
 import rotary
 from rotary_testing.reference import inv_freq as ref_inv_freq
 
-from .common import (DEVICE, DOCUMENTED, FLOATS, Finding, bits, check_close, check_vmap, judge_refusal, same_bits,
-                     set_kind)
+from .common import (DEVICE, DOCUMENTED, FLOATS, Finding, bits, check_close, check_tangents, check_vmap, judge_refusal,
+                     same_bits, set_kind)
 from .op_cases import Builder, _positions, _reference, _rows, canonical, heads_axis, logical_shape, share_elements
 
 OPS = ["apply_qk_norm_rope", "apply_qk_norm_rope_"]
@@ -160,22 +159,14 @@ def run_norm(seed: int) -> tuple[str, str]:
             if not same_bits(buf, s):
                 raise Finding(f"{op}: out of place, but an input changed")
     if dtype in (torch.float32, torch.float64) and eps > 0.0 and rng.random() < 0.2:
-        # Forward mode: each output's tangent is R of the norm's derivative along
-        # its input's (in place: on copies of the inputs, from the values before).
-        with fwAD.dual_level():
-            duals = [fwAD.make_dual(t.detach().clone() if in_place else t.detach(),
-                                    torch.randn(t.shape, generator=gen, dtype=dtype).to(DEVICE)) for t in (q, k)]
-            was = [tuple(x.to("cpu", torch.float64, copy=True) for x in fwAD.unpack_dual(d)) for d in duals]
-            dual_out = fn(*duals, freqs, start_pos, interleaved, **kw_args)
-            got = [fwAD.unpack_dual(o).tangent for o in dual_out]
-            got = [None if g is None else g.clone() for g in got]
-        for name, g, (x, t), w in zip(("q", "k"), got, was, (qw, kw)):  # the reference's jvp: outside the level
-            if g is None:
-                raise Finding(f"{op}: forward mode gave {name}'s output no tangent")
-            _, dn = torch.func.jvp(lambda a: _norm64(a, layout, w, eps, norm, offset), (x,), (t,))
-            expected = _reference(dn, layout, rows, inv, 1.0, 1.0, rd, interleaved, off)
-            check_close(canonical(g, layout), expected, dtype, f"{op} tangent {name} ({layout}, norm {norm})",
-                        atol_extra=float(np.abs(expected.numpy()).max(initial=0.0)) * 1e-6)
+        # Forward mode: each output's tangent is R of the norm's derivative along its input's.
+        check_tangents(gen, fn, [q, k], (freqs, start_pos, interleaved), kw_args, in_place,
+                       lambda name, x, t: _reference(
+                           torch.func.jvp(lambda a: _norm64(a, layout, qw if name == "q" else kw, eps, norm, offset),
+                                          (x,), (t,))[1], layout, rows, inv, 1.0, 1.0, rd, interleaved, off),
+                       lambda o, want, what: check_close(
+                           canonical(o, layout), want, dtype, f"{op} {what} ({layout}, norm {norm})",
+                           atol_extra=float(np.abs(want.numpy()).max(initial=0.0)) * 1e-6))
     if eps > 0.0 and rng.random() < 0.2:
         check_vmap(rng, gen, fn, [q, k], (freqs, start_pos, interleaved), kw_args, in_place,
                    lambda name, x: _reference(_normalized(x, layout, qw if name == "q" else kw, eps, norm, offset),

@@ -11,14 +11,13 @@ import random
 
 import numpy as np
 import torch
-import torch.autograd.forward_ad as fwAD
 
 import rotary
 from rotary_testing.reference import inv_freq as ref_inv_freq
 from rotary_testing.reference import exact_angle, positions_grid, rotate_pairs_nd
 
-from .common import (DEVICE, FLOATS, Finding, Refused, bits, check_close, check_vmap, expect_refusal, same_bits,
-                     set_kind)
+from .common import (DEVICE, FLOATS, Finding, Refused, bits, check_close, check_tangents, check_vmap, expect_refusal,
+                     same_bits, set_kind)
 
 OPS = ["apply_rope", "apply_rope_qk", "apply_rope_", "apply_rope_qk_"]
 LAYOUTS = ["BHSD", "BSHD", "SBHD", "THD"]
@@ -428,19 +427,11 @@ def run(seed: int) -> tuple[str, str]:
     inputs = [t for t in (q, k) if t is not None]
     if dtype in (torch.float32, torch.float64) and rng.random() < 0.3 and not any(
             self_overlaps(t) for t in inputs):  # make_dual copies a tangent into its primal's strides
-        # Forward mode: each output's tangent is the same rotation of its input's
-        # (in place: of the tangent the input had, on copies of the inputs).
-        with fwAD.dual_level():
-            duals = [fwAD.make_dual(t.detach().clone() if in_place else t.detach(),
-                                    torch.randn(t.shape, generator=gen, dtype=dtype).to(DEVICE)) for t in inputs]
-            tangents = [fwAD.unpack_dual(d).tangent.clone() for d in duals]
-            dual_out = fn(*duals, freqs, start_pos, interleaved, **kw)
-            for name, o, tangent in zip(("q", "k"), dual_out if qk else (dual_out,), tangents):
-                got = fwAD.unpack_dual(o).tangent
-                if got is None:
-                    raise Finding(f"{op}: forward mode gave {name}'s output no tangent")
-                expected = _reference(tangent, layout, rows, inv, scale, sign, rd, interleaved, rotary_offset)
-                check_close(canonical(got, layout), expected, dtype, f"{op} tangent {name} ({layout})", scale)
+        # Forward mode: each output's tangent is the same rotation of its input's.
+        check_tangents(gen, fn, inputs, (freqs, start_pos, interleaved), kw, in_place,
+                       lambda name, x, t: _reference(t, layout, rows, inv, scale, sign, rd, interleaved, rotary_offset),
+                       lambda o, want, what: check_close(canonical(o, layout), want, dtype, f"{op} {what} ({layout})",
+                                                         scale))
     if rng.random() < 0.2:
         check_vmap(rng, gen, fn, inputs, (freqs, start_pos, interleaved), kw, in_place,
                    lambda name, t: _reference(t, layout, rows, inv, scale, sign, rd, interleaved, rotary_offset),
