@@ -114,9 +114,7 @@ std::tuple<at::Tensor, at::Tensor> apply_rope_qk_autograd(
     out = {both[0], both[1]};
   }
   if (any_tangent({&q, &k})) {
-    const at::Tensor tq = tangent_of(q), tk = tangent_of(k);
-    auto [oq, ok] = apply_rope_qk(tq.defined() ? tq : at::zeros_like(q), tk.defined() ? tk : at::zeros_like(k),
-                                  freqs ROTARY_ROPE_NAMES);
+    auto [oq, ok] = apply_rope_qk(detail::tangent_or_zeros(q), detail::tangent_or_zeros(k), freqs ROTARY_ROPE_NAMES);
     std::get<0>(out)._set_fw_grad(oq, 0, false);
     std::get<1>(out)._set_fw_grad(ok, 0, false);
   }
@@ -148,9 +146,8 @@ void apply_rope_qk_inplace_autograd(at::Tensor& q, at::Tensor& k, const at::Tens
   check_no_grad_tables(freqs, inv_freq);
   at::Tensor tq, tk;
   if (any_tangent({&q, &k})) {
-    const at::Tensor dq = tangent_of(q), dk = tangent_of(k);
-    tq = dq.defined() ? dq.clone() : at::zeros_like(q);
-    tk = dk.defined() ? dk.clone() : at::zeros_like(k);
+    tq = detail::tangent_or_zeros(q).clone();
+    tk = detail::tangent_or_zeros(k).clone();
     apply_rope_qk_(tq, tk, freqs ROTARY_ROPE_NAMES);
   }
   {

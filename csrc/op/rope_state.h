@@ -119,6 +119,11 @@ inline at::Tensor tangent_of(const at::Tensor& t) {
 inline at::Tensor primal_of(const at::Tensor& t) {
   return tangent_of(t).defined() ? t._fw_primal(/*level=*/0) : t;
 }
+// t's tangent, or zeros where it has none (q's and k's rotate together).
+inline at::Tensor tangent_or_zeros(const at::Tensor& t) {
+  const at::Tensor d = tangent_of(t);
+  return d.defined() ? d : at::zeros_like(t);
+}
 // An in-place op's new tangent for t: written into the tangent t has (torch
 // requires it there), or set where it has none.
 inline void set_in_place_tangent(at::Tensor& t, const at::Tensor& tangent) {
