@@ -76,7 +76,8 @@ class Result:
     def title(self) -> str:
         q, k = self.case.q_shape, self.case.k_shape
         t = f", threads={self.threads}" if self.threads is not None else ""
-        return f"{self.device} {self.case.name} {self.dtype}{t}: q {list(q)} k {list(k)}"
+        layout = " (memory [B, S, H, D])" if self.case.hf_layout else ""
+        return f"{self.device} {self.case.name} {self.dtype}{t}: q {list(q)} k {list(k)}{layout}"
 
     def ours_for(self, peer: str) -> str:
         return "ours_half" if peer in HALF_PEERS else "ours"
@@ -205,7 +206,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="fp32,bf16", help="comma list of fp32,bf16,fp16,fp64 (default fp32,bf16)")
     p.add_argument("--cuda-dtype", default="bf16,fp16,fp32",
                    help="dtypes of the GPU cases, comma list (default bf16,fp16,fp32)")
-    p.add_argument("--cases", default="prefill,training,decode", help="comma list of case names")
+    p.add_argument("--cases", default="prefill,prefill_hf,training,decode", help="comma list of case names")
     p.add_argument("--repeat", type=int, default=None, help="timed rounds per case (default 9 CPU, 25 CUDA)")
     p.add_argument("--quick", action="store_true",
                    help="one tiny CPU case, few rounds, no torch.compile: a smoke run for CI")

@@ -29,10 +29,14 @@ class Case:
     q_shape: Tuple[int, int, int, int]
     k_shape: Tuple[int, int, int, int]
     decode: bool = False
+    # q and k as the HF attention hands them over: [B, S, H, D] in memory,
+    # seen as BHSD by a transpose (the kernel walks it token by token).
+    hf_layout: bool = False
 
 
 CPU_CASES = [
     Case("prefill", (1, 32, 4096, 128), (1, 8, 4096, 128)),
+    Case("prefill_hf", (1, 32, 4096, 128), (1, 8, 4096, 128), hf_layout=True),
     Case("training", (4, 32, 1024, 128), (4, 32, 1024, 128)),
     Case("decode", (64, 32, 1, 128), (64, 8, 1, 128), decode=True),
 ]
@@ -208,8 +212,15 @@ def build_peers(
     import rotary  # noqa: F401  (registers torch.ops.rotary)
 
     gen = torch.Generator(device="cpu").manual_seed(0)
-    q = torch.randn(case.q_shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
-    k = torch.randn(case.k_shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
+    def draw(shape):
+        b, h, s, d = shape
+        if case.hf_layout:
+            x = torch.randn((b, s, h, d), generator=gen, dtype=torch.float32).transpose(1, 2)
+        else:
+            x = torch.randn(shape, generator=gen, dtype=torch.float32)
+        return x.to(device=device, dtype=dtype)
+
+    q, k = draw(case.q_shape), draw(case.k_shape)
     seq, head_dim = case.q_shape[2], case.q_shape[3]
     start_pos = 7 if case.decode else 0
     freqs = rotary.freqs_table(head_dim, start_pos + seq).to(device)

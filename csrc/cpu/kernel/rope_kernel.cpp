@@ -21,8 +21,9 @@ namespace {
 
 // Heads that share one load of the coefficients.
 constexpr int kHeadBlock = 4;
-// Software prefetch distance, in tokens, along a heads-major stream.
-constexpr int64_t kPrefetchTokens = 8;
+// Software prefetch distance, in head vectors along the walk: a heads-major
+// run's tokens, or a token-major walk's heads and then the next token's.
+constexpr int64_t kPrefetchVectors = 8;
 
 // Scalar rotation of one vector from element `from` (interleaved) or pair
 // `from` (half) on: strided vectors, and the tail after the vector loop.
@@ -160,8 +161,8 @@ void rotate_heads_major(const Run<scalar_t>& r, int64_t h0, int64_t dim, bool in
   for (int64_t t = 0; t < r.tokens; ++t) {
     // Near the end of the run, the next heads' first tokens: the stream
     // goes on without a stall where the run changes heads.
-    const bool wrap = t + kPrefetchTokens >= r.tokens;
-    const int64_t ahead = wrap ? t + kPrefetchTokens - r.tokens : t + kPrefetchTokens;
+    const bool wrap = t + kPrefetchVectors >= r.tokens;
+    const int64_t ahead = wrap ? t + kPrefetchVectors - r.tokens : t + kPrefetchVectors;
     const int64_t hp = wrap ? h0 + M : h0;
     if (ahead < r.tokens) {
       for (int64_t h = hp; h < hp + M && h < r.heads; ++h) {
@@ -188,15 +189,20 @@ void rotate_contiguous(const Run<scalar_t>& r, int64_t dim, bool interleaved) {
     const int64_t vec_bytes = dim * int64_t(sizeof(scalar_t));
     for (int64_t t = 0; t < r.tokens; ++t) {
       for (int64_t h = 0; h < blocked; h += M) {
-        // The next block's input, and its output lines for writing (their
-        // read for ownership overlaps this block's work).
-        for (int64_t n = h + M; n < h + 2 * M && n < r.heads; ++n) {
-          const char* in = reinterpret_cast<const char*>(r.in + t * r.in_tok + n * r.in_head);
+        // The input kPrefetchVectors ahead (the next block alone was too
+        // near: one vector ahead for streamed 16-bit outputs), and the next
+        // block's output lines for writing (their read for ownership
+        // overlaps this block's work).
+        int64_t pt = t, ph = h + kPrefetchVectors;
+        while (ph >= r.heads) ph -= r.heads, ++pt;
+        for (int64_t i = 0; i < M && pt < r.tokens; ++i) {
+          const char* in = reinterpret_cast<const char*>(r.in + pt * r.in_tok + ph * r.in_head);
+          for (int64_t o = 0; o < vec_bytes; o += 64) __builtin_prefetch(in + o, 0, 3);
+          if (++ph == r.heads) ph = 0, ++pt;
+        }
+        for (int64_t n = h + M; !NT && n < h + 2 * M && n < r.heads; ++n) {
           const char* out = reinterpret_cast<const char*>(r.out + t * r.out_tok + n * r.out_head);
-          for (int64_t o = 0; o < vec_bytes; o += 64) {
-            __builtin_prefetch(in + o, 0, 3);
-            if (!NT) __builtin_prefetch(out + o, 1, 3);
-          }
+          for (int64_t o = 0; o < vec_bytes; o += 64) __builtin_prefetch(out + o, 1, 3);
         }
         rotate_block<NT, M>(r, t, h, dim, interleaved);
       }
