@@ -11,6 +11,7 @@
 
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
+#include <c10/macros/Macros.h>
 
 #include <type_traits>
 
@@ -21,9 +22,21 @@ namespace {
 
 // Heads that share one load of the coefficients.
 constexpr int kHeadBlock = 4;
-// Software prefetch distance, in head vectors along the walk: a heads-major
+// Software prefetch distance, in head vectors along a walk: a heads-major
 // run's tokens, or a token-major walk's heads and then the next token's.
 constexpr int64_t kPrefetchVectors = 8;
+
+// Prefetches [p, p + bytes) for reading. Always inlined: g++ 12 deleted the
+// calls to an outlined function whose only effect was a prefetch.
+C10_ALWAYS_INLINE void prefetch_read(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 3);
+}
+
+// Vector (t, h) moved n vectors on in (token, head) order, without a division.
+inline void walk_on(int64_t& t, int64_t& h, int64_t n, int64_t heads) {
+  for (h += n; h >= heads; h -= heads) ++t;
+}
 
 // Scalar rotation of one vector from element `from` (interleaved) or pair
 // `from` (half) on: strided vectors, and the tail after the vector loop.
@@ -166,8 +179,7 @@ void rotate_heads_major(const Run<scalar_t>& r, int64_t h0, int64_t dim, bool in
     const int64_t hp = wrap ? h0 + M : h0;
     if (ahead < r.tokens) {
       for (int64_t h = hp; h < hp + M && h < r.heads; ++h) {
-        const char* p = reinterpret_cast<const char*>(r.in + ahead * r.in_tok + h * r.in_head);
-        for (int64_t o = 0; o < vec_bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
+        prefetch_read(r.in + ahead * r.in_tok + h * r.in_head, vec_bytes);
       }
     }
     rotate_block<NT, M>(r, t, h0, dim, interleaved);
@@ -193,12 +205,10 @@ void rotate_contiguous(const Run<scalar_t>& r, int64_t dim, bool interleaved) {
         // near: one vector ahead for streamed 16-bit outputs), and the next
         // block's output lines for writing (their read for ownership
         // overlaps this block's work).
-        int64_t pt = t, ph = h + kPrefetchVectors;
-        while (ph >= r.heads) ph -= r.heads, ++pt;
-        for (int64_t i = 0; i < M && pt < r.tokens; ++i) {
-          const char* in = reinterpret_cast<const char*>(r.in + pt * r.in_tok + ph * r.in_head);
-          for (int64_t o = 0; o < vec_bytes; o += 64) __builtin_prefetch(in + o, 0, 3);
-          if (++ph == r.heads) ph = 0, ++pt;
+        int64_t pt = t, ph = h;
+        walk_on(pt, ph, kPrefetchVectors, r.heads);
+        for (int64_t i = 0; i < M && pt < r.tokens; ++i, walk_on(pt, ph, 1, r.heads)) {
+          prefetch_read(r.in + pt * r.in_tok + ph * r.in_head, vec_bytes);
         }
         for (int64_t n = h + M; !NT && n < h + 2 * M && n < r.heads; ++n) {
           const char* out = reinterpret_cast<const char*>(r.out + t * r.out_tok + n * r.out_head);
