@@ -1,7 +1,8 @@
 """Out-of-place calls whose outputs are large enough for the CPU kernel's
 fresh-page path (pages mapped in parallel with MADV_POPULATE_WRITE, then
-streaming stores, one head at a time): the float64 reference on every
-element, at 1 and 2 threads."""
+streaming stores: a block of heads where they fill whole lines, else one
+head at a time), heads-major and token-major (the HF layout): the float64
+reference on every element, at 1 and 2 threads."""
 
 import pytest
 import torch
@@ -10,17 +11,28 @@ import rotary
 from rotary_testing.rope_testing import assert_close_ref, randn, ref_rope4
 
 
+def heads(shape, dtype, seed, hf_layout):
+    """BHSD, or [B, S, H, D] memory seen as BHSD (walked token by token)."""
+    if not hf_layout:
+        return randn(shape, dtype, seed=seed)
+    b, h, s, d = shape
+    return randn((b, s, h, d), dtype, seed=seed).transpose(1, 2)
+
+
+@pytest.mark.parametrize("hf_layout", [False, True], ids=["bhsd", "hf"])
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "half"])
-def test_large_out_of_place_matches_reference(threads, dtype, interleaved):
+def test_large_out_of_place_matches_reference(threads, dtype, interleaved, hf_layout):
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        q = randn((1, 16, 2048, 128), dtype, seed=1)  # 16 MiB in fp32, 8 MiB in bf16 (q + k over the 16 MiB line)
-        k = randn((1, 8, 2048, 128), dtype, seed=2) if dtype == torch.float32 else randn((1, 16, 2048, 128), dtype, seed=2)
+        # 16 MiB in fp32, 8 MiB in bf16 (q + k over the 16 MiB line)
+        q = heads((1, 16, 2048, 128), dtype, 1, hf_layout)
+        k = heads((1, 8 if dtype == torch.float32 else 16, 2048, 128), dtype, 2, hf_layout)
         f = rotary.freqs_table(128, 4096)
         out_q, out_k = rotary.apply_rope_qk(q, k, f, 3, interleaved)
+        assert out_q.stride() == q.stride()  # the output keeps the walk's layout
         assert_close_ref(out_q, ref_rope4(q, start=3, interleaved=interleaved), dtype)
         assert_close_ref(out_k, ref_rope4(k, start=3, interleaved=interleaved), dtype)
     finally:
@@ -30,7 +42,8 @@ def test_large_out_of_place_matches_reference(threads, dtype, interleaved):
 def test_streaming_stores_into_mapped_pages_match_reference():
     """ROTARY_CPU_STREAM_BYTES=1 sends every aligned output over 16 MiB
     through the streaming path even when its pages are mapped already (on a
-    machine whose last-level cache is larger than the output)."""
+    machine whose last-level cache is larger than the output), in both walks.
+    The test above may find its pages mapped and take plain stores."""
     import os
     import subprocess
     import sys
@@ -42,11 +55,15 @@ def test_streaming_stores_into_mapped_pages_match_reference():
         "f = rotary.freqs_table(128, 4096)\n"
         "for dtype in (torch.float32, torch.bfloat16):\n"
         "    for inter in (True, False):\n"
-        "        q, k = randn((1, 32, 2048, 128), dtype, seed=1), randn((1, 8, 2048, 128), dtype, seed=2)\n"
-        "        for _ in range(2):  # the second call reuses mapped pages\n"
-        "            oq, ok = rotary.apply_rope_qk(q, k, f, 5, inter)\n"
-        "        assert_close_ref(oq, ref_rope4(q, start=5, interleaved=inter), dtype)\n"
-        "        assert_close_ref(ok, ref_rope4(k, start=5, interleaved=inter), dtype)\n"
+        "        for hf in (False, True):  # heads-major, then [B, S, H, D] memory walked token by token\n"
+        "            q, k = randn((1, 32, 2048, 128), dtype, seed=1), randn((1, 8, 2048, 128), dtype, seed=2)\n"
+        "            if hf:\n"
+        "                q, k = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k))\n"
+        "            for _ in range(2):  # the second call reuses mapped pages\n"
+        "                oq, ok = rotary.apply_rope_qk(q, k, f, 5, inter)\n"
+        "            assert oq.stride() == q.stride()\n"
+        "            assert_close_ref(oq, ref_rope4(q, start=5, interleaved=inter), dtype)\n"
+        "            assert_close_ref(ok, ref_rope4(k, start=5, interleaved=inter), dtype)\n"
         "print('ok')\n"
     )
     # The child imports what this run imports: rotary and tests/rotary_testing.

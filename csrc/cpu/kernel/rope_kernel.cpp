@@ -22,6 +22,18 @@ namespace {
 
 // Heads that share one load of the coefficients.
 constexpr int kHeadBlock = 4;
+// Whether streamed stores of scalar_t fill whole 64-byte lines (aligned, as
+// stream_aligned in rope_cpu.cpp asks): AVX-512 vectors of 4- and 8-byte
+// elements, and bf16 on AVX-512, whose rotate_bf16_* store one bf16_words
+// (32 elements) at a time. fp16 and AVX2 store half lines.
+#if defined(CPU_CAPABILITY_AVX512)
+constexpr bool kBf16Lines = true;
+#else
+constexpr bool kBf16Lines = false;
+#endif
+template <typename scalar_t>
+constexpr bool kWholeLines = (sizeof(scalar_t) >= 4 && sizeof(Vectorized<scalar_t>) >= 64) ||
+                             (std::is_same_v<scalar_t, c10::BFloat16> && kBf16Lines);
 // Software prefetch distance, in head vectors along a walk: a heads-major
 // run's tokens, or a token-major walk's heads and then the next token's.
 constexpr int64_t kPrefetchVectors = 8;
@@ -192,10 +204,9 @@ void rotate_contiguous(const Run<scalar_t>& r, int64_t dim, bool interleaved) {
   // block of heads (and two halves) in flight, more lines are open than the
   // core has write-combining buffers, and each one flushed half-written
   // costs a read of the line. One head at a time keeps two open. Whole-line
-  // stores (4- and 8-byte elements on AVX-512) leave none open: they keep
-  // the block, whose heads share each load of the coefficients.
-  constexpr bool kWholeLines = sizeof(scalar_t) >= 4 && sizeof(at::vec::Vectorized<scalar_t>) >= 64;
-  constexpr int M = NT && !kWholeLines ? 1 : kHeadBlock;
+  // stores leave none open: they keep the block, whose heads share each
+  // load of the coefficients.
+  constexpr int M = NT && !kWholeLines<scalar_t> ? 1 : kHeadBlock;
   const int64_t blocked = r.heads - r.heads % M;
   if (r.tokens_outer) {
     const int64_t vec_bytes = dim * int64_t(sizeof(scalar_t));
@@ -248,10 +259,19 @@ void rotate_run(const Run<scalar_t>& r, int64_t dim, bool interleaved, bool nt) 
   rotate_contiguous<false>(r, dim, interleaved);
 }
 
+template <typename scalar_t>
+bool whole_line_stores() {
+  return kWholeLines<scalar_t>;
+}
+
 template void rotate_run<float>(const Run<float>&, int64_t, bool, bool);
 template void rotate_run<double>(const Run<double>&, int64_t, bool, bool);
 template void rotate_run<c10::Half>(const Run<c10::Half>&, int64_t, bool, bool);
 template void rotate_run<c10::BFloat16>(const Run<c10::BFloat16>&, int64_t, bool, bool);
+template bool whole_line_stores<float>();
+template bool whole_line_stores<double>();
+template bool whole_line_stores<c10::Half>();
+template bool whole_line_stores<c10::BFloat16>();
 
 }  // namespace CPU_CAPABILITY
 }  // namespace cpu
