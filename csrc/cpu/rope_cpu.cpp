@@ -72,15 +72,15 @@ namespace {
 // (populate).
 constexpr int64_t kPopulateBytes = int64_t{16} << 20;
 // Mapped outputs take streaming stores past a line that depends on the
-// stores. Where they fill whole lines (whole_line_stores: AVX-512 fp32, fp64
-// and bf16) the kernel is memory-bound: skipping the read for ownership of
-// every output line saves a third of the traffic, and from 32 MiB on
-// (inputs and outputs 64 MiB) that beats keeping the output cached (fp32,
-// pages reused: 1.1-1.4x a copy with plain stores, 0.7-0.9x streamed; bf16
-// on Zen 5: 2.3-2.4 against 1.7-1.8 ms). Half-line stores (fp16, AVX2) go
-// one head at a time, bound by the rounding at cache speed, so their outputs
-// stay in the cache for the reader unless they outgrow the last-level cache
-// (at least 16 MiB).
+// stores. Where they fill whole lines (whole_line_stores: AVX-512) the
+// kernel is memory-bound: skipping the read for ownership of every output
+// line saves a third of the traffic, and from 32 MiB on (inputs and outputs
+// 64 MiB) that beats keeping the output cached (fp32, pages reused: 1.1-1.4x
+// a copy with plain stores, 0.7-0.9x streamed; bf16 on Zen 5: 2.3-2.4
+// against 1.5-1.6 ms). Half-line stores (AVX2) go one head at a time, bound
+// by the rounding at cache speed for 16-bit data, so their outputs stay in
+// the cache for the reader unless they outgrow the last-level cache (at
+// least 16 MiB).
 constexpr int64_t kStreamWideBytes = int64_t{32} << 20;
 int64_t stream_bytes() {
   static const int64_t bytes = [] {
@@ -123,9 +123,8 @@ bool stream_aligned(const RopeParams& p, const HeadTensor& t) {
   return true;
 }
 
-template <typename scalar_t>
 bool whole_line_stores(Capability cap) {
-  ROTARY_CPU_DISPATCH(cap, isa::whole_line_stores<scalar_t>())
+  ROTARY_CPU_DISPATCH(cap, isa::whole_line_stores())
 }
 
 // Whether one output takes streaming stores: pages just populated (measured
@@ -140,7 +139,7 @@ bool stream_output(const RopeParams& p, const HeadTensor& t, int64_t out_bytes, 
   const bool mapped = pages::mapped(t.out, bytes);
   const bool populated = !mapped && out_bytes >= kPopulateBytes && populate(t, bytes);
   if (cap == Capability::kDefault || !stream_aligned<scalar_t>(p, t)) return false;
-  const int64_t line = whole_line_stores<scalar_t>(cap) ? std::min(kStreamWideBytes, stream_bytes()) : stream_bytes();
+  const int64_t line = whole_line_stores(cap) ? std::min(kStreamWideBytes, stream_bytes()) : stream_bytes();
   return populated || (mapped && out_bytes >= line);
 }
 

@@ -21,7 +21,7 @@ def heads(shape, dtype, seed, hf_layout):
 
 @pytest.mark.parametrize("hf_layout", [False, True], ids=["bhsd", "hf"])
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "half"])
 def test_large_out_of_place_matches_reference(threads, dtype, interleaved, hf_layout):
     old = torch.get_num_threads()
@@ -53,7 +53,7 @@ def test_streaming_stores_into_mapped_pages_match_reference():
         "from rotary_testing.rope_testing import assert_close_ref, randn, ref_rope4\n"
         "torch.set_num_threads(2)\n"
         "f = rotary.freqs_table(128, 4096)\n"
-        "for dtype in (torch.float32, torch.bfloat16):\n"
+        "for dtype in (torch.float32, torch.bfloat16, torch.float16):\n"
         "    for inter in (True, False):\n"
         "        for hf in (False, True):  # heads-major, then [B, S, H, D] memory walked token by token\n"
         "            q, k = randn((1, 32, 2048, 128), dtype, seed=1), randn((1, 8, 2048, 128), dtype, seed=2)\n"

@@ -23,18 +23,15 @@ namespace {
 
 // Heads that share one load of the coefficients.
 constexpr int kHeadBlock = 4;
-// Whether streamed stores of scalar_t fill whole 64-byte lines (aligned, as
-// stream_aligned in rope_cpu.cpp asks): AVX-512 vectors of 4- and 8-byte
-// elements, and bf16 on AVX-512, whose rotate_bf16_* store one bf16_words
-// (32 elements) at a time. fp16 and AVX2 store half lines.
+// Whether streamed stores fill whole 64-byte lines (aligned, as
+// stream_aligned in rope_cpu.cpp asks). On AVX-512 all do: a vector of 4-
+// or 8-byte elements is a line, and 16-bit outputs are stored two vectors
+// at a time (rotate_bf16_*, rotate_fp16_lines). AVX2 stores half lines.
 #if defined(CPU_CAPABILITY_AVX512)
-constexpr bool kBf16Lines = true;
+constexpr bool kWholeLines = true;
 #else
-constexpr bool kBf16Lines = false;
+constexpr bool kWholeLines = false;
 #endif
-template <typename scalar_t>
-constexpr bool kWholeLines = (sizeof(scalar_t) >= 4 && sizeof(Vectorized<scalar_t>) >= 64) ||
-                             (std::is_same_v<scalar_t, c10::BFloat16> && kBf16Lines);
 // Software prefetch distance along a walk: 8 tokens ahead in each of a
 // heads-major block's runs, and 8 KiB ahead in a token-major walk (its
 // heads, then the next token's), about as much in flight (bf16's 2 KiB
@@ -134,6 +131,37 @@ inline int64_t rotate_bf16_halves(
 }
 #endif
 
+#if defined(CPU_CAPABILITY_AVX512)
+// fp16: the generic arithmetic two vectors at a time, stored as one line
+// (half_line), so that streamed fp16 fills whole lines as bf16 does.
+// Returns how many elements (interleaved) or pairs (half) it rotated, a
+// multiple of 2L.
+template <bool NT, int M>
+inline int64_t rotate_fp16_lines(
+    const c10::Half* const* in, c10::Half* const* out, const float* c, int64_t dim, bool interleaved) {
+  using Vec = Vectorized<float>;
+  constexpr int64_t L = Vec::size();
+  const int64_t half = dim / 2;
+  const float* s = c + (interleaved ? dim : half);
+  int64_t i = 0;
+  for (; i + 2 * L <= (interleaved ? dim : half); i += 2 * L) {
+    const Vec c0 = Vec::loadu(c + i), c1 = Vec::loadu(c + i + L);
+    const Vec s0 = Vec::loadu(s + i), s1 = Vec::loadu(s + i + L);
+    for (int h = 0; h < M; ++h) {
+      const Vec a0 = load<c10::Half, float>(in[h] + i), a1 = load<c10::Half, float>(in[h] + i + L);
+      if (interleaved) {
+        put<NT>(out[h] + i, half_line(a0 * c0 + swap_pairs(a0) * s0, a1 * c1 + swap_pairs(a1) * s1));
+        continue;
+      }
+      const Vec b0 = load<c10::Half, float>(in[h] + half + i), b1 = load<c10::Half, float>(in[h] + half + i + L);
+      put<NT>(out[h] + i, half_line(a0 * c0 - b0 * s0, a1 * c1 - b1 * s1));
+      put<NT>(out[h] + half + i, half_line(a0 * s0 + b0 * c0, a1 * s1 + b1 * c1));
+    }
+  }
+  return i;
+}
+#endif
+
 // Token t of heads [h0, h0 + M), contiguous vectors.
 template <bool NT, int M, typename scalar_t>
 inline void rotate_block(const Run<scalar_t>& r, int64_t t, int64_t h0, int64_t dim, bool interleaved) {
@@ -156,6 +184,9 @@ inline void rotate_block(const Run<scalar_t>& r, int64_t t, int64_t h0, int64_t 
 #if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
     if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) i = rotate_bf16_pairs<NT, M>(in, out, c, s, dim);
 #endif
+#if defined(CPU_CAPABILITY_AVX512)
+    if constexpr (std::is_same_v<scalar_t, c10::Half>) i = rotate_fp16_lines<NT, M>(in, out, c, dim, true);
+#endif
     for (; i < end; i += L) {
       const Vec ci = Vec::loadu(c + i), si = Vec::loadu(s + i);
       for (int h = 0; h < M; ++h) {
@@ -167,6 +198,9 @@ inline void rotate_block(const Run<scalar_t>& r, int64_t t, int64_t h0, int64_t 
     const acc_t* s = c + half;
 #if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
     if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) i = rotate_bf16_halves<NT, M>(in, out, c, s, half);
+#endif
+#if defined(CPU_CAPABILITY_AVX512)
+    if constexpr (std::is_same_v<scalar_t, c10::Half>) i = rotate_fp16_lines<NT, M>(in, out, c, dim, false);
 #endif
     for (; i < end; i += L) {
       const Vec ci = Vec::loadu(c + i), si = Vec::loadu(s + i);
@@ -211,7 +245,7 @@ void rotate_contiguous(const Run<scalar_t>& r, int64_t dim, bool interleaved) {
   // costs a read of the line. One head at a time keeps two open. Whole-line
   // stores leave none open: they keep the block, whose heads share each
   // load of the coefficients.
-  constexpr int M = NT && !kWholeLines<scalar_t> ? 1 : kHeadBlock;
+  constexpr int M = NT && !kWholeLines ? 1 : kHeadBlock;
   const int64_t blocked = r.heads - r.heads % M;
   if (r.tokens_outer) {
     const int64_t vec_bytes = dim * int64_t(sizeof(scalar_t));
@@ -265,19 +299,14 @@ void rotate_run(const Run<scalar_t>& r, int64_t dim, bool interleaved, bool nt) 
   rotate_contiguous<false>(r, dim, interleaved);
 }
 
-template <typename scalar_t>
 bool whole_line_stores() {
-  return kWholeLines<scalar_t>;
+  return kWholeLines;
 }
 
 template void rotate_run<float>(const Run<float>&, int64_t, bool, bool);
 template void rotate_run<double>(const Run<double>&, int64_t, bool, bool);
 template void rotate_run<c10::Half>(const Run<c10::Half>&, int64_t, bool, bool);
 template void rotate_run<c10::BFloat16>(const Run<c10::BFloat16>&, int64_t, bool, bool);
-template bool whole_line_stores<float>();
-template bool whole_line_stores<double>();
-template bool whole_line_stores<c10::Half>();
-template bool whole_line_stores<c10::BFloat16>();
 
 }  // namespace CPU_CAPABILITY
 }  // namespace cpu
