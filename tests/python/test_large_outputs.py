@@ -27,7 +27,7 @@ def test_large_out_of_place_matches_reference(threads, dtype, interleaved, hf_la
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        # 16 MiB in fp32, 8 MiB in bf16 (q + k over the 16 MiB line)
+        # 16 MiB in fp32, 8 MiB in 16 bits (q + k over the 16 MiB line)
         q = heads((1, 16, 2048, 128), dtype, 1, hf_layout)
         k = heads((1, 8 if dtype == torch.float32 else 16, 2048, 128), dtype, 2, hf_layout)
         f = rotary.freqs_table(128, 4096)
