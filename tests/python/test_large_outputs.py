@@ -39,11 +39,14 @@ def test_large_out_of_place_matches_reference(threads, dtype, interleaved, hf_la
         torch.set_num_threads(old)
 
 
-def test_streaming_stores_into_mapped_pages_match_reference():
+@pytest.mark.parametrize("capability", [None, "avx2"], ids=["best", "avx2"])
+def test_streaming_stores_into_mapped_pages_match_reference(capability):
     """ROTARY_CPU_STREAM_BYTES=1 sends every aligned output over 16 MiB
     through the streaming path even when its pages are mapped already (on a
-    machine whose last-level cache is larger than the output), in both walks.
-    The test above may find its pages mapped and take plain stores."""
+    machine whose last-level cache is larger than the output), in both walks,
+    with the best build and with AVX2's (ATEN_CPU_CAPABILITY), whose lines
+    take several stores. The test above may find its pages mapped and take
+    plain stores."""
     import os
     import subprocess
     import sys
@@ -68,5 +71,7 @@ def test_streaming_stores_into_mapped_pages_match_reference():
     )
     # The child imports what this run imports: rotary and tests/rotary_testing.
     env = dict(os.environ, ROTARY_CPU_STREAM_BYTES="1", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    if capability is not None:
+        env["ATEN_CPU_CAPABILITY"] = capability
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
