@@ -71,16 +71,14 @@ namespace {
 // Fresh output pages of at least this many bytes are mapped up front
 // (populate).
 constexpr int64_t kPopulateBytes = int64_t{16} << 20;
-// Mapped outputs take streaming stores past a line that depends on what
-// bounds the kernel. 4- and 8-byte elements, and 16-bit ones whose stores
-// fill whole lines (whole_line_stores: AVX-512), are memory-bound: skipping
-// the read for ownership of every output line saves a third of the traffic,
-// and from 32 MiB on (inputs and outputs 64 MiB) that beats keeping the
-// output cached (fp32, pages reused: 1.1-1.4x a copy with plain stores,
-// 0.7-0.9x streamed; bf16 on Zen 5: 2.2-2.4 against 1.5-1.6 ms). 16-bit
-// half-line stores (AVX2) go one head at a time, bound by the rounding at
-// cache speed, so their outputs stay in the cache for the reader unless
-// they outgrow the last-level cache (at least 16 MiB).
+// Mapped outputs take streaming stores past a line. Every streaming build
+// writes whole lines (rope_kernel.cpp: kPerLine), so the kernel is
+// memory-bound: skipping the read for ownership of every output line saves
+// a third of the traffic, and from 32 MiB on (inputs and outputs 64 MiB)
+// that beats keeping the output cached (fp32, pages reused: 1.1-1.4x a copy
+// with plain stores, 0.7-0.9x streamed; bf16 on Zen 5: 2.2-2.4 against
+// 1.5-1.6 ms). A last-level cache smaller than that (at least 16 MiB)
+// lowers the line to its size.
 constexpr int64_t kStreamWideBytes = int64_t{32} << 20;
 int64_t stream_bytes() {
   static const int64_t bytes = [] {
@@ -123,10 +121,6 @@ bool stream_aligned(const RopeParams& p, const HeadTensor& t) {
   return true;
 }
 
-bool whole_line_stores(Capability cap) {
-  ROTARY_CPU_DISPATCH(cap, isa::whole_line_stores())
-}
-
 // Whether one output takes streaming stores: pages just populated (measured
 // faster than plain stores over the kernel's zeros), or mapped pages of an
 // output past the streaming line above. Dense outputs (those prepare_rope
@@ -139,8 +133,7 @@ bool stream_output(const RopeParams& p, const HeadTensor& t, int64_t out_bytes, 
   const bool mapped = pages::mapped(t.out, bytes);
   const bool populated = !mapped && out_bytes >= kPopulateBytes && populate(t, bytes);
   if (cap == Capability::kDefault || !stream_aligned<scalar_t>(p, t)) return false;
-  const bool wide = sizeof(scalar_t) >= 4 || whole_line_stores(cap);
-  const int64_t line = wide ? std::min(kStreamWideBytes, stream_bytes()) : stream_bytes();
+  const int64_t line = std::min(kStreamWideBytes, stream_bytes());
   return populated || (mapped && out_bytes >= line);
 }
 

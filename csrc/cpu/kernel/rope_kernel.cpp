@@ -29,13 +29,6 @@ constexpr int kHeadBlock = 4;
 // stores begin: AVX2 stores 32 bytes (16 for fp16), AVX-512 a line.
 template <int64_t bytes>
 constexpr int kPerLine = bytes >= 64 ? 1 : int(64 / bytes);
-// Whether streamed stores fill whole lines (aligned, as stream_aligned in
-// rope_cpu.cpp asks): on the x86 builds they do, in groups of kPerLine.
-#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
-constexpr bool kWholeLines = true;
-#else
-constexpr bool kWholeLines = false;
-#endif
 // Software prefetch distance along a walk: 8 tokens ahead in each of a
 // heads-major block's runs, and 8 KiB ahead in a token-major walk (its
 // heads, then the next token's), about as much in flight (bf16's 2 KiB
@@ -345,10 +338,6 @@ void rotate_run(const Run<scalar_t>& r, int64_t dim, bool interleaved, bool nt) 
   }
 #endif
   rotate_contiguous<false>(r, dim, interleaved);
-}
-
-bool whole_line_stores() {
-  return kWholeLines;
 }
 
 template void rotate_run<float>(const Run<float>&, int64_t, bool, bool);

@@ -41,8 +41,6 @@ struct Run {
 // Rotates dims [0, dim) of every vector of r. nt: streaming stores (the
 // caller checked their alignment); a no-op request on DEFAULT. Multiplies and
 // adds round separately in every capability, so all give the same bits.
-// whole_line_stores: whether the build's streaming stores fill whole lines
-// (so streaming pays from the smaller line in rope_cpu.cpp).
 #define ROTARY_CPU_KERNEL_DECLARE(CAP, ...)                                                     \
   namespace CAP {                                                                           \
   template <typename scalar_t>                                                              \
@@ -51,7 +49,6 @@ struct Run {
   extern template void rotate_run<double>(const Run<double>&, int64_t, bool, bool);         \
   extern template void rotate_run<c10::Half>(const Run<c10::Half>&, int64_t, bool, bool);   \
   extern template void rotate_run<c10::BFloat16>(const Run<c10::BFloat16>&, int64_t, bool, bool); \
-  bool whole_line_stores();                                                                 \
   }
 
 ROTARY_CPU_BUILDS(ROTARY_CPU_KERNEL_DECLARE, )
