@@ -195,52 +195,51 @@ inline void rotate_block(const Run<scalar_t>& r, int64_t t, int64_t h0, int64_t 
   const int64_t len = interleaved ? dim : half;  // elements (interleaved) or pairs (half)
   const int64_t end = len - len % L;
   constexpr int U = NT ? kPerLine<L * int64_t(sizeof(scalar_t))> : 1;  // vectors per streamed line
+  const acc_t* s = c + (interleaved ? dim : half);
   int64_t i = 0;
-  if (interleaved) {
-    const acc_t* s = c + dim;
 #if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
-    if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) i = rotate_bf16_pairs<NT, M>(in, out, c, s, dim);
+  if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+    i = interleaved ? rotate_bf16_pairs<NT, M>(in, out, c, s, dim) : rotate_bf16_halves<NT, M>(in, out, c, s, half);
+  }
 #endif
 #if defined(CPU_CAPABILITY_AVX512)
-    if constexpr (std::is_same_v<scalar_t, c10::Half>) i = rotate_fp16_lines<NT, M>(in, out, c, dim, true);
+  if constexpr (std::is_same_v<scalar_t, c10::Half>) i = rotate_fp16_lines<NT, M>(in, out, c, dim, interleaved);
 #endif
+  // N vectors of coefficients from element (pair) j on.
+  const auto coefficients = [&](auto n, int64_t j, Vec* ci, Vec* si) {
+    for (int u = 0; u < decltype(n)::value; ++u) ci[u] = Vec::loadu(c + j + u * L), si[u] = Vec::loadu(s + j + u * L);
+  };
+  if (interleaved) {
     // U vectors (a line of output) per head at a time, then one at a time.
-    const auto vectors = [&](auto units, int64_t i) {
-      constexpr int U = decltype(units)::value;
-      Vec ci[U], si[U];
-      for (int u = 0; u < U; ++u) ci[u] = Vec::loadu(c + i + u * L), si[u] = Vec::loadu(s + i + u * L);
+    const auto vectors = [&](auto n, int64_t j) {
+      constexpr int N = decltype(n)::value;
+      Vec ci[N], si[N];
+      coefficients(n, j, ci, si);
       for (int h = 0; h < M; ++h) {
-        for (int u = 0; u < U; ++u) {
-          const Vec x = load<scalar_t, acc_t>(in[h] + i + u * L);
-          store<NT>(out[h] + i + u * L, x * ci[u] + swap_pairs(x) * si[u]);
+        for (int u = 0; u < N; ++u) {
+          const Vec x = load<scalar_t, acc_t>(in[h] + j + u * L);
+          store<NT>(out[h] + j + u * L, x * ci[u] + swap_pairs(x) * si[u]);
         }
       }
     };
     for (; i + U * L <= end; i += U * L) vectors(std::integral_constant<int, U>{}, i);
     for (; i < end; i += L) vectors(std::integral_constant<int, 1>{}, i);
   } else {
-    const acc_t* s = c + half;
-#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
-    if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) i = rotate_bf16_halves<NT, M>(in, out, c, s, half);
-#endif
-#if defined(CPU_CAPABILITY_AVX512)
-    if constexpr (std::is_same_v<scalar_t, c10::Half>) i = rotate_fp16_lines<NT, M>(in, out, c, dim, false);
-#endif
     // U pairs of vectors per head at a time (a line of each half), then one.
-    const auto vectors = [&](auto units, int64_t i) {
-      constexpr int U = decltype(units)::value;
-      Vec ci[U], si[U];
-      for (int u = 0; u < U; ++u) ci[u] = Vec::loadu(c + i + u * L), si[u] = Vec::loadu(s + i + u * L);
+    const auto vectors = [&](auto n, int64_t j) {
+      constexpr int N = decltype(n)::value;
+      Vec ci[N], si[N];
+      coefficients(n, j, ci, si);
       for (int h = 0; h < M; ++h) {
-        Vec lo[U], hi[U];
-        for (int u = 0; u < U; ++u) {
-          const Vec x0 = load<scalar_t, acc_t>(in[h] + i + u * L);
-          const Vec x1 = load<scalar_t, acc_t>(in[h] + half + i + u * L);
+        Vec lo[N], hi[N];
+        for (int u = 0; u < N; ++u) {
+          const Vec x0 = load<scalar_t, acc_t>(in[h] + j + u * L);
+          const Vec x1 = load<scalar_t, acc_t>(in[h] + half + j + u * L);
           lo[u] = x0 * ci[u] - x1 * si[u];
           hi[u] = x0 * si[u] + x1 * ci[u];
         }
-        for (int u = 0; u < U; ++u) store<NT>(out[h] + i + u * L, lo[u]);
-        for (int u = 0; u < U; ++u) store<NT>(out[h] + half + i + u * L, hi[u]);
+        for (int u = 0; u < N; ++u) store<NT>(out[h] + j + u * L, lo[u]);
+        for (int u = 0; u < N; ++u) store<NT>(out[h] + half + j + u * L, hi[u]);
       }
     };
     for (; i + U * L <= end; i += U * L) vectors(std::integral_constant<int, U>{}, i);
