@@ -26,7 +26,8 @@ namespace {
 constexpr int kHeadBlock = 4;
 // Stores of `bytes` that fill one 64-byte line. Each head writes them back
 // to back, so that a streamed line is complete before the next head's
-// stores begin: AVX2 stores 32 bytes (16 for fp16), AVX-512 a line.
+// stores begin: AVX2 stores 32 bytes (16 for fp16), AVX-512 a line (32
+// bytes for fp16).
 template <int64_t bytes>
 constexpr int kPerLine = bytes >= 64 ? 1 : int(64 / bytes);
 // Software prefetch distance along a walk: 8 tokens ahead in each of a
@@ -147,37 +148,6 @@ inline int64_t rotate_bf16_halves(
 }
 #endif
 
-#if defined(CPU_CAPABILITY_AVX512)
-// fp16: the generic arithmetic two vectors at a time, stored as one line
-// (half_line), so that streamed fp16 fills whole lines as bf16 does.
-// Returns how many elements (interleaved) or pairs (half) it rotated, a
-// multiple of 2L.
-template <bool NT, int M>
-inline int64_t rotate_fp16_lines(
-    const c10::Half* const* in, c10::Half* const* out, const float* c, int64_t dim, bool interleaved) {
-  using Vec = Vectorized<float>;
-  constexpr int64_t L = Vec::size();
-  const int64_t half = dim / 2;
-  const float* s = c + (interleaved ? dim : half);
-  int64_t i = 0;
-  for (; i + 2 * L <= (interleaved ? dim : half); i += 2 * L) {
-    const Vec c0 = Vec::loadu(c + i), c1 = Vec::loadu(c + i + L);
-    const Vec s0 = Vec::loadu(s + i), s1 = Vec::loadu(s + i + L);
-    for (int h = 0; h < M; ++h) {
-      const Vec a0 = load<c10::Half, float>(in[h] + i), a1 = load<c10::Half, float>(in[h] + i + L);
-      if (interleaved) {
-        put<NT>(out[h] + i, half_line(a0 * c0 + swap_pairs(a0) * s0, a1 * c1 + swap_pairs(a1) * s1));
-        continue;
-      }
-      const Vec b0 = load<c10::Half, float>(in[h] + half + i), b1 = load<c10::Half, float>(in[h] + half + i + L);
-      put<NT>(out[h] + i, half_line(a0 * c0 - b0 * s0, a1 * c1 - b1 * s1));
-      put<NT>(out[h] + half + i, half_line(a0 * s0 + b0 * c0, a1 * s1 + b1 * c1));
-    }
-  }
-  return i;
-}
-#endif
-
 // Token t of heads [h0, h0 + M), contiguous vectors.
 template <bool NT, int M, typename scalar_t>
 inline void rotate_block(const Run<scalar_t>& r, int64_t t, int64_t h0, int64_t dim, bool interleaved) {
@@ -201,9 +171,6 @@ inline void rotate_block(const Run<scalar_t>& r, int64_t t, int64_t h0, int64_t 
   if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
     i = interleaved ? rotate_bf16_pairs<NT, M>(in, out, c, s, dim) : rotate_bf16_halves<NT, M>(in, out, c, s, half);
   }
-#endif
-#if defined(CPU_CAPABILITY_AVX512)
-  if constexpr (std::is_same_v<scalar_t, c10::Half>) i = rotate_fp16_lines<NT, M>(in, out, c, dim, interleaved);
 #endif
   // N vectors of coefficients from element (pair) j on.
   const auto coefficients = [&](auto n, int64_t j, Vec* ci, Vec* si) {

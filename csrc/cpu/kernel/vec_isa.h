@@ -8,7 +8,6 @@
 //                word per lane (x86 builds), stored with put<NT>
 //   bf16_members one vector of such words widened: the low (even) and the
 //                high (odd) bf16 of each word (x86 builds)
-//   half_line    two fp32 vectors as fp16, one 64-byte line (AVX512)
 //   stream_fence orders streaming stores before the task returns
 //   store_fp8    one vector of floats divided by a scale, as float8_e4m3fn
 // Conversions to 16-bit types round to nearest even with canonical NaNs, the
@@ -125,10 +124,6 @@ inline __m256i half_bits(__m512 v) {
   const __m512i sign = _mm512_srli_epi32(_mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(INT32_MIN)), 16);
   const __m256i canon = _mm512_cvtepi32_epi16(_mm512_or_si512(sign, _mm512_set1_epi32(0x7E00)));
   return _mm256_mask_mov_epi16(h, nan, canon);
-}
-// Two vectors as fp16, in one line: a's 16 values, then b's.
-inline __m512i half_line(__m512 a, __m512 b) {
-  return _mm512_inserti64x4(_mm512_castsi256_si512(half_bits(a)), half_bits(b), 1);
 }
 template <bool NT>
 inline void put(void* p, __m256i v) {
