@@ -1,8 +1,8 @@
 """Out-of-place calls whose outputs are large enough for the CPU kernel's
 fresh-page path (pages mapped in parallel with MADV_POPULATE_WRITE, then
-streaming stores: a block of heads where they fill whole lines, else one
-head at a time), heads-major and token-major (the HF layout): the float64
-reference on every element, at 1 and 2 threads."""
+streaming stores, a whole line per head at a time), heads-major and
+token-major (the HF layout): the float64 reference on every element, at 1
+and 2 threads."""
 
 import pytest
 import torch

@@ -332,4 +332,3 @@ def test_fp8_scales_that_require_grad_are_refused():
 def test_negative_rotary_offset_names_the_bound():
     with pytest.raises(ValueError, match=r"apply_rope: rotary_offset must be >= 0, got -2"):
         rotary.apply_rope(heads(1), FREQS, rotary_offset=-2)
-
