@@ -39,6 +39,10 @@ CPU_CASES = [
     Case("prefill_hf", (1, 32, 4096, 128), (1, 8, 4096, 128), hf_layout=True),
     Case("training", (4, 32, 1024, 128), (4, 32, 1024, 128)),
     Case("decode", (64, 32, 1, 128), (64, 8, 1, 128), decode=True),
+    # Not in the default list: chunked prefill in the HF layout, whose data
+    # sits in the last-level cache (bf16: 5 and 20 MiB of output).
+    Case("prefill_512_hf", (1, 32, 512, 128), (1, 8, 512, 128), hf_layout=True),
+    Case("prefill_2k_hf", (1, 32, 2048, 128), (1, 8, 2048, 128), hf_layout=True),
 ]
 # GPU: the large cases run in both layouts, both pairings, out of place and in
 # place (see run_cuda); decode is timed against one torch.add launch.

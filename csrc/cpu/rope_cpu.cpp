@@ -71,14 +71,15 @@ namespace {
 // Fresh output pages of at least this many bytes are mapped up front
 // (populate).
 constexpr int64_t kPopulateBytes = int64_t{16} << 20;
-// Mapped outputs take streaming stores past a line. Every streaming build
-// writes whole lines (rope_kernel.cpp: kPerLine), so the kernel is
-// memory-bound: skipping the read for ownership of every output line saves
-// a third of the traffic, and from 32 MiB on (inputs and outputs 64 MiB)
-// that beats keeping the output cached (fp32, pages reused: 1.1-1.4x a copy
-// with plain stores, 0.7-0.9x streamed; bf16 on Zen 5: 2.2-2.4 against
-// 1.5-1.6 ms). A last-level cache smaller than that (at least 16 MiB)
-// lowers the line to its size.
+// Mapped outputs take streaming stores past a line: half the last-level
+// cache, taken as 16-32 MiB (so 8-16 MiB), where input and output together
+// outgrow it. Every streaming build writes whole lines (rope_kernel.cpp:
+// kPerLine), so the kernel is memory-bound there, and skipping the read for
+// ownership of every output line saves a third of the traffic (Zen 5, 32
+// MiB L3, outputs of 24-30 MiB: 1.4-2.1x `clone` with plain stores,
+// 0.8-1.3x streamed at 1 thread and 0.8-1.8x at 2; at 12 MiB streaming won
+// at 1 thread and lost at 2). `sysconf` may report a whole socket's L3
+// (384 MiB on a Zen 5 VM whose cores share 32), hence the cap.
 constexpr int64_t kStreamWideBytes = int64_t{32} << 20;
 int64_t stream_bytes() {
   static const int64_t bytes = [] {
@@ -88,7 +89,7 @@ int64_t stream_bytes() {
 #if defined(__linux__) && defined(_SC_LEVEL3_CACHE_SIZE)
     llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
 #endif
-    return std::max<int64_t>(int64_t{16} << 20, llc);
+    return std::min(kStreamWideBytes, std::max<int64_t>(int64_t{16} << 20, llc)) / 2;
   }();
   return bytes;
 }
@@ -133,8 +134,16 @@ bool stream_output(const RopeParams& p, const HeadTensor& t, int64_t out_bytes, 
   const bool mapped = pages::mapped(t.out, bytes);
   const bool populated = !mapped && out_bytes >= kPopulateBytes && populate(t, bytes);
   if (cap == Capability::kDefault || !stream_aligned<scalar_t>(p, t)) return false;
-  const int64_t line = std::min(kStreamWideBytes, stream_bytes());
-  return populated || (mapped && out_bytes >= line);
+  return populated || (mapped && out_bytes >= stream_bytes());
+}
+
+// Software prefetch of the input pays from a quarter of the last-level cache
+// of output on (half the streaming line), where the data comes from memory.
+// Below, it sits in cache and the prefetches cost only their instructions
+// (Zen 5, outputs of 3-6 MiB: bf16 10-25% and fp32 5-20% faster without, at
+// 1 and 2 threads).
+bool prefetch_input(int64_t out_bytes) {
+  return out_bytes >= stream_bytes() / 2;
 }
 
 template <typename scalar_t>
@@ -169,7 +178,7 @@ bool heads_major(const HeadTensor& t) {
 template <typename scalar_t>
 void rotate_tensor_tile(
     const RopeParams& p, const HeadTensor& t, int64_t b, int64_t s0, int64_t tile, int64_t h0, int64_t h1,
-    const at::opmath_type<scalar_t>* coef, Capability cap, bool nt) {
+    const at::opmath_type<scalar_t>* coef, Capability cap, bool nt, bool prefetch) {
   if (h1 <= h0) return;
   const int64_t dim = p.rotary_dim;
   // The run starts at dim rotary_offset: the kernel rotates its dims [0, dim).
@@ -183,7 +192,7 @@ void rotate_tensor_tile(
       h1 - h0, t.in_stride[1], t.out_stride[1],
       t.in_stride[3], t.out_stride[3],
       coef,
-      /*tokens_outer=*/tile == 1 || !heads_major(t)};
+      /*tokens_outer=*/tile == 1 || !heads_major(t), prefetch};
   rotate_run(r, dim, p.interleaved, cap, nt);
   if (!p.in_place && p.head_dim > dim) {
     Run<scalar_t> whole = r;
@@ -217,6 +226,7 @@ void rope_cpu_kernel(const RopeParams& p, Capability cap, const TileHook* hook) 
   const int64_t out_bytes = all_heads * p.batch * p.seq * p.head_dim * int64_t(sizeof(scalar_t));
   const bool nt_q = stream_output<scalar_t>(p, p.q, out_bytes, cap);
   const bool nt_k = stream_output<scalar_t>(p, p.k, out_bytes, cap);
+  const bool prefetch = prefetch_input(out_bytes);
 
   at::parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
     // Uninitialised: every value is written by fill_coefficients before it is read.
@@ -232,10 +242,10 @@ void rope_cpu_kernel(const RopeParams& p, Capability cap, const TileHook* hook) 
       // Heads [h0, h1) of the q heads followed by the k heads.
       const int64_t h0 = g * group_heads, h1 = std::min(all_heads, h0 + group_heads);
       const int64_t qh = p.q.heads;
-      rotate_tensor_tile<scalar_t>(p, p.q, b, s0, n, h0, std::min(h1, qh), coef.get(), cap, nt_q);
+      rotate_tensor_tile<scalar_t>(p, p.q, b, s0, n, h0, std::min(h1, qh), coef.get(), cap, nt_q, prefetch);
       if (p.k.heads > 0) {
         const int64_t k0 = std::max<int64_t>(h0 - qh, 0), k1 = std::max<int64_t>(h1 - qh, 0);
-        rotate_tensor_tile<scalar_t>(p, p.k, b, s0, n, k0, k1, coef.get(), cap, nt_k);
+        rotate_tensor_tile<scalar_t>(p, p.k, b, s0, n, k0, k1, coef.get(), cap, nt_k, prefetch);
         if (hook != nullptr && k1 > k0) hook->fn(hook->ctx, b, s0, n, k0, k1);
       }
     }

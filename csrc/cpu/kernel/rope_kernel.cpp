@@ -33,8 +33,9 @@ constexpr int kPerLine = bytes >= 64 ? 1 : int(64 / bytes);
 // Software prefetch distance along a walk: 8 tokens ahead in each of a
 // heads-major block's runs, and 8 KiB ahead in a token-major walk (its
 // heads, then the next token's), about as much in flight (bf16's 2 KiB
-// left the HF layout 1.1-1.3x `clone`). A one-token walk (decode) does
-// not prefetch: its data is cache-resident, and fp32 decode was 5% slower.
+// left the HF layout 1.1-1.3x `clone`), where the driver asks for it
+// (Run::prefetch). A one-token walk (decode) does not prefetch: its data
+// is cache-resident, and fp32 decode was 5% slower.
 constexpr int64_t kPrefetchVectors = 8;
 constexpr int64_t kPrefetchWalkBytes = 8 << 10;
 
@@ -228,7 +229,7 @@ void rotate_heads_major(const Run<scalar_t>& r, int64_t h0, int64_t dim, bool in
     const bool wrap = t + kPrefetchVectors >= r.tokens;
     const int64_t ahead = wrap ? t + kPrefetchVectors - r.tokens : t + kPrefetchVectors;
     const int64_t hp = wrap ? h0 + M : h0;
-    if (ahead < r.tokens) {
+    if (r.prefetch && ahead < r.tokens) {
       for (int64_t h = hp; h < hp + M && h < r.heads; ++h) {
         prefetch_read(r.in + ahead * r.in_tok + h * r.in_head, vec_bytes);
       }
@@ -251,10 +252,10 @@ void rotate_token_major(const Run<scalar_t>& r, int64_t dim, bool interleaved) {
       // overlaps this block's work).
       int64_t pt = t, ph = h;
       walk_on(pt, ph, walk_ahead, r.heads);
-      for (int64_t i = 0; i < M && pt < r.tokens && r.tokens > 1; ++i, walk_on(pt, ph, 1, r.heads)) {
+      for (int64_t i = 0; r.prefetch && i < M && pt < r.tokens && r.tokens > 1; ++i, walk_on(pt, ph, 1, r.heads)) {
         prefetch_read(r.in + pt * r.in_tok + ph * r.in_head, vec_bytes);
       }
-      for (int64_t n = h + M; !NT && n < h + 2 * M && n < r.heads; ++n) {
+      for (int64_t n = h + M; r.prefetch && !NT && n < h + 2 * M && n < r.heads; ++n) {
         const char* out = reinterpret_cast<const char*>(r.out + t * r.out_tok + n * r.out_head);
         for (int64_t o = 0; o < vec_bytes; o += 64) __builtin_prefetch(out + o, 1, 3);
       }

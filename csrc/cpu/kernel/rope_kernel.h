@@ -26,6 +26,8 @@ namespace cpu {
 // Negating a product is exact, so x0 * c + x1 * (-s) has the bits of
 // x0 * c - x1 * s. tokens_outer: walk token by token (token-major memory);
 // otherwise a block of heads at a time over all tokens (heads-major).
+// prefetch: software prefetch of the input along the walk (data that
+// streams from memory; cache-resident data only pays its instructions).
 template <typename scalar_t>
 struct Run {
   using acc_t = at::opmath_type<scalar_t>;
@@ -36,6 +38,7 @@ struct Run {
   int64_t in_inner, out_inner;
   const acc_t* coef;
   bool tokens_outer;
+  bool prefetch;
 };
 
 // Rotates dims [0, dim) of every vector of r. nt: streaming stores (the
