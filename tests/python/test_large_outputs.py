@@ -1,6 +1,7 @@
 """Out-of-place calls whose outputs are large enough for the CPU kernel's
-fresh-page path (pages mapped in parallel with MADV_POPULATE_WRITE, then
-streaming stores, a whole line per head at a time), heads-major and
+streaming stores (a whole line per head at a time): on fresh pages, mapped
+in parallel with MADV_POPULATE_WRITE first, and on mapped pages from the
+stream line on (half the last-level cache: 8-16 MiB), heads-major and
 token-major (the HF layout): the float64 reference on every element, at 1
 and 2 threads."""
 
@@ -42,11 +43,9 @@ def test_large_out_of_place_matches_reference(threads, dtype, interleaved, hf_la
 @pytest.mark.parametrize("capability", [None, "avx2"], ids=["best", "avx2"])
 def test_streaming_stores_into_mapped_pages_match_reference(capability):
     """ROTARY_CPU_STREAM_BYTES=1 sends every aligned output over 16 MiB
-    through the streaming path even when its pages are mapped already (on a
-    machine whose last-level cache is larger than the output), in both walks,
+    through the streaming path whatever the machine's cache, in both walks,
     with the best build and with AVX2's (ATEN_CPU_CAPABILITY), whose lines
-    take several stores. The test above may find its pages mapped and take
-    plain stores."""
+    take several stores."""
     import os
     import subprocess
     import sys
