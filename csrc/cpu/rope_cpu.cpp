@@ -137,12 +137,12 @@ bool stream_output(const RopeParams& p, const HeadTensor& t, int64_t out_bytes, 
   return populated || (mapped && out_bytes >= stream_bytes());
 }
 
-// Software prefetch of the input pays from a quarter of the last-level cache
-// of output on (half the streaming line), where the data comes from memory.
-// Below, it sits in cache and the prefetches cost only their instructions
-// (Zen 5, outputs of 3-6 MiB: bf16 10-25% and fp32 5-20% faster without, at
-// 1 and 2 threads).
-bool prefetch_input(int64_t out_bytes) {
+// The kernel's software prefetch along the walk (Run::prefetch) pays from a
+// quarter of the last-level cache of output on (half the streaming line),
+// where the data comes from memory. Below, it sits in cache and the
+// prefetches cost only their instructions (Zen 5, outputs of 3-6 MiB: bf16
+// 10-25% and fp32 5-20% faster without, at 1 and 2 threads; bf16 decode 10%).
+bool prefetch_walk(int64_t out_bytes) {
   return out_bytes >= stream_bytes() / 2;
 }
 
@@ -226,7 +226,7 @@ void rope_cpu_kernel(const RopeParams& p, Capability cap, const TileHook* hook) 
   const int64_t out_bytes = all_heads * p.batch * p.seq * p.head_dim * int64_t(sizeof(scalar_t));
   const bool nt_q = stream_output<scalar_t>(p, p.q, out_bytes, cap);
   const bool nt_k = stream_output<scalar_t>(p, p.k, out_bytes, cap);
-  const bool prefetch = prefetch_input(out_bytes);
+  const bool prefetch = prefetch_walk(out_bytes);
 
   at::parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
     // Uninitialised: every value is written by fill_coefficients before it is read.

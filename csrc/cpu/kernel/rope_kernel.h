@@ -26,8 +26,9 @@ namespace cpu {
 // Negating a product is exact, so x0 * c + x1 * (-s) has the bits of
 // x0 * c - x1 * s. tokens_outer: walk token by token (token-major memory);
 // otherwise a block of heads at a time over all tokens (heads-major).
-// prefetch: software prefetch of the input along the walk (data that
-// streams from memory; cache-resident data only pays its instructions).
+// prefetch: software prefetch along the walk, of the input ahead and of the
+// next block's output lines (for data that streams from memory; cached data
+// would only pay its instructions).
 template <typename scalar_t>
 struct Run {
   using acc_t = at::opmath_type<scalar_t>;
