@@ -223,13 +223,14 @@ inline void rotate_block(const Run<scalar_t>& r, int64_t t, int64_t h0, int64_t 
 template <bool NT, int M, typename scalar_t>
 void rotate_heads_major(const Run<scalar_t>& r, int64_t h0, int64_t dim, bool interleaved) {
   const int64_t vec_bytes = dim * int64_t(sizeof(scalar_t));
+  const bool prefetch = r.prefetch;  // read once: the stores below may alias r
   for (int64_t t = 0; t < r.tokens; ++t) {
     // Near the end of the run, the next heads' first tokens: the stream
     // goes on without a stall where the run changes heads.
     const bool wrap = t + kPrefetchVectors >= r.tokens;
     const int64_t ahead = wrap ? t + kPrefetchVectors - r.tokens : t + kPrefetchVectors;
     const int64_t hp = wrap ? h0 + M : h0;
-    if (r.prefetch && ahead < r.tokens) {
+    if (prefetch && ahead < r.tokens) {
       for (int64_t h = hp; h < hp + M && h < r.heads; ++h) {
         prefetch_read(r.in + ahead * r.in_tok + h * r.in_head, vec_bytes);
       }
@@ -244,18 +245,22 @@ void rotate_token_major(const Run<scalar_t>& r, int64_t dim, bool interleaved) {
   const int64_t blocked = r.heads - r.heads % M;
   const int64_t vec_bytes = dim * int64_t(sizeof(scalar_t));
   const int64_t walk_ahead = std::max<int64_t>(M, kPrefetchWalkBytes / vec_bytes);
+  // Read once (the stores below may alias r): what this walk prefetches.
+  const bool prefetch_in = r.prefetch && r.tokens > 1, prefetch_out = r.prefetch && !NT;
   for (int64_t t = 0; t < r.tokens; ++t) {
     for (int64_t h = 0; h < blocked; h += M) {
       // The input walk_ahead vectors on (the next block alone was too
       // near: one vector ahead for streamed 16-bit outputs), and the next
       // block's output lines for writing (their read for ownership
       // overlaps this block's work).
-      int64_t pt = t, ph = h;
-      walk_on(pt, ph, walk_ahead, r.heads);
-      for (int64_t i = 0; r.prefetch && i < M && pt < r.tokens && r.tokens > 1; ++i, walk_on(pt, ph, 1, r.heads)) {
-        prefetch_read(r.in + pt * r.in_tok + ph * r.in_head, vec_bytes);
+      if (prefetch_in) {
+        int64_t pt = t, ph = h;
+        walk_on(pt, ph, walk_ahead, r.heads);
+        for (int64_t i = 0; i < M && pt < r.tokens; ++i, walk_on(pt, ph, 1, r.heads)) {
+          prefetch_read(r.in + pt * r.in_tok + ph * r.in_head, vec_bytes);
+        }
       }
-      for (int64_t n = h + M; r.prefetch && !NT && n < h + 2 * M && n < r.heads; ++n) {
+      for (int64_t n = h + M; prefetch_out && n < h + 2 * M && n < r.heads; ++n) {
         const char* out = reinterpret_cast<const char*>(r.out + t * r.out_tok + n * r.out_head);
         for (int64_t o = 0; o < vec_bytes; o += 64) __builtin_prefetch(out + o, 1, 3);
       }
