@@ -39,11 +39,13 @@ constexpr int kPerLine = bytes >= 64 ? 1 : int(64 / bytes);
 constexpr int64_t kPrefetchVectors = 8;
 constexpr int64_t kPrefetchWalkBytes = 8 << 10;
 
-// Prefetches [p, p + bytes) for reading. Always inlined: g++ 12 deleted the
-// calls to an outlined function whose only effect was a prefetch.
-C10_ALWAYS_INLINE void prefetch_read(const void* p, int64_t bytes) {
+// Prefetches the lines of [p, p + bytes), for reading or (kWrite) writing.
+// Always inlined: g++ 12 deleted the calls to an outlined function whose only
+// effect was a prefetch.
+template <bool kWrite = false>
+C10_ALWAYS_INLINE void prefetch_lines(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
-  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 3);
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, kWrite ? 1 : 0, 3);
 }
 
 // Vector (t, h) moved n vectors on in (token, head) order, without a division.
@@ -232,7 +234,7 @@ void rotate_heads_major(const Run<scalar_t>& r, int64_t h0, int64_t dim, bool in
     const int64_t hp = wrap ? h0 + M : h0;
     if (prefetch && ahead < r.tokens) {
       for (int64_t h = hp; h < hp + M && h < r.heads; ++h) {
-        prefetch_read(r.in + ahead * r.in_tok + h * r.in_head, vec_bytes);
+        prefetch_lines(r.in + ahead * r.in_tok + h * r.in_head, vec_bytes);
       }
     }
     rotate_block<NT, M>(r, t, h0, dim, interleaved);
@@ -257,12 +259,11 @@ void rotate_token_major(const Run<scalar_t>& r, int64_t dim, bool interleaved) {
         int64_t pt = t, ph = h;
         walk_on(pt, ph, walk_ahead, r.heads);
         for (int64_t i = 0; i < M && pt < r.tokens; ++i, walk_on(pt, ph, 1, r.heads)) {
-          prefetch_read(r.in + pt * r.in_tok + ph * r.in_head, vec_bytes);
+          prefetch_lines(r.in + pt * r.in_tok + ph * r.in_head, vec_bytes);
         }
       }
       for (int64_t n = h + M; prefetch_out && n < h + 2 * M && n < r.heads; ++n) {
-        const char* out = reinterpret_cast<const char*>(r.out + t * r.out_tok + n * r.out_head);
-        for (int64_t o = 0; o < vec_bytes; o += 64) __builtin_prefetch(out + o, 1, 3);
+        prefetch_lines<true>(r.out + t * r.out_tok + n * r.out_head, vec_bytes);
       }
       rotate_block<NT, M>(r, t, h, dim, interleaved);
     }
