@@ -9,15 +9,7 @@ import pytest
 import torch
 
 import rotary
-from rotary_testing.rope_testing import assert_close_ref, randn, ref_rope4
-
-
-def heads(shape, dtype, seed, hf_layout):
-    """BHSD, or [B, S, H, D] memory seen as BHSD (walked token by token)."""
-    if not hf_layout:
-        return randn(shape, dtype, seed=seed)
-    b, h, s, d = shape
-    return randn((b, s, h, d), dtype, seed=seed).transpose(1, 2)
+from rotary_testing.rope_testing import assert_close_ref, make_heads, ref_rope4
 
 
 @pytest.mark.parametrize("hf_layout", [False, True], ids=["bhsd", "hf"])
@@ -28,9 +20,11 @@ def test_large_out_of_place_matches_reference(threads, dtype, interleaved, hf_la
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        # 16 MiB in fp32, 8 MiB in 16 bits (q + k over the 16 MiB line)
-        q = heads((1, 16, 2048, 128), dtype, 1, hf_layout)
-        k = heads((1, 8 if dtype == torch.float32 else 16, 2048, 128), dtype, 2, hf_layout)
+        # 16 MiB in fp32, 8 MiB in 16 bits (q + k over the 16 MiB line);
+        # "transposed": [B, S, H, D] memory seen as BHSD (walked token by token)
+        layout = "transposed" if hf_layout else "contiguous"
+        q = make_heads(1, 16, 2048, 128, dtype, layout, seed=1)
+        k = make_heads(1, 8 if dtype == torch.float32 else 16, 2048, 128, dtype, layout, seed=2)
         f = rotary.freqs_table(128, 4096)
         out_q, out_k = rotary.apply_rope_qk(q, k, f, 3, interleaved)
         assert out_q.stride() == q.stride()  # the output keeps the walk's layout
@@ -52,15 +46,15 @@ def test_streaming_stores_into_mapped_pages_match_reference(capability):
 
     code = (
         "import torch, rotary\n"
-        "from rotary_testing.rope_testing import assert_close_ref, randn, ref_rope4\n"
+        "from rotary_testing.rope_testing import assert_close_ref, make_heads, ref_rope4\n"
         "torch.set_num_threads(2)\n"
         "f = rotary.freqs_table(128, 4096)\n"
         "for dtype in (torch.float32, torch.bfloat16, torch.float16):\n"
         "    for inter in (True, False):\n"
         "        for hf in (False, True):  # heads-major, then [B, S, H, D] memory walked token by token\n"
-        "            q, k = randn((1, 32, 2048, 128), dtype, seed=1), randn((1, 8, 2048, 128), dtype, seed=2)\n"
-        "            if hf:\n"
-        "                q, k = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k))\n"
+        "            layout = 'transposed' if hf else 'contiguous'\n"
+        "            q = make_heads(1, 32, 2048, 128, dtype, layout, seed=1)\n"
+        "            k = make_heads(1, 8, 2048, 128, dtype, layout, seed=2)\n"
         "            for _ in range(2):  # the second call reuses mapped pages\n"
         "                oq, ok = rotary.apply_rope_qk(q, k, f, 5, inter)\n"
         "            assert oq.stride() == q.stride()\n"
