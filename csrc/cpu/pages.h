@@ -1,5 +1,6 @@
 // Page state of a CPU output: whether its pages are mapped, and mapping
-// them ahead of the first store (rope_cpu.cpp decides when).
+// them ahead of the first store (rope_cpu.cpp decides when); and the size of
+// the cache the cores share, which sets the streaming line.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +15,9 @@ bool mapped(const void* p, int64_t bytes);
 bool populate_for_write(void* p, int64_t bytes);
 // Asks for transparent huge pages over the 2 MiB-aligned interior.
 void advise_huge(void* p, int64_t bytes);
+// Bytes of the highest-level cache that cpu0 shares with its neighbours; 0
+// where the OS does not say.
+int64_t shared_cache_bytes();
 
 }  // namespace pages
 }  // namespace cpu

@@ -25,10 +25,6 @@
 #include <memory>
 #include <string>
 
-#if defined(__linux__)
-#include <unistd.h>
-#endif
-
 namespace rotary {
 namespace cpu {
 
@@ -78,17 +74,14 @@ constexpr int64_t kPopulateBytes = int64_t{16} << 20;
 // ownership of every output line saves a third of the traffic (Zen 5, 32
 // MiB L3, outputs of 24-30 MiB: 1.4-2.1x `clone` with plain stores,
 // 0.8-1.3x streamed at 1 thread and 0.8-1.8x at 2; at 12 MiB streaming won
-// at 1 thread and lost at 2). `sysconf` may report a whole socket's L3
-// (384 MiB on a Zen 5 VM whose cores share 32), hence the cap.
+// at 1 thread and lost at 2). A cache above 32 MiB (Intel's socket-wide
+// L3) is taken as 32: the line was measured up to there.
 constexpr int64_t kStreamWideBytes = int64_t{32} << 20;
 int64_t stream_bytes() {
   static const int64_t bytes = [] {
     // ROTARY_CPU_STREAM_BYTES: the line for tests of the streaming path.
     if (const char* env = std::getenv("ROTARY_CPU_STREAM_BYTES")) return std::max<int64_t>(1, std::atoll(env));
-    int64_t llc = 0;
-#if defined(__linux__) && defined(_SC_LEVEL3_CACHE_SIZE)
-    llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
-#endif
+    const int64_t llc = pages::shared_cache_bytes();
     return std::min(kStreamWideBytes, std::max<int64_t>(int64_t{16} << 20, llc)) / 2;
   }();
   return bytes;

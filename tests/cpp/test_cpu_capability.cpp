@@ -11,6 +11,7 @@
 #include "checks/checks.h"
 #include "checks/norm_checks.h"
 #include "cpu/kernel/fp8_kernel.h"
+#include "cpu/pages.h"
 #include "cpu/rope_cpu.h"
 #include "params/fp8.h"
 
@@ -20,6 +21,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <fstream>
 #include <limits>
 #include <optional>
 #include <string>
@@ -313,6 +315,20 @@ TEST(CpuCapability, EveryBuildQuantizesFp8RowsAsTheScalarEncoder) {
     expect_fp8_rows(b, cap, "bfloat16");
     expect_fp8_rows(d, cap, "float64");
   }
+}
+
+// The streaming line comes from the cache a core shares: on Linux, the L3
+// that sysfs lists for cpu0 (a slice: `sysconf` may give the socket's sum).
+TEST(CpuHost, SharedCacheIsTheL3SliceOfCpu0) {
+  std::ifstream level("/sys/devices/system/cpu/cpu0/cache/index3/level");
+  std::ifstream size("/sys/devices/system/cpu/cpu0/cache/index3/size");
+  int lvl = 0;
+  long long kib = 0;
+  std::string unit;
+  if (!(level >> lvl) || lvl != 3 || !(size >> kib >> unit) || unit != "K") {
+    GTEST_SKIP() << "no level-3 cache in sysfs as index3, in KiB";
+  }
+  EXPECT_EQ(rotary::cpu::pages::shared_cache_bytes(), kib * 1024);
 }
 
 }  // namespace
