@@ -124,7 +124,7 @@ def _read_as_its_class(config: Mapping, params: Dict[str, Any], fam: Family, mod
         refuse("rope_parameters", "a scaled rule")
     if model_type in CLASS_THETA and params.get("rope_theta") is None and _get(config, "rope_theta") is None:
         refuse("rope_theta", "a base other than 10000")
-    reads_head_dim = fam.span == "leading" or fam.table_dim_field == "head_dim"
+    reads_head_dim = fam.span in ("leading", "trailing") or fam.table_dim_field == "head_dim"
     if model_type in CLASS_HEAD_DIM and reads_head_dim and field("head_dim") is None:
         refuse("head_dim", "one that is not hidden_size // num_attention_heads")
     given = (params.get("partial_rotary_factor"), _get(config, "partial_rotary_factor"),
@@ -203,7 +203,7 @@ def _span(config: Any, fam: Family, partial: float, model_type: str, field, rule
                              f"its {rule} table by {sized}, which must equal qk_rope_head_dim={rotary_dim}")
         head_dim = offset + rotary_dim
     else:
-        head_dim = field("head_dim") if fam.span == "leading" else None
+        head_dim = field("head_dim") if fam.span in ("leading", "trailing") else None
         if not head_dim:
             hidden = field("hidden_size")
             heads = field("num_attention_heads")
@@ -220,6 +220,8 @@ def _span(config: Any, fam: Family, partial: float, model_type: str, field, rule
                                  f"{head_dim}], got {rotary_dim!r}")
         else:
             rotary_dim = int(head_dim * partial)
+            if fam.span == "trailing":
+                offset = head_dim - rotary_dim
     if rotary_dim <= 0 or rotary_dim % 2:
         raise ValueError(
             f"from_hf_config: head_dim {head_dim} * partial_rotary_factor {partial} gives rotary dim "
@@ -255,7 +257,8 @@ def rope_kwargs_from_hf_config(
     - ``dim`` and ``rotary_offset``: the first ``int(head_dim *
       partial_rotary_factor)`` dims; GPT-J / CodeGen the first ``rotary_dim``;
       MLA the trailing ``qk_rope_head_dim`` dims of a ``[nope | rope]`` head
-      (``rotary_offset = qk_nope_head_dim``);
+      (``rotary_offset = qk_nope_head_dim``); DeepSeek-V4 the trailing
+      ``int(head_dim * partial_rotary_factor)``;
     - ``theta``: ``rope_parameters["rope_theta"]`` or ``rope_theta``
       (``rotary_emb_base`` for old GPT-NeoX dicts), else the config
       object's class default, else 10000 (a dict of a family whose class
@@ -303,6 +306,11 @@ def rope_kwargs_from_hf_config(
                          "RotaryEmbedding has no option for (the ops take inverse=True)")
     _check_fields(config, model_type, family)
     fam = family or Family()
+    if fam.rope_keys and layer_types_of(config) != list(fam.rope_keys):
+        raise ValueError(f"from_hf_config: {model_type}'s config class builds rope_parameters keyed by "
+                         f"{', '.join(map(repr, fam.rope_keys))} from its top-level fields "
+                         f"({', '.join(('rope_theta',) + fam.folded_fields)}); got rope_parameters "
+                         f"{_given_params(config)!r}: pass the config object")
 
     def field(name: str) -> Any:
         value = _get(config, name)
@@ -357,7 +365,7 @@ def rope_kwargs_from_hf_config(
 
     # proportional (Gemma 4): the rule turns that share of the whole head's
     # pairs (the others get inv_freq 0), so the span is the whole head.
-    if (rule == "default" and partial != 1.0 and fam.span == "leading" and model_type
+    if (rule == "default" and partial != 1.0 and fam.span in ("leading", "trailing") and model_type
             and model_type not in DEFAULT_RULE_READS_PARTIAL):
         raise ValueError(f"from_hf_config: partial_rotary_factor={partial!r}: transformers' {model_type} rotary "
                          "class is not known to read it in its default rule (those that do: "

@@ -9,7 +9,10 @@ rotary code by tests/python/test_hf_config.py.
 - ``span``: ``"leading"``: the first ``int(head_dim * partial_rotary_factor)``
   dims; ``"rotary_dim"``: the first ``config.rotary_dim`` dims (GPT-J);
   ``"mla"``: the trailing ``qk_rope_head_dim`` dims of a ``[nope | rope]``
-  head (``rotary_offset = qk_nope_head_dim``, DeepSeek MLA).
+  head (``rotary_offset = qk_nope_head_dim``, DeepSeek MLA); ``"trailing"``:
+  the last ``int(head_dim * partial_rotary_factor)`` dims of the head its
+  rotation function is given (DeepSeek-V4: the attention's ``head_dim``
+  heads, the indexer's ``index_head_dim`` ones).
 """
 
 from dataclasses import dataclass
@@ -66,6 +69,11 @@ class Family:
     neox_fields: bool = False
     # rope_type names the config class rewrites ((Phi-3: "su", "yarn") -> "longrope").
     rule_aliases: Tuple[Tuple[str, str], ...] = ()
+    # The labels rope_parameters is keyed by (DeepSeek-V4's rope types), which
+    # the config class builds from top-level fields (folded_fields): a config
+    # not keyed so is refused, and those fields are read through the keys.
+    rope_keys: Tuple[str, ...] = ()
+    folded_fields: Tuple[str, ...] = ()
     # Set: the family is refused, with this reason.
     refuse: Optional[str] = None
 
@@ -75,7 +83,7 @@ class Family:
         out = {"rotary_dim": ("rotary_dim",), "mla": ("qk_rope_head_dim", "qk_nope_head_dim", "qk_head_dim")}
         own = (self.interleave_field, self.layer_theta_field)
         neox = ("rotary_pct", "rotary_emb_base") if self.neox_fields else ()
-        return out.get(self.span, ()) + tuple(f for f in own if f) + self.layer_fields + neox
+        return out.get(self.span, ()) + tuple(f for f in own if f) + self.layer_fields + neox + self.folded_fields
 
 
 # Rope-named config fields whose meaning is the same in every family.
@@ -258,9 +266,12 @@ FAMILIES: Dict[str, Family] = {
     # Llama 4: complex pairs (2j, 2j+1) from a freqs_cis in BSHD, none on its no_rope_layers.
     **{name: Family(pairing="interleaved", freqs_cis_layout="BSHD",
                     layer_fields=("no_rope_layers", "no_rope_layer_interval")) for name in ("llama4", "llama4_text")},
+    # DeepSeek-V4: (2j, 2j+1) pairs over each head's trailing span, tables keyed
+    # by rope type ("main", "compress"). Its k is its v, so the attention output
+    # is turned back with (cos, -sin): the inverse rotation.
+    "deepseek_v4": Family(pairing="interleaved", span="trailing", rope_keys=("compress", "main"),
+                          folded_fields=("compress_rope_theta", "qk_rope_head_dim")),
     # Read from their modeling code: rotations beyond q and k, or none through rotary_emb.
-    "deepseek_v4": Family(refuse="it also rotates v (k = v) and, with -sin, the attention output; its "
-                                 "compressors rotate at their own positions"),
     "inkling2_text": Family(refuse="its text layers have no RoPE (a relative position bias); only its vision "
                                    "tower rotates, through apply_rotary_pos_emb_vision"),
     # Qwen4-Exp: Qwen3.5's M-RoPE ((11, 11, 10) interleaved), but over the whole position history.

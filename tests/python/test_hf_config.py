@@ -243,8 +243,9 @@ def test_table_keys_are_transformers_model_types():
 def test_every_family_is_tested():
     from test_hf_layers import TESTED  # families whose layers differ, tested there
     from test_hf_mla import TESTED as MLA_TESTED  # MLA families beyond these CASES
+    from test_hf_deepseek_v4 import TESTED as V4_TESTED
 
-    tested = {c[1] for c in CASES} | TESTED | MLA_TESTED
+    tested = {c[1] for c in CASES} | TESTED | MLA_TESTED | V4_TESTED
     for name, fam in hf_families.FAMILIES.items():
         if fam.refuse is None:
             assert name in tested or name in {"qwen2_vl", "qwen2_5_vl", "qwen3_vl"}, name
@@ -343,7 +344,8 @@ def test_unknown_model_type_without_specific_fields_is_rotate_half():
 
 
 @pytest.mark.parametrize("cls,kw,match", [
-    ("DeepseekV4Config", SMALL, r"'deepseek_v4' is not supported: it also rotates v \(k = v\)"),
+    ("RoFormerConfig", SMALL, r"'roformer' is not supported: a staticmethod of its attention rotates with an "
+                              r"nn.Embedding sinusoidal table"),
 ])
 def test_refused_families(cls, kw, match):
     with pytest.raises(ValueError, match=match):

@@ -1,6 +1,7 @@
 """The patch adds no torch.compile graph break, for each form of the
 patched rotation function: GPT-J's one-tensor form (codegen), complex
-freqs_cis (deepseek_v2), q and k rotated apart (gemma3n_text), packed qkv with
+freqs_cis (deepseek_v2), q and k rotated apart (gemma3n_text), whole heads'
+trailing spans and the (cos, -sin) inverse (deepseek_v4), packed qkv with
 partial rotary (phi3), fused q/k norms (qwen3) and M-RoPE (qwen2_vl).
 ``python -m rotary_testing.hf_graph_breaks`` runs every served family."""
 
@@ -10,7 +11,7 @@ pytest.importorskip("transformers")
 
 from rotary_testing import hf_graph_breaks, hf_sweep  # noqa: E402
 
-FAMILIES = ["codegen", "deepseek_v2", "gemma3n_text", "phi3", "qwen3", "qwen2_vl"]
+FAMILIES = ["codegen", "deepseek_v2", "deepseek_v4", "gemma3n_text", "phi3", "qwen3", "qwen2_vl"]
 
 
 @pytest.fixture(scope="module")

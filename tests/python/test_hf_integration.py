@@ -65,6 +65,7 @@ from transformers import (  # noqa: E402
 )
 from transformers.models.llama import modeling_llama  # noqa: E402
 
+from rotary.integrations import _positions  # noqa: E402
 from rotary.integrations import transformers as rt  # noqa: E402
 from rotary.integrations import (  # noqa: E402
     apply_rotary_to_model,
@@ -368,7 +369,7 @@ def test_kernel_is_used(monkeypatch):
     rotate_half is never reached."""
     model = make_model("llama", "default")
     calls = []
-    real = rt._apply_qk
+    real = _positions._apply_qk
 
     def counting(*args, **kwargs):
         calls.append(kwargs["position_ids"].shape)
@@ -377,7 +378,7 @@ def test_kernel_is_used(monkeypatch):
     def forbidden(x):
         raise AssertionError("transformers' rotate_half ran in a patched model")
 
-    monkeypatch.setattr(rt, "_apply_qk", counting)
+    monkeypatch.setattr(_positions, "_apply_qk", counting)
     ids, mask, pos = inputs()[1]
     with rotary_patched(model):
         monkeypatch.setattr(modeling_llama, "rotate_half", forbidden)

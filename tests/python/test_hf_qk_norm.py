@@ -11,7 +11,8 @@ pytest.importorskip("transformers")
 
 from rotary_testing import hf_sweep  # noqa: E402
 
-from rotary.integrations import _qk_norm, hf_support  # noqa: E402
+import rotary  # noqa: E402
+from rotary.integrations import _positions, _qk_norm, hf_support  # noqa: E402
 from rotary.integrations import transformers as rt  # noqa: E402
 
 FAMILIES = [("qwen3", "Qwen3ForCausalLM"), ("qwen3_moe", "Qwen3MoeForCausalLM"),
@@ -45,7 +46,8 @@ def test_fused_route_matches_unpatched(model_type, cls_name, monkeypatch):
 
     ref_logits, ref_grads = run()
     calls = []
-    monkeypatch.setattr(rt, "_apply_fused", lambda *a, **k: calls.append(1) or rt.apply_qk_norm_rope(*a, **k))
+    fused = rotary.apply_qk_norm_rope
+    monkeypatch.setattr(_positions, "_apply_fused", lambda *a, **k: calls.append(1) or fused(*a, **k))
     with rt.rotary_patched(model):  # fuse_qk_norm's default: the sweep's verified families
         assert rt.is_patched(model) and model._rotary_integration_state.norms
         logits, grads = run()
@@ -61,7 +63,7 @@ def test_fused_route_matches_unpatched(model_type, cls_name, monkeypatch):
 def test_fuse_can_be_turned_off(monkeypatch):
     model = hf_sweep.tiny_model("qwen3", "Qwen3ForCausalLM")
     calls = []
-    monkeypatch.setattr(rt, "_apply_fused", lambda *a, **k: calls.append(1))
+    monkeypatch.setattr(_positions, "_apply_fused", lambda *a, **k: calls.append(1))
     with rt.rotary_patched(model, fuse_qk_norm=False), torch.no_grad():
         model(input_ids=torch.tensor([[5, 6, 7]]))
     assert not calls

@@ -195,7 +195,8 @@ def check_fused(model, calls, prompt, ref):
 
 
 # Families also checked in bf16: one per pairing, span and table kind.
-BF16 = frozenset({"llama", "qwen3", "gemma3_text", "gptj", "glm4", "phi3", "deepseek_v3", "llama4_text", "olmo2"})
+BF16 = frozenset({"llama", "qwen3", "gemma3_text", "gptj", "glm4", "phi3", "deepseek_v3", "llama4_text", "olmo2",
+                  "deepseek_v4"})
 
 
 @torch.no_grad()

@@ -47,6 +47,13 @@ TINY_FOR = {"qwen3_5_text": dict(head_dim=256), "qwen3_5_moe_text": dict(head_di
             # rope_theta and a clip_qkv its config lacks (checkpoints have them), Cohere Compass has
             # no rope_parameters (its M-RoPE sections default to (24, 20, 20): a 128-wide head)
             "lfm2_moe": dict(layer_types=["conv", "full_attention"]),
+            # DeepSeek-V4: each layer kind; rope 8 at the end of 16-wide heads and of 32-wide indexer heads;
+            # windows of 2 and 4 tokens, so both compressors emit entries within the sweep's 12, and
+            # an indexer keeping 2 of its 6, so that its rotation shows
+            "deepseek_v4": dict(head_dim=16, index_head_dim=32, index_topk=2,
+                                compress_rates={"compressed_sparse_attention": 2, "heavily_compressed_attention": 4},
+                                layer_types=["sliding_attention", "compressed_sparse_attention",
+                                             "heavily_compressed_attention"]),
             # Dots3-Note's sliding layers keep their default head_dim (global nope 8 + rope 8, sliding 12 + 8)
             "dots3_note_text": dict(head_dim=20),
             # Qwen4-Exp's sparse-attention indexer has no default sizes (a budget under the sweep's 12)

@@ -75,18 +75,20 @@ def _make_wrapper(original: Callable, handle: type, interleaved: Optional[bool],
         @functools.wraps(original)
         def apply_one(tensor, sin, cos, *args, **kwargs):
             if isinstance(sin, handle):
-                return sin.apply_one(tensor)
+                return sin.apply_one(tensor, sin=cos)
             return original(tensor, sin, cos, *args, **kwargs)
 
         apply_one._rotary_original = original
         return apply_one
-    if names[:3] == ["x", "cos", "sin"]:  # Gemma 3n / 4: q and k apart (q alone on KV-shared layers)
+    # Gemma 3n / 4: q and k apart (q alone on KV-shared layers); DeepSeek-V4 its
+    # q, kv and attention output (with -sin: the inverse rotation).
+    if names[:3] == ["x", "cos", "sin"]:
         unsqueeze_of = _unsqueeze_of(original, names, 3)
 
         @functools.wraps(original)
         def apply_rotary_pos_emb_one(x, cos, sin, *args, **kwargs):
             if isinstance(cos, handle):
-                return cos.apply_one(x, unsqueeze_of(args, kwargs), interleaved)
+                return cos.apply_one(x, unsqueeze_of(args, kwargs), interleaved, sin=sin)
             return original(x, cos, sin, *args, **kwargs)
 
         apply_rotary_pos_emb_one._rotary_original = original
@@ -96,7 +98,7 @@ def _make_wrapper(original: Callable, handle: type, interleaved: Optional[bool],
     @functools.wraps(original)
     def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
         if isinstance(cos, handle):
-            return cos.apply(q, k, unsqueeze_of(args, kwargs), interleaved)
+            return cos.apply(q, k, unsqueeze_of(args, kwargs), interleaved, sin=sin)
         return original(q, k, cos, sin, *args, **kwargs)
 
     apply_rotary_pos_emb._rotary_original = original

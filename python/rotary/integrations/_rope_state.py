@@ -10,9 +10,12 @@ from ..module import RotaryEmbedding
 class _RopeState:
     """One patched rotary embedding: our module and its tables per device."""
 
-    def __init__(self, rope: RotaryEmbedding, inverse: bool = False) -> None:
+    def __init__(self, rope: RotaryEmbedding, inverse: bool = False, trailing: bool = False) -> None:
         self.rope = rope
         self.inverse = inverse  # the family rotates by the negative angle (rotary.hf_families)
+        # The family's functions rotate the last rope.dim dims of whatever head
+        # they get (DeepSeek-V4: the attention's and the indexer's widths).
+        self.trailing = trailing
         self._cache: Dict[torch.device, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def tables(self, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:

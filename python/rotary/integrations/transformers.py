@@ -23,7 +23,6 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
-from .._ops import apply_qk_norm_rope, apply_rope, apply_rope_qk
 from ..hf import layer_types_of, rope_kwargs_from_hf_config
 from ..hf_families import Family, family_of
 from ..module import RotaryEmbedding
@@ -32,6 +31,7 @@ from ._hf_embeddings import layer_config, rotary_embeddings
 from ._hf_functions import FUNC_NAME as _FUNC_NAME
 from ._hf_functions import lock as _lock
 from ._hf_functions import module_patches as _module_patches  # noqa: F401  (tests read it)
+from ._positions import RotaryPositions
 from ._rope_state import _RopeState
 
 __all__ = [
@@ -53,91 +53,6 @@ SUPPORTED_MODEL_TYPES = hf_support.SUPPORTED
 _UNTESTED = "the sweep builds no tiny model"
 
 _STATE_ATTR = "_rotary_integration_state"
-
-# The ops the handles call; module attributes so that tests can count calls.
-_apply_qk, _apply_one, _apply_fused = apply_rope_qk, apply_rope, apply_qk_norm_rope
-
-
-def _layout(unsqueeze_dim: int) -> str:
-    if unsqueeze_dim not in _hf_functions.LAYOUTS:
-        raise ValueError(f"rotary: apply_rotary_pos_emb with unsqueeze_dim={unsqueeze_dim} is not supported")
-    return _hf_functions.LAYOUTS[unsqueeze_dim]
-
-
-class RotaryPositions:
-    """What a patched rotary embedding returns twice in place of ``(cos,
-    sin)``: the ``position_ids`` of one forward pass and the rotary table to
-    use. Only the patched ``apply_rotary_pos_emb`` understands it; any other
-    use (arithmetic, indexing other than ``[..., :n]`` keeping every rotated
-    dim) raises."""
-
-    __slots__ = ("position_ids", "_state")
-
-    def __init__(self, position_ids: torch.Tensor, state: _RopeState) -> None:
-        self.position_ids = position_ids
-        self._state = state
-
-    @property
-    def rope(self) -> RotaryEmbedding:
-        return self._state.rope
-
-    def __getitem__(self, index: Any) -> "RotaryPositions":
-        # cos[..., :n] with n >= the rotated width is the same rotation
-        # (MiniMax-M3's indexer cuts the pair to its own head_dim).
-        cut = index[1] if isinstance(index, tuple) and len(index) == 2 and index[0] is Ellipsis else None
-        if (isinstance(cut, slice) and cut.start in (None, 0) and cut.step in (None, 1)
-                and (cut.stop is None or (isinstance(cut.stop, int) and cut.stop >= self.rope.dim))):
-            return self
-        raise TypeError(f"rotary: the patched rotary embedding's (cos, sin) cannot be indexed by {index!r} "
-                        f"(only [..., :n] with n >= its rotary dim {self.rope.dim})")
-
-    def apply(self, q: torch.Tensor, k: torch.Tensor, unsqueeze_dim: int = 1,
-              interleaved: Optional[bool] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Rotate q and k (``[batch, heads, seq, head_dim]``, or ``[batch, seq,
-        heads, head_dim]`` for ``unsqueeze_dim=2``) with our kernel; interleaved:
-        the calling function's pairing where it is not the rope's."""
-        layout = _layout(unsqueeze_dim)
-        freqs, kw = self._args(q)
-        interleaved = self.rope.interleaved if interleaved is None else interleaved
-        fused = _qk_norm.take(q, k)  # the q/k norms deferred to here (fuse_qk_norm)
-        if fused is None:
-            return _apply_qk(q, k, freqs, 0, interleaved, layout=layout, **kw)
-        sq, sk = fused
-        kind = _qk_norm.norm_kind(sq, q, layout)
-        if _qk_norm.norm_kind(sk, k, layout) != kind:
-            raise RuntimeError("rotary: q_norm and k_norm cover different dims; patch with fuse_qk_norm=False")
-        if sq.eps != sk.eps:
-            raise RuntimeError(f"rotary: q_norm and k_norm have different eps ({sq.eps} and {sk.eps}), and the fused "
-                               "norm takes one; patch with fuse_qk_norm=False")
-        return _apply_fused(q, k, freqs, 0, interleaved, layout=layout, q_weight=sq.weight,
-                            k_weight=sk.weight, eps=sq.eps, norm=kind, weight_offset=sq.offset, **kw)
-
-    def apply_one(self, x: torch.Tensor, unsqueeze_dim: int = 2, interleaved: Optional[bool] = None) -> torch.Tensor:
-        """The per-tensor form: rotate ``x`` alone, laid out as in :meth:`apply`
-        (GPT-J's ``[batch, seq, heads, rotary_dim]``; Gemma 3n / 4 rotate q and
-        k apart, and q only on KV-shared layers)."""
-        layout = _layout(unsqueeze_dim)
-        _qk_norm.refuse_pending()
-        freqs, kw = self._args(x)
-        interleaved = self.rope.interleaved if interleaved is None else interleaved
-        return _apply_one(x, freqs, 0, interleaved, layout=layout, **kw)
-
-    def to(self, *args: Any, **kwargs: Any) -> "RotaryPositions":
-        """DeepSeek-V2 moves its freqs_cis to q's device: the ids move in _args."""
-        return self
-
-    def _args(self, x: torch.Tensor):
-        # The family's pairing (rotary.hf_families); the span starts at 0 here: the
-        # patched function gets what the family rotates (MLA passes q_rot alone).
-        freqs, inv_freq = self._state.tables(x.device)
-        pos = self.position_ids if self.position_ids.device == x.device else self.position_ids.to(x.device)
-        # Multimodal [3, batch, seq] ids: each pair at its axis (rope.pair_axes).
-        axes = self.rope.pair_axes if pos.dim() == 3 else None
-        return freqs, {"position_ids": pos, "inv_freq": inv_freq, "pair_axes": axes, "inverse": self._state.inverse}
-
-    def __repr__(self) -> str:
-        return f"RotaryPositions(position_ids={tuple(self.position_ids.shape)}, rope={self.rope.extra_repr()})"
-
 
 # ----------------------------------------------------------------------------
 # Per-model patch
@@ -306,7 +221,8 @@ def _patch(model: nn.Module, max_seq_len: Optional[int] = None, fuse_qk_norm: bo
             # allow_inverse: the family's negative angle goes to the ops (_RopeState.inverse).
             rope = RotaryEmbedding(**rope_kwargs_from_hf_config(layer_config(rope_config, layer_type), max_seq_len,
                                                                 layer_type, theta, allow_inverse=True))
-            states[layer_type] = _RopeState(rope.to(_module_device(emb, model)), family.inverse)
+            states[layer_type] = _RopeState(rope.to(_module_device(emb, model)), family.inverse,
+                                            family.span == "trailing")
         built.append((emb, states))
 
     patch = _ModelPatch(max_seq_len, fuse_qk_norm)
