@@ -274,7 +274,8 @@ if ((built)); then
   # Error messages that format numbers must come back whole (no private C++ runtime).
   step cxx_runtime 60 ctest --test-dir "$BUILD" -R cxx_runtime --output-on-failure
   step pytest_errors_variants 240 env PYTHONPATH="$PY_PATH" "$PY" -m pytest -q -rs \
-    tests/python/test_errors.py tests/python/test_layouts.py tests/python/test_varlen.py \
+    tests/python/test_errors.py tests/python/test_errors_inplace.py tests/python/test_errors_now_valid.py \
+    tests/python/test_errors_start_pos_overflow.py tests/python/test_layouts.py tests/python/test_varlen.py \
     tests/python/test_partial_rotary.py tests/python/test_position_forms.py tests/python/test_inv_freq.py \
     tests/python/test_inplace.py tests/python/test_variant_gradients.py tests/python/test_variant_opcheck.py \
     tests/python/test_variant_compile.py tests/python/test_variant_errors.py tests/python/test_runtime.py
