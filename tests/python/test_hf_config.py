@@ -353,7 +353,7 @@ def test_refused_families(cls, kw, match):
 
 
 def test_yarn_fields_rotary_cannot_represent_are_refused():
-    # proportional RoPE (Gemma 4) is a rule now (test_scaling.py checks it against transformers).
+    # proportional RoPE (Gemma 4) is a rule now (test_scaling_hf_parity.py checks it against transformers).
     kwargs = rope_kwargs_from_hf_config({**SMALL, "rope_parameters": {"rope_type": "proportional", "rope_theta": 1e4}})
     assert kwargs["scaling"]["rope_type"] == "proportional"
     # mscale / mscale_all_dim / attention_factor are represented: the folded factor matches transformers'.
