@@ -167,18 +167,7 @@ def test_transformers_parity_head_dim_128_llama3():
     _assert_parity(ours, hf_rope, modeling_llama.apply_rotary_pos_emb, 128, [4000], seed=3)
 
 
-def _op_supports_partial_rotary():
-    try:
-        rotary.apply_rope(torch.zeros(1, 1, 2, 16), rotary.freqs_table(8, 4))
-        return True
-    except (ValueError, RuntimeError):
-        return False
-
-
 @pytest.mark.filterwarnings("ignore")
-@pytest.mark.xfail(
-    not _op_supports_partial_rotary(), strict=False,
-    reason="the op does not yet accept freqs narrower than head_dim (partial rotary is being added to the kernels)")
 @pytest.mark.parametrize("rope_type", ["default", "yarn"])
 def test_transformers_parity_partial_rotary(rope_type):
     params = {"rope_type": rope_type, "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
