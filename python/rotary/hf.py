@@ -194,9 +194,10 @@ def _span(config: Any, fam: Family, partial: float, model_type: str, field, rule
                              "qk_rope_head_dim dims")
         rotary_dim = _int_field(config, "qk_rope_head_dim", model_type)
         offset = _int_field(config, "qk_nope_head_dim", model_type)
-        # The family's own default rule reads the field alone; transformers'
-        # scaled rules (yarn, linear, ...) take partial_rotary_factor of it.
-        share = 1.0 if rule == "default" else partial
+        # The family's own default rule reads the field alone (unless its class
+        # reads the factor there too); transformers' scaled rules (yarn,
+        # linear, ...) take partial_rotary_factor of it.
+        share = 1.0 if rule == "default" and model_type not in DEFAULT_RULE_READS_PARTIAL else partial
         if table and int(_int_field(config, table, model_type) * share) != rotary_dim:
             sized = table if rule == "default" else f"{table} x partial_rotary_factor ({partial!r})"
             raise ValueError(f"from_hf_config: {table}={_get(config, table)!r}: {model_type}'s rotary class sizes "

@@ -278,10 +278,10 @@ FAMILIES: Dict[str, Family] = {
     "qwen4_exp_text": Family(refuse="its attention and QSA indexer index the (cos, sin) of the whole position "
                                     "history (cos[:, -n:], cos[b].index_select(0, block_starts)) and the indexer "
                                     "rotates q alone: the patch returns no table to index"),
-    # Dots3-Note: MLA through apply_rotary_pos_emb_interleave (its indexer too).
-    "dots3_note_text": Family(refuse="its MLA span is per layer type (per_layer_config), each table sized by "
-                                     "partial_rotary_factor = qk_rope_head_dim / head_dim of that type: rotary "
-                                     "reads one span"),
+    # Dots3-Note: MLA through apply_rotary_pos_emb_interleave (its indexer too),
+    # per layer type (per_layer_config), each type's table head_dim x its
+    # partial_rotary_factor wide (its class reads the factor in the default rule).
+    "dots3_note_text": Family(pairing="interleaved", span="mla", table_dim_field="head_dim"),
     "roformer": Family(refuse="a staticmethod of its attention rotates with an nn.Embedding sinusoidal table "
                               "(no rotary_emb to patch)"),
     **{name: Family(refuse=_NOT_VERIFIED) for name in (

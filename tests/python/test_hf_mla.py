@@ -54,7 +54,7 @@ CASES = [
      hf_mla_interleave("mistral4", "Mistral4RotaryEmbedding"), 20, False),
 ]
 # The families tested here (test_hf_config.test_every_family_is_tested reads it).
-TESTED = {c[1] for c in CASES}
+TESTED = {c[1] for c in CASES} | {"dots3_note_text"}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
@@ -112,3 +112,33 @@ def test_mistral4_table_width_must_be_the_rope_span():
     with pytest.raises(ValueError, match=r"head_dim=20: mistral4's rotary class sizes its default table by head_dim, "
                                          r"which must equal qk_rope_head_dim=8"):
         rope_kwargs_from_hf_config(make_config("Mistral4Config", **dict(MISTRAL4, rope_parameters=DEFAULT)))
+
+
+def test_dots3_note_span_per_layer_type():
+    """Dots3-Note's layer types have their own [nope | rope] heads and tables
+    (per_layer_config): each type's config gives its own module, equal to
+    transformers' rotation of that type (the sweep's tiny config: nope 8 on
+    the indexed layers, 12 on the sliding ones, rope 8, head_dim 20)."""
+    from rotary_testing.hf_tiny import _shrink
+    from transformers import AutoConfig
+
+    cfg = _shrink(AutoConfig.for_model("dots3_note_text"))
+    m = modeling("dots3_note")
+    hf_rope = m.Dots3NoteTextRotaryEmbedding(cfg)
+    nopes = set()
+    for layer_type in sorted(set(cfg.layer_types)):
+        layer = cfg.per_layer_config[layer_type]
+        rope = rotary.RotaryEmbedding.from_hf_config(layer, layer_type=layer_type)
+        nope = layer.qk_nope_head_dim
+        nopes.add(nope)
+        assert (rope.dim, rope.rotary_offset, rope.interleaved) == (layer.qk_rope_head_dim, nope, True)
+        q, k, pos = inputs(nope + rope.dim, False, 5)
+        cos, sin = hf_rope(q, pos, layer_type)
+        want = [torch.cat([t[..., :nope], r], -1)
+                for t, r in zip((q, k), m.apply_rotary_pos_emb_interleave(q[..., nope:], k[..., nope:], cos, sin))]
+        for g, w in zip(rope(q, k, position_ids=pos), want):
+            torch.testing.assert_close(deinterleave(g, nope), w, atol=ATOL, rtol=0)
+    assert len(nopes) == 2  # the two types' spans differ
+    with pytest.raises(ValueError, match=r"per_layer_config: dots3_note_text sets head_dim and its rules per layer "
+                                         r"type; pass config.per_layer_config\[layer_type\]"):
+        rope_kwargs_from_hf_config(cfg, layer_type="sliding_attention")
