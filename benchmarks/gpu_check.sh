@@ -292,7 +292,8 @@ if ((built && have_gpu)) && command -v compute-sanitizer > /dev/null; then
   # The Python suites' CUDA kernels under memcheck (the compiled cases left out:
   # cudagraph trees and inductor's own kernels are not ours).
   step memcheck_py 180 env PYTHONPATH="$PY_PATH" compute-sanitizer --tool memcheck --error-exitcode 1 \
-    "$PY" -m pytest -q -x tests/python/test_ops.py tests/python/test_kv_cache.py tests/python/test_kv_cache_mla.py \
+    "$PY" -m pytest -q -x tests/python/test_ops_devices.py tests/python/test_kv_cache_layouts.py \
+    tests/python/test_kv_cache_devices.py tests/python/test_kv_cache_mla.py \
     tests/python/test_qk_norm.py tests/python/test_qk_norm_kv_cache.py tests/python/test_qk_norm_fp8.py \
     tests/python/test_cos_sin.py -k "cuda and not compile"
 else

@@ -1,4 +1,4 @@
-"""Cases for apply_rope_with_kv_cache_ (test_kv_cache.py, on every device):
+"""Cases for apply_rope_with_kv_cache_ (test_kv_cache_layouts.py, _refusals, _module and _devices, on every device):
 inputs, the unfused sequence it must equal bit for bit
 (apply_rope_qk_, then index writes in plain torch) and the float64
 reference of what lands in the cache."""

@@ -1,0 +1,61 @@
+"""rotary.KVCache with CppRotaryEmbedding.forward_with_cache (bound from
+C++): the cache fills step by step (float8_e4m3fn too), refuses past its
+capacity and a rotary span past head_dim, and writes nothing then. (Split
+from the old test_kv_cache.py by concern.)"""
+
+import pytest
+import torch
+
+import rotary
+from rotary_testing.kv_testing import FP8, quantize
+
+pytestmark = pytest.mark.usefixtures("reset_dynamo")
+
+
+# ---------------------------------------------------------------------------
+# rotary.KVCache + CppRotaryEmbedding.forward_with_cache (bound from C++)
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("layout,dtype", [("BHSD", torch.float32), ("BSHD", torch.bfloat16), ("BHSD", FP8)])
+def test_cpp_module_forward_with_cache(layout, dtype):
+    from rotary_testing.rope_testing import randn
+
+    rope = rotary.CppRotaryEmbedding(32, 64)
+    scales = dict(k_scale=0.5, v_scale=0.25) if dtype == FP8 else {}  # refused on other caches
+    cache = rotary.KVCache(2, 2, 8, 32, layout=layout, dtype=dtype, **scales)
+    assert "capacity=8" in repr(cache) and cache.length == 0
+    work = torch.float32 if dtype == FP8 else dtype
+    for step, (S, seed) in enumerate([(5, 1), (1, 4), (1, 7)]):
+        start = cache.length
+        q, k, v = (randn((2, h, S, 32), work, seed + i) for i, h in enumerate((4, 2, 2)))
+        want_q, want_k = rope(q, k, start)
+        got_q, keys, values = rope.forward_with_cache(q, k, v, cache)
+        assert got_q is q and torch.equal(q, want_q) and torch.equal(k, want_k), step
+        assert cache.length == start + S and keys.shape == (2, 2, start + S, 32)
+        new_k, new_v = keys[:, :, start:], values[:, :, start:]
+        if dtype == FP8:
+            # dequantised as x * scale (powers of two here): the stored bits come back exactly
+            assert torch.equal((keys[:, :, start:] / 0.5).to(FP8).view(torch.uint8), quantize(want_k, torch.tensor(0.5), 1).view(torch.uint8))
+            assert torch.equal((values[:, :, start:] / 0.25).to(FP8).view(torch.uint8), quantize(v, torch.tensor(0.25), 1).view(torch.uint8))
+        else:
+            assert torch.equal(new_k, want_k) and torch.equal(new_v, v)
+    full = cache.length
+    before = [t.clone() for t in cache.buffers()]
+    q, k, v = (randn((2, h, 2, 32), work, 9) for h in (4, 2, 2))
+    with pytest.raises(IndexError, match="exceeds its capacity 8"):
+        rope.forward_with_cache(q, k, v, cache)
+    assert cache.length == full and all(torch.equal(a.float(), b.float()) for a, b in zip(cache.buffers(), before))
+    cache.truncate(3)
+    assert cache.length == 3
+
+
+def test_cpp_module_forward_with_cache_refuses_a_span_past_head_dim():
+    # A rotary_offset is served (test_kv_cache_features.py); a span past head_dim is not.
+    from rotary_testing.rope_testing import randn
+
+    rope = rotary.CppRotaryEmbedding(16, 64, rotary_offset=24)
+    cache = rotary.KVCache(1, 1, 8, 32)
+    q, k, v = (randn((1, h, 2, 32), torch.float32, 20 + h) for h in (2, 1, 1))
+    before = [t.clone() for t in (q, k, *cache.buffers())]
+    with pytest.raises(ValueError, match=r"head_dim must be >= rotary_offset \+ dim = 40 .*got head_dim 32"):
+        rope.forward_with_cache(q, k, v, cache)
+    assert cache.length == 0 and all(torch.equal(a, b) for a, b in zip((q, k, *cache.buffers()), before))
