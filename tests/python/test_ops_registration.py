@@ -147,7 +147,7 @@ def test_fake_tensor_shapes_and_strides():
         assert fa.shape == r.shape and fa.dtype == r.dtype and fa.stride() == r.stride()
 
 
-def _opcheck_samples(device):
+def _device_opcheck_samples(device):
     f = rotary.freqs_table(64, 64).to(device)
     return [
         (torch.ops.rotary.apply_rope.default,
@@ -167,5 +167,5 @@ def _opcheck_samples(device):
 
 @pytest.mark.parametrize("i", range(4))
 def test_opcheck(device, i):
-    op, args, kwargs = _opcheck_samples(device)[i]
+    op, args, kwargs = _device_opcheck_samples(device)[i]
     torch.library.opcheck(op, args, kwargs)
