@@ -1,13 +1,13 @@
 """Pieces of reading a Hugging Face config (rotary.hf) that belong to one
 rule or one kind of family: the rule's name and its checked RopeScaling,
-multimodal sections, and the per-layer bases of GraniteSWA's
-layer_rope_theta."""
+multimodal sections, the rotated span of a head as the family lays it out,
+and the per-layer bases of GraniteSWA's layer_rope_theta."""
 
 import math
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from . import _C
-from .hf_families import Family
+from .hf_families import DEFAULT_RULE_READS_PARTIAL, Family
 
 # Keys of rope_parameters that describe the model rather than the rule.
 MODEL_KEYS = ("rope_theta", "partial_rotary_factor")
@@ -113,3 +113,58 @@ def scaling(config: Any, params: Dict[str, Any], max_pos: Optional[int], rotary_
     spec = _C.RopeScaling.from_dict(scaling, strict=False)
     spec.validate(rotary_dim)
     return spec
+
+
+def int_field(config: Any, name: str, model_type: str) -> int:
+    value = get(config, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"from_hf_config: {model_type} needs {name}, an int >= 0, got {value!r}")
+    return value
+
+
+def span(config: Any, fam: Family, partial: float, model_type: str, field, rule: str) -> Tuple[int, int]:
+    """(rotary_dim, rotary_offset): the rotated dims of a head, as the family
+    lays them out."""
+    offset = 0
+    if fam.span == "mla":
+        table = fam.table_dim_field
+        if partial != 1.0 and not table:
+            raise ValueError(f"from_hf_config: partial_rotary_factor={partial!r}: {model_type} rotates all "
+                             "qk_rope_head_dim dims")
+        rotary_dim = int_field(config, "qk_rope_head_dim", model_type)
+        offset = int_field(config, "qk_nope_head_dim", model_type)
+        # The family's own default rule reads the field alone (unless its class
+        # reads the factor there too); transformers' scaled rules (yarn,
+        # linear, ...) take partial_rotary_factor of it.
+        share = 1.0 if rule == "default" and model_type not in DEFAULT_RULE_READS_PARTIAL else partial
+        if table and int(int_field(config, table, model_type) * share) != rotary_dim:
+            sized = table if rule == "default" else f"{table} x partial_rotary_factor ({partial!r})"
+            raise ValueError(f"from_hf_config: {table}={get(config, table)!r}: {model_type}'s rotary class sizes "
+                             f"its {rule} table by {sized}, which must equal qk_rope_head_dim={rotary_dim}")
+        head_dim = offset + rotary_dim
+    else:
+        head_dim = field("head_dim") if fam.span in ("leading", "trailing") else None
+        if not head_dim:
+            hidden = field("hidden_size")
+            heads = field("num_attention_heads")
+            if hidden is None or not heads:
+                raise ValueError(
+                    "from_hf_config: the config has no head_dim, and no hidden_size and num_attention_heads "
+                    "to derive it from"
+                )
+            head_dim = hidden // heads
+        if fam.span == "rotary_dim":
+            rotary_dim = get(config, "rotary_dim")
+            if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int) or not 0 < rotary_dim <= head_dim:
+                raise ValueError(f"from_hf_config: {model_type} needs rotary_dim, an int in (0, head_dim = "
+                                 f"{head_dim}], got {rotary_dim!r}")
+        else:
+            rotary_dim = int(head_dim * partial)
+            if fam.span == "trailing":
+                offset = head_dim - rotary_dim
+    if rotary_dim <= 0 or rotary_dim % 2:
+        raise ValueError(
+            f"from_hf_config: head_dim {head_dim} * partial_rotary_factor {partial} gives rotary dim "
+            f"{rotary_dim}; it must be even and > 0"
+        )
+    return rotary_dim, offset

@@ -10,11 +10,11 @@ read through its ``text_config`` if it has one. Pairing and rotated span per
 
 import math
 import re
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional
 
 from . import _C
 from ._hf_parts import get as _get, layer_theta as _layer_theta, layer_thetas as _layer_thetas
-from ._hf_parts import rule_of as _rule_of, scaling as _scaling, sections as _sections
+from ._hf_parts import rule_of as _rule_of, scaling as _scaling, sections as _sections, span as _span
 from .hf_families import (CLASS_HEAD_DIM, CLASS_ORIGINAL_MAX, CLASS_PARTIAL, CLASS_RULE, CLASS_TEXT_CONFIG, CLASS_THETA,
                           DEFAULT_RULE_READS_PARTIAL, FAMILIES, GENERIC_FIELDS, Family)
 from .hf_families import family_of
@@ -67,13 +67,6 @@ def _text_config(config: Any) -> Any:
                              "object")
         text = {**_fields(text), "model_type": top}
     return text
-
-
-def _int_field(config: Any, name: str, model_type: str) -> int:
-    value = _get(config, name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"from_hf_config: {model_type} needs {name}, an int >= 0, got {value!r}")
-    return value
 
 
 def _check_fields(config: Any, model_type: str, family: Optional[Family]) -> None:
@@ -181,54 +174,6 @@ def _rope_params(config: Any, layer_type: Optional[str] = None, fam: Family = Fa
             raise ValueError(f"from_hf_config: rope_parameters[{key!r}]={value!r} is not read by any rule; "
                              "rotary cannot represent it")
     return params
-
-
-def _span(config: Any, fam: Family, partial: float, model_type: str, field, rule: str) -> Tuple[int, int]:
-    """(rotary_dim, rotary_offset): the rotated dims of a head, as the family
-    lays them out."""
-    offset = 0
-    if fam.span == "mla":
-        table = fam.table_dim_field
-        if partial != 1.0 and not table:
-            raise ValueError(f"from_hf_config: partial_rotary_factor={partial!r}: {model_type} rotates all "
-                             "qk_rope_head_dim dims")
-        rotary_dim = _int_field(config, "qk_rope_head_dim", model_type)
-        offset = _int_field(config, "qk_nope_head_dim", model_type)
-        # The family's own default rule reads the field alone (unless its class
-        # reads the factor there too); transformers' scaled rules (yarn,
-        # linear, ...) take partial_rotary_factor of it.
-        share = 1.0 if rule == "default" and model_type not in DEFAULT_RULE_READS_PARTIAL else partial
-        if table and int(_int_field(config, table, model_type) * share) != rotary_dim:
-            sized = table if rule == "default" else f"{table} x partial_rotary_factor ({partial!r})"
-            raise ValueError(f"from_hf_config: {table}={_get(config, table)!r}: {model_type}'s rotary class sizes "
-                             f"its {rule} table by {sized}, which must equal qk_rope_head_dim={rotary_dim}")
-        head_dim = offset + rotary_dim
-    else:
-        head_dim = field("head_dim") if fam.span in ("leading", "trailing") else None
-        if not head_dim:
-            hidden = field("hidden_size")
-            heads = field("num_attention_heads")
-            if hidden is None or not heads:
-                raise ValueError(
-                    "from_hf_config: the config has no head_dim, and no hidden_size and num_attention_heads "
-                    "to derive it from"
-                )
-            head_dim = hidden // heads
-        if fam.span == "rotary_dim":
-            rotary_dim = _get(config, "rotary_dim")
-            if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int) or not 0 < rotary_dim <= head_dim:
-                raise ValueError(f"from_hf_config: {model_type} needs rotary_dim, an int in (0, head_dim = "
-                                 f"{head_dim}], got {rotary_dim!r}")
-        else:
-            rotary_dim = int(head_dim * partial)
-            if fam.span == "trailing":
-                offset = head_dim - rotary_dim
-    if rotary_dim <= 0 or rotary_dim % 2:
-        raise ValueError(
-            f"from_hf_config: head_dim {head_dim} * partial_rotary_factor {partial} gives rotary dim "
-            f"{rotary_dim}; it must be even and > 0"
-        )
-    return rotary_dim, offset
 
 
 def layer_thetas_of(config: Any) -> Optional[List[float]]:
