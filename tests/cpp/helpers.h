@@ -1,12 +1,16 @@
 // Shared test helpers: per-dtype tolerances, a float64 closeness assertion
-// that reports the worst element, allocator poisoning and error matching.
+// that reports the worst element, allocator poisoning and error matching,
+// and what tests split over several files share (a table, fixtures).
 #pragma once
+
+#include <rotary/freqs.h>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Type.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <torch/utils.h>
 
 #include <fstream>
 #include <limits>
@@ -27,6 +31,8 @@ struct Tolerance {
 };
 // float32 within 1e-5 absolute (unit-normal values against the table).
 constexpr Tolerance kF32{1e-5, 0.0};
+// float64 within 1e-6 absolute.
+constexpr Tolerance kF64{1e-6, 0.0};
 
 // tests/tolerances.txt is the one tolerance table; the Python tests read it
 // too. CMake passes its path, so the binary finds it from any directory.
@@ -300,5 +306,26 @@ void add_both_pairings(std::vector<Case>& cases, const std::string& name, Edit e
     cases.push_back(c);
   }
 }
+
+// The table the argument-error tests pass (test_errors_tensors.cpp,
+// test_errors_positions.cpp, test_bad_input_matrix.cpp).
+inline const at::Tensor& freqs8() {
+  static const at::Tensor f = rotary::rope_freqs(8, 16);  // [16, 4], head_dim 8
+  return f;
+}
+
+// Fixtures of suites whose tests live in several files (gtest wants one
+// fixture class per suite): each seeds the generator before every test.
+// Seeded: the functional API's numerical tests (test_ops_*.cpp).
+class Seeded : public ::testing::Test {
+ protected:
+  void SetUp() override { at::manual_seed(20240611); }
+};
+
+// RotaryModule: the module's tests (test_module_*.cpp).
+class RotaryModule : public ::testing::Test {
+ protected:
+  void SetUp() override { torch::manual_seed(4321); }
+};
 
 }  // namespace rotary_test

@@ -16,11 +16,10 @@
 namespace {
 
 using rotary_test::AllClose;
+using rotary_test::kF64;
 using rotary_test::ref_rope;
 using rotary_test::Tolerance;
 using rotary_test::tolerance_for;
-
-constexpr Tolerance kF64{1e-6, 0.0};
 
 class RopeAutograd : public ::testing::Test {
  protected:

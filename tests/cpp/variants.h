@@ -1,6 +1,6 @@
 // Shared by the RoPE variant tests (test_layouts.cpp, test_varlen.cpp,
 // test_partial_rotary.cpp, test_inv_freq.cpp, test_inplace.cpp,
-// test_variant_autograd.cpp, test_variant_errors.cpp): inputs, layouts and
+// test_variant_gradients.cpp, test_variant_errors.cpp): inputs, layouts and
 // the references built on the float64 reference of reference.h:
 //   layouts    "BSHD" / "SBHD" are views of the reference's [B, H, S, D];
 //   partial    the reference on x.narrow(-1, 0, r) (a head of size r) plus
@@ -25,8 +25,6 @@
 namespace rotary_test {
 
 using OptTensor = std::optional<at::Tensor>;
-
-constexpr Tolerance kF64{1e-6, 0.0};
 
 inline at::Tensor cu_from_lens(const std::vector<int64_t>& lens, at::ScalarType dtype = at::kLong) {
   std::vector<int64_t> cu{0};
