@@ -13,7 +13,7 @@ import torch
 import rotary
 
 from .common import DEVICE, DOCUMENTED, FLOATS, Finding, bits, check_close, check_vmap, judge_refusal, set_kind
-from .op_cases import Builder, canonical, logical_shape
+from .op_inputs import Builder, canonical, logical_shape
 
 LAYOUTS = ["BHSD", "BSHD", "SBHD", "THD"]  # THD here: vLLM's [tokens, heads, head_dim]
 FORMS = ["S", "1S", "BS", "ids", "cache"]

@@ -17,7 +17,7 @@ from rotary_testing.reference import inv_freq as ref_inv_freq
 
 from .common import (DEVICE, DOCUMENTED, FLOATS, Finding, bits, check_close, check_tangents, check_vmap, judge_refusal,
                      same_bits, set_kind)
-from .op_cases import Builder, _positions, _reference, _rows, canonical, heads_axis, logical_shape, share_elements
+from .op_inputs import Builder, _positions, _reference, _rows, canonical, heads_axis, logical_shape, share_elements
 
 OPS = ["apply_qk_norm_rope", "apply_qk_norm_rope_"]
 LAYOUTS = ["BHSD", "BSHD", "SBHD", "THD"]

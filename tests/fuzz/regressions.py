@@ -13,7 +13,7 @@ from rotary_testing.reference import inv_freq as ref_inv_freq
 from rotary_testing.reference import rope_reference
 
 from .common import DOCUMENTED, Finding, Refused, bits, check_close, expect_refusal, same_bits, set_kind
-from .module_cases import LEAKS, RuleModel, module_reference, same_state, state_of
+from .module_rules import LEAKS, RuleModel, module_reference, same_state, state_of
 
 
 def _x(*shape, seed=0, dtype=torch.float64):

@@ -61,7 +61,7 @@ def _worker(rank, world, init_method, out_dir):
 
 def _spawn(world, out_dir):
     init_method = f"file://{out_dir}/init"
-    multiprocessing.set_forkserver_preload(["torch", "torch.distributed.tensor", "rotary", "dist_scenarios"])
+    multiprocessing.set_forkserver_preload(["torch", "torch.distributed.tensor", "rotary", "rotary_testing.dist_scenarios"])
     ctx = mp.start_processes(
         _worker, args=(world, init_method, str(out_dir)), nprocs=world, join=False, start_method="forkserver"
     )

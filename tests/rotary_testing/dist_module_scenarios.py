@@ -10,15 +10,11 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
 import rotary
-from rotary_testing.dist_scenarios import dshard, local_part
+from rotary_testing.dist_scenarios import _rand, dshard, local_part
 from rotary_testing.reference import rope_reference
 
 D = 16
 DYNAMIC = {"rope_type": "dynamic", "factor": 2.0}
-
-
-def _rand(*shape, seed):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
 def dynamic_sharded_positions(mesh):
