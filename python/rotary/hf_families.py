@@ -274,10 +274,9 @@ FAMILIES: Dict[str, Family] = {
     # Read from their modeling code: rotations beyond q and k, or none through rotary_emb.
     "inkling2_text": Family(refuse="its text layers have no RoPE (a relative position bias); only its vision "
                                    "tower rotates, through apply_rotary_pos_emb_vision"),
-    # Qwen4-Exp: Qwen3.5's M-RoPE ((11, 11, 10) interleaved), but over the whole position history.
-    "qwen4_exp_text": Family(refuse="its attention and QSA indexer index the (cos, sin) of the whole position "
-                                    "history (cos[:, -n:], cos[b].index_select(0, block_starts)) and the indexer "
-                                    "rotates q alone: the patch returns no table to index"),
+    # Qwen4-Exp: Qwen3.5's M-RoPE ((11, 11, 10) interleaved), over the whole position
+    # history, which its attention and indexer index (RotaryPositions.__getitem__).
+    "qwen4_exp_text": _QWEN3_5,
     # Dots3-Note: MLA through apply_rotary_pos_emb_interleave (its indexer too),
     # per layer type (per_layer_config), each type's table head_dim x its
     # partial_rotary_factor wide (its class reads the factor in the default rule).

@@ -56,9 +56,10 @@ TINY_FOR = {"qwen3_5_text": dict(head_dim=256), "qwen3_5_moe_text": dict(head_di
                                              "heavily_compressed_attention"]),
             # Dots3-Note's sliding layers keep their default head_dim (global nope 8 + rope 8, sliding 12 + 8)
             "dots3_note_text": dict(head_dim=20),
-            # Qwen4-Exp's sparse-attention indexer has no default sizes (a budget under the sweep's 12)
-            "qwen4_exp_text": dict(indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=4,
-                                   indexer_compress_ratio=2, linear_num_key_heads=2, linear_num_value_heads=4,
+            # Qwen4-Exp: M-RoPE sections (11, 11, 10) over 64-wide heads, its indexer's too; the indexer has no
+            # default sizes (a budget under the sweep's 12)
+            "qwen4_exp_text": dict(head_dim=64, indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=64,
+                                   indexer_budget=4, indexer_compress_ratio=2, linear_num_key_heads=2, linear_num_value_heads=4,
                                    linear_key_head_dim=16, linear_value_head_dim=16, hc_lowrank=8, ple_embed_dim=16,
                                    ngram_vocab_size_base=VOCAB, split_ngram_parts=2),
             # Dory loops its middle layers: one in, one looped, one out

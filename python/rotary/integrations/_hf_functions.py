@@ -96,8 +96,10 @@ def _make_wrapper(original: Callable, handle: type, interleaved: Optional[bool],
     unsqueeze_of = _unsqueeze_of(original, names, 4)
 
     @functools.wraps(original)
-    def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
+    def apply_rotary_pos_emb(q, k=None, cos=None, sin=None, *args, **kwargs):
         if isinstance(cos, handle):
+            if k is None:  # Qwen4-Exp's indexer rotates q alone
+                return cos.apply_one(q, unsqueeze_of(args, kwargs), interleaved, sin=sin)
             return cos.apply(q, k, unsqueeze_of(args, kwargs), interleaved, sin=sin)
         return original(q, k, cos, sin, *args, **kwargs)
 

@@ -122,6 +122,7 @@ SUPPORTED = frozenset({
     'qwen3_moe',
     'qwen3_next',
     'qwen3_vl',
+    'qwen4_exp_text',
     'recurrent_gemma',
     'sarvam_mla',
     'sarvam_moe',
@@ -161,6 +162,7 @@ QK_NORM_FUSED = frozenset({
     'qwen3_moe',
     'qwen3_next',
     'qwen3_vl',
+    'qwen4_exp_text',
     'sarvam_moe',
 })
 
@@ -177,6 +179,5 @@ REFUSED = {
     'qwen3_5': "its causal LM is its text model, model_type 'qwen3_5_text' (swept under that name); its multimodal model is not swept",
     'qwen3_5_moe': "its causal LM is its text model, model_type 'qwen3_5_moe_text' (swept under that name); its multimodal model is not swept",
     'qwen4_exp': "its causal LM is its text model, model_type 'qwen4_exp_text' (swept under that name); its multimodal model is not swept",
-    'qwen4_exp_text': 'its attention and QSA indexer index the (cos, sin) of the whole position history (cos[:, -n:], cos[b].index_select(0, block_starts)) and the indexer rotates ...',
     'roformer': 'a staticmethod of its attention rotates with an nn.Embedding sinusoidal table (no rotary_emb to patch)',
 }
