@@ -45,6 +45,8 @@ class RotaryPositions:
     @property
     def position_ids(self) -> torch.Tensor:
         pos = self._root
+        if not self._steps:  # every family's call but Qwen4-Exp's indexing
+            return pos
         for step in self._steps:
             if step[0] == "tokens":
                 pos = pos[..., step[1]:step[2]]
@@ -59,6 +61,8 @@ class RotaryPositions:
     @property
     def _rows(self) -> bool:
         """cos[b] picked one sequence of the batch: the handle stands for [tokens, dim]."""
+        if not self._steps:
+            return False
         kinds = [step[0] for step in self._steps]
         return "sequence" in kinds and "batch" not in kinds
 
@@ -80,6 +84,8 @@ class RotaryPositions:
     def _conjugate(self, sin: Any) -> bool:
         """Whether (self, sin), as a patched function got them for (cos, sin),
         is the inverse rotation: (h, -h). Any other pair raises."""
+        if sin is self and not self._negated:  # (h, h): the patched embedding returned one handle twice
+            return False
         paired = sin is None or (isinstance(sin, RotaryPositions) and sin._state is self._state
                                  and self._same_view(sin))
         if self._negated or not paired:
