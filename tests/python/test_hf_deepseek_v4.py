@@ -99,3 +99,21 @@ def test_handle_negation_is_the_inverse_rotation():
             cos.apply_one(x, 1, sin=sin)
     with pytest.raises(ValueError, match=r"turns the last 8 dims of each head, got a tensor of shape \(2, 3, 7, 6\)"):
         h.apply_one(x[..., :6], 1, sin=h)
+
+
+@pytest.mark.parametrize("rule", [None, {"rope_type": "dynamic", "factor": 2.0}], ids=["default", "dynamic"])
+def test_patch_builds_each_table_once(rule):
+    """Every compressor and indexer owns a rotary_emb (over 60 in the 1M-position
+    model): equal tables are built once and shared, except a host-driven
+    rule's, which follows its own embedding's calls."""
+    from rotary_testing.hf_tiny import tiny_model
+
+    from rotary.integrations.transformers import rotary_patched
+
+    model = tiny_model("deepseek_v4", "DeepseekV4ForCausalLM", dict(rope_parameters=rule) if rule else None)
+    with rotary_patched(model):
+        patched = model._rotary_integration_state.rotary
+        states = {t: {id(s[t]) for _, _, s in patched} for t in ("main", "compress")}
+    assert len(patched) == 4  # the model's, two compressors', the indexer's
+    assert len(states["main"]) == 1
+    assert len(states["compress"]) == (4 if rule else 1)

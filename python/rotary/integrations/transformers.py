@@ -215,14 +215,25 @@ def _patch(model: nn.Module, max_seq_len: Optional[int] = None, fuse_qk_norm: bo
 
     # Build everything first so that a config error leaves the model untouched.
     built = []
+    # Equal tables on one device are built once: DeepSeek-V4's compressors and
+    # indexers each own a rotary_emb (over 60 at 1M positions). A host-driven
+    # rule's table follows its own embedding's calls, so it is never shared.
+    shared: Dict[str, _RopeState] = {}
     for emb, rope_config, theta in embeddings:
         states = {}
+        device = _module_device(emb, model)
         for layer_type in layer_types_of(rope_config) or [None]:  # one table per layer type (Gemma 3, ...)
             # allow_inverse: the family's negative angle goes to the ops (_RopeState.inverse).
-            rope = RotaryEmbedding(**rope_kwargs_from_hf_config(layer_config(rope_config, layer_type), max_seq_len,
-                                                                layer_type, theta, allow_inverse=True))
-            states[layer_type] = _RopeState(rope.to(_module_device(emb, model)), family.inverse,
-                                            family.span == "trailing")
+            kwargs = rope_kwargs_from_hf_config(layer_config(rope_config, layer_type), max_seq_len, layer_type, theta,
+                                                allow_inverse=True)
+            key = repr((sorted(kwargs.items()), device))
+            state = shared.get(key)
+            if state is None:
+                rope = RotaryEmbedding(**kwargs).to(device)
+                state = _RopeState(rope, family.inverse, family.span == "trailing")
+                if not rope.host_driven:
+                    shared[key] = state
+            states[layer_type] = state
         built.append((emb, states))
 
     patch = _ModelPatch(max_seq_len, fuse_qk_norm)
