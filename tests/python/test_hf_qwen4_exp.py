@@ -104,3 +104,30 @@ def test_pairs_must_be_indexed_alike():
                         (h[0].index_select(0, starts), h[0].index_select(0, starts.clone()), y)):
         with pytest.raises(TypeError, match=r"takes the \(cos, sin\) pair of one patched rotary embedding call"):
             cos.apply_one(t, 2 if t is x else 1, sin=sin)
+
+
+def test_any_indexing_is_exact_or_refused():
+    """Each index expression either raises or gives the rotation of the real
+    pair indexed the same way: never a rotation at other positions."""
+    cfg, _, hf_rope, pos, h = setup(11)
+    m = modeling("qwen4_exp")
+    cos, sin = hf_rope(randn((1,), 0), pos)
+    exprs = [(slice(None), slice(-3, None)), (slice(None), slice(2, 5), slice(None)), (slice(None), slice(None)),
+             (slice(None), slice(0, 0)), (slice(None), slice(-3, None, 2)), (slice(None), slice(1, 4), slice(0, 8)),
+             (Ellipsis, slice(0, D)), (Ellipsis, slice(0, 8)), 1, -1, -2, (0,), (slice(0, 1), slice(2, 5)),
+             (slice(None), 3), (1, slice(2, 5)), [0, 1], True]
+    for index in exprs:
+        try:
+            hc, hs = h[index], h[index]
+        except TypeError:
+            continue
+        c, s = cos[index], sin[index]
+        if c.dim() == 3:  # [batch, tokens, dim]: q as the indexer's, [batch, tokens, heads, dim]
+            x = randn((B, c.shape[1], H, D), seed=12)
+            want = m.apply_rotary_pos_emb(x, cos=c, sin=s, unsqueeze_dim=2)
+            got = hc.apply_one(x, 2, sin=hs)
+        else:  # one sequence, [tokens, dim]: keys [tokens, 1, dim]
+            x = randn((c.shape[0], 1, D), seed=13)
+            want = m.apply_rotary_pos_emb(x, cos=c, sin=s)
+            got = hc.apply_one(x, 1, sin=hs)
+        torch.testing.assert_close(got, want, atol=ATOL, rtol=0, msg=lambda e, i=index: f"{i!r}: {e}")
