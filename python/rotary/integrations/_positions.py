@@ -36,10 +36,10 @@ class RotaryPositions:
         self._root = position_ids  # the forward pass's
         self._state = state
         self._negated = negated
-        # The indexing since ("tokens", a, b), ("sequence", b), ("select", tokens),
-        # ("batch",)), applied when positions are read: a cos and a sin indexed
-        # alike pair up (_conjugate), and indexing runs no tensor op of its own
-        # (called from code dynamo runs eagerly, it makes no graph).
+        # The indexing since: ("tokens", a, b), ("sequence", b), ("select",
+        # tokens), ("batch",), applied when positions are read. A cos and a sin
+        # indexed alike pair up (_conjugate); indexing itself runs no tensor op
+        # (called from code dynamo runs eagerly, it compiles no graph).
         self._steps = steps
 
     @property
