@@ -186,6 +186,85 @@ def layer_thetas_of(config: Any) -> Optional[List[float]]:
     return None if values is None else _layer_thetas(values, field, model_type)
 
 
+def _served_family(config: Any, model_type: str, allow_inverse: bool) -> Family:
+    """The family's entry (a blank one outside the table), or a refusal by
+    name of what the config asks that no rotary option represents."""
+    family = family_of(model_type)
+    if family is not None and family.refuse:
+        raise ValueError(f"from_hf_config: model_type {model_type!r} is not supported: {family.refuse}")
+    if family is not None and family.inverse and not allow_inverse:
+        raise ValueError(f"from_hf_config: model_type {model_type!r} rotates by the negative angle, which "
+                         "RotaryEmbedding has no option for (the ops take inverse=True)")
+    _check_fields(config, model_type, family)
+    fam = family or Family()
+    if fam.rope_keys and layer_types_of(config) != list(fam.rope_keys):
+        raise ValueError(f"from_hf_config: {model_type}'s config class builds rope_parameters keyed by "
+                         f"{', '.join(map(repr, fam.rope_keys))} from its top-level fields "
+                         f"({', '.join(('rope_theta',) + fam.folded_fields)}); got rope_parameters "
+                         f"{_given_params(config)!r}: pass the config object")
+    heterogeneous = (bool(config.get("per_layer_config")) if isinstance(config, Mapping)
+                     else getattr(config, "is_heterogeneous", False) is True)
+    if heterogeneous:
+        raise ValueError(f"from_hf_config: per_layer_config: {model_type or 'the config'} sets head_dim and its "
+                         "rules per layer type; pass config.per_layer_config[layer_type]")
+    return fam
+
+
+def _theta(config: Any, params: Dict[str, Any], fam: Family, model_type: str, layer_theta: Optional[float]) -> float:
+    """The base: the family's fixed one, the layer's own, or the config's."""
+    if fam.theta is not None:  # the family's code ignores these: refuse rather than ignore
+        given = {k: v for k, v in params.items() if not (k in ("rope_type", "type") and v == "default")}
+        given.update((n, _get(config, n)) for n in ("rope_theta", "partial_rotary_factor", "rotary_pct",
+                                                   "rotary_emb_base") if _get(config, n) is not None)
+        for name, value in given.items():
+            raise ValueError(f"from_hf_config: {name}={value!r}: transformers' {model_type} ignores it "
+                             f"(base {fam.theta:g}, no scaling, rotary_dim sets the span)")
+    theta = fam.theta if fam.theta is not None else _first(
+        params.get("rope_theta"), _get(config, "rope_theta"),
+        _get(config, "rotary_emb_base") if fam.neox_fields else None,
+        _get(config, "default_theta", _DEFAULT_THETA),
+    )
+    per_layer = _get(config, fam.layer_theta_field) if fam.layer_theta_field else None
+    if per_layer is not None:  # the layers' own bases: rope_theta only filled them in
+        theta = _layer_theta(per_layer, fam.layer_theta_field, layer_theta, model_type)
+    elif layer_theta is not None:
+        raise ValueError(f"from_hf_config: layer_theta={layer_theta!r}, but {model_type or 'the config'} has no "
+                         "per-layer bases (rotary.hf.layer_thetas_of)")
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0.0 < theta < math.inf:
+        raise ValueError(f"from_hf_config: rope_theta must be a finite number > 0, got {theta!r}")
+    return float(theta)
+
+
+def _partial(config: Any, params: Dict[str, Any], fam: Family, model_type: str, rule: str) -> float:
+    """The rotated share of each head, refused where the family's default rule
+    would rotate the whole head whatever the field says."""
+    partial = _first(
+        params.get("partial_rotary_factor"), _get(config, "partial_rotary_factor"),
+        _get(config, "rotary_pct") if fam.neox_fields else None, fam.partial_default,
+    )
+    if isinstance(partial, bool) or not isinstance(partial, (int, float)) or not 0.0 < partial <= 1.0:
+        raise ValueError(
+            f"from_hf_config: partial_rotary_factor must be a number in (0, 1] (the rotated share of each head), "
+            f"got {partial!r}"
+        )
+    if (rule == "default" and partial != 1.0 and fam.span in ("leading", "trailing") and model_type
+            and model_type not in DEFAULT_RULE_READS_PARTIAL):
+        raise ValueError(f"from_hf_config: partial_rotary_factor={partial!r}: transformers' {model_type} rotary "
+                         "class is not known to read it in its default rule (those that do: "
+                         "rotary.hf_families.DEFAULT_RULE_READS_PARTIAL); it rotates the whole head there. Drop "
+                         "the field to rotate the whole head")
+    return partial
+
+
+def _interleaved(config: Any, fam: Family) -> bool:
+    if not fam.interleave_field:
+        return fam.pairing == "interleaved"
+    interleaved = _get(config, fam.interleave_field, fam.interleave_default)
+    if not isinstance(interleaved, bool):
+        raise ValueError(f"from_hf_config: {fam.interleave_field} must be a bool, got {interleaved!r}")
+    return interleaved
+
+
 def rope_kwargs_from_hf_config(
     config: Any, max_seq_len: Optional[int] = None, layer_type: Optional[str] = None,
     layer_theta: Optional[float] = None, *, allow_inverse: bool = False,
@@ -244,19 +323,7 @@ def rope_kwargs_from_hf_config(
     """
     config = _text_config(config)
     model_type = str(_get(config, "model_type", ""))
-    family = family_of(model_type)
-    if family is not None and family.refuse:
-        raise ValueError(f"from_hf_config: model_type {model_type!r} is not supported: {family.refuse}")
-    if family is not None and family.inverse and not allow_inverse:
-        raise ValueError(f"from_hf_config: model_type {model_type!r} rotates by the negative angle, which "
-                         "RotaryEmbedding has no option for (the ops take inverse=True)")
-    _check_fields(config, model_type, family)
-    fam = family or Family()
-    if fam.rope_keys and layer_types_of(config) != list(fam.rope_keys):
-        raise ValueError(f"from_hf_config: {model_type}'s config class builds rope_parameters keyed by "
-                         f"{', '.join(map(repr, fam.rope_keys))} from its top-level fields "
-                         f"({', '.join(('rope_theta',) + fam.folded_fields)}); got rope_parameters "
-                         f"{_given_params(config)!r}: pass the config object")
+    fam = _served_family(config, model_type, allow_inverse)
 
     def field(name: str) -> Any:
         value = _get(config, name)
@@ -265,68 +332,17 @@ def rope_kwargs_from_hf_config(
                 value = _get(config, alias)
         return value
 
-    heterogeneous = (bool(config.get("per_layer_config")) if isinstance(config, Mapping)
-                     else getattr(config, "is_heterogeneous", False) is True)
-    if heterogeneous:
-        raise ValueError(f"from_hf_config: per_layer_config: {model_type or 'the config'} sets head_dim and its "
-                         "rules per layer type; pass config.per_layer_config[layer_type]")
     params = _rope_params(config, layer_type, fam)
     nested = layer_types_of(config) is not None
     rule = _rule_of(params)
     if isinstance(config, Mapping):
         _read_as_its_class(config, params, fam, model_type, field, rule, nested)
-
-    if fam.theta is not None:  # the family's code ignores these: refuse rather than ignore
-        given = {k: v for k, v in params.items() if not (k in ("rope_type", "type") and v == "default")}
-        given.update((n, _get(config, n)) for n in ("rope_theta", "partial_rotary_factor", "rotary_pct",
-                                                   "rotary_emb_base") if _get(config, n) is not None)
-        for name, value in given.items():
-            raise ValueError(f"from_hf_config: {name}={value!r}: transformers' {model_type} ignores it "
-                             f"(base {fam.theta:g}, no scaling, rotary_dim sets the span)")
-
+    theta = _theta(config, params, fam, model_type, layer_theta)
     mrope, mrope_inter, axial = _sections(params, fam, model_type)
-
-    theta = fam.theta if fam.theta is not None else _first(
-        params.get("rope_theta"), _get(config, "rope_theta"),
-        _get(config, "rotary_emb_base") if fam.neox_fields else None,
-        _get(config, "default_theta", _DEFAULT_THETA),
-    )
-    per_layer = _get(config, fam.layer_theta_field) if fam.layer_theta_field else None
-    if per_layer is not None:  # the layers' own bases: rope_theta only filled them in
-        theta = _layer_theta(per_layer, fam.layer_theta_field, layer_theta, model_type)
-    elif layer_theta is not None:
-        raise ValueError(f"from_hf_config: layer_theta={layer_theta!r}, but {model_type or 'the config'} has no "
-                         "per-layer bases (rotary.hf.layer_thetas_of)")
-    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0.0 < theta < math.inf:
-        raise ValueError(f"from_hf_config: rope_theta must be a finite number > 0, got {theta!r}")
-    partial = _first(
-        params.get("partial_rotary_factor"), _get(config, "partial_rotary_factor"),
-        _get(config, "rotary_pct") if fam.neox_fields else None, fam.partial_default,
-    )
-    if isinstance(partial, bool) or not isinstance(partial, (int, float)) or not 0.0 < partial <= 1.0:
-        raise ValueError(
-            f"from_hf_config: partial_rotary_factor must be a number in (0, 1] (the rotated share of each head), "
-            f"got {partial!r}"
-        )
-
+    partial = _partial(config, params, fam, model_type, rule)
     # proportional (Gemma 4): the rule turns that share of the whole head's
     # pairs (the others get inv_freq 0), so the span is the whole head.
-    if (rule == "default" and partial != 1.0 and fam.span in ("leading", "trailing") and model_type
-            and model_type not in DEFAULT_RULE_READS_PARTIAL):
-        raise ValueError(f"from_hf_config: partial_rotary_factor={partial!r}: transformers' {model_type} rotary "
-                         "class is not known to read it in its default rule (those that do: "
-                         "rotary.hf_families.DEFAULT_RULE_READS_PARTIAL); it rotates the whole head there. Drop "
-                         "the field to rotate the whole head")
-    proportional = rule == "proportional"
-    rotary_dim, offset = _span(config, fam, 1.0 if proportional else partial, model_type, field, rule)
-
-    if fam.interleave_field:
-        interleaved = _get(config, fam.interleave_field, fam.interleave_default)
-        if not isinstance(interleaved, bool):
-            raise ValueError(f"from_hf_config: {fam.interleave_field} must be a bool, got {interleaved!r}")
-    else:
-        interleaved = fam.pairing == "interleaved"
-
+    rotary_dim, offset = _span(config, fam, 1.0 if rule == "proportional" else partial, model_type, field, rule)
     max_pos = field("max_position_embeddings")
     spec = _scaling(config, params, max_pos, rotary_dim, nested)
 
@@ -335,8 +351,8 @@ def rope_kwargs_from_hf_config(
     kwargs = {
         "dim": rotary_dim,
         "max_seq_len": rows,
-        "theta": float(theta),
-        "interleaved": interleaved,
+        "theta": theta,
+        "interleaved": _interleaved(config, fam),
         "scaling": spec.to_dict(),
     }
     if offset:
