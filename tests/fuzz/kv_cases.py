@@ -173,11 +173,13 @@ class KvDraw:
             smax = max(smax, top + 1)
         given = rng.random() < 0.4 or self.focus == "index_dtypes"
         if given:
-            inner = np.array([[int(x) for x in torch.randperm(max(smax, S), generator=self.gen)[:S].tolist()]
-                              for _ in range(Bq)], dtype=object).reshape(Bq, S) if S else np.zeros((Bq, 0), dtype=object)
+            inner = np.zeros((Bq, 0), dtype=object)
+            if S:
+                inner = np.array([[int(x) for x in torch.randperm(max(smax, S), generator=self.gen)[:S].tolist()]
+                                  for _ in range(Bq)], dtype=object).reshape(Bq, S)
             if self.focus == "index_dtypes" and rng.random() < 0.5:
-                inner = np.array([rng.choice([v for v in (255, 127, hi, lo, 2**63, 2**64 - 1, smax, 0, -1) if lo <= v <= hi])
-                                  for _ in range(T)], dtype=object).reshape(Bq, S)
+                pool = [v for v in (255, 127, hi, lo, 2**63, 2**64 - 1, smax, 0, -1) if lo <= v <= hi]
+                inner = np.array([rng.choice(pool) for _ in range(T)], dtype=object).reshape(Bq, S)
             inner = np.vectorize(lambda x: x if lo <= x <= hi else 0, otypes=[object])(inner) if T else inner
             self.kw["cache_positions"] = int_tensor(inner.reshape(-1) if flat else inner, self.dest_dtype,
                                                     (T,) if flat else (Bq, S))
