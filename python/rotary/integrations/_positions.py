@@ -45,9 +45,7 @@ class RotaryPositions:
     @property
     def position_ids(self) -> torch.Tensor:
         pos = self._root
-        if not self._steps:  # every family's call but Qwen4-Exp's indexing
-            return pos
-        for step in self._steps:
+        for step in self._steps:  # none but in Qwen4-Exp's indexing
             if step[0] == "tokens":
                 pos = pos[..., step[1]:step[2]]
             elif step[0] == "sequence":
@@ -61,7 +59,7 @@ class RotaryPositions:
     @property
     def _rows(self) -> bool:
         """cos[b] picked one sequence of the batch: the handle stands for [tokens, dim]."""
-        if not self._steps:
+        if not self._steps:  # every family's call but Qwen4-Exp's indexing
             return False
         kinds = [step[0] for step in self._steps]
         return "sequence" in kinds and "batch" not in kinds
