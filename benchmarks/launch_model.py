@@ -84,7 +84,7 @@ NEED_KB = (54.0, 74.0)  # bytes in flight per SM for the copy's bandwidth, fitte
 # warp's time spent waiting on DRAM, and on the one H200 figure (bf16 prefill,
 # 2.04x the copy floor) it is optimistic (1.1-1.9), not refitted.
 PROLOGUE_NEED_KB = (20.0, 34.0)
-# The H200's time / clone of the kernel without prefetch (docs/performance.md,
+# The H200's time / clone of the kernel without prefetch (docs/performance/gpu.md,
 # 2026-12-04, BHSD out of place), by (case, dtype, pairing): the fit's data.
 MEASURED = {("prefill", "bf16", "interleaved"): 1.09, ("prefill", "bf16", "half"): 1.08,
             ("training", "bf16", "interleaved"): 1.06, ("training", "bf16", "half"): 1.12,
@@ -293,7 +293,7 @@ def main() -> int:
               f"{'next row' if m['prefetch'] else 'none'} | {m['inflight_kb']:.0f} | "
               f"{lo:.2f}-{hi:.2f} | {lo2:.2f}-{hi2:.2f} | {measured} |")
     print(f"\nH200: {SMS} SMs; {NEED_KB[0]:.0f}-{NEED_KB[1]:.0f} KB in flight per SM give the copy's bandwidth "
-          "(the 1.00 line), fitted to the last column. A model, not a measurement: docs/performance.md has the "
+          "(the 1.00 line), fitted to the last column. A model, not a measurement: docs/performance/gpu.md has the "
           "H200's figures.")
     print("\n| decode step | cache | pairing | fused | launches | row blocks + copy blocks x block | "
           "dependent round trips | predicted GPU time | / two launches | trips fitted to the H200 | "
@@ -307,7 +307,7 @@ def main() -> int:
               f"{m['rows_us'][0]:.1f}-{m['rows_us'][1]:.1f} us, {m['rows_fitted_us'][0]:.1f}-"
               f"{m['rows_fitted_us'][1]:.1f} us |")
     print(f"\n{LAUNCH_US[0]}-{LAUNCH_US[1]} us per launch, {TRIP_US[0]}-{TRIP_US[1]} us per dependent round trip: "
-          "a model of a latency-bound step; docs/performance.md has the H200's decode rows. \"Fitted\": trips of "
+          "a model of a latency-bound step; docs/performance/fused.md has the H200's decode rows. \"Fitted\": trips of "
           f"(DECODE_MEASURED_US - launch) / its trips, which gives the H200's {DECODE_MEASURED_US} us for the "
           "launch it ran (no copy blocks, half pairing, paged NHD); FlashInfer took "
           f"{DECODE_FLASHINFER_US} us there. The last column is each launch without copy blocks.")
@@ -321,7 +321,7 @@ def main() -> int:
               f"{m['blocks_per_sm']} / {m['warps']} | {m['now_kb']:.1f} ({m['before_kb']:.1f}) | "
               f"{m['now'][0]:.1f}-{m['now'][1]:.1f}{unit} | {m['before'][0]:.1f}-{m['before'][1]:.1f}{unit} |")
     print(f"\nPhase-2 items at {ONCHIP_US[0]}-{ONCHIP_US[1]} us per dependent on-chip trip. A model, not a "
-          "measurement: docs/performance.md has the H200's figures.")
+          "measurement: docs/performance/fused.md has the H200's figures.")
     return 0
 
 

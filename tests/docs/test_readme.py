@@ -1,4 +1,4 @@
-"""Runs every fenced code block of README.md and docs/*.md.
+"""Runs every fenced code block of README.md and docs/**/*.md.
 
 Fences are found the way CommonMark finds them (markdown-it-py), so a block
 is tested exactly as a renderer shows it. Each block must run on its own:
@@ -38,7 +38,7 @@ from markdown_it import MarkdownIt
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
-DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 PYTHON = {"python", "py", "python3"}
 CPP = {"cpp", "c++", "cxx"}
 NOT_RUN = {"sh", "bash", "console", "cmake", "text", ""}  # "": a plain ``` block
