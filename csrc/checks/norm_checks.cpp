@@ -60,6 +60,10 @@ NormCall check_norm_args(const char* op, RopeCall rope, const at::Tensor& q, con
                       q.scalar_type(), " q), got ", norm.eps);
     TORCH_CHECK_VALUE(std::abs(norm.weight_offset) <= top, op, ": weight_offset must be finite in float32 (the ",
                       "norm's accumulation type for ", q.scalar_type(), " q), got ", norm.weight_offset);
+    // A tiny eps would be added as 0: a zero head would divide by 0.
+    TORCH_CHECK_VALUE(norm.eps == 0 || static_cast<float>(norm.eps) != 0.0f, op, ": eps is 0 in float32 (the ",
+                      "norm's accumulation type for ", q.scalar_type(), " q), got ", norm.eps, "; pass 0 for no eps, ",
+                      "or at least ", std::numeric_limits<float>::denorm_min());
   }
   call.eps = norm.eps;
   call.weight_offset = norm.weight_offset;

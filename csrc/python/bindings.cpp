@@ -3,6 +3,7 @@
 // builders, RopeScaling (with its dict form, Hugging Face's rope_parameters)
 // and, through bind_*.cpp, the modules' shell and the C++ RotaryEmbedding.
 #include "convert.h"
+#include "checks/checks.h"
 #include "checks/checks_positions.h"
 #include "params/layouts.h"
 
@@ -133,6 +134,21 @@ PYBIND11_MODULE(_C, m) {
   py::dict seq_axis;
   for (const char* name : {"BHSD", "BSHD", "SBHD"}) seq_axis[name] = rotary::axes_of(rotary::parse_layout(name)).seq;
   m.attr("SEQ_AXIS") = seq_axis;
+  // The in-place ops' aliasing rule (checks.h), for the vmap rules: the calls
+  // per slice each see one slice, so the rule checks the whole batch first.
+  m.def(
+      "check_distinct",
+      [](const std::string& op, const std::string& name, const torch::Tensor& x) {
+        rotary::detail::check_distinct(op.c_str(), name.c_str(), x);
+      },
+      py::arg("op"), py::arg("name"), py::arg("x"));
+  m.def(
+      "check_disjoint",
+      [](const std::string& op, const std::string& written, const torch::Tensor& w, const std::string& other,
+         const torch::Tensor& t, const std::string& why) {
+        rotary::detail::check_disjoint(op.c_str(), written.c_str(), w, other.c_str(), t, why.c_str());
+      },
+      py::arg("op"), py::arg("written"), py::arg("w"), py::arg("other"), py::arg("t"), py::arg("why"));
   // The heads axis of q / k (params/layouts.h), for the vmap rules' fold.
   m.def(
       "heads_axis",

@@ -10,8 +10,11 @@ instead, so that an error names the shapes the caller passed.
 
 In place, the fold must be a view of every tensor it writes (else the op's
 own overlap checks would see copies): otherwise the calls per slice run.
-Those check every slice on copies before they write any, so that a refusal
-(say, one slice's positions past the table) leaves every tensor untouched.
+Those first check the op's aliasing rule over the whole batch (a slice
+would otherwise write what another reads or writes: an expanded vmapped
+dim, slice i of k as slice j of v), then every slice on copies, before they
+write any, so that a refusal (say, one slice's positions past the table)
+leaves every tensor untouched.
 An in-place op whose written tensor is not batched while another input is
 is refused: every slice would write the same tensor.
 """
@@ -99,6 +102,8 @@ class _Rule:
         """One call per slice, each input's slice a view (in place: written
         where it lies); the outputs stacked on a new dim 0."""
         slices = [dict(values, **{n: values[n].select(d, i) for n, d in dims.items()}) for i in range(size)]
+        if self.written:
+            self._check_aliasing(values)
         if self.written and size > 1:  # every slice checked (on copies) before any is written
             for sliced in slices:
                 with _lower():
@@ -120,6 +125,20 @@ class _Rule:
         if isinstance(outs[0], tuple):
             return tuple(_add_batch_dim(torch.stack(col), 0, level) for col in zip(*outs))
         return _add_batch_dim(torch.stack(outs), 0, level)
+
+
+    def _check_aliasing(self, values):
+        """The op's rule (csrc/checks: a written tensor shares no memory with
+        itself or any other argument) on the whole tensors, every slice at once."""
+        op = f"vmap of rotary::{self.name}"
+        tensors = {n: v for n, v in values.items() if isinstance(v, torch.Tensor)}
+        written = [n for n in self.written if n in tensors]
+        for i, n in enumerate(written):
+            _C.check_distinct(op, n, tensors[n])
+            for other, t in tensors.items():
+                if other != n and other not in written[:i]:  # each written pair once
+                    _C.check_disjoint(op, n, tensors[n], other, t,
+                                      "a slice would write what it or another slice reads or writes")
 
 
 def _without(shape, d):

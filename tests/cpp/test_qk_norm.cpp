@@ -97,6 +97,7 @@ TEST_P(QkNorm, ErrorsNameTheArgument) {
       {at::ones({8}, on()), 1e-6, "heads", "q_weight must be 1-D [heads * head_dim] = [16] for norm 'heads'"},
       {at::ones({8}, on(at::kInt)), 1e-6, "head", "q_weight must be float32, float64, float16 or bfloat16, got Int"},
       {std::nullopt, -1.0, "head", "eps must be finite and >= 0, got -1"},
+      {std::nullopt, 1e-46, "head", "eps is 0 in float32 (the norm's accumulation type for Float q), got 1e-46"},
       {std::nullopt, 1e-6, "layer", "norm must be 'head' (each head over its head_dim) or 'heads'"},
   };
   for (const auto& c : cases) {

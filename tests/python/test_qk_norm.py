@@ -308,6 +308,8 @@ BAD_NORM_ARGS = [
     (dict(weight_offset=float("inf")), "weight_offset must be finite"),
     (dict(eps=1e39), r"eps must be finite in float32 \(the norm's accumulation type for Float q\), got 1e\+39"),
     (dict(weight_offset=-1e39), r"weight_offset must be finite in float32 .*got -1e\+39"),
+    (dict(eps=1e-46), r"eps is 0 in float32 \(the norm's accumulation type for Float q\), got 1e-46; pass 0 for no "
+                      r"eps, or at least 1\.4013e-45"),
     (dict(q_weight=torch.ones(7)), r"q_weight must be 1-D \[head_dim\] = \[8\] for norm 'head'"),
     (dict(k_weight=torch.ones(16), norm="heads"), r"k_weight must be 1-D \[heads \* head_dim\] = \[8\]"),
     (dict(q_weight=torch.ones(2, 8), norm="heads"), r"q_weight must be 1-D"),

@@ -195,6 +195,32 @@ def test_a_shared_written_tensor_is_refused_untouched():
     assert torch.equal(q, q0) and torch.equal(k, k0) and not kc.any() and not vc.any()
 
 
+def test_memory_shared_across_slices_is_refused_untouched():
+    """Each slice alone is a valid call, but together a slice would write
+    what another reads or writes: x expanded on the vmapped dim, slice i of
+    v inside slice i + 1 of k, an unbatched q_weight inside one slice of k.
+    Refused by name before any slice is written (without the check, x turned
+    V times and a v_cache row held a rotated k)."""
+    x = randn((1, B, H, S, D), torch.float32, 25)
+    x0 = x.clone()
+    with pytest.raises(ValueError, match=r"vmap of rotary::apply_rope_: x has elements sharing memory"):
+        torch.func.vmap(lambda t: rotary.apply_rope_(t, FREQS))(x.expand(V, B, H, S, D))
+    with pytest.raises(ValueError, match=r"vmap of rotary::apply_qk_norm_rope_: q has elements sharing memory"):
+        torch.func.vmap(lambda a, b: rotary.apply_qk_norm_rope_(a, b, FREQS))(
+            x.expand(V, B, H, S, D), randn((V, B, HK, S, D), torch.float32, 26))
+    assert torch.equal(x, x0)
+    kv = randn((V + 1, B, HK, S, D), torch.float32, 27)  # k of slice i is kv[i + 1], v of slice i is kv[i]
+    q = randn((V, B, H, S, D), torch.float32, 28)
+    kc, vc = (torch.full((V, B, HK, 8, D), float("nan")) for _ in range(2))
+    before = [t.clone() for t in (kv, q)]
+    with pytest.raises(ValueError, match=r"vmap of rotary::apply_rope_with_kv_cache_: k and v overlap in memory"):
+        torch.func.vmap(lambda *t: rotary.apply_rope_with_kv_cache_(*t, FREQS, 2))(q, kv[1:], kv[:V], kc, vc)
+    weight = kv[-1, 0, 0, 0]  # read by every slice, written by the last
+    with pytest.raises(ValueError, match=r"vmap of rotary::apply_qk_norm_rope_: k and q_weight overlap in memory"):
+        torch.func.vmap(lambda a, b: rotary.apply_qk_norm_rope_(a, b, FREQS, q_weight=weight))(q, kv[1:])
+    assert all(torch.equal(t, b) for t, b in zip((kv, q), before)) and kc.isnan().all() and vc.isnan().all()
+
+
 def test_errors_name_the_callers_shapes():
     """A refused vmapped call names a slice's shape (what the caller passed),
     not the folded one; a refused in-place call writes nothing."""
