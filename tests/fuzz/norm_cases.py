@@ -79,7 +79,7 @@ def run_norm(seed: int) -> tuple[str, str]:
     freqs = rotary.rope_freqs(rd, L)
 
     mutation = rng.choice(["q_weight_len", "k_weight_rank", "weight_int", "eps_neg", "eps_nan", "norm_name",
-                           "offset_inf", "weight_in_q"]) if rng.random() < 0.3 else None
+                           "offset_inf", "weight_in_q", "eps_tiny"]) if rng.random() < 0.3 else None
     if mutation == "q_weight_len":
         qw = torch.ones(n_q + rng.choice([-1, 1, D]))
         reasons.append("q_weight length")
@@ -95,6 +95,9 @@ def run_norm(seed: int) -> tuple[str, str]:
     elif mutation == "eps_nan":
         eps = rng.choice([float("nan"), float("inf")])
         reasons.append("eps not finite")
+    elif mutation == "eps_tiny" and dtype != torch.float64:
+        eps = rng.choice([1e-46, 5e-324])  # 0 in float32, where the norm adds it
+        reasons.append("eps rounds to 0 in float32")
     elif mutation == "norm_name":
         norm = rng.choice(["rms", "Head", "", "layer"])
         reasons.append("unknown norm")
