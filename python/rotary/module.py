@@ -74,6 +74,9 @@ class RotaryEmbedding(nn.Module):
         self.axes_dim = t.axes_dim or None
         self.pair_axes = t.pair_axes or None  # the pair -> axis map (rotary/axes.h)
         freqs, inv_freq = t.build()
+        device = torch.get_default_device()  # `with torch.device("meta"):`, as nn.Module's own buffers follow it
+        if device.type != "cpu":
+            freqs, inv_freq = freqs.to(device), inv_freq.to(device)
         self.register_buffer("freqs", freqs)
         self.register_buffer("inv_freq", inv_freq)
 

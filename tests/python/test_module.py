@@ -285,3 +285,19 @@ def test_module_to_device(device):
     # Past the 128 cached rows the module computes the rotation from inv_freq.
     assert_close_ref(py(x, start_pos=119), rope_reference(x, 119, False), torch.float16)
     assert_close_ref(cpp(x, start_pos=5000), rope_reference(x, 5000, False), torch.float16)
+
+
+def test_built_under_a_device_context():
+    """`with torch.device("meta"):` (a large model's empty init) puts the
+    tables there, as nn.Module's own buffers; to_empty rebuilds them from
+    the options, and a state_dict loads into them."""
+    with torch.device("meta"):
+        rope = rotary.RotaryEmbedding(64, 128, interleaved=False)
+        assert rope(torch.empty(1, 2, 8, 64), start_pos=3).device.type == "meta"
+    assert rope.freqs.device.type == "meta" and rope.inv_freq.device.type == "meta"
+    built = rotary.RotaryEmbedding(64, 128, interleaved=False)
+    rope.to_empty(device="cpu")
+    assert torch.equal(rope.freqs, built.freqs) and torch.equal(rope.inv_freq, built.inv_freq)
+    rope.load_state_dict(built.state_dict())
+    x = make_heads(1, 2, 8, 64, torch.float32, seed=263)
+    assert_close_ref(rope(x, start_pos=3), rope_reference(x, 3, False), torch.float32)
