@@ -200,6 +200,13 @@ def test_layer_function_returns_the_promoted_dtype():
     for g, w in zip(got, want):
         assert g.dtype == w.dtype == torch.float32
         torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+    # bf16 q, float32 k, bf16 tables (HY-V4's indexer): both promoted to float32, as k * cos is.
+    k32 = k.float()
+    got = apply_rotary_transformers(q, k32, cos.bfloat16(), sin.bfloat16())
+    want = modeling_llama.apply_rotary_pos_emb(q.float(), k32, cos.bfloat16().float(), sin.bfloat16().float())
+    for g, w in zip(got, want):
+        assert g.dtype == torch.float32
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
 
 
 def test_the_patch_reads_a_hub_function_signature():

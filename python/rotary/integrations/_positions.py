@@ -138,6 +138,9 @@ class RotaryPositions:
         freqs, kw = self._args(q, self._conjugate(sin))
         interleaved = self.rope.interleaved if interleaved is None else interleaved
         fused = _qk_norm.take(q, k)  # the q/k norms deferred to here (fuse_qk_norm)
+        if q.dtype != k.dtype:  # autocast: bf16 q, float32 k (HY-V4's indexer); HF's formula promotes
+            common = torch.promote_types(q.dtype, k.dtype)
+            q, k = q.to(common), k.to(common)
         if fused is None:
             return _apply_qk(q, k, freqs, 0, interleaved, layout=layout, **kw)
         sq, sk = fused

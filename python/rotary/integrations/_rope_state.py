@@ -33,3 +33,41 @@ class _RopeState:
         reach of this forward pass, as dynamic_rope_update does."""
         if self.rope.host_driven and position_ids.numel() > 0:
             self.rope.update_for_reach(int(position_ids.max()) + 1)
+
+
+def _dynamic_rules(emb, states):
+    """(buffer prefix, layer type, state) of each rule whose transformers
+    module keeps a dynamic-NTK state (max_seq_len_cached and a grown inv_freq)."""
+    if not hasattr(emb, "original_max_seq_len"):
+        return
+    kinds = getattr(emb, "rope_type", None)  # a name, or one per layer type
+    for layer_type, state in states.items():
+        kind = kinds.get(layer_type) if isinstance(kinds, dict) else kinds if layer_type is None else None
+        if isinstance(kind, str) and "dynamic" in kind and state.rope.host_driven:
+            yield ("" if layer_type is None else f"{layer_type}_"), layer_type, state
+
+
+def take_dynamic_state(emb, states) -> None:
+    """At patch: a dynamic rule starts from the length transformers' module
+    grew to (it stays grown until a call shorter than the original length)."""
+    for prefix, _, state in _dynamic_rules(emb, states):
+        grown = int(getattr(emb, f"{prefix}max_seq_len_cached", emb.max_seq_len_cached))
+        if grown > emb.original_max_seq_len:
+            state.rope.update_for_reach(grown)
+
+
+def give_dynamic_state(emb, states) -> None:
+    """At unpatch: transformers' module takes the length the patched rule
+    grew to (or its reset), with its own frequencies for that length."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    for prefix, layer_type, state in _dynamic_rules(emb, states):
+        reach, current = state.rope.rope_state, getattr(emb, f"{prefix}inv_freq")
+        kw = {} if layer_type is None else {"layer_type": layer_type}
+        if reach > emb.original_max_seq_len:
+            kind = emb.rope_type if layer_type is None else emb.rope_type[layer_type]
+            inv_freq, emb.attention_scaling = ROPE_INIT_FUNCTIONS[kind](emb.config, current.device, seq_len=reach, **kw)
+        else:
+            inv_freq, reach = getattr(emb, f"{prefix}original_inv_freq").to(current.device), emb.original_max_seq_len
+        emb.register_buffer(f"{prefix}inv_freq", inv_freq, persistent=False)
+        setattr(emb, f"{prefix}max_seq_len_cached", reach)

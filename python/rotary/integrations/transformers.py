@@ -32,7 +32,7 @@ from ._hf_functions import FUNC_NAME as _FUNC_NAME
 from ._hf_functions import lock as _lock
 from ._hf_functions import module_patches as _module_patches  # noqa: F401  (tests read it)
 from ._positions import RotaryPositions
-from ._rope_state import _RopeState
+from ._rope_state import _RopeState, give_dynamic_state, take_dynamic_state
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
@@ -222,7 +222,7 @@ def _patch(model: nn.Module, max_seq_len: Optional[int] = None, fuse_qk_norm: bo
     for emb, rope_config, theta in embeddings:
         states = {}
         device = _module_device(emb, model)
-        for layer_type in layer_types_of(rope_config) or [None]:  # one table per layer type (Gemma 3, ...)
+        for layer_type in _used_layer_types(rope_config):  # one table per layer type (Gemma 3, ...)
             # allow_inverse: the family's negative angle goes to the ops (_RopeState.inverse).
             kwargs = rope_kwargs_from_hf_config(layer_config(rope_config, layer_type), max_seq_len, layer_type, theta,
                                                 allow_inverse=True)
@@ -234,6 +234,7 @@ def _patch(model: nn.Module, max_seq_len: Optional[int] = None, fuse_qk_norm: bo
                 if not rope.host_driven:
                     shared[key] = state
             states[layer_type] = state
+        take_dynamic_state(emb, states)
         built.append((emb, states))
 
     patch = _ModelPatch(max_seq_len, fuse_qk_norm)
@@ -252,6 +253,16 @@ def _patch(model: nn.Module, max_seq_len: Optional[int] = None, fuse_qk_norm: bo
     return model
 
 
+def _used_layer_types(rope_config: Any) -> List[Optional[str]]:
+    """The keys of a rope_parameters keyed by layer type that some layer has
+    (transformers builds only those), or [None] for one rule."""
+    keyed = layer_types_of(rope_config)
+    if keyed is None:
+        return [None]
+    used = set(getattr(rope_config, "layer_types", None) or ())
+    return [t for t in keyed if t in used] if used & set(keyed) else keyed
+
+
 def unpatch(model: nn.Module) -> nn.Module:
     """Undo :func:`apply_rotary_to_model`: the rotary embeddings get their own
     forward back, and each ``apply_rotary_pos_emb`` is restored once no other
@@ -260,11 +271,12 @@ def unpatch(model: nn.Module) -> nn.Module:
     if patch is None:
         return model
     with _lock:
-        for emb, previous, _ in patch.rotary:
+        for emb, previous, states in patch.rotary:
             if previous is None:
                 emb.__dict__.pop("forward", None)
             else:
                 emb.forward = previous
+            give_dynamic_state(emb, states)
         for name in patch.modules:
             _hf_functions.release(name)
         _qk_norm.remove(patch.norms)

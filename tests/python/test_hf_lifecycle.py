@@ -1,0 +1,103 @@
+"""rotary.integrations.transformers over a model's life: a dynamic-NTK
+state handed over at patch and at unpatch (transformers' module keeps its
+grown frequencies until a call shorter than the original length), a rule
+for a layer type no layer has (transformers never builds it), and q and k
+of different dtypes under autocast (transformers' formula promotes)."""
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+from rotary.integrations.transformers import apply_rotary_to_model, unpatch  # noqa: E402
+from rotary_testing.hf_sweep import _calls, causal_lm_classes  # noqa: E402
+from rotary_testing.hf_tiny import tiny_model  # noqa: E402
+from test_hf_integration import (  # noqa: E402,F401 - the autouse fixtures apply here too
+    FP32_ATOL,
+    VOCAB,
+    _nothing_left_patched,
+    _one_thread,
+    make_model,
+)
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+@torch.no_grad()
+def _generate(model, ids, n):
+    out = model.generate(input_ids=ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, use_cache=True,
+                         pad_token_id=0, eos_token_id=None, output_logits=True, return_dict_in_generate=True)
+    return out.sequences, torch.stack(out.logits, 1)
+
+
+def _ids(n, seed):
+    return torch.randint(3, VOCAB, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("patch_at,unpatch_at", [(None, None), (1, None), (0, 1), (0, None)],
+                         ids=["never", "after the first call", "for the first call only", "throughout"])
+def test_a_dynamic_state_is_handed_over(patch_at, unpatch_at):
+    """max_position_embeddings 16, factor 2: the first generate grows the
+    rule to 29 rows; the second reaches 20, inside the grown range, where
+    the fresh rule's frequencies differ (by 0.73 in the logits when the
+    state was not handed over). Every history gives the unpatched logits."""
+    results = []
+    for patched_at, unpatched_at in ((None, None), (patch_at, unpatch_at)):
+        config = make_model("llama", "dynamic").config
+        config.max_position_embeddings = 16  # the rotary module reads it when built
+        torch.manual_seed(3)
+        model = type(make_model())(config).eval()
+        outs = []
+        for step, (ids, n) in enumerate(((_ids(9, 1), 20), (_ids(20, 5), 3))):
+            if step == patched_at:
+                apply_rotary_to_model(model)
+            if step == unpatched_at:
+                unpatch(model)
+            outs.append(_generate(model, ids, n))
+        unpatch(model)
+        results.append(outs)
+    (ref_first, ref_second), (first, second) = results
+    assert int(ref_first[0].shape[1]) == 29  # the rule grew past 16 on the first call
+    for (rs, rl), (s, lg) in ((ref_first, first), (ref_second, second)):
+        assert torch.equal(s, rs)
+        torch.testing.assert_close(lg, rl, atol=FP32_ATOL, rtol=0.0)
+
+
+def test_a_rule_for_a_layer_type_no_layer_has_is_not_read():
+    """Gemma 3 with sliding layers only and a full-attention rule that could
+    not be built (four long factors for eight pairs): transformers never
+    reads it, so the patch serves the model."""
+    params = {"sliding_attention": dict(rope_type="default", rope_theta=10000.0),
+              "full_attention": dict(rope_type="longrope", rope_theta=1e6, original_max_position_embeddings=8,
+                                     short_factor=[1.0] * 3, long_factor=[2.0] * 3)}
+    model = tiny_model("gemma3_text", "Gemma3ForCausalLM",
+                       dict(rope_parameters=params, layer_types=["sliding_attention", "sliding_attention"]))
+    ids = _ids(8, 1)
+    ref = _generate(model, ids, 4)
+    apply_rotary_to_model(model)
+    try:
+        got = _generate(model, ids, 4)
+    finally:
+        unpatch(model)
+    assert torch.equal(got[0], ref[0])
+    torch.testing.assert_close(got[1], ref[1], atol=FP32_ATOL, rtol=0.0)
+
+
+@pytest.mark.parametrize("family", ["hy_v4", "zaya", "dots3_note_text"])
+def test_q_and_k_of_different_dtypes_under_autocast(family):
+    """Under torch.autocast(bfloat16) these families hand the rotation a bf16
+    q and a float32 k (HY-V4's indexer casts k to the float32 residual
+    dtype). The patch promotes as transformers' formula does: the patched
+    logits are no further from the float32 ones than transformers' own
+    autocast logits (1.5x and a bf16 step of slack)."""
+    model, calls, _ = _calls(family, causal_lm_classes()[family])
+    with torch.no_grad():
+        exact = model(**calls[1]).logits.double()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            theirs = model(**calls[1]).logits.double()
+            apply_rotary_to_model(model)
+            try:
+                ours = model(**calls[1]).logits.double()
+            finally:
+                unpatch(model)
+    err_theirs, err_ours = (theirs - exact).abs().mean(), (ours - exact).abs().mean()
+    assert err_ours <= 1.5 * err_theirs + 2**-8 * exact.abs().mean(), (float(err_ours), float(err_theirs))
