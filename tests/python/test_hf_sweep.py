@@ -63,3 +63,20 @@ def test_an_untested_family_needs_allow_unverified():
             torch.testing.assert_close(model(input_ids=ids).logits, ref, rtol=0, atol=hf_sweep.TOL)
         finally:
             unpatch(model)
+
+
+@pytest.mark.parametrize("family", ["hy_v4", "llama"])
+def test_a_wrong_rotation_fails_the_sweep_where_the_logits_hide_it(monkeypatch, family):
+    """The rotation check can fail: with every patched position off by one,
+    HY-V4 (whose tiny model's logits move by 1.4e-5 with position, under the
+    logit tolerance) and Llama both fail, by the rotation or the logits."""
+    from rotary.integrations import _positions
+
+    def shifted(q, k, freqs, start, interleaved, position_ids=None, **kw):
+        return _positions.apply_rope_qk(q, k, freqs, start, interleaved, position_ids=position_ids + 1, **kw)
+
+    monkeypatch.setattr(_positions, "_apply_qk", shifted)
+    reason, diff, _ = hf_sweep.check_family(family, hf_sweep.swept_families()[family], None)
+    assert diff is None and reason is not None
+    if family == "hy_v4":
+        assert reason.startswith("a patched rotation differs from transformers'"), reason

@@ -20,6 +20,7 @@ import warnings
 
 import torch
 
+from .hf_rotations import ROT_TOL, rotation_diff, rotation_outputs
 from .hf_tiny import MAMBA, VL_FAMILIES, VOCAB, _config_of, tiny_model, tiny_vl  # noqa: F401
 from .rope_testing import gen
 
@@ -130,29 +131,6 @@ class _RotaryOps(torch.utils._python_dispatch.TorchDispatchMode):
 
 
 @torch.no_grad()
-def _rotations(model, kw):
-    """How many times one forward rotates: the unpatched model's calls of its
-    modeling modules' rotation functions (the ones the patch replaces)."""
-    from rotary.integrations import _hf_functions
-    from rotary.integrations.transformers import _attention_modules
-
-    count, saved = [0], []
-    for name in _attention_modules(model, "BHSD"):  # every rotation function, the complex form too
-        module = sys.modules[name]
-        for f in _hf_functions.FUNC_NAMES:
-            fn = getattr(module, f, None)
-            if callable(fn):
-                saved.append((module, f, fn))
-                setattr(module, f, lambda *a, _fn=fn, **k: count.__setitem__(0, count[0] + 1) or _fn(*a, **k))
-    try:
-        model(**kw)
-    finally:
-        for module, f, fn in saved:
-            setattr(module, f, fn)
-    return count[0]
-
-
-@torch.no_grad()
 def _rotary_calls(model, kw):
     with _RotaryOps() as mode:
         model(**kw)
@@ -242,7 +220,7 @@ def check_family(model_type, cls_name, bf16=None):
                         param.normal_(0.0, 0.5, generator=gen(2))
             ref = _outputs(model, calls, prompt)
         flat = len(calls) > 1 and torch.equal(ref[0][0], ref[0][1])
-        rotations = _rotations(model, calls[0])
+        rotated = rotation_outputs(model, calls[-1])
     except Exception as e:
         return f"the sweep builds no tiny model ({type(e).__name__}: {_short(e)})", None, False
     try:
@@ -255,6 +233,7 @@ def check_family(model_type, cls_name, bf16=None):
     try:
         got = _outputs(model, calls, prompt)
         served = _rotary_calls(model, calls[0])
+        rotated_by_us = rotation_outputs(model, calls[-1])
     except Exception as e:
         return f"the patched model fails ({type(e).__name__}: {_short(e)})", None, False
     finally:
@@ -265,9 +244,12 @@ def check_family(model_type, cls_name, bf16=None):
                 None, False)
     if not torch.equal(got[1], ref[1]):
         return "greedy decode with a KV cache differs", None, False
-    if served == 0 or served < rotations:  # equal logits prove nothing where transformers' code still rotates
-        return (f"the patched model rotates through rotary {served} times a forward, the unpatched one {rotations} "
-                f"times", None, False)
+    if served == 0 or served < len(rotated):  # equal logits prove nothing where transformers' code still rotates
+        return (f"the patched model rotates through rotary {served} times a forward, the unpatched one "
+                f"{len(rotated)} times", None, False)
+    if not rotation_diff(rotated_by_us, rotated) <= ROT_TOL:
+        return (f"a patched rotation differs from transformers' by {rotation_diff(rotated_by_us, rotated):.2g} "
+                f"(relative; the logits hid it)", None, False)
     if bf16 is not None and model_type in BF16:
         ours, theirs = check_bf16(model, calls[0], ref[0][0])
         if not ours <= 1.5 * theirs:
