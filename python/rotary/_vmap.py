@@ -126,7 +126,6 @@ class _Rule:
             return tuple(_add_batch_dim(torch.stack(col), 0, level) for col in zip(*outs))
         return _add_batch_dim(torch.stack(outs), 0, level)
 
-
     def _check_aliasing(self, values):
         """The op's rule (csrc/checks: a written tensor shares no memory with
         itself or any other argument) on the whole tensors, every slice at once."""
