@@ -29,7 +29,9 @@ void load_from_state_dict(
   const char* who = "CppRotaryEmbedding.load_state_dict";
   std::optional<torch::Tensor> saved[2];
   const char* names[2] = {"freqs", "inv_freq"};
-  for (int i = 0; i < 2; ++i) {
+  // Both left out: the tables follow from the options, and the module keeps its own.
+  const bool neither = !sd.contains(py::str(prefix + names[0])) && !sd.contains(py::str(prefix + names[1]));
+  for (int i = 0; i < 2 && !neither; ++i) {
     const py::str key(prefix + names[i]);
     if (!sd.contains(key)) {
       missing_keys.append(key);

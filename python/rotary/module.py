@@ -132,7 +132,11 @@ class RotaryEmbedding(nn.Module):
             for key, buf in ((fkey, self.freqs), (ikey, self.inv_freq)):
                 if key in state_dict:
                     state_dict[key] = buf
+            super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, unexpected, error_msgs)
+            return
+        # Both left out: the tables follow from the options, and the module keeps its own.
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, unexpected, error_msgs)
+        missing[:] = [key for key in missing if key not in (fkey, ikey)]
 
     def _apply(self, fn, recurse=True):
         # nn.Module.to(dtype) would cast the complex table to a real dtype and

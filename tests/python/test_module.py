@@ -301,3 +301,23 @@ def test_built_under_a_device_context():
     rope.load_state_dict(built.state_dict())
     x = make_heads(1, 2, 8, 64, torch.float32, seed=263)
     assert_close_ref(rope(x, start_pos=3), rope_reference(x, 3, False), torch.float32)
+
+
+@pytest.mark.parametrize("kind", ["python", "cpp"])
+def test_a_state_dict_without_the_tables_loads_strictly(kind):
+    """The tables follow from the options: a model checkpoint saved without
+    them (or from a module with another max_seq_len, its tables left out)
+    loads under a strict load, and the module keeps and rotates with its own."""
+    make = (lambda n: rotary.RotaryEmbedding(64, n)) if kind == "python" else \
+        (lambda n: rotary.CppRotaryEmbedding(64, n, 10000.0, True))
+    saved = nn.ModuleDict({"rope": make(64), "proj": nn.Linear(4, 4)})
+    state = {k: v for k, v in saved.state_dict().items() if not k.startswith("rope.")}
+    model = nn.ModuleDict({"rope": make(256), "proj": nn.Linear(4, 4)})
+    before = model["rope"].freqs.clone()
+    model.load_state_dict(state)  # strict
+    assert torch.equal(model["proj"].weight, saved["proj"].weight) and torch.equal(model["rope"].freqs, before)
+    x = make_heads(1, 2, 8, 64, torch.float32, seed=264)
+    assert_close_ref(model["rope"](x, start_pos=200), rope_reference(x, 200, True), torch.float32)
+    one = dict(state, **{"rope.freqs": saved["rope"].freqs})  # one table alone is still missing its pair
+    with pytest.raises(RuntimeError, match="inv_freq"):
+        model.load_state_dict(one)
