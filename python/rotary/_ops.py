@@ -89,6 +89,15 @@ def _bool_arg(op: str, name: str, value):
     return value
 
 
+def _tensor_arg(op: str, name: str, value):
+    """A tensor, by name: torch's argument parser answers a float scale with
+    the whole schema."""
+    if not isinstance(value, torch.Tensor):
+        hint = f"; pass torch.tensor({value!r}, dtype=torch.float32)" if isinstance(value, float) else ""
+        raise TypeError(f"{op}: {name} must be a tensor or None, got {type(value).__name__} {value!r}{hint}")
+    return value
+
+
 def _pair_axes(op: str, name: str, value):
     if value is None:
         return None  # 1-D positions
@@ -207,11 +216,13 @@ _ARGS_DOC = """
 # lists rotary/op_args.h writes once): each passes only the keyword
 # arguments that differ from the schema's defaults (torch parses a custom
 # op's keywords slowly, and a decode call passes none), refuses a bool or a
-# float where an int goes, anything but a bool where a bool goes, or an int
-# past int64, by name, and returns what it rotated.
+# float where an int goes, anything but a bool where a bool goes, an int
+# past int64, or anything but a tensor where a tensor goes, by name, and
+# returns what it rotated.
 _ANNOTATION = {"Tensor": "torch.Tensor", "Optional[Tensor]": "Optional[torch.Tensor]", "int": "int",
                "bool": "bool", "str": "str", "float": "float", "Optional[List[int]]": "Optional[Sequence[int]]"}
-_CHECK = {"int": "_int_arg", "float": "_float_arg", "bool": "_bool_arg", "Optional[List[int]]": "_pair_axes"}
+_CHECK = {"int": "_int_arg", "float": "_float_arg", "bool": "_bool_arg", "Optional[List[int]]": "_pair_axes",
+          "Optional[Tensor]": "_tensor_arg"}
 
 
 # The ops that had positions= before offsets= / position_ids= replaced it.

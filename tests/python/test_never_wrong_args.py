@@ -221,3 +221,25 @@ def test_a_failed_move_keeps_the_module_tables():
             fresh.cuda()
         assert set(dict(fresh.named_buffers())) == {"freqs", "inv_freq"}
         assert_close_ref(fresh(x, start_pos=2), ref_rope4(x, start=2), torch.float32)
+
+
+# --------------------------------------------------------- optional tensors
+@pytest.mark.parametrize("op,name,value", [
+    ("apply_qk_norm_rope", "q_fp8_scale", 0.5),
+    ("apply_rope_with_kv_cache_", "k_scale", 2.0),
+    ("apply_rope", "offsets", [1]),
+    ("apply_rope_qk", "position_ids", 3),
+], ids=lambda v: repr(v) if not isinstance(v, str) else v)
+def test_a_tensor_argument_given_something_else_is_named(op, name, value):
+    """torch's argument parser answered a float scale with the whole schema;
+    the wrappers name the op and the argument, and write nothing."""
+    q, k, v = randn((1, 2, 3, D), seed=3), randn((1, 1, 3, D), seed=4), randn((1, 1, 3, D), seed=5)
+    f = rotary.freqs_table(D, 16)
+    kc, vc = torch.zeros(1, 1, 8, D, dtype=torch.float8_e4m3fn), torch.zeros(1, 1, 8, D, dtype=torch.float8_e4m3fn)
+    before = [t.clone() for t in (q, k)]
+    args = {"apply_qk_norm_rope": (q, k, f), "apply_rope_with_kv_cache_": (q, k, v, kc, vc, f),
+            "apply_rope": (q, f), "apply_rope_qk": (q, k, f)}[op]
+    hint = r"; pass torch\.tensor" if isinstance(value, float) else "$"
+    with pytest.raises(TypeError, match=rf"{op}: {name} must be a tensor or None, got {type(value).__name__} .*{hint}"):
+        getattr(rotary, op)(*args, **{name: value})
+    assert all(torch.equal(t, b) for t, b in zip((q, k), before)) and not kc.float().any()
