@@ -4,6 +4,7 @@
 #include <rotary/axes.h>
 #include <rotary/freqs.h>
 #include <rotary/front_end.h>
+#include <rotary/func_options.h>
 #include <rotary/kv_cache.h>
 #include <rotary/module.h>
 #include <rotary/ops.h>
