@@ -49,13 +49,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_with_cache(
   const LayoutAxes ax = checked_axes(layout);
   if (start_pos) RopeTables::check_start_pos(*start_pos);
   TORCH_CHECK_VALUE(q.dim() == 4, kWho, ": q must be 4-D ", std::string(layout), " ", ax.dims, ", got ", q.sizes());
-  const auto cache_dtype = cache.options.dtype();
+  const auto cache_dtype = cache.options_in_effect().dtype();
   const auto name = [&](at::ScalarType s) { return buffers.dtype_name ? buffers.dtype_name(s) : c10::str(s); };
   TORCH_CHECK_TYPE(
       cache_dtype == k.scalar_type() || cache_dtype == at::kFloat8_e4m3fn, kWho, ": the KVCache holds ",
       name(cache_dtype), " but k is ", name(k.scalar_type()),
       "; build the KVCache with dtype=", name(k.scalar_type()), " (or ", name(at::kFloat8_e4m3fn), "), or cast k");
-  const int64_t seq = q.size(ax.seq), filled = cache.length(), capacity = cache.options.capacity();
+  const int64_t seq = q.size(ax.seq), filled = cache.length(), capacity = cache.options_in_effect().capacity();
   TORCH_CHECK_INDEX(filled + seq <= capacity, kWho, ": appending ", seq, " positions to a cache holding ", filled,
                     " exceeds its capacity ", capacity);
   check_span(tables.options(), q);
@@ -69,7 +69,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_with_cache(
   const auto& o = tables.options();
   run_module_call(tables, buffers, seq, pos, std::nullopt, std::nullopt, [&](const at::Tensor& f, const auto& inv) {
     apply_rope_with_kv_cache_(q, k, v, cache.k, cache.v, f, pos, o.interleaved(), std::nullopt, std::nullopt,
-                              std::nullopt, inv, layout, rows, std::nullopt, cache.options.layout(),
+                              std::nullopt, inv, layout, rows, std::nullopt, cache.options_in_effect().layout(),
                               scale(cache.k_scale), scale(cache.v_scale), /*inverse=*/false, o.rotary_offset());
     return 0;
   });

@@ -11,7 +11,7 @@
 
 namespace rotary {
 
-KVCacheImpl::KVCacheImpl(const KVCacheOptions& options_) : options(options_) {
+KVCacheImpl::KVCacheImpl(const KVCacheOptions& options_) : options(options_), in_effect_(options_) {
   reset();
 }
 
@@ -54,6 +54,8 @@ void KVCacheImpl::reset() {
   // members still alias the original's tensors, with no buffers registered:
   // it registers new ones, keeps the length, and copies the rows after.)
   const auto registered = named_buffers(/*recurse=*/false);
+  // Allocated first: a reset that cannot allocate keeps the cache as it was.
+  const torch::Tensor fresh_k = torch::zeros(shape, opts), fresh_v = torch::zeros(shape, opts);
   if (registered.contains("k")) length_ = 0;
   auto install = [&](torch::Tensor& member, const char* name, const torch::Tensor& fresh) {
     if (!registered.contains(name)) {
@@ -63,18 +65,19 @@ void KVCacheImpl::reset() {
     torch::NoGradGuard no_grad;
     member.set_(fresh);
   };
-  install(k, "k", torch::zeros(shape, opts));
-  install(v, "v", torch::zeros(shape, opts));
+  install(k, "k", fresh_k);
+  install(v, "v", fresh_v);
   if (fp8) {
     install(k_scale, "k_scale", torch::tensor(static_cast<float>(o.k_scale().value_or(1.0)), torch::device(device)));
     install(v_scale, "v_scale", torch::tensor(static_cast<float>(o.v_scale().value_or(1.0)), torch::device(device)));
   }
+  in_effect_ = o;
 }
 
 void KVCacheImpl::save(torch::serialize::OutputArchive& archive) const {
   torch::nn::Module::save(archive);
   archive.write("length", torch::tensor(length_), /*is_buffer=*/true);
-  archive.write("layout", c10::IValue(options.layout()));
+  archive.write("layout", c10::IValue(in_effect_.layout()));
 }
 
 void KVCacheImpl::load(torch::serialize::InputArchive& archive) {
@@ -110,7 +113,7 @@ void KVCacheImpl::load_state(const torch::Tensor& k_in, const torch::Tensor& v_i
     if (!saved->defined()) continue;
     TORCH_CHECK_VALUE(!saved->is_meta(), who, ": the saved '", name, "' is a meta tensor (it holds no values)");
     TORCH_CHECK_VALUE(mine->defined(), who, ": the saved state has '", name, "' (a float8_e4m3fn cache's scale), ",
-                      "this cache is ", options.dtype(), "; build the KVCache with the saved options");
+                      "this cache is ", in_effect_.dtype(), "; build the KVCache with the saved options");
     TORCH_CHECK_VALUE(saved->sizes() == mine->sizes() && saved->scalar_type() == mine->scalar_type(), who,
                       ": saved ", name, " is ", saved->scalar_type(), " ", saved->sizes(), ", this cache's is ",
                       mine->scalar_type(), " ", mine->sizes(), "; build the KVCache with the saved options");
@@ -121,10 +124,10 @@ void KVCacheImpl::load_state(const torch::Tensor& k_in, const torch::Tensor& v_i
     TORCH_CHECK_VALUE(std::isfinite(value) && value > 0.0f, who, ": saved ", scale == &k_scale_in ? "k_scale" : "v_scale",
                       " must be finite and > 0, got ", value);
   }
-  TORCH_CHECK_VALUE(!layout || *layout == options.layout(), who, ": the state was saved from a '", layout.value_or(""),
-                    "' cache, this one is '", options.layout(), "'; build the KVCache with the saved options");
-  TORCH_CHECK_VALUE(!length || (*length >= 0 && *length <= options.capacity()), who, ": saved length ",
-                    length.value_or(0), " is outside [0, capacity = ", options.capacity(), "]");
+  TORCH_CHECK_VALUE(!layout || *layout == in_effect_.layout(), who, ": the state was saved from a '", layout.value_or(""),
+                    "' cache, this one is '", in_effect_.layout(), "'; build the KVCache with the saved options");
+  TORCH_CHECK_VALUE(!length || (*length >= 0 && *length <= in_effect_.capacity()), who, ": saved length ",
+                    length.value_or(0), " is outside [0, capacity = ", in_effect_.capacity(), "]");
   torch::NoGradGuard no_grad;
   for (const auto& [name, pair] : pieces) {
     if (pair.first->defined()) pair.second->copy_(*pair.first);
@@ -133,9 +136,9 @@ void KVCacheImpl::load_state(const torch::Tensor& k_in, const torch::Tensor& v_i
 }
 
 void KVCacheImpl::pretty_print(std::ostream& stream) const {
-  stream << "rotary::KVCache(batch=" << options.batch() << ", kv_heads=" << options.kv_heads()
-         << ", capacity=" << options.capacity() << ", head_dim=" << options.head_dim() << ", layout="
-         << options.layout() << ", dtype=" << options.dtype();
+  stream << "rotary::KVCache(batch=" << in_effect_.batch() << ", kv_heads=" << in_effect_.kv_heads()
+         << ", capacity=" << in_effect_.capacity() << ", head_dim=" << in_effect_.head_dim() << ", layout="
+         << in_effect_.layout() << ", dtype=" << in_effect_.dtype();
   // The scales the cache uses (a load may have changed them from the options').
   for (const auto& [name, scale] : {std::make_pair("k_scale", &k_scale), std::make_pair("v_scale", &v_scale)}) {
     if (scale->defined() && !scale->is_meta()) stream << ", " << name << "=" << scale->item<float>();
@@ -150,8 +153,8 @@ void KVCacheImpl::truncate(int64_t length) {
 }
 
 void KVCacheImpl::advance(int64_t tokens) {
-  TORCH_CHECK_INDEX(tokens >= 0 && tokens <= options.capacity() - length_, "KVCache: appending ", tokens,
-                    " positions to ", length_, " exceeds the capacity ", options.capacity());
+  TORCH_CHECK_INDEX(tokens >= 0 && tokens <= in_effect_.capacity() - length_, "KVCache: appending ", tokens,
+                    " positions to ", length_, " exceeds the capacity ", in_effect_.capacity());
   length_ += tokens;
 }
 
@@ -169,7 +172,7 @@ std::pair<torch::Tensor, torch::Tensor> KVCacheImpl::keys_values(torch::Dtype dt
   TORCH_CHECK_TYPE(
       dtype == torch::kFloat || dtype == torch::kDouble || dtype == torch::kHalf || dtype == torch::kBFloat16,
       "KVCache.keys_values: dtype must be float32, float64, float16 or bfloat16, got ", dtype);
-  const bool bshd = parse_cache_layout(options.layout()) == CacheLayout::kBSHD;
+  const bool bshd = parse_cache_layout(in_effect_.layout()) == CacheLayout::kBSHD;
   auto view = [&](const torch::Tensor& t, const torch::Tensor& scale) {
     auto filled = (bshd ? t.transpose(1, 2) : t).narrow(2, 0, length_);
     return scale.defined() ? filled.to(torch::kFloat).mul(scale).to(dtype) : filled;

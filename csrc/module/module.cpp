@@ -45,6 +45,17 @@ void RotaryEmbeddingImpl::reset() {
   pair_axes = std::move(axes);
 }
 
+std::shared_ptr<torch::nn::Module> RotaryEmbeddingImpl::clone(const std::optional<torch::Device>& device) const {
+  // Cloneable::clone resets the copy from `options` (a pending change
+  // included), then copies these buffers in: the copy takes these tables'
+  // rule and state back, so its buffers and its state agree.
+  auto copy = std::static_pointer_cast<RotaryEmbeddingImpl>(Cloneable::clone(device));
+  copy->tables_ = tables_;
+  copy->pair_axes = pair_axes;
+  copy->attention_scaling = attention_scaling;
+  return copy;
+}
+
 void RotaryEmbeddingImpl::load(torch::serialize::InputArchive& archive) {
   // Read into fresh tensors (not into the buffers): nothing is installed
   // before it has been checked.

@@ -27,7 +27,7 @@ torch::Tensor bytes_of(const torch::Tensor& t) {
 py::dict kv_extra_state(const KVImpl& impl) {
   py::dict d;
   d["length"] = impl.length();
-  d["layout"] = impl.options.layout();
+  d["layout"] = impl.options_in_effect().layout();
   return d;
 }
 
@@ -106,8 +106,8 @@ void bind_kv_cache(py::module_& m) {
           py::arg("layout") = "BHSD", py::arg("dtype") = py::module_::import("torch").attr("float32"),
           py::arg("k_scale") = py::none(), py::arg("v_scale") = py::none())
       .def_property_readonly("_length", &Impl::length)
-      .def_property_readonly("capacity", [](const Impl& self) { return self.options.capacity(); })
-      .def_property_readonly("layout", [](const Impl& self) { return self.options.layout(); })
+      .def_property_readonly("capacity", [](const Impl& self) { return self.options_in_effect().capacity(); })
+      .def_property_readonly("layout", [](const Impl& self) { return self.options_in_effect().layout(); })
       .def("truncate", &Impl::truncate, py::arg("length"))
       // The Python RotaryEmbedding.forward_with_cache, after its fused op wrote the rows.
       .def("_advance", &Impl::advance, py::arg("tokens"))
@@ -140,7 +140,7 @@ void bind_kv_cache(py::module_& m) {
   def_pickle<Impl>(
       m, wrapper, "_kv_cache_from_state",
       [](const Impl& impl) {
-        const auto& o = impl.options;
+        const auto& o = impl.options_in_effect();  // what the buffers hold
         const py::object dtype = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(o.dtype())));
         auto or_none = [](const torch::Tensor& t) { return t.defined() ? py::cast(t) : py::object(py::none()); };
         return py::make_tuple(o.batch(), o.kv_heads(), o.capacity(), o.head_dim(), o.layout(), dtype, o.k_scale(),

@@ -64,6 +64,9 @@ class KVCacheImpl : public torch::nn::Cloneable<KVCacheImpl> {
   void to(torch::Device device, bool non_blocking = false) override;
 
   int64_t length() const { return length_; }
+  // The options of the last reset(), which the buffers hold: a change to
+  // `options` waits for reset(), as RotaryEmbedding's does.
+  const KVCacheOptions& options_in_effect() const { return in_effect_; }
   // Forget the contents past `length` (0 empties the cache); nothing is freed.
   void truncate(int64_t length);
   // Called by forward_with_cache after it wrote `tokens` rows at length().
@@ -79,6 +82,7 @@ class KVCacheImpl : public torch::nn::Cloneable<KVCacheImpl> {
   torch::Tensor k_scale, v_scale;  // float32 [], for float8 caches (else undefined)
 
  private:
+  KVCacheOptions in_effect_;
   int64_t length_ = 0;
 };
 

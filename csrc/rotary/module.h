@@ -52,6 +52,9 @@ class RotaryEmbeddingImpl : public torch::nn::Cloneable<RotaryEmbeddingImpl> {
 
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
+  // A copy that runs what this module runs: the options in effect and their
+  // state (a pending change to `options` stays pending in the copy too).
+  std::shared_ptr<torch::nn::Module> clone(const std::optional<torch::Device>& device = std::nullopt) const override;
 
   // x: [batch, heads, seq, head_dim] with head_dim >= dim (or as `layout`
   // says: "BSHD", "SBHD"); rows start_pos .. start_pos + seq - 1, shifted

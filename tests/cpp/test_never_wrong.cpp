@@ -19,6 +19,7 @@ namespace {
 using rotary_test::AllClose;
 using rotary_test::ExpectError;
 using rotary_test::ref_rope;
+using rotary_test::SameBits;
 
 constexpr int64_t kBig[] = {std::numeric_limits<int64_t>::max() - 7, std::numeric_limits<int64_t>::max(),
                             int64_t{1} << 62};
@@ -205,6 +206,41 @@ TEST(NeverWrong, OptionsChangedWithoutResetTakeNoEffect) {
   rope->reset();  // now they do
   EXPECT_FALSE(rope->tables().options().interleaved());
   EXPECT_EQ(rope->tables().options().rotary_offset(), 4);
+}
+
+// A review of the C++ API: a clone taken while an options change was
+// pending held this module's tables but the pending rule (a dynamic clone
+// changed its answers at its first rebuild); a cache read a changed layout
+// or capacity before reset(); a reset that could not allocate emptied it.
+TEST(NeverWrong, PendingOptionsStayPendingInClonesAndCaches) {
+  const auto scaling = rotary::RopeScaling("dynamic").factor(2.0).max_position_embeddings(16);
+  rotary::RotaryEmbedding rope(rotary::RotaryEmbeddingOptions(8).max_seq_len(64).scaling(scaling));
+  rope->options.theta(5e5);
+  auto copy = std::dynamic_pointer_cast<rotary::RotaryEmbeddingImpl>(rope->clone());
+  EXPECT_EQ(copy->tables().options().theta(), 10000.0);
+  EXPECT_EQ(copy->options.theta(), 5e5);  // still pending there, as here
+  const auto x = at::randn({1, 2, 3, 8}), far = at::randn({1, 2, 40, 8});
+  const auto first = copy->forward(x, 0);
+  EXPECT_TRUE(SameBits(first, rope->forward(x, 0)));
+  copy->forward(far, 0);  // grows the rule, then resets it
+  EXPECT_TRUE(SameBits(copy->forward(x, 0), first));
+  EXPECT_TRUE(AllClose(first, ref_rope(x, 0, true), rotary_test::tolerance_for(at::kFloat)));
+
+  rotary::KVCache cache(rotary::KVCacheOptions(1, 2, 4, 8));
+  auto q = at::randn({1, 2, 2, 8}), k = at::randn({1, 2, 2, 8});
+  rope->forward_with_cache(q, k, at::randn({1, 2, 2, 8}), cache);
+  const auto [keys, values] = cache->keys_values();
+  cache->options.layout("BSHD").capacity(100);
+  EXPECT_TRUE(SameBits(cache->keys_values().first, keys));  // still read as BHSD
+  ExpectError<c10::IndexError>([&] { cache->advance(50); }, {"exceeds the capacity 4"});
+  cache->options.layout("BHSD").capacity(std::numeric_limits<int64_t>::max() / 64);
+  EXPECT_ANY_THROW(cache->reset());  // cannot allocate: the cache keeps its rows and length
+  EXPECT_EQ(cache->length(), 2);
+  EXPECT_TRUE(SameBits(cache->keys_values().first, keys));
+  cache->options.capacity(6);
+  cache->reset();
+  EXPECT_EQ(cache->length(), 0);
+  EXPECT_EQ(cache->options_in_effect().capacity(), 6);
 }
 
 // Undefined tensors and out-of-range enums from C++ are named, not read.
