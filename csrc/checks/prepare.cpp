@@ -132,8 +132,11 @@ void check_host_positions(const char* op, const kernel::RopeParams& p, const Pre
   double axis_max[kernel::kMaxAxes] = {};
   if (p.inv_freq != nullptr && call.inv_freq && call.inv_freq->is_cpu()) {
     for (int64_t j = 0; j < p.rotary_dim / 2; ++j) {
+      const double f = p.inv_freq[j * p.inv_freq_stride];
+      // std::max would drop a NaN: rows past the table would be NaN.
+      TORCH_CHECK_VALUE(std::isfinite(f), op, ": inv_freq[", j, "] must be finite, got ", f);
       double& m = axis_max[p.pair_axis[j]];
-      m = std::max(m, std::abs(p.inv_freq[j * p.inv_freq_stride]));
+      m = std::max(m, std::abs(f));
     }
   }
   const double max_inv_freq = axis_max[0];

@@ -74,6 +74,31 @@ struct EntryMaker {
   }
 };
 
+// Every entry up to position `last` is a complex64 number: the scaling a
+// normal float32, every angle finite (float64 angles below 2^62 rad, where
+// kernel::reduced_angle keeps the phase).
+void check_entries(const RopeFrequencies& freqs, const EntryMaker& entry, double last, at::ScalarType angle_dtype,
+                   const char* who) {
+  TORCH_CHECK_VALUE(
+      std::isfinite(static_cast<float>(freqs.attention_scaling)) &&
+          static_cast<float>(freqs.attention_scaling) >= std::numeric_limits<float>::min(),
+      who, ": the attention scaling ", freqs.attention_scaling,
+      " does not fit a complex64 entry (a normal float32, [1.2e-38, 3.4e38])");
+  for (size_t j = 0; j < freqs.inv_freq.size(); ++j) {
+    const double angle = entry.fp32_angle ? static_cast<double>(static_cast<float>(last) * entry.inv_freq32[j])
+                                          : last * freqs.inv_freq[j];
+    TORCH_CHECK_VALUE(
+        std::isfinite(angle) && std::isfinite(entry.fp32_angle ? entry.inv_freq32[j] : freqs.inv_freq[j]),
+        who, ": inv_freq[", j, "] = ", freqs.inv_freq[j], " gives a non-finite angle at row ", last,
+        " with angle_dtype=", angle_dtype_name(angle_dtype), " (theta or a factor of the rule out of range",
+        entry.fp32_angle ? " for float32 angles; use angle_dtype float64)" : ")");
+    TORCH_CHECK_VALUE(
+        entry.fp32_angle || std::abs(angle) < 0x1p62, who, ": inv_freq[", j, "] = ", freqs.inv_freq[j],
+        " gives the angle ", angle, " rad at row ", last, "; float64 angles keep their phase below 2^62 rad ",
+        "(theta or a factor of the rule out of range)");
+  }
+}
+
 }  // namespace
 
 at::Tensor freqs_table(const RopeFrequencies& freqs, int64_t max_seq_len, at::ScalarType angle_dtype) {
@@ -81,27 +106,7 @@ at::Tensor freqs_table(const RopeFrequencies& freqs, int64_t max_seq_len, at::Sc
   check_angle_dtype(angle_dtype, "freqs_table");
   const int64_t pairs = static_cast<int64_t>(freqs.inv_freq.size());
   const EntryMaker entry(freqs, angle_dtype);
-  TORCH_CHECK_VALUE(
-      std::isfinite(static_cast<float>(freqs.attention_scaling)) &&
-          static_cast<float>(freqs.attention_scaling) >= std::numeric_limits<float>::min(),
-      "freqs_table: the attention scaling ", freqs.attention_scaling,
-      " does not fit a complex64 entry (a normal float32, [1.2e-38, 3.4e38])");
-  // Every angle of the table must be finite, or its rows would be NaN.
-  const double last = static_cast<double>(std::max<int64_t>(max_seq_len - 1, 0));
-  for (int64_t j = 0; j < pairs; ++j) {
-    const double angle = entry.fp32_angle ? static_cast<double>(static_cast<float>(last) * entry.inv_freq32[j])
-                                          : last * freqs.inv_freq[j];
-    TORCH_CHECK_VALUE(
-        std::isfinite(angle) && std::isfinite(entry.fp32_angle ? entry.inv_freq32[j] : freqs.inv_freq[j]),
-        "freqs_table: inv_freq[", j, "] = ", freqs.inv_freq[j], " gives a non-finite angle at row ", last,
-        " with angle_dtype=", angle_dtype_name(angle_dtype), " (theta or a factor of the rule out of range",
-        entry.fp32_angle ? " for float32 angles; use angle_dtype float64)" : ")");
-    // Past 2^62 rad the reduction (kernel::reduced_angle) loses the phase.
-    TORCH_CHECK_VALUE(
-        entry.fp32_angle || std::abs(angle) < 0x1p62, "freqs_table: inv_freq[", j, "] = ", freqs.inv_freq[j],
-        " gives the angle ", angle, " rad at row ", last, "; float64 angles keep their phase below 2^62 rad ",
-        "(theta or a factor of the rule out of range)");
-  }
+  check_entries(freqs, entry, static_cast<double>(std::max<int64_t>(max_seq_len - 1, 0)), angle_dtype, "freqs_table");
   auto table = at::empty({max_seq_len, pairs}, at::TensorOptions().dtype(at::kComplexFloat));
   auto* out = table.data_ptr<c10::complex<float>>();
   // Angle, cos, sin and the scaling all in float64; one rounding to float at
@@ -127,6 +132,7 @@ at::Tensor freqs_at(const RopeFrequencies& freqs, const at::Tensor& positions, a
   }
   const int64_t pairs = static_cast<int64_t>(freqs.inv_freq.size());
   const EntryMaker entry(freqs, angle_dtype);
+  check_entries(freqs, entry, static_cast<double>(n ? *std::max_element(p, p + n) : 0), angle_dtype, "freqs_at");
   auto table = at::empty({n, pairs}, at::TensorOptions().dtype(at::kComplexFloat));
   auto* out = table.data_ptr<c10::complex<float>>();
   at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {

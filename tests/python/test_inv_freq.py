@@ -102,3 +102,30 @@ def test_inv_freq_non_contiguous(tables):
     x = randn((1, 2, 3, 8), torch.float64, seed=54)
     out = rotary.apply_rope(x, tables(8, 4), 50, True, inv_freq=inv)
     assert_close_ref(out, ref_rope4(x, None, 50), torch.float64)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_inv_freq_is_refused(bad):
+    """A NaN frequency slipped past the largest-angle check (std::max drops
+    it) and turned every row past the table into NaN: refused by name, in
+    place writing nothing."""
+    f = rotary.freqs_table(8, 4)
+    inv = torch.tensor(inv_freq(8), dtype=torch.float64)
+    inv[1] = bad
+    x = randn((1, 2, 6, 8), torch.float32, 3)
+    before = x.clone()
+    for op in (rotary.apply_rope, rotary.apply_rope_):
+        with pytest.raises(ValueError, match=rf"{op.__name__}: inv_freq\[1\] must be finite, got {bad}"):
+            op(x, f, 0, inv_freq=inv)
+    assert torch.equal(x, before)
+
+
+def test_sampled_rows_are_checked_as_the_table_is():
+    """rope_freqs_at (single rows, bit for bit the table's) skipped the
+    table's checks: rows whose angle passes 2^62 rad came back unreliable."""
+    far = torch.tensor([3, 2**62])
+    with pytest.raises(ValueError, match=r"freqs_at: inv_freq\[0\] = 1 gives the angle .* float64 angles keep their "
+                                         r"phase below 2\^62 rad"):
+        rotary._C.rope_freqs_at(8, far, 10000.0)
+    near = rotary._C.rope_freqs_at(8, torch.tensor([3, 2**40]), 10000.0)
+    assert torch.equal(near[0], rotary.freqs_table(8, 4)[3])
