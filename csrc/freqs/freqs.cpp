@@ -1,3 +1,4 @@
+#include <rotary/bounds.h>
 #include <rotary/freqs.h>
 
 #include <ATen/ATen.h>
@@ -158,6 +159,7 @@ at::Tensor rope_freqs(
     int64_t seq_len,
     at::ScalarType angle_dtype) {
   TORCH_CHECK_VALUE(dim > 0 && dim % 2 == 0, "rope_freqs: dim must be even and > 0, got ", dim);
+  TORCH_CHECK_VALUE(dim <= kMaxRotaryDim, "rope_freqs: dim must be <= 2^20 (the rotated width of a head), got ", dim);
   TORCH_CHECK_VALUE(max_seq_len >= 0, "rope_freqs: max_seq_len must be >= 0, got ", max_seq_len);
   TORCH_CHECK_VALUE(
       std::isfinite(theta) && theta > 0.0, "rope_freqs: theta must be finite and > 0, got ", theta);

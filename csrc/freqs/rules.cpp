@@ -2,6 +2,8 @@
 // reads and their checks; rule_math.cpp computes each one's frequencies.
 #include "rule_math.h"
 
+#include <rotary/bounds.h>
+
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -236,6 +238,8 @@ RopeFrequencies compute_frequencies(int64_t rotary_dim, double theta, const Rope
   TORCH_CHECK_VALUE(
       rotary_dim > 0 && rotary_dim % 2 == 0, "compute_frequencies: rotary_dim must be even and > 0, got ",
       rotary_dim);
+  TORCH_CHECK_VALUE(rotary_dim <= kMaxRotaryDim, "compute_frequencies: rotary_dim must be <= 2^20 (the rotated ",
+                    "width of a head), got ", rotary_dim);
   TORCH_CHECK_VALUE(
       std::isfinite(theta) && theta > 0.0, "compute_frequencies: theta must be finite and > 0, got ", theta);
   TORCH_CHECK_VALUE(seq_len >= 0, "compute_frequencies: seq_len must be >= 0, got ", seq_len);

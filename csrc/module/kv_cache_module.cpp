@@ -23,6 +23,11 @@ void KVCacheImpl::reset() {
       o.capacity(), ", head_dim ", o.head_dim());
   TORCH_CHECK_VALUE(
       o.head_dim() % 2 == 0, "KVCache: head_dim must be even (RoPE rotates pairs of dims), got ", o.head_dim());
+  // In double: the product of four int64 would wrap before the allocator saw it.
+  const double elements = static_cast<double>(o.batch()) * static_cast<double>(o.kv_heads()) *
+                          static_cast<double>(o.capacity()) * static_cast<double>(o.head_dim());
+  TORCH_CHECK_VALUE(elements < 0x1p62, "KVCache: batch * kv_heads * capacity * head_dim = ", elements,
+                    " elements per buffer is past what a tensor can hold; got capacity ", o.capacity());
   const CacheLayout layout = parse_cache_layout(o.layout());
   TORCH_CHECK_VALUE(layout == CacheLayout::kBHSD || layout == CacheLayout::kBSHD,
                     "KVCache: layout must be 'BHSD' or 'BSHD', got '", o.layout(), "'");

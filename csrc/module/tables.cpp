@@ -1,4 +1,5 @@
 #include <rotary/axes.h>
+#include <rotary/bounds.h>
 #include <rotary/freqs.h>
 #include <rotary/tables.h>
 
@@ -50,6 +51,8 @@ void check_options(const RotaryEmbeddingOptions& options) {
   TORCH_CHECK_VALUE(
       options.dim() > 0 && options.dim() % 2 == 0, "RotaryEmbedding: dim must be even and > 0, got ",
       options.dim());
+  TORCH_CHECK_VALUE(options.dim() <= kMaxRotaryDim, "RotaryEmbedding: dim must be <= 2^20 (the rotated width of a ",
+                    "head), got ", options.dim());
   TORCH_CHECK_VALUE(
       options.max_seq_len() > 0, "RotaryEmbedding: max_seq_len must be > 0, got ", options.max_seq_len());
   TORCH_CHECK_VALUE(

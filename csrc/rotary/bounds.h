@@ -11,6 +11,10 @@ namespace rotary {
 // arithmetic overflows int64 (2^60 + 2^60 + a sequence index < 2^63).
 constexpr int64_t kMaxPosition = int64_t{1} << 60;
 
+// The widest rotated span a table is built for: a head's width, with room to
+// spare (a larger one named here, not as a failed allocation of its pairs).
+constexpr int64_t kMaxRotaryDim = int64_t{1} << 20;
+
 namespace bounds {
 
 // [offset, offset + len) lies inside [0, total).

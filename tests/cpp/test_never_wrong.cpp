@@ -233,8 +233,11 @@ TEST(NeverWrong, PendingOptionsStayPendingInClonesAndCaches) {
   cache->options.layout("BSHD").capacity(100);
   EXPECT_TRUE(SameBits(cache->keys_values().first, keys));  // still read as BHSD
   ExpectError<c10::IndexError>([&] { cache->advance(50); }, {"exceeds the capacity 4"});
-  cache->options.layout("BHSD").capacity(std::numeric_limits<int64_t>::max() / 64);
-  EXPECT_ANY_THROW(cache->reset());  // cannot allocate: the cache keeps its rows and length
+  cache->options.layout("BHSD").capacity(int64_t{1} << 55);
+  EXPECT_ANY_THROW(cache->reset());  // 2^60 elements: cannot allocate, the cache keeps its rows and length
+  EXPECT_EQ(cache->length(), 2);
+  cache->options.capacity(std::numeric_limits<int64_t>::max() / 4);
+  ExpectError<c10::ValueError>([&] { cache->reset(); }, {"KVCache: batch * kv_heads * capacity * head_dim", "capacity"});
   EXPECT_EQ(cache->length(), 2);
   EXPECT_TRUE(SameBits(cache->keys_values().first, keys));
   cache->options.capacity(6);

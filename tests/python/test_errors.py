@@ -203,6 +203,10 @@ CASES = [
          lambda: (lambda: rotary.freqs_table(0, 16), [])),
     case("rope-freqs-negative-dim", ValueError, r"dim must be even and > 0, got -4",
          lambda: (lambda: rotary.freqs_table(-4, 16), [])),
+    case("rope-freqs-huge-dim", ValueError, r"rope_freqs: dim must be <= 2\^20 \(the rotated width of a head\), "
+         r"got 1099511627776", lambda: (lambda: rotary.freqs_table(2**40, 4), [])),
+    case("inv-frequencies-huge-dim", ValueError, r"compute_frequencies: rotary_dim must be <= 2\^20",
+         lambda: (lambda: rotary.inv_frequencies(2**62), [])),
     case("rope-freqs-negative-len", ValueError, r"rope_freqs: max_seq_len must be >= 0, got -1",
          lambda: (lambda: rotary.freqs_table(8, -1), [])),
     case("rope-freqs-theta-zero", ValueError, r"rope_freqs: theta must be finite and > 0, got 0",
@@ -216,6 +220,8 @@ CASES = [
     # ---- RotaryEmbedding (Python)
     case("module-odd-dim", ValueError, r"dim must be even and > 0, got 7",
          lambda: (lambda: rotary.RotaryEmbedding(7, 16), [])),
+    case("module-huge-dim", ValueError, r"RotaryEmbedding: dim must be <= 2\^20 .*got 4611686018427387904",
+         lambda: (lambda: rotary.RotaryEmbedding(2**62, 16), [])),
     case("module-zero-len", ValueError, r"RotaryEmbedding: max_seq_len must be > 0, got 0",
          lambda: (lambda: rotary.RotaryEmbedding(8, 0), [])),
     case("module-bad-theta", ValueError, r"theta must be finite and > 0",
