@@ -164,6 +164,9 @@ std::tuple<at::Tensor, at::Tensor> apply_rope_cos_sin_composite(
                     ": cos and sin must have one row per token of q: [seq] = [", seq, "] rows, or [1 or batch, seq] = [",
                     batch, ", ", seq, "], got ", sin ? cos.sym_sizes() : c.sym_sizes());
   const c10::SymInt head_dim = q4.sym_size(3), width = c.sym_size(2) * 2;
+  // Named here, with the caller's shape (the rotation below sees a 4-D view).
+  TORCH_CHECK_VALUE(head_dim % 2 == 0, kOp, ": q.size(-1) (head_dim) must be even, got ", head_dim, " (shape ",
+                    q.sym_sizes(), ")");
   TORCH_CHECK_VALUE(rotary_offset >= 0 && rotary_offset <= head_dim - width, kOp, ": the tables rotate R = ", width,
                     " dims from rotary_offset = ", rotary_offset, ", which must fit in head_dim = ", head_dim,
                     " (0 <= rotary_offset, rotary_offset + R <= head_dim)");

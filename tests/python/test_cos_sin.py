@@ -241,6 +241,8 @@ def test_errors():
         (lambda: f(q, k, cos.requires_grad_(), sin), ValueError, r"cos requires grad"),
         (lambda: f(q, k, cos[..., :7], sin[..., :7]), ValueError, r"R = rotary_dim even and > 0, got shape"),
         (lambda: f(q, k, cos, sin[:1]), ValueError, r"sin must have cos's shape"),
+        (lambda: f(torch.randn(4, 2, 9), torch.randn(4, 1, 9), torch.ones(4, 8), torch.zeros(4, 8)), ValueError,
+         r"^apply_rope_cos_sin: q\.size\(-1\) \(head_dim\) must be even, got 9 \(shape \[4, 2, 9\]\)"),
         (lambda: f(q, k, cos * torch.linspace(1, 2, 16), sin), ValueError, r"cos and sin must be rotate_half tables"),
         (lambda: f(q, k, cos, sin, interleaved=True), ValueError, r"must repeat each value twice"),
         (lambda: f(q, k, cos[0, :, :8], None), ValueError, r"sin=None reads cos as a cos_sin_cache"),
