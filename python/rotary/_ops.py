@@ -225,6 +225,8 @@ _CHECK = {"int": "_int_arg", "float": "_float_arg", "bool": "_bool_arg", "Option
           "Optional[Tensor]": "_tensor_arg"}
 
 
+_TENSOR = torch.Tensor
+
 # The ops that had positions= before offsets= / position_ids= replaced it.
 _LEGACY_POSITIONS = ("apply_rope", "apply_rope_qk", "apply_rope_", "apply_rope_qk_")
 
@@ -257,6 +259,8 @@ def _generate(name: str, returns: Optional[str], doc: str):
             continue
         check = _CHECK.get(kind)
         value = f"{check}({name!r}, {arg.name!r}, {arg.name})" if check else arg.name
+        if kind == "Optional[Tensor]":  # a plain tensor passes with one type test, no call
+            value = f"{arg.name} if type({arg.name}) is _TENSOR else {value}"
         if arg.default_value is None:
             body.append(f"if {arg.name} is not None: kw[{arg.name!r}] = {value}")
         else:  # `type(...) is` keeps a bool from equalling 0 or 1
