@@ -18,7 +18,7 @@ from rotary_testing.reference import exact_angle
 from .arg_draw import reference
 from .common import DOCUMENTED, Finding, bits, check_close, same_bits, set_kind
 from .kv_oracle import BAD_SCALES, FP8
-from .module_rules import LEAKS
+from .module_rules import LEAKS, judge_options_refusal
 
 
 # ------------------------------------------------------ KVCache + module
@@ -60,12 +60,7 @@ def run_kv_module(seed):
     try:
         cache = rotary.KVCache(batch, H, cap, D, **kw)
     except (ValueError, TypeError) as e:
-        if not bad:
-            raise Finding(f"{what}: refused valid options: {type(e).__name__}: {str(e).splitlines()[0][:160]}") from None
-        if name and name not in str(e):
-            raise Finding(f"{what}: refusal does not name {name}: {str(e).splitlines()[0][:160]}") from None
-        if any(leak in str(e) for leak in LEAKS):
-            raise Finding(f"{what}: message exposes internals: {str(e).splitlines()[0][:160]}") from None
+        judge_options_refusal(what, e, bad, name)
         return kind, f"refused: {type(e).__name__}"
     except Exception as e:  # noqa: BLE001
         raise Finding(f"{what}: undocumented {type(e).__name__}: {str(e).splitlines()[0][:160]}") from None

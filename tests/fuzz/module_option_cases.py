@@ -16,7 +16,7 @@ import torch
 from rotary_testing.reference import exact_angle
 
 from .common import Finding, check_close, set_kind
-from .module_rules import CTOR_ERRORS, FRONTS, check_message, same_state, state_of
+from .module_rules import CTOR_ERRORS, FRONTS, judge_options_refusal, same_state, state_of
 
 
 # ------------------------------------------------------ N-D module options
@@ -134,11 +134,7 @@ def run_module_options(seed):
     try:
         m = FRONTS[front](dim, rows, theta, interleaved, **copy.deepcopy(opts))
     except CTOR_ERRORS as e:
-        check_message(what, e)
-        if not bad:
-            raise Finding(f"{what}: refused valid options: {type(e).__name__}: {str(e).splitlines()[0][:160]}") from None
-        if name and name not in str(e):
-            raise Finding(f"{what}: refusal does not name {name}: {str(e).splitlines()[0][:160]}") from None
+        judge_options_refusal(what, e, bad, name)
         return kind, f"refused: {type(e).__name__}"
     except Exception as e:  # noqa: BLE001
         raise Finding(f"{what}: undocumented {type(e).__name__}: {str(e).splitlines()[0][:160]}") from None

@@ -122,6 +122,17 @@ def check_message(what, e):
             raise Finding(f"{what}: refusal message exposes internals: {text.splitlines()[0][:160]}")
 
 
+def judge_options_refusal(what, e, bad, name):
+    """A constructor's refusal: of bad options only (`bad` says why they
+    are), naming `name` when given, in the caller's words."""
+    check_message(what, e)
+    first = str(e).splitlines()[0][:160]
+    if not bad:
+        raise Finding(f"{what}: refused valid options: {type(e).__name__}: {first}") from None
+    if name and name not in str(e):
+        raise Finding(f"{what}: refusal does not name {name}: {first}") from None
+
+
 def state_of(m):
     s = {"freqs": bits(m.freqs), "inv_freq": bits(m.inv_freq), "attention_scaling": m.attention_scaling,
          "scaling": repr(m.scaling)}
