@@ -128,12 +128,14 @@ at::Tensor freqs_at(const RopeFrequencies& freqs, const at::Tensor& positions, a
   const at::Tensor pos = positions.to(at::kCPU).contiguous();
   const int64_t n = pos.numel();
   const int64_t* p = pos.const_data_ptr<int64_t>();
+  int64_t last = 0;
   for (int64_t i = 0; i < n; ++i) {
     TORCH_CHECK_VALUE(p[i] >= 0, "freqs_at: positions must be >= 0, got ", p[i], " at index ", i);
+    last = std::max(last, p[i]);
   }
   const int64_t pairs = static_cast<int64_t>(freqs.inv_freq.size());
   const EntryMaker entry(freqs, angle_dtype);
-  check_entries(freqs, entry, static_cast<double>(n ? *std::max_element(p, p + n) : 0), angle_dtype, "freqs_at");
+  check_entries(freqs, entry, static_cast<double>(last), angle_dtype, "freqs_at");
   auto table = at::empty({n, pairs}, at::TensorOptions().dtype(at::kComplexFloat));
   auto* out = table.data_ptr<c10::complex<float>>();
   at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {

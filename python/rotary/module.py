@@ -122,7 +122,8 @@ class RotaryEmbedding(nn.Module):
         # against the options and rebuilds both buffers in the state they were
         # saved in. A mismatch is a load error that leaves the buffers as they were.
         fkey, ikey = prefix + "freqs", prefix + "inv_freq"
-        if fkey in state_dict or ikey in state_dict:
+        given = fkey in state_dict or ikey in state_dict
+        if given:
             try:
                 self._tables.restore(state_dict.get(fkey), state_dict.get(ikey), "RotaryEmbedding.load_state_dict",
                                      self.freqs.device, self._install)
@@ -132,11 +133,9 @@ class RotaryEmbedding(nn.Module):
             for key, buf in ((fkey, self.freqs), (ikey, self.inv_freq)):
                 if key in state_dict:
                     state_dict[key] = buf
-            super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, unexpected, error_msgs)
-            return
-        # Both left out: the tables follow from the options, and the module keeps its own.
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, unexpected, error_msgs)
-        missing[:] = [key for key in missing if key not in (fkey, ikey)]
+        if not given:  # both left out: the tables follow from the options, and the module keeps its own
+            missing[:] = [key for key in missing if key not in (fkey, ikey)]
 
     def _apply(self, fn, recurse=True):
         # nn.Module.to(dtype) would cast the complex table to a real dtype and

@@ -61,7 +61,9 @@ def apply_rotary_transformers(
             f"rotary_pos_emb: cos and sin must be [batch, seq, head_dim] = [*, *, {q.shape[-1]}], multiplied into q "
             f"elementwise as transformers' apply_rotary_pos_emb does; got cos of shape {tuple(cos.shape)}")
     # q * cos: bf16 q and float32 tables (autocast) give float32; q and k of two dtypes, their promotion.
-    dtype = torch.promote_types(torch.result_type(q, cos), torch.result_type(k, cos))
+    dtype = torch.result_type(q, cos)
+    if k.dtype != q.dtype:
+        dtype = torch.promote_types(dtype, torch.result_type(k, cos))
     if (q.dtype, k.dtype) != (dtype, dtype) and dtype.is_floating_point:
         q, k = q.to(dtype), k.to(dtype)
     return apply_rope_cos_sin(q, k, cos, sin, layout=layout)
