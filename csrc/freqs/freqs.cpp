@@ -1,6 +1,8 @@
 #include <rotary/bounds.h>
 #include <rotary/freqs.h>
 
+#include "freqs/host_tensor.h"
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
@@ -108,7 +110,7 @@ at::Tensor freqs_table(const RopeFrequencies& freqs, int64_t max_seq_len, at::Sc
   const int64_t pairs = static_cast<int64_t>(freqs.inv_freq.size());
   const EntryMaker entry(freqs, angle_dtype);
   check_entries(freqs, entry, static_cast<double>(std::max<int64_t>(max_seq_len - 1, 0)), angle_dtype, "freqs_table");
-  auto table = at::empty({max_seq_len, pairs}, at::TensorOptions().dtype(at::kComplexFloat));
+  auto table = detail::host_tensor({max_seq_len, pairs}, at::kComplexFloat);
   auto* out = table.data_ptr<c10::complex<float>>();
   // Angle, cos, sin and the scaling all in float64; one rounding to float at
   // the end keeps the table within ~3e-8 of exact even at millions of positions.
@@ -136,7 +138,7 @@ at::Tensor freqs_at(const RopeFrequencies& freqs, const at::Tensor& positions, a
   const int64_t pairs = static_cast<int64_t>(freqs.inv_freq.size());
   const EntryMaker entry(freqs, angle_dtype);
   check_entries(freqs, entry, static_cast<double>(last), angle_dtype, "freqs_at");
-  auto table = at::empty({n, pairs}, at::TensorOptions().dtype(at::kComplexFloat));
+  auto table = detail::host_tensor({n, pairs}, at::kComplexFloat);
   auto* out = table.data_ptr<c10::complex<float>>();
   at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
@@ -148,7 +150,7 @@ at::Tensor freqs_at(const RopeFrequencies& freqs, const at::Tensor& positions, a
 
 at::Tensor inv_freq_tensor(const RopeFrequencies& freqs) {
   const int64_t pairs = static_cast<int64_t>(freqs.inv_freq.size());
-  auto t = at::empty({pairs}, at::TensorOptions().dtype(at::kDouble));
+  auto t = detail::host_tensor({pairs}, at::kDouble);
   std::copy(freqs.inv_freq.begin(), freqs.inv_freq.end(), t.data_ptr<double>());
   return t;
 }

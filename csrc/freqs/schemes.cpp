@@ -1,6 +1,8 @@
 // Sinusoidal table and ALiBi, as first described: float64 math, one rounding.
 #include <rotary/schemes.h>
 
+#include "freqs/host_tensor.h"
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
@@ -29,7 +31,7 @@ at::Tensor sinusoidal_table(int64_t n, int64_t d, double base) {
   TORCH_CHECK_VALUE(n >= 0, "sinusoidal_table: n (the number of positions) must be >= 0, got ", n);
   TORCH_CHECK_VALUE(d > 0 && d % 2 == 0, "sinusoidal_table: d (the model dim) must be even and > 0, got ", d);
   TORCH_CHECK_VALUE(std::isfinite(base) && base > 0.0, "sinusoidal_table: base must be finite and > 0, got ", base);
-  at::Tensor pe = at::empty({n, d}, at::TensorOptions().dtype(at::kFloat));
+  at::Tensor pe = detail::host_tensor({n, d}, at::kFloat);
   if (n == 0) return pe;
   // base^(2i/d), the reference divisor, once per pair.
   std::vector<double> div(static_cast<size_t>(d / 2));
@@ -59,7 +61,7 @@ at::Tensor sinusoidal_table(int64_t n, int64_t d, double base) {
 at::Tensor alibi_slopes(int64_t n_heads) {
   TORCH_CHECK_VALUE(n_heads > 0, "alibi_slopes: n_heads must be > 0, got ", n_heads);
   const auto m = slopes_f64(n_heads);
-  at::Tensor out = at::empty({n_heads}, at::TensorOptions().dtype(at::kFloat));
+  at::Tensor out = detail::host_tensor({n_heads}, at::kFloat);
   float* o = out.data_ptr<float>();
   for (int64_t h = 0; h < n_heads; ++h) o[h] = static_cast<float>(m[h]);
   return out;
@@ -69,7 +71,7 @@ at::Tensor alibi_bias(int64_t n_heads, int64_t seq_len, bool causal) {
   TORCH_CHECK_VALUE(n_heads > 0, "alibi_bias: n_heads must be > 0, got ", n_heads);
   TORCH_CHECK_VALUE(seq_len >= 0, "alibi_bias: seq_len must be >= 0, got ", seq_len);
   const auto m = slopes_f64(n_heads);
-  at::Tensor bias = at::empty({n_heads, seq_len, seq_len}, at::TensorOptions().dtype(at::kFloat));
+  at::Tensor bias = detail::host_tensor({n_heads, seq_len, seq_len}, at::kFloat);
   if (seq_len == 0) return bias;
   float* out = bias.data_ptr<float>();
   const float neg_inf = -std::numeric_limits<float>::infinity();

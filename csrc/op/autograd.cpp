@@ -132,10 +132,9 @@ void apply_rope_inplace_autograd(at::Tensor& x, const at::Tensor& freqs ROTARY_R
   at::Tensor tx = any_tangent({&x}) ? tangent_of(x).clone() : at::Tensor();
   if (tx.defined()) apply_rope_(tx, freqs ROTARY_ROPE_NAMES);
   {
-    at::AutoDispatchBelowADInplaceOrView guard;
+    at::AutoDispatchBelowAutograd guard;  // inplace_or_view.cpp bumps the versions
     apply_rope_(x, freqs ROTARY_ROPE_NAMES);
   }
-  torch::autograd::impl::bump_version(x);
   if (tx.defined()) detail::set_in_place_tangent(x, tx);
 }
 
@@ -151,11 +150,9 @@ void apply_rope_qk_inplace_autograd(at::Tensor& q, at::Tensor& k, const at::Tens
     apply_rope_qk_(tq, tk, freqs ROTARY_ROPE_NAMES);
   }
   {
-    at::AutoDispatchBelowADInplaceOrView guard;
+    at::AutoDispatchBelowAutograd guard;  // inplace_or_view.cpp bumps the versions
     apply_rope_qk_(q, k, freqs ROTARY_ROPE_NAMES);
   }
-  torch::autograd::impl::bump_version(q);
-  torch::autograd::impl::bump_version(k);
   if (tq.defined()) {
     detail::set_in_place_tangent(q, tq);
     detail::set_in_place_tangent(k, tk);
@@ -167,10 +164,9 @@ void apply_rope_with_kv_cache_autograd(ROTARY_KV_TENSORS ROTARY_KV_PARAMS) {
   detail::check_no_grad_kv(op, q, k, v, k_cache, v_cache, freqs, inv_freq);
   detail::check_no_grad_scales(op, {{"k_scale", k_scale}, {"v_scale", v_scale}});
   {
-    at::AutoDispatchBelowADInplaceOrView guard;
+    at::AutoDispatchBelowAutograd guard;  // inplace_or_view.cpp bumps the versions
     apply_rope_with_kv_cache_(q, k, v, k_cache, v_cache, freqs ROTARY_KV_NAMES);
   }
-  for (at::Tensor* t : {&q, &k, &k_cache, &v_cache}) torch::autograd::impl::bump_version(*t);
 }
 
 }  // namespace

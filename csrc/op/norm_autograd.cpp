@@ -172,7 +172,10 @@ std::tuple<at::Tensor, at::Tensor> apply_qk_norm_rope_autograd(
   const bool grad = torch::autograd::compute_requires_grad(q, k, qw, kw, freqs, inv);
   TORCH_CHECK_VALUE(
       !((grad || tangent) && q_fp8_scale), "apply_qk_norm_rope: q_fp8_scale returns q as float8_e4m3fn, which is ",
-      "not differentiable; call under torch.no_grad() / inference mode, or drop q_fp8_scale");
+      "not differentiable; ",
+      tangent ? "an input carries a forward-mode tangent (torch.no_grad() does not remove it): pass the primals "
+                "(torch.autograd.forward_ad.unpack_dual(t).primal), or drop q_fp8_scale"
+              : "call under torch.no_grad() / inference mode, or drop q_fp8_scale");
   detail::check_no_grad_scales("apply_qk_norm_rope", {{"q_fp8_scale", q_fp8_scale}});
   if (!grad && !tangent) {
     at::AutoDispatchBelowADInplaceOrView guard;
@@ -184,6 +187,12 @@ std::tuple<at::Tensor, at::Tensor> apply_qk_norm_rope_autograd(
   // The primals: a custom Function refuses tangents (they are set below).
   const at::Tensor pq = detail::primal_of(q), pk = detail::primal_of(k);
   const at::Tensor pqw = detail::primal_of(qw), pkw = detail::primal_of(kw);
+  if (grad) {  // the norm's backward reads all four
+    for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"q", &pq}, {"k", &pk},
+                                  {"q_weight", &pqw}, {"k_weight", &pkw}}) {
+      detail::check_savable(name, *t);
+    }
+  }
   std::tuple<at::Tensor, at::Tensor> out;
   if (!grad) {
     at::AutoDispatchBelowADInplaceOrView guard;
@@ -245,11 +254,9 @@ void apply_qk_norm_rope_inplace_autograd(
     std::tie(tq, tk) = norm_rope_tangents(q, k, qw, kw, n, freqs ROTARY_ROPE_NAMES);
   }
   {
-    at::AutoDispatchBelowADInplaceOrView guard;
+    at::AutoDispatchBelowAutograd guard;  // inplace_or_view.cpp bumps the versions
     apply_qk_norm_rope_(q, k, freqs ROTARY_ROPE_NAMES ROTARY_NORM_NAMES);
   }
-  torch::autograd::impl::bump_version(q);
-  torch::autograd::impl::bump_version(k);
   if (tq.defined()) {
     detail::set_in_place_tangent(q, tq);
     detail::set_in_place_tangent(k, tk);
@@ -265,10 +272,9 @@ void apply_qk_norm_rope_with_kv_cache_autograd(ROTARY_KV_TENSORS ROTARY_KV_PARAM
   if (q_weight) detail::check_no_grad(op, "q_weight", *q_weight);
   if (k_weight) detail::check_no_grad(op, "k_weight", *k_weight);
   {
-    at::AutoDispatchBelowADInplaceOrView guard;
+    at::AutoDispatchBelowAutograd guard;  // inplace_or_view.cpp bumps the versions
     apply_qk_norm_rope_with_kv_cache_(q, k, v, k_cache, v_cache, freqs ROTARY_KV_NAMES ROTARY_NORM_NAMES);
   }
-  for (at::Tensor* t : {&q, &k, &k_cache, &v_cache}) torch::autograd::impl::bump_version(*t);
 }
 
 }  // namespace

@@ -76,8 +76,23 @@ inline void check_tables_no_grad(const at::Tensor& freqs, const OptTensor& inv_f
 // module's host-driven rule later installs new ones into the same buffers,
 // set_data with no version bump), detached; tables that require grad are
 // refused (check_tables_no_grad).
+// Autograd cannot save an inference tensor: refused by name, not with
+// torch's unnamed error from deep inside the graph's construction.
+inline void check_savable(const char* name, const at::Tensor& t) {
+  TORCH_CHECK_VALUE(
+      !(t.defined() && t.is_inference()), "rotary: ", name, " is an inference tensor (made under ",
+      "torch.inference_mode()), which autograd cannot save for backward; make it outside inference mode, or pass ",
+      name, ".clone()");
+}
+
 inline RopeState held_for_backward(RopeState s) {
   check_tables_no_grad(s.freqs, s.inv_freq);
+  check_savable("freqs", s.freqs);
+  for (const auto& [name, t] : {std::pair<const char*, const OptTensor*>{"offsets", &s.offsets},
+                                {"position_ids", &s.position_ids}, {"cu_seqlens", &s.cu_seqlens},
+                                {"inv_freq", &s.inv_freq}}) {
+    if (*t) check_savable(name, **t);
+  }
   s.freqs = s.freqs.detach();
   if (s.inv_freq && s.inv_freq->defined()) s.inv_freq = s.inv_freq->detach();
   return s;
@@ -191,8 +206,9 @@ inline RopeState load_state(AutogradContext* ctx, const std::vector<at::Tensor>&
 }
 
 // The in-place ops are not differentiable: they would overwrite a tensor that
-// autograd may need. They refuse such inputs and otherwise only bump the
-// version counter, so a later misuse of a saved tensor is caught.
+// autograd may need. They refuse such inputs; the ADInplaceOrView kernel
+// (inplace_or_view.cpp) bumps the version counters, so a later misuse of a
+// saved tensor is caught.
 inline void check_no_grad(const char* op, const char* name, const at::Tensor& t) {
   TORCH_CHECK_VALUE(
       !(at::GradMode::is_enabled() && t.requires_grad()), op, ": ", name,

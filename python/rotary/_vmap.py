@@ -130,7 +130,10 @@ class _Rule:
         """The op's rule (csrc/checks: a written tensor shares no memory with
         itself or any other argument) on the whole tensors, every slice at once."""
         op = f"vmap of rotary::{self.name}"
-        tensors = {n: v for n, v in values.items() if isinstance(v, torch.Tensor)}
+        # Under an outer transform (nested vmap, jvp, grad) the tensors are
+        # still wrappers with no storage: checked as the tensors under every
+        # level, which hold every outer slice too.
+        tensors = {n: _innermost(v) for n, v in values.items() if isinstance(v, torch.Tensor)}
         written = [n for n in self.written if n in tensors]
         for i, n in enumerate(written):
             _C.check_distinct(op, n, tensors[n])
@@ -138,6 +141,13 @@ class _Rule:
                 if other != n and other not in written[:i]:  # each written pair once
                     _C.check_disjoint(op, n, tensors[n], other, t,
                                       "a slice would write what it or another slice reads or writes")
+
+
+def _innermost(t):
+    f = torch._C._functorch
+    while f.is_batchedtensor(t) or f.is_gradtrackingtensor(t) or f.is_functionaltensor(t):
+        t = f.get_unwrapped(t)
+    return t
 
 
 def _without(shape, d):

@@ -207,3 +207,47 @@ def test_wrappers_return_inputs_and_match_raw_ops(tables):
     assert torch.ops.rotary.apply_rope_qk_(q2, k2, f, 1) is None  # the op itself returns nothing
     rq, rk = rotary.apply_rope_qk_(q, k, f, 1)
     assert rq is q and rk is k and torch.equal(q, q2) and torch.equal(k, k2)
+
+
+# Every in-place op bumps each tensor it writes once, and nothing else, in
+# every grad mode: under inference mode too, where the Autograd kernels do
+# not run (torch's own in-place ops bump there as well).
+def _inplace_calls():
+    f = rotary.freqs_table(8, 16)
+    q, k, v = randn((1, 4, 3, 8), seed=140), randn((1, 2, 3, 8), seed=141), randn((1, 2, 3, 8), seed=142)
+    kc, vc = randn((1, 2, 6, 8), seed=143), randn((1, 2, 6, 8), seed=144)
+    pos = torch.tensor([[1, 2, 3]])
+    return [
+        ("apply_rope_", lambda: rotary.apply_rope_(q, f), [q]),
+        ("apply_rope_qk_", lambda: rotary.apply_rope_qk_(q, k, f), [q, k]),
+        ("apply_qk_norm_rope_", lambda: rotary.apply_qk_norm_rope_(q, k, f), [q, k]),
+        ("apply_rope_with_kv_cache_",
+         lambda: rotary.apply_rope_with_kv_cache_(q, k, v, kc, vc, f, cache_positions=pos), [q, k, kc, vc]),
+        ("apply_qk_norm_rope_with_kv_cache_",
+         lambda: rotary.apply_qk_norm_rope_with_kv_cache_(q, k, v, kc, vc, f, cache_positions=pos), [q, k, kc, vc]),
+    ], [f, v]
+
+
+@pytest.mark.parametrize("mode", ["grad", "no_grad", "inference_mode"])
+def test_versions_bumped_once_in_every_grad_mode(mode):
+    calls, read_only = _inplace_calls()
+    ctx = {"grad": torch.enable_grad, "no_grad": torch.no_grad, "inference_mode": torch.inference_mode}[mode]
+    for name, call, written in calls:
+        before = [t._version for t in written + read_only]
+        with ctx():
+            call()
+        after = [t._version for t in written + read_only]
+        assert [a - b for a, b in zip(after, before)] == [1] * len(written) + [0] * len(read_only), name
+
+
+def test_saved_tensor_rotated_under_inference_mode_fails_backward():
+    # The prologue saves q for its norm's backward; rotating q in place under
+    # inference mode afterwards must make that backward raise, not read it.
+    f = rotary.freqs_table(8, 16)
+    q, k = randn((1, 4, 3, 8), seed=150), randn((1, 2, 3, 8), seed=151)
+    w = torch.ones(8, requires_grad=True)
+    oq, _ = rotary.apply_qk_norm_rope(q, k, f, q_weight=w)
+    with torch.inference_mode():
+        rotary.apply_rope_(q, f)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        oq.sum().backward()

@@ -10,7 +10,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import rotary
 from rotary_testing.prologue_reference import ref_prologue
-from rotary_testing.reference import hf_cos_sin
+from rotary_testing.reference import hf_cos_sin, rope_reference
 from rotary_testing.rope_testing import TOL, cu_from_lens, layout_shape, randn, ref_rope4, ref_varlen
 
 D, S, B, H, HK, V = 16, 5, 2, 3, 2, 4
@@ -237,6 +237,24 @@ def test_compiled_vmap_matches_reference():
     got = torch.compile(lambda t: torch.func.vmap(lambda a: rotary.apply_rope(a, FREQS, 2))(t), fullgraph=True)(x)
     for i in range(V):
         torch.testing.assert_close(got[i].double(), ref_rope4(x[i], start=2), **tol(torch.float32))
+
+
+def test_compiled_in_place_per_slice_matches_reference():
+    """A batched table runs one call per slice, behind the rule's whole-batch
+    overlap check: traced, that check read every fake tensor's address as 0
+    and refused the call ("x and freqs overlap")."""
+    tables = torch.stack([FREQS, rotary.freqs_table(D, 64, theta=500.0)])
+    x = randn((2, B, H, S, D), torch.float32, 22)
+    y = x.clone()
+
+    def fn(t, f):
+        torch.func.vmap(lambda a, b: rotary.apply_rope_(a, b, 3))(t, f)
+        return t
+
+    torch.compile(fn, backend="aot_eager")(y, tables)
+    for i, theta in enumerate((10000.0, 500.0)):
+        want = rope_reference(x[i], 3, base=theta)
+        torch.testing.assert_close(y[i].double(), want, **tol(torch.float32))
 
 
 def test_fp8_q_with_a_scale_per_head():

@@ -1,0 +1,106 @@
+"""Tables and modules built inside torch.func transforms, in-place ops under
+nested transforms, and the refusals that name what autograd cannot take:
+each call gives the float64 reference's result or a named error."""
+
+import pytest
+import torch
+import torch.autograd.forward_ad as fwAD
+from torch.func import grad, jvp, vmap
+
+import rotary
+from rotary_testing.rope_testing import randn, ref_rope4
+
+D = 8
+
+
+def tangent_ref(t, start):
+    return ref_rope4(t, start=start)  # the rotation is linear: its jvp is the tangent rotated
+
+
+@pytest.mark.parametrize("build", ["freqs_table", "inv_frequencies", "RotaryEmbedding", "CppRotaryEmbedding"])
+def test_tables_built_inside_jvp_and_grad(build):
+    """The builders write a new CPU tensor through its pointer: under grad /
+    jvp at::empty gave a wrapper with no storage ("Cannot access data pointer")."""
+    x, t = randn((1, 2, 4, D), torch.float64, 1), randn((1, 2, 4, D), torch.float64, 2)
+
+    def rotate(xx):
+        if build == "freqs_table":
+            return rotary.apply_rope(xx, rotary.freqs_table(D, 16), 3)
+        if build == "inv_frequencies":  # rows 20.. past the 4-row table, from inv_freq
+            return rotary.apply_rope(xx, rotary.freqs_table(D, 4), 3, inv_freq=rotary.inv_frequencies(D)[0])
+        module = rotary.RotaryEmbedding(D, 16) if build == "RotaryEmbedding" else rotary.CppRotaryEmbedding(D, 16)
+        return module(xx, 3)
+
+    out, tangent = jvp(rotate, (x,), (t,))
+    torch.testing.assert_close(out, ref_rope4(x, start=3))
+    torch.testing.assert_close(tangent, tangent_ref(t, 3))
+    g = grad(lambda xx: (rotate(xx) * t).sum())(x)
+    torch.testing.assert_close(g, ref_rope4(t, start=3, inverse=True))  # R^T t
+
+
+@pytest.mark.parametrize("transform", ["jvp", "grad"])
+def test_host_driven_module_grows_inside_a_transform(transform):
+    """A dynamic rule's call past its table rebuilds the tables inside the
+    transform (the same rebuild as eagerly)."""
+    rope = rotary.RotaryEmbedding(D, 16, scaling={"rope_type": "dynamic", "factor": 2.0})
+    eager = rotary.RotaryEmbedding(D, 16, scaling={"rope_type": "dynamic", "factor": 2.0})
+    x, t = randn((1, 2, 4, D), torch.float64, 3), randn((1, 2, 4, D), torch.float64, 4)
+    ids = torch.tensor([[0, 9, 20, 30]])
+    if transform == "jvp":
+        out, tangent = jvp(lambda xx: rope(xx, position_ids=ids), (x,), (t,))
+        torch.testing.assert_close(out, eager(x, position_ids=ids))
+        torch.testing.assert_close(tangent, eager(t, position_ids=ids))
+    else:
+        g = grad(lambda xx: (rope(xx, position_ids=ids) * t).sum())(x)
+        xe = x.clone().requires_grad_()
+        (eager(xe, position_ids=ids) * t).sum().backward()
+        torch.testing.assert_close(g, xe.grad)
+    assert torch.equal(rope.freqs, eager.freqs)
+
+
+def test_in_place_ops_under_nested_transforms():
+    """The vmap rule's overlap check read the tensors at its own level, which
+    under an outer vmap / jvp / grad are wrappers with no storage."""
+    f = rotary.freqs_table(D, 16)
+    x = randn((2, 3, 1, 2, 4, D), torch.float64, 5)
+    y = x.clone()
+    vmap(vmap(lambda t: rotary.apply_rope_(t, f, 2)))(y)
+    torch.testing.assert_close(y, ref_rope4(x.reshape(6, 2, 4, D), start=2).reshape(x.shape))
+    q, k = x.clone(), randn((2, 3, 1, 1, 4, D), torch.float64, 6)
+    k0 = k.clone()
+    vmap(vmap(lambda a, b: rotary.apply_rope_qk_(a, b, f)))(q, k)
+    torch.testing.assert_close(k, ref_rope4(k0.reshape(6, 1, 4, D)).reshape(k0.shape))
+    ids = torch.tensor([[1, 5, 2, 7]]).expand(3, 1, 4)  # batched ids: one call per slice
+
+    def rotated(t):
+        return vmap(lambda a, i: rotary.apply_rope_(a.clone(), f, position_ids=i))(t, ids)
+
+    xs, ts = x[0], randn((3, 1, 2, 4, D), torch.float64, 7)
+    want = torch.stack([ref_rope4(xs[i], positions=ids[i]) for i in range(3)])
+    out, tangent = jvp(rotated, (xs,), (ts,))
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(tangent, torch.stack([ref_rope4(ts[i], positions=ids[i]) for i in range(3)]))
+    with pytest.raises(ValueError, match=r"apply_rope_: x requires grad; in-place rotation is not differentiable"):
+        grad(lambda t: (rotated(t) * ts).sum())(xs)  # reverse mode of an in-place op: refused by name
+
+
+def test_inference_tensors_autograd_would_save_are_named():
+    with torch.inference_mode():
+        f = rotary.freqs_table(D, 16)
+        qi = randn((1, 2, 4, D), seed=8)
+    x = randn((1, 2, 4, D), seed=9).requires_grad_()
+    with pytest.raises(ValueError, match=r"rotary: freqs is an inference tensor .* pass freqs.clone\(\)"):
+        rotary.apply_rope(x, f)
+    w = torch.ones(D, requires_grad=True)
+    with pytest.raises(ValueError, match=r"rotary: q is an inference tensor .* cannot save for backward"):
+        rotary.apply_qk_norm_rope(qi, randn((1, 1, 4, D), seed=10), f.clone(), q_weight=w)
+
+
+def test_fp8_q_with_a_tangent_names_the_tangent():
+    f = rotary.freqs_table(D, 16)
+    q, k = randn((1, 2, 4, D), seed=11), randn((1, 1, 4, D), seed=12)
+    with fwAD.dual_level(), torch.no_grad():
+        dual = fwAD.make_dual(q, torch.ones_like(q))
+        with pytest.raises(ValueError, match=r"an input carries a forward-mode tangent \(torch.no_grad\(\) does not "
+                                             r"remove it\)"):
+            rotary.apply_qk_norm_rope(dual, k, f, q_fp8_scale=torch.tensor(1.0))
