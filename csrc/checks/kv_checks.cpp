@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <string>
 #include <utility>
@@ -65,14 +66,23 @@ void check_scale(const char* op, const char* name, const std::optional<at::Tenso
 }
 
 // Two tokens of one call written to one cache row or slot: which one the row
-// holds would depend on the schedule, so a host-known duplicate is refused.
-void check_unique_dest(const char* op, std::vector<std::pair<int64_t, int64_t>>& rows, const char* name) {
+// holds would depend on the schedule, so a host-known duplicate is refused,
+// naming both tokens. A row is (outer, inner, token b, token s).
+using DestRow = std::array<int64_t, 4>;
+
+void check_unique_dest(const char* op, std::vector<DestRow>& rows, const kernel::RopeParams& rp, bool host_seqlens,
+                       int64_t block_size, const char* source) {
   std::sort(rows.begin(), rows.end());
   for (size_t i = 1; i < rows.size(); ++i) {
+    const DestRow &a = rows[i - 1], &b = rows[i];
+    if (a[0] != b[0] || a[1] != b[1]) continue;
+    const std::string both = token_name(rp, a[2], a[3], host_seqlens) + " and " + token_name(rp, b[2], b[3], host_seqlens);
     TORCH_CHECK_VALUE(
-        rows[i].first != rows[i - 1].first || rows[i].second != rows[i - 1].second, op, ": two tokens go to ",
-        name, " (sequence / block ", rows[i].first, ", row ", rows[i].second, "); each token of a call needs its own ",
-        "cache row");
+        block_size == 0, op, ": ", both, " both go to slot ", a[0] * block_size + a[1], " (block ", a[0], ", offset ",
+        a[1], ") of ", source, "; each token of a call needs its own cache row");
+    TORCH_CHECK_VALUE(
+        false, op, ": ", both, " both go to cache row ", a[1], " of sequence ", a[0], " (", source,
+        "); each token of a call needs its own cache row");
   }
 }
 
@@ -272,7 +282,7 @@ PreparedKV prepare_kv(
         " exceeds the cache's max_seq_len ", p.inner, " (k_cache shape ", call.k_cache_shape, ")");
     return r;
   }
-  std::vector<std::pair<int64_t, int64_t>> rows;
+  std::vector<DestRow> rows;
   rows.reserve(static_cast<size_t>(rp.batch * rp.seq));
   for (int64_t b = 0; b < rp.batch; ++b) {
     for (int64_t s = 0; s < rp.seq; ++s) {
@@ -282,7 +292,7 @@ PreparedKV prepare_kv(
             slot >= -1 && slot < p.outer * p.inner, op, ": slot_mapping of ", token_name(rp, b, s, host_seqlens), " is ",
             slot, ", outside the paged cache's ", p.outer * p.inner, " slots (num_blocks ", p.outer, " x block_size ",
             p.inner, "); -1 skips a token");
-        if (slot >= 0) rows.emplace_back(slot / p.inner, slot % p.inner);
+        if (slot >= 0) rows.push_back({slot / p.inner, slot % p.inner, b, s});
         continue;
       }
       int64_t outer = 0, inner = 0;
@@ -291,10 +301,11 @@ PreparedKV prepare_kv(
           inner >= 0 && inner < p.inner, op, ": ", token_name(rp, b, s, host_seqlens), " goes to cache position ", inner,
           dest ? " (cache_positions)" : " (its rotary position)", ", outside the cache's max_seq_len ", p.inner,
           " (k_cache shape ", call.k_cache_shape, ")");
-      rows.emplace_back(outer, inner);
+      rows.push_back({outer, inner, b, s});
     }
   }
-  check_unique_dest(op, rows, p.paged ? "one slot of slot_mapping" : "one cache row");
+  check_unique_dest(op, rows, rp, host_seqlens, p.paged ? p.inner : 0,
+                    p.paged ? "slot_mapping" : dest ? "cache_positions" : "their rotary positions");
   return r;
 }
 

@@ -3,6 +3,7 @@
 // for these ops: the Conjugate one would materialise a lazily conjugated
 // table (rows past it would then turn by +angle), and the Negative one
 // crashes on an op that writes more than one tensor and returns nothing.
+#include "checks/checks.h"
 #include "op/op_names.h"
 
 #include <ATen/ATen.h>
@@ -48,12 +49,26 @@ void negative_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torc
         k_cache.is_neg() ? " is" : " is not", " (Tensor.is_neg()); the rotated k is written into both, so they must ",
         "agree: pass tensors without the bit (t.resolve_neg()) or give both the bit");
   }
+  // A read-only input replaced by a copy below would pass the op's overlap
+  // checks: checked here against every written tensor, memory to memory.
+  auto is_written = [&](size_t i) { return args[i].alias_info() && args[i].alias_info()->isWrite(); };
+  auto memory = [](const at::Tensor& t) { return t.is_neg() ? at::_neg_view(t) : t; };
+  for (size_t r = 0; r < args.size(); ++r) {
+    const c10::IValue& read = (*stack)[first + r];
+    if (is_written(r) || !read.isTensor()) continue;
+    if (!(read.toTensor().is_neg() || (v.value == &read && v_cache.is_neg()))) continue;
+    for (size_t w = 0; w < args.size(); ++w) {
+      const c10::IValue& out = (*stack)[first + w];
+      if (!is_written(w) || !out.isTensor()) continue;
+      detail::check_disjoint(opname.c_str(), args[w].name().c_str(), memory(out.toTensor()), args[r].name().c_str(),
+                     memory(read.toTensor()));
+    }
+  }
   for (size_t i = 0; i < args.size(); ++i) {
     c10::IValue& iv = (*stack)[first + i];
     if (!iv.isTensor()) continue;
     const at::Tensor t = iv.toTensor();
-    const auto* alias = args[i].alias_info();
-    const bool written = alias && alias->isWrite();
+    const bool written = is_written(i);
     if (written) {
       if (t.is_neg()) iv = at::_neg_view(t);  // the same memory, bit cleared
     } else if (v.value == &iv && v_cache.is_neg()) {

@@ -10,13 +10,14 @@ table read with ``inverse`` flipped.
 A mutated view whose storage offset is symbolic (k = qkv[..., H:2H] with H
 dynamic) loses that offset in torch 2.11's inductor, which then rotates the
 wrong elements. ``apply_rope_`` is traced as ``apply_rope`` and ``copy_``
-there; the ops that write several tensors are refused (their overlap checks
-would be lost).
+there, with an input in x's storage refused (the op's overlap checks are
+lost with the rewrite); the ops that write several tensors are refused.
 """
 
 import torch
 from torch._library import simple_registry
 from torch._subclasses.functional_tensor import FunctionalTensorMode
+from torch.multiprocessing.reductions import StorageWeakRef
 
 _OPS = ("apply_rope_", "apply_rope_qk_", "apply_rope_with_kv_cache_", "apply_qk_norm_rope_",
         "apply_qk_norm_rope_with_kv_cache_")
@@ -32,12 +33,26 @@ def _symbolic_offset(func, args, kwargs):
     return None
 
 
+def _check_no_shared_storage(op, x, others):
+    """The rewrite reads every input before copy_ writes x, which the op's
+    overlap checks (lost with it) would have refused: an input in x's storage
+    is refused here, as those checks cannot run on a symbolic offset."""
+    mine = StorageWeakRef(x.untyped_storage())
+    for name, t in others.items():
+        if isinstance(t, torch.Tensor) and StorageWeakRef(t.untyped_storage()) == mine:
+            raise ValueError(
+                f"{op}: x and {name} share one storage, and x's storage offset is symbolic under torch.compile / "
+                f"export, so whether they overlap cannot be checked; pass a clone of {name}, or mark the dim that "
+                "sets the offset static (torch._dynamo.mark_static)")
+
+
 def _real_table(mode, func, types, args, kwargs):
     names = [a.name for a in func._schema.arguments]
     op = func._schema.name.split("::")[1]
     moved = _symbolic_offset(func, args, kwargs)
     if moved is not None and op == "apply_rope_":
         x = args[0] if args else kwargs["x"]
+        _check_no_shared_storage(op, x, dict(zip(names[1:], args[1:]), **kwargs))
         with mode:
             x.copy_(torch.ops.rotary.apply_rope.default(*args, **kwargs))
         return None

@@ -121,3 +121,30 @@ def test_inplace_on_a_view_with_a_symbolic_offset(tables):
                                          r"out-of-place op and copy_ its results"):
         c_qk(y, 3)
     assert torch.equal(y, base)
+
+
+def test_symbolic_offset_rewrite_refuses_inputs_in_xs_storage(tables):
+    """The apply_rope_ rewrite above loses the op's overlap checks: a table
+    or offsets read from x's own buffer were accepted (and x written), where
+    eager refuses them. Refused by name, nothing written."""
+    D, f = 8, tables(8, 64)
+
+    def x_over_offsets(buf, h):
+        H = h.shape[0]
+        x = buf[H * D: H * D + 4 * D].view(1, 1, 4, D)  # storage offset H * D, symbolic
+        rotary.apply_rope_(x, f, 0, offsets=buf.view(torch.int32)[H * D + 5].view(()))
+
+    def x_over_freqs(buf, h):
+        H = h.shape[0]
+        rotary.apply_rope_(buf[H * D: H * D + 4 * D].view(1, 1, 4, D),
+                           torch.view_as_complex(buf[:64 * D].view(64, D // 2, 2)), 0)
+
+    for fn, name in ((x_over_offsets, "offsets"), (x_over_freqs, "freqs")):
+        buf = torch.zeros(100 * D)
+        buf[:64 * D] = torch.view_as_real(f).reshape(-1)
+        buf.view(torch.int32)[3 * D + 5] = 2
+        before = buf.clone()
+        with pytest.raises(Exception, match=rf"apply_rope_: x and {name} share one storage, and x's storage offset "
+                                            r"is symbolic"):
+            torch.compile(fn, fullgraph=True, dynamic=True)(buf, torch.empty(3))
+        assert torch.equal(buf, before)

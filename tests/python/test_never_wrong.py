@@ -133,6 +133,39 @@ def test_negative_bit_on_one_of_k_and_k_cache_is_refused(which):
     assert unchanged(before, q, k, v, kc, vc)
 
 
+def test_negative_bit_inputs_that_overlap_a_written_tensor_are_refused():
+    """A read-only negative-bit input is copied before the op runs, so the
+    op's overlap checks saw the copy: v = -k (a view of k) wrote k as it was
+    before the rotation into v_cache, and a table overlapping x was read
+    while x was written. Refused by name, nothing written."""
+    f = rotary.freqs_table(16, 16)
+    q, k, _, kc, vc = kv_inputs()
+    v = k._neg_view()
+    before = snapshot(q, k, kc, vc)
+    with pytest.raises(ValueError, match=r"apply_rope_with_kv_cache_: k and v overlap in memory"):
+        rotary.apply_rope_with_kv_cache_(q, k, v, kc, vc, f, 1)
+    assert unchanged(before, q, k, kc, vc)
+    # A plain v overlapping k, with a negative-bit v_cache (v is negated into a copy).
+    vcn = neg_view((1, 2, 8, 16), 25)
+    before = snapshot(q, k, kc, vcn)
+    with pytest.raises(ValueError, match=r"apply_rope_with_kv_cache_: k and v overlap in memory"):
+        rotary.apply_rope_with_kv_cache_(q, k, k, kc, vcn, f, 1)
+    assert unchanged(before, q, k, kc, vcn)
+    buf = randn((16 * 16 + 64,), seed=27)
+    table = torch.view_as_complex(buf[:16 * 16].view(16, 8, 2))
+    x = buf[16 * 16 - 32:16 * 16 + 32].view(1, 1, 4, 16)
+    before = buf.clone()
+    with pytest.raises(ValueError, match=r"apply_rope_: x and freqs overlap in memory"):
+        rotary.apply_rope_(x, table._neg_view(), 0)
+    assert torch.equal(buf, before)
+    # Traced (meta tensors, no addresses): the same valid call with separate
+    # tensors is accepted, not read as an overlap at address 0.
+    xm, fm = randn((1, 2, 4, 16), seed=28).to("meta"), f.to("meta")
+    rotary.apply_rope_(xm, fm._neg_view(), 0)
+    qm, km, km2, kcm, vcm = (t.to("meta") for t in kv_inputs()[:2] + (k.clone(), kc, vc))
+    rotary.apply_rope_with_kv_cache_(qm, km, km2._neg_view(), kcm, vcm, f.to("meta"), 1)
+
+
 # ------------------------------------------------------- integer positions
 def test_legacy_uint8_positions_plus_start_pos_do_not_wrap():
     x = randn((1, 1, 1, 16), seed=4)
@@ -297,11 +330,13 @@ def test_duplicate_destinations_are_refused(paged):
     if paged:
         kc, vc = torch.zeros(4, 4, 2, 16), torch.zeros(4, 4, 2, 16)
         kw = dict(kv_layout="NHD", slot_mapping=torch.tensor([5, -1, 5]))
-        what = r"two tokens go to one slot of slot_mapping \(sequence / block 1, row 1\)"
+        what = (r"token \(batch 0, seq 0\) and token \(batch 0, seq 2\) both go to slot 5 \(block 1, offset 1\) "
+                r"of slot_mapping")
     else:
         kc, vc = torch.zeros(1, 2, 8, 16), torch.zeros(1, 2, 8, 16)
         kw = dict(cache_positions=torch.tensor([[2, 6, 2]]))
-        what = r"two tokens go to one cache row \(sequence / block 0, row 2\)"
+        what = (r"token \(batch 0, seq 0\) and token \(batch 0, seq 2\) both go to cache row 2 of sequence 0 "
+                r"\(cache_positions\)")
     before = snapshot(q, k, v, kc, vc)
     with pytest.raises(ValueError, match=what):
         rotary.apply_rope_with_kv_cache_(q, k, v, kc, vc, f, 0, **kw)
