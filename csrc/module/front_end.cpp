@@ -23,6 +23,26 @@ void check_span(const RotaryEmbeddingOptions& options, const at::Tensor& q, cons
       ", got head_dim ", head_dim, " (shape ", shape.empty() ? c10::str(q.sizes()) : shape, ")");
 }
 
+void refuse_axial_call(const RotaryEmbeddingOptions& options, const std::string& given) {
+  TORCH_CHECK_VALUE(
+      false, "RotaryEmbedding(dim=", options.dim(), ", axes_dim=", c10::ArrayRef<int64_t>(options.axes_dim()),
+      "): an axial module turns pair j by its axis' row of ",
+      "position_ids; pass position_ids of shape [n_axes, batch, seq] = [", options.axes_dim().size(),
+      ", batch, seq], got ", given);
+}
+
+at::OptionalIntArrayRef module_pair_axes(
+    const RotaryEmbeddingOptions& options, const std::vector<int64_t>& pair_axes,
+    const std::optional<at::Tensor>& position_ids) {
+  const bool given = position_ids && position_ids->defined();
+  if (given && position_ids->dim() == 3 && !pair_axes.empty()) return pair_axes;
+  if (!options.axes_dim().empty()) {
+    refuse_axial_call(options, given ? "position_ids of shape " + c10::str(position_ids->sizes())
+                                     : std::string("no position_ids"));
+  }
+  return at::OptionalIntArrayRef();
+}
+
 namespace {
 
 constexpr const char* kWho = "RotaryEmbedding.forward_with_cache";
@@ -59,6 +79,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_with_cache(
   TORCH_CHECK_INDEX(filled + seq <= capacity, kWho, ": appending ", seq, " positions to a cache holding ", filled,
                     " exceeds its capacity ", capacity);
   check_span(tables.options(), q);
+  if (!tables.options().axes_dim().empty()) refuse_axial_call(tables.options(), "forward_with_cache (no position_ids)");
   const int64_t pos = start_pos.value_or(filled);
   // Rows go at length() .. even when the rotation is elsewhere (start_pos).
   std::optional<at::Tensor> rows;

@@ -80,11 +80,8 @@ void RotaryEmbeddingImpl::update_for_reach(int64_t reach) {
   });
 }
 
-// N-D positions come as [n_axes, batch, seq]; anything else is one position
-// per token, which for M-RoPE is exactly the text-token rotation.
 at::OptionalIntArrayRef RotaryEmbeddingImpl::axes_for(const std::optional<torch::Tensor>& position_ids) const {
-  const bool nd = position_ids && position_ids->defined() && position_ids->dim() == 3;
-  return pair_axes.empty() || !nd ? at::OptionalIntArrayRef() : at::OptionalIntArrayRef(pair_axes);
+  return module_pair_axes(tables_.options(), pair_axes, position_ids);
 }
 
 void RotaryEmbeddingImpl::pretty_print(std::ostream& stream) const {

@@ -121,6 +121,10 @@ void def_module_shell(py::class_<RopeTables>& tables) {
         rotary::check_span(t.options(), q.cast<torch::Tensor>(), shape.cast<std::string>());
       },
       py::arg("q"), "ValueError unless head_dim of q holds the rotated span (the module's words).");
+  tables.def(
+      "refuse_axial_call",
+      [](const rotary::RopeTables& t, const std::string& given) { rotary::refuse_axial_call(t.options(), given); },
+      py::arg("given"), "ValueError: an axial module called without [n_axes, batch, seq] position_ids.");
 }
 
 }  // namespace

@@ -9,12 +9,14 @@
 #include <rotary/tables.h>
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/OptionalArrayRef.h>
 #include <c10/util/string_view.h>
 
 #include <functional>
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 namespace rotary {
 
@@ -32,6 +34,17 @@ struct ModuleBuffers {
 // "RotaryEmbedding(dim=D): head_dim must be >= ..." naming both and q's
 // shape (`shape`: as the caller's language writes it; default q.sizes()).
 void check_span(const RotaryEmbeddingOptions& options, const at::Tensor& q, const std::string& shape = "");
+
+// The pair -> axis map of a module call: pair_axes with 3-D position_ids
+// ([n_axes, batch, seq]); none for other positions, which under M-RoPE is a
+// text token's rotation. An axial module (axes_dim) has no 1-D meaning: any
+// other call is refused (refuse_axial_call).
+at::OptionalIntArrayRef module_pair_axes(
+    const RotaryEmbeddingOptions& options, const std::vector<int64_t>& pair_axes,
+    const std::optional<at::Tensor>& position_ids);
+// c10::ValueError: an axial module called without [n_axes, batch, seq]
+// position_ids; `given` says what the call passed.
+[[noreturn]] void refuse_axial_call(const RotaryEmbeddingOptions& options, const std::string& given);
 
 // Runs op(freqs, inv_freq) for a call of seq_len rows at start_pos (or at
 // offsets / position_ids), with the tables right for its reach: start_pos

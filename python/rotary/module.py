@@ -171,7 +171,8 @@ class RotaryEmbedding(nn.Module):
         ax = _SEQ_AXIS.get(layout) if type(layout) is str else None
         if (type(start_pos) is int and ax is not None and offsets is None and position_ids is None
                 and not torch.compiler.is_compiling()
-                and positions is None and not self._host_driven and self.rotary_offset == 0 and q.dim() == 4
+                and positions is None and not self._host_driven and self.rotary_offset == 0 and self.axes_dim is None
+                and q.dim() == 4
                 and (k is None or (isinstance(k, torch.Tensor) and k.dim() != 0))):
             seq, freqs, inter = q.size(ax), self._buffers["freqs"], self._opts[3]
             if type(seq) is int and 0 <= start_pos and start_pos + seq <= freqs.size(0) and q.size(3) >= self.dim:
@@ -236,6 +237,9 @@ class RotaryEmbedding(nn.Module):
                   layout=layout)
         if self.pair_axes is not None and position_ids is not None and position_ids.dim() == 3:
             kw["pair_axes"] = self.pair_axes  # [n_axes, batch, seq]; else a text token's rotation
+        elif self.axes_dim is not None:  # axial: no 1-D meaning (rotary::module_pair_axes)
+            self._tables.refuse_axial_call("no position_ids" if position_ids is None
+                                           else f"position_ids of shape {list(position_ids.shape)}")
         if k is None:
             return apply_rope(q, freqs, start_pos, self._opts[3], **kw)
         return apply_rope_qk(q, k, freqs, start_pos, self._opts[3], **kw)

@@ -155,6 +155,16 @@ def run_module_options(seed):
         ids = torch.randint(0, rows, (B, S), generator=gen)
         ang = exact_angle(ids.numpy(), inv)
     saved = state_of(m)
+    if getattr(m, "axes_dim", None) and not nd:  # axial RoPE has no 1-D meaning: refused by name
+        try:
+            m(x, k, position_ids=ids) if k is not None else m(x, position_ids=ids)
+        except ValueError as e:
+            if "an axial module turns pair j by its axis' row of position_ids" not in str(e):
+                raise Finding(f"{what}: 1-D ids refused in other words: {str(e).splitlines()[0][:160]}") from None
+            if not same_state(m, saved):
+                raise Finding(f"{what}: a refused call changed the module state")
+            return kind, "refused: 1-D ids on an axial module"
+        raise Finding(f"{what}: accepted 1-D position_ids {tuple(ids.shape)} on an axial module")
     try:
         out = m(x, k, position_ids=ids) if k is not None else m(x, position_ids=ids)
     except Exception as e:  # noqa: BLE001

@@ -145,6 +145,33 @@ def test_axial_flux_per_axis_theta():
         rotary.RotaryEmbedding(16, axes_dim=dims, scaling={"rope_type": "linear", "factor": 2.0})
 
 
+@pytest.mark.parametrize("front", ["python", "cpp"])
+def test_axial_module_needs_nd_ids(front):
+    """Axial RoPE has no 1-D meaning: [2, seq] ids (the op's N-D form) with a
+    batch of 2 were read as one position per token of each batch row, and a
+    call without ids (forward_with_cache too) turned every axis alike.
+    Refused by name; [n_axes, batch, seq] ids are served."""
+    make = rotary.RotaryEmbedding if front == "python" else rotary.CppRotaryEmbedding
+    rope = make(16, 64, interleaved=False, axes_dim=[8, 8], axes_shared_spectrum=True)
+    x = randn((2, 2, 5, 16), torch.float64, seed=30)
+    ids = torch.randint(0, 64, (2, 5), generator=gen(31))
+    for kw, got in ((dict(position_ids=ids), r"position_ids of shape \[2, 5\]"),
+                    (dict(position_ids=ids[0]), r"position_ids of shape \[5\]"), ({}, "no position_ids")):
+        with pytest.raises(ValueError, match=r"RotaryEmbedding\(dim=16, axes_dim=\[8, 8\]\): an axial module turns "
+                                             r"pair j by its axis' row of position_ids; pass position_ids of shape "
+                                             r"\[n_axes, batch, seq\] = \[2, batch, seq\], got " + got):
+            rope(x, **kw)
+    nd = ids[:, None].expand(2, 2, 5)
+    inv = rope.inv_freq.numpy()
+    assert_close_ref(rope(x, position_ids=nd), rope_reference_nd(x, nd.numpy(), rope.pair_axes, 16, 0, False, inv=inv),
+                     torch.float64)
+    cache = rotary.KVCache(2, 2, 8, 16, dtype=torch.float64)
+    q, k = x.clone(), x.clone()
+    with pytest.raises(ValueError, match=r"an axial module .* got forward_with_cache \(no position_ids\)"):
+        rope.forward_with_cache(q, k, x, cache)
+    assert torch.equal(q, x) and torch.equal(k, x) and cache.length == 0
+
+
 def test_axial_pixtral_parity():
     """Pixtral 2-D (one spectrum dealt to h and w) against transformers'
     PixtralVisionRotaryEmbedding + rotate_half, on a patch grid."""
