@@ -8,9 +8,12 @@
 #include <c10/util/Exception.h>
 #include <c10/util/complex.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <string>
 #include <vector>
@@ -104,10 +107,32 @@ void check_entries(const RopeFrequencies& freqs, const EntryMaker& entry, double
 
 }  // namespace
 
+namespace {
+
+// Tables are built on the host: one past its memory fails in the allocator
+// (or, overcommitted, when written), one past int64 bytes in torch's size
+// check; neither names the argument.
+void check_table_bytes(int64_t rows, int64_t pairs) {
+  static const uint64_t memory = [] {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : UINT64_MAX;
+  }();
+  const uint64_t per_row = static_cast<uint64_t>(pairs) * sizeof(c10::complex<float>);
+  if (per_row == 0 || static_cast<uint64_t>(rows) <= memory / per_row) return;
+  const uint64_t r = static_cast<uint64_t>(rows);
+  const std::string need = r <= UINT64_MAX / per_row ? std::to_string(r * per_row) : "more than 2^64";
+  TORCH_CHECK_VALUE(
+      false, "freqs_table: a table of max_seq_len=", rows, " rows x dim // 2 = ", pairs, " pairs needs ", need,
+      " bytes (complex64), more than this machine's memory (", memory, " bytes); pass a smaller max_seq_len");
+}
+
+}  // namespace
+
 at::Tensor freqs_table(const RopeFrequencies& freqs, int64_t max_seq_len, at::ScalarType angle_dtype) {
   TORCH_CHECK_VALUE(max_seq_len >= 0, "freqs_table: max_seq_len must be >= 0, got ", max_seq_len);
   check_angle_dtype(angle_dtype, "freqs_table");
   const int64_t pairs = static_cast<int64_t>(freqs.inv_freq.size());
+  check_table_bytes(max_seq_len, pairs);
   const EntryMaker entry(freqs, angle_dtype);
   check_entries(freqs, entry, static_cast<double>(std::max<int64_t>(max_seq_len - 1, 0)), angle_dtype, "freqs_table");
   auto table = detail::host_tensor({max_seq_len, pairs}, at::kComplexFloat);

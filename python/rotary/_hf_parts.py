@@ -1,13 +1,16 @@
 """Pieces of reading a Hugging Face config (rotary.hf) that belong to one
 rule or one kind of family: the rule's name and its checked RopeScaling,
 multimodal sections, the rotated span of a head as the family lays it out,
-and the per-layer bases of GraniteSWA's layer_rope_theta."""
+the per-layer bases of GraniteSWA's layer_rope_theta, and a dict
+(config.json) read as its config class reads it."""
 
 import math
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from . import _C
-from .hf_families import DEFAULT_RULE_READS_PARTIAL, Family
+from .hf_families import (CLASS_HEAD_DIM, CLASS_LAYER_TYPES, CLASS_ORIGINAL_MAX, CLASS_PARTIAL,
+                          CLASS_PLAIN_ROPE_SCALING, CLASS_RULE, CLASS_THETA, DEFAULT_RULE_READS_PARTIAL, FAMILIES,
+                          Family)
 
 # Keys of rope_parameters that describe the model rather than the rule.
 MODEL_KEYS = ("rope_theta", "partial_rotary_factor")
@@ -19,6 +22,72 @@ def get(config: Any, name: str, default: Any = None) -> Any:
     else:
         value = getattr(config, name, default)
     return default if value is None else value
+
+
+def given_params(config: Any) -> Any:
+    """rope_parameters / rope_scaling as given: in a (legacy) dict rope_scaling
+    wins, as in transformers, unless its class keeps rope_scaling as a plain
+    field (CLASS_PLAIN_ROPE_SCALING: never read); a 5.x config object's
+    rope_parameters is standard."""
+    if isinstance(config, Mapping):
+        legacy = None if get(config, "model_type") in CLASS_PLAIN_ROPE_SCALING else get(config, "rope_scaling")
+        return legacy or get(config, "rope_parameters") or {}
+    return get(config, "rope_parameters") or get(config, "rope_scaling") or {}
+
+
+def refuse_dict(model_type: str, name: str, why: str) -> None:
+    raise ValueError(f"from_hf_config: the {model_type} dict has no {name}; its config class fills in {why}: "
+                     f"pass the config object, or the dict with {name}")
+
+
+def layer_keys(config: Any, params: Mapping) -> List[str]:
+    """The layer types ``params`` is keyed by. A dict of a family whose class
+    keys them (CLASS_LAYER_TYPES) that is not keyed so is refused
+    (DeepSeek-V4's rope types have their own check, Family.rope_keys)."""
+    keys = [key for key, value in params.items() if isinstance(value, Mapping)]
+    model_type = get(config, "model_type")
+    if (not keys and isinstance(config, Mapping) and model_type in CLASS_LAYER_TYPES
+            and not getattr(FAMILIES.get(model_type), "rope_keys", ())):
+        refuse_dict(model_type, "rope_parameters keyed by layer type", "one rule per layer type, not one for "
+                    "every layer (from a flat rope_scaling and rope_theta, or its own per-type defaults)")
+    return keys
+
+
+def read_as_its_class(config: Mapping, params: Dict[str, Any], fam: Family, model_type: str, field: Any,
+                      rule: str, nested: bool) -> None:
+    """A dict (config.json) read as its transformers config class reads it:
+    fields the class moves are moved (into ``params``), and a dict without a
+    field the class fills in otherwise than the dict would be read
+    (hf_families.CLASS_*) is refused where the family reads the field."""
+    if fam.neox_fields:  # the NeoX classes read only their own names
+        for name in ("rope_theta", "partial_rotary_factor"):
+            if get(config, name) is not None:
+                raise ValueError(f"from_hf_config: {name}={get(config, name)!r}: transformers' {model_type} config "
+                                 "ignores it at the top level (it reads rotary_emb_base and rotary_pct, or "
+                                 "rope_parameters); rename it, or drop it")
+    elif not nested and "partial_rotary_factor" not in params:
+        top = get(config, "partial_rotary_factor")
+        if top is not None:  # the config class moves it into the rule (proportional reads it there)
+            params["partial_rotary_factor"] = top
+    if not model_type:
+        return
+    if model_type in CLASS_RULE and not given_params(config):
+        refuse_dict(model_type, "rope_parameters", "a scaled rule")
+    if model_type in CLASS_THETA and params.get("rope_theta") is None and get(config, "rope_theta") is None:
+        refuse_dict(model_type, "rope_theta", "a base other than 10000")
+    reads_head_dim = fam.span in ("leading", "trailing") or fam.table_dim_field == "head_dim"
+    if model_type in CLASS_HEAD_DIM and reads_head_dim and field("head_dim") is None:
+        refuse_dict(model_type, "head_dim", "one that is not hidden_size // num_attention_heads")
+    given = (params.get("partial_rotary_factor"), get(config, "partial_rotary_factor"),
+             get(config, "rotary_pct") if fam.neox_fields else None)
+    default = CLASS_PARTIAL.get(model_type)
+    if default is not None and default != fam.partial_default and all(v is None for v in given):
+        refuse_dict(model_type, "partial_rotary_factor", f"{default!r}")
+    # Its class always has one, written over the rule's own: a rule's value is not read.
+    if (model_type in CLASS_ORIGINAL_MAX and rule in ("yarn", "llama3", "longrope")
+            and get(config, "original_max_position_embeddings") is None):
+        refuse_dict(model_type, "original_max_position_embeddings", "its own, not max_position_embeddings nor "
+                    "the one in rope_scaling")
 
 
 def rule_of(params: Mapping) -> str:  # 'type' is rope_type's alias; None counts as absent
@@ -87,6 +156,11 @@ def scaling(config: Any, params: Dict[str, Any], max_pos: Optional[int], rotary_
     rope_type = rule_of(params)
     model_keys = ("rope_theta",) if rope_type == "proportional" else MODEL_KEYS
     scaling = {key: value for key, value in params.items() if key not in model_keys}
+    inner = scaling.pop("max_position_embeddings", None)  # transformers' rules never read it there
+    if inner is not None and max_pos is None:
+        raise ValueError(f"from_hf_config: rope_parameters['max_position_embeddings']={inner!r} is not read by "
+                         "transformers (its rules read the top-level max_position_embeddings, else its config "
+                         "class's default); set it at the top level")
     if rope_type == "yarn" and "truncate" in params:
         # transformers reads truncate from the top-level dict, .get("truncate", True):
         # None does not truncate, and a layer type's own value is never read.
@@ -115,10 +189,11 @@ def scaling(config: Any, params: Dict[str, Any], max_pos: Optional[int], rotary_
     return spec
 
 
-def int_field(config: Any, name: str, model_type: str) -> int:
-    value = get(config, name)
+def int_field(config: Any, name: str, model_type: str, value: Any = None) -> int:
+    """The field ``name`` (or ``value``, read under that name), an int >= 0."""
+    value = get(config, name) if value is None else value
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"from_hf_config: {model_type} needs {name}, an int >= 0, got {value!r}")
+        raise ValueError(f"from_hf_config: {model_type or 'the config'} needs {name}, an int >= 0, got {value!r}")
     return value
 
 
@@ -144,6 +219,8 @@ def span(config: Any, fam: Family, partial: float, model_type: str, field, rule:
         head_dim = offset + rotary_dim
     else:
         head_dim = field("head_dim") if fam.span in ("leading", "trailing") else None
+        if head_dim is not None:
+            int_field(config, "head_dim", model_type, head_dim)
         if not head_dim:
             hidden = field("hidden_size")
             heads = field("num_attention_heads")
@@ -152,7 +229,8 @@ def span(config: Any, fam: Family, partial: float, model_type: str, field, rule:
                     "from_hf_config: the config has no head_dim, and no hidden_size and num_attention_heads "
                     "to derive it from"
                 )
-            head_dim = hidden // heads
+            head_dim = int_field(config, "hidden_size", model_type, hidden) // int_field(
+                config, "num_attention_heads", model_type, heads)
         if fam.span == "rotary_dim":
             rotary_dim = get(config, "rotary_dim")
             if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int) or not 0 < rotary_dim <= head_dim:

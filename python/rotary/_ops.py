@@ -2,6 +2,7 @@
 and every kernel lives in C++ behind the dispatcher."""
 
 import numbers
+import operator
 import warnings
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
@@ -73,12 +74,19 @@ def _float_arg(op: str, name: str, value):
 
 def _table_args(op: str, dim, theta, seq_len, max_seq_len=0):
     """pybind takes True for an int and names neither the argument nor the
-    function for a float: name them here (any integer type is an int)."""
+    function for a float or a number past int64 / float: name them here (any
+    integer type is an int); C++ checks the values (and the table's bytes)."""
     for name, value in (("dim", dim), ("max_seq_len", max_seq_len), ("seq_len", seq_len)):
         if isinstance(value, bool) or not hasattr(type(value), "__index__"):
             raise TypeError(f"{op}: {name} must be an int, got {value!r}")
+        if not -(2**63) <= operator.index(value) < 2**63:
+            raise ValueError(f"{op}: {name} must fit in int64, got {value}")
     if isinstance(theta, bool) or not isinstance(theta, numbers.Real):
         raise TypeError(f"{op}: theta must be a float, got {theta!r}")
+    try:
+        float(theta)
+    except OverflowError:  # an int past float's range
+        raise ValueError(f"{op}: theta must be finite and > 0, got an int of {int(theta).bit_length()} bits") from None
 
 
 def _bool_arg(op: str, name: str, value):

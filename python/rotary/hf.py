@@ -13,16 +13,20 @@ import re
 from typing import Any, Dict, List, Mapping, Optional
 
 from . import _C
-from ._hf_parts import get as _get, layer_theta as _layer_theta, layer_thetas as _layer_thetas
+from ._hf_parts import get as _get, given_params as _given_params, layer_keys as _layer_keys
+from ._hf_parts import layer_theta as _layer_theta, layer_thetas as _layer_thetas
+from ._hf_parts import read_as_its_class as _read_as_its_class
 from ._hf_parts import rule_of as _rule_of, scaling as _scaling, sections as _sections, span as _span
-from .hf_families import (CLASS_HEAD_DIM, CLASS_ORIGINAL_MAX, CLASS_PARTIAL, CLASS_RULE, CLASS_TEXT_CONFIG, CLASS_THETA,
-                          DEFAULT_RULE_READS_PARTIAL, FAMILIES, GENERIC_FIELDS, Family)
-from .hf_families import family_of
+from .hf_families import CLASS_TEXT_CONFIG, DEFAULT_RULE_READS_PARTIAL, FAMILIES, GENERIC_FIELDS, Family, family_of
 
 __all__ = ["layer_thetas_of", "layer_types_of", "rope_kwargs_from_hf_config"]
 
 _DEFAULT_THETA = 10000.0
-# Keys of rope_parameters we read; any other is refused by name.
+# transformers' rule names (its ROPE_INIT_FUNCTIONS and "default"); rotary's
+# own others ("ntk") describe no transformers model.
+_HF_RULES = frozenset({"default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional"})
+# Keys of rope_parameters we know (max_position_embeddings: to refuse it where
+# no top-level one replaces it); any other is refused by name.
 _RULE_KEYS = frozenset({
     "rope_type", "type", "factor", "original_max_position_embeddings", "max_position_embeddings", "beta_fast",
     "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate", "low_freq_factor", "high_freq_factor",
@@ -82,63 +86,14 @@ def _check_fields(config: Any, model_type: str, family: Optional[Family]) -> Non
         )
 
 
-def _given_params(config: Any) -> Any:
-    """rope_parameters / rope_scaling as given: in a (legacy) dict rope_scaling
-    wins, as in transformers; a 5.x config object's rope_parameters is standard."""
-    if isinstance(config, Mapping):
-        return _get(config, "rope_scaling") or _get(config, "rope_parameters") or {}
-    return _get(config, "rope_parameters") or _get(config, "rope_scaling") or {}
-
-
-def _read_as_its_class(config: Mapping, params: Dict[str, Any], fam: Family, model_type: str, field: Any,
-                       rule: str, nested: bool) -> None:
-    """A dict (config.json) read as its transformers config class reads it:
-    fields the class moves are moved (into ``params``), and a dict without a
-    field the class fills in otherwise than the dict would be read
-    (hf_families.CLASS_*) is refused where the family reads the field."""
-    if fam.neox_fields:  # the NeoX classes read only their own names
-        for name in ("rope_theta", "partial_rotary_factor"):
-            if _get(config, name) is not None:
-                raise ValueError(f"from_hf_config: {name}={_get(config, name)!r}: transformers' {model_type} config "
-                                 "ignores it at the top level (it reads rotary_emb_base and rotary_pct, or "
-                                 "rope_parameters); rename it, or drop it")
-    elif not nested and "partial_rotary_factor" not in params:
-        top = _get(config, "partial_rotary_factor")
-        if top is not None:  # the config class moves it into the rule (proportional reads it there)
-            params["partial_rotary_factor"] = top
-    if not model_type:
-        return
-
-    def refuse(name: str, why: str) -> None:
-        raise ValueError(f"from_hf_config: the {model_type} dict has no {name}; its config class fills in {why}: "
-                         f"pass the config object, or the dict with {name}")
-
-    if model_type in CLASS_RULE and not _given_params(config):
-        refuse("rope_parameters", "a scaled rule")
-    if model_type in CLASS_THETA and params.get("rope_theta") is None and _get(config, "rope_theta") is None:
-        refuse("rope_theta", "a base other than 10000")
-    reads_head_dim = fam.span in ("leading", "trailing") or fam.table_dim_field == "head_dim"
-    if model_type in CLASS_HEAD_DIM and reads_head_dim and field("head_dim") is None:
-        refuse("head_dim", "one that is not hidden_size // num_attention_heads")
-    given = (params.get("partial_rotary_factor"), _get(config, "partial_rotary_factor"),
-             _get(config, "rotary_pct") if fam.neox_fields else None)
-    default = CLASS_PARTIAL.get(model_type)
-    if default is not None and default != fam.partial_default and all(v is None for v in given):
-        refuse("partial_rotary_factor", f"{default!r}")
-    if (model_type in CLASS_ORIGINAL_MAX and rule in ("yarn", "llama3", "longrope")
-            and _get(config, "original_max_position_embeddings") is None
-            and params.get("original_max_position_embeddings") is None):
-        refuse("original_max_position_embeddings", "its own, not max_position_embeddings")
-
-
 def layer_types_of(config: Any) -> Optional[List[str]]:
     """The layer types a config's rope_parameters is keyed by (Gemma 3,
     OLMo 3, ModernBERT, ...), sorted; None for one rule for every layer."""
-    params = _given_params(_text_config(config))
+    config = _text_config(config)
+    params = _given_params(config)
     if not isinstance(params, Mapping):
         return None
-    nested = sorted(key for key, value in params.items() if isinstance(value, Mapping))
-    return nested or None
+    return sorted(_layer_keys(config, params)) or None
 
 
 def _rope_params(config: Any, layer_type: Optional[str] = None, fam: Family = Family()) -> Dict[str, Any]:
@@ -149,7 +104,10 @@ def _rope_params(config: Any, layer_type: Optional[str] = None, fam: Family = Fa
     if not isinstance(params, Mapping):
         raise ValueError(f"from_hf_config: rope_parameters must be a dict, got {params!r}")
     params = dict(params)
-    nested = [key for key, value in params.items() if isinstance(value, Mapping)]
+    nested = _layer_keys(config, params)
+    if not nested and layer_type is not None:
+        raise ValueError(f"from_hf_config: layer_type={layer_type!r}, but rope_parameters is not keyed by layer "
+                         "type: one rule for every layer (drop layer_type)")
     if nested and layer_type is None:
         raise ValueError(
             f"from_hf_config: rope_parameters is nested by layer type ({', '.join(nested)}); pass layer_type= one "
@@ -289,10 +247,10 @@ def rope_kwargs_from_hf_config(
       object's class default, else 10000 (a dict of a family whose class
       default is not: refused; GPT-J / CodeGen: always 10000);
     - ``scaling``: ``rope_scaling`` (legacy) or ``rope_parameters``, with
-      ``max_position_embeddings`` and, for yarn / llama3 / longrope, an
-      ``original_max_position_embeddings`` filled in as transformers does (a
-      top-level ``original_max_position_embeddings`` wins, else the one in the
-      dict, else ``max_position_embeddings``);
+      the top-level ``max_position_embeddings`` (never one in the rule) and,
+      for yarn / llama3 / longrope, an ``original_max_position_embeddings``
+      filled in as transformers does (a top-level one wins, else the one in
+      the dict, else ``max_position_embeddings``);
     - ``max_seq_len``: the argument, else ``max_position_embeddings``;
     - ``mrope_section`` / ``mrope_interleaved`` for Qwen2-VL / Qwen2.5-VL
       (contiguous sections) and Qwen3-VL (interleaved), defaulted as their
@@ -314,9 +272,11 @@ def rope_kwargs_from_hf_config(
 
     Raises ``ValueError``, naming the field and its value, for what it cannot
     represent: a rope-related field it does not read, a key of
-    ``rope_parameters`` no rule reads, a refused family, per-layer-type rope
-    parameters without ``layer_type`` (several per-layer bases without
-    ``layer_theta``), a family rotating by the negative angle (NanoChat;
+    ``rope_parameters`` no rule reads, a rule transformers does not have
+    (``ntk``), a refused family, per-layer-type rope parameters without
+    ``layer_type`` (``layer_type`` without them; several per-layer bases
+    without ``layer_theta``), a dict lacking what its config class fills in
+    (``hf_families.CLASS_*``), a family rotating by the negative angle (NanoChat;
     ``allow_inverse=True``: the caller passes ``inverse=True`` to the ops, as
     the transformers patch does), an odd rotary dim, an unknown ``rope_type``, sections that do
     not sum to ``dim / 2``; and for missing or invalid fields.
@@ -339,6 +299,10 @@ def rope_kwargs_from_hf_config(
         _read_as_its_class(config, params, fam, model_type, field, rule, nested)
     theta = _theta(config, params, fam, model_type, layer_theta)
     mrope, mrope_inter, axial = _sections(params, fam, model_type)
+    if _rule_of(params) not in _HF_RULES:
+        raise ValueError(f"from_hf_config: unknown rope_type {_rule_of(params)!r}: transformers has no such rule "
+                         f"(its rules: {', '.join(sorted(_HF_RULES))}); rotary's own go to "
+                         "RotaryEmbedding(scaling=...)")
     partial = _partial(config, params, fam, model_type, rule)
     # proportional (Gemma 4): the rule turns that share of the whole head's
     # pairs (the others get inv_freq 0), so the span is the whole head.

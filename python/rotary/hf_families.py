@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 __all__ = ["Family", "FAMILIES", "GENERIC_FIELDS", "DEFAULT_RULE_READS_PARTIAL", "CLASS_THETA", "CLASS_RULE",
-           "CLASS_HEAD_DIM", "CLASS_PARTIAL", "CLASS_ORIGINAL_MAX", "CLASS_TEXT_CONFIG",
-           "family_of"]
+           "CLASS_HEAD_DIM", "CLASS_PARTIAL", "CLASS_ORIGINAL_MAX", "CLASS_TEXT_CONFIG", "CLASS_LAYER_TYPES",
+           "CLASS_PLAIN_ROPE_SCALING", "family_of"]
 
 
 @dataclass(frozen=True)
@@ -113,20 +113,22 @@ DEFAULT_RULE_READS_PARTIAL = frozenset({
 })
 
 # What a config object carries and its dict may not: the model types whose
-# config class fills in a base other than 10000 (CLASS_THETA) or a rule
-# other than "default" (CLASS_RULE) when the config gives none. A dict of
-# one of them without that field is refused (its object is read as is).
+# config class fills in a base other than 10000 (CLASS_THETA: its
+# default_theta, or a plain rope_theta default) or a rule other than
+# "default" (CLASS_RULE) when the config gives none. A dict of one of them
+# without that field is refused (its object is read as is).
 CLASS_THETA = frozenset({
-    "EvollaModel", "apertus", "apertus1p5_text", "bitnet", "blt", "blt_global_transformer", "blt_local_decoder",
-    "blt_local_encoder", "cohere", "cosmos3_edge_text", "csm", "csm_depth_decoder_model", "cwm", "dots3_note_text",
-    "emu3_text_model", "eomt_dinov3", "ernie4_5", "ernie4_5_moe", "ernie4_5_vl_moe_text", "evolla", "exaone",
+    "EvollaModel", "apertus", "apertus1p5_text", "bailing_hybrid", "bitnet", "blt", "blt_global_transformer",
+    "blt_local_decoder", "blt_local_encoder", "cohere", "cosmos3_edge_text", "csm", "csm_depth_decoder_model", "cwm",
+    "dinov3_vit", "dots3_note_text", "emu3_text_model", "eomt_dinov3", "ernie4_5", "ernie4_5_moe",
+    "ernie4_5_vl_moe_text", "evolla", "exaone",
     "flex_olmo", "fuyu", "gemma3_text", "gemma3n_text", "gemma4_vision", "gpt_oss", "gte", "helium", "hy_v3",
     "jina_embeddings_v3", "lfm2", "lfm2_moe", "lfm3", "lfm3_vl_vision", "llama4_text", "longcat_flash", "minimax",
     "minimax_m2", "minimax_m3_vl_text", "mixtral", "mllama_text_model", "modernbert", "modernbert-decoder",
     "muse_glimmer_assistant", "musicflamingo", "neomme", "nomic_bert", "olmo3", "openai_privacy_filter",
     "paddleocr_vl_text", "pe_audio_encoder", "pe_audio_video_encoder", "pe_video_encoder", "phimoe",
     "qwen2_5_omni_talker", "qwen2_5_omni_text", "qwen2_5_vl_text", "qwen2_vl_text", "qwen3_omni_moe_text",
-    "qwen3_vl_moe_text", "qwen3_vl_text", "sarvam_moe", "smollm3", "solar_open", "t5gemma2_decoder",
+    "qwen3_vl_moe_text", "qwen3_vl_text", "sapiens2", "sarvam_moe", "smollm3", "solar_open", "t5gemma2_decoder",
     "t5gemma2_text",
 })
 CLASS_RULE = frozenset({
@@ -167,6 +169,18 @@ CLASS_PARTIAL = {
     'qwen3_5_text': 0.25, 'qwen3_next': 0.25, 'recurrent_gemma': 0.5, 'stablelm': 0.25,
 }
 CLASS_ORIGINAL_MAX = frozenset({'phi3', 'phi4_multimodal'})
+# Text config classes that key rope_parameters by layer type: from a flat
+# rope_scaling / rope_theta (full_attention's rule, sliding layers plain
+# RoPE) or their own per-type defaults; the others' models need them keyed.
+# A dict of one of them not keyed by layer type is refused.
+CLASS_LAYER_TYPES = frozenset({
+    'beam', 'deepseek_v4', 'diffusion_gemma_text', 'dory', 'dots3_note_text', 'embedding_gemma2_text', 'gemma3_text',
+    'gemma3n_text', 'gemma4_text', 'gemma4_unified_text', 'laguna', 'lfm3', 'mellum', 'mimo_v2_flash', 'modernbert',
+    'modernbert-decoder', 'neomme', 'olmo3', 'step3p5', 't5gemma2_decoder', 't5gemma2_text', 'ultrabert', 'zaya',
+})
+# Config classes with rope_scaling as a plain field: never moved into
+# rope_parameters, so their models ignore it (a dict's is not read either).
+CLASS_PLAIN_ROPE_SCALING = frozenset({'cohere2_moe'})
 # Composite configs whose class builds its text_config from its own defaults,
 # not from top-level fields: a dict of one without text_config is refused.
 CLASS_TEXT_CONFIG = frozenset({

@@ -32,8 +32,9 @@ def run_hf(seed):
     rule = valid_scaling(rng, int(head_dim * cfg.get("partial_rotary_factor", 1.0)), cfg["max_position_embeddings"])
     if rule and rule["rope_type"] != "default":
         cfg[rng.choice(["rope_scaling", "rope_parameters"])] = rule
-    garbage = None
-    if rng.random() < 0.5:
+    # ntk is rotary's own rule: transformers has none, so a config naming it is refused.
+    garbage = "rope_type ntk (not a transformers rule)" if rule and rule["rope_type"] == "ntk" else None
+    if garbage is None and rng.random() < 0.5:
         key, value, garbage = rng.choice([
             ("rope_theta", 0, "rope_theta 0"), ("rope_theta", -1.0, "rope_theta < 0"),
             ("rope_theta", float("nan"), "rope_theta NaN"), ("rope_theta", "big", "rope_theta a string"),

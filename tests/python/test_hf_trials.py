@@ -62,13 +62,15 @@ def test_default_rule_reads_partial_is_transformers_own():
 
 
 def test_class_defaults_are_transformers_own():
-    """The model types whose config class fills in a base other than 10000,
-    or a rule other than the default (vision towers' axial rules aside)."""
+    """The model types whose config class fills in a base other than 10000
+    (its default_theta, or a plain dataclass default of rope_theta, as
+    BailingHybrid's 6e6), or a rule other than the default (vision towers'
+    axial rules aside)."""
     thetas, rules = set(), set()
     for model_type, cls in transformers.CONFIG_MAPPING.items():
-        theta = getattr(cls, "default_theta", None)
-        if theta is not None and (not isinstance(theta, (int, float)) or float(theta) != 10000.0):
-            thetas.add(model_type)
+        for theta in (getattr(cls, "default_theta", None), getattr(cls, "rope_theta", None)):
+            if theta is not None and (not isinstance(theta, (int, float)) or float(theta) != 10000.0):
+                thetas.add(model_type)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
