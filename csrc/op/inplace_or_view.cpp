@@ -2,43 +2,78 @@
 // ops do it: in the ADInplaceOrView kernel, which runs under
 // torch.inference_mode() too (the Autograd kernels do not). A tensor saved
 // for backward and then rotated in place under inference mode makes that
-// backward raise instead of reading the rotated values.
-#include "op/op_names.h"
+// backward raise instead of reading the rotated values. Unboxed: a decode
+// step's in-place call pays one more dispatch, not a boxing of its arguments.
+#include <rotary/op_args.h>
+#include <rotary/ops.h>
 
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/autograd/VariableTypeUtils.h>
 #include <torch/library.h>
 
-#include <vector>
+#include <initializer_list>
 
 namespace rotary {
 namespace {
 
-void bump_written(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
-  const auto& args = op.schema().arguments();
-  const size_t first = stack->size() - args.size();
-  std::vector<at::Tensor> written;  // read before the redispatch consumes the stack
-  for (size_t i = 0; i < args.size(); ++i) {
-    const auto* alias = args[i].alias_info();
-    const c10::IValue& iv = (*stack)[first + i];
-    if (alias && alias->isWrite() && iv.isTensor()) written.push_back(iv.toTensor());
+// After the kernel: a refused call wrote nothing and bumps nothing. An
+// inference tensor has no version (outside inference mode the op refuses
+// it before writing).
+void bump(std::initializer_list<const at::Tensor*> written) {
+  for (const at::Tensor* t : written) {
+    if (!t->is_inference()) torch::autograd::increment_version(*t);
   }
+}
+
+void apply_rope_inplace_view(at::Tensor& x, const at::Tensor& freqs ROTARY_ROPE_PARAMS) {
   {
     at::AutoDispatchBelowADInplaceOrView guard;
-    op.redispatchBoxed(ks & c10::after_ADInplaceOrView_keyset, stack);
+    apply_rope_(x, freqs ROTARY_ROPE_NAMES);
   }
-  // After the kernel: a refused call wrote nothing and bumps nothing. An
-  // inference tensor has no version (outside inference mode the op refuses
-  // it before writing).
-  for (const at::Tensor& t : written) {
-    if (!t.is_inference()) torch::autograd::increment_version(t);
+  bump({&x});
+}
+
+void apply_rope_qk_inplace_view(at::Tensor& q, at::Tensor& k, const at::Tensor& freqs ROTARY_ROPE_PARAMS) {
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    apply_rope_qk_(q, k, freqs ROTARY_ROPE_NAMES);
   }
+  bump({&q, &k});
+}
+
+void apply_rope_with_kv_cache_view(ROTARY_KV_TENSORS ROTARY_KV_PARAMS) {
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    apply_rope_with_kv_cache_(q, k, v, k_cache, v_cache, freqs ROTARY_KV_NAMES);
+  }
+  bump({&q, &k, &k_cache, &v_cache});
+}
+
+void apply_qk_norm_rope_inplace_view(
+    at::Tensor& q, at::Tensor& k, const at::Tensor& freqs ROTARY_ROPE_PARAMS ROTARY_NORM_PARAMS) {
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    apply_qk_norm_rope_(q, k, freqs ROTARY_ROPE_NAMES ROTARY_NORM_NAMES);
+  }
+  bump({&q, &k});
+}
+
+void apply_qk_norm_rope_with_kv_cache_view(ROTARY_KV_TENSORS ROTARY_KV_PARAMS ROTARY_NORM_PARAMS) {
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    apply_qk_norm_rope_with_kv_cache_(q, k, v, k_cache, v_cache, freqs ROTARY_KV_NAMES ROTARY_NORM_NAMES);
+  }
+  bump({&q, &k, &k_cache, &v_cache});
 }
 
 }  // namespace
 
+// The ops that write their arguments (Tensor(a!) in the schema).
 TORCH_LIBRARY_IMPL(rotary, ADInplaceOrView, m) {
-  for (const char* name : detail::kInPlaceOps) m.impl(name, torch::CppFunction::makeFromBoxedFunction<&bump_written>());
+  m.impl("apply_rope_", TORCH_FN(apply_rope_inplace_view));
+  m.impl("apply_rope_qk_", TORCH_FN(apply_rope_qk_inplace_view));
+  m.impl("apply_rope_with_kv_cache_", TORCH_FN(apply_rope_with_kv_cache_view));
+  m.impl("apply_qk_norm_rope_", TORCH_FN(apply_qk_norm_rope_inplace_view));
+  m.impl("apply_qk_norm_rope_with_kv_cache_", TORCH_FN(apply_qk_norm_rope_with_kv_cache_view));
 }
 
 }  // namespace rotary

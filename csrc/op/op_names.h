@@ -10,10 +10,5 @@ constexpr const char* kTableOps[] = {
     "apply_rope", "apply_rope_qk", "apply_rope_", "apply_rope_qk_", "apply_rope_with_kv_cache_",
     "apply_qk_norm_rope", "apply_qk_norm_rope_", "apply_qk_norm_rope_with_kv_cache_"};
 
-// The ops that write their arguments (Tensor(a!) in the schema).
-constexpr const char* kInPlaceOps[] = {
-    "apply_rope_", "apply_rope_qk_", "apply_rope_with_kv_cache_", "apply_qk_norm_rope_",
-    "apply_qk_norm_rope_with_kv_cache_"};
-
 }  // namespace detail
 }  // namespace rotary
