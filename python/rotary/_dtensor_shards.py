@@ -76,7 +76,7 @@ def check_global(op, bound):
     """The op's own checks on the call as a whole: the global shapes, dtypes
     and options, run by the op's Meta kernel (so a position tensor, scale or
     start_pos the plain call refuses is refused in its words, on every rank,
-    before anything is sliced per rank). Values stay each rank's to check."""
+    before anything is sliced per rank). Values: check_values."""
     key = (op,) + tuple((n, _signature(v)) for n, v in bound.items())
     try:
         if key in _CHECKED:
@@ -94,6 +94,37 @@ def check_global(op, bound):
         _cached(_CHECKED, key, lambda: True)
 
 
+def check_values(op, bound, local, data, heads, positions):
+    """The op's own value checks on the whole call (positions against the
+    table, start_pos + seq_len), before any rank rotates: a rank's local call
+    sees only its tokens, so alone it would refuse on the rank holding a bad
+    position while the others write. The call runs on stand-ins of the
+    rotated tensors with no heads (every check, nothing rotated) and the
+    positions every rank holds whole; sharded ones stay each rank's to check."""
+    from torch.distributed.tensor import DTensor
+
+    call = dict(local, start_pos=bound["start_pos"])  # local: the replicated arguments, whole
+    for n in positions:
+        p = bound.get(n)
+        if isinstance(p, DTensor):
+            if not all(pl.is_replicate() for pl in p.placements):
+                return
+            p = p._local_tensor
+        call[n] = p
+    for n in data:
+        shape = list(bound[n].shape)
+        shape[heads] = 0
+        call[n] = bound[n]._local_tensor.new_empty(shape)
+    # What is sized by the heads follows them to none (each rank's call checks its values).
+    for n in ("q_weight", "k_weight") if bound.get("norm") == "heads" else ():
+        if call.get(n) is not None:
+            call[n] = call[n][:0]
+    scale = call.get("q_fp8_scale")
+    if scale is not None and scale.dim() == 1 and scale.shape[0] > 1:
+        call["q_fp8_scale"] = scale[:0]
+    _call(op, call)
+
+
 def _fmt(placements):
     return "(" + ", ".join(repr(p) for p in placements) + ")"
 
@@ -104,6 +135,14 @@ class _Refuse(ValueError):
 
 def _refuse(op, msg):
     raise _Refuse(f"rotary.{op._schema.name.split('::')[-1]} on DTensor: {msg}")
+
+
+def _refuse_plain_data(op, some, data):
+    """An option (a table, positions) is a DTensor, the rotated tensors are not."""
+    names = " and ".join(data)
+    plain = "are plain tensors" if len(data) > 1 else "is a plain tensor"
+    _refuse(op, f"{some} is a DTensor but {names} {plain}; pass {some}.to_local() (or .full_tensor()), or make "
+                f"{names} DTensors")
 
 
 def _whole(op, name, t, mesh, why="every rank needs all of it"):
@@ -222,7 +261,8 @@ def _position_kind(arg, p, packed):
 
 def _localize_positions(op, arg, p, kind, want, mesh, data, data_name, data_placements):
     """This rank's slice of a position tensor. ``want`` maps each dim of p to
-    the (offset, length) of the tokens/rows this rank rotates (None: whole)."""
+    the (offset, length, broadcasts) of the tokens/rows this rank rotates
+    (None: whole)."""
     from torch.distributed.tensor import DTensor
 
     if isinstance(p, DTensor):
@@ -237,7 +277,7 @@ def _localize_positions(op, arg, p, kind, want, mesh, data, data_name, data_plac
     for d in range(p.dim()):
         # Whole, or a size-1 dim that broadcasts; one sharded like the data
         # (empty on this rank) is sliced below.
-        if want[d] is None or (p.shape[d] == 1 and local.shape[d] == 1):
+        if want[d] is None or (want[d][2] and p.shape[d] == 1 and local.shape[d] == 1):
             if local.shape[d] != p.shape[d]:
                 _refuse(
                     op,
@@ -246,7 +286,7 @@ def _localize_positions(op, arg, p, kind, want, mesh, data, data_name, data_plac
                     f"as {data[0]}",
                 )
             continue
-        off, n = want[d]
+        off, n, _ = want[d]
         lo = off - have[d]
         if lo < 0 or lo + n > local.shape[d]:
             _refuse(

@@ -6,14 +6,22 @@ the backward pass is the same op with ``inverse=True``) gets one DTensor
 handler. It runs the op on each rank's local shard with no communication:
 
 * ``Replicate`` / ``Shard(batch)`` / ``Shard(heads)`` on q, x, k: local call;
-  the output keeps the input's placements. q and k must be placed alike.
+  the output keeps the input's placements. q and k placed differently are
+  served out of place only (``apply_rope_qk``: each by its own ``apply_rope``
+  call; the backward pass gets such gradients).
 * ``Shard(seq)`` without position ids: the shard's global offset along the
   sequence (known from the DTensor spec) is added to ``start_pos``.
 * ``Shard(seq)`` with position ids: each rank uses the ids of its own tokens,
   either sliced from replicated ids or taken from ids sharded like the
-  sequence (head-tail load-balanced context parallel).
+  sequence (head-tail load-balanced context parallel). N-D ids (pair_axes)
+  are cut the same way, their axis dim whole.
 * freqs, inv_freq, cu_seqlens: plain tensors count as replicated; DTensors
-  must be replicated.
+  must be replicated. So must ``apply_rope_cos_sin``'s tables (_cos_sin_rule).
+
+Where ranks rotate different tokens (batch or sequence shards), the values
+of the whole call (start_pos + seq_len, the positions every rank holds
+whole) go through the op's own checks before any rank rotates
+(``check_values``), so every rank refuses alike and none writes.
 
 A placement that cannot be computed locally (Shard(head_dim), Partial, ids
 sharded unlike the sequence, sequence sharding of packed tokens, _StridedShard,
@@ -41,9 +49,11 @@ import torch
 
 from ._dtensor_shards import (
     _refuse_heads_norm,
+    _refuse_plain_data,
     _bind,
     _cached,
     check_global,
+    check_values,
     _call,
     _check_placements,
     _DIMS,
@@ -54,6 +64,7 @@ from ._dtensor_shards import (
     _OUT_SPECS,
     _position_kind,
     _refuse,
+    _Refuse,
     _whole,
 )
 
@@ -79,7 +90,7 @@ def _ops():
 def register():
     """Install the DTensor handler for every rotary op (idempotent). Called
     for you when ``torch.distributed.tensor`` is imported after ``rotary``."""
-    global _registered
+    global _registered, _LIB
     if _registered:
         return
     from torch.distributed.tensor import DTensor
@@ -91,6 +102,8 @@ def register():
         handlers[op] = _handler
     handlers[torch.ops.rotary.apply_rope_with_kv_cache_.default] = kv_handler
     handlers[torch.ops.rotary.apply_qk_norm_rope_with_kv_cache_.default] = kv_handler
+    _LIB = torch.library.Library("rotary", "IMPL")  # a composite op's rule: see _cos_sin_rule
+    _LIB.impl("apply_rope_cos_sin", _cos_sin_rule, "PythonTLSSnapshot", with_keyset=True)
     _registered = True
 
 
@@ -149,19 +162,38 @@ def _localize_all_positions(op, bound, local, dims, packed, x_offset, x_local, m
         # N-D ids (pair_axes) lead with their axis dim, always whole.
         lead = [None] if kinds[n] == "ids" and bound.get("pair_axes") is not None else []
         rest = p.dim() - len(lead)
+        # (offset, length, whether size 1 broadcasts), as the op reads each form.
+        rows = None if batch is None else (x_offset[batch], x_local.shape[batch], True)
         if kinds[n] == "offsets":
-            # [] or [batch] (size 1 broadcasts)
-            want = [None if batch is None else (x_offset[batch], x_local.shape[batch])] * p.dim()
+            want = [rows] * p.dim()  # [] or [batch]
         elif packed:
             want = [None] * p.dim()  # [total_tokens]; tokens are never sharded here
-        elif rest == 1:  # [seq]
-            want = lead + [(x_offset[seq], x_local.shape[seq])]
-        else:  # [batch, seq]
-            want = lead + [(x_offset[batch], x_local.shape[batch]), (x_offset[seq], x_local.shape[seq])]
+        elif rest == 1:  # [seq]: one id per token, no broadcast
+            want = lead + [(x_offset[seq], x_local.shape[seq], False)]
+        else:  # [batch, seq]: either dim of size 1 broadcasts
+            want = lead + [rows, (x_offset[seq], x_local.shape[seq], True)]
         local[n] = _localize_positions(op, n, p, kinds[n], want, mesh, data, data_name, placements)
     if seq_sharded and "ids" not in kinds.values():
         # No ids: token s of this shard is token seq_offset + s of the sequence.
         local["start_pos"] = bound.get("start_pos", 0) + x_offset[seq]
+
+
+def _one_by_one(op, bound):
+    """apply_rope_qk with q and k placed differently (the backward gets such
+    gradients: a .sum() gives a Replicate one, an elementwise op a Shard one):
+    out of place nothing is written, so each is rotated by its own apply_rope
+    call under its own placements, after the pair's own checks."""
+    check_global(op, bound)
+    x_op = torch.ops.rotary.apply_rope.default
+    rest = {n: v for n, v in bound.items() if n not in ("q", "k")}
+    out = []
+    for n in ("q", "k"):
+        try:
+            out.append(_handler(x_op, (), dict(rest, x=bound[n])))
+        except _Refuse as e:
+            why = str(e).split(": ", 1)[-1]
+            _refuse(op, f"{n}, placed {_fmt(bound[n].placements)} unlike the other, is rotated alone (as x): {why}")
+    return tuple(out)
 
 
 def _handler(op, args, kwargs):
@@ -172,14 +204,7 @@ def _handler(op, args, kwargs):
     data = [n for n in _DATA_ARGS if n in bound]
     first = next((bound[n] for n in data if isinstance(bound[n], DTensor)), None)
     if first is None:
-        some = next(n for n in bound if isinstance(bound[n], DTensor))
-        names = " and ".join(data)
-        plain = "are plain tensors" if len(data) > 1 else "is a plain tensor"
-        _refuse(
-            op,
-            f"{some} is a DTensor but {names} {plain}; pass {some}.to_local() (or .full_tensor()), or make "
-            f"{names} DTensors",
-        )
+        _refuse_plain_data(op, next(n for n in bound if isinstance(bound[n], DTensor)), data)
     mesh, placements = first.device_mesh, tuple(first.placements)
     data_name = " and ".join(data) + (" are placed" if len(data) > 1 else " is placed")
 
@@ -194,10 +219,17 @@ def _handler(op, args, kwargs):
         if t.device_mesh != mesh:
             _refuse(op, f"{data[0]} is on mesh {mesh} but {n} is on mesh {t.device_mesh}; use one mesh")
         if tuple(t.placements) != placements:
+            if op == torch.ops.rotary.apply_rope_qk.default:
+                return _one_by_one(op, bound)
+            why = ("in place, both are written in one call, and one at a time q could be written before k is "
+                   "refused" if op._schema.is_mutable else
+                   "the prologue normalizes and rotates them in one call, with no single-tensor form")
+            if op == torch.ops.rotary.apply_rope_qk_.default:
+                why += " (the out-of-place apply_rope_qk takes them placed differently)"
             _refuse(
                 op,
                 f"{data[0]} has placements {_fmt(placements)} but {n} has {_fmt(t.placements)}; q and k "
-                "must be sharded alike (the same placement on every mesh dim)",
+                f"must be sharded alike (the same placement on every mesh dim): {why}",
             )
     # The plain op's checks on the whole call (global shapes, options): a
     # position tensor or scale of the wrong size is refused, not sliced.
@@ -240,11 +272,14 @@ def _handler(op, args, kwargs):
     scale = local.get("q_fp8_scale")
     if sharded and scale is not None and scale.dim() == 1 and scale.shape[0] > 1:  # per q head: this rank's heads
         local["q_fp8_scale"] = scale.narrow(0, x_offset[dims[1]], x_local.shape[dims[1]])
-    if sharded and bound.get("pair_axes") is not None:
-        _refuse(op, "pair_axes (N-D positions) with sharded DTensor inputs is not supported; replicate q and k")
     if dims is not None:
         _localize_all_positions(
             op, bound, local, dims, packed, x_offset, x_local, mesh, data, data_name, placements)
+        cut = {p.dim % x.ndim for p in placements if p.is_shard()}
+        positions = any(bound.get(n) is not None for n in _POSITION_ARGS)
+        if not packed and (dims[2] in cut or (dims[0] in cut and positions)):
+            # Each rank's positions are its own (shifted or cut): the whole call's values first, alike on every rank.
+            check_values(op, bound, local, data, dims[1], _POSITION_ARGS)
     else:
         for n in _POSITION_ARGS:
             if isinstance(bound.get(n), DTensor):
@@ -266,3 +301,39 @@ def _handler(op, args, kwargs):
     if isinstance(out, torch.Tensor):
         return wrap(out, bound[data[0]])
     return tuple(wrap(t, bound[n]) for t, n in zip(out, data))
+
+
+# ----------------------------------------------------------------------------
+# apply_rope_cos_sin
+
+
+_LIB = None
+_KEY = torch._C.DispatchKey
+_AFTER_SNAPSHOT = torch._C._dispatch_keyset_full_after(_KEY.PythonTLSSnapshot)
+
+
+def _cos_sin_rule(keyset, *args, **kwargs):
+    """apply_rope_cos_sin on DTensors. A composite op decomposes above
+    DTensor's dispatch, so DTensor tables would reach the aten ops inside it
+    (torch's errors, naming no argument). This kernel sits on
+    PythonTLSSnapshot, the one key above Autograd that DTensors (and other
+    subclasses and dispatch modes) carry and plain tensors do not: replicated
+    tables are read as their local tensors, as freqs is, other placements are
+    refused by name; q and k then take apply_rope_qk's rule."""
+    from torch.distributed.tensor import DTensor
+
+    op = torch.ops.rotary.apply_rope_cos_sin.default
+    bound = _bind(op, args, kwargs)
+    tables = [n for n in ("cos", "sin", "position_ids") if isinstance(bound.get(n), DTensor)]
+    if tables:
+        first = next((bound[n] for n in ("q", "k") if isinstance(bound[n], DTensor)), None)
+        if first is None:
+            _refuse_plain_data(op, tables[0], ["q", "k"])
+        for n in tables:
+            bound[n] = _whole(op, n, bound[n], first.device_mesh)
+        return _call(op, bound)
+    if torch._C._dispatch_tls_is_dispatch_key_excluded(_KEY.AutogradFunctionality):
+        # Below autograd (inference mode) the op itself would reach the Python
+        # key, which needs the TLS this key snapshots: decompose it, as DTensor does.
+        return op.decompose(*args, **kwargs)
+    return op.redispatch(keyset & _AFTER_SNAPSHOT, *args, **kwargs)  # Autograd decomposes it

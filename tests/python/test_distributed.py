@@ -5,13 +5,15 @@ block, no communication inside the op, and the refused placements.
 
 Each world size (2 and 4 ranks) is one start of separate processes with a
 hard deadline, running every scenario and writing one result per scenario;
-the tests below read them. The ranks come from a forkserver that imported
+the tests below read them (test_dtensor_*.py spawn their own scenarios the
+same way, through _results). The ranks come from a forkserver that imported
 torch, DTensor and rotary once (a fresh process, not a fork of pytest), so a
 rank starts without paying those imports again. Every sharded result is
 compared three ways: to the unsharded call (bit for bit: same kernel, same
 positions), to the float64 reference, and for gradients to the reference
 inverse rotation."""
 
+import importlib
 import json
 import multiprocessing
 import os
@@ -36,7 +38,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _worker(rank, world, init_method, out_dir):
+def _worker(rank, world, init_method, out_dir, source):
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo", init_method=init_method, rank=rank, world_size=world, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S)
@@ -46,11 +48,11 @@ def _worker(rank, world, init_method, out_dir):
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = init_device_mesh("cpu", (world,))
-        for name, fn in dist_scenarios.scenarios(world):
+        for name, fn in importlib.import_module(source).scenarios(world):
             try:
                 fn(mesh)
                 results[name] = "ok"
-            except Exception:  # recorded per scenario; the test for it fails with this text
+            except (Exception, pytest.fail.Exception):  # recorded per scenario (a pytest.raises miss too)
                 results[name] = f"rank {rank}:\n{traceback.format_exc()}"
         dist.barrier()
     finally:
@@ -59,11 +61,11 @@ def _worker(rank, world, init_method, out_dir):
         dist.destroy_process_group()
 
 
-def _spawn(world, out_dir):
+def _spawn(world, out_dir, source):
     init_method = f"file://{out_dir}/init"
     multiprocessing.set_forkserver_preload(["torch", "torch.distributed.tensor", "rotary", "rotary_testing.dist_scenarios"])
     ctx = mp.start_processes(
-        _worker, args=(world, init_method, str(out_dir)), nprocs=world, join=False, start_method="forkserver"
+        _worker, args=(world, init_method, str(out_dir), source), nprocs=world, join=False, start_method="forkserver"
     )
     deadline = time.monotonic() + DEADLINE_S
     try:
@@ -86,23 +88,35 @@ def _spawn(world, out_dir):
 _RESULTS = {}
 
 
-def _results(world, tmp_path_factory):
-    if world not in _RESULTS:
+def _results(world, tmp_path_factory, source="rotary_testing.dist_scenarios"):
+    """{scenario: [result per rank]} of one spawn of ``world`` ranks running
+    ``source``'s scenarios(world) (a module name the ranks import)."""
+    key = (source, world)
+    if key not in _RESULTS:
         env = pytest.MonkeyPatch()
         env.setenv("GLOO_SOCKET_IFNAME", "lo")  # loopback: no dependence on the host name
         env.setenv("OMP_NUM_THREADS", "1")
         try:
-            _RESULTS[world] = _spawn(world, tmp_path_factory.mktemp(f"world{world}"))
+            _RESULTS[key] = _spawn(world, tmp_path_factory.mktemp(f"world{world}"), source)
+        except (Exception, pytest.fail.Exception) as e:  # every scenario of it fails, without a respawn each
+            _RESULTS[key] = e
         finally:
             env.undo()
-    return _RESULTS[world]
+    if isinstance(_RESULTS[key], BaseException):
+        pytest.fail(f"the {world} ranks failed: {_RESULTS[key]}")
+    return _RESULTS[key]
 
 
 @pytest.mark.parametrize(
     "world,name", [(w, n) for w in (2, 4) for n, _ in dist_scenarios.scenarios(w)], ids=lambda v: str(v)
 )
 def test_dtensor_rotary(world, name, tmp_path_factory):
-    results = _results(world, tmp_path_factory)
+    assert_scenario(world, name, tmp_path_factory)
+
+
+def assert_scenario(world, name, tmp_path_factory, source="rotary_testing.dist_scenarios"):
+    """Scenario ``name`` passed on every rank."""
+    results = _results(world, tmp_path_factory, source)
     assert name in results, f"scenario {name} did not run ({world} ranks)"
     failed = [r for r in results[name] if r != "ok"]
     assert len(results[name]) == world and not failed, "\n".join(failed)

@@ -38,7 +38,7 @@ def refusals(mesh):
     dk2, _ = dshard(k, mesh, [Shard(2)])
     dk1, _ = dshard(k, mesh, [Shard(1)])
     refused(r"q has placements \(Shard\(dim=2\)\) but k has \(Shard\(dim=1\)\).*sharded alike",
-            lambda: OPS.apply_rope_qk(dq2, dk1, f))
+            lambda: OPS.apply_rope_qk_(dq2, dk1, f))
     refused(r"k is a plain tensor but q is a DTensor", lambda: OPS.apply_rope_qk(dq2, k, f))
     f_rep = DTensor.from_local(f, mesh, [Replicate()], run_check=False)
     refused(r"freqs is a DTensor but q and k are plain tensors; pass freqs.to_local\(\)",
