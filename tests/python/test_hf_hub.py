@@ -10,6 +10,8 @@ module and give every attention module its own copy, which ``kernelize``
 swaps. The other decorated layers (RMSNorm, SiLU) keep their own forward
 (``use_fallback``)."""
 
+import copy
+
 import pytest
 import torch
 
@@ -190,13 +192,14 @@ def test_layer_refuses_what_it_cannot_read():
 
 
 def test_layer_function_returns_the_promoted_dtype():
-    """bf16 q with float32 tables (autocast): transformers' q * cos gives
+    """bf16 q with float32 tables under autocast: transformers' q * cos gives
     float32, and so does the layer, computed in float32."""
     q, k = randn((1, 2, 4, 8), torch.bfloat16, 9), randn((1, 2, 4, 8), torch.bfloat16, 10)
     a = torch.rand(1, 4, 4, generator=gen(11)) * 3
     cos, sin = torch.cat([a.cos()] * 2, -1), torch.cat([a.sin()] * 2, -1)
-    got = apply_rotary_transformers(q, k, cos, sin)
-    want = modeling_llama.apply_rotary_pos_emb(q, k, cos, sin)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = apply_rotary_transformers(q, k, cos, sin)
+        want = modeling_llama.apply_rotary_pos_emb(q, k, cos, sin)
     for g, w in zip(got, want):
         assert g.dtype == w.dtype == torch.float32
         torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
@@ -206,6 +209,46 @@ def test_layer_function_returns_the_promoted_dtype():
     want = modeling_llama.apply_rotary_pos_emb(q.float(), k32, cos.bfloat16().float(), sin.bfloat16().float())
     for g, w in zip(got, want):
         assert g.dtype == torch.float32
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+
+
+def test_layer_function_keeps_q_dtype_where_transformers_does():
+    """OLMo's rotary embedding returns float32 tables for a bf16 model and
+    its function casts back to q's dtype: the layer returned float32, and
+    attention then met bf16 v ("expected m1 and m2 to have the same dtype")."""
+    from transformers.models.olmo2 import modeling_olmo2
+
+    q, k = randn((1, 2, 4, 8), torch.bfloat16, 12), randn((1, 2, 4, 8), torch.bfloat16, 13)
+    a = torch.rand(1, 4, 4, generator=gen(14)) * 3
+    cos, sin = torch.cat([a.cos()] * 2, -1), torch.cat([a.sin()] * 2, -1)
+    got = apply_rotary_transformers(q, k, cos, sin)
+    want = modeling_olmo2.apply_rotary_pos_emb(q, k, cos, sin)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype == torch.bfloat16
+        torch.testing.assert_close(g.float(), w.float(), rtol=2**-8, atol=2**-8)  # one bf16 rounding apart at most
+    cfg = transformers.Olmo2Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, pad_token_id=0)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    ref = modeling_olmo2.Olmo2ForCausalLM(cfg).to(torch.bfloat16).eval()
+    model = copy.deepcopy(ref)
+    kernelize(model, kernels.Mode.INFERENCE)
+    ids = torch.randint(3, 128, (2, 12), generator=gen(15))
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits, ref(input_ids=ids).logits, rtol=0.02, atol=0.02)
+
+
+def test_layer_function_serves_pixtral():
+    """Pixtral calls with unsqueeze_dim=0 and [patches, head_dim] tables,
+    which broadcast as BHSD's [seq, head_dim]."""
+    from transformers.models.pixtral import modeling_pixtral
+
+    q, k = randn((1, 2, 6, 8), torch.float32, 16), randn((1, 2, 6, 8), torch.float32, 17)
+    a = torch.rand(6, 4, generator=gen(18)) * 3
+    cos, sin = torch.cat([a.cos()] * 2, -1), torch.cat([a.sin()] * 2, -1)
+    got = apply_rotary_transformers(q, k, cos, sin, 0)
+    want = modeling_pixtral.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=0)
+    for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
 
 

@@ -45,25 +45,34 @@ def apply_rotary_transformers(
     heads, seq, head_dim]`` (``unsqueeze_dim=2``: ``[batch, seq, heads,
     head_dim]``), cos/sin ``[batch, seq, head_dim]`` rotate_half tables that
     the function multiplies into q and k elementwise (the partial-rotary
-    families split q before the call), in the dtype that product promotes
-    to. Anything else (a table that is not rotate_half, of another width or
+    families split q before the call; Pixtral: ``[seq, head_dim]`` with
+    ``unsqueeze_dim=0``), in the dtype that product promotes to under
+    autocast, else in q's (only families whose function returns q's dtype
+    hand 16-bit q float32 tables there). Anything else (a table that is not rotate_half, of another width or
     rank) is an error, never misread."""
-    layout = LAYOUTS.get(unsqueeze_dim)
+    # Pixtral: unsqueeze_dim 0 on a [patches, head_dim] table, which broadcasts as BHSD's [seq, head_dim] does.
+    pixtral = unsqueeze_dim == 0 and cos.dim() == 2
+    layout = "BHSD" if pixtral else LAYOUTS.get(unsqueeze_dim)
     if layout is None or q.dim() != 4:
         raise ValueError(
             f"rotary_pos_emb: rotary serves 4-D q and k with unsqueeze_dim 1 ([batch, heads, seq, head_dim]) or 2 "
-            f"([batch, seq, heads, head_dim]), got q of shape {tuple(q.shape)} and unsqueeze_dim={unsqueeze_dim!r}"
+            f"([batch, seq, heads, head_dim]), or 0 with [seq, head_dim] tables (Pixtral), got q of shape "
+            f"{tuple(q.shape)} and unsqueeze_dim={unsqueeze_dim!r}"
         )
-    if cos.dim() != 3 or cos.shape[-1] != q.shape[-1]:
+    if (cos.dim() != 3 and not pixtral) or cos.shape[-1] != q.shape[-1]:
         # A 2-D table broadcasts against another dim of q under unsqueeze_dim; a narrower one (gpt-oss's one
         # value per pair) is another function's contract: its halves can look alike (position 0).
         raise ValueError(
             f"rotary_pos_emb: cos and sin must be [batch, seq, head_dim] = [*, *, {q.shape[-1]}], multiplied into q "
             f"elementwise as transformers' apply_rotary_pos_emb does; got cos of shape {tuple(cos.shape)}")
     # q * cos: bf16 q and float32 tables (autocast) give float32; q and k of two dtypes, their promotion.
+    # Outside autocast only the families whose function returns q's dtype (OLMo's .to(q_type), ModernBERT's
+    # upcast) hand 16-bit q float32 tables: there q keeps its dtype.
     dtype = torch.result_type(q, cos)
     if k.dtype != q.dtype:
         dtype = torch.promote_types(dtype, torch.result_type(k, cos))
+    elif not torch.is_autocast_enabled(q.device.type):
+        dtype = q.dtype
     if (q.dtype, k.dtype) != (dtype, dtype) and dtype.is_floating_point:
         q, k = q.to(dtype), k.to(dtype)
     return apply_rope_cos_sin(q, k, cos, sin, layout=layout)
