@@ -76,11 +76,16 @@ namespace {
 
 // Meta, fake and functional tensors (tracing: compile, export, the vmap
 // rule under them) have no addresses to compare; every one would read as 0.
-// The call on real tensors, which the traced graph makes, is checked.
+// The call on real tensors, which the traced graph makes, is checked. A
+// subclass over real memory (Tensor._make_subclass) has addresses.
 bool has_addresses(const at::Tensor& t) {
-  const auto ks = t.key_set();
-  if (!t.has_storage() || ks.has(c10::DispatchKey::Python) || ks.has(c10::DispatchKey::Functionalize)) return false;
-  return t.storage().device_type() != c10::DeviceType::Meta;
+  if (!t.has_storage() || t.key_set().has(c10::DispatchKey::Functionalize)) return false;
+  try {
+    const c10::Storage& st = t.storage();
+    return st.device_type() != c10::DeviceType::Meta && st.data() != nullptr;
+  } catch (const c10::Error&) {  // a wrapper subclass: no storage of its own to read
+    return false;
+  }
 }
 
 }  // namespace

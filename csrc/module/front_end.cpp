@@ -79,7 +79,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_with_cache(
   TORCH_CHECK_INDEX(filled + seq <= capacity, kWho, ": appending ", seq, " positions to a cache holding ", filled,
                     " exceeds its capacity ", capacity);
   check_span(tables.options(), q);
-  if (!tables.options().axes_dim().empty()) refuse_axial_call(tables.options(), "forward_with_cache (no position_ids)");
+  TORCH_CHECK_VALUE(
+      tables.options().axes_dim().empty(), kWho, ": an axial module (axes_dim=",
+      c10::ArrayRef<int64_t>(tables.options().axes_dim()), ") turns pair j by its axis' row of position_ids, which ",
+      "forward_with_cache does not take; call forward(..., position_ids=[n_axes, batch, seq]) and write the cache, or ",
+      "apply_rope_with_kv_cache_ with pair_axes and cache_positions");
   const int64_t pos = start_pos.value_or(filled);
   // Rows go at length() .. even when the rotation is elsewhere (start_pos).
   std::optional<at::Tensor> rows;

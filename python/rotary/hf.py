@@ -88,7 +88,8 @@ def _check_fields(config: Any, model_type: str, family: Optional[Family]) -> Non
 
 def layer_types_of(config: Any) -> Optional[List[str]]:
     """The layer types a config's rope_parameters is keyed by (Gemma 3,
-    OLMo 3, ModernBERT, ...), sorted; None for one rule for every layer."""
+    OLMo 3, ModernBERT, ...), sorted; None for one rule for every layer. A
+    flat dict of a family whose class keys them is refused (ValueError)."""
     config = _text_config(config)
     params = _given_params(config)
     if not isinstance(params, Mapping):

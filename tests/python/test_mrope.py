@@ -167,7 +167,9 @@ def test_axial_module_needs_nd_ids(front):
                      torch.float64)
     cache = rotary.KVCache(2, 2, 8, 16, dtype=torch.float64)
     q, k = x.clone(), x.clone()
-    with pytest.raises(ValueError, match=r"an axial module .* got forward_with_cache \(no position_ids\)"):
+    with pytest.raises(ValueError, match=r"RotaryEmbedding.forward_with_cache: an axial module \(axes_dim=\[8, 8\]\) "
+                                         r"turns pair j by its axis' row of position_ids, which forward_with_cache "
+                                         r"does not take"):
         rope.forward_with_cache(q, k, x, cache)
     assert torch.equal(q, x) and torch.equal(k, x) and cache.length == 0
 

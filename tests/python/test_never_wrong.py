@@ -166,6 +166,39 @@ def test_negative_bit_inputs_that_overlap_a_written_tensor_are_refused():
     rotary.apply_rope_with_kv_cache_(qm, km, km2._neg_view(), kcm, vcm, f.to("meta"), 1)
 
 
+class _Passthrough(torch.Tensor):
+    """A __torch_dispatch__ subclass over real memory that runs ops on
+    itself with Python dispatch off: its tensors carry the Python key."""
+
+    @staticmethod
+    def __new__(cls, t):
+        return torch.Tensor._make_subclass(cls, t)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        from torch.utils._mode_utils import no_dispatch
+
+        with no_dispatch():
+            return func(*args, **(kwargs or {}))
+
+
+def test_subclass_over_real_memory_keeps_the_overlap_refusals():
+    """The overlap check skips tensors with no addresses (traced); a subclass
+    over real memory has them: x over its own table rewrote the table, and
+    overlapping q and k were rotated, where plain tensors are refused."""
+    f = rotary.freqs_table(8, 17)
+    before = f.clone()
+    x = _Passthrough(torch.view_as_real(f)[:16].reshape(1, 1, 16, 8))
+    with pytest.raises(ValueError, match=r"apply_rope_: x and freqs overlap in memory"):
+        torch.ops.rotary.apply_rope_(x, f, 1)
+    assert torch.equal(f, before)
+    buf = _Passthrough(randn((1, 1, 4, 10), seed=29))
+    snap = buf.as_subclass(torch.Tensor).clone()
+    with pytest.raises(ValueError, match=r"apply_rope_qk_: q and k overlap in memory"):
+        torch.ops.rotary.apply_rope_qk_(buf[..., :8], buf[..., 2:], rotary.freqs_table(8, 16))
+    assert torch.equal(buf.as_subclass(torch.Tensor), snap)
+
+
 # ------------------------------------------------------- integer positions
 def test_legacy_uint8_positions_plus_start_pos_do_not_wrap():
     x = randn((1, 1, 1, 16), seed=4)
