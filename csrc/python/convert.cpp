@@ -64,18 +64,28 @@ std::vector<int64_t> int_list_arg(const py::handle& v, const char* who, const ch
   return out;
 }
 
+// A number (an int or a float, not a bool) as a double; an int past a
+// double's range is named (pybind's cast names neither it nor the call).
+double float_arg(const py::handle& v, const char* who, const std::string& name) {
+  TORCH_CHECK_TYPE(
+      (py::isinstance<py::float_>(v) || py::isinstance<py::int_>(v)) && !py::isinstance<py::bool_>(v), who, ": ",
+      name, " must be a number, got ", repr_of(v));
+  const double d = PyFloat_AsDouble(v.ptr());
+  if (d == -1.0 && PyErr_Occurred()) {
+    PyErr_Clear();
+    TORCH_CHECK_VALUE(false, who, ": ", name, " must be finite, got an int of ",
+                      py::cast<int64_t>(v.attr("bit_length")()), " bits, past a float's range");
+  }
+  return d;
+}
+
 std::vector<double> float_list_arg(const py::handle& v, const char* who, const char* name) {
   if (v.is_none()) return {};
   TORCH_CHECK_TYPE(
       (py::isinstance<py::list>(v) || py::isinstance<py::tuple>(v)), who, ": ", name,
       " must be a list of numbers or None, got ", repr_of(v));
   std::vector<double> out;
-  for (const auto item : v) {
-    TORCH_CHECK_TYPE(
-        (py::isinstance<py::float_>(item) || py::isinstance<py::int_>(item)) && !py::isinstance<py::bool_>(item),
-        who, ": ", name, "[", out.size(), "] must be a number, got ", repr_of(item));
-    out.push_back(item.cast<double>());
-  }
+  for (const auto item : v) out.push_back(float_arg(item, who, std::string(name) + "[" + std::to_string(out.size()) + "]"));
   return out;
 }
 
@@ -112,9 +122,7 @@ rotary::RotaryEmbeddingOptions options_from_py(
     const py::object& scaling,
     const py::object& angle_dtype) {
   const char* who = "RotaryEmbedding";
-  TORCH_CHECK_TYPE(
-      (py::isinstance<py::float_>(theta) || py::isinstance<py::int_>(theta)) && !py::isinstance<py::bool_>(theta),
-      who, ": theta must be a number, got ", repr_of(theta));
+  const double theta_value = float_arg(theta, who, "theta");
   TORCH_CHECK_TYPE(
       py::isinstance<py::bool_>(interleaved), who,
       ": interleaved must be a bool (True: pairs (0, 1), (2, 3), ...; False: pairs (j, j + dim / 2), Hugging "
@@ -122,7 +130,7 @@ rotary::RotaryEmbeddingOptions options_from_py(
       repr_of(interleaved));
   return rotary::RotaryEmbeddingOptions(int_arg(dim, who, "dim"))
       .max_seq_len(int_arg(max_seq_len, who, "max_seq_len"))
-      .theta(theta.cast<double>())
+      .theta(theta_value)
       .interleaved(interleaved.cast<bool>())
       .scaling(to_scaling(scaling))
       .angle_dtype(angle_dtype_of(angle_dtype, who));

@@ -189,8 +189,11 @@ def _theta(config: Any, params: Dict[str, Any], fam: Family, model_type: str, la
     elif layer_theta is not None:
         raise ValueError(f"from_hf_config: layer_theta={layer_theta!r}, but {model_type or 'the config'} has no "
                          "per-layer bases (rotary.hf.layer_thetas_of)")
-    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0.0 < theta < math.inf:
-        raise ValueError(f"from_hf_config: rope_theta must be a finite number > 0, got {theta!r}")
+    # A float's range bounds an int too (float() of a larger one would overflow).
+    if (isinstance(theta, bool) or not isinstance(theta, (int, float))
+            or not 0 < theta < (2**1024 if isinstance(theta, int) else math.inf)):
+        shown = f"an int of {theta.bit_length()} bits" if isinstance(theta, int) and theta > 0 else repr(theta)
+        raise ValueError(f"from_hf_config: rope_theta must be a finite number > 0, got {shown}")
     return float(theta)
 
 

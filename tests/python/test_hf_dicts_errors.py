@@ -57,6 +57,12 @@ def test_a_non_int_size_field_is_refused_by_name(field, value):
                                            r"= 1 pairs needs more than 2\^64 bytes \(complex64\), more than this machine's memory"),
     (lambda: rotary.freqs_table(2**20, 2**40), r"freqs_table: a table of max_seq_len=1099511627776 rows x dim // 2 "
                                                r"= 524288 pairs needs 4611686018427387904 bytes"),
+    (lambda: rotary.RotaryEmbedding(64, 10, theta=10**400),
+     r"RotaryEmbedding: theta must be finite, got an int of 1329 bits, past a float's range"),
+    (lambda: rotary.CppRotaryEmbedding(64, 10, axes_dim=[32, 32], axes_theta=[1e4, 10**400]),
+     r"RotaryEmbedding: axes_theta\[1\] must be finite, got an int of 1329 bits"),
+    (lambda: rotary.RotaryEmbedding.from_hf_config(dict(LLAMA, rope_theta=10**400)),
+     r"from_hf_config: rope_theta must be a finite number > 0, got an int of 1329 bits"),
     (lambda: rotary.RotaryEmbedding(64, 2**40), r"freqs_table: a table of max_seq_len=1099511627776 rows"),
     (lambda: rotary.CppRotaryEmbedding(64, 2**40), r"freqs_table: a table of max_seq_len=1099511627776 rows"),
     (lambda: rotary.RotaryEmbedding.from_hf_config(LLAMA, max_seq_len=2**40),
