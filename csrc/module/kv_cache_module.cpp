@@ -180,7 +180,9 @@ std::pair<torch::Tensor, torch::Tensor> KVCacheImpl::keys_values(torch::Dtype dt
   const bool bshd = parse_cache_layout(in_effect_.layout()) == CacheLayout::kBSHD;
   auto view = [&](const torch::Tensor& t, const torch::Tensor& scale) {
     auto filled = (bshd ? t.transpose(1, 2) : t).narrow(2, 0, length_);
-    return scale.defined() ? filled.to(torch::kFloat).mul(scale).to(dtype) : filled;
+    // fp8 x scale in float32 (exact for float32 and narrower), in float64 for float64.
+    const auto acc = dtype == torch::kDouble ? torch::kDouble : torch::kFloat;
+    return scale.defined() ? filled.to(acc).mul(scale.to(acc)).to(dtype) : filled;
   };
   return {view(k, k_scale), view(v, v_scale)};
 }

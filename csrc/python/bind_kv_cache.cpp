@@ -170,8 +170,14 @@ void bind_kv_cache(py::module_& m) {
 std::shared_ptr<rotary::KVCacheImpl> cache_of(const py::object& cache, const char* who) {
   // Looked up once (a decode step calls this): the class lives as long as the module.
   static const py::handle wrapper = py::object(py::module_::import("rotary._C").attr("KVCache")).release();
-  TORCH_CHECK_TYPE(py::isinstance(cache, wrapper), who, ": cache must be a rotary.KVCache, got ",
-                   py::str(py::type::of(cache).attr("__name__")).cast<std::string>());
+  if (!py::isinstance(cache, wrapper)) {
+    const py::handle type = py::type::of(cache);
+    const bool raw = py::str(type.attr("__module__")).cast<std::string>() == "rotary._C.cpp";
+    TORCH_CHECK_TYPE(false, who, ": cache must be a rotary.KVCache, got ",
+                     py::str(type.attr("__qualname__")).cast<std::string>(),
+                     raw ? " (the bare C++ module, as KVCache.clone() returns it; copy a cache with copy.deepcopy)"
+                         : "");
+  }
   return cache.attr("cpp_module").cast<std::shared_ptr<rotary::KVCacheImpl>>();
 }
 

@@ -66,7 +66,7 @@ class _Rule:
                 raise RuntimeError(
                     f"vmap: rotary::{self.name} writes {n} in place, but {n} is not batched while "
                     f"{', '.join(dims)} {'is' if len(dims) == 1 else 'are'}: every slice would write the same "
-                    f"{n}. Batch {n} too, or call the out-of-place op")
+                    f"{n}. Batch {n} too" + ("" if "cache" in self.name else ", or call the out-of-place op"))
         if self.foldable and set(dims) <= set(self.data) and values.get("norm", "head") == "head":
             try:
                 out = self._fold(values, dims, size, level)

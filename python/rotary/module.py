@@ -201,6 +201,13 @@ class RotaryEmbedding(nn.Module):
         if not self._host_driven:
             return self._rotate(q, k, start_pos, offsets, position_ids, self.freqs, self.inv_freq, layout)
         seq_len = q.shape[ax] if q.dim() == 4 else 0  # the op reports a wrong shape
+        if torch.compiler.is_exporting() and (not isinstance(seq_len, int) or not isinstance(start_pos, int)
+                                              or offsets is not None or position_ids is not None):
+            raise ValueError(
+                f"RotaryEmbedding({self._tables.extra_repr()}): its rule rebuilds the tables on the host from each "
+                "call's positions, which torch.export cannot trace with a symbolic sequence length or position "
+                "tensors; export it with static shapes and an int start_pos (the tables it reaches are baked in), "
+                "or use a rule without a host-driven state (docs/deploy.md)")
         # Every rank sizes the table by every rank's positions.
         offsets, position_ids = _whole_positions(offsets, "offsets"), _whole_positions(position_ids)
         reach = _C.RopeTables.reach_of(seq_len, start_pos, offsets, position_ids)

@@ -107,3 +107,40 @@ def test_cpp_module_names_and_repr():
 def test_torchscript_is_refused_with_a_clear_error():
     with pytest.raises(RuntimeError, match=r"does not support TorchScript .*deprecated.*torch\.compile, torch\.export"):
         torch.jit.script(_Block())
+
+
+def test_export_of_a_host_driven_rule_is_refused_by_name_where_it_cannot_trace():
+    """dynamic / longrope rebuild their tables on the host from each call's
+    positions: torch.export failed deep inside torch ("Cannot call numel() on
+    tensor with symbolic sizes"). Refused by name with position tensors or a
+    dynamic sequence; static shapes with an int start_pos export, the tables
+    baked in, and match eager."""
+    rope = rotary.RotaryEmbedding(16, 128, scaling={"rope_type": "dynamic", "factor": 2.0,
+                                                    "max_position_embeddings": 16})
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rope = rope
+
+        def forward(self, x, ids):
+            return self.rope(x, position_ids=ids)
+
+    x = torch.randn(1, 2, 24, 16, generator=torch.Generator().manual_seed(3))
+    with pytest.raises(ValueError, match=r"its rule rebuilds the tables on the host from each call's positions, "
+                                         r"which torch.export cannot trace"):
+        torch.export.export(Block(), (x, torch.arange(24)[None]))
+
+    class Static(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rope = rotary.RotaryEmbedding(16, 128, scaling={"rope_type": "dynamic", "factor": 2.0,
+                                                                 "max_position_embeddings": 16})
+
+        def forward(self, x):
+            return self.rope(x, 8)
+
+    program = torch.export.export(Static(), (x,))
+    eager = rotary.RotaryEmbedding(16, 128, scaling={"rope_type": "dynamic", "factor": 2.0,
+                                                     "max_position_embeddings": 16})
+    assert torch.equal(program.module()(x), eager(x, 8))

@@ -59,3 +59,27 @@ def test_cpp_module_forward_with_cache_refuses_a_span_past_head_dim():
     with pytest.raises(ValueError, match=r"head_dim must be >= rotary_offset \+ dim = 40 .*got head_dim 32"):
         rope.forward_with_cache(q, k, v, cache)
     assert cache.length == 0 and all(torch.equal(a, b) for a, b in zip((q, k, *cache.buffers()), before))
+
+
+def test_fp8_cache_dequantised_in_float64_for_float64():
+    """keys_values multiplied fp8 by its scale in float32 for a float64
+    caller: off by up to a float32 rounding (5e-8 here)."""
+    cache = rotary.KVCache(1, 2, 8, 16, dtype=FP8, k_scale=0.37, v_scale=1.3)
+    rope = rotary.CppRotaryEmbedding(16, 32)
+    q, k, v = (torch.randn(1, 2, 5, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(s))
+               for s in (1, 2, 3))
+    _, keys, values = rope.forward_with_cache(q, k, v, cache)
+    assert keys.dtype == values.dtype == torch.float64
+    stored_k, stored_v = cache.k[:, :, :5].to(torch.float64), cache.v[:, :, :5].to(torch.float64)
+    scale_k, scale_v = cache.k_scale.to(torch.float64), cache.v_scale.to(torch.float64)  # stored as float32
+    assert torch.equal(keys, stored_k * scale_k) and torch.equal(values, stored_v * scale_v)
+
+
+def test_a_cloned_cache_is_named_in_the_refusal():
+    """KVCache.clone() gives the bare C++ module: forward_with_cache refused
+    it as "must be a rotary.KVCache, got KVCache"."""
+    cache = rotary.KVCache(1, 2, 8, 16)
+    q = torch.randn(1, 2, 2, 16)
+    with pytest.raises(TypeError, match=r"cache must be a rotary.KVCache, got KVCache \(the bare C\+\+ module, as "
+                                        r"KVCache.clone\(\) returns it; copy a cache with copy.deepcopy\)"):
+        rotary.RotaryEmbedding(16, 32).forward_with_cache(q, q.clone(), q.clone(), cache.clone())
