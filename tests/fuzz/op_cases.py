@@ -244,8 +244,16 @@ def run(seed: int) -> tuple[str, str]:
     saved = [bits(t) for t in b.buffers]
     saved_in = [bits(t) for t in (q, k) if t is not None]
 
+    # In place, a valid call runs in any grad mode (a tensor that requires
+    # grad is refused only with grad on) and bumps what it writes in each.
+    mode = rng.choice(["grad", "no_grad", "inference"]) if in_place and not reasons else "grad"
+    grad_mode = {"grad": torch.enable_grad, "no_grad": torch.no_grad, "inference": torch.inference_mode}[mode]
+    written = [t for t in (q, k) if t is not None] if in_place else []
+    versions = [t._version for t in written]
+
     def call():
-        return fn(*args, start_pos, interleaved, **kw)
+        with grad_mode():
+            return fn(*args, start_pos, interleaved, **kw)
 
     if reasons:
         try:
@@ -254,6 +262,8 @@ def run(seed: int) -> tuple[str, str]:
             for buf, s in zip(b.buffers, saved):
                 if not same_bits(buf, s):
                     raise Finding(f"{op}: refused ({r}) but changed the bytes of an input") from None
+            if [t._version for t in written] != versions:
+                raise Finding(f"{op}: refused ({r}) but bumped a version counter") from None
             return kind, f"refused: {r}"
         raise Finding(f"{op}: accepted bad input ({', '.join(reasons)})")
 
@@ -261,6 +271,8 @@ def run(seed: int) -> tuple[str, str]:
         out = call()
     except Exception as e:  # noqa: BLE001
         raise Finding(f"{op}: refused valid input with {type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
+    if any(t._version <= v for t, v in zip(written, versions)):
+        raise Finding(f"{op}: in place under {mode}, a written tensor's version counter was not bumped")
 
     sign = -1.0 if (inverse != conj) else 1.0
     rows = _rows(layout, B, S, start_pos, positions, cu)
