@@ -230,6 +230,9 @@ def run(args: argparse.Namespace) -> List[Result]:
         if d not in DTYPES:
             raise SystemExit(f"unknown --dtype {d!r}; choose from {', '.join(DTYPES)}")
     wanted = {c.strip() for c in args.cases.split(",") if c.strip()}
+    known = {c.name for c in CPU_CASES + CUDA_CASES}
+    if wanted - known:  # a typo would time nothing and exit 0
+        raise SystemExit(f"unknown --cases {', '.join(sorted(wanted - known))}; choose from {', '.join(sorted(known))}")
     devices = []
     if args.device in ("cpu", "all"):
         devices.append("cpu")

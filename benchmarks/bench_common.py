@@ -162,11 +162,15 @@ def without_copy_blocks(fn: Callable[[], object]) -> Callable[[], object]:
 
 
 def liger_fn():
+    """(Liger's rope function, None) or (None, why not): an import that fails
+    (not the wheel's absence) is named, not shown as "not installed"."""
     try:
         from liger_kernel.transformers.rope import liger_rotary_pos_emb
-    except Exception:
-        return None
-    return liger_rotary_pos_emb
+    except ModuleNotFoundError as e:
+        return None, "not installed" if e.name and e.name.startswith("liger_kernel") else f"import failed: {e}"
+    except Exception as e:  # noqa: BLE001 (reported in the table's notes)
+        return None, f"import failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    return liger_rotary_pos_emb, None
 
 
 
@@ -279,8 +283,10 @@ def build_peers(
             fns[name] = (lambda f=cfn, a=args: f(*a))
 
     if device == "cuda":
-        liger = liger_fn()
-        if liger is not None:
+        liger, why = liger_fn()
+        if liger is None:
+            notes["liger"] = why
+        else:
             # Liger wants cos/sin [1, S, D]; it rotates half (NeoX) pairs.
             lc, ls = cos.unsqueeze(0), sin.unsqueeze(0)
             fns["liger"] = lambda: liger(q, k, lc, ls)

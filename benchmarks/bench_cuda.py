@@ -86,9 +86,9 @@ def cuda_group(case: Case, dtype: torch.dtype, layout: str, compile_refs: bool, 
             log(f"  compiled the HF formula in {time.perf_counter() - t0:.1f} s")
         except Exception as e:  # pragma: no cover - depends on the toolchain
             notes["compile(hf)"] = f"failed: {type(e).__name__}"
-    liger = liger_fn() if device == "cuda" else None
+    liger, why = liger_fn() if device == "cuda" else (None, "not installed")
     if liger is None:
-        notes["liger"] = "not installed"
+        notes["liger"] = why
     else:
         # Liger rotates half pairs in place of its (transposed) inputs: own copies.
         ql, kl = q.clone(), k.clone()

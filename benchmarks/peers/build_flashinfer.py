@@ -6,7 +6,7 @@ downloads the pinned wheel, unpacks only its CUDA headers, and compiles
 flashinfer_peer.cu (two torch ops over FlashInfer's header-only pos_enc.cuh)
 for sm_90 with nvcc; no GPU is needed. The result, .peers/lib/
 rotary_flashinfer_peer.so (a few MB), goes in the run's carry; the benchmarks
-load it with torch.ops.load_library when it is there (peer_kernels.py).
+load it with torch.ops.load_library when it is there (bench_common.flashinfer_ops).
 
     .venv/bin/python benchmarks/peers/build_flashinfer.py [--arch 9.0] [--version 0.7.4]
 """

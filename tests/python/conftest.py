@@ -27,6 +27,14 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs a CUDA device (skipped without one)")
 
 
+def pytest_collection_modifyitems(config, items):
+    # A test skipped for want of a CUDA device carries the cuda mark, so that
+    # -k cuda (the GPU run's selection) finds it whatever its name.
+    for item in items:
+        if any("CUDA" in str(m.kwargs.get("reason", "")) for m in item.iter_markers("skipif")):
+            item.add_marker(pytest.mark.cuda)
+
+
 @pytest.fixture(autouse=True)
 def _seed_everything():
     # Every test also builds its inputs from explicit generators; this only

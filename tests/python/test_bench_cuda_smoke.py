@@ -64,8 +64,9 @@ def test_gpu_check_names_what_it_skips(tmp_path, env, why):
     import subprocess
 
     root = os.path.join(HERE, "..", "..")
+    # T_WHEELS=0: a carried .whl would otherwise be installed over this run's own packages.
     run_env = dict(os.environ, OUT=str(tmp_path / "logs"), BUILD_DIR=str(tmp_path / "build"), PYTHON=sys.executable,
-                   **env)
+                   T_WHEELS="0", **env)
     r = subprocess.run(["bash", "benchmarks/gpu_check.sh"], cwd=root, env=run_env, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 1, r.stdout + r.stderr
