@@ -76,7 +76,8 @@ void check_unique_dest(const char* op, std::vector<DestRow>& rows, const kernel:
   for (size_t i = 1; i < rows.size(); ++i) {
     const DestRow &a = rows[i - 1], &b = rows[i];
     if (a[0] != b[0] || a[1] != b[1]) continue;
-    const std::string both = token_name(rp, a[2], a[3], host_seqlens) + " and " + token_name(rp, b[2], b[3], host_seqlens);
+    const std::string both =
+        token_name(rp, a[2], a[3], host_seqlens) + " and " + token_name(rp, b[2], b[3], host_seqlens);
     TORCH_CHECK_VALUE(
         block_size == 0, op, ": ", both, " both go to slot ", a[0] * block_size + a[1], " (block ", a[0], ", offset ",
         a[1], ") of ", source, "; each token of a call needs its own cache row");

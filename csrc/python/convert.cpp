@@ -85,7 +85,9 @@ std::vector<double> float_list_arg(const py::handle& v, const char* who, const c
       (py::isinstance<py::list>(v) || py::isinstance<py::tuple>(v)), who, ": ", name,
       " must be a list of numbers or None, got ", repr_of(v));
   std::vector<double> out;
-  for (const auto item : v) out.push_back(float_arg(item, who, std::string(name) + "[" + std::to_string(out.size()) + "]"));
+  for (const auto item : v) {
+    out.push_back(float_arg(item, who, std::string(name) + "[" + std::to_string(out.size()) + "]"));
+  }
   return out;
 }
 
