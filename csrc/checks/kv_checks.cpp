@@ -78,12 +78,12 @@ void check_unique_dest(const char* op, std::vector<DestRow>& rows, const kernel:
     if (a[0] != b[0] || a[1] != b[1]) continue;
     const std::string both =
         token_name(rp, a[2], a[3], host_seqlens) + " and " + token_name(rp, b[2], b[3], host_seqlens);
-    TORCH_CHECK_VALUE(
-        block_size == 0, op, ": ", both, " both go to slot ", a[0] * block_size + a[1], " (block ", a[0], ", offset ",
-        a[1], ") of ", source, "; each token of a call needs its own cache row");
-    TORCH_CHECK_VALUE(
-        false, op, ": ", both, " both go to cache row ", a[1], " of sequence ", a[0], " (", source,
-        "); each token of a call needs its own cache row");
+    if (block_size > 0) {  // paged: a slot of slot_mapping
+      TORCH_CHECK_VALUE(false, op, ": ", both, " both go to slot ", a[0] * block_size + a[1], " (block ", a[0],
+                        ", offset ", a[1], ") of ", source, "; each token of a call needs its own cache row");
+    }
+    TORCH_CHECK_VALUE(false, op, ": ", both, " both go to cache row ", a[1], " of sequence ", a[0], " (", source,
+                      "); each token of a call needs its own cache row");
   }
 }
 

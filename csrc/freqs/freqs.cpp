@@ -105,10 +105,6 @@ void check_entries(const RopeFrequencies& freqs, const EntryMaker& entry, double
   }
 }
 
-}  // namespace
-
-namespace {
-
 // Tables are built on the host: one past its memory fails in the allocator
 // (or, overcommitted, when written), one past int64 bytes in torch's size
 // check; neither names the argument.

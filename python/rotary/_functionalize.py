@@ -52,7 +52,7 @@ def _real_table(mode, func, types, args, kwargs):
     moved = _symbolic_offset(func, args, kwargs)
     if moved is not None and op == "apply_rope_":
         x = args[0] if args else kwargs["x"]
-        _check_no_shared_storage(op, x, dict(zip(names[1:], args[1:]), **kwargs))
+        _check_no_shared_storage(op, x, {n: v for n, v in dict(zip(names, args), **kwargs).items() if n != "x"})
         with mode:
             x.copy_(torch.ops.rotary.apply_rope.default(*args, **kwargs))
         return None

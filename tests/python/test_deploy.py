@@ -9,12 +9,14 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 
 import rotary
-from rotary_testing.reference import rope_reference
+from rotary_testing.reference import rope_reference, rope_reference_nd
 from rotary_testing.rope_testing import assert_close_ref, make_heads
+from rotary_testing.scaling_reference import ref_frequencies
 
 
 class _Block(torch.nn.Module):
@@ -143,4 +145,10 @@ def test_export_of_a_host_driven_rule_is_refused_by_name_where_it_cannot_trace()
     program = torch.export.export(Static(), (x,))
     eager = rotary.RotaryEmbedding(16, 128, scaling={"rope_type": "dynamic", "factor": 2.0,
                                                      "max_position_embeddings": 16})
-    assert torch.equal(program.module()(x), eager(x, 8))
+    got = program.module()(x)
+    assert torch.equal(got, eager(x, 8))  # the baked tables are the eager module's, bit for bit
+    # ... and those of the rule at the call's reach (8 + 24 = 32), re-derived in float64.
+    inv = np.array(ref_frequencies(16, 10000.0, {"rope_type": "dynamic", "factor": 2.0,
+                                                  "max_position_embeddings": 16}, 32)[0])
+    want = rope_reference_nd(x, np.arange(8, 32)[None, None], [0] * 8, 16, inv=inv)
+    assert_close_ref(got, want, torch.float32)
