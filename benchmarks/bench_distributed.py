@@ -9,13 +9,17 @@ Each rank times ``apply_rope_qk`` on its shard two ways in interleaved
 rounds (benchmarks/protocol.py: seeded order, medians, CPU time / wall next
 to the ratio, refused on a loaded machine): through DTensor (Shard(heads) for
 tensor parallel, Shard(seq) for context parallel) and on the local tensors
-directly. Printed: median microseconds per call on rank 0 and the ratio, at
+directly; start_pos advances every call, as in a decode loop. For scale,
+torch's own fixed DTensor cost of one elementwise op (torch.mul on q's
+shard, DTensor minus local) is timed in the same rounds. Printed: median
+microseconds per call on rank 0 and the ratio, at
 decode (one token) and prefill sizes, for each --threads count per rank (a
 row is marked when ranks x threads exceed the CPUs). No collective runs
 inside the timed calls.
 """
 
 import argparse
+import itertools
 import os
 import sys
 import time
@@ -76,24 +80,30 @@ def _worker(rank, args, init_method):
                 k = torch.randn(kl, device=dev, dtype=dtype)
                 dq = DTensor.from_local(q, mesh, [Shard(dim)], run_check=False)
                 dk = DTensor.from_local(k, mesh, [Shard(dim)], run_check=False)
-                start = 100
-                variants = {"local": lambda: torch.ops.rotary.apply_rope_qk(q, k, f, start, True),
-                            "DTensor": lambda: torch.ops.rotary.apply_rope_qk(dq, dk, f, start, True)}
+                # start_pos advances as in a decode loop (each call a new value).
+                pos = itertools.cycle(range(100, 4096 - S))
+                variants = {"local": lambda: torch.ops.rotary.apply_rope_qk(q, k, f, next(pos), True),
+                            "DTensor": lambda: torch.ops.rotary.apply_rope_qk(dq, dk, f, next(pos), True),
+                            # torch's own fixed DTensor cost, for scale: one elementwise op on q's shard
+                            "mul local": lambda: torch.mul(q, 2.0),
+                            "mul DTensor": lambda: torch.mul(dq, 2.0)}
                 # One count for both, from the local call: the ranks stay in step.
                 iters = max(5, int(args.target_s / max(_time(variants["local"], 3, sync), 1e-7)))
                 st = time_interleaved(variants, args.rounds, calls=iters, warmup=1, seed=args.seed, sync=sync)
                 over = "" if cuda or W * nt <= (os.cpu_count() or 1) else " (oversubscribed)"
+                torch_cost = (st["mul DTensor"].median - st["mul local"].median) * 1e6
                 rows.append((name, mode, f"{list(ql)}", nt or "-", st["local"].median * 1e6,
-                             st["DTensor"].median * 1e6, ratio_cell(st["DTensor"], st["local"], guard) + over))
+                             st["DTensor"].median * 1e6, ratio_cell(st["DTensor"], st["local"], guard) + over,
+                             torch_cost))
     dist.barrier()
     if rank == 0:
         print(f"world={args.world} device={args.device} dtype={args.dtype} CPUs={os.cpu_count()} "
               f"torch={torch.__version__}; median per call on rank 0, {args.rounds} interleaved rounds"
               f"{guard.marker()}")
         print(f"{'size':8} {'sharding':16} {'local q shard':22} {'threads':>7} {'local us':>10} {'DTensor us':>11}"
-              f"  ratio DTensor / local")
+              f" {'torch.mul DTensor-local us':>26}  ratio DTensor / local")
         for r in rows:
-            print(f"{r[0]:8} {r[1]:16} {r[2]:22} {r[3]:>7} {r[4]:10.1f} {r[5]:11.1f}  {r[6]}")
+            print(f"{r[0]:8} {r[1]:16} {r[2]:22} {r[3]:>7} {r[4]:10.1f} {r[5]:11.1f} {r[7]:26.1f}  {r[6]}")
     dist.destroy_process_group()
 
 

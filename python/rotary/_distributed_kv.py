@@ -11,6 +11,7 @@ sequence shards, which would need slots renumbered per rank) are refused;
 positions, slots, scales and tables are plain tensors or replicated DTensors.
 """
 
+from . import _dtensor_plans as _plans
 from ._dtensor_shards import _DIMS, _bind, _call, _fmt, _local_range, _refuse, _whole, _refuse_heads_norm, check_global
 
 _DATA = ("q", "k", "v")
@@ -22,6 +23,12 @@ _WHY = "tensor-parallel cache writes need all of it on every rank"
 
 
 def kv_handler(op, args, kwargs):
+    key = _plans.plan_key(op, args, kwargs)
+    if _plans.run(op, args, kwargs, key) is _plans.MISS:
+        _rule(op, args, kwargs, key)
+
+
+def _rule(op, args, kwargs, key):
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.placement_types import Replicate, Shard
 
@@ -94,4 +101,4 @@ def kv_handler(op, args, kwargs):
                 _refuse(op, f"{n} has {s.shape[0]} entries but k has {bound['k'].shape[heads]} kv heads")
             local[n] = s.narrow(0, lo, n_heads)
     _call(op, local)
-    return None
+    _plans.remember(key if _plans.is_trivial(bound, local) else None, None)

@@ -47,6 +47,7 @@ import sys
 
 import torch
 
+from . import _dtensor_plans as _plans
 from ._dtensor_shards import (
     _refuse_heads_norm,
     _refuse_plain_data,
@@ -197,6 +198,12 @@ def _one_by_one(op, bound):
 
 
 def _handler(op, args, kwargs):
+    key = _plans.plan_key(op, args, kwargs)
+    out = _plans.run(op, args, kwargs, key)
+    return _rule(op, args, kwargs, key) if out is _plans.MISS else out
+
+
+def _rule(op, args, kwargs, key):
     from torch.distributed.tensor import DTensor  # already imported: DTensor called us
     from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 
@@ -280,13 +287,17 @@ def _handler(op, args, kwargs):
         if not packed and (dims[2] in cut or (dims[0] in cut and positions)):
             # Each rank's positions are its own (shifted or cut): the whole call's values first, alike on every rank.
             check_values(op, bound, local, data, dims[1], _POSITION_ARGS)
+        if dims[0] in cut or dims[2] in cut or not _plans.is_trivial(bound, local):
+            key = None  # ranks rotate different tokens: the rule runs every call
     else:
+        key = None
         for n in _POSITION_ARGS:
             if isinstance(bound.get(n), DTensor):
                 local[n] = bound[n]._local_tensor
 
     out = _call(op, local)
     if out is None:  # in-place ops: the local shards were rotated in place
+        _plans.remember(key, None)
         return None
 
     def wrap(t, like):
@@ -298,9 +309,10 @@ def _handler(op, args, kwargs):
         )
         return DTensor(t, spec, requires_grad=False)
 
-    if isinstance(out, torch.Tensor):
-        return wrap(out, bound[data[0]])
-    return tuple(wrap(t, bound[n]) for t, n in zip(out, data))
+    out = wrap(out, bound[data[0]]) if isinstance(out, torch.Tensor) else tuple(
+        wrap(t, bound[n]) for t, n in zip(out, data))
+    _plans.remember(key, out)
+    return out
 
 
 # ----------------------------------------------------------------------------

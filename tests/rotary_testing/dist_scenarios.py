@@ -110,6 +110,7 @@ def scenarios(world):
     from rotary_testing.dist_kv_scenarios import scenarios as kv_scenarios  # it imports this module
     from rotary_testing.dist_module_scenarios import scenarios as module_scenarios
     from rotary_testing.dist_norm_scenarios import scenarios as norm_scenarios
+    from rotary_testing.dist_plan_scenarios import scenarios as plan_scenarios
     from rotary_testing.dist_trial_scenarios import scenarios as trial_scenarios
 
-    return out + kv_scenarios() + norm_scenarios() + module_scenarios() + trial_scenarios()
+    return out + kv_scenarios() + norm_scenarios() + module_scenarios() + trial_scenarios() + plan_scenarios()
