@@ -31,7 +31,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from protocol import add_protocol_args, check_load, ratio_cell, thread_passes, time_interleaved  # noqa: E402
+from protocol import add_protocol_args, check_load, pin_heap, ratio_cell, thread_passes, time_interleaved  # noqa: E402
 
 # name, batch, q heads, kv heads, seq, head_dim
 SIZES = [
@@ -51,6 +51,7 @@ def _time(fn, iters, sync):
 
 
 def _worker(rank, args, init_method):
+    pin_heap(getattr(args, "heap", "default"))  # each rank is its own process: the header's regime holds here too
     import rotary  # noqa: F401  (registers the ops and, with DTensor, their rules)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Shard
