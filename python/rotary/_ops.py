@@ -1,14 +1,13 @@
 """Typed wrappers over ``torch.ops.rotary``. They add no logic: every check
 and every kernel lives in C++ behind the dispatcher."""
 
-import numbers
-import operator
 import warnings
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
 import torch
 
 from . import _C
+from ._arg_checks import _bool_arg, _float_arg, _int_arg, _pair_axes, _start_pos, _table_args, _tensor_arg  # noqa: F401
 
 
 def freqs_table(
@@ -50,83 +49,6 @@ def inv_frequencies(
     complex64 table from the same rule."""
     _table_args("inv_frequencies", dim, theta, seq_len)
     return _C.rope_frequencies(dim, theta, scaling, seq_len)
-
-
-def _int_arg(op: str, name: str, value):
-    """torch's argument parser takes a bool as an int and names neither the
-    argument nor the op for a float or an int past int64: refuse them here,
-    by name (start_pos has its own words for the last, in _start_pos)."""
-    if type(value) is int and -(2**63) <= value < 2**63:  # the decode path: one test
-        return value
-    if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
-        raise TypeError(f"{op}: {name} must be an int, got {value!r}")
-    if name != "start_pos" and isinstance(value, int) and not -(2**63) <= value < 2**63:
-        raise ValueError(f"{op}: {name} must fit in int64, got {value}")
-    return value
-
-
-def _float_arg(op: str, name: str, value):
-    """A real number, by name (a bool or a string is refused, not coerced)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, torch.SymFloat)):
-        raise TypeError(f"{op}: {name} must be a float, got {value!r}")
-    return value
-
-
-def _table_args(op: str, dim, theta, seq_len, max_seq_len=0):
-    """pybind takes True for an int and names neither the argument nor the
-    function for a float or a number past int64 / float: name them here (any
-    integer type is an int); C++ checks the values (and the table's bytes)."""
-    for name, value in (("dim", dim), ("max_seq_len", max_seq_len), ("seq_len", seq_len)):
-        if isinstance(value, bool) or not hasattr(type(value), "__index__"):
-            raise TypeError(f"{op}: {name} must be an int, got {value!r}")
-        if not -(2**63) <= operator.index(value) < 2**63:
-            raise ValueError(f"{op}: {name} must fit in int64, got {value}")
-    if isinstance(theta, bool) or not isinstance(theta, numbers.Real):
-        raise TypeError(f"{op}: theta must be a float, got {theta!r}")
-    try:
-        float(theta)
-    except OverflowError:  # an int past float's range
-        raise ValueError(f"{op}: theta must be finite and > 0, got an int of {int(theta).bit_length()} bits") from None
-
-
-def _bool_arg(op: str, name: str, value):
-    """A bool, by name: torch's argument parser takes None, 0, 2 or 0.5 for a
-    bool, and a flag read the wrong way rotates silently the other way."""
-    if type(value) is not bool:
-        raise TypeError(f"{op}: {name} must be a bool, got {value!r}")
-    return value
-
-
-def _tensor_arg(op: str, name: str, value):
-    """A tensor, by name: torch's argument parser answers a float scale with
-    the whole schema."""
-    if not isinstance(value, torch.Tensor):
-        hint = f"; pass torch.tensor({value!r}, dtype=torch.float32)" if isinstance(value, float) else ""
-        raise TypeError(f"{op}: {name} must be a tensor or None, got {type(value).__name__} {value!r}{hint}")
-    return value
-
-
-def _pair_axes(op: str, name: str, value):
-    if value is None:
-        return None  # 1-D positions
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        raise TypeError(f"{op}: {name} must be a list of ints or None, got {value!r}")
-    out = list(value)
-    # Plain ints in int64 (a call's usual list) pass in one sweep; the entry
-    # at fault is named by _int_arg, whose per-entry names cost microseconds.
-    if set(map(type, out)) <= {int} and (not out or (-(2**63) <= min(out) and max(out) < 2**63)):
-        return out
-    return [_int_arg(op, f"{name}[{j}]", a) for j, a in enumerate(out)]
-
-
-def _start_pos(op: str, start_pos):
-    """A Python int outside int64 never reaches the C++ check: torch's
-    argument parser refuses it with a message about its own types. Name the
-    argument and the bound instead (the C++ check)."""
-    _int_arg(op, "start_pos", start_pos)
-    if isinstance(start_pos, int) and not -(2**63) <= start_pos < 2**63:
-        _C.check_start_pos(start_pos, op)  # raises
-    return start_pos
 
 
 def rope_freqs(*args, **kwargs) -> torch.Tensor:
