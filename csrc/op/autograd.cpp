@@ -49,6 +49,9 @@ class RopeFunction : public torch::autograd::Function<RopeFunction> {
 class RopeQKFunction : public torch::autograd::Function<RopeQKFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const RopeState& s) {
+    // An output with no gradient stays undefined (input_grads skips it): materialized zeros would be plain
+    // tensors beside DTensor (or other subclass) gradients.
+    ctx->set_materialize_grads(false);
     save_state(ctx, s);
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [out_q, out_k] = apply_rope_qk(

@@ -112,6 +112,7 @@ class NormRopeFunction : public torch::autograd::Function<NormRopeFunction> {
   static variable_list forward(
       AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const std::optional<at::Tensor>& qw,
       const std::optional<at::Tensor>& kw, const RopeState& s, const NormState& n) {
+    ctx->set_materialize_grads(false);  // an unused output's gradient stays undefined (as in RopeQKFunction)
     detail::save_state(ctx, s, {q, k, qw.value_or(at::Tensor()), kw.value_or(at::Tensor())});
     save_norm(ctx, n);
     at::AutoDispatchBelowADInplaceOrView guard;

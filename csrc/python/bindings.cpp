@@ -5,6 +5,7 @@
 #include "convert.h"
 #include "checks/checks.h"
 #include "checks/checks_positions.h"
+#include "checks/kv_checks.h"
 #include "params/layouts.h"
 
 #include <rotary/rotary.h>
@@ -163,6 +164,14 @@ PYBIND11_MODULE(_C, m) {
       [](const py::object& start_pos, const std::string& who) { return start_pos_arg(start_pos, who.c_str()); },
       py::arg("start_pos"), py::arg("who") = "RotaryEmbedding",
       "start_pos as an int64, or who's error for one outside [0, 2^60) or not an int.");
+  m.def(
+      "check_scale_values",
+      [](const std::string& op, const std::string& name, const at::Tensor& scale, const std::string& stored) {
+        rotary::detail::check_scale_values(op.c_str(), name.c_str(), scale, stored.c_str());
+      },
+      py::arg("op"), py::arg("name"), py::arg("scale"), py::arg("stored"),
+      "The ops' check of a float32 scale's values (finite and > 0; a CPU one is read), in their words: the DTensor "
+      "rules check a per-head scale whole before each rank cuts its heads.");
 
   bind_kv_cache(m);
   bind_launch(m);

@@ -11,7 +11,7 @@ sequence shards, which would need slots renumbered per rank) are refused;
 positions, slots, scales and tables are plain tensors or replicated DTensors.
 """
 
-from . import _dtensor_plans as _plans
+from . import _C, _dtensor_plans as _plans
 from ._dtensor_shards import _DIMS, _bind, _call, _fmt, _local_range, _refuse, _whole, _refuse_heads_norm, check_global
 
 _DATA = ("q", "k", "v")
@@ -99,6 +99,8 @@ def _rule(op, args, kwargs, key):
         if sharded and s.dim() == 1 and s.shape[0] > 1:  # per head: this rank's heads
             if s.shape[0] != bound["k"].shape[heads]:
                 _refuse(op, f"{n} has {s.shape[0]} entries but k has {bound['k'].shape[heads]} kv heads")
+            # Whole first: a bad head's rank alone would refuse while the others write.
+            _C.check_scale_values(op._schema.name.split("::")[-1], n, s, "the cache stores")
             local[n] = s.narrow(0, lo, n_heads)
     _call(op, local)
     _plans.remember(key if _plans.is_trivial(bound, local) else None, None)

@@ -164,7 +164,8 @@ def _whole(op, name, t, mesh, why="every rank needs all of it"):
 def _local_range(t, op, name):
     """(local tensor, per-dim global offsets) of a DTensor, checked against
     its spec: a local shard of another size means the spec cannot say where
-    the shard lies (DTensor.from_local of uneven shards without shape=)."""
+    the shard lies (DTensor.from_local with a shape= its shards do not
+    follow; without shape= the spec follows the local shard, even or not)."""
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     local = t._local_tensor

@@ -47,7 +47,7 @@ import sys
 
 import torch
 
-from . import _dtensor_plans as _plans
+from . import _C, _dtensor_plans as _plans
 from ._dtensor_shards import (
     _refuse_heads_norm,
     _refuse_plain_data,
@@ -185,6 +185,13 @@ def _one_by_one(op, bound):
     out of place nothing is written, so each is rotated by its own apply_rope
     call under its own placements, after the pair's own checks."""
     check_global(op, bound)
+    # The pair's values (start_pos, whole positions) in its own words, before either is rotated alone.
+    packed = bound.get("cu_seqlens") is not None
+    dims = (None, 1, 0, 2) if packed else _DIMS.get(bound.get("layout", "BHSD"))
+    if dims is not None:
+        mesh = bound["q"].device_mesh
+        whole = {n: _whole(op, n, bound[n], mesh) for n in _REPLICATED_ARGS if bound.get(n) is not None}
+        check_values(op, bound, dict(bound, **whole), ("q", "k"), dims[1], _POSITION_ARGS)
     x_op = torch.ops.rotary.apply_rope.default
     rest = {n: v for n, v in bound.items() if n not in ("q", "k")}
     out = []
@@ -261,12 +268,14 @@ def _rule(op, args, kwargs, key):
 
     if sharded and bound.get("norm") == "heads":
         _refuse_heads_norm(op, placements, x.ndim, dims[1])
-    # (Below autograd grad mode is off: the inputs' flag tells a graph is recorded.)
-    if any(bound[n].requires_grad for n in data):
-        for n in ("q_weight", "k_weight"):
-            if bound.get(n) is not None and not isinstance(bound[n], DTensor):
-                _refuse(op, f"q and k require grad: pass {n} as a replicated DTensor (the backward pass runs on "
-                            "DTensors, and its gradient is a sum over the ranks), or run under torch.no_grad()")
+    # Below autograd grad mode is off, under no_grad or not: the flags are all there is to read.
+    grad = any(bound[n].requires_grad for n in data)
+    for n in ("q_weight", "k_weight"):
+        w = bound.get(n)
+        if w is not None and not isinstance(w, DTensor) and (grad or w.requires_grad):
+            who = "q and k require grad" if grad else f"{n} requires grad"
+            _refuse(op, f"{who}: pass {n} as a replicated DTensor (the backward pass runs on DTensors, and its "
+                        f"gradient is a sum over the ranks), or detach every input ({n}.detach())")
 
     for n in data:
         if sharded:
@@ -278,13 +287,16 @@ def _rule(op, args, kwargs, key):
 
     scale = local.get("q_fp8_scale")
     if sharded and scale is not None and scale.dim() == 1 and scale.shape[0] > 1:  # per q head: this rank's heads
+        # Whole first, in the op's words: alone, a bad head's rank would refuse while the others return.
+        _C.check_scale_values(op._schema.name.split("::")[-1], "q_fp8_scale", scale, "q is returned as")
         local["q_fp8_scale"] = scale.narrow(0, x_offset[dims[1]], x_local.shape[dims[1]])
     if dims is not None:
         _localize_all_positions(
             op, bound, local, dims, packed, x_offset, x_local, mesh, data, data_name, placements)
         cut = {p.dim % x.ndim for p in placements if p.is_shard()}
         positions = any(bound.get(n) is not None for n in _POSITION_ARGS)
-        if not packed and (dims[2] in cut or (dims[0] in cut and positions)):
+        empty = dims[0] is not None and x_local.shape[dims[0]] == 0  # no rows here: no start_pos check either
+        if not packed and (dims[2] in cut or (dims[0] in cut and (positions or empty))):
             # Each rank's positions are its own (shifted or cut): the whole call's values first, alike on every rank.
             check_values(op, bound, local, data, dims[1], _POSITION_ARGS)
         if dims[0] in cut or dims[2] in cut or not _plans.is_trivial(bound, local):

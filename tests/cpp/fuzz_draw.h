@@ -119,7 +119,8 @@ inline std::pair<at::Tensor, at::Tensor> fuzz_qk(int storage, int64_t B, int64_t
 }
 
 // A valid call: dtype, head dim 8-256, a whole, vector-shaped or any even
-// span at any even offset, pairing, 1-6 q and 1-3 k heads, positions (start,
+// span at any even offset, pairing, 1-6 q and 1-3 k heads (now and then none on
+// one side: a rank of an uneven head split), positions (start,
 // offsets, ids, N-D ids of 1-3 axes, packed sequences), ids past the table
 // with inv_freq, the layouts of fuzz_qk, in place or not.
 inline RopeDraw draw_rope(Draw& d) {
@@ -141,7 +142,8 @@ inline RopeDraw draw_rope(Draw& d) {
   c.interleaved = d.coin();
   const int pos = static_cast<int>(d.in(0, 4));  // local, offsets, ids, N-D ids, packed
   c.varlen = pos == 4;
-  const int64_t Hq = d.in(1, 6), Hk = d.in(1, 3);
+  const int none = d.coin(0.08) ? static_cast<int>(d.in(1, 2)) : 0;  // 1: no q heads, 2: no k heads
+  const int64_t Hq = none == 1 ? 0 : d.in(1, 6), Hk = none == 2 ? 0 : d.in(1, 3);
   const int64_t B = c.varlen ? 1 : d.in(1, 3), S = c.varlen ? d.in(2, 7) : d.in(1, 4);
   const int storage = static_cast<int>(d.coin(0.5) ? d.in(0, 1) : d.in(2, 4));
   std::tie(c.q, c.k) = fuzz_qk(storage, B, Hq, Hk, S, D, dtype);

@@ -74,6 +74,8 @@ class Draw:
         self.layout = "THD" if self.varlen else r.choice(["BHSD", "BSHD", "SBHD"])
         self.B = 1 if self.varlen else r.randrange(1, 4)
         self.Hq, self.Hk = r.randrange(1, 4), r.randrange(1, 3)
+        if r.random() < 0.08:  # no heads on one side: a rank of an uneven head split
+            self.Hq, self.Hk = (0, self.Hk) if r.random() < 0.5 else (self.Hq, 0)
         self.S = r.choice([1, 2, 3, 5, 7]) if r.random() < 0.9 else r.choice([0, 12])
         self.D = r.choice([4, 8, 12, 16, 24])
         self.rd = r.choice([self.D, self.D] + list(range(2, self.D, 2)))

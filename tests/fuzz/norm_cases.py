@@ -52,6 +52,8 @@ def run_norm(seed: int) -> tuple[str, str]:
     layout = rng.choice(LAYOUTS)
     B = 1 if layout == "THD" else rng.randrange(1, 4)
     Hq, Hk = rng.randrange(1, 4), rng.randrange(1, 3)
+    if rng.random() < 0.08:  # no heads on one side: a rank of an uneven head split
+        Hq, Hk = (0, Hk) if rng.random() < 0.5 else (Hq, 0)
     S = rng.choice([0, 1, 2, 3, 5, 9])
     D = rng.choice([2, 4, 8, 12, 16, 32, 48])
     rd = rng.choice([D, D] + [d for d in range(2, D, 2)])

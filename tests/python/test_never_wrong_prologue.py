@@ -202,3 +202,41 @@ def test_q_fp8_scale_must_be_finite_and_positive(scale):
     with pytest.raises(ValueError, match=r"apply_qk_norm_rope: q_fp8_scale must be finite and > 0 \(q is returned "
                                          rf"as x / scale\), got .*{head}"):
         rotary.apply_qk_norm_rope(q, k, f, 1, q_fp8_scale=s)
+
+
+# ------------------------------------------------------------- zero heads
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("empty", ["q", "k"])
+@pytest.mark.parametrize("norm", ["head", "heads"])
+@pytest.mark.parametrize("op", ["out_of_place", "in_place", "cache"])
+def test_zero_heads_on_one_side(dtype, empty, norm, op):
+    """A rank of an uneven head split can hold no q (or k) heads. The 16-bit
+    per-head norm read two head vectors ahead whatever the head count: a
+    crash on an empty tensor, a read past a zero-width slice of a real buffer.
+    The empty side is a [:, H:H] slice of a poisoned buffer; the other side
+    gives the reference and the buffer is left as it was."""
+    f = rotary.freqs_table(D, 16)
+    buf = torch.full((1, 2, 3, D), 7.5, dtype=dtype)  # the zero-width slice's neighbours
+    full = randn((1, 2, 3, D), seed=31).to(dtype)
+    q, k = (buf[:, 2:2], full) if empty == "q" else (full, buf[:, 2:2])
+    w = weight(32) if norm == "head" else 1.0 + 0.5 * randn((2 * D,), seed=32)  # "heads": [heads * head_dim]
+    want = ref_prologue(full, w, D, start=1, norm=norm)
+    w_empty = w if norm == "head" else w[:0]
+    kw = dict(q_weight=w_empty if empty == "q" else w, k_weight=w_empty if empty == "k" else w, norm=norm)
+    if op == "out_of_place":
+        outs = rotary.apply_qk_norm_rope(q, k, f, 1, **kw)
+    elif op == "in_place":
+        rotary.apply_qk_norm_rope_(q, k, f, 1, **kw)
+        outs = (q, k)
+    else:
+        v = randn((1, 2 if empty == "q" else 0, 3, D), seed=33).to(dtype)
+        caches = [torch.zeros(1, 2 if empty == "q" else 0, 8, D, dtype=dtype) for _ in range(2)]
+        rotary.apply_qk_norm_rope_with_kv_cache_(q, k, v, *caches, f, 1, **kw)
+        outs = (q, k)
+        if empty == "q":
+            check(caches[0][:, :, 1:4], want, dtype)
+            assert torch.equal(caches[1][:, :, 1:4], v)
+    got = outs[1] if empty == "q" else outs[0]
+    check(got, want, dtype)
+    assert outs[0 if empty == "q" else 1].numel() == 0
+    assert torch.equal(buf, torch.full_like(buf, 7.5)), "the buffer around the empty side changed"

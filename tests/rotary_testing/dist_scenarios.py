@@ -111,6 +111,7 @@ def scenarios(world):
     from rotary_testing.dist_module_scenarios import scenarios as module_scenarios
     from rotary_testing.dist_norm_scenarios import scenarios as norm_scenarios
     from rotary_testing.dist_plan_scenarios import scenarios as plan_scenarios
+    from rotary_testing.dist_alike_scenarios import scenarios as alike_scenarios
     from rotary_testing.dist_trial_scenarios import scenarios as trial_scenarios
 
-    return out + kv_scenarios() + norm_scenarios() + module_scenarios() + trial_scenarios() + plan_scenarios()
+    return out + kv_scenarios() + norm_scenarios() + module_scenarios() + trial_scenarios() + plan_scenarios() + alike_scenarios()
