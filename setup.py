@@ -106,7 +106,7 @@ setup(
     package_dir={"": "python"},
     ext_modules=[Extension("rotary._C", sources=[])],
     cmdclass={"build_ext": CMakeBuild},
-    python_requires=">=3.9",
+    python_requires=">=3.10",
     install_requires=["torch"],
     zip_safe=False,
 )

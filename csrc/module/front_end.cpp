@@ -31,6 +31,13 @@ void refuse_axial_call(const RotaryEmbeddingOptions& options, const std::string&
       ", batch, seq], got ", given);
 }
 
+void refuse_nd_positions(const RotaryEmbeddingOptions& options, const std::string& shape) {
+  TORCH_CHECK_VALUE(
+      false, "RotaryEmbedding(dim=", options.dim(), "): position_ids of shape ", shape, " are N-D positions ",
+      "[n_axes, batch, seq], but this module turns every pair by one position: build it with mrope_section= ",
+      "(M-RoPE) or axes_dim= (axial RoPE) for N-D positions, or pass [seq] or [batch, seq] position_ids");
+}
+
 at::OptionalIntArrayRef module_pair_axes(
     const RotaryEmbeddingOptions& options, const std::vector<int64_t>& pair_axes,
     const std::optional<at::Tensor>& position_ids) {
@@ -40,6 +47,7 @@ at::OptionalIntArrayRef module_pair_axes(
     refuse_axial_call(options, given ? "position_ids of shape " + c10::str(position_ids->sizes())
                                      : std::string("no position_ids"));
   }
+  if (given && position_ids->dim() == 3) refuse_nd_positions(options, c10::str(position_ids->sizes()));
   return at::OptionalIntArrayRef();
 }
 

@@ -9,6 +9,7 @@
 
 #include "checks/checks.h"
 #include "checks/checks_positions.h"
+#include "op/func_node.h"
 #include "op/numbered_errors.h"
 #include "op/rope_state.h"
 #include "params/layouts.h"
@@ -51,6 +52,22 @@ bool concrete_cpu(const at::Tensor& t) {
       !keys.has(c10::DispatchKey::Functionalize);
 }
 
+// A check's value, read on the host. Under vmap of grad / jvp this composite
+// runs above the per-slice vmap rule, and a per-sample table or id has no
+// single value to read: refused by name (vmap's own error names neither).
+template <typename T>
+T host_value(const at::Tensor& t, const char* what) {
+  try {
+    return t.item<T>();
+  } catch (const c10::Error&) {
+    if (!detail::under_func_transforms()) throw;
+    TORCH_CHECK_VALUE(false, kOp, ": ", what, " differ per sample under torch.func.vmap of grad or jvp, where ",
+                      "their values cannot be checked on the host: share them across the vmapped dim (in_dims=",
+                      "None), vmap without grad / jvp, or use apply_rope_qk with a freqs table and position_ids");
+  }
+  return T();
+}
+
 // The rows of `t` for the tokens, [1 | batch, seq, R]: the given per-token
 // table, or the ids' rows of a [max_pos, R] one.
 at::Tensor rows_of(const at::Tensor& t, const char* name, const std::optional<at::Tensor>& ids) {
@@ -60,7 +77,8 @@ at::Tensor rows_of(const at::Tensor& t, const char* name, const std::optional<at
   // index_select takes int32 and int64 ids only.
   const at::Tensor wide = detail::widen_positions(kOp, "position_ids", *ids);
   if (concrete_cpu(wide) && wide.numel() > 0) {
-    const int64_t lo = wide.min().item<int64_t>(), hi = wide.max().item<int64_t>();
+    const int64_t lo = host_value<int64_t>(wide.min(), "position_ids");
+    const int64_t hi = host_value<int64_t>(wide.max(), "position_ids");
     TORCH_CHECK_INDEX(lo >= 0 && hi < t.sym_size(0), kOp, ": position_ids must be in [0, ", t.sym_size(0),
                       ") (the rows of ", name, "), got values in [", lo, ", ", hi, "]");
   } else if (wide.key_set().has(c10::DispatchKey::Python) || wide.key_set().has(c10::DispatchKey::Functionalize)) {
@@ -146,7 +164,7 @@ std::tuple<at::Tensor, at::Tensor> apply_rope_cos_sin_composite(
           "are not (for repeat_interleave'd tables pass interleaved=True; a table of one value per pair, as "
           "gpt-oss builds, is read as torch.cat([cos, cos], -1))";
     if (concrete_cpu(cr) && concrete_cpu(sr)) {
-      TORCH_CHECK_VALUE(same.item<bool>(), why);  // on the host: a ValueError, as every other check
+      TORCH_CHECK_VALUE(host_value<bool>(same, "cos and sin"), why);  // on the host: a ValueError, as every other check
     } else {
       at::_assert_async(same, why);  // elsewhere reading it would sync (or trace data)
     }

@@ -175,7 +175,7 @@ std::shared_ptr<rotary::KVCacheImpl> cache_of(const py::object& cache, const cha
     const bool raw = py::str(type.attr("__module__")).cast<std::string>() == "rotary._C.cpp";
     TORCH_CHECK_TYPE(false, who, ": cache must be a rotary.KVCache, got ",
                      py::str(type.attr("__qualname__")).cast<std::string>(),
-                     raw ? " (the bare C++ module, as KVCache.clone() returns it; copy a cache with copy.deepcopy)"
+                     raw ? " (the bare C++ module, cache.cpp_module; pass the rotary.KVCache itself)"
                          : "");
   }
   return cache.attr("cpp_module").cast<std::shared_ptr<rotary::KVCacheImpl>>();

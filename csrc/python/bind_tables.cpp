@@ -125,6 +125,10 @@ void def_module_shell(py::class_<RopeTables>& tables) {
       "refuse_axial_call",
       [](const rotary::RopeTables& t, const std::string& given) { rotary::refuse_axial_call(t.options(), given); },
       py::arg("given"), "ValueError: an axial module called without [n_axes, batch, seq] position_ids.");
+  tables.def(
+      "refuse_nd_positions",
+      [](const rotary::RopeTables& t, const std::string& shape) { rotary::refuse_nd_positions(t.options(), shape); },
+      py::arg("shape"), "ValueError: [n_axes, batch, seq] position_ids given to a module with no pair -> axis map.");
 }
 
 }  // namespace

@@ -75,10 +75,12 @@ std::optional<torch::Tensor> saved_tensor(const py::handle& v, const char* who, 
 // torch's bindings of to / cpu / cuda / float / double / half / train /
 // eval return None (`m = m.to(device)` lost the module), and
 // ModuleWrapper.__init__ copies them onto each instance: drop the copies, so
-// the wrapper's nn.Module methods (which return self) apply.
+// the wrapper's nn.Module methods (which return self) apply. clone too:
+// torch's returns the bare C++ module (apply_moves_only binds one that
+// returns a module).
 inline void methods_return_self(const py::object& self) {
   py::dict own = self.attr("__dict__");
-  for (const char* name : {"to", "cpu", "cuda", "float", "double", "half", "train", "eval"}) {
+  for (const char* name : {"to", "cpu", "cuda", "float", "double", "half", "train", "eval", "clone"}) {
     if (own.contains(name)) PyDict_DelItemString(own.ptr(), name);
   }
 }
@@ -105,6 +107,13 @@ void apply_moves_only(py::object wrapper) {
         return self;
       },
       py::is_method(wrapper), py::arg("fn"), py::arg("recurse") = true);
+  // C++ clone() semantics (own buffers, state kept) as a module of this class.
+  wrapper.attr("clone") = py::cpp_function(
+      [](py::object self, py::object device) {
+        py::object copy = py::module_::import("copy").attr("deepcopy")(self);
+        return device.is_none() ? copy : copy.attr("to")(device);
+      },
+      py::is_method(wrapper), py::arg("device") = py::none());
 }
 
 // repr of a bound C++ module: its pretty_print, options included (torch's

@@ -45,6 +45,8 @@ at::OptionalIntArrayRef module_pair_axes(
 // c10::ValueError: an axial module called without [n_axes, batch, seq]
 // position_ids; `given` says what the call passed.
 [[noreturn]] void refuse_axial_call(const RotaryEmbeddingOptions& options, const std::string& given);
+// N-D position_ids ([n_axes, batch, seq]) given to a module with no pair -> axis map.
+[[noreturn]] void refuse_nd_positions(const RotaryEmbeddingOptions& options, const std::string& shape);
 
 // Runs op(freqs, inv_freq) for a call of seq_len rows at start_pos (or at
 // offsets / position_ids), with the tables right for its reach: start_pos

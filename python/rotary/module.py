@@ -81,7 +81,8 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", inv_freq)
 
     dim = property(lambda self: self._opts[0], doc="The rotary dim (rotated width).")
-    max_seq_len = property(lambda self: self._opts[1], doc="Rows of the cached table (more once dynamic grew).")
+    max_seq_len = property(lambda self: self._opts[1], doc="The max_seq_len built with: the table's rows until a "
+                           "dynamic or longrope rule switches tables (then see freqs).")
     theta = property(lambda self: self._opts[2], doc="The frequency base.")
     interleaved = property(lambda self: self._opts[3], doc="Pairs (0,1), (2,3), ... (else rotate_half).")
     scaling = property(lambda self: self._opts[4], doc="The rule as a dict (defaults filled in), None for plain RoPE.")
@@ -247,6 +248,8 @@ class RotaryEmbedding(nn.Module):
         elif self.axes_dim is not None:  # axial: no 1-D meaning (rotary::module_pair_axes)
             self._tables.refuse_axial_call("no position_ids" if position_ids is None
                                            else f"position_ids of shape {list(position_ids.shape)}")
+        elif position_ids is not None and position_ids.dim() == 3:  # N-D ids, no map (rotary::module_pair_axes)
+            self._tables.refuse_nd_positions(str(list(position_ids.shape)))
         if k is None:
             return apply_rope(q, freqs, start_pos, self._opts[3], **kw)
         return apply_rope_qk(q, k, freqs, start_pos, self._opts[3], **kw)

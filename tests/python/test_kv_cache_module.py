@@ -75,11 +75,25 @@ def test_fp8_cache_dequantised_in_float64_for_float64():
     assert torch.equal(keys, stored_k * scale_k) and torch.equal(values, stored_v * scale_v)
 
 
-def test_a_cloned_cache_is_named_in_the_refusal():
-    """KVCache.clone() gives the bare C++ module: forward_with_cache refused
-    it as "must be a rotary.KVCache, got KVCache"."""
+def test_clone_gives_a_module_and_the_bare_one_is_named():
+    """clone() of a bound C++ module is a module of its class with its own
+    buffers and state (torch's binding returned the bare C++ module, which
+    nothing could call); the bare one, reached as .cpp_module, is named in
+    forward_with_cache's refusal."""
+    rope = rotary.RotaryEmbedding(16, 32)
     cache = rotary.KVCache(1, 2, 8, 16)
-    q = torch.randn(1, 2, 2, 16)
-    with pytest.raises(TypeError, match=r"cache must be a rotary.KVCache, got KVCache \(the bare C\+\+ module, as "
-                                        r"KVCache.clone\(\) returns it; copy a cache with copy.deepcopy\)"):
-        rotary.RotaryEmbedding(16, 32).forward_with_cache(q, q.clone(), q.clone(), cache.clone())
+    q = torch.randn(1, 2, 3, 16)
+    rope.forward_with_cache(q.clone(), q.clone(), q.clone(), cache)
+    twin = cache.clone()
+    assert type(twin) is rotary.KVCache and twin.length == cache.length == 3
+    assert torch.equal(twin.k, cache.k) and twin.k.data_ptr() != cache.k.data_ptr()
+    rope.forward_with_cache(q.clone(), q.clone(), q.clone(), twin)
+    assert twin.length == 6 and cache.length == 3, "the clone shares the original's state"
+    cpp = rotary.CppRotaryEmbedding(16, 32)
+    cpp_twin = cpp.clone()
+    assert type(cpp_twin) is rotary.CppRotaryEmbedding and torch.equal(cpp_twin.freqs, cpp.freqs)
+    assert cpp_twin.freqs.data_ptr() != cpp.freqs.data_ptr()
+    torch.testing.assert_close(cpp_twin(q), cpp(q), rtol=0, atol=0)
+    with pytest.raises(TypeError, match=r"cache must be a rotary.KVCache, got KVCache \(the bare C\+\+ module, "
+                                        r"cache.cpp_module; pass the rotary.KVCache itself\)"):
+        rope.forward_with_cache(q, q.clone(), q.clone(), cache.cpp_module)
