@@ -137,6 +137,7 @@ RopeCall check_rope_inputs(
     check_same_device(op, "k", *k, q);
   }
 
+  check_defined(op, "freqs", freqs);
   // torch.view_as_real(freqs) is the same table: the inductor cannot
   // decompose an in-place custom op with a complex input, so compiled
   // in-place calls pass this view (the Python wrappers do).

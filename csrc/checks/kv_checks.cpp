@@ -127,6 +127,9 @@ KVCall check_kv_inputs(
     const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
     const at::Tensor& v_cache, const at::Tensor& freqs, const RopeArgs& args, const KVArgs& kv) {
   const RopeCall rope = check_rope_inputs(op, q, &k, freqs, args);
+  check_defined(op, "v", v);
+  check_defined(op, "k_cache", k_cache);
+  check_defined(op, "v_cache", v_cache);
   const at::Tensor& kview = rope.k;
   const at::Tensor vview = canonical_view(op, "v", v, args);
   TORCH_CHECK_TYPE(

@@ -48,6 +48,13 @@ def _table_args(op: str, dim, theta, seq_len, max_seq_len=0):
         raise ValueError(f"{op}: theta must be finite and > 0, got an int of {int(theta).bit_length()} bits") from None
 
 
+def _str_arg(op: str, name: str, value):
+    """A string, by name (torch's parser answers None with the whole schema)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{op}: {name} must be a str, got {value!r}")
+    return value
+
+
 def _bool_arg(op: str, name: str, value):
     """A bool, by name: torch's argument parser takes None, 0, 2 or 0.5 for a
     bool, and a flag read the wrong way rotates silently the other way."""

@@ -7,7 +7,8 @@ from typing import Any, Mapping, Optional, Sequence, Tuple
 import torch
 
 from . import _C
-from ._arg_checks import _bool_arg, _float_arg, _int_arg, _pair_axes, _start_pos, _table_args, _tensor_arg  # noqa: F401
+from ._arg_checks import (_bool_arg, _float_arg, _int_arg, _pair_axes, _start_pos, _str_arg, _table_args,  # noqa: F401
+                          _tensor_arg)
 
 
 def freqs_table(
@@ -152,7 +153,7 @@ _ARGS_DOC = """
 _ANNOTATION = {"Tensor": "torch.Tensor", "Optional[Tensor]": "Optional[torch.Tensor]", "int": "int",
                "bool": "bool", "str": "str", "float": "float", "Optional[List[int]]": "Optional[Sequence[int]]"}
 _CHECK = {"int": "_int_arg", "float": "_float_arg", "bool": "_bool_arg", "Optional[List[int]]": "_pair_axes",
-          "Optional[Tensor]": "_tensor_arg"}
+          "Optional[Tensor]": "_tensor_arg", "str": "_str_arg"}
 
 
 _TENSOR = torch.Tensor

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <torch/serialize.h>
 
+#include <array>
 #include <cstdint>
 #include <limits>
 #include <sstream>
@@ -253,6 +254,21 @@ TEST(NeverWrong, UndefinedTensorsAndBadEnumsAreNamed) {
   ExpectError<c10::ValueError>([&] { rotary::apply_rope(at::Tensor(), f); }, {"apply_rope: x is an undefined tensor"});
   ExpectError<c10::ValueError>([&] { rotary::apply_rope(x, f, 0, true, at::Tensor()); },
                                {"apply_rope: offsets is an undefined tensor", "std::nullopt"});
+  ExpectError<c10::ValueError>([&] { rotary::apply_rope(x, at::Tensor()); }, {"apply_rope: freqs is an undefined tensor"});
+  // The fused cache write names each of its tensors (a shape check read [0] for them).
+  const auto kc = at::zeros({1, 2, 4, 8});
+  const at::Tensor none;
+  const std::pair<const char*, std::array<const at::Tensor*, 4>> cache_args[] = {
+      {"v is an undefined tensor", {&none, &kc, &kc, &f}},
+      {"k_cache is an undefined tensor", {&x, &none, &kc, &f}},
+      {"v_cache is an undefined tensor", {&x, &kc, &none, &f}},
+      {"freqs is an undefined tensor", {&x, &kc, &kc, &none}}};
+  for (const auto& [message, a] : cache_args) {
+    at::Tensor q = x.clone(), k = x.clone(), k_cache = *a[1], v_cache = *a[2];
+    ExpectError<c10::ValueError>(
+        [&] { rotary::apply_rope_with_kv_cache_(q, k, *a[0], k_cache, v_cache, *a[3]); },
+        {std::string("apply_rope_with_kv_cache_: ") + message});
+  }
   rotary::RotaryEmbedding rope(rotary::RotaryEmbeddingOptions(8));
   ExpectError<c10::ValueError>([&] { rope->forward(x, 0, std::nullopt, at::Tensor()); },
                                {"position_ids is an undefined tensor"});

@@ -56,6 +56,22 @@ def test_flags_must_be_bools(name, value):
         rotary.apply_rope_cos_sin(x, x, c, 0 * c, **{name: value})
 
 
+@pytest.mark.parametrize("value", [None, 3, b"BHSD"], ids=repr)
+def test_strings_must_be_strings(value):
+    """torch's parser answered None for a str with its whole schema."""
+    x, f = randn((1, 2, 3, D), seed=3), rotary.freqs_table(D, 16)
+    kc = torch.zeros(1, 2, 8, D)
+    calls = [("apply_rope", "layout", lambda v: rotary.apply_rope(x, f, layout=v)),
+             ("apply_rope_with_kv_cache_", "kv_layout",
+              lambda v: rotary.apply_rope_with_kv_cache_(x.clone(), x.clone(), x.clone(), kc, kc.clone(), f,
+                                                         kv_layout=v)),
+             ("apply_qk_norm_rope", "norm", lambda v: rotary.apply_qk_norm_rope(x, x, f, norm=v))]
+    for op, name, call in calls:
+        with pytest.raises(TypeError, match=rf"{op}: {name} must be a str, got {value!r}"):
+            call(value)
+    assert torch.equal(kc, torch.zeros_like(kc))
+
+
 def test_positional_interleaved_must_be_a_bool():
     x, f = randn((1, 2, 3, D), seed=2), rotary.freqs_table(D, 16)
     with pytest.raises(TypeError, match=r"apply_rope: interleaved must be a bool, got None"):
