@@ -17,7 +17,9 @@ from ._hf_parts import get as _get, given_params as _given_params, layer_keys as
 from ._hf_parts import layer_theta as _layer_theta, layer_thetas as _layer_thetas
 from ._hf_parts import read_as_its_class as _read_as_its_class
 from ._hf_parts import rule_of as _rule_of, scaling as _scaling, sections as _sections, span as _span
-from .hf_families import CLASS_TEXT_CONFIG, DEFAULT_RULE_READS_PARTIAL, FAMILIES, GENERIC_FIELDS, Family, family_of
+from ._hf_refusals import refuse_axial as _refuse_axial, refuse_unserved as _refuse_unserved
+from .hf_families import (CLASS_KEEPS_TOP_PARTIAL, CLASS_TEXT_CONFIG, DEFAULT_RULE_READS_PARTIAL, FAMILIES,
+                          GENERIC_FIELDS, Family, family_of)
 
 __all__ = ["layer_thetas_of", "layer_types_of", "rope_kwargs_from_hf_config"]
 
@@ -151,6 +153,7 @@ def _served_family(config: Any, model_type: str, allow_inverse: bool) -> Family:
     family = family_of(model_type)
     if family is not None and family.refuse:
         raise ValueError(f"from_hf_config: model_type {model_type!r} is not supported: {family.refuse}")
+    _refuse_unserved(config, model_type)
     if family is not None and family.inverse and not allow_inverse:
         raise ValueError(f"from_hf_config: model_type {model_type!r} rotates by the negative angle, which "
                          "RotaryEmbedding has no option for (the ops take inverse=True)")
@@ -200,9 +203,14 @@ def _theta(config: Any, params: Dict[str, Any], fam: Family, model_type: str, la
 def _partial(config: Any, params: Dict[str, Any], fam: Family, model_type: str, rule: str) -> float:
     """The rotated share of each head, refused where the family's default rule
     would rotate the whole head whatever the field says."""
+    top = _get(config, "partial_rotary_factor")
+    if model_type in CLASS_KEEPS_TOP_PARTIAL and top is not None and "partial_rotary_factor" not in params:
+        raise ValueError(f"from_hf_config: partial_rotary_factor={top!r} at the top level: transformers' "
+                         f"{model_type} config class never moves it into rope_parameters, where its rules read it "
+                         "(a scaled rule may still copy it in); put it in rope_parameters[layer_type], or drop it")
+    default = fam.default_rule_partial if rule == "default" and fam.default_rule_partial else fam.partial_default
     partial = _first(
-        params.get("partial_rotary_factor"), _get(config, "partial_rotary_factor"),
-        _get(config, "rotary_pct") if fam.neox_fields else None, fam.partial_default,
+        params.get("partial_rotary_factor"), top, _get(config, "rotary_pct") if fam.neox_fields else None, default,
     )
     if isinstance(partial, bool) or not isinstance(partial, (int, float)) or not 0.0 < partial <= 1.0:
         raise ValueError(
@@ -259,7 +267,7 @@ def rope_kwargs_from_hf_config(
     - ``mrope_section`` / ``mrope_interleaved`` for Qwen2-VL / Qwen2.5-VL
       (contiguous sections) and Qwen3-VL (interleaved), defaulted as their
       rotary classes do; ``axes_dim`` / ``axes_shared_spectrum`` for
-      Pixtral's ``"axial"`` rule.
+      Pixtral's ``"axial"`` rule (other towers' axial rules: refused).
 
     A ``model_type`` outside the table (or none, for a hand-written dict) is
     read as ``rotate_half`` over the first ``int(head_dim *
@@ -303,6 +311,8 @@ def rope_kwargs_from_hf_config(
         _read_as_its_class(config, params, fam, model_type, field, rule, nested)
     theta = _theta(config, params, fam, model_type, layer_theta)
     mrope, mrope_inter, axial = _sections(params, fam, model_type)
+    if axial:
+        _refuse_axial(model_type)
     if _rule_of(params) not in _HF_RULES:
         raise ValueError(f"from_hf_config: unknown rope_type {_rule_of(params)!r}: transformers has no such rule "
                          f"(its rules: {', '.join(sorted(_HF_RULES))}); rotary's own go to "

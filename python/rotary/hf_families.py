@@ -20,7 +20,7 @@ from typing import Dict, Optional, Tuple
 
 __all__ = ["Family", "FAMILIES", "GENERIC_FIELDS", "DEFAULT_RULE_READS_PARTIAL", "CLASS_THETA", "CLASS_RULE",
            "CLASS_HEAD_DIM", "CLASS_PARTIAL", "CLASS_ORIGINAL_MAX", "CLASS_TEXT_CONFIG", "CLASS_LAYER_TYPES",
-           "CLASS_PLAIN_ROPE_SCALING", "family_of"]
+           "CLASS_PLAIN_ROPE_SCALING", "CLASS_KEEPS_TOP_PARTIAL", "family_of"]
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,11 @@ class Family:
     # A config list of per-layer bases (0: no RoPE), one table per distinct
     # base (GraniteSWA's layer_rope_theta).
     layer_theta_field: Optional[str] = None
-    # The rotated share where rope_parameters gives none (MiMo-V2-Flash: 0.334).
+    # The rotated share where rope_parameters gives none, in every rule (GPT-NeoX's class fills it in).
     partial_default: float = 1.0
+    # The same for the default rule alone (MiMo-V2-Flash: 0.334): the scaled
+    # rules (ROPE_INIT_FUNCTIONS) default to the whole head.
+    default_rule_partial: Optional[float] = None
     # The rotary class sizes its table by this field (its default rule; the
     # scaled rules by the field times partial_rotary_factor), not by the
     # span: refused unless they agree (LongCat-Flash's head_dim, unlike other
@@ -181,6 +184,9 @@ CLASS_LAYER_TYPES = frozenset({
 # Config classes with rope_scaling as a plain field: never moved into
 # rope_parameters, so their models ignore it (a dict's is not read either).
 CLASS_PLAIN_ROPE_SCALING = frozenset({'cohere2_moe'})
+# Config classes whose convert_rope_params_to_dict is a no-op: a top-level
+# partial_rotary_factor never reaches rope_parameters, where the rules read it.
+CLASS_KEEPS_TOP_PARTIAL = frozenset({'beam', 'laguna', 'mellum', 'mimo_v2_flash'})
 # Composite configs whose class builds its text_config from its own defaults,
 # not from top-level fields: a dict of one without text_config is refused.
 CLASS_TEXT_CONFIG = frozenset({
@@ -231,9 +237,16 @@ FAMILIES: Dict[str, Family] = {
     # Cohere Compass: Qwen3-VL's layout and sections, per layer type (None: no RoPE).
     "cohere_compass_text": _QWEN3_VL,
     "qwen3_5_text": _QWEN3_5, "qwen3_5_moe_text": _QWEN3_5,
+    # The same rotary classes under other names (their sections' defaults too).
+    **{name: _QWEN2_VL for name in ("qwen2_5_omni_text", "qwen2_5_omni_talker", "paddleocr_vl_text")},
+    **{name: _QWEN3_VL for name in ("qwen3_vl_moe_text", "qwen3_omni_moe_text", "qwen3_omni_moe_talker_text",
+                                    "cosmos3_edge_text")},
+    **{name: Family(mrope_section=(8, 12, 12)) for name in ("glm_image_text", "glm4v_moe_text")},
     # (2j, 2j+1) pairs: rotate_every_two, or cos/sin built with repeat_interleave
     "gptj": _GPTJ, "codegen": _GPTJ,
     **{name: _INTER for name in ("cohere", "glm", "glm4", "helium", "ernie4_5", "ernie4_5_moe")},
+    # Perception Encoder audio / video: stack_freqs pairs (2j, 2j+1).
+    **{name: _INTER for name in ("pe_audio_encoder", "pe_video_encoder", "pe_audio_video_encoder")},
     # MLA [nope | rope] heads: DeepSeek-V2 rotates complex pairs (interleaved);
     # DeepSeek-V3 / GLM-4.7-Flash interleave when rope_interleave (default True).
     "deepseek_v2": Family(pairing="interleaved", span="mla", freqs_cis_layout="BHSD"),
@@ -271,7 +284,7 @@ FAMILIES: Dict[str, Family] = {
                             ("max_position_embeddings", "max_seq_len"))),
     **{name: Family(layer_theta_field="layer_rope_theta") for name in ("granite_swa", "granitemoe_swa")},
     # Per-layer-type rules, each rotating int(head_dim * partial_rotary_factor).
-    "mimo_v2_flash": Family(partial_default=0.334),
+    "mimo_v2_flash": Family(default_rule_partial=0.334),
     # MiniMax-M3 rotates int(head_dim * partial_rotary_factor) dims; its
     # documented rotary_dim is never read.
     "minimax_m3_vl_text": Family(layer_fields=("rotary_dim",)),

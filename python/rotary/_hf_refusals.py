@@ -1,0 +1,47 @@
+"""Configs rotary.hf refuses for what transformers builds from them, not for
+their family's table entry: no RoPE at all, RoPE that is not 1-D over token
+positions, or a vision tower's axial layout rotary has not verified."""
+
+from typing import Any, Dict
+
+from ._hf_parts import get
+
+# model_type -> why its transformers code is not a 1-D RoPE over token positions.
+_PATCH_2D = "2-D RoPE over continuous patch coordinates, not token positions"
+NOT_1D: Dict[str, str] = {
+    "qwen2_5_omni_dit": "its DiT attention rotates only head 0, after de-interleaving its dims",
+    "dinov3_vit": _PATCH_2D, "eomt_dinov3": _PATCH_2D, "sapiens2": _PATCH_2D,
+    "llama4_vision_model": "2-D RoPE over the patch grid (a complex freqs_cis built without position ids)",
+    **{name: "ALiBi attention biases: no RoPE" for name in ("mpt", "bloom")},
+    # Well-known models without RoPE (learned, sinusoidal or relative positions);
+    # by name, as a dict and its object must read alike.
+    **{name: "no RoPE (learned, sinusoidal or relative position embeddings)" for name in (
+        "bert", "biogpt", "ctrl", "detr", "gpt2", "gpt_bigcode", "gpt_neo", "openai-gpt", "opt", "roberta", "vit",
+        "whisper", "xglm")},
+}
+# Vision towers whose "axial" rule rotary reproduces: Pixtral deals one
+# spectrum alternately to the h and w axes (axes_shared_spectrum). Qwen2-VL,
+# Qwen2.5-VL, GLM-4V, ... give each axis its own table over another width.
+AXIAL_SERVED = frozenset({"pixtral"})
+
+
+def refuse_unserved(config: Any, model_type: str) -> None:
+    """A ValueError naming model_type and the field, for a config whose model
+    transformers builds no 1-D RoPE for."""
+    who = f"model_type {model_type!r}" if model_type else "a config without model_type"
+    if model_type in NOT_1D:
+        raise ValueError(f"from_hf_config: {who} is not supported: {NOT_1D[model_type]}")
+    if model_type == "falcon" and get(config, "alibi") is True:
+        raise ValueError("from_hf_config: falcon with alibi=True uses ALiBi attention biases, no RoPE; rotary "
+                         "serves falcon with alibi=False")
+    if model_type == "granitemoehybrid" and get(config, "position_embedding_type") != "rope":
+        raise ValueError(f"from_hf_config: granitemoehybrid with position_embedding_type="
+                         f"{get(config, 'position_embedding_type')!r} builds no rotary embedding; rotary serves "
+                         "position_embedding_type='rope'")
+
+
+def refuse_axial(model_type: str) -> None:
+    if model_type not in AXIAL_SERVED:
+        raise ValueError(f"from_hf_config: rope_type 'axial' of model_type {model_type!r} is not supported: only "
+                         f"{', '.join(sorted(AXIAL_SERVED))}'s axial layout is verified against transformers (each "
+                         "vision tower lays its h / w tables out its own way)")
