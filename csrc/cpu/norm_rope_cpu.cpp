@@ -34,6 +34,9 @@ void norm_tensor_tile(
     const at::opmath_type<scalar_t>* coef, const at::opmath_type<scalar_t>* weight, at::opmath_type<scalar_t>* scratch,
     Capability cap) {
   const HeadTensor& t = i == 0 ? p.q : p.k;
+  // No heads, nothing to do; the 16-bit per-head kernel reads a group of
+  // vectors ahead, bounded by tokens, and would read past an empty side.
+  if (t.heads == 0) return;
   const bool across = n.kind == NormKind::kHeads;
   const float* fp8_scale = i == 0 ? n.q_scale : nullptr;  // q as float8_e4m3fn bytes
   const int64_t out_elem = fp8_scale ? 1 : int64_t(sizeof(scalar_t));

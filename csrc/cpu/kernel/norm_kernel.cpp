@@ -186,14 +186,12 @@ void norm_heads_ahead(const NormRun<scalar_t>& r, const SinkOf& sink_of) {
     int count = 0;
   };
   Group group[2];
-  // The next vector to read, and how many are left: bounded by vectors, not
-  // tokens (with no heads a token has none to read).
-  int64_t next_t = 0, next_h = 0, left = n;
+  int64_t next_t = 0, next_h = 0;  // the next vector to read
   const auto read = [&](int i) {
     Group& g = group[i];
     acc_t part[G][kParts] = {};
     g.count = 0;
-    for (; g.count < G && left > 0; ++g.count, --left) {
+    for (; g.count < G && next_t < r.tokens; ++g.count) {
       g.t[g.count] = next_t;
       g.h[g.count] = next_h;
       load_squares(r.in + next_t * r.in_tok + next_h * r.in_head, r.in_inner, D, r.scratch + (i * G + g.count) * D,
