@@ -183,18 +183,12 @@ int64_t RopeTables::reach_of(
   if (!given || !given->defined() || given->numel() == 0) return start_pos + seq_len;
   const char* name = ids ? "position_ids" : "offsets";
   detail::check_integer_dtype("apply_rope", name, *given);  // before max(): the op's words, not max's
-  const at::Tensor largest = detail::widen_positions("RotaryEmbedding", name, *given).max();
-  int64_t top = 0;
-  try {
-    top = largest.item<int64_t>();
-  } catch (const c10::Error&) {
-    // Under vmap each sample's positions are its own: no one largest to size one table by.
-    if (!detail::under_func_transforms()) throw;
-    TORCH_CHECK_VALUE(false, "RotaryEmbedding: a host-driven rule (dynamic, longrope) sizes its table by the ",
-                      "call's largest position, read on the host; under torch.func.vmap per-sample ", name,
-                      " have no one largest: pass ", name, " shared by every sample (in_dims=None), or use a ",
-                      "rule that is not host-driven");
-  }
+  // Under vmap each sample's positions are its own: no one largest to size one table by.
+  const int64_t top = detail::item_or_refuse<int64_t>(
+      detail::widen_positions("RotaryEmbedding", name, *given).max(), "RotaryEmbedding: a host-driven rule ",
+      "(dynamic, longrope) sizes its table by the call's largest position, read on the host; under ",
+      "torch.func.vmap per-sample ", name, " have no one largest: pass ", name, " shared by every sample (in_dims=",
+      "None), or use a rule that is not host-driven");
   // Out of range: the op refuses these positions; nothing is rebuilt for them.
   if (!bounds::position_in_range(top)) return 0;
   return ids ? start_pos + top + 1 : start_pos + top + seq_len;

@@ -53,19 +53,14 @@ bool concrete_cpu(const at::Tensor& t) {
 }
 
 // A check's value, read on the host. Under vmap of grad / jvp this composite
-// runs above the per-slice vmap rule, and a per-sample table or id has no
-// single value to read: refused by name (vmap's own error names neither).
+// runs above the per-slice vmap rule, where a per-sample table or id has no
+// single value to read: refused by name.
 template <typename T>
 T host_value(const at::Tensor& t, const char* what) {
-  try {
-    return t.item<T>();
-  } catch (const c10::Error&) {
-    if (!detail::under_func_transforms()) throw;
-    TORCH_CHECK_VALUE(false, kOp, ": ", what, " differ per sample under torch.func.vmap of grad or jvp, where ",
-                      "their values cannot be checked on the host: share them across the vmapped dim (in_dims=",
-                      "None), vmap without grad / jvp, or use apply_rope_qk with a freqs table and position_ids");
-  }
-  return T();
+  return detail::item_or_refuse<T>(
+      t, kOp, ": ", what, " differ per sample under torch.func.vmap of grad or jvp, where their values cannot be ",
+      "checked on the host: share them across the vmapped dim (in_dims=None), vmap without grad / jvp, or use ",
+      "apply_rope_qk with a freqs table and position_ids");
 }
 
 // The rows of `t` for the tokens, [1 | batch, seq, R]: the given per-token

@@ -31,6 +31,20 @@ inline bool under_func_transforms() {
   return false;
 }
 
+// t.item<T>() for a check read on the host; where a transform leaves t no
+// single value (per-sample under vmap: vmap's own error names nothing of
+// ours), the c10::ValueError made of `refusal` instead.
+template <typename T, typename... Msg>
+T item_or_refuse(const at::Tensor& t, const Msg&... refusal) {
+  try {
+    return t.item<T>();
+  } catch (const c10::Error&) {
+    if (!under_func_transforms()) throw;
+    TORCH_CHECK_VALUE(false, refusal...);
+  }
+  return T();
+}
+
 // A node whose backward maps the outputs' gradients to the inputs'.
 using NodeBackward = std::function<torch::autograd::variable_list(const torch::autograd::variable_list&)>;
 class FuncNode : public torch::autograd::Node {

@@ -12,7 +12,8 @@ positions, slots, scales and tables are plain tensors or replicated DTensors.
 """
 
 from . import _C, _dtensor_plans as _plans
-from ._dtensor_shards import _DIMS, _bind, _call, _fmt, _local_range, _refuse, _whole, _refuse_heads_norm, check_global
+from ._dtensor_shards import (_bind, _call, _fmt, _local_range, _refuse, _whole, _refuse_heads_norm, check_global,
+                              layout_dims)
 
 _DATA = ("q", "k", "v")
 _CACHES = ("k_cache", "v_cache")
@@ -44,12 +45,9 @@ def _rule(op, args, kwargs, key):
     check_global(op, bound)  # the plain op's checks on the whole call
     q = bound["q"]
     mesh, placements = q.device_mesh, tuple(q.placements)
-    if bound.get("cu_seqlens") is not None:
-        dims = (None, 1, 0, 2)
-    else:
-        dims = _DIMS.get(bound.get("layout", "BHSD"))
+    dims = layout_dims(bound, q)
     cache_heads = _CACHE_HEADS.get(bound.get("kv_layout", "BHSD"))
-    if dims is None or cache_heads is None or q.ndim != (3 if dims[0] is None else 4):
+    if dims is None or cache_heads is None:
         dims = None  # not a shape the op takes: its own validator says why
     heads = None if dims is None else dims[1]
     want_cache = []

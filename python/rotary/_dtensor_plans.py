@@ -13,7 +13,7 @@ both paths."""
 
 import torch
 
-from ._dtensor_shards import _global_stride
+from ._dtensor_shards import out_spec
 
 _PLANS = {}  # key -> output specs ((spec, local stride, dtype), ...); () for in-place ops
 _START_POS = {}  # op -> index of start_pos in its schema (None: none)
@@ -29,16 +29,15 @@ def _start_pos_index(op):
     return i
 
 
-_DT = []  # [DTensor, DTensorSpec, TensorMeta], imported on first use (DTensor called us: already loaded)
+_DT = []  # [DTensor], imported on first use (DTensor called us: already loaded)
 
 
-def _classes():
+def _dtensor():
     if not _DT:
         from torch.distributed.tensor import DTensor
-        from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 
-        _DT.extend((DTensor, DTensorSpec, TensorMeta))
-    return _DT
+        _DT.append(DTensor)
+    return _DT[0]
 
 
 def _part(v, DTensor):
@@ -61,7 +60,7 @@ def _part(v, DTensor):
 
 def plan_key(op, args, kwargs):
     """The call's key, or None when it cannot have a plan."""
-    DTensor = _classes()[0]
+    DTensor = _dtensor()
     start = _start_pos_index(op)
     key = [op]
     for i, v in enumerate(args):
@@ -86,7 +85,7 @@ def plan_key(op, args, kwargs):
 def is_trivial(bound, local):
     """Whether the rule's local call is the plain op on the local tensors,
     every other argument as given."""
-    DTensor = _classes()[0]
+    DTensor = _dtensor()
     for n, v in bound.items():
         want = v._local_tensor if isinstance(v, DTensor) else v
         if local.get(n) is not want and not (n == "start_pos" and local.get(n) == v):
@@ -109,7 +108,7 @@ def run(op, args, kwargs, key):
     specs = _PLANS.get(key) if key is not None else None
     if specs is None:
         return MISS
-    DTensor, DTensorSpec, TensorMeta = _classes()
+    DTensor = _dtensor()
     out = op(*[a._local_tensor if isinstance(a, DTensor) else a for a in args],
              **{n: v._local_tensor if isinstance(v, DTensor) else v for n, v in kwargs.items()})
     if not specs:
@@ -119,8 +118,7 @@ def run(op, args, kwargs, key):
     for t, (spec, stride, dtype) in zip(outs, specs):
         if t.stride() != stride or t.dtype != dtype:  # not as remembered: a spec of its own, the plan forgotten
             _PLANS.pop(key, None)
-            spec = DTensorSpec(spec.mesh, spec.placements,
-                               tensor_meta=TensorMeta(spec.shape, _global_stride(t, spec.shape), t.dtype))
+            spec = out_spec(spec, t)
         wrapped.append(DTensor(t, spec, requires_grad=False))
     return wrapped[0] if isinstance(out, torch.Tensor) else tuple(wrapped)
 

@@ -301,6 +301,26 @@ def _localize_positions(op, arg, p, kind, want, mesh, data, data_name, data_plac
     return local
 
 
+def layout_dims(bound, x):
+    """(batch, heads, seq, head_dim) dims of the rotated tensor x in the
+    call's layout (packed [tokens, heads, head_dim]: no batch dim), or None
+    for a shape the op does not take (its own validator then says why)."""
+    packed = bound.get("cu_seqlens") is not None
+    dims = (None, 1, 0, 2) if packed else _DIMS.get(bound.get("layout", "BHSD"))
+    return dims if dims is not None and x.ndim == (3 if packed else 4) else None
+
+
+def out_spec(like, t):
+    """The spec of a local output t whose input had spec ``like``: like's
+    mesh, placements and global shape, t's dtype, contiguous global strides
+    in t's dim order."""
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+
+    stride = _global_stride(t, like.shape)
+    return _cached(_OUT_SPECS, (like, stride, t.dtype),
+                   lambda: DTensorSpec(like.mesh, like.placements, tensor_meta=TensorMeta(like.shape, stride, t.dtype)))
+
+
 def _global_stride(local, shape):
     """Contiguous strides over ``shape`` in the dim order of ``local``'s strides."""
     order = sorted(range(local.dim()), key=lambda d: (local.stride(d), d), reverse=True)

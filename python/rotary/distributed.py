@@ -52,17 +52,15 @@ from ._dtensor_shards import (
     _refuse_heads_norm,
     _refuse_plain_data,
     _bind,
-    _cached,
     check_global,
     check_values,
     _call,
     _check_placements,
-    _DIMS,
     _fmt,
-    _global_stride,
     _local_range,
     _localize_positions,
-    _OUT_SPECS,
+    layout_dims,
+    out_spec,
     _position_kind,
     _refuse,
     _Refuse,
@@ -186,8 +184,7 @@ def _one_by_one(op, bound):
     call under its own placements, after the pair's own checks."""
     check_global(op, bound)
     # The pair's values (start_pos, whole positions) in its own words, before either is rotated alone.
-    packed = bound.get("cu_seqlens") is not None
-    dims = (None, 1, 0, 2) if packed else _DIMS.get(bound.get("layout", "BHSD"))
+    dims = layout_dims(bound, bound["q"])
     if dims is not None:
         mesh = bound["q"].device_mesh
         whole = {n: _whole(op, n, bound[n], mesh) for n in _REPLICATED_ARGS if bound.get(n) is not None}
@@ -212,7 +209,6 @@ def _handler(op, args, kwargs):
 
 def _rule(op, args, kwargs, key):
     from torch.distributed.tensor import DTensor  # already imported: DTensor called us
-    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 
     bound = _bind(op, args, kwargs)
     data = [n for n in _DATA_ARGS if n in bound]
@@ -256,11 +252,7 @@ def _rule(op, args, kwargs, key):
 
     packed = bound.get("cu_seqlens") is not None
     x = bound[data[0]]
-    layout = "THD" if packed else bound.get("layout", "BHSD")
-    dims = (None, 1, 0, 2) if packed else _DIMS.get(layout)
-    if dims is None or x.ndim != (3 if packed else 4):
-        # Not a shape the op accepts: let the op's own validator say why.
-        dims = None
+    dims = layout_dims(bound, x)  # None: not a shape the op accepts, its own validator says why
     sharded = dims is not None and not all(p.is_replicate() for p in placements)
     if sharded:
         for n in data:
@@ -313,13 +305,7 @@ def _rule(op, args, kwargs, key):
         return None
 
     def wrap(t, like):
-        stride = _global_stride(t, like.shape)
-        spec = _cached(
-            _OUT_SPECS,
-            (like._spec, stride, t.dtype),
-            lambda: DTensorSpec(mesh, placements, tensor_meta=TensorMeta(like.shape, stride, t.dtype)),
-        )
-        return DTensor(t, spec, requires_grad=False)
+        return DTensor(t, out_spec(like._spec, t), requires_grad=False)
 
     out = wrap(out, bound[data[0]]) if isinstance(out, torch.Tensor) else tuple(
         wrap(t, bound[n]) for t, n in zip(out, data))
