@@ -8,7 +8,8 @@ import torch
 from torch.func import grad, jvp, vmap
 
 import rotary
-from rotary_testing.rope_testing import randn
+from rotary_testing.reference import inv_freq, rope_reference, rope_reference_nd
+from rotary_testing.rope_testing import assert_close_ref, randn
 
 R, S, N = 8, 3, 4
 
@@ -29,7 +30,9 @@ def test_cos_sin_per_sample_tables_under_vmap_of_grad_are_refused_by_name():
         return rotary.apply_rope_cos_sin(a, k, c, s)[0].sum()
 
     shared = vmap(grad(loss), in_dims=(0, None, None))(q, cos[0], sin[0])  # served: one table for all
-    assert shared.shape == q.shape
+    ones = torch.ones(q.shape[1:])  # d(sum)/dq: the inverse rotation of ones, per sample
+    for i in range(N):
+        assert_close_ref(shared[i], rope_reference(ones, 0, False, pos[0], inverse=True), torch.float32)
     why = r"differ per sample under torch.func.vmap of grad or jvp, where their values cannot be checked"
     with pytest.raises(ValueError, match=r"apply_rope_cos_sin: cos and sin " + why):
         vmap(grad(loss))(q, cos, sin)
@@ -37,10 +40,10 @@ def test_cos_sin_per_sample_tables_under_vmap_of_grad_are_refused_by_name():
         vmap(grad(lambda a, p: rotary.apply_rope_cos_sin(a, k, cache, None, position_ids=p)[0].sum()))(q, pos)
     with pytest.raises(ValueError, match=r"apply_rope_cos_sin: cos and sin " + why):
         vmap(lambda a, c, s: jvp(lambda t: rotary.apply_rope_cos_sin(t, k, c, s)[0], (a,), (a,)))(q, cos, sin)
-    # vmap alone runs one call per slice: each slice as its own call.
+    # vmap alone runs one call per slice, each with its own positions.
     out = vmap(lambda a, c, s: rotary.apply_rope_cos_sin(a, k, c, s)[0])(q, cos, sin)
     for i in range(N):
-        assert torch.equal(out[i], rotary.apply_rope_cos_sin(q[i], k, cos[i], sin[i])[0])
+        assert_close_ref(out[i], rope_reference(q[i], 0, False, pos[i]), torch.float32)
 
 
 @pytest.mark.parametrize("mrope", [None, [2, 1, 1]])
@@ -52,8 +55,13 @@ def test_host_driven_module_refuses_per_sample_positions_under_vmap(mrope):
     shape = (N, 3, 1, 4) if mrope else (N, 1, 4)
     ids = torch.randint(0, 60, shape, generator=torch.Generator().manual_seed(5))
     shared = vmap(lambda a: rope(a, position_ids=ids[0]))(q)  # one largest position: served
+    seen = int(ids[0].max()) + 1  # dynamic NTK: the base grows with the largest position seen
+    base = 10000.0 * max(1.0, 2.0 * seen / 32 - 1.0) ** (R / (R - 2))
+    axes = [0, 0, 1, 2] if mrope else [0] * (R // 2)
+    pos = ids[0].numpy() if mrope else ids[0].numpy()[None]
     for i in range(N):
-        torch.testing.assert_close(shared[i], rope(q[i], position_ids=ids[0]), rtol=0, atol=0)
+        ref = rope_reference_nd(q[i], pos, axes, R, interleaved=False, inv=inv_freq(R, base))
+        assert_close_ref(shared[i], ref, torch.float32)
     with pytest.raises(ValueError, match=r"RotaryEmbedding: a host-driven rule \(dynamic, longrope\) sizes its "
                                          r"table by the call's largest position.*per-sample position_ids"):
         vmap(lambda a, p: rope(a, position_ids=p))(q, ids)
