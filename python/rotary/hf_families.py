@@ -242,9 +242,18 @@ FAMILIES: Dict[str, Family] = {
     **{name: _QWEN3_VL for name in ("qwen3_vl_moe_text", "qwen3_omni_moe_text", "qwen3_omni_moe_talker_text",
                                     "cosmos3_edge_text")},
     **{name: Family(mrope_section=(8, 12, 12)) for name in ("glm_image_text", "glm4v_moe_text")},
+    # GLM-4.1V / GLM-OCR: the same sections in chunks, but rotate_half_llm's
+    # (2j, 2j+1) pairs (cos/sin repeat_interleave'd), over a partial span.
+    **{name: Family(pairing="interleaved", mrope_section=(8, 12, 12)) for name in ("glm4v_text", "glm_ocr_text")},
     # (2j, 2j+1) pairs: rotate_every_two, or cos/sin built with repeat_interleave
     "gptj": _GPTJ, "codegen": _GPTJ,
     **{name: _INTER for name in ("cohere", "glm", "glm4", "helium", "ernie4_5", "ernie4_5_moe")},
+    # Moonshine's decoder and encoder: cos/sin's first halves repeat_interleave'd,
+    # (2j, 2j+1) pairs; the table's head_dim from the decoder's heads.
+    "moonshine": Family(pairing="interleaved", aliases=(("num_attention_heads", "decoder_num_attention_heads"),)),
+    "moonshine_streaming": _INTER,
+    "moonshine_streaming_encoder": Family(refuse="its encoder has no RoPE (sliding-window attention only); "
+                                                 "its decoder, model_type 'moonshine_streaming', rotates"),
     # Perception Encoder audio / video: stack_freqs pairs (2j, 2j+1).
     **{name: _INTER for name in ("pe_audio_encoder", "pe_video_encoder", "pe_audio_video_encoder")},
     # MLA [nope | rope] heads: DeepSeek-V2 rotates complex pairs (interleaved);
@@ -312,10 +321,8 @@ FAMILIES: Dict[str, Family] = {
                               "(no rotary_emb to patch)"),
     **{name: Family(refuse=_NOT_VERIFIED) for name in (
         "blt", "dots3_note", "efficientloftr", "hy_v4_vl", "hy_v4_vl_text", "lightglue",
-        "mistral_large4", "mistral_large4_text", "moonshine", "moonshine_streaming",
-        "blt_global_transformer", "blt_local_decoder", "blt_local_encoder",
-        "blt_patcher", "ernie4_5_vl_moe", "ernie4_5_vl_moe_text", "glm4v", "glm4v_text", "glm_ocr", "glm_ocr_text",
-        "inkling2", "moonshine_streaming_encoder", "neomme", "openai_privacy_filter",
+        "mistral_large4", "mistral_large4_text", "blt_global_transformer", "blt_local_decoder", "blt_local_encoder",
+        "blt_patcher", "ernie4_5_vl_moe", "ernie4_5_vl_moe_text", "inkling2", "neomme", "openai_privacy_filter",
         "edgetam_video", "sam2_video", "sam3", "sam3_tracker_video")},
 }
 

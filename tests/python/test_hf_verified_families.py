@@ -1,0 +1,96 @@
+"""from_hf_config for families served once their own rotary class and apply
+function were read and matched here: GLM-4.1V / GLM-OCR text (chunked M-RoPE
+sections, (2j, 2j+1) pairs, a partial span) and Moonshine's decoders ((2j,
+2j+1) pairs from repeat_interleave'd halves). Each against transformers' own
+code, in every rule, with the config object and its dict."""
+
+import pytest
+import torch
+
+import rotary
+from rotary.hf import rope_kwargs_from_hf_config
+from test_hf_config import ATOL, SMALL, inputs, make_config, modeling
+from test_hf_review_fixes import SCALED, assert_matches
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+transformers = pytest.importorskip("transformers")
+
+RULES = {"default": {"rope_type": "default", "rope_theta": 1e4}, **SCALED}  # dynamic: below its switch point
+
+# (modeling module, config class, rotary class)
+GLM = [("glm4v", "Glm4vTextConfig", "Glm4vTextRotaryEmbedding"),
+       ("glm_ocr", "GlmOcrTextConfig", "GlmOcrTextRotaryEmbedding")]
+MOONSHINE = [("moonshine", "MoonshineConfig", "MoonshineRotaryEmbedding"),
+             ("moonshine_streaming", "MoonshineStreamingConfig", "MoonshineStreamingRotaryEmbedding")]
+
+
+def _theirs(mt, rot, cfg, q, k, pos):
+    m = modeling(mt)
+    cos, sin = getattr(m, rot)(config=cfg)(q, pos)
+    return m.apply_rotary_pos_emb(q, k, cos, sin)
+
+
+def _check(mt, rot, cfg, head_dim, nd, seed):
+    q, k, pos = inputs(head_dim, nd, seed)
+    want = _theirs(mt, rot, cfg, q, k, pos)
+    rope = rotary.RotaryEmbedding.from_hf_config(cfg)
+    assert rope.interleaved
+    assert_matches(rope(q, k, position_ids=pos), want)
+    assert rope_kwargs_from_hf_config(cfg.to_dict()) == rope_kwargs_from_hf_config(cfg)
+    return rope, (q, k, pos), want
+
+
+@pytest.mark.parametrize("rule", sorted(RULES))
+@pytest.mark.parametrize("mt,cls,rot", GLM, ids=[g[0] for g in GLM])
+def test_glm_vision_text_models(mt, cls, rot, rule):
+    params = dict(RULES[rule], partial_rotary_factor=0.5)  # GLM-4.1V's own share: 64 of 128 dims
+    cfg = make_config(cls, **dict(SMALL, hidden_size=512), rope_parameters=params)
+    assert cfg.model_type == f"{mt}_text" and "mrope_section" not in cfg.rope_parameters  # the class's (8, 12, 12)
+    rope, (q, k, pos), want = _check(mt, rot, cfg, 128, True, 11)
+    assert rope.dim == 64
+    # The pairing matters: rotate_half's pairs miss transformers by far.
+    kw = rope_kwargs_from_hf_config(cfg)
+    half = rotary.RotaryEmbedding(**dict(kw, interleaved=False))(q, k, position_ids=pos)
+    assert (half[0] - want[0]).abs().max() > 100 * ATOL
+
+
+@pytest.mark.parametrize("cls", ["Glm4vConfig", "GlmOcrConfig"])
+def test_glm_composites_read_their_text_config(cls):
+    text = dict(SMALL, hidden_size=512, rope_parameters={"rope_type": "default", "rope_theta": 5e5,
+                                                         "partial_rotary_factor": 0.5})
+    cfg = make_config(cls, text_config=text)
+    for given in (cfg, cfg.to_dict()):
+        assert rope_kwargs_from_hf_config(given) == rope_kwargs_from_hf_config(cfg.text_config)
+    assert rope_kwargs_from_hf_config(cfg)["theta"] == 5e5
+
+
+@pytest.mark.parametrize("rule", sorted(RULES))
+@pytest.mark.parametrize("mt,cls,rot", MOONSHINE, ids=[m[0] for m in MOONSHINE])
+def test_moonshine_decoders(mt, cls, rot, rule):
+    cfg = make_config(cls, rope_parameters=dict(RULES[rule], partial_rotary_factor=0.8), **(
+        dict(hidden_size=160, decoder_num_attention_heads=4, encoder_num_attention_heads=4)
+        if mt == "moonshine" else {}))
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    rope, _, _ = _check(mt, rot, cfg, head_dim, False, 12)
+    assert rope.dim == int(head_dim * 0.8) < head_dim  # a leading span, the rest passed through
+
+
+def test_moonshine_default_share_and_odd_spans():
+    cfg = make_config("MoonshineConfig", hidden_size=144, decoder_num_attention_heads=4,
+                      encoder_num_attention_heads=4)
+    assert cfg.rope_parameters["partial_rotary_factor"] == 0.9  # the class's own default
+    assert _check("moonshine", "MoonshineRotaryEmbedding", cfg, 36, False, 13)[0].dim == 32
+    # int(10 * 0.9) = 9: transformers widens an odd span to 10 with base^(-2j/9); refused, not approximated.
+    odd = make_config("MoonshineConfig", hidden_size=40, decoder_num_attention_heads=4, encoder_num_attention_heads=4)
+    with pytest.raises(ValueError, match=r"head_dim 10 \* partial_rotary_factor 0.9 gives rotary dim 9"):
+        rotary.RotaryEmbedding.from_hf_config(odd)
+
+
+def test_moonshine_streaming_encoder_is_refused_by_name():
+    cfg = make_config("MoonshineStreamingConfig").encoder_config
+    with pytest.raises(ValueError, match=r"moonshine_streaming_encoder.*its encoder has no RoPE"):
+        rope_kwargs_from_hf_config(cfg)
+
+
+# The families tested here (test_hf_config.test_every_family_is_tested reads it).
+TESTED = {"glm4v_text", "glm_ocr_text", "moonshine", "moonshine_streaming"}
