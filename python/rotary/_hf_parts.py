@@ -148,12 +148,22 @@ def layer_theta(values: Any, field: str, selected: Optional[float], model_type: 
     return float(selected)
 
 
+# Keys transformers' validation requires of each rule (a None counts as given)
+# and never fills in itself.
+_REQUIRED = {"linear": ("factor",), "dynamic": ("factor",), "yarn": ("factor",),
+             "llama3": ("factor", "low_freq_factor", "high_freq_factor"), "longrope": ("short_factor", "long_factor")}
+
+
 def scaling(config: Any, params: Dict[str, Any], max_pos: Optional[int], rotary_dim: int, nested: bool):
     """The checked RopeScaling of the rule, with the position fields filled in
     as transformers fills them (nested: params is a layer type's own)."""
     if max_pos is not None and (isinstance(max_pos, bool) or not isinstance(max_pos, int) or max_pos <= 0):
         raise ValueError(f"from_hf_config: max_position_embeddings must be an int > 0, got {max_pos!r}")
     rope_type = rule_of(params)
+    missing = [key for key in _REQUIRED.get(rope_type, ()) if key not in params]
+    if missing:  # rotary's own defaults for them are not transformers'
+        raise ValueError(f"from_hf_config: the {rope_type} rule lacks {', '.join(missing)}: transformers' config "
+                         "validation requires it (KeyError)")
     model_keys = ("rope_theta",) if rope_type == "proportional" else MODEL_KEYS
     scaling = {key: value for key, value in params.items() if key not in model_keys}
     inner = scaling.pop("max_position_embeddings", None)  # transformers' rules never read it there

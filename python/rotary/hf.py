@@ -35,6 +35,8 @@ _RULE_KEYS = frozenset({
     "short_factor", "long_factor",
 })
 _PARAM_KEYS = _RULE_KEYS | {"rope_theta", "partial_rotary_factor", "mrope_section", "mrope_interleaved"}
+# The rules whose original_max_position_embeddings transformers fills in.
+_FILLS_ORIGINAL = ("llama3", "yarn", "longrope")
 _ROPE_NAME = re.compile(r"rope|rotary", re.IGNORECASE)
 # Family-specific fields whose names do not say rope / rotary.
 _SPECIFIC = frozenset({"qk_nope_head_dim", "qk_head_dim"})
@@ -127,9 +129,26 @@ def _rope_params(config: Any, layer_type: Optional[str] = None, fam: Family = Fa
         params = dict(params[layer_type])
     for key in fam.attention_keys:  # the attention's, read there: not the rotation's
         params.pop(key, None)
+    # transformers setdefaults rope_type from type: a None kept there names no rule.
+    given = params["rope_type"] if "rope_type" in params else params.get("type", "default")
+    if given is None:
+        raise ValueError("from_hf_config: rope_type None: transformers keeps it (no rule is named None); name the "
+                         "rule, or drop the key for the default rule")
+    if given in dict(fam.rule_aliases) and given not in _FILLS_ORIGINAL and \
+            params.get("original_max_position_embeddings") is None:
+        # Its class renames the rule after filling original_max_position_embeddings in, for the rules it knows.
+        raise ValueError(f"from_hf_config: rope_type {given!r} without original_max_position_embeddings in the "
+                         "rule: transformers fills it in only for llama3 / yarn / longrope, before the rename, "
+                         "and fails without it")
     for key in ("rope_type", "type"):
         if key in params:
             params[key] = dict(fam.rule_aliases).get(params[key], params[key])
+    if fam.rules and _rule_of(params) not in fam.rules:
+        raise ValueError(f"from_hf_config: rope_type {_rule_of(params)!r}: transformers' config class accepts only "
+                         f"{' / '.join(fam.rules)} here")
+    if "rope_theta" in params and params["rope_theta"] is None and fam.theta is None:
+        raise ValueError("from_hf_config: rope_parameters['rope_theta'] is None: transformers keeps it and fails on "
+                         "it; give the base, or drop the key")
     for key, value in params.items():
         if key not in _PARAM_KEYS:
             raise ValueError(f"from_hf_config: rope_parameters[{key!r}]={value!r} is not read by any rule; "
@@ -217,12 +236,16 @@ def _partial(config: Any, params: Dict[str, Any], fam: Family, model_type: str, 
             f"from_hf_config: partial_rotary_factor must be a number in (0, 1] (the rotated share of each head), "
             f"got {partial!r}"
         )
-    if (rule == "default" and partial != 1.0 and fam.span in ("leading", "trailing") and model_type
+    # proportional keeps the whole head's width (zeros past the share): any attention takes it.
+    if (partial != 1.0 and rule != "proportional" and fam.span in ("leading", "trailing") and model_type
             and model_type not in DEFAULT_RULE_READS_PARTIAL):
-        raise ValueError(f"from_hf_config: partial_rotary_factor={partial!r}: transformers' {model_type} rotary "
-                         "class is not known to read it in its default rule (those that do: "
-                         "rotary.hf_families.DEFAULT_RULE_READS_PARTIAL); it rotates the whole head there. Drop "
-                         "the field to rotate the whole head")
+        why = ("rotary class is not known to read it in its default rule (those that do: "
+               "rotary.hf_families.DEFAULT_RULE_READS_PARTIAL); it rotates the whole head there" if rule == "default"
+               else f"attention is not known to slice a narrower table (the {rule} rule builds one "
+                    "int(head_dim * partial_rotary_factor) wide, and the head's rotation fails on it; those that "
+                    "slice: rotary.hf_families.DEFAULT_RULE_READS_PARTIAL)")
+        raise ValueError(f"from_hf_config: partial_rotary_factor={partial!r}: transformers' {model_type} {why}. "
+                         "Drop the field to rotate the whole head")
     return partial
 
 
@@ -318,6 +341,8 @@ def rope_kwargs_from_hf_config(
                          f"(its rules: {', '.join(sorted(_HF_RULES))}); rotary's own go to "
                          "RotaryEmbedding(scaling=...)")
     partial = _partial(config, params, fam, model_type, rule)
+    if rule == "proportional":  # its rule reads the share where transformers' standardize put it
+        params["partial_rotary_factor"] = partial
     # proportional (Gemma 4): the rule turns that share of the whole head's
     # pairs (the others get inv_freq 0), so the span is the whole head.
     rotary_dim, offset = _span(config, fam, 1.0 if rule == "proportional" else partial, model_type, field, rule)

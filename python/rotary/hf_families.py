@@ -72,6 +72,8 @@ class Family:
     neox_fields: bool = False
     # rope_type names the config class rewrites ((Phi-3: "su", "yarn") -> "longrope").
     rule_aliases: Tuple[Tuple[str, str], ...] = ()
+    # The only rules the config class's validation accepts (empty: any).
+    rules: Tuple[str, ...] = ()
     # The labels rope_parameters is keyed by (DeepSeek-V4's rope types), which
     # the config class builds from top-level fields (folded_fields): a config
     # not keyed so is refused, and those fields are read through the keys.
@@ -228,7 +230,8 @@ FAMILIES: Dict[str, Family] = {
     # GPT-NeoX: 4.x config.json names; its class rotates a quarter of the head by default.
     "gpt_neox": Family(neox_fields=True, partial_default=0.25),
     "gpt_neox_japanese": Family(neox_fields=True),
-    **{name: Family(rule_aliases=(("su", "longrope"), ("yarn", "longrope"))) for name in ("phi3", "phi4_multimodal")},
+    **{name: Family(rule_aliases=(("su", "longrope"), ("yarn", "longrope")), rules=("default", "longrope"))
+       for name in ("phi3", "phi4_multimodal")},
     "ministral3": Family(attention_keys=("llama_4_scaling_beta",)),
     # multimodal RoPE, rotate_half
     "qwen2_vl": _QWEN2_VL, "qwen2_vl_text": _QWEN2_VL,

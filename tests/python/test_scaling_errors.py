@@ -77,7 +77,7 @@ def test_rule_specific_dim_checks():
         ({"hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": 64,
           "rope_parameters": {"rope_type": "su", "rope_theta": 1e4}}, r"unknown rope_type 'su'"),
         ({"hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": 64,
-          "rope_parameters": {"rope_type": "linear"}}, r"factor is required"),
+          "rope_parameters": {"rope_type": "linear"}}, r"the linear rule lacks factor: transformers. config validation requires it"),
         ({"hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": 64,
           "rope_parameters": {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [1.0] * 7}},
          r"long_factor must have rotary_dim / 2 = 8 entries"),
