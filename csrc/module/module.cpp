@@ -74,7 +74,7 @@ void RotaryEmbeddingImpl::load_tables(
 }
 
 void RotaryEmbeddingImpl::update_for_reach(int64_t reach) {
-  tables_.run(reach, freqs.device(), [&](const RopeTableSet* fresh) {
+  tables_.run(reach, freqs.device(), freqs, [&](const RopeTableSet* fresh) {
     if (fresh) install(*fresh);
     return 0;
   });

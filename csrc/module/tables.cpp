@@ -123,8 +123,28 @@ RopeTables& RopeTables::operator=(const RopeTables& other) {
     host_driven_ = other.host_driven_;
     state_ = other.state_;
     attention_scaling_ = other.attention_scaling_;
+    built_.clear();  // the other's tables are not this one's
   }
   return *this;
+}
+
+void RopeTables::follow(const at::Tensor& held) {
+  if (!held.defined()) return;
+  // unsafe_storage: a functional or fake tensor under tracing has one of its own (unknown here).
+  const c10::Storage& storage = held.unsafeGetTensorImpl()->unsafe_storage();
+  const c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+  std::vector<Built> alive;
+  for (auto& b : built_) {
+    if (b.freqs.expired()) continue;
+    if (b.freqs._unsafe_get_target() == impl) {
+      state_ = b.state;
+      attention_scaling_ = b.attention_scaling;
+      impl = nullptr;
+    }
+    alive.push_back(std::move(b));
+  }
+  built_ = std::move(alive);
+  if (impl) built_.push_back({storage.getWeakStorageImpl(), state_, attention_scaling_});
 }
 
 std::string RopeTables::describe() const {

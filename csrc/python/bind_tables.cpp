@@ -29,16 +29,28 @@ void def_state_machine(py::class_<RopeTables>& tables) {
       // lock without the GIL, so the thread holding it can take the GIL.
       .def(
           "run",
-          [](RopeTables& t, int64_t reach, const torch::Device& device, const py::function& op) {
+          [](RopeTables& t, int64_t reach, const torch::Device& device, const at::Tensor& held,
+             const py::function& op, bool record) {
             py::gil_scoped_release no_gil;
-            return t.run(reach, device, [&](const rotary::RopeTableSet* fresh) {
-              py::gil_scoped_acquire gil;
-              return fresh ? op(py::make_tuple(fresh->freqs, fresh->inv_freq)) : op(py::none());
-            });
+            return t.run(
+                reach, device, held,
+                [&](const rotary::RopeTableSet* fresh) {
+                  py::gil_scoped_acquire gil;
+                  return fresh ? op(py::make_tuple(fresh->freqs, fresh->inv_freq)) : op(py::none());
+                },
+                record);
           },
-          py::arg("reach"), py::arg("device"), py::arg("op"),
-          "op(None) with the current tables right for a call reaching `reach`, else op((freqs, inv_freq)) with "
-          "new ones, which op installs; the new state is recorded only when op returned.")
+          py::arg("reach"), py::arg("device"), py::arg("held"), py::arg("op"), py::arg("record") = true,
+          "op(None) when the held tables (the module's freqs) are right for a call reaching `reach`, else "
+          "op((freqs, inv_freq)) with new ones, which op installs; the new state is recorded only when op "
+          "returned, and never with record=False (an export's trace).")
+      .def(
+          "state_of",
+          [](RopeTables& t, const at::Tensor& held) {
+            py::gil_scoped_release no_gil;
+            return t.state_of(held);
+          },
+          py::arg("held"), "The state of the held tables (the module's freqs), followed as run() does.")
       .def(
           "restore",
           [](RopeTables& t, const py::object& freqs, const py::object& inv_freq, const std::string& who,

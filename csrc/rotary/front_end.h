@@ -66,7 +66,7 @@ auto run_module_call(
   RopeTables::check_start_pos(start_pos);
   const int64_t reach = tables.host_driven() ? RopeTables::reach_of(seq_len, start_pos, offsets, position_ids) : 0;
   // Under the lock of a host-driven rule from here on.
-  return tables.run(reach, buffers.freqs.device(), [&](const RopeTableSet* fresh) {
+  return tables.run(reach, buffers.freqs.device(), buffers.freqs, [&](const RopeTableSet* fresh) {
     const at::Tensor& f = fresh ? fresh->freqs : buffers.freqs;
     tables.check_rows(seq_len, start_pos, has_positions, f.size(0));
     const bool within = !has_positions && start_pos + seq_len <= f.size(0);

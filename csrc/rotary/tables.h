@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace rotary {
 
@@ -49,6 +50,12 @@ constexpr int64_t kMaxStartPos = kMaxPosition;
 // Threads: run() and restore() of a host-driven rule hold a lock for the
 // whole transition, so each call sees the tables of its own reach. A copy
 // gets a fresh lock and the same state.
+//
+// The state follows the tables a module holds, not only the last transition:
+// run() is given the module's freqs buffer, and a table this object built
+// for another state (functional_call and export put the module's buffers
+// back after a call that switched tables) brings that state back. A buffer it
+// never built (a move, a copy, a load) is taken to be the current state's.
 class RopeTables {
  public:
   // Validates the options and the rule (c10::ValueError naming the field).
@@ -93,19 +100,32 @@ class RopeTables {
   void check_rows(int64_t seq_len, int64_t start_pos, bool has_positions, int64_t rows) const;
 
   // Runs op(fresh) with the tables right for a call reaching `reach`
-  // (reach <= 0: the current state). fresh is nullptr when the current
-  // tables are right, else the new ones (on `device`), which op must
-  // install when it succeeds. The new state is recorded after op returned.
+  // (reach <= 0: the current state) of a module holding `held` (its freqs
+  // buffer). fresh is nullptr when the held tables are right, else the new
+  // ones (on `device`), which op must install when it succeeds. The new
+  // state is recorded after op returned; not at all with record false (a
+  // trace, torch.export, bakes the tables in and leaves the module as it was).
   template <typename Op>
-  auto run(int64_t reach, c10::Device device, Op&& op) -> decltype(op(nullptr)) {
+  auto run(int64_t reach, c10::Device device, const at::Tensor& held, Op&& op, bool record = true)
+      -> decltype(op(nullptr)) {
     if (!host_driven_) return op(nullptr);
     std::lock_guard<std::mutex> lock(lock_.mutex);
+    follow(held);
     const int64_t next = reach > 0 ? state_for_reach(reach) : state_;
     if (next == state_) return op(nullptr);
     const RopeTableSet fresh = build(next, device);
+    built_.reserve(built_.size() + 1);  // commit() cannot fail once op installed the tables
     auto out = op(&fresh);
-    commit(fresh);
+    if (record) commit(fresh);
     return out;
+  }
+  // The state of the tables `held` (the module's freqs buffer), followed as
+  // run() does.
+  int64_t state_of(const at::Tensor& held) {
+    if (!host_driven_) return state_;
+    std::lock_guard<std::mutex> lock(lock_.mutex);
+    follow(held);
+    return state_;
   }
 
   // Checks saved buffers (either may be absent) against these options
@@ -123,6 +143,7 @@ class RopeTables {
     std::unique_lock<std::mutex> lock(lock_.mutex, std::defer_lock);
     if (host_driven_) lock.lock();
     const RopeTableSet fresh = build(saved_state(freqs, inv_freq, who), device);
+    built_.reserve(built_.size() + 1);
     install(fresh);
     commit(fresh);
   }
@@ -135,10 +156,25 @@ class RopeTables {
       const std::optional<at::Tensor>& freqs,
       const std::optional<at::Tensor>& inv_freq,
       const std::string& who) const;
-  void commit(const RopeTableSet& tables) noexcept {
+  void commit(const RopeTableSet& tables) noexcept {  // room reserved before the install
     state_ = tables.state;
     attention_scaling_ = tables.attention_scaling;
+    built_.push_back({tables.freqs.unsafeGetTensorImpl()->unsafe_storage().getWeakStorageImpl(), tables.state,
+                      tables.attention_scaling});
   }
+  // Under the lock: the state of the tables `held`, when this object built
+  // them; else `held` is noted as the current state's.
+  void follow(const at::Tensor& held);
+
+  // The storages of the freqs tables this object built or was given, with
+  // their states (the C++ module installs by set_data: its buffer keeps its
+  // TensorImpl; a weak reference keeps an address from being reused).
+  struct Built {
+    c10::weak_intrusive_ptr<c10::StorageImpl> freqs;
+    int64_t state;
+    double attention_scaling;
+  };
+  std::vector<Built> built_;
 
   RotaryEmbeddingOptions options_;  // scaling() with its defaults filled in
   bool host_driven_ = false;

@@ -89,9 +89,11 @@ class RotaryEmbedding(nn.Module):
     angle_dtype = property(lambda self: self._opts[5], doc="'float64' or 'float32'.")
     host_driven = property(lambda self: self._host_driven,
                            doc="True for dynamic and longrope: the tables follow each call's reach, on the host.")
-    rope_state = property(lambda self: self._tables.state,
-                          doc="The sequence length the rule was last evaluated at (0: its initial state).")
-    attention_scaling = property(lambda self: self._tables.attention_scaling,
+    rope_state = property(lambda self: self._tables.state_of(self._buffers["freqs"]),
+                          doc="The sequence length the rule was evaluated at for the tables held (0: its "
+                              "initial state).")
+    attention_scaling = property(lambda self: (self._tables.state_of(self._buffers["freqs"]),
+                                               self._tables.attention_scaling)[1],
                                  doc="The factor folded into every table entry (YaRN / LongRoPE; else 1).")
 
     @classmethod
@@ -113,7 +115,8 @@ class RotaryEmbedding(nn.Module):
         """Host-driven rules: make the tables right for a call whose largest
         position is ``reach - 1``. Other rules: no-op."""
         if self._host_driven:
-            self._tables.run(reach, self.freqs.device, lambda fresh: fresh is not None and self._install(*fresh))
+            self._tables.run(reach, self.freqs.device, self._buffers["freqs"],
+                             lambda fresh: fresh is not None and self._install(*fresh))
 
     def extra_repr(self) -> str:
         return self._tables.extra_repr()
@@ -213,14 +216,18 @@ class RotaryEmbedding(nn.Module):
         offsets, position_ids = _whole_positions(offsets, "offsets"), _whole_positions(position_ids)
         reach = _C.RopeTables.reach_of(seq_len, start_pos, offsets, position_ids)
 
+        # An export bakes the tables it reaches in and leaves the module as it
+        # was (it puts the traced buffers back; a new state would outlive them).
+        exporting = torch.compiler.is_exporting()
+
         def op(fresh):  # under the lock; new tables are installed only once the op returned
             freqs, inv_freq = (self.freqs, self.inv_freq) if fresh is None else fresh
             out = self._rotate(q, k, start_pos, offsets, position_ids, freqs, inv_freq, layout)
-            if fresh is not None:
+            if fresh is not None and not exporting:
                 self._install(*fresh)
             return out
 
-        return self._tables.run(reach, self.freqs.device, op)
+        return self._tables.run(reach, self.freqs.device, self._buffers["freqs"], op, record=not exporting)
 
     @_eager_only  # the cache's length lives in C++: one graph break (docs/api.md)
     def forward_with_cache(self, q, k, v, cache: "_C.KVCache", start_pos: Optional[int] = None, *,

@@ -152,3 +152,34 @@ def test_export_of_a_host_driven_rule_is_refused_by_name_where_it_cannot_trace()
                                                   "max_position_embeddings": 16}, 32)[0])
     want = rope_reference_nd(x, np.arange(8, 32)[None, None], [0] * 8, 16, inv=inv)
     assert_close_ref(got, want, torch.float32)
+
+
+@pytest.mark.parametrize("angle_dtype", ["float64", "float32"])
+@pytest.mark.parametrize("rule", [{"rope_type": "dynamic", "factor": 2.0},
+                                  {"rope_type": "longrope", "short_factor": [1.0] * 8, "factor": 4.0,
+                                   "long_factor": [2.0 + j for j in range(8)], "original_max_position_embeddings": 16}],
+                         ids=["dynamic", "longrope"])
+def test_export_leaves_the_eager_host_driven_module_as_it_was(rule, angle_dtype):
+    """export puts the buffers it traced with back: a state switched in the
+    trace outlived them, and the same eager call then rotated with the old
+    tables (1.4 rad off) or refused. The trace bakes its tables in and
+    leaves the module's state and buffers alone."""
+    class Static(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rope = rotary.RotaryEmbedding(16, 32, scaling=rule, angle_dtype=angle_dtype)
+
+        def forward(self, x):
+            return self.rope(x, 8)
+
+    x = torch.randn(1, 2, 24, 16, generator=torch.Generator().manual_seed(4))
+    block = Static()
+    before = dict(block.rope.named_buffers())
+    program = torch.export.export(block, (x,))
+    assert block.rope.rope_state == 0 and all(b is before[n] for n, b in block.rope.named_buffers())
+    full = dict(rule, max_position_embeddings=32) if rule["rope_type"] == "dynamic" else rule
+    want = rope_reference_nd(x, np.arange(8, 32)[None, None], [0] * 8, 16,
+                             inv=np.array(ref_frequencies(16, 10000.0, full, 32)[0]))
+    scale = ref_frequencies(16, 10000.0, full, 32)[1]
+    for got in (program.module()(x), block(x)):  # the program, then the eager module at the same reach
+        assert_close_ref(got, want * scale, torch.float32)

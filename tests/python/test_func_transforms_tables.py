@@ -61,6 +61,22 @@ def test_host_driven_module_grows_inside_a_transform(transform):
     torch.testing.assert_close(rope.inv_freq, torch.from_numpy(inv), rtol=1e-12, atol=0)
 
 
+@pytest.mark.parametrize("angle_dtype", ["float64", "float32"])
+def test_functional_call_leaves_the_module_at_the_tables_it_holds(angle_dtype):
+    """functional_call puts the caller's buffers back after a call that grew
+    the rule: the module follows the tables it holds (state 0), and its next
+    call grows to that call's reach (30), not the one inside (40)."""
+    rule = {"rope_type": "dynamic", "factor": 2.0}
+    rope = rotary.RotaryEmbedding(D, 16, scaling=rule, angle_dtype=angle_dtype)
+    torch.func.functional_call(rope, dict(rope.named_buffers()), (randn((1, 1, 40, D), seed=5),))
+    assert rope.rope_state == 0
+    x = randn((1, 2, 4, D), torch.float32, 6)
+    inv = np.array(ref_frequencies(D, 10000.0, dict(rule, max_position_embeddings=16), 30)[0])
+    want = rope_reference_nd(x, np.arange(26, 30)[None, None], [0] * (D // 2), D, inv=inv)
+    torch.testing.assert_close(rope(x, 26), want.float(), rtol=0, atol=2e-6)
+    assert rope.rope_state == 30
+
+
 def test_in_place_ops_under_nested_transforms():
     """The vmap rule's overlap check read the tensors at its own level, which
     under an outer vmap / jvp / grad are wrappers with no storage."""
