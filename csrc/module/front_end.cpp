@@ -1,3 +1,4 @@
+#include "checks/checks.h"
 #include "params/layouts.h"
 
 #include <rotary/bounds.h>
@@ -55,15 +56,24 @@ namespace {
 
 constexpr const char* kWho = "RotaryEmbedding.forward_with_cache";
 
-// q / k / v of forward_with_cache: the three 4-D layouts of the op.
-LayoutAxes checked_axes(c10::string_view layout) {
+// The axes of a module call's three 4-D layouts.
+LayoutAxes checked_axes(c10::string_view layout, const char* who) {
   const Layout l = parse_layout(layout);
-  TORCH_CHECK_VALUE(l == Layout::kBHSD || l == Layout::kBSHD || l == Layout::kSBHD, kWho,
+  TORCH_CHECK_VALUE(l == Layout::kBHSD || l == Layout::kBSHD || l == Layout::kSBHD, who,
                     ": layout must be 'BHSD', 'BSHD' or 'SBHD', got '", layout, "'");
   return axes_of(l);
 }
 
 }  // namespace
+
+void refuse_meta_move(const char* who, c10::Device to) {
+  TORCH_CHECK_VALUE(!to.is_meta(), who, ": a C++ module holds real buffers and cannot move to the meta device; build ",
+                    "it where it runs (the Python rotary.RotaryEmbedding supports meta initialisation and to_empty)");
+}
+
+int64_t module_seq_axis(c10::string_view layout, const char* who) {
+  return checked_axes(layout, who).seq;
+}
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_with_cache(
     RopeTables& tables,
@@ -74,7 +84,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_with_cache(
     KVCacheImpl& cache,
     std::optional<int64_t> start_pos,
     c10::string_view layout) {
-  const LayoutAxes ax = checked_axes(layout);
+  const LayoutAxes ax = checked_axes(layout, kWho);
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"q", &q}, {"k", &k}, {"v", &v}}) {
+    detail::check_defined(kWho, name, *t);
+  }
   if (start_pos) RopeTables::check_start_pos(*start_pos);
   TORCH_CHECK_VALUE(q.dim() == 4, kWho, ": q must be 4-D ", std::string(layout), " ", ax.dims, ", got ", q.sizes());
   const auto cache_dtype = cache.options_in_effect().dtype();

@@ -1,5 +1,6 @@
 #include "params/layouts.h"
 
+#include <rotary/front_end.h>
 #include <rotary/kv_cache.h>
 
 #include <ATen/ATen.h>
@@ -55,9 +56,7 @@ void KVCacheImpl::reset() {
                     " (its scales stay registered); build a new KVCache");
   const auto opts = torch::TensorOptions().dtype(dt).device(device);
   // Registered once; a later reset() replaces what the same buffers hold
-  // with zeros, and empties the cache. (clone() calls reset() on a copy whose
-  // members still alias the original's tensors, with no buffers registered:
-  // it registers new ones, keeps the length, and copies the rows after.)
+  // with zeros, and empties the cache.
   const auto registered = named_buffers(/*recurse=*/false);
   // Allocated first: a reset that cannot allocate keeps the cache as it was.
   const torch::Tensor fresh_k = torch::zeros(shape, opts), fresh_v = torch::zeros(shape, opts);
@@ -163,6 +162,23 @@ void KVCacheImpl::advance(int64_t tokens) {
   length_ += tokens;
 }
 
+std::shared_ptr<torch::nn::Module> KVCacheImpl::clone(const std::optional<torch::Device>& device) const {
+  // Not Cloneable::clone: it resets the copy from `options`, a pending change
+  // included, and the copy then said it held what its buffers do not. Built
+  // from the options in effect, it takes the rows, scales and length, then
+  // the pending change.
+  torch::NoGradGuard no_grad;
+  auto copy = std::make_shared<KVCacheImpl>(in_effect_);
+  const auto moved = [&](const torch::Tensor& t) { return device && t.device() != *device ? t.to(*device) : t.clone(); };
+  for (const auto& buffer : named_buffers(/*recurse=*/false)) {
+    copy->named_buffers(/*recurse=*/false)[buffer.key()].set_data(moved(buffer.value()));
+  }
+  copy->length_ = length_;
+  copy->options = options;
+  copy->train(is_training());
+  return copy;
+}
+
 void KVCacheImpl::to(torch::Device device, torch::Dtype /*dtype*/, bool non_blocking) {
   to(device, non_blocking);
 }
@@ -170,6 +186,7 @@ void KVCacheImpl::to(torch::Device device, torch::Dtype /*dtype*/, bool non_bloc
 void KVCacheImpl::to(torch::Dtype /*dtype*/, bool /*non_blocking*/) {}
 
 void KVCacheImpl::to(torch::Device device, bool non_blocking) {
+  refuse_meta_move("rotary::KVCache", device);
   torch::nn::Module::to(device, non_blocking);
 }
 

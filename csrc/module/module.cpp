@@ -1,5 +1,3 @@
-#include "params/layouts.h"
-
 #include <rotary/axes.h>
 #include <rotary/freqs.h>
 #include <rotary/front_end.h>
@@ -35,9 +33,8 @@ void RotaryEmbeddingImpl::install(const RopeTableSet& tables) {
 }
 
 void RotaryEmbeddingImpl::reset() {
-  // A copy (clone()) keeps the host-driven state; other options start afresh.
-  const bool same_rule = tables_.options().scaling().type() == options.scaling().type();
-  RopeTables next(options, same_rule ? tables_.state() : 0);
+  // Afresh from `options`, as a new module: a host-driven rule's state too.
+  RopeTables next(options);
   const RopeTableSet built = next.build(next.state(), freqs.defined() ? freqs.device() : torch::Device(torch::kCPU));
   std::vector<int64_t> axes = pair_axes_of(options);
   tables_ = next;
@@ -46,13 +43,17 @@ void RotaryEmbeddingImpl::reset() {
 }
 
 std::shared_ptr<torch::nn::Module> RotaryEmbeddingImpl::clone(const std::optional<torch::Device>& device) const {
-  // Cloneable::clone resets the copy from `options` (a pending change
-  // included), then copies these buffers in: the copy takes these tables'
-  // rule and state back, so its buffers and its state agree.
-  auto copy = std::static_pointer_cast<RotaryEmbeddingImpl>(Cloneable::clone(device));
+  // Not Cloneable::clone: it resets the copy from `options`, a pending change
+  // included (which may not even build). The copy is built from the options
+  // in effect, takes these tables and their state, then the pending change.
+  torch::NoGradGuard no_grad;
+  auto copy = std::make_shared<RotaryEmbeddingImpl>(tables_.options());
+  const auto moved = [&](const torch::Tensor& t) { return device && t.device() != *device ? t.to(*device) : t.clone(); };
+  copy->install({moved(freqs), moved(inv_freq), attention_scaling, tables_.state()});
   copy->tables_ = tables_;
   copy->pair_axes = pair_axes;
-  copy->attention_scaling = attention_scaling;
+  copy->options = options;
+  copy->train(is_training());
   return copy;
 }
 
@@ -74,7 +75,7 @@ void RotaryEmbeddingImpl::load_tables(
 }
 
 void RotaryEmbeddingImpl::update_for_reach(int64_t reach) {
-  tables_.run(reach, freqs.device(), freqs, [&](const RopeTableSet* fresh) {
+  tables_.run(reach, freqs.device(), [&] { return freqs; }, [&](const RopeTableSet* fresh) {
     if (fresh) install(*fresh);
     return 0;
   });
@@ -116,9 +117,9 @@ auto RotaryEmbeddingImpl::run(
     const std::optional<torch::Tensor>& position_ids,
     c10::string_view layout,
     Op&& op) {
+  const int64_t seq_axis = module_seq_axis(layout, "RotaryEmbedding");  // before the rows are checked
   if (q.dim() == 4) check_span(tables_.options(), q);  // other ranks: the op names the shape
-  // An unknown layout reads as BHSD here; the op refuses it by name.
-  const int64_t seq_len = q.dim() == 4 ? q.size(axes_of(parse_layout(layout)).seq) : 0;
+  const int64_t seq_len = q.dim() == 4 ? q.size(seq_axis) : 0;
   return run_module_call(tables_, module_buffers(), seq_len, start_pos, offsets, position_ids, std::forward<Op>(op));
 }
 
@@ -165,6 +166,7 @@ void RotaryEmbeddingImpl::to(torch::Device device, torch::Dtype /*dtype*/, bool 
 void RotaryEmbeddingImpl::to(torch::Dtype /*dtype*/, bool /*non_blocking*/) {}
 
 void RotaryEmbeddingImpl::to(torch::Device device, bool non_blocking) {
+  refuse_meta_move("rotary::RotaryEmbedding", device);
   torch::nn::Module::to(device, non_blocking);
 }
 

@@ -302,12 +302,30 @@ int64_t check_saved_tables(
       const double ratio = std::pow(base / options.theta(), (d - 2.0) / d);
       const double len = static_cast<double>(m) * (ratio + factor - 1.0) / factor;
       if (std::isfinite(len) && len > static_cast<double>(m) && len < 9.0e15) {
+        // The recovery rounds: near 2^40 and past, neighbours pass the 1e-12
+        // check too, and the nearest inv_freq (sorted first below) tells them apart.
         const auto l = static_cast<int64_t>(std::llround(len));
-        for (int64_t c = l - 1; c <= l + 1; ++c) {
+        for (int64_t c = l - 8; c <= l + 8; ++c) {
           if (c > m) states.push_back(c);
         }
       }
     }
+  }
+  if (has_inv && states.size() > 1) {
+    const double* a = inv_saved.const_data_ptr<double>();
+    const auto inv_error = [&](int64_t seq_len) {
+      const RopeFrequencies f = frequencies_of(options, s, seq_len);
+      double worst = 0.0;
+      for (int64_t j = 0; j < pairs; ++j) {
+        const double e = std::abs(a[j] - f.inv_freq[j]) / std::abs(f.inv_freq[j]);
+        worst = std::isnan(e) ? std::numeric_limits<double>::infinity() : std::max(worst, e);
+      }
+      return worst;
+    };
+    std::vector<std::pair<double, int64_t>> ranked;
+    for (const int64_t st : states) ranked.emplace_back(inv_error(st), st);
+    std::stable_sort(ranked.begin(), ranked.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+    for (size_t i = 0; i < ranked.size(); ++i) states[i] = ranked[i].second;
   }
 
   std::string first_mismatch;

@@ -22,6 +22,14 @@ using rotary::RopeTables;
 
 namespace {
 
+// held() of run / state_of, called under the lock, with the GIL.
+auto held_tables(const py::function& held) {
+  return [&held] {
+    py::gil_scoped_acquire gil;
+    return held().cast<at::Tensor>();
+  };
+}
+
 // run / restore / pickle: the state machine's transitions under its lock.
 void def_state_machine(py::class_<RopeTables>& tables) {
   tables
@@ -29,11 +37,11 @@ void def_state_machine(py::class_<RopeTables>& tables) {
       // lock without the GIL, so the thread holding it can take the GIL.
       .def(
           "run",
-          [](RopeTables& t, int64_t reach, const torch::Device& device, const at::Tensor& held,
+          [](RopeTables& t, int64_t reach, const torch::Device& device, const py::function& held,
              const py::function& op, bool record) {
             py::gil_scoped_release no_gil;
             return t.run(
-                reach, device, held,
+                reach, device, held_tables(held),
                 [&](const rotary::RopeTableSet* fresh) {
                   py::gil_scoped_acquire gil;
                   return fresh ? op(py::make_tuple(fresh->freqs, fresh->inv_freq)) : op(py::none());
@@ -41,16 +49,16 @@ void def_state_machine(py::class_<RopeTables>& tables) {
                 record);
           },
           py::arg("reach"), py::arg("device"), py::arg("held"), py::arg("op"), py::arg("record") = true,
-          "op(None) when the held tables (the module's freqs) are right for a call reaching `reach`, else "
+          "op(None) when the held tables (held(): the module's freqs) are right for a call reaching `reach`, else "
           "op((freqs, inv_freq)) with new ones, which op installs; the new state is recorded only when op "
           "returned, and never with record=False (an export's trace).")
       .def(
           "state_of",
-          [](RopeTables& t, const at::Tensor& held) {
+          [](RopeTables& t, const py::function& held) {
             py::gil_scoped_release no_gil;
-            return t.state_of(held);
+            return t.state_of(held_tables(held));
           },
-          py::arg("held"), "The state of the held tables (the module's freqs), followed as run() does.")
+          py::arg("held"), "The state of the held tables (held(): the module's freqs), followed as run() does.")
       .def(
           "restore",
           [](RopeTables& t, const py::object& freqs, const py::object& inv_freq, const std::string& who,

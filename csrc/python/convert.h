@@ -99,11 +99,7 @@ void apply_moves_only(py::object wrapper) {
         auto impl = self.attr("cpp_module").cast<std::shared_ptr<Impl>>();
         const auto where = impl->buffers().front().device();
         const auto to = fn(torch::empty({0}, torch::TensorOptions().device(where))).template cast<torch::Tensor>().device();
-        // Meta would drop the values the C++ module reads on the host.
-        TORCH_CHECK_VALUE(!to.is_meta(), py::str(py::type::of(self).attr("__name__")).template cast<std::string>(),
-                          ": a C++ module holds real buffers and cannot move to the meta device; build it ",
-                          "where it runs (rotary.RotaryEmbedding supports meta initialisation and to_empty)");
-        impl->to(to);
+        impl->to(to);  // refuses meta by name
         return self;
       },
       py::is_method(wrapper), py::arg("fn"), py::arg("recurse") = true);

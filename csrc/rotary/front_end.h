@@ -34,6 +34,12 @@ struct ModuleBuffers {
 // "RotaryEmbedding(dim=D): head_dim must be >= ..." naming both and q's
 // shape (`shape`: as the caller's language writes it; default q.sizes()).
 void check_span(const RotaryEmbeddingOptions& options, const at::Tensor& q, const std::string& shape = "");
+// c10::ValueError naming `who`, a C++ module, for a move to the meta device:
+// its host reads need real buffers.
+void refuse_meta_move(const char* who, c10::Device to);
+// The sequence axis of a module call's 4-D layout (BHSD, BSHD, SBHD);
+// c10::ValueError naming `who` for another.
+int64_t module_seq_axis(c10::string_view layout, const char* who);
 
 // The pair -> axis map of a module call: pair_axes with 3-D position_ids
 // ([n_axes, batch, seq]); none for other positions, which under M-RoPE is a
@@ -66,7 +72,7 @@ auto run_module_call(
   RopeTables::check_start_pos(start_pos);
   const int64_t reach = tables.host_driven() ? RopeTables::reach_of(seq_len, start_pos, offsets, position_ids) : 0;
   // Under the lock of a host-driven rule from here on.
-  return tables.run(reach, buffers.freqs.device(), buffers.freqs, [&](const RopeTableSet* fresh) {
+  return tables.run(reach, buffers.freqs.device(), [&] { return buffers.freqs; }, [&](const RopeTableSet* fresh) {
     const at::Tensor& f = fresh ? fresh->freqs : buffers.freqs;
     tables.check_rows(seq_len, start_pos, has_positions, f.size(0));
     const bool within = !has_positions && start_pos + seq_len <= f.size(0);

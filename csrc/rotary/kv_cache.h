@@ -40,10 +40,12 @@ class KVCacheImpl : public torch::nn::Cloneable<KVCacheImpl> {
  public:
   explicit KVCacheImpl(const KVCacheOptions& options_);
 
-  // Fresh zero buffers for the options (changed ones too) and length 0;
-  // clone() (which calls reset() on the copy and then copies the buffers)
-  // keeps the length. truncate(0) empties the cache without reallocating.
+  // Fresh zero buffers for the options (changed ones too) and length 0.
+  // truncate(0) empties the cache without reallocating.
   void reset() override;
+  // A copy of the buffers, their options in effect and the length (a pending
+  // change to `options` stays pending in the copy).
+  std::shared_ptr<torch::nn::Module> clone(const std::optional<torch::Device>& device = std::nullopt) const override;
   void pretty_print(std::ostream& stream) const override;
   // The buffers, length() and layout; load refuses an archive without any
   // of them, then is load_state's.

@@ -100,17 +100,17 @@ class RopeTables {
   void check_rows(int64_t seq_len, int64_t start_pos, bool has_positions, int64_t rows) const;
 
   // Runs op(fresh) with the tables right for a call reaching `reach`
-  // (reach <= 0: the current state) of a module holding `held` (its freqs
-  // buffer). fresh is nullptr when the held tables are right, else the new
-  // ones (on `device`), which op must install when it succeeds. The new
-  // state is recorded after op returned; not at all with record false (a
-  // trace, torch.export, bakes the tables in and leaves the module as it was).
-  template <typename Op>
-  auto run(int64_t reach, c10::Device device, const at::Tensor& held, Op&& op, bool record = true)
-      -> decltype(op(nullptr)) {
+  // (reach <= 0: the current state) of a module whose freqs buffer held()
+  // returns (read under the lock: another call may be installing). fresh is
+  // nullptr when the held tables are right, else the new ones (on
+  // `device`), which op must install when it succeeds. The new state is
+  // recorded after op returned; not at all with record false (a trace,
+  // torch.export, bakes the tables in and leaves the module as it was).
+  template <typename Held, typename Op>
+  auto run(int64_t reach, c10::Device device, Held&& held, Op&& op, bool record = true) -> decltype(op(nullptr)) {
     if (!host_driven_) return op(nullptr);
     std::lock_guard<std::mutex> lock(lock_.mutex);
-    follow(held);
+    follow(held());
     const int64_t next = reach > 0 ? state_for_reach(reach) : state_;
     if (next == state_) return op(nullptr);
     const RopeTableSet fresh = build(next, device);
@@ -119,12 +119,13 @@ class RopeTables {
     if (record) commit(fresh);
     return out;
   }
-  // The state of the tables `held` (the module's freqs buffer), followed as
-  // run() does.
-  int64_t state_of(const at::Tensor& held) {
+  // The state of the tables held() returns (the module's freqs buffer),
+  // followed as run() does.
+  template <typename Held>
+  int64_t state_of(Held&& held) {
     if (!host_driven_) return state_;
     std::lock_guard<std::mutex> lock(lock_.mutex);
-    follow(held);
+    follow(held());
     return state_;
   }
 

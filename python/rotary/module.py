@@ -89,10 +89,10 @@ class RotaryEmbedding(nn.Module):
     angle_dtype = property(lambda self: self._opts[5], doc="'float64' or 'float32'.")
     host_driven = property(lambda self: self._host_driven,
                            doc="True for dynamic and longrope: the tables follow each call's reach, on the host.")
-    rope_state = property(lambda self: self._tables.state_of(self._buffers["freqs"]),
+    rope_state = property(lambda self: self._tables.state_of(self._held),
                           doc="The sequence length the rule was evaluated at for the tables held (0: its "
                               "initial state).")
-    attention_scaling = property(lambda self: (self._tables.state_of(self._buffers["freqs"]),
+    attention_scaling = property(lambda self: (self._tables.state_of(self._held),
                                                self._tables.attention_scaling)[1],
                                  doc="The factor folded into every table entry (YaRN / LongRoPE; else 1).")
 
@@ -108,6 +108,9 @@ class RotaryEmbedding(nn.Module):
         kwargs = rope_kwargs_from_hf_config(config, max_seq_len, layer_type, layer_theta)
         return cls(**kwargs, angle_dtype=angle_dtype)
 
+    def _held(self) -> torch.Tensor:  # the tables held, read under the state machine's lock
+        return self._buffers["freqs"]
+
     def _install(self, freqs: torch.Tensor, inv_freq: torch.Tensor) -> None:
         self._buffers["freqs"], self._buffers["inv_freq"] = freqs, inv_freq
 
@@ -115,7 +118,7 @@ class RotaryEmbedding(nn.Module):
         """Host-driven rules: make the tables right for a call whose largest
         position is ``reach - 1``. Other rules: no-op."""
         if self._host_driven:
-            self._tables.run(reach, self.freqs.device, self._buffers["freqs"],
+            self._tables.run(reach, self.freqs.device, self._held,
                              lambda fresh: fresh is not None and self._install(*fresh))
 
     def extra_repr(self) -> str:
@@ -227,7 +230,7 @@ class RotaryEmbedding(nn.Module):
                 self._install(*fresh)
             return out
 
-        return self._tables.run(reach, self.freqs.device, self._buffers["freqs"], op, record=not exporting)
+        return self._tables.run(reach, self.freqs.device, self._held, op, record=not exporting)
 
     @_eager_only  # the cache's length lives in C++: one graph break (docs/api.md)
     def forward_with_cache(self, q, k, v, cache: "_C.KVCache", start_pos: Optional[int] = None, *,

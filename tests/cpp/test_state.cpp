@@ -237,20 +237,20 @@ TEST(RopeTables, RunRecordsTheStateOnlyWhenTheOpReturns) {
   rotary::RopeTables t(RotaryEmbeddingOptions(8).max_seq_len(64).scaling(dynamic64()));
   at::Tensor held = t.build(0).freqs;  // the module's buffer
   EXPECT_THROW(
-      t.run(200, at::kCPU, held, [](const rotary::RopeTableSet* fresh) -> int {
+      t.run(200, at::kCPU, [&] { return held; }, [](const rotary::RopeTableSet* fresh) -> int {
         EXPECT_NE(fresh, nullptr);
         throw std::runtime_error("the op refused the call");
       }),
       std::runtime_error);
   EXPECT_EQ(t.state(), 0);
   const at::Tensor initial = held;
-  t.run(200, at::kCPU, held, [&](const rotary::RopeTableSet* fresh) {
+  t.run(200, at::kCPU, [&] { return held; }, [&](const rotary::RopeTableSet* fresh) {
     held = fresh->freqs;  // installed
     return 0;
   });
   EXPECT_EQ(held.size(0), 1);  // a grown float64-angle table: row 0 alone
   EXPECT_EQ(t.state(), 200);
-  t.run(100, at::kCPU, held, [](const rotary::RopeTableSet* fresh) {
+  t.run(100, at::kCPU, [&] { return held; }, [](const rotary::RopeTableSet* fresh) {
     EXPECT_EQ(fresh, nullptr);  // reach 100 <= 200: the grown tables stay
     return 0;
   });
@@ -258,17 +258,17 @@ TEST(RopeTables, RunRecordsTheStateOnlyWhenTheOpReturns) {
   EXPECT_EQ(copy.state(), 200);
   // The module holds its initial tables again (functional_call / export put
   // them back): their state comes back with them, and reach 100 grows anew.
-  EXPECT_EQ(t.state_of(initial), 0);
+  EXPECT_EQ(t.state_of([&] { return initial; }), 0);
   EXPECT_EQ(t.attention_scaling(), 1.0);
   int64_t grown = 0;
-  t.run(100, at::kCPU, initial, [&](const rotary::RopeTableSet* fresh) {
+  t.run(100, at::kCPU, [&] { return initial; }, [&](const rotary::RopeTableSet* fresh) {
     grown = fresh ? fresh->state : -1;
     return 0;
   });
   EXPECT_EQ(grown, 100);
-  EXPECT_EQ(t.state_of(held), 200);  // the 200-row tables, held again
+  EXPECT_EQ(t.state_of([&] { return held; }), 200);  // the 200-row tables, held again
   // Tables it never built (a move, a copy) are the current state's.
-  EXPECT_EQ(t.state_of(held.clone()), 200);
+  EXPECT_EQ(t.state_of([&] { return held.clone(); }), 200);
 }
 
 // A call that raises leaves the module as it was: the refused call (odd

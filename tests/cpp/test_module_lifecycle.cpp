@@ -1,0 +1,141 @@
+// The C++ modules' lifecycle where a review found them wrong: clone() with a
+// pending change to `options` (the KVCache copy said it held what its buffers
+// did not; an unbuildable pending option made clone() throw), reset() of a
+// grown dynamic rule, a grown state restored at 2^40 and past, the layout
+// named before the rows, undefined tensors and a move to meta named.
+#include "helpers.h"
+#include "reference.h"
+
+#include <rotary/rotary.h>
+
+#include <gtest/gtest.h>
+#include <torch/types.h>
+
+#include <memory>
+#include <tuple>
+
+namespace {
+
+using rotary::KVCache;
+using rotary::KVCacheImpl;
+using rotary::KVCacheOptions;
+using rotary::RotaryEmbedding;
+using rotary::RotaryEmbeddingImpl;
+using rotary::RotaryEmbeddingOptions;
+using rotary_test::ExpectError;
+using rotary_test::ref_rope;
+
+at::Tensor randn(std::initializer_list<int64_t> shape, uint64_t seed) {
+  auto g = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return at::randn(shape, g, at::kFloat) + 0.1;  // never zeros
+}
+
+KVCache clone_of(const KVCache& cache) {
+  return KVCache(std::dynamic_pointer_cast<KVCacheImpl>(cache->clone()));
+}
+
+rotary::RopeScaling dynamic(double factor) {
+  return rotary::RopeScaling("dynamic").factor(factor).max_position_embeddings(32);
+}
+
+TEST(ModuleLifecycle, KVCacheCloneHoldsWhatItsBuffersHold) {
+  RotaryEmbedding rope(RotaryEmbeddingOptions(16).max_seq_len(64));
+  // kv_heads == capacity: a BSHD buffer has the BHSD one's shape, so only the options tell them apart.
+  KVCache cache(KVCacheOptions(1, 4, 4, 16));
+  auto q = randn({1, 4, 2, 16}, 1), k = randn({1, 4, 2, 16}, 2), v = randn({1, 4, 2, 16}, 3);
+  rope->forward_with_cache(q, k, v, cache);
+  cache->options.layout("BSHD");  // pending until reset()
+  KVCache copy = clone_of(cache);
+  EXPECT_EQ(copy->options_in_effect().layout(), "BHSD");
+  EXPECT_EQ(copy->options.layout(), "BSHD");  // still pending in the copy
+  EXPECT_EQ(copy->length(), 2);
+  const auto [ka, va] = cache->keys_values();
+  const auto [kb, vb] = copy->keys_values();
+  EXPECT_TRUE(rotary_test::SameBits(ka, kb));
+  EXPECT_TRUE(rotary_test::SameBits(va, vb));
+  // The next step lands at row 2 of both, as the float64 reference says.
+  auto q1 = randn({1, 4, 1, 16}, 4), k1 = randn({1, 4, 1, 16}, 5), v1 = randn({1, 4, 1, 16}, 6);
+  auto q2 = q1.clone(), k2 = k1.clone(), v2 = v1.clone();
+  const auto want = ref_rope(k1, 2);
+  const auto keys_a = std::get<1>(rope->forward_with_cache(q1, k1, v1, cache));
+  const auto keys_b = std::get<1>(rope->forward_with_cache(q2, k2, v2, copy));
+  EXPECT_TRUE(rotary_test::SameBits(keys_a, keys_b));
+  EXPECT_LT((keys_b.narrow(2, 2, 1).to(at::kDouble) - want).abs().max().item<double>(), 1e-6);
+
+  for (const auto dtype : {at::kHalf, at::kFloat8_e4m3fn}) {  // fp8: the scale buffers differ in number
+    KVCache c(KVCacheOptions(1, 2, 4, 16));
+    c->options.dtype(dtype).capacity(16);
+    KVCache d = clone_of(c);
+    EXPECT_EQ(d->options_in_effect().dtype(), at::kFloat);
+    EXPECT_EQ(d->options_in_effect().capacity(), 4);
+    auto q3 = randn({1, 2, 1, 16}, 7), k3 = randn({1, 2, 1, 16}, 8), v3 = randn({1, 2, 1, 16}, 9);
+    rope->forward_with_cache(q3, k3, v3, d);  // a float32 step into the float32 copy
+    EXPECT_EQ(d->length(), 1);
+  }
+}
+
+TEST(ModuleLifecycle, CloneRunsWhatTheModuleRunsWithAnUnbuildablePendingOption) {
+  RotaryEmbedding rope(RotaryEmbeddingOptions(16).max_seq_len(32));
+  rope->options.max_seq_len(0);  // refused at reset(), pending until then
+  auto copy = std::dynamic_pointer_cast<RotaryEmbeddingImpl>(rope->clone());
+  ASSERT_NE(copy, nullptr);
+  EXPECT_EQ(copy->options.max_seq_len(), 0);
+  const auto x = randn({1, 2, 5, 16}, 10);
+  EXPECT_TRUE(rotary_test::SameBits(copy->forward(x, 3), rope->forward(x, 3)));
+  EXPECT_LT((copy->forward(x, 3).to(at::kDouble) - ref_rope(x, 3)).abs().max().item<double>(), 1e-6);
+  ExpectError<c10::ValueError>([&] { copy->reset(); }, {"max_seq_len must be > 0"});
+}
+
+TEST(ModuleLifecycle, ResetStartsAGrownDynamicRuleAfresh) {
+  RotaryEmbedding rope(RotaryEmbeddingOptions(16).max_seq_len(32).scaling(dynamic(2.0)));
+  rope->update_for_reach(100);
+  ASSERT_EQ(rope->tables().state(), 100);
+  rope->options.scaling(dynamic(4.0));
+  rope->reset();
+  EXPECT_EQ(rope->tables().state(), 0);
+  RotaryEmbedding fresh(RotaryEmbeddingOptions(16).max_seq_len(32).scaling(dynamic(4.0)));
+  const auto x = randn({1, 2, 4, 16}, 11);
+  EXPECT_TRUE(rotary_test::SameBits(rope->forward(x, 40), fresh->forward(x, 40)));
+}
+
+TEST(ModuleLifecycle, AGrownStateFarOutIsRestoredExactly) {
+  for (const int64_t reach : {int64_t{1} << 40, (int64_t{1} << 40) + 1, int64_t{1} << 50}) {
+    RotaryEmbedding saved(RotaryEmbeddingOptions(128).max_seq_len(32).scaling(dynamic(2.0)));
+    saved->update_for_reach(reach);
+    RotaryEmbedding loaded(RotaryEmbeddingOptions(128).max_seq_len(32).scaling(dynamic(2.0)));
+    loaded->load_tables(saved->freqs, saved->inv_freq);
+    EXPECT_EQ(loaded->tables().state(), reach);
+    EXPECT_TRUE(at::equal(loaded->inv_freq, saved->inv_freq));
+  }
+}
+
+TEST(ModuleLifecycle, AnUnknownLayoutIsNamedBeforeTheRows) {
+  RotaryEmbedding rope(RotaryEmbeddingOptions(16).max_seq_len(8).angle_dtype(at::kFloat));
+  const auto x = randn({1, 2, 20, 16}, 12);
+  ExpectError<c10::ValueError>([&] { rope->forward(x, 0, std::nullopt, std::nullopt, "bshd"); },
+                               {"RotaryEmbedding: layout must be 'BHSD', 'BSHD' or 'SBHD', got 'bshd'"});
+}
+
+TEST(ModuleLifecycle, ForwardWithCacheNamesAnUndefinedTensor) {
+  RotaryEmbedding rope(RotaryEmbeddingOptions(16).max_seq_len(16));
+  KVCache cache(KVCacheOptions(1, 2, 4, 16));
+  for (const char* name : {"q", "k", "v"}) {
+    at::Tensor q = randn({1, 2, 1, 16}, 13), k = randn({1, 2, 1, 16}, 14), v = randn({1, 2, 1, 16}, 15);
+    (name[0] == 'q' ? q : name[0] == 'k' ? k : v) = at::Tensor();
+    ExpectError<c10::ValueError>([&] { rope->forward_with_cache(q, k, v, cache); },
+                                 {std::string("RotaryEmbedding.forward_with_cache: ") + name +
+                                  " is an undefined tensor"});
+    EXPECT_EQ(cache->length(), 0);
+  }
+}
+
+TEST(ModuleLifecycle, AMoveToMetaIsNamed) {
+  RotaryEmbedding rope(RotaryEmbeddingOptions(16).max_seq_len(16));
+  KVCache cache(KVCacheOptions(1, 2, 4, 16));
+  ExpectError<c10::ValueError>([&] { rope->to(at::kMeta); },
+                               {"rotary::RotaryEmbedding: a C++ module holds real buffers and cannot move to the meta"});
+  ExpectError<c10::ValueError>([&] { cache->to(at::kMeta); }, {"rotary::KVCache: a C++ module holds real buffers"});
+  EXPECT_TRUE(rope->freqs.device().is_cpu() && cache->k.device().is_cpu());
+}
+
+}  // namespace
