@@ -131,9 +131,14 @@ class RotaryEmbedding(nn.Module):
         fkey, ikey = prefix + "freqs", prefix + "inv_freq"
         given = fkey in state_dict or ikey in state_dict
         if given:
+            # assign=True (loading into a meta-initialised model) takes the saved tensors' device, as torch does.
+            saved = state_dict.get(fkey, state_dict.get(ikey))
+            device = self.freqs.device
+            if local_metadata.get("assign_to_params_buffers") and isinstance(saved, torch.Tensor) and not saved.is_meta:
+                device = saved.device
             try:
                 self._tables.restore(state_dict.get(fkey), state_dict.get(ikey), "RotaryEmbedding.load_state_dict",
-                                     self.freqs.device, self._install)
+                                     device, self._install)
             except (ValueError, TypeError) as e:
                 error_msgs.append(str(e))
             state_dict = dict(state_dict)  # the caller's dict is left alone

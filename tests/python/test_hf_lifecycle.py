@@ -101,3 +101,26 @@ def test_q_and_k_of_different_dtypes_under_autocast(family):
                 unpatch(model)
     err_theirs, err_ours = (theirs - exact).abs().mean(), (ours - exact).abs().mean()
     assert err_ours <= 1.5 * err_theirs + 2**-8 * exact.abs().mean(), (float(err_ours), float(err_theirs))
+
+
+@pytest.mark.parametrize("rope", ["default", "dynamic"])
+def test_a_model_patched_while_on_meta_runs_after_loading(rope):
+    """Patched on a meta-initialised model (our table built on meta, outside
+    the module tree that to_empty and load_state_dict reach), then loaded:
+    the first forward failed in torch's "Cannot copy out of meta tensor".
+    The table is built from the options on first use: the logits are those
+    of the same model patched on the CPU (patched = unpatched is the sweep's)."""
+    ref = make_model("llama", rope)
+    with torch.device("meta"):
+        model = make_model("llama", rope)
+    apply_rotary_to_model(model)
+    apply_rotary_to_model(ref)
+    try:
+        model.to_empty(device="cpu")
+        model.load_state_dict(ref.state_dict())
+        ids = _ids(300, 5)  # past max_position_embeddings (256): a dynamic rule grows
+        with torch.no_grad():
+            assert torch.equal(model(ids).logits, ref(ids).logits)
+    finally:
+        unpatch(model)
+        unpatch(ref)

@@ -267,6 +267,25 @@ def test_to_empty_from_meta_rebuilds_the_tables(spec):
     assert torch.equal(m(x), want)
 
 
+@pytest.mark.parametrize("spec", [None, DYNAMIC], ids=["plain", "dynamic"])
+def test_assign_load_into_a_meta_model_takes_the_saved_device(spec):
+    """load_state_dict(sd, assign=True) into a meta-initialised model (torch's
+    way to load big models): the tables were rebuilt on meta, so the model
+    could not run. They are rebuilt where the saved ones are, in their state."""
+    src = nn.Sequential(nn.Linear(8, 8), rotary.RotaryEmbedding(8, 64, scaling=spec))
+    x = torch.randn(1, 2, 80, 8, dtype=torch.float64, generator=gen(4))
+    src[1](x)  # a dynamic rule grows to 80 here
+    with torch.device("meta"):
+        dst = nn.Sequential(nn.Linear(8, 8), rotary.RotaryEmbedding(8, 64, scaling=spec))
+    dst.load_state_dict(src.state_dict(), assign=True)
+    rope = dst[1]
+    assert rope.freqs.device.type == "cpu" and rope.inv_freq.device.type == "cpu"
+    assert rope.rope_state == src[1].rope_state == (80 if spec else 0)
+    inv, att = ref_frequencies(8, 10000.0, {**(spec or {}), "max_position_embeddings": 64}, 80)
+    angle = np.arange(80)[:, None] * np.array(inv)
+    assert_close_ref(rope(x), torch.from_numpy(att * rotate_pairs_nd(x.numpy(), angle, True)), torch.float64)
+
+
 # ---------------------------------------------------------------------------
 # Loading the library twice
 # ---------------------------------------------------------------------------

@@ -18,7 +18,15 @@ class _RopeState:
         self.trailing = trailing
         self._cache: Dict[torch.device, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
+    def _leave_meta(self, device: torch.device) -> None:
+        # Patched on a meta-initialised model: our module sits outside the
+        # module tree (to_empty never reaches it); built from its options on
+        # first use, in the state the rule is in.
+        if self.rope.freqs.is_meta and device.type != "meta":
+            self.rope.to_empty(device=device)
+
     def tables(self, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+        self._leave_meta(device)
         freqs, inv_freq = self.rope.freqs, self.rope.inv_freq
         if freqs.device == device:
             return freqs, inv_freq
@@ -32,6 +40,7 @@ class _RopeState:
         """Host-driven rules (dynamic, longrope): rebuild the table for the
         reach of this forward pass, as dynamic_rope_update does."""
         if self.rope.host_driven and position_ids.numel() > 0:
+            self._leave_meta(position_ids.device)
             self.rope.update_for_reach(int(position_ids.max()) + 1)
 
 
