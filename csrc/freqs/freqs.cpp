@@ -183,11 +183,7 @@ at::Tensor rope_freqs(
     const RopeScaling& scaling,
     int64_t seq_len,
     at::ScalarType angle_dtype) {
-  TORCH_CHECK_VALUE(dim > 0 && dim % 2 == 0, "rope_freqs: dim must be even and > 0, got ", dim);
-  TORCH_CHECK_VALUE(dim <= kMaxRotaryDim, "rope_freqs: dim must be <= 2^20 (the rotated width of a head), got ", dim);
-  TORCH_CHECK_VALUE(max_seq_len >= 0, "rope_freqs: max_seq_len must be >= 0, got ", max_seq_len);
-  TORCH_CHECK_VALUE(
-      std::isfinite(theta) && theta > 0.0, "rope_freqs: theta must be finite and > 0, got ", theta);
+  check_table_args("rope_freqs", "dim", dim, theta, seq_len, max_seq_len);
   check_angle_dtype(angle_dtype, "rope_freqs");
   return freqs_table(compute_frequencies(dim, theta, scaling, seq_len), max_seq_len, angle_dtype);
 }

@@ -234,15 +234,18 @@ void validate(const RopeScaling& s, int64_t rotary_dim) {
 #undef ROTARY_SCALING_CHECK
 }
 
+void check_table_args(const char* who, const char* dim_name, int64_t dim, double theta, int64_t seq_len,
+                      int64_t max_seq_len) {
+  TORCH_CHECK_VALUE(dim > 0 && dim % 2 == 0, who, ": ", dim_name, " must be even and > 0, got ", dim);
+  TORCH_CHECK_VALUE(dim <= kMaxRotaryDim, who, ": ", dim_name, " must be <= 2^20 (the rotated width of a head), got ",
+                    dim);
+  TORCH_CHECK_VALUE(max_seq_len >= 0, who, ": max_seq_len must be >= 0, got ", max_seq_len);
+  TORCH_CHECK_VALUE(std::isfinite(theta) && theta > 0.0, who, ": theta must be finite and > 0, got ", theta);
+  TORCH_CHECK_VALUE(seq_len >= 0, who, ": seq_len must be >= 0, got ", seq_len);
+}
+
 RopeFrequencies compute_frequencies(int64_t rotary_dim, double theta, const RopeScaling& s, int64_t seq_len) {
-  TORCH_CHECK_VALUE(
-      rotary_dim > 0 && rotary_dim % 2 == 0, "compute_frequencies: rotary_dim must be even and > 0, got ",
-      rotary_dim);
-  TORCH_CHECK_VALUE(rotary_dim <= kMaxRotaryDim, "compute_frequencies: rotary_dim must be <= 2^20 (the rotated ",
-                    "width of a head), got ", rotary_dim);
-  TORCH_CHECK_VALUE(
-      std::isfinite(theta) && theta > 0.0, "compute_frequencies: theta must be finite and > 0, got ", theta);
-  TORCH_CHECK_VALUE(seq_len >= 0, "compute_frequencies: seq_len must be >= 0, got ", seq_len);
+  check_table_args("compute_frequencies", "rotary_dim", rotary_dim, theta, seq_len);
   validate(s, rotary_dim);
   const Rule& rule = rule_of(rope_type_of(s));
   RopeFrequencies out = rule.compute(s, theta, rotary_dim, seq_len);

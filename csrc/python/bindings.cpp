@@ -53,11 +53,12 @@ void bind_rules(py::module_& m) {
   m.def(
       "rope_freqs",
       [](int64_t dim, int64_t max_seq_len, double theta, const py::object& scaling, int64_t seq_len,
-         const py::object& angle_dtype) {
+         const py::object& angle_dtype, const std::string& who) {
+        rotary::check_table_args(who.c_str(), "dim", dim, theta, seq_len, max_seq_len);  // the caller's words
         return rotary::rope_freqs(
-            dim, max_seq_len, theta, to_scaling(scaling), seq_len, angle_dtype_of(angle_dtype, "rope_freqs"));
+            dim, max_seq_len, theta, to_scaling(scaling), seq_len, angle_dtype_of(angle_dtype, who.c_str()));
       },
-      py::arg("dim"), py::arg("max_seq_len"), ROTARY_RULE_ARGS,
+      py::arg("dim"), py::arg("max_seq_len"), ROTARY_RULE_ARGS, py::arg("who") = "rope_freqs",
       "complex64 [max_seq_len, dim // 2] table, entry attention_scaling * exp(i * pos * inv_freq), angles "
       "computed in float64 (angle_dtype='float32': in float32, as Hugging Face / Meta do).");
 
@@ -75,11 +76,13 @@ void bind_rules(py::module_& m) {
 
   m.def(
       "rope_frequencies",
-      [](int64_t rotary_dim, double theta, const py::object& scaling, int64_t seq_len) {
+      [](int64_t rotary_dim, double theta, const py::object& scaling, int64_t seq_len, const std::string& who) {
+        rotary::check_table_args(who.c_str(), "dim", rotary_dim, theta, seq_len);  // the caller's words
         const auto f = rotary::compute_frequencies(rotary_dim, theta, to_scaling(scaling), seq_len);
         return std::make_tuple(rotary::inv_freq_tensor(f), f.attention_scaling);
       },
       py::arg("rotary_dim"), py::arg("theta") = 10000.0, py::arg("scaling") = py::none(), py::arg("seq_len") = 0,
+      py::arg("who") = "rope_frequencies",
       "(inv_freq float64 [rotary_dim // 2], attention_scaling) of a frequency rule.");
 }
 

@@ -34,6 +34,13 @@ RopeFrequencies compute_frequencies(
     const RopeScaling& scaling = RopeScaling(),
     int64_t seq_len = 0);
 
+// The checks of a table's arguments (the width `dim_name` even, > 0 and <=
+// 2^20; theta finite, > 0; seq_len and max_seq_len >= 0), c10::ValueError in
+// the words of `who`: compute_frequencies and rope_freqs, or a wrapper that
+// names its own arguments (Python's freqs_table).
+void check_table_args(const char* who, const char* dim_name, int64_t dim, double theta, int64_t seq_len,
+                      int64_t max_seq_len = 0);
+
 // How the angle of a table entry is formed (`angle_dtype`):
 //
 //   at::kDouble (default, "float64"): angle = the exact product

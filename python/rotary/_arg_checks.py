@@ -17,8 +17,14 @@ def _int_arg(op: str, name: str, value):
     by name (start_pos has its own words for the last, in _start_pos)."""
     if type(value) is int and -(2**63) <= value < 2**63:  # the decode path: one test
         return value
-    if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
+    if isinstance(value, torch.SymInt):
+        return value
+    if isinstance(value, (bool, torch.Tensor)) or not hasattr(type(value), "__index__"):
         raise TypeError(f"{op}: {name} must be an int, got {value!r}")
+    try:
+        value = operator.index(value)  # numpy's integers, as torch's parser takes them
+    except TypeError:  # numpy's bool has an __index__ that refuses
+        raise TypeError(f"{op}: {name} must be an int, got {value!r}") from None
     if name != "start_pos" and isinstance(value, int) and not -(2**63) <= value < 2**63:
         raise ValueError(f"{op}: {name} must fit in int64, got {value}")
     return value
@@ -26,9 +32,11 @@ def _int_arg(op: str, name: str, value):
 
 def _float_arg(op: str, name: str, value):
     """A real number, by name (a bool or a string is refused, not coerced)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, torch.SymFloat)):
+    if type(value) is float or isinstance(value, torch.SymFloat):
+        return value
+    if isinstance(value, (bool, torch.Tensor)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{op}: {name} must be a float, got {value!r}")
-    return value
+    return value if isinstance(value, int) else float(value)  # numpy's floats, as torch's parser takes them
 
 
 def _table_args(op: str, dim, theta, seq_len, max_seq_len=0):
@@ -89,7 +97,7 @@ def _start_pos(op: str, start_pos):
     """A Python int outside int64 never reaches the C++ check: torch's
     argument parser refuses it with a message about its own types. Name the
     argument and the bound instead (the C++ check)."""
-    _int_arg(op, "start_pos", start_pos)
+    start_pos = _int_arg(op, "start_pos", start_pos)
     if isinstance(start_pos, int) and not -(2**63) <= start_pos < 2**63:
         _C.check_start_pos(start_pos, op)  # raises
     return start_pos

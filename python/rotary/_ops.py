@@ -34,8 +34,8 @@ def freqs_table(
     Its phase error grows with ``p`` (README "Precision")."""
     _table_args("freqs_table", dim, theta, seq_len, max_seq_len)
     if scaling is None and seq_len == 0 and str(angle_dtype) in ("float64", "torch.float64"):
-        return _C.rope_freqs(dim, max_seq_len, theta)
-    return _C.rope_freqs(dim, max_seq_len, theta, scaling, seq_len, angle_dtype=angle_dtype)
+        return _C.rope_freqs(dim, max_seq_len, theta, who="freqs_table")
+    return _C.rope_freqs(dim, max_seq_len, theta, scaling, seq_len, angle_dtype=angle_dtype, who="freqs_table")
 
 
 def inv_frequencies(
@@ -49,7 +49,7 @@ def inv_frequencies(
     the factor folded into every table entry. :func:`freqs_table` builds the
     complex64 table from the same rule."""
     _table_args("inv_frequencies", dim, theta, seq_len)
-    return _C.rope_frequencies(dim, theta, scaling, seq_len)
+    return _C.rope_frequencies(dim, theta, scaling, seq_len, who="inv_frequencies")
 
 
 def rope_freqs(*args, **kwargs) -> torch.Tensor:

@@ -102,7 +102,7 @@ CASES = [
     case("inv-freq-wrong-shape", ValueError, r"inv_freq must have shape \[rotary_dim / 2\] = \[4\] to match freqs, got \[3\]",
          lambda: (_rope(inv_freq=torch.ones(3, dtype=torch.float64)), [X(1, 2, 3, 8), F()])),
     # ---- angle_dtype
-    case("rope-freqs-angle-dtype", ValueError, r"rope_freqs: angle_dtype must be 'float64' .* or 'float32' .*got 'float16'",
+    case("rope-freqs-angle-dtype", ValueError, r"freqs_table: angle_dtype must be 'float64' .* or 'float32' .*got 'float16'",
          lambda: (lambda: rotary.freqs_table(8, 4, angle_dtype="float16"), [])),
     case("module-angle-dtype", ValueError, r"RotaryEmbedding: angle_dtype must be 'float64'.*got torch\.float16",
          lambda: (lambda: rotary.RotaryEmbedding(8, 16, angle_dtype=torch.float16), [])),

@@ -181,6 +181,22 @@ def test_table_arguments_take_any_integer_type():
     torch.testing.assert_close(f, rotary.freqs_table(D, 4, 500.0))
 
 
+def test_op_arguments_take_numpy_scalars_as_torch_does():
+    """The wrappers refused np.int64(3) for start_pos ("must be an int, got
+    np.int64(3)"), where torch's own parser takes it; numpy's bool and a
+    tensor are still refused by name."""
+    import numpy as np
+    from rotary_testing.rope_testing import make_heads, ref_rope4
+    x, f = make_heads(1, 2, 5, D, seed=31), rotary.freqs_table(D, 16)
+    want = ref_rope4(x, start=3)
+    for out in (rotary.apply_rope(x, f, np.int64(3)), rotary.apply_rope(x, f, np.int32(3), rotary_offset=np.int64(0)),
+                rotary.apply_rope(x, f, start_pos=np.int16(3))):
+        torch.testing.assert_close(out.double(), want, rtol=0, atol=1e-6)
+    for bad in (np.bool_(True), torch.tensor(3)):
+        with pytest.raises(TypeError, match=r"apply_rope: start_pos must be an int, got"):
+            rotary.apply_rope(x, f, bad)
+
+
 @pytest.mark.parametrize("make", [rotary.RotaryEmbedding, rotary.CppRotaryEmbedding], ids=["python", "cpp"])
 def test_nd_positions_past_the_pair_limit_are_refused_at_construction(make):
     """Accepted before, then every call failed naming pair_axes, an argument

@@ -44,7 +44,8 @@ struct Run {
 
 // Rotates dims [0, dim) of every vector of r. nt: streaming stores (the
 // caller checked their alignment); a no-op request on DEFAULT. Multiplies and
-// adds round separately in every capability, so all give the same bits.
+// adds round separately in every capability, so all give the same bits
+// (a NaN's sign and payload excepted: which operand's survives is the codegen's).
 #define ROTARY_CPU_KERNEL_DECLARE(CAP, ...)                                                     \
   namespace CAP {                                                                           \
   template <typename scalar_t>                                                              \
