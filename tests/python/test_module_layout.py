@@ -159,3 +159,14 @@ def test_table_bound_reads_the_seq_dim(module, layout):
     with pytest.raises(IndexError, match=r"start_pos \+ seq_len = 6 \+ 5 = 11 exceeds max_seq_len 8"):
         rope(q, q.clone(), 6, layout=layout)
     rope(q, q.clone(), 3, layout=layout)  # 3 + 5 fits
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_table_bound_under_fullgraph_compile_is_the_ops_index_error(backend):
+    # The module's host check cannot be traced (a Dynamo "Unsupported" error
+    # named check_rows); traced, the op refuses the rows in its own words.
+    rope = rotary.RotaryEmbedding(D, 8, angle_dtype="float32")
+    q = heads("BSHD", torch.float32, 14)
+    f = torch.compile(rope, fullgraph=True, backend=backend)
+    with pytest.raises(IndexError, match=r"start_pos \+ seq_len = 6 \+ 5 = 11 exceeds the freqs table length"):
+        f(q, q.clone(), 6, layout="BSHD")
