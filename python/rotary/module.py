@@ -67,7 +67,6 @@ class RotaryEmbedding(nn.Module):
         t = self._tables
         self._opts = (t.dim, t.max_seq_len, t.theta, t.interleaved, t.scaling, t.angle_dtype)
         self._host_driven = t.host_driven
-        self._repr = t.extra_repr()  # for messages raised while traced (no host calls there)
         self._extends = t.extends_past_table  # float64 angles: positions past the table computed exactly
         self.rotary_offset = t.rotary_offset
         self.mrope_section = t.mrope_section or None
@@ -214,11 +213,6 @@ class RotaryEmbedding(nn.Module):
         if not self._host_driven:
             return self._rotate(q, k, start_pos, offsets, position_ids, self.freqs, self.inv_freq, layout)
         seq_len = q.shape[ax] if q.dim() == 4 else 0  # the op reports a wrong shape
-        if torch.compiler.is_dynamo_compiling():  # strict export / fullgraph: no host calls (Dynamo shows this)
-            raise ValueError(
-                f"RotaryEmbedding({getattr(self, '_repr', '')}): its rule rebuilds the tables on the host from each "
-                "call's positions, which Dynamo cannot trace; torch.export it with strict=False (torch's default), "
-                "or compile without fullgraph (one graph break)")
         if torch.compiler.is_exporting() and (not isinstance(seq_len, int) or not isinstance(start_pos, int)
                                               or offsets is not None or position_ids is not None):
             raise ValueError(

@@ -183,20 +183,3 @@ def test_export_leaves_the_eager_host_driven_module_as_it_was(rule, angle_dtype)
     scale = ref_frequencies(16, 10000.0, full, 32)[1]
     for got in (program.module()(x), block(x)):  # the program, then the eager module at the same reach
         assert_close_ref(got, want * scale, torch.float32)
-
-
-def test_strict_export_of_a_host_driven_rule_says_what_to_do():
-    """Dynamo (strict export, fullgraph compile) cannot call the host state
-    machine: its error named reach_of; it now carries the module's words."""
-    class Block(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.rope = rotary.RotaryEmbedding(16, 32, scaling={"rope_type": "dynamic", "factor": 2.0})
-
-        def forward(self, x):
-            return self.rope(x, 8)
-
-    x = torch.randn(1, 2, 4, 16, generator=torch.Generator().manual_seed(5))
-    with pytest.raises(Exception, match=r"(?s)RotaryEmbedding\(dim=16.*rebuilds the tables on the host.*"
-                                        r"torch.export it with strict=False"):
-        torch.export.export(Block(), (x,), strict=True)

@@ -142,6 +142,32 @@ def test_compile_dynamic_module_and_decode_loop():
     assert cnt.frame_count <= 2
 
 
+def test_a_host_driven_module_breaks_the_graph_once():
+    """A dynamic rule rebuilds its tables on the host: one graph break at
+    that call, and the code around it still compiled (a refusal raised
+    while traced made Dynamo drop the whole calling frame)."""
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+            self.rope = rotary.RotaryEmbedding(8, 16, scaling={"rope_type": "dynamic", "factor": 2.0})
+
+        def forward(self, x):
+            return torch.tanh(self.b(self.rope(torch.relu(self.a(x)), 20)))
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append({str(n.target) for n in gm.graph.nodes if n.op == "call_function"})
+        return gm.forward
+
+    block, x = Block(), make_heads(1, 1, 4, 8, seed=150)
+    want = block(x)
+    torch.testing.assert_close(torch.compile(block, backend=backend)(x), want, rtol=0, atol=0)
+    ops = set().union(*graphs)
+    assert any("relu" in op for op in ops) and any("tanh" in op for op in ops), graphs
+
+
 def test_compile_dynamic_positions_tensor():
     f = rotary.freqs_table(16, 64)
     cnt = CompileCounterWithBackend("aot_eager")
