@@ -34,6 +34,13 @@ def refuse_unserved(config: Any, model_type: str) -> None:
     if model_type == "falcon" and get(config, "alibi") is True:
         raise ValueError("from_hf_config: falcon with alibi=True uses ALiBi attention biases, no RoPE; rotary "
                          "serves falcon with alibi=False")
+    heads = (get(config, "encoder_num_attention_heads"), get(config, "decoder_num_attention_heads"))
+    if model_type == "moonshine" and None not in heads and heads[0] != heads[1]:
+        # Its attention sets config.num_attention_heads while building each stack: the
+        # tables' head_dim follows whichever was built last, not the heads they rotate.
+        raise ValueError(f"from_hf_config: moonshine with encoder_num_attention_heads={heads[0]} and "
+                         f"decoder_num_attention_heads={heads[1]}: transformers sizes both stacks' tables by one "
+                         "head count as it builds them; rotary serves equal head counts")
     if model_type == "granitemoehybrid" and get(config, "position_embedding_type") != "rope":
         raise ValueError(f"from_hf_config: granitemoehybrid with position_embedding_type="
                          f"{get(config, 'position_embedding_type')!r} builds no rotary embedding; rotary serves "

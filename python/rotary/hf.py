@@ -146,9 +146,10 @@ def _rope_params(config: Any, layer_type: Optional[str] = None, fam: Family = Fa
     if fam.rules and _rule_of(params) not in fam.rules:
         raise ValueError(f"from_hf_config: rope_type {_rule_of(params)!r}: transformers' config class accepts only "
                          f"{' / '.join(fam.rules)} here")
-    if "rope_theta" in params and params["rope_theta"] is None and fam.theta is None:
-        raise ValueError("from_hf_config: rope_parameters['rope_theta'] is None: transformers keeps it and fails on "
-                         "it; give the base, or drop the key")
+    for key in ("rope_theta", "partial_rotary_factor"):  # kept by transformers' setdefault, then read
+        if key in params and params[key] is None and not (key == "rope_theta" and fam.theta is not None):
+            raise ValueError(f"from_hf_config: rope_parameters[{key!r}] is None: transformers keeps it and fails "
+                             "on it; give a number, or drop the key")
     for key, value in params.items():
         if key not in _PARAM_KEYS:
             raise ValueError(f"from_hf_config: rope_parameters[{key!r}]={value!r} is not read by any rule; "
@@ -200,6 +201,10 @@ def _theta(config: Any, params: Dict[str, Any], fam: Family, model_type: str, la
         for name, value in given.items():
             raise ValueError(f"from_hf_config: {name}={value!r}: transformers' {model_type} ignores it "
                              f"(base {fam.theta:g}, no scaling, rotary_dim sets the span)")
+    if (fam.theta is None and not fam.neox_fields and isinstance(config, Mapping) and "rope_theta" in config
+            and config["rope_theta"] is None and params.get("rope_theta") is None):
+        raise ValueError("from_hf_config: rope_theta is None: transformers' config class puts it into the rule "
+                         "and fails on it; give the base, or drop the key")
     theta = fam.theta if fam.theta is not None else _first(
         params.get("rope_theta"), _get(config, "rope_theta"),
         _get(config, "rotary_emb_base") if fam.neox_fields else None,

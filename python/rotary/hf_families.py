@@ -98,7 +98,8 @@ GENERIC_FIELDS = frozenset({
 })
 
 # The model types whose rotary class reads partial_rotary_factor in its
-# default rule. Every other class's default rule rotates the whole head
+# default rule (their attention rotates the narrower span; Sarvam-MoE runs
+# GLM-4-MoE's). Every other class's default rule rotates the whole head
 # whatever the config says (its scaled rules read it): rotary refuses a
 # partial_rotary_factor under their default rule rather than guess.
 DEFAULT_RULE_READS_PARTIAL = frozenset({
@@ -113,7 +114,7 @@ DEFAULT_RULE_READS_PARTIAL = frozenset({
     "nemotron3_diarization", "nemotron3_diarization_audio", "neomme", "persimmon", "phi", "phi3",
     "phi4_multimodal", "phi4_multimodal_audio", "phi4_multimodal_vision", "qwen3_5", "qwen3_5_moe",
     "qwen3_5_moe_text", "qwen3_5_moe_vision", "qwen3_5_text", "qwen3_5_vision", "qwen3_next", "qwen4_exp",
-    "qwen4_exp_text", "qwen4_exp_vision", "recurrent_gemma", "solar_open", "stablelm", "step3p5",
+    "qwen4_exp_text", "qwen4_exp_vision", "recurrent_gemma", "sarvam_moe", "solar_open", "stablelm", "step3p5",
     "step3p5_vision", "step3p7", "zaya",
 })
 

@@ -68,6 +68,10 @@ REFUSED = [  # (base config, rope_scaling, what rotary names)
      r"the longrope rule lacks long_factor"),
     (LLAMA, {"rope_type": None, "type": "linear", "factor": 2.0}, r"rope_type None: transformers keeps it"),
     (LLAMA, {"rope_type": "linear", "factor": 2.0, "rope_theta": None}, r"rope_parameters\['rope_theta'\] is None"),
+    (LLAMA, {"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": None},
+     r"rope_parameters\['partial_rotary_factor'\] is None"),
+    (dict(LLAMA, rope_theta=None), {"rope_type": "linear", "factor": 2.0}, r"rope_theta is None: transformers' config "
+                                                                         r"class puts it into the rule"),
     (PHI3, {"rope_type": "linear", "factor": 2.0}, r"rope_type 'linear': transformers' config class accepts only "
                                                     r"default / longrope"),
     (PHI3, {"rope_type": "llama3", "factor": 2.0, "low_freq_factor": 1, "high_freq_factor": 4,
@@ -89,6 +93,22 @@ def test_configs_transformers_refuses_are_refused_by_name(base, rule, match):
         rot(torch.zeros(1), torch.arange(4)[None])
     with pytest.raises(ValueError, match=match):
         rotary.RotaryEmbedding.from_hf_config(copy.deepcopy(d))
+
+
+@pytest.mark.parametrize("rule", [{"rope_type": "default"}, {"rope_type": "linear", "factor": 2.0}])
+def test_sarvam_moe_rotates_a_partial_span_as_glm4_moe(rule):
+    """Sarvam-MoE runs Glm4MoeForCausalLM, whose rotary class and attention
+    take partial_rotary_factor: served (the review found it refused)."""
+    cfg = make_config("SarvamMoEConfig", hidden_size=64, num_attention_heads=4, num_key_value_heads=4, head_dim=16,
+                      rope_parameters=dict(rule, rope_theta=1e4, partial_rotary_factor=0.5))
+    m = modeling("glm4_moe")
+    q, k, pos = inputs(16, False, 24)
+    want = m.apply_rotary_pos_emb(q, k, *m.Glm4MoeRotaryEmbedding(cfg)(q, pos))
+    for given in (cfg, cfg.to_dict()):
+        rope = rotary.RotaryEmbedding.from_hf_config(given)
+        assert rope.dim == 8
+        for got, w in zip(rope(q, k, position_ids=pos), want):
+            torch.testing.assert_close(got, w, atol=ATOL, rtol=0)
 
 
 def test_the_served_forms_of_those_rules_still_match():

@@ -42,15 +42,23 @@ def modeling(name):
 # ------------------------------------------------- the tables, against transformers
 def test_default_rule_reads_partial_is_transformers_own():
     """Every rotary class whose default rule reads partial_rotary_factor, by
-    its source, for every model type of transformers' config mapping."""
+    its source, for every model type of transformers' config mapping (and
+    the package of its causal LM where that is another family's: Sarvam-MoE
+    runs Glm4MoeForCausalLM)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
     reads = set()
     for model_type, cls in transformers.CONFIG_MAPPING.items():
-        package = cls.__module__.rsplit(".", 1)[0]
-        for sub in pkgutil.iter_modules(importlib.import_module(package).__path__):
-            if not sub.name.startswith("modeling_"):
-                continue
+        packages = {cls.__module__.rsplit(".", 1)[0]}
+        lm = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type, ""), None)
+        if lm is not None:
+            packages.add(lm.__module__.rsplit(".", 1)[0])
+        modules = [f"{package}.{sub.name}" for package in sorted(packages)
+                   for sub in pkgutil.iter_modules(importlib.import_module(package).__path__)
+                   if sub.name.startswith("modeling_")]
+        for name in modules:
             try:
-                mod = importlib.import_module(f"{package}.{sub.name}")
+                mod = importlib.import_module(name)
             except Exception:  # a modeling file needing an optional package: none of the served families
                 continue
             for name, obj in vars(mod).items():

@@ -86,6 +86,15 @@ def test_moonshine_default_share_and_odd_spans():
         rotary.RotaryEmbedding.from_hf_config(odd)
 
 
+def test_moonshine_with_unequal_encoder_and_decoder_heads_is_refused():
+    # transformers' attention sets config.num_attention_heads as it builds each stack.
+    cfg = make_config("MoonshineConfig", hidden_size=288, encoder_num_attention_heads=4, decoder_num_attention_heads=8)
+    for given in (cfg, cfg.to_dict()):
+        with pytest.raises(ValueError, match=r"moonshine with encoder_num_attention_heads=4 and "
+                                             r"decoder_num_attention_heads=8"):
+            rope_kwargs_from_hf_config(given)
+
+
 def test_moonshine_streaming_encoder_is_refused_by_name():
     cfg = make_config("MoonshineStreamingConfig").encoder_config
     with pytest.raises(ValueError, match=r"moonshine_streaming_encoder.*its encoder has no RoPE"):
