@@ -70,12 +70,14 @@ void RotaryEmbeddingImpl::load(torch::serialize::InputArchive& archive) {
 void RotaryEmbeddingImpl::load_tables(
     const std::optional<torch::Tensor>& saved_freqs,
     const std::optional<torch::Tensor>& saved_inv_freq,
-    const std::string& who) {
-  tables_.restore(saved_freqs, saved_inv_freq, who, freqs.device(), [&](const RopeTableSet& t) { install(t); });
+    const std::string& who,
+    std::optional<int64_t> state) {
+  tables_.restore(
+      saved_freqs, saved_inv_freq, who, freqs.device(), [&](const RopeTableSet& t) { install(t); }, state);
 }
 
 void RotaryEmbeddingImpl::update_for_reach(int64_t reach) {
-  tables_.run(reach, freqs.device(), [&] { return freqs; }, [&](const RopeTableSet* fresh) {
+  tables_.run(reach, freqs.device(), [&] { return RopeTables::Held{freqs, inv_freq}; }, [&](const RopeTableSet* fresh) {
     if (fresh) install(*fresh);
     return 0;
   });
@@ -104,7 +106,7 @@ void RotaryEmbeddingImpl::pretty_print(std::ostream& stream) const {
 }
 
 ModuleBuffers RotaryEmbeddingImpl::module_buffers() {
-  return {freqs, inv_freq, [this](const RopeTableSet& t) { install(t); }};
+  return {[this] { return RopeTables::Held{freqs, inv_freq}; }, [this](const RopeTableSet& t) { install(t); }};
 }
 
 // The shared shell (rotary/front_end.h): host checks, then op(freqs,

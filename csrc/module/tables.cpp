@@ -128,23 +128,41 @@ RopeTables& RopeTables::operator=(const RopeTables& other) {
   return *this;
 }
 
-void RopeTables::follow(const at::Tensor& held) {
-  if (!held.defined()) return;
+void RopeTables::follow(const Held& held) {
+  const auto& [freqs, inv_freq] = held;
+  if (!freqs.defined()) return;
   // unsafe_storage: a functional or fake tensor under tracing has one of its own (unknown here).
-  const c10::Storage& storage = held.unsafeGetTensorImpl()->unsafe_storage();
+  const c10::Storage& storage = freqs.unsafeGetTensorImpl()->unsafe_storage();
   const c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+  if (impl == nullptr) return;
   std::vector<Built> alive;
+  bool known = false;
   for (auto& b : built_) {
     if (b.freqs.expired()) continue;
     if (b.freqs._unsafe_get_target() == impl) {
       state_ = b.state;
       attention_scaling_ = b.attention_scaling;
-      impl = nullptr;
+      known = true;
     }
     alive.push_back(std::move(b));
   }
   built_ = std::move(alive);
-  if (impl) built_.push_back({storage.getWeakStorageImpl(), state_, attention_scaling_});
+  if (known) return;
+  // Fake, functional and transform-wrapped tensors (a trace, torch.func) hold no values to read,
+  // and under a transform a read would be wrapped: the current state holds there.
+  const bool readable = inv_freq.defined() && !inv_freq.is_meta() && inv_freq.has_storage() &&
+      !detail::under_func_transforms() &&
+      !inv_freq.key_set().has_any(c10::DispatchKeySet(
+          {c10::DispatchKey::Python, c10::DispatchKey::Functionalize, c10::DispatchKey::FuncTorchGradWrapper,
+           c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::BatchedNestedTensor}));
+  if (readable) {  // its values say its state (the current one is tried first)
+    const int64_t state = saved_state(std::nullopt, inv_freq, "RotaryEmbedding: the tables it holds", state_);
+    if (state != state_) {
+      state_ = state;
+      attention_scaling_ = frequencies_of(options_, options_.scaling(), state).attention_scaling;
+    }
+  }
+  built_.push_back({storage.getWeakStorageImpl(), state_, attention_scaling_});
 }
 
 std::string RopeTables::describe() const {
@@ -233,8 +251,9 @@ void RopeTables::check_rows(int64_t seq_len, int64_t start_pos, bool has_positio
 int64_t RopeTables::saved_state(
     const std::optional<at::Tensor>& freqs,
     const std::optional<at::Tensor>& inv_freq,
-    const std::string& who) const {
-  const int64_t seq_len = check_saved_tables(options_, freqs, inv_freq, who);
+    const std::string& who,
+    std::optional<int64_t> hint) const {
+  const int64_t seq_len = check_saved_tables(options_, freqs, inv_freq, who, hint);
   return host_driven_ ? seq_len : 0;
 }
 
@@ -242,7 +261,8 @@ int64_t check_saved_tables(
     const RotaryEmbeddingOptions& options,
     const std::optional<at::Tensor>& freqs,
     const std::optional<at::Tensor>& inv_freq,
-    const std::string& who) {
+    const std::string& who,
+    std::optional<int64_t> tried) {
   check_options(options);
   const bool has_freqs = freqs && freqs->defined();
   const bool has_inv = inv_freq && inv_freq->defined();
@@ -289,6 +309,7 @@ int64_t check_saved_tables(
   // factors, a grown dynamic base (its length recovered from inv_freq[1] or
   // from the table's row count).
   std::vector<int64_t> states = {0};
+  if (tried && *tried > 0 && depends_on_seq_len(s)) states.push_back(*tried);  // past what inv_freq recovers
   if (type == RopeType::LongRope) states.push_back(*s.original_max_position_embeddings() + 1);
   if (type == RopeType::Dynamic) {
     const int64_t m = *s.max_position_embeddings();

@@ -51,19 +51,21 @@ void load_from_state_dict(
   if (strict) leaf_unexpected_keys(sd, prefix, names, unexpected_keys);
 }
 
-// pickle / copy.deepcopy: the options and the saved tables; rebuilt from
-// them (load_tables restores the host-driven state).
+// pickle / copy.deepcopy: the options in effect, the tables and their
+// state; rebuilt from them (load_tables checks them, the state a hint past
+// what inv_freq recovers).
 py::tuple cpp_rope_state(const Impl& impl) {
-  const auto& o = impl.options;
+  const auto& o = impl.tables().options();
   py::object scaling = o.scaling().type() == "default" ? py::object(py::none()) : py::object(scaling_to_dict(o.scaling()));
   return py::make_tuple(
       o.dim(), o.max_seq_len(), o.theta(), o.interleaved(), scaling, rotary::angle_dtype_name(o.angle_dtype()),
       impl.freqs, impl.inv_freq, impl.is_training(), o.rotary_offset(), o.mrope_section(),
-      o.mrope_interleaved(), o.axes_dim(), o.axes_theta(), o.axes_shared_spectrum());
+      o.mrope_interleaved(), o.axes_dim(), o.axes_theta(), o.axes_shared_spectrum(), impl.tables().state());
 }
 
 py::object cpp_rope_from_state(const py::object& wrapper, const py::tuple& st) {
-  TORCH_CHECK_VALUE(st.size() == 15, "CppRotaryEmbedding: unexpected pickled state of size ", st.size());
+  TORCH_CHECK_VALUE(st.size() == 15 || st.size() == 16, "CppRotaryEmbedding: unexpected pickled state of size ",
+                    st.size());
   auto impl = std::make_shared<Impl>(
       rotary::RotaryEmbeddingOptions(st[0].cast<int64_t>())
           .max_seq_len(st[1].cast<int64_t>())
@@ -77,7 +79,8 @@ py::object cpp_rope_from_state(const py::object& wrapper, const py::tuple& st) {
           .axes_dim(st[12].cast<std::vector<int64_t>>())
           .axes_theta(st[13].cast<std::vector<double>>())
           .axes_shared_spectrum(st[14].cast<bool>()));
-  impl->load_tables(st[6].cast<torch::Tensor>(), st[7].cast<torch::Tensor>(), "CppRotaryEmbedding (unpickle)");
+  const auto state = st.size() == 16 ? std::optional<int64_t>(st[15].cast<int64_t>()) : std::nullopt;
+  impl->load_tables(st[6].cast<torch::Tensor>(), st[7].cast<torch::Tensor>(), "CppRotaryEmbedding (unpickle)", state);
   impl->to(st[6].cast<torch::Tensor>().device());
   py::object obj = wrapper.attr("__new__")(wrapper);
   py::module_::import("torch.nn.cpp").attr("ModuleWrapper").attr("__init__")(obj, py::cast(impl));

@@ -22,11 +22,12 @@ using rotary::RopeTables;
 
 namespace {
 
-// held() of run / state_of, called under the lock, with the GIL.
-auto held_tables(const py::function& held) {
+// held() of run / state_of / forward_with_cache: the module's (freqs,
+// inv_freq), called under the lock, with the GIL.
+std::function<rotary::RopeTables::Held()> held_tables(const py::function& held) {
   return [&held] {
     py::gil_scoped_acquire gil;
-    return held().cast<at::Tensor>();
+    return held().cast<rotary::RopeTables::Held>();
   };
 }
 
@@ -100,11 +101,11 @@ void def_module_shell(py::class_<RopeTables>& tables) {
   tables.def(
       "forward_with_cache",
       [](rotary::RopeTables& t, torch::Tensor q, torch::Tensor k, const torch::Tensor& v, const py::object& cache,
-         const py::object& start_pos, const std::string& layout, const torch::Tensor& freqs,
-         const torch::Tensor& inv_freq, const py::function& install) {
+         const py::object& start_pos, const std::string& layout, const py::function& held,
+         const py::function& install) {
         const auto impl = cache_of(cache, "RotaryEmbedding.forward_with_cache");
         const auto pos = optional_start_pos(start_pos);
-        rotary::ModuleBuffers buffers{freqs, inv_freq, [&](const rotary::RopeTableSet& fresh) {
+        rotary::ModuleBuffers buffers{held_tables(held), [&](const rotary::RopeTableSet& fresh) {
                                         py::gil_scoped_acquire gil;
                                         install(fresh.freqs, fresh.inv_freq);
                                       },
@@ -117,7 +118,7 @@ void def_module_shell(py::class_<RopeTables>& tables) {
         return rotary::forward_with_cache(t, buffers, q, k, v, *impl, pos, layout);
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("cache"), py::arg("start_pos"), py::arg("layout"),
-      py::arg("freqs"), py::arg("inv_freq"), py::arg("install"));
+      py::arg("held"), py::arg("install"));
   // The Python module's repr fields, in Python's spelling.
   tables.def("extra_repr", [](const rotary::RopeTables& t) {
     const auto& o = t.options();

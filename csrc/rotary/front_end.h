@@ -22,8 +22,9 @@ namespace rotary {
 
 // A module's buffers and how it installs new ones (host-driven rules).
 struct ModuleBuffers {
-  const at::Tensor& freqs;
-  const at::Tensor& inv_freq;
+  // (freqs, inv_freq) as the module holds them now: read under the lock of a
+  // host-driven rule (another thread's call may have installed new ones).
+  std::function<RopeTables::Held()> held;
   std::function<void(const RopeTableSet&)> install;
   // How messages name a dtype, as the caller's language writes it (empty:
   // c10's names, "BFloat16"; Python passes torch's, "torch.bfloat16").
@@ -72,12 +73,14 @@ auto run_module_call(
   RopeTables::check_start_pos(start_pos);
   const int64_t reach = tables.host_driven() ? RopeTables::reach_of(seq_len, start_pos, offsets, position_ids) : 0;
   // Under the lock of a host-driven rule from here on.
-  return tables.run(reach, buffers.freqs.device(), [&] { return buffers.freqs; }, [&](const RopeTableSet* fresh) {
-    const at::Tensor& f = fresh ? fresh->freqs : buffers.freqs;
+  const c10::Device device = buffers.held().first.device();
+  return tables.run(reach, device, buffers.held, [&](const RopeTableSet* fresh) {
+    const RopeTables::Held now = fresh ? RopeTables::Held{} : buffers.held();
+    const at::Tensor& f = fresh ? fresh->freqs : now.first;
     tables.check_rows(seq_len, start_pos, has_positions, f.size(0));
     const bool within = !has_positions && start_pos + seq_len <= f.size(0);
     std::optional<at::Tensor> inv;
-    if (tables.extends_past_table() && !within) inv = fresh ? fresh->inv_freq : buffers.inv_freq;
+    if (tables.extends_past_table() && !within) inv = fresh ? fresh->inv_freq : now.second;
     auto out = op(f, inv);
     if (fresh) buffers.install(*fresh);
     return out;

@@ -111,10 +111,12 @@ class RotaryEmbeddingImpl : public torch::nn::Cloneable<RotaryEmbeddingImpl> {
   void load(torch::serialize::InputArchive& archive) override;
   // The same for tensors at hand (a Python state_dict). Either may be absent;
   // `who` starts an error message.
+  // `state`: the one they were saved in, when known (a copy's), tried first.
   void load_tables(
       const std::optional<torch::Tensor>& freqs,
       const std::optional<torch::Tensor>& inv_freq,
-      const std::string& who = "RotaryEmbedding.load");
+      const std::string& who = "RotaryEmbedding.load",
+      std::optional<int64_t> state = std::nullopt);
 
   // What the next reset() builds (torch's convention): the module runs, and
   // pretty_prints, with tables().options(), which reset() sets from these.

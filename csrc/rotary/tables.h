@@ -52,10 +52,11 @@ constexpr int64_t kMaxStartPos = kMaxPosition;
 // gets a fresh lock and the same state.
 //
 // The state follows the tables a module holds, not only the last transition:
-// run() is given the module's freqs buffer, and a table this object built
-// for another state (functional_call and export put the module's buffers
-// back after a call that switched tables) brings that state back. A buffer it
-// never built (a move, a copy, a load) is taken to be the current state's.
+// run() is given the module's buffers, and a table this object built or met
+// before brings its state back (functional_call puts the module's buffers
+// back after a call that switched tables). One it never met (a move, a copy,
+// tables passed to functional_call) tells its state by its inv_freq, checked
+// as a load checks it; under a trace (fake tensors) the current state holds.
 class RopeTables {
  public:
   // Validates the options and the rule (c10::ValueError naming the field).
@@ -99,15 +100,18 @@ class RopeTables {
   static void check_start_pos(int64_t start_pos);
   void check_rows(int64_t seq_len, int64_t start_pos, bool has_positions, int64_t rows) const;
 
+  // The module's buffers (freqs, inv_freq), as held() returns them.
+  using Held = std::pair<at::Tensor, at::Tensor>;
+
   // Runs op(fresh) with the tables right for a call reaching `reach`
-  // (reach <= 0: the current state) of a module whose freqs buffer held()
+  // (reach <= 0: the current state) of a module whose buffers held()
   // returns (read under the lock: another call may be installing). fresh is
   // nullptr when the held tables are right, else the new ones (on
   // `device`), which op must install when it succeeds. The new state is
   // recorded after op returned; not at all with record false (a trace,
   // torch.export, bakes the tables in and leaves the module as it was).
-  template <typename Held, typename Op>
-  auto run(int64_t reach, c10::Device device, Held&& held, Op&& op, bool record = true) -> decltype(op(nullptr)) {
+  template <typename HeldFn, typename Op>
+  auto run(int64_t reach, c10::Device device, HeldFn&& held, Op&& op, bool record = true) -> decltype(op(nullptr)) {
     if (!host_driven_) return op(nullptr);
     std::lock_guard<std::mutex> lock(lock_.mutex);
     follow(held());
@@ -119,10 +123,10 @@ class RopeTables {
     if (record) commit(fresh);
     return out;
   }
-  // The state of the tables held() returns (the module's freqs buffer),
-  // followed as run() does.
-  template <typename Held>
-  int64_t state_of(Held&& held) {
+  // The state of the tables held() returns (the module's buffers), followed
+  // as run() does.
+  template <typename HeldFn>
+  int64_t state_of(HeldFn&& held) {
     if (!host_driven_) return state_;
     std::lock_guard<std::mutex> lock(lock_.mutex);
     follow(held());
@@ -140,10 +144,11 @@ class RopeTables {
       const std::optional<at::Tensor>& inv_freq,
       const std::string& who,
       c10::Device device,
-      Install&& install) {
+      Install&& install,
+      std::optional<int64_t> hint = std::nullopt) {
     std::unique_lock<std::mutex> lock(lock_.mutex, std::defer_lock);
     if (host_driven_) lock.lock();
-    const RopeTableSet fresh = build(saved_state(freqs, inv_freq, who), device);
+    const RopeTableSet fresh = build(saved_state(freqs, inv_freq, who, hint), device);
     built_.reserve(built_.size() + 1);
     install(fresh);
     commit(fresh);
@@ -156,19 +161,19 @@ class RopeTables {
   int64_t saved_state(
       const std::optional<at::Tensor>& freqs,
       const std::optional<at::Tensor>& inv_freq,
-      const std::string& who) const;
+      const std::string& who,
+      std::optional<int64_t> hint = std::nullopt) const;
   void commit(const RopeTableSet& tables) noexcept {  // room reserved before the install
     state_ = tables.state;
     attention_scaling_ = tables.attention_scaling;
     built_.push_back({tables.freqs.unsafeGetTensorImpl()->unsafe_storage().getWeakStorageImpl(), tables.state,
                       tables.attention_scaling});
   }
-  // Under the lock: the state of the tables `held`, when this object built
-  // them; else `held` is noted as the current state's.
-  void follow(const at::Tensor& held);
+  // Under the lock: the state of the tables `held`, noted for next time.
+  void follow(const Held& held);
 
-  // The storages of the freqs tables this object built or was given, with
-  // their states (the C++ module installs by set_data: its buffer keeps its
+  // The storages of the freqs tables this object built or met, with their
+  // states (the C++ module installs by set_data: its buffer keeps its
   // TensorImpl; a weak reference keeps an address from being reused).
   struct Built {
     c10::weak_intrusive_ptr<c10::StorageImpl> freqs;
@@ -194,14 +199,16 @@ class RopeTables {
 // 1e-12 relative, and every table entry to 2^-22 (times the attention
 // scaling), which tells another theta, rule, factor or angle_dtype apart (a
 // table nearer to the other angle_dtype's than to its own is refused too).
-// The host-driven rules may have been saved in any of their states. Returns
-// the sequence length of the state that matches (0: the initial one).
+// The host-driven rules may have been saved in any of their states (`tried`:
+// one to try as well, the state a copy was made in). Returns the sequence
+// length of the state that matches (0: the initial one).
 // Throws c10::ValueError naming the buffer, the options and the first
 // mismatch. `who` starts the message.
 int64_t check_saved_tables(
     const RotaryEmbeddingOptions& options,
     const std::optional<at::Tensor>& freqs,
     const std::optional<at::Tensor>& inv_freq,
-    const std::string& who = "RotaryEmbedding.load");
+    const std::string& who = "RotaryEmbedding.load",
+    std::optional<int64_t> tried = std::nullopt);
 
 }  // namespace rotary

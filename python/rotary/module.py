@@ -108,8 +108,8 @@ class RotaryEmbedding(nn.Module):
         kwargs = rope_kwargs_from_hf_config(config, max_seq_len, layer_type, layer_theta)
         return cls(**kwargs, angle_dtype=angle_dtype)
 
-    def _held(self) -> torch.Tensor:  # the tables held, read under the state machine's lock
-        return self._buffers["freqs"]
+    def _held(self):  # the tables held, read under the state machine's lock
+        return self._buffers["freqs"], self._buffers["inv_freq"]
 
     def _install(self, freqs: torch.Tensor, inv_freq: torch.Tensor) -> None:
         self._buffers["freqs"], self._buffers["inv_freq"] = freqs, inv_freq
@@ -146,7 +146,7 @@ class RotaryEmbedding(nn.Module):
                 if key in state_dict:
                     state_dict[key] = buf
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, unexpected, error_msgs)
-        if not given:  # both left out: the tables follow from the options, and the module keeps its own
+        if not given and not self.freqs.is_meta:  # the tables follow from the options; it keeps its own
             missing[:] = [key for key in missing if key not in (fkey, ikey)]
 
     def _apply(self, fn, recurse=True):
@@ -154,6 +154,8 @@ class RotaryEmbedding(nn.Module):
         # drop the sines, and round inv_freq; take only the device from fn.
         # A move that raises (.cuda() without a GPU) keeps the tables. Meta
         # tables hold no values: leaving meta (to_empty) rebuilds them.
+        if len(self._buffers.keys() & {"freqs", "inv_freq"}) == 2:
+            self._tables.state_of(self._held)  # a rebuild below is of the state of the tables held
         saved = {name: self._buffers.pop(name) for name in ("freqs", "inv_freq") if name in self._buffers}
         moved = saved
         try:
@@ -166,6 +168,11 @@ class RotaryEmbedding(nn.Module):
         finally:
             self._buffers.update(moved)
         return self
+
+    def __getstate__(self):  # pickle, deepcopy: the state of the tables held, not of the last switch
+        if len(self._buffers.keys() & {"freqs", "inv_freq"}) == 2:
+            self._tables.state_of(self._held)
+        return super().__getstate__()
 
     def __prepare_scriptable__(self):  # torch.jit.script calls it on every submodule
         raise RuntimeError(
@@ -245,8 +252,7 @@ class RotaryEmbedding(nn.Module):
         and advance its length, in one fused op; returns ``(q, keys,
         values)``. The C++ module's shell runs it (the same checks and bits);
         a call that raises writes nothing."""
-        return self._tables.forward_with_cache(q, k, v, cache, start_pos, layout, self._buffers["freqs"],
-                                               self._buffers["inv_freq"], self._install)
+        return self._tables.forward_with_cache(q, k, v, cache, start_pos, layout, self._held, self._install)
 
     def _rotate(self, q, k, start_pos, offsets, position_ids, freqs, inv_freq, layout):
         # inv_freq lets positions past the cached rows be computed exactly;

@@ -234,8 +234,10 @@ TEST(RopeTables, StatesOfTheHostDrivenRules) {
 }
 
 TEST(RopeTables, RunRecordsTheStateOnlyWhenTheOpReturns) {
+  using Held = rotary::RopeTables::Held;
   rotary::RopeTables t(RotaryEmbeddingOptions(8).max_seq_len(64).scaling(dynamic64()));
-  at::Tensor held = t.build(0).freqs;  // the module's buffer
+  const rotary::RopeTableSet initial = t.build(0);
+  Held held{initial.freqs, initial.inv_freq};  // the module's buffers
   EXPECT_THROW(
       t.run(200, at::kCPU, [&] { return held; }, [](const rotary::RopeTableSet* fresh) -> int {
         EXPECT_NE(fresh, nullptr);
@@ -243,12 +245,11 @@ TEST(RopeTables, RunRecordsTheStateOnlyWhenTheOpReturns) {
       }),
       std::runtime_error);
   EXPECT_EQ(t.state(), 0);
-  const at::Tensor initial = held;
   t.run(200, at::kCPU, [&] { return held; }, [&](const rotary::RopeTableSet* fresh) {
-    held = fresh->freqs;  // installed
+    held = {fresh->freqs, fresh->inv_freq};  // installed
     return 0;
   });
-  EXPECT_EQ(held.size(0), 1);  // a grown float64-angle table: row 0 alone
+  EXPECT_EQ(held.first.size(0), 1);  // a grown float64-angle table: row 0 alone
   EXPECT_EQ(t.state(), 200);
   t.run(100, at::kCPU, [&] { return held; }, [](const rotary::RopeTableSet* fresh) {
     EXPECT_EQ(fresh, nullptr);  // reach 100 <= 200: the grown tables stay
@@ -256,19 +257,26 @@ TEST(RopeTables, RunRecordsTheStateOnlyWhenTheOpReturns) {
   });
   const rotary::RopeTables copy = t;  // a copy keeps the state, with its own lock
   EXPECT_EQ(copy.state(), 200);
-  // The module holds its initial tables again (functional_call / export put
-  // them back): their state comes back with them, and reach 100 grows anew.
-  EXPECT_EQ(t.state_of([&] { return initial; }), 0);
+  // The module holds its initial tables again (functional_call puts them
+  // back): their state comes back with them, and reach 100 grows anew.
+  const Held first{initial.freqs, initial.inv_freq};
+  EXPECT_EQ(t.state_of([&] { return first; }), 0);
   EXPECT_EQ(t.attention_scaling(), 1.0);
   int64_t grown = 0;
-  t.run(100, at::kCPU, [&] { return initial; }, [&](const rotary::RopeTableSet* fresh) {
+  t.run(100, at::kCPU, [&] { return first; }, [&](const rotary::RopeTableSet* fresh) {
     grown = fresh ? fresh->state : -1;
     return 0;
   });
   EXPECT_EQ(grown, 100);
   EXPECT_EQ(t.state_of([&] { return held; }), 200);  // the 200-row tables, held again
-  // Tables it never built (a move, a copy) are the current state's.
-  EXPECT_EQ(t.state_of([&] { return held.clone(); }), 200);
+  // Tables it never met (a copy, a move, another module's): their inv_freq says the state.
+  EXPECT_EQ(t.state_of([&] { return Held{held.first.clone(), held.second.clone()}; }), 200);
+  const rotary::RopeTableSet other = t.build(77);
+  EXPECT_EQ(t.state_of([&] { return Held{other.freqs.clone(), other.inv_freq.clone()}; }), 77);
+  // ... and tables no state of these options builds are refused by name.
+  const Held wrong{initial.freqs.clone(), initial.inv_freq * 1.5};
+  rotary_test::ExpectError<c10::ValueError>([&] { t.state_of([&] { return wrong; }); },
+                                            {"RotaryEmbedding: the tables it holds", "do not match this module"});
 }
 
 // A call that raises leaves the module as it was: the refused call (odd

@@ -77,6 +77,42 @@ def test_functional_call_leaves_the_module_at_the_tables_it_holds(angle_dtype):
     assert rope.rope_state == 30
 
 
+def test_the_state_is_that_of_the_tables_passed_or_copied():
+    """functional_call with another state's tables (a checkpoint's) rotates
+    from that state, and a copy taken after functional_call put the caller's
+    tables back holds their state (it pickled the switched one)."""
+    import copy
+
+    rule = {"rope_type": "dynamic", "factor": 2.0}
+    full = dict(rule, max_position_embeddings=16)
+    x = randn((1, 2, 4, D), torch.float32, 7)
+
+    def want(seen):
+        inv = np.array(ref_frequencies(D, 10000.0, full, seen)[0])
+        return rope_reference_nd(x, np.arange(20, 24)[None, None], [0] * (D // 2), D, inv=inv).float()
+
+    fresh = rotary.RotaryEmbedding(D, 16, scaling=rule)
+    state0 = {name: t.clone() for name, t in fresh.named_buffers()}  # a state-0 checkpoint's tables
+    grown = rotary.RotaryEmbedding(D, 16, scaling=rule)
+    grown(randn((1, 1, 40, D), seed=8))  # state 40
+    out = torch.func.functional_call(grown, state0, (x, 20))  # from state 0, reach 24: grows to 24
+    torch.testing.assert_close(out, want(24), rtol=0, atol=2e-6)
+    assert grown.rope_state == 40  # its own tables, back
+    torch.testing.assert_close(grown(x, 20), want(40), rtol=0, atol=2e-6)
+
+    rope = rotary.RotaryEmbedding(D, 16, scaling=rule)
+    torch.func.functional_call(rope, dict(rope.named_buffers()), (randn((1, 1, 40, D), seed=9),))
+    for made in (copy.deepcopy(rope), pickle_round_trip(rope)):
+        assert made.rope_state == 0
+        torch.testing.assert_close(made(x, 20), want(24), rtol=0, atol=2e-6)
+
+
+def pickle_round_trip(m):
+    import pickle
+
+    return pickle.loads(pickle.dumps(m))
+
+
 def test_in_place_ops_under_nested_transforms():
     """The vmap rule's overlap check read the tensors at its own level, which
     under an outer vmap / jvp / grad are wrappers with no storage."""

@@ -286,6 +286,27 @@ def test_assign_load_into_a_meta_model_takes_the_saved_device(spec):
     assert_close_ref(rope(x), torch.from_numpy(att * rotate_pairs_nd(x.numpy(), angle, True)), torch.float64)
 
 
+def test_a_far_dynamic_state_survives_copies():
+    """A dynamic rule grown past 2^53 (positions go to 2^60): its inv_freq no
+    longer tells the length, and the C++ module's clone, deepcopy and pickle
+    (which rebuilt it from the tables) refused it; they carry the state."""
+    far = 2**53 + 1
+    cpp = rotary.CppRotaryEmbedding(8, 16, scaling={"rope_type": "dynamic", "factor": 2.0})
+    x = torch.randn(1, 1, 2, 8, dtype=torch.float64, generator=gen(5))
+    want = cpp(x, far - 2)  # reach far: grows
+    for made in (cpp.clone(), copy.deepcopy(cpp), pickle.loads(pickle.dumps(cpp))):
+        assert made.rope_state == far
+        assert torch.equal(made(x, far - 2), want)
+
+
+def test_a_meta_module_reports_tables_a_load_leaves_out():
+    # Its own tables are meta (no values): missing keys, not "the module keeps its own".
+    with torch.device("meta"):
+        m = rotary.RotaryEmbedding(8, 16)
+    result = m.load_state_dict({}, strict=False, assign=True)
+    assert set(result.missing_keys) == {"freqs", "inv_freq"}
+
+
 # ---------------------------------------------------------------------------
 # Loading the library twice
 # ---------------------------------------------------------------------------
