@@ -162,18 +162,38 @@ std::optional<torch::Tensor> tensor_arg(const py::handle& v, const std::string& 
   return v.cast<torch::Tensor>();
 }
 
+namespace {
+
+// numpy's integers (anything with __index__ but a bool or a tensor) as the
+// Python int they hold, as torch's parser takes them; anything else as it is.
+py::object plain_int(const py::object& v) {
+  if (py::isinstance<py::int_>(v) || py::isinstance<py::bool_>(v) || THPVariable_Check(v.ptr()) ||
+      !PyIndex_Check(v.ptr())) {
+    return v;
+  }
+  PyObject* i = PyNumber_Index(v.ptr());
+  if (i == nullptr) {  // numpy's bool has an __index__ that refuses
+    PyErr_Clear();
+    return v;
+  }
+  return py::reinterpret_steal<py::object>(i);
+}
+
+}  // namespace
+
 // A module call's arguments: rope(x, start_pos=0, *, offsets=None,
 // position_ids=None) or rope(q, k, start_pos=0, ...); rope(x, p) with an int
 // p means start_pos p. The deprecated `positions` is routed by its old
 // meaning (detail::legacy_positions_are_ids), with a DeprecationWarning. Returns (q, k or None, start_pos, offsets, ids).
 std::tuple<torch::Tensor, OptTensor, int64_t, OptTensor, OptTensor> call_args(
     const py::object& q,
-    const py::object& k,
-    const py::object& start_pos,
+    const py::object& k_given,
+    const py::object& start_pos_given,
     const py::object& offsets,
     const py::object& position_ids,
     const py::object& positions) {
   const char* who = "RotaryEmbedding";
+  const py::object k = plain_int(k_given), start_pos = plain_int(start_pos_given);
   const auto x = tensor_arg(q, who, "q (or x)");
   TORCH_CHECK_TYPE(x.has_value(), who, ": q (or x) must be a tensor, got None");
   std::optional<torch::Tensor> k_tensor;

@@ -11,6 +11,18 @@ import torch
 from . import _C
 
 
+def _plain_int(value):
+    """numpy's integers as the int they hold (torch's parser takes them); any
+    other value as it is, for the checks to name."""
+    if type(value) is int or isinstance(value, (bool, torch.Tensor, torch.SymInt)) or not hasattr(
+            type(value), "__index__"):
+        return value
+    try:
+        return operator.index(value)
+    except TypeError:  # numpy's bool has an __index__ that refuses
+        return value
+
+
 def _int_arg(op: str, name: str, value):
     """torch's argument parser takes a bool as an int and names neither the
     argument nor the op for a float or an int past int64: refuse them here,
@@ -19,12 +31,9 @@ def _int_arg(op: str, name: str, value):
         return value
     if isinstance(value, torch.SymInt):
         return value
-    if isinstance(value, (bool, torch.Tensor)) or not hasattr(type(value), "__index__"):
+    value = _plain_int(value)
+    if type(value) is not int:
         raise TypeError(f"{op}: {name} must be an int, got {value!r}")
-    try:
-        value = operator.index(value)  # numpy's integers, as torch's parser takes them
-    except TypeError:  # numpy's bool has an __index__ that refuses
-        raise TypeError(f"{op}: {name} must be an int, got {value!r}") from None
     if name != "start_pos" and isinstance(value, int) and not -(2**63) <= value < 2**63:
         raise ValueError(f"{op}: {name} must fit in int64, got {value}")
     return value

@@ -195,6 +195,11 @@ def test_op_arguments_take_numpy_scalars_as_torch_does():
     for bad in (np.bool_(True), torch.tensor(3)):
         with pytest.raises(TypeError, match=r"apply_rope: start_pos must be an int, got"):
             rotary.apply_rope(x, f, bad)
+    for module in (rotary.RotaryEmbedding(D, 16), rotary.CppRotaryEmbedding(D, 16)):  # the modules too
+        for out in (module(x, np.int64(3)), module(x, start_pos=np.int32(3)), module(x, x, np.uint8(3))[1]):
+            torch.testing.assert_close(out.double(), want, rtol=0, atol=1e-6)
+        with pytest.raises(TypeError, match=r"RotaryEmbedding: start_pos must be an int, got np.True_"):
+            module(x, start_pos=np.bool_(True))
 
 
 @pytest.mark.parametrize("make", [rotary.RotaryEmbedding, rotary.CppRotaryEmbedding], ids=["python", "cpp"])
