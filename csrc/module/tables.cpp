@@ -252,8 +252,8 @@ int64_t RopeTables::saved_state(
     const std::optional<at::Tensor>& freqs,
     const std::optional<at::Tensor>& inv_freq,
     const std::string& who,
-    std::optional<int64_t> hint) const {
-  const int64_t seq_len = check_saved_tables(options_, freqs, inv_freq, who, hint);
+    std::optional<int64_t> tried) const {
+  const int64_t seq_len = check_saved_tables(options_, freqs, inv_freq, who, tried);
   return host_driven_ ? seq_len : 0;
 }
 

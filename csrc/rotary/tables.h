@@ -145,10 +145,10 @@ class RopeTables {
       const std::string& who,
       c10::Device device,
       Install&& install,
-      std::optional<int64_t> hint = std::nullopt) {
+      std::optional<int64_t> tried = std::nullopt) {
     std::unique_lock<std::mutex> lock(lock_.mutex, std::defer_lock);
     if (host_driven_) lock.lock();
-    const RopeTableSet fresh = build(saved_state(freqs, inv_freq, who, hint), device);
+    const RopeTableSet fresh = build(saved_state(freqs, inv_freq, who, tried), device);
     built_.reserve(built_.size() + 1);
     install(fresh);
     commit(fresh);
@@ -162,10 +162,11 @@ class RopeTables {
       const std::optional<at::Tensor>& freqs,
       const std::optional<at::Tensor>& inv_freq,
       const std::string& who,
-      std::optional<int64_t> hint = std::nullopt) const;
+      std::optional<int64_t> tried = std::nullopt) const;
   void commit(const RopeTableSet& tables) noexcept {  // room reserved before the install
     state_ = tables.state;
     attention_scaling_ = tables.attention_scaling;
+    if (!host_driven_) return;  // one state: nothing to follow
     built_.push_back({tables.freqs.unsafeGetTensorImpl()->unsafe_storage().getWeakStorageImpl(), tables.state,
                       tables.attention_scaling});
   }
