@@ -19,7 +19,7 @@ from ._hf_parts import read_as_its_class as _read_as_its_class
 from ._hf_parts import rule_of as _rule_of, scaling as _scaling, sections as _sections, span as _span
 from ._hf_refusals import refuse_axial as _refuse_axial, refuse_unserved as _refuse_unserved
 from .hf_families import (CLASS_KEEPS_TOP_PARTIAL, CLASS_TEXT_CONFIG, DEFAULT_RULE_READS_PARTIAL, FAMILIES,
-                          GENERIC_FIELDS, Family, family_of)
+                          GENERIC_FIELDS, WHOLE_HEAD_ATTENTION, Family, family_of)
 
 __all__ = ["layer_thetas_of", "layer_types_of", "rope_kwargs_from_hf_config"]
 
@@ -242,6 +242,10 @@ def _partial(config: Any, params: Dict[str, Any], fam: Family, model_type: str, 
             f"got {partial!r}"
         )
     # proportional keeps the whole head's width (zeros past the share): any attention takes it.
+    if partial != 1.0 and rule != "proportional" and model_type in WHOLE_HEAD_ATTENTION:
+        raise ValueError(f"from_hf_config: partial_rotary_factor={partial!r}: transformers' {model_type} rotary "
+                         "class builds a table int(head_dim * partial_rotary_factor) wide, but its attention "
+                         "rotates the whole head with it (transformers fails there). Drop the field")
     if (partial != 1.0 and rule != "proportional" and fam.span in ("leading", "trailing") and model_type
             and model_type not in DEFAULT_RULE_READS_PARTIAL):
         why = ("rotary class is not known to read it in its default rule (those that do: "

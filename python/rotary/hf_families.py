@@ -20,7 +20,7 @@ from typing import Dict, Optional, Tuple
 
 __all__ = ["Family", "FAMILIES", "GENERIC_FIELDS", "DEFAULT_RULE_READS_PARTIAL", "CLASS_THETA", "CLASS_RULE",
            "CLASS_HEAD_DIM", "CLASS_PARTIAL", "CLASS_ORIGINAL_MAX", "CLASS_TEXT_CONFIG", "CLASS_LAYER_TYPES",
-           "CLASS_PLAIN_ROPE_SCALING", "CLASS_KEEPS_TOP_PARTIAL", "family_of"]
+           "CLASS_PLAIN_ROPE_SCALING", "CLASS_KEEPS_TOP_PARTIAL", "WHOLE_HEAD_ATTENTION", "family_of"]
 
 
 @dataclass(frozen=True)
@@ -117,6 +117,10 @@ DEFAULT_RULE_READS_PARTIAL = frozenset({
     "qwen4_exp_text", "qwen4_exp_vision", "recurrent_gemma", "sarvam_moe", "solar_open", "stablelm", "step3p5",
     "step3p5_vision", "step3p7", "zaya",
 })
+
+# Of those, the classes whose attention rotates the whole head all the same:
+# the narrower table fails there (transformers cannot run a share below 1).
+WHOLE_HEAD_ATTENTION = frozenset({"mellum", "solar_open"})
 
 # What a config object carries and its dict may not: the model types whose
 # config class fills in a base other than 10000 (CLASS_THETA: its
@@ -324,7 +328,8 @@ FAMILIES: Dict[str, Family] = {
     "roformer": Family(refuse="a staticmethod of its attention rotates with an nn.Embedding sinusoidal table "
                               "(no rotary_emb to patch)"),
     **{name: Family(refuse=_NOT_VERIFIED) for name in (
-        "blt", "dots3_note", "efficientloftr", "hy_v4_vl", "hy_v4_vl_text", "lightglue",
+        "blt", "dots3_note", "efficientloftr", "hy_v4_vl", "hy_v4_vl_text", "hunyuan_vl", "hunyuan_vl_text",
+        "lightglue",
         "mistral_large4", "mistral_large4_text", "blt_global_transformer", "blt_local_decoder", "blt_local_encoder",
         "blt_patcher", "ernie4_5_vl_moe", "ernie4_5_vl_moe_text", "inkling2", "neomme", "openai_privacy_filter",
         "edgetam_video", "sam2_video", "sam3", "sam3_tracker_video")},

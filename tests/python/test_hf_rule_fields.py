@@ -129,3 +129,25 @@ def test_the_served_forms_of_those_rules_still_match():
             got = rotary.RotaryEmbedding.from_hf_config(given)(q, k, position_ids=pos)
             for g, w in zip(got, want):
                 torch.testing.assert_close(g, w, atol=ATOL, rtol=0)
+
+
+def _solar_open(rope_parameters):
+    return make_config("SolarOpenConfig", hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                       intermediate_size=128, vocab_size=128, max_position_embeddings=128, num_hidden_layers=1,
+                       moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, first_k_dense_replace=1,
+                       rope_parameters=rope_parameters)
+
+
+def test_a_share_where_the_attention_rotates_the_whole_head_is_refused():
+    """SolarOpen's rotary class reads partial_rotary_factor, its attention
+    does not slice the narrower table: transformers fails, rotary served it."""
+    cfg = _solar_open({"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5})
+    model = transformers.AutoModel.from_config(cfg).eval()
+    with pytest.raises(RuntimeError, match="must match the size"), torch.no_grad():
+        model(input_ids=torch.tensor([[3, 4, 5, 6]]))
+    for given in (cfg, cfg.to_dict()):
+        with pytest.raises(ValueError, match=r"partial_rotary_factor=0.5: transformers' solar_open rotary class "
+                                             r"builds a table .* but its attention rotates the whole head"):
+            rotary.RotaryEmbedding.from_hf_config(given)
+    whole = _solar_open({"rope_type": "default", "rope_theta": 1e6})  # the whole head: served
+    assert rotary.RotaryEmbedding.from_hf_config(whole).dim == 16
