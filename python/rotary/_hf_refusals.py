@@ -2,9 +2,15 @@
 their family's table entry: no RoPE at all, RoPE that is not 1-D over token
 positions, or a vision tower's axial layout rotary has not verified."""
 
+import functools
+import importlib
+import importlib.util
+import pkgutil
+import re
 from typing import Any, Dict
 
 from ._hf_parts import get
+from .hf_families import FAMILIES
 
 # model_type -> why its transformers code is not a 1-D RoPE over token positions.
 _PATCH_2D = "2-D RoPE over continuous patch coordinates, not token positions"
@@ -31,6 +37,7 @@ def refuse_unserved(config: Any, model_type: str) -> None:
     who = f"model_type {model_type!r}" if model_type else "a config without model_type"
     if model_type in NOT_1D:
         raise ValueError(f"from_hf_config: {who} is not supported: {NOT_1D[model_type]}")
+    refuse_without_rope(model_type)
     if model_type == "falcon" and get(config, "alibi") is True:
         raise ValueError("from_hf_config: falcon with alibi=True uses ALiBi attention biases, no RoPE; rotary "
                          "serves falcon with alibi=False")
@@ -45,6 +52,51 @@ def refuse_unserved(config: Any, model_type: str) -> None:
         raise ValueError(f"from_hf_config: granitemoehybrid with position_embedding_type="
                          f"{get(config, 'position_embedding_type')!r} builds no rotary embedding; rotary serves "
                          "position_embedding_type='rope'")
+
+
+# What rotary code looks like in a transformers modeling file (a call, not the
+# kernels decorator that names one).
+_ROTATES = re.compile(r"rotary_emb|RotaryEmbedding|(?<!def )(?<!use_kernelized_func\()\bapply_rotary\w*\(")
+
+
+@functools.lru_cache(maxsize=None)
+def _transformers_rotates(model_type: str) -> bool:
+    """False for a model type transformers knows whose modeling code (its
+    package's, and its causal LM's) has no rotary code at all; True where it
+    has, and where rotary cannot tell (no transformers, an unknown type)."""
+    try:
+        import transformers
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        cls = transformers.CONFIG_MAPPING[model_type]
+    except Exception:
+        return True
+    packages = {cls.__module__.rsplit(".", 1)[0]}
+    lm = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type, ""), None)
+    if lm is not None:
+        packages.add(lm.__module__.rsplit(".", 1)[0])
+    for package in packages:
+        try:
+            path = importlib.import_module(package).__path__
+        except Exception:
+            return True
+        for sub in pkgutil.iter_modules(path):
+            if sub.name.startswith("modeling_"):
+                spec = importlib.util.find_spec(f"{package}.{sub.name}")
+                try:
+                    with open(spec.origin, encoding="utf-8") as f:
+                        if _ROTATES.search(f.read()):
+                            return True
+                except (OSError, AttributeError, TypeError):
+                    return True
+    return False
+
+
+def refuse_without_rope(model_type: str) -> None:
+    """A model type outside rotary's table whose transformers code never rotates."""
+    if model_type and model_type not in FAMILIES and model_type not in NOT_1D and not _transformers_rotates(model_type):
+        raise ValueError(f"from_hf_config: model_type {model_type!r} is not supported: transformers' modeling code "
+                         "for it has no rotary embedding (no RoPE)")
 
 
 def refuse_axial(model_type: str) -> None:

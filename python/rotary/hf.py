@@ -19,7 +19,7 @@ from ._hf_parts import read_as_its_class as _read_as_its_class
 from ._hf_parts import rule_of as _rule_of, scaling as _scaling, sections as _sections, span as _span
 from ._hf_refusals import refuse_axial as _refuse_axial, refuse_unserved as _refuse_unserved
 from .hf_families import (CLASS_KEEPS_TOP_PARTIAL, CLASS_TEXT_CONFIG, DEFAULT_RULE_READS_PARTIAL, FAMILIES,
-                          GENERIC_FIELDS, WHOLE_HEAD_ATTENTION, Family, family_of)
+                          CLASS_AXIAL, GENERIC_FIELDS, WHOLE_HEAD_ATTENTION, Family, family_of)
 
 __all__ = ["layer_thetas_of", "layer_types_of", "rope_kwargs_from_hf_config"]
 
@@ -339,6 +339,11 @@ def rope_kwargs_from_hf_config(
     params = _rope_params(config, layer_type, fam)
     nested = layer_types_of(config) is not None
     rule = _rule_of(params)
+    if model_type in CLASS_AXIAL and rule not in ("default", "axial"):
+        raise ValueError(f"from_hf_config: rope_type {rule!r} for model_type {model_type!r}: its rotary class runs "
+                         "only its axial rule (transformers refuses another)")
+    if model_type in CLASS_AXIAL:  # its class makes "default" axial
+        params["rope_type"], rule = "axial", "axial"
     if isinstance(config, Mapping):
         _read_as_its_class(config, params, fam, model_type, field, rule, nested)
     theta = _theta(config, params, fam, model_type, layer_theta)

@@ -20,7 +20,7 @@ from typing import Dict, Optional, Tuple
 
 __all__ = ["Family", "FAMILIES", "GENERIC_FIELDS", "DEFAULT_RULE_READS_PARTIAL", "CLASS_THETA", "CLASS_RULE",
            "CLASS_HEAD_DIM", "CLASS_PARTIAL", "CLASS_ORIGINAL_MAX", "CLASS_TEXT_CONFIG", "CLASS_LAYER_TYPES",
-           "CLASS_PLAIN_ROPE_SCALING", "CLASS_KEEPS_TOP_PARTIAL", "WHOLE_HEAD_ATTENTION", "family_of"]
+           "CLASS_PLAIN_ROPE_SCALING", "CLASS_KEEPS_TOP_PARTIAL", "WHOLE_HEAD_ATTENTION", "CLASS_AXIAL", "family_of"]
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,18 @@ DEFAULT_RULE_READS_PARTIAL = frozenset({
 # Of those, the classes whose attention rotates the whole head all the same:
 # the narrower table fails there (transformers cannot run a share below 1).
 WHOLE_HEAD_ATTENTION = frozenset({"mellum", "solar_open"})
+
+# The config classes whose "default" rule is their vision tower's "axial"
+# one (default_rope_type): their rotary classes run no other rule.
+CLASS_AXIAL = frozenset({
+    'cohere_compass_vision', 'dots3_note_vision_encoder', 'edgetam_video', 'ernie4_5_vl_moe_vision',
+    'exaone4_5_vision', 'gemma4_vision', 'glm4v_moe_vision', 'glm4v_vision', 'glm5_next_vision', 'glm_image_vision',
+    'glm_ocr_vision', 'inkling2_vision', 'kimi_k25_vision', 'lfm3_vl_vision', 'minimax_m3_vl_vision', 'mlcd',
+    'mlcd_vision_model', 'muse_glimmer_vision', 'muse_spark_vision', 'paddleocr_vl_vision', 'pixtral',
+    'qwen2_5_omni_vision_encoder', 'qwen2_5_vl_vision', 'qwen2_vl_vision', 'qwen3_5_moe_vision', 'qwen3_5_vision',
+    'qwen3_omni_moe_vision_encoder', 'qwen3_vl_moe_vision', 'qwen3_vl_vision', 'qwen4_exp_vision', 'sam2_video',
+    'sam3_tracker_video', 'sam3_vit_model', 'step3p5_vision', 'video_llama_3_vision',
+})
 
 # What a config object carries and its dict may not: the model types whose
 # config class fills in a base other than 10000 (CLASS_THETA: its

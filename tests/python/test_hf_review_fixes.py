@@ -145,13 +145,20 @@ NO_ROPE = [("Qwen2_5OmniDiTConfig", {}, r"model_type 'qwen2_5_omni_dit' is not s
            ("FalconConfig", {"alibi": True}, r"falcon with alibi=True uses ALiBi"),
            ("GraniteMoeHybridConfig", {"position_embedding_type": None},
             r"granitemoehybrid with position_embedding_type=None builds no rotary embedding"),
-           ("GPT2Config", {}, r"model_type 'gpt2' is not supported: no RoPE")]
+           ("GPT2Config", {}, r"model_type 'gpt2' is not supported: no RoPE"),
+           # Found by the modeling code, not by name: it has no rotary code at all.
+           *[(cls, {}, rf"model_type '{mt}' is not supported: transformers' modeling code for it has no rotary "
+                       r"embedding") for cls, mt in (("XLMRobertaConfig", "xlm-roberta"), ("T5Config", "t5"),
+                                                     ("BartConfig", "bart"), ("DebertaV2Config", "deberta-v2"),
+                                                     ("Wav2Vec2Config", "wav2vec2"), ("Mamba2Config", "mamba2"))]]
 
 
 @pytest.mark.parametrize("cls,kw,match", NO_ROPE, ids=[n[0] for n in NO_ROPE])
 def test_configs_without_1d_rope_are_refused_by_name(cls, kw, match):
-    with pytest.raises(ValueError, match=match):
-        rope_kwargs_from_hf_config(make_config(cls, **kw))
+    cfg = make_config(cls, **kw)
+    for given in (cfg, cfg.to_dict()):
+        with pytest.raises(ValueError, match=match):
+            rope_kwargs_from_hf_config(given)
 
 
 def test_falcon_and_granitemoehybrid_with_rope_are_still_served():

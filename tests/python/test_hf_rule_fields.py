@@ -151,3 +151,23 @@ def test_a_share_where_the_attention_rotates_the_whole_head_is_refused():
             rotary.RotaryEmbedding.from_hf_config(given)
     whole = _solar_open({"rope_type": "default", "rope_theta": 1e6})  # the whole head: served
     assert rotary.RotaryEmbedding.from_hf_config(whole).dim == 16
+
+
+def test_a_vision_tower_runs_only_its_axial_rule():
+    """Vision towers whose class makes "default" axial: another rule fails in
+    transformers ("supports only axial rope") and was served as a 1-D RoPE; a
+    Pixtral dict without rope_parameters is read as its class reads it."""
+    kw = dict(hidden_size=64, num_attention_heads=4, intermediate_size=128, num_hidden_layers=1)
+    cfg = make_config("Qwen2_5_VLVisionConfig", **kw, rope_parameters={"rope_type": "linear", "factor": 2.0,
+                                                                      "rope_theta": 1e4})
+    with pytest.raises(ValueError, match="supports only axial rope"):
+        transformers.AutoModel.from_config(cfg)
+    for given in (cfg, cfg.to_dict()):
+        with pytest.raises(ValueError, match=r"rope_type 'linear' for model_type 'qwen2_5_vl_vision': its rotary "
+                                             r"class runs only its axial rule"):
+            rotary.RotaryEmbedding.from_hf_config(given)
+    pixtral = make_config("PixtralVisionConfig", **kw)
+    bare = {k: v for k, v in pixtral.to_dict().items() if k != "rope_parameters"}
+    from rotary.hf import rope_kwargs_from_hf_config
+    assert rope_kwargs_from_hf_config(bare) == rope_kwargs_from_hf_config(pixtral)
+    assert rope_kwargs_from_hf_config(pixtral)["axes_dim"]

@@ -69,6 +69,12 @@ def test_default_rule_reads_partial_is_transformers_own():
     assert reads == set(hf_families.DEFAULT_RULE_READS_PARTIAL)
 
 
+def test_class_axial_is_transformers_own():
+    """The config classes whose default rule is axial (default_rope_type)."""
+    axial = {mt for mt, cls in transformers.CONFIG_MAPPING.items() if getattr(cls, "default_rope_type", "") == "axial"}
+    assert axial == set(hf_families.CLASS_AXIAL)
+
+
 def test_class_defaults_are_transformers_own():
     """The model types whose config class fills in a base other than 10000
     (its default_theta, or a plain dataclass default of rope_theta, as
