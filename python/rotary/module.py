@@ -233,7 +233,9 @@ class RotaryEmbedding(nn.Module):
 
         # An export bakes the tables it reaches in and leaves the module as it
         # was (it puts the traced buffers back; a new state would outlive them).
-        exporting = torch.compiler.is_exporting()
+        # Under torch.compile the call below runs at a graph break, eagerly:
+        # it records (is_exporting() is true while Dynamo traces).
+        exporting = torch.compiler.is_exporting() and not torch.compiler.is_dynamo_compiling()
 
         def op(fresh):  # under the lock; new tables are installed only once the op returned
             freqs, inv_freq = (self.freqs, self.inv_freq) if fresh is None else fresh
