@@ -152,8 +152,8 @@ def _rope_params(config: Any, layer_type: Optional[str] = None, fam: Family = Fa
                              "on it; give a number, or drop the key")
     for key, value in params.items():
         if key not in _PARAM_KEYS:
-            raise ValueError(f"from_hf_config: rope_parameters[{key!r}]={value!r} is not read by any rule; "
-                             "rotary cannot represent it")
+            raise ValueError(f"from_hf_config: rope_parameters[{key!r}]={value!r} is a field no rule of rotary "
+                             "has (a family's own rotary class may read it); rotary cannot represent it")
     return params
 
 

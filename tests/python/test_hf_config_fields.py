@@ -87,7 +87,7 @@ def test_unknown_rope_field_refused_by_name(field, value, model_type):
 @pytest.mark.parametrize("key,value", [("llama_4_scaling_beta", 0.1), ("short_mscale", 1.2), ("alpha", 2.0)])
 def test_unknown_rope_parameters_key_refused(key, value):
     cfg = {**SMALL, "rope_parameters": {"rope_type": "yarn", "factor": 2.0, key: value}}
-    with pytest.raises(ValueError, match=rf"rope_parameters\['{key}'\]={value!r} is not read by any rule"):
+    with pytest.raises(ValueError, match=rf"rope_parameters\['{key}'\]={value!r} is a field no rule of rotary has"):
         rope_kwargs_from_hf_config(cfg)
 
 
