@@ -66,6 +66,10 @@ LayoutAxes checked_axes(c10::string_view layout, const char* who) {
 
 }  // namespace
 
+at::Tensor clone_buffer(const at::Tensor& t, const std::optional<c10::Device>& device) {
+  return device && t.device() != *device ? t.to(*device) : t.clone();  // as Cloneable::clone copies
+}
+
 void refuse_meta_move(const char* who, c10::Device to) {
   TORCH_CHECK_VALUE(!to.is_meta(), who, ": a C++ module holds real buffers and cannot move to the meta device; build ",
                     "it where it runs (the Python rotary.RotaryEmbedding supports meta initialisation and to_empty)");

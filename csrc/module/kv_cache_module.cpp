@@ -169,9 +169,8 @@ std::shared_ptr<torch::nn::Module> KVCacheImpl::clone(const std::optional<torch:
   // the pending change.
   torch::NoGradGuard no_grad;
   auto copy = std::make_shared<KVCacheImpl>(in_effect_);
-  const auto moved = [&](const torch::Tensor& t) { return device && t.device() != *device ? t.to(*device) : t.clone(); };
   for (const auto& buffer : named_buffers(/*recurse=*/false)) {
-    copy->named_buffers(/*recurse=*/false)[buffer.key()].set_data(moved(buffer.value()));
+    copy->named_buffers(/*recurse=*/false)[buffer.key()].set_data(clone_buffer(buffer.value(), device));
   }
   copy->length_ = length_;
   copy->options = options;

@@ -48,8 +48,7 @@ std::shared_ptr<torch::nn::Module> RotaryEmbeddingImpl::clone(const std::optiona
   // in effect, takes these tables and their state, then the pending change.
   torch::NoGradGuard no_grad;
   auto copy = std::make_shared<RotaryEmbeddingImpl>(tables_.options());
-  const auto moved = [&](const torch::Tensor& t) { return device && t.device() != *device ? t.to(*device) : t.clone(); };
-  copy->install({moved(freqs), moved(inv_freq), attention_scaling, tables_.state()});
+  copy->install({clone_buffer(freqs, device), clone_buffer(inv_freq, device), attention_scaling, tables_.state()});
   copy->tables_ = tables_;
   copy->pair_axes = pair_axes;
   copy->options = options;

@@ -135,19 +135,15 @@ void RopeTables::follow(const Held& held) {
   const c10::Storage& storage = freqs.unsafeGetTensorImpl()->unsafe_storage();
   const c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
   if (impl == nullptr) return;
-  std::vector<Built> alive;
-  bool known = false;
-  for (auto& b : built_) {
-    if (b.freqs.expired()) continue;
-    if (b.freqs._unsafe_get_target() == impl) {
-      state_ = b.state;
-      attention_scaling_ = b.attention_scaling;
-      known = true;
-    }
-    alive.push_back(std::move(b));
+  built_.erase(std::remove_if(built_.begin(), built_.end(), [](const Built& b) { return b.freqs.expired(); }),
+               built_.end());
+  const auto known = std::find_if(built_.begin(), built_.end(),
+                                  [&](const Built& b) { return b.freqs._unsafe_get_target() == impl; });
+  if (known != built_.end()) {
+    state_ = known->state;
+    attention_scaling_ = known->attention_scaling;
+    return;
   }
-  built_ = std::move(alive);
-  if (known) return;
   // Fake, functional and transform-wrapped tensors (a trace, torch.func) hold no values to read,
   // and under a transform a read would be wrapped: the current state holds there.
   const bool readable = inv_freq.defined() && !inv_freq.is_meta() && inv_freq.has_storage() &&

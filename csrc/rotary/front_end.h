@@ -35,6 +35,8 @@ struct ModuleBuffers {
 // "RotaryEmbedding(dim=D): head_dim must be >= ..." naming both and q's
 // shape (`shape`: as the caller's language writes it; default q.sizes()).
 void check_span(const RotaryEmbeddingOptions& options, const at::Tensor& q, const std::string& shape = "");
+// A C++ module's buffer for its clone(): moved to `device`, else copied.
+at::Tensor clone_buffer(const at::Tensor& t, const std::optional<c10::Device>& device);
 // c10::ValueError naming `who`, a C++ module, for a move to the meta device:
 // its host reads need real buffers.
 void refuse_meta_move(const char* who, c10::Device to);
@@ -72,10 +74,11 @@ auto run_module_call(
   const bool has_positions = (offsets && offsets->defined()) || (position_ids && position_ids->defined());
   RopeTables::check_start_pos(start_pos);
   const int64_t reach = tables.host_driven() ? RopeTables::reach_of(seq_len, start_pos, offsets, position_ids) : 0;
-  // Under the lock of a host-driven rule from here on.
-  const c10::Device device = buffers.held().first.device();
-  return tables.run(reach, device, buffers.held, [&](const RopeTableSet* fresh) {
-    const RopeTables::Held now = fresh ? RopeTables::Held{} : buffers.held();
+  // Read once here (a rule with one state: its tables); a host-driven rule
+  // reads them again under its lock, where another call may have installed.
+  RopeTables::Held now = buffers.held();
+  const auto held = [&] { return now = buffers.held(); };
+  return tables.run(reach, now.first.device(), held, [&](const RopeTableSet* fresh) {
     const at::Tensor& f = fresh ? fresh->freqs : now.first;
     tables.check_rows(seq_len, start_pos, has_positions, f.size(0));
     const bool within = !has_positions && start_pos + seq_len <= f.size(0);
