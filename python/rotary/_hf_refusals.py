@@ -7,7 +7,7 @@ import importlib
 import importlib.util
 import pkgutil
 import re
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 from ._hf_parts import get
 from .hf_families import FAMILIES
@@ -54,41 +54,44 @@ def refuse_unserved(config: Any, model_type: str) -> None:
                          "position_embedding_type='rope'")
 
 
-# What rotary code looks like in a transformers modeling file (a call, not the
-# kernels decorator that names one).
-_ROTATES = re.compile(r"rotary_emb|RotaryEmbedding|(?<!def )(?<!use_kernelized_func\()\bapply_rotary\w*\(")
+# What rotary code looks like in a transformers modeling file: a rotary
+# module, or a call of an apply_rotary* function (not its def, nor the kernels
+# decorator naming it: Jamba and Nemotron-H keep both, and never rotate).
+ROTARY_CODE = re.compile(r"rotary_emb|RotaryEmbedding|(?<!def )(?<!use_kernelized_func\()\bapply_rotary\w*\(")
+
+
+def modeling_modules(model_type: str) -> List[str]:
+    """The transformers modeling modules of a model type: its config's
+    package's and its causal LM's (Sarvam-MoE runs Glm4MoeForCausalLM).
+    KeyError for a type transformers does not know."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    packages = {transformers.CONFIG_MAPPING[model_type].__module__.rsplit(".", 1)[0]}
+    lm = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type, ""), None)
+    if lm is not None:
+        packages.add(lm.__module__.rsplit(".", 1)[0])
+    return [f"{package}.{sub.name}" for package in sorted(packages)
+            for sub in pkgutil.iter_modules(importlib.import_module(package).__path__)
+            if sub.name.startswith("modeling_")]
 
 
 @functools.lru_cache(maxsize=None)
 def _transformers_rotates(model_type: str) -> bool:
-    """False for a model type transformers knows whose modeling code (its
-    package's, and its causal LM's) has no rotary code at all; True where it
-    has, and where rotary cannot tell (no transformers, an unknown type)."""
+    """False for a model type transformers knows whose modeling code has no
+    rotary code at all; True where it has, and where rotary cannot tell (no
+    transformers, an unknown type, a file it cannot read)."""
     try:
-        import transformers
-        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-        cls = transformers.CONFIG_MAPPING[model_type]
+        names = modeling_modules(model_type)
     except Exception:
         return True
-    packages = {cls.__module__.rsplit(".", 1)[0]}
-    lm = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type, ""), None)
-    if lm is not None:
-        packages.add(lm.__module__.rsplit(".", 1)[0])
-    for package in packages:
+    for name in names:
         try:
-            path = importlib.import_module(package).__path__
-        except Exception:
-            return True
-        for sub in pkgutil.iter_modules(path):
-            if sub.name.startswith("modeling_"):
-                spec = importlib.util.find_spec(f"{package}.{sub.name}")
-                try:
-                    with open(spec.origin, encoding="utf-8") as f:
-                        if _ROTATES.search(f.read()):
-                            return True
-                except (OSError, AttributeError, TypeError):
+            with open(importlib.util.find_spec(name).origin, encoding="utf-8") as f:
+                if ROTARY_CODE.search(f.read()):
                     return True
+        except (OSError, AttributeError, TypeError):
+            return True
     return False
 
 

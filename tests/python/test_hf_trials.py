@@ -6,7 +6,6 @@ tables these rules rest on are checked against transformers' code."""
 import copy
 import importlib
 import inspect
-import pkgutil
 import warnings
 
 import pytest
@@ -45,18 +44,11 @@ def test_default_rule_reads_partial_is_transformers_own():
     its source, for every model type of transformers' config mapping (and
     the package of its causal LM where that is another family's: Sarvam-MoE
     runs Glm4MoeForCausalLM)."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from rotary._hf_refusals import modeling_modules
 
     reads = set()
-    for model_type, cls in transformers.CONFIG_MAPPING.items():
-        packages = {cls.__module__.rsplit(".", 1)[0]}
-        lm = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type, ""), None)
-        if lm is not None:
-            packages.add(lm.__module__.rsplit(".", 1)[0])
-        modules = [f"{package}.{sub.name}" for package in sorted(packages)
-                   for sub in pkgutil.iter_modules(importlib.import_module(package).__path__)
-                   if sub.name.startswith("modeling_")]
-        for name in modules:
+    for model_type in transformers.CONFIG_MAPPING:
+        for name in modeling_modules(model_type):
             try:
                 mod = importlib.import_module(name)
             except Exception:  # a modeling file needing an optional package: none of the served families

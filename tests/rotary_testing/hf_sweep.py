@@ -20,6 +20,8 @@ import warnings
 
 import torch
 
+from rotary._hf_refusals import ROTARY_CODE
+
 from .hf_rotations import ROT_TOL, rotation_diff, rotation_outputs
 from .hf_tiny import MAMBA, VL_FAMILIES, VOCAB, _config_of, tiny_model, tiny_vl  # noqa: F401
 from .rope_testing import gen
@@ -33,9 +35,6 @@ SEQ, NEW_TOKENS = 12, 4
 TOL = 2e-5  # fp32 logits, patched vs unpatched (one rounding of q and k apart)
 
 
-# A call of an apply_rotary* function, not its def or the kernels decorator
-# naming it (Jamba and Nemotron-H keep both, and never rotate).
-_CALLS_ROTARY = re.compile(r"(?<!def )(?<!use_kernelized_func\()\bapply_rotary\w*\(")
 
 
 def causal_lm_classes():
@@ -69,7 +68,7 @@ def rotary_families():
         except Exception:  # not importable here (a missing optional dependency)
             out[model_type] = cls_name
             continue
-        if "rotary_emb" in src or "RotaryEmbedding" in src or _CALLS_ROTARY.search(src):
+        if ROTARY_CODE.search(src):
             out[model_type] = cls_name
     for model_type, cls_name in list(out.items()):  # a composite's causal LM is its text model: swept as that
         text = getattr(getattr(getattr(transformers, cls_name, None), "config_class", None), "model_type", None)
