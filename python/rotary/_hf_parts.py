@@ -94,6 +94,33 @@ def rule_of(params: Mapping) -> str:  # 'type' is rope_type's alias; None counts
     return params.get("rope_type") or params.get("type") or "default"
 
 
+def own_mscale(params: Dict[str, Any], fam: Family, model_type: str) -> None:
+    """A class that scales cos/sin by its own short / long mscale (PhiMoE):
+    under longrope its table is the short factors' at every length, so it is
+    served as longrope with the short factors twice and that scale, where the
+    two scales agree (they switch at original_max_position_embeddings)."""
+    values = [params.pop(key, None) for key in fam.mscale_keys]
+    rule = rule_of(params)
+    if rule == "default":  # read only under a scaled rule
+        return
+    for key, value in zip(fam.mscale_keys, values):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+            raise ValueError(f"from_hf_config: rope_parameters[{key!r}]={value!r}: {model_type}'s class scales "
+                             f"cos/sin by it under the {rule} rule (a finite number > 0; its config class "
+                             "requires a number)")
+    if rule != "longrope":
+        raise ValueError(f"from_hf_config: rope_type {rule!r} for {model_type}: its class builds that rule's table "
+                         f"without a sequence length and scales cos/sin by {' / '.join(fam.mscale_keys)}; rotary "
+                         "serves that for longrope only")
+    if values[0] != values[1]:
+        raise ValueError(f"from_hf_config: {fam.mscale_keys[0]}={values[0]!r} and {fam.mscale_keys[1]}="
+                         f"{values[1]!r}: {model_type}'s scale switches between them at "
+                         "original_max_position_embeddings, which rotary has no rule for (it serves them equal)")
+    if "short_factor" in params:
+        params["long_factor"] = params["short_factor"]
+    params["attention_factor"] = float(values[0])
+
+
 def sections(params: Dict[str, Any], fam: Family, model_type: str):
     """(mrope_section, mrope_interleaved, axial) popped from params, defaulted
     as the family's rotary class does; the rule left is the plain one."""

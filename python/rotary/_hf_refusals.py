@@ -7,6 +7,7 @@ import importlib
 import importlib.util
 import pkgutil
 import re
+from collections.abc import Mapping
 from typing import Any, Dict, List
 
 from ._hf_parts import get
@@ -107,3 +108,27 @@ def refuse_axial(model_type: str) -> None:
         raise ValueError(f"from_hf_config: rope_type 'axial' of model_type {model_type!r} is not supported: only "
                          f"{', '.join(sorted(AXIAL_SERVED))}'s axial layout is verified against transformers (each "
                          "vision tower lays its h / w tables out its own way)")
+
+
+# Config fields a rotation can read: its tables come from the top-level config.
+_ROTATION_FIELD = re.compile(r"rope|rotary|head_dim|hidden_size|max_position")
+
+
+def refuse_per_layer_rotation(config: Any, model_type: str) -> None:
+    """transformers' heterogeneous configs (per_layer_config) are served where
+    no layer overrides a field the rotation reads (Step-3.5's sliding layers
+    change only their head counts, beside an explicit head_dim)."""
+    if isinstance(config, Mapping):
+        layers = config.get("per_layer_config") or {}
+        layers = list(layers.values()) if isinstance(layers, Mapping) else list(layers)
+        top = config
+    elif getattr(config, "is_heterogeneous", False) is True:
+        layers, top = [vars(layer) for layer in config.per_layer_config], vars(config)
+    else:
+        return
+    reads = (lambda key: _ROTATION_FIELD.search(key) or (key == "num_attention_heads" and top.get("head_dim") is None))
+    changed = sorted({key for layer in layers for key, value in dict(layer).items()
+                      if isinstance(key, str) and reads(key) and value != top.get(key)})
+    if changed:
+        raise ValueError(f"from_hf_config: per_layer_config: {model_type or 'the config'} sets {', '.join(changed)} "
+                         "per layer; pass config.per_layer_config[layer_type]")

@@ -15,9 +15,10 @@ from typing import Any, Dict, List, Mapping, Optional
 from . import _C
 from ._hf_parts import get as _get, given_params as _given_params, layer_keys as _layer_keys
 from ._hf_parts import layer_theta as _layer_theta, layer_thetas as _layer_thetas
-from ._hf_parts import read_as_its_class as _read_as_its_class
+from ._hf_parts import own_mscale as _own_mscale, read_as_its_class as _read_as_its_class
 from ._hf_parts import rule_of as _rule_of, scaling as _scaling, sections as _sections, span as _span
-from ._hf_refusals import refuse_axial as _refuse_axial, refuse_unserved as _refuse_unserved
+from ._hf_refusals import refuse_axial as _refuse_axial, refuse_per_layer_rotation as _refuse_per_layer_rotation
+from ._hf_refusals import refuse_unserved as _refuse_unserved
 from .hf_families import (CLASS_KEEPS_TOP_PARTIAL, CLASS_TEXT_CONFIG, DEFAULT_RULE_READS_PARTIAL, FAMILIES,
                           CLASS_AXIAL, GENERIC_FIELDS, WHOLE_HEAD_ATTENTION, Family, family_of)
 
@@ -144,8 +145,10 @@ def _rope_params(config: Any, layer_type: Optional[str] = None, fam: Family = Fa
         if key in params:
             params[key] = dict(fam.rule_aliases).get(params[key], params[key])
     if fam.rules and _rule_of(params) not in fam.rules:
-        raise ValueError(f"from_hf_config: rope_type {_rule_of(params)!r}: transformers' config class accepts only "
-                         f"{' / '.join(fam.rules)} here")
+        raise ValueError(f"from_hf_config: rope_type {_rule_of(params)!r}: transformers accepts only "
+                         f"{' / '.join(fam.rules)} here (its config or rotary class refuses the others)")
+    if fam.mscale_keys:
+        _own_mscale(params, fam, str(_get(config, "model_type", "")))
     for key in ("rope_theta", "partial_rotary_factor"):  # kept by transformers' setdefault, then read
         if key in params and params[key] is None and not (key == "rope_theta" and fam.theta is not None):
             raise ValueError(f"from_hf_config: rope_parameters[{key!r}] is None: transformers keeps it and fails "
@@ -184,11 +187,7 @@ def _served_family(config: Any, model_type: str, allow_inverse: bool) -> Family:
                          f"{', '.join(map(repr, fam.rope_keys))} from its top-level fields "
                          f"({', '.join(('rope_theta',) + fam.folded_fields)}); got rope_parameters "
                          f"{_given_params(config)!r}: pass the config object")
-    heterogeneous = (bool(config.get("per_layer_config")) if isinstance(config, Mapping)
-                     else getattr(config, "is_heterogeneous", False) is True)
-    if heterogeneous:
-        raise ValueError(f"from_hf_config: per_layer_config: {model_type or 'the config'} sets head_dim and its "
-                         "rules per layer type; pass config.per_layer_config[layer_type]")
+    _refuse_per_layer_rotation(config, model_type)
     return fam
 
 

@@ -79,6 +79,10 @@ class Family:
     # not keyed so is refused, and those fields are read through the keys.
     rope_keys: Tuple[str, ...] = ()
     folded_fields: Tuple[str, ...] = ()
+    # (short, long): under a scaled rule the class builds the rule's table with
+    # no sequence length and scales cos/sin by one of these rope_parameters
+    # around original_max_position_embeddings, not by the rule's factor (PhiMoE).
+    mscale_keys: Tuple[str, ...] = ()
     # Set: the family is refused, with this reason.
     refuse: Optional[str] = None
 
@@ -250,6 +254,8 @@ FAMILIES: Dict[str, Family] = {
     **{name: Family(rule_aliases=(("su", "longrope"), ("yarn", "longrope")), rules=("default", "longrope"))
        for name in ("phi3", "phi4_multimodal")},
     "ministral3": Family(attention_keys=("llama_4_scaling_beta",)),
+    "phimoe": Family(mscale_keys=("short_mscale", "long_mscale")),
+    "recurrent_gemma": Family(rules=("default",)),  # its rotary class raises on any other
     # multimodal RoPE, rotate_half
     "qwen2_vl": _QWEN2_VL, "qwen2_vl_text": _QWEN2_VL,
     "qwen2_5_vl": _QWEN2_VL, "qwen2_5_vl_text": _QWEN2_VL,

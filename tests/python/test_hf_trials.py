@@ -5,6 +5,7 @@ tables these rules rest on are checked against transformers' code."""
 
 import copy
 import importlib
+import importlib.util
 import inspect
 import warnings
 
@@ -59,6 +60,31 @@ def test_default_rule_reads_partial_is_transformers_own():
                         and "partial_rotary_factor" in inspect.getsource(obj.compute_default_rope_parameters)):
                     reads.add(model_type)
     assert reads == set(hf_families.DEFAULT_RULE_READS_PARTIAL)
+
+
+def test_a_rotary_class_that_runs_only_its_default_rule_refuses_others():
+    """Rotary classes that raise on any rule but "default" (RecurrentGemma's),
+    found by their source: a scaled rule in such a config is refused, not
+    served as the rule would be elsewhere."""
+    import re
+
+    from rotary._hf_refusals import modeling_modules
+
+    only_default = re.compile(r'rope_type != "default":\s*\n\s*raise ')
+    found = set()
+    for model_type, cls in transformers.CONFIG_MAPPING.items():
+        for name in modeling_modules(model_type):
+            spec = importlib.util.find_spec(name)
+            if spec and spec.origin and only_default.search(open(spec.origin).read()):
+                found.add(model_type)
+    assert "recurrent_gemma" in found
+    for model_type in sorted(found):
+        given = transformers.CONFIG_MAPPING[model_type]().to_dict()
+        given["rope_parameters"] = {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0,
+                                    "partial_rotary_factor": 0.5}  # RecurrentGemma's own share
+        with pytest.raises(ValueError, match=model_type if model_type != "recurrent_gemma" else
+                           r"rope_type 'linear': transformers accepts only default here"):
+            rope_kwargs_from_hf_config(given)
 
 
 def test_class_axial_is_transformers_own():
@@ -238,10 +264,36 @@ def test_a_heterogeneous_config_is_refused():
                                             layer_types=["sliding_attention", "full_attention"]))
     if not cfg.to_dict().get("per_layer_config"):
         pytest.skip("this Gemma 4 config is not heterogeneous")
-    with pytest.raises(ValueError, match=r"per_layer_config: gemma4_text sets head_dim and its rules per layer"):
-        rotary.RotaryEmbedding.from_hf_config(cfg.to_dict(), layer_type="full_attention")
-    with pytest.raises(ValueError, match=r"per_layer_config"):
-        rotary.RotaryEmbedding.from_hf_config(cfg, layer_type="full_attention")
+    for given in (cfg.to_dict(), cfg):
+        with pytest.raises(ValueError, match=r"per_layer_config: gemma4_text sets head_dim per layer; pass "
+                                             r"config.per_layer_config\[layer_type\]"):
+            rotary.RotaryEmbedding.from_hf_config(given, layer_type="full_attention")
+
+
+@pytest.mark.parametrize("head_dim", [16, None])
+def test_a_heterogeneous_config_whose_layers_keep_the_rotation_is_served(head_dim):
+    """Step-3.5's sliding layers override their head counts only: its rotary
+    class builds every table from the top-level config, as rotary does from
+    the object and its dict alike. Without head_dim a head count is the
+    rotation's (hidden_size / num_attention_heads): refused."""
+    kw = dict(num_hidden_layers=4, hidden_size=64, num_attention_heads=4, num_sliding_attention_heads=2,
+              layer_types=["sliding_attention", "full_attention"] * 2,
+              rope_theta=[1e4, 5e5] * 2, partial_rotary_factors=[0.5, 1.0] * 2)
+    cfg = config(transformers.CONFIG_MAPPING["step3p5"].__name__, **kw, **({"head_dim": head_dim} if head_dim else {}))
+    given = cfg.to_dict()
+    assert given["per_layer_config"] and cfg.is_heterogeneous
+    if head_dim is None:
+        given.pop("head_dim")
+        with pytest.raises(ValueError, match=r"per_layer_config: step3p5 sets num_attention_heads per layer"):
+            rope_kwargs_from_hf_config(given, layer_type="full_attention")
+        return
+    theirs = modeling("step3p7").Step3p7RotaryEmbedding(cfg)
+    for layer_type in ("sliding_attention", "full_attention"):
+        ours = rotary.RotaryEmbedding.from_hf_config(cfg, layer_type=layer_type)
+        assert rope_kwargs_from_hf_config(given, layer_type=layer_type) == rope_kwargs_from_hf_config(
+            cfg, layer_type=layer_type)
+        torch.testing.assert_close(ours.inv_freq, getattr(theirs, f"{layer_type}_inv_freq").double(), rtol=1e-6, atol=0)
+    assert rotary.RotaryEmbedding.from_hf_config(cfg, layer_type="sliding_attention").dim == 8  # half of 16
 
 
 # ------------------------------------------------------ rule names and keys

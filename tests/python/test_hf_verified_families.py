@@ -101,5 +101,74 @@ def test_moonshine_streaming_encoder_is_refused_by_name():
         rope_kwargs_from_hf_config(cfg)
 
 
+def _phimoe(**params):
+    rule = {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0 + j / 8 for j in range(8)],
+            "long_factor": [2.0 + j for j in range(8)], "original_max_position_embeddings": 32,
+            "short_mscale": 1.25, "long_mscale": 1.25, **params}
+    return make_config("PhimoeConfig", **SMALL, rope_parameters={k: v for k, v in rule.items() if v is not None})
+
+
+@pytest.mark.parametrize("top", [20, 59])  # below and past original_max_position_embeddings
+def test_phimoe_longrope_is_its_short_factors_scaled_by_its_mscale(top):
+    # Its class recomputes the longrope table with no sequence length (the
+    # short factors, at every length) and scales cos/sin by its own mscale.
+    cfg = _phimoe()
+    q, k, _ = inputs(16, False, 14)
+    pos = torch.randint(0, top + 1, (2, 7), generator=torch.Generator().manual_seed(15))
+    pos[0, 0] = top
+    want = _theirs("phimoe", "PhimoeRotaryEmbedding", cfg, q, k, pos)
+    for given in (cfg, cfg.to_dict()):
+        rope = rotary.RotaryEmbedding.from_hf_config(given)
+        assert_matches(rope(q, k, position_ids=pos), want)
+        assert_matches(rope(q, k, position_ids=pos), want)  # the state a first call left
+    # Its long factors or the rule's own attention factor would be far off.
+    rule = {k: v for k, v in cfg.rope_parameters.items() if k not in ("rope_theta", "short_mscale", "long_mscale")}
+    plain = rotary.RotaryEmbedding(16, 128, 1e4, False, dict(rule, max_position_embeddings=128))
+    assert (plain(q, k, position_ids=pos)[0] - want[0]).abs().max() > 100 * ATOL
+
+
+def test_phimoe_default_rule_ignores_its_mscales():
+    cfg = make_config("PhimoeConfig", **SMALL, rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                                                                "short_mscale": 3.0, "long_mscale": 4.0})
+    q, k, pos = inputs(16, False, 16)
+    want = _theirs("phimoe", "PhimoeRotaryEmbedding", cfg, q, k, pos)
+    assert_matches(rotary.RotaryEmbedding.from_hf_config(cfg)(q, k, position_ids=pos), want)
+
+
+@pytest.mark.parametrize("params,match", [
+    (dict(long_mscale=1.5), r"short_mscale=1.25 and long_mscale=1.5: phimoe's scale switches between them at "
+                            r"original_max_position_embeddings"),
+    (dict(short_mscale=None), r"rope_parameters\['short_mscale'\]=None: phimoe's class scales cos/sin by it"),
+    (dict(long_mscale=0.0), r"rope_parameters\['long_mscale'\]=0.0: .*a finite number > 0"),
+])
+def test_phimoe_scales_it_cannot_serve_are_refused(params, match):
+    rule = _phimoe().rope_parameters
+    rule.update(params)
+    for key in [key for key, value in params.items() if value is None]:
+        del rule[key]  # its config class refuses the object: the dict form
+    with pytest.raises(ValueError, match=match):
+        rope_kwargs_from_hf_config(dict(_phimoe().to_dict(), rope_parameters=rule))
+
+
+def test_phimoe_other_scaled_rules_are_refused():
+    cfg = _phimoe(rope_type="yarn", factor=2.0, short_factor=None, long_factor=None)
+    with pytest.raises(ValueError, match=r"rope_type 'yarn' for phimoe: its class builds that rule's table without "
+                                         r"a sequence length and scales cos/sin by short_mscale / long_mscale"):
+        rotary.RotaryEmbedding.from_hf_config(cfg)
+
+
+def test_recurrent_gemma_runs_its_default_rule_alone():
+    # Its rotary class raises on any other rule; its default rotates half the head.
+    cfg = make_config("RecurrentGemmaConfig", hidden_size=64, num_attention_heads=4, num_key_value_heads=4,
+                      intermediate_size=32, vocab_size=32, num_hidden_layers=1)
+    q, k, pos = inputs(16, False, 17)
+    k = torch.randn_like(q)  # its attention has as many key heads as query heads here
+    want = _theirs("recurrent_gemma", "RecurrentGemmaRotaryEmbedding", cfg, q, k, pos)
+    for given in (cfg, cfg.to_dict()):
+        rope = rotary.RotaryEmbedding.from_hf_config(given)
+        assert rope.dim == 8
+        assert_matches(rope(q, k, position_ids=pos), want)
+
+
 # The families tested here (test_hf_config.test_every_family_is_tested reads it).
-TESTED = {"glm4v_text", "glm_ocr_text", "moonshine", "moonshine_streaming"}
+TESTED = {"glm4v_text", "glm_ocr_text", "moonshine", "moonshine_streaming", "phimoe", "recurrent_gemma"}
