@@ -41,6 +41,12 @@ def main() -> None:
     py, cpp = rotary.RotaryEmbedding(128, 4096), rotary.CppRotaryEmbedding(128, 4096)
     op = torch.ops.rotary.apply_rope_qk.default
     freqs, inv = py.freqs, py.inv_freq
+    # Host-driven rules: the table is chosen on the host per call, under the module's lock.
+    dyn = {"rope_type": "dynamic", "factor": 2.0}
+    lng = {"rope_type": "longrope", "factor": 2.0, "original_max_position_embeddings": 2048,
+           "short_factor": [1.0] * 64, "long_factor": [2.0] * 64}
+    py_dyn, cpp_dyn = rotary.RotaryEmbedding(128, 4096, scaling=dyn), rotary.CppRotaryEmbedding(128, 4096, scaling=dyn)
+    py_lng, cpp_lng = rotary.RotaryEmbedding(128, 4096, scaling=lng), rotary.CppRotaryEmbedding(128, 4096, scaling=lng)
     cases = {
         "2x torch.add": lambda: (torch.add(q, 1.0), torch.add(k, 1.0)),
         "2x empty_like (allocation)": lambda: (torch.empty_like(q), torch.empty_like(k)),
@@ -49,6 +55,10 @@ def main() -> None:
         "rotary.apply_rope_qk": lambda: rotary.apply_rope_qk(q, k, freqs, 7),
         "rotary.RotaryEmbedding": lambda: py(q, k, 7),
         "rotary.CppRotaryEmbedding": lambda: cpp(q, k, 7),
+        "rotary.RotaryEmbedding, dynamic": lambda: py_dyn(q, k, 7),
+        "rotary.CppRotaryEmbedding, dynamic": lambda: cpp_dyn(q, k, 7),
+        "rotary.RotaryEmbedding, longrope": lambda: py_lng(q, k, 7),
+        "rotary.CppRotaryEmbedding, longrope": lambda: cpp_lng(q, k, 7),
     }
     print(guard.header())
     for nt in thread_passes(a.threads):

@@ -4,11 +4,15 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 #if defined(__linux__)
 #include <sys/mman.h>
 #include <unistd.h>
+#endif
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #endif
 
 namespace rotary {
@@ -70,9 +74,11 @@ void advise_huge(void* p, int64_t bytes) {
 #endif
 }
 
-// sysfs first: it describes the slice a core shares (32 MiB on a Zen 5 VM
-// whose socket has 384, all of which `sysconf` reports). Sizes read "32768K".
-int64_t shared_cache_bytes() {
+namespace {
+
+// cpu0's cache of `level` from sysfs (0: the highest), in bytes; 0 where
+// sysfs does not say. Sizes read "32768K".
+int64_t sysfs_cache_bytes(long want) {
 #if defined(__linux__)
   int64_t best_level = 0, best_bytes = 0;
   for (int i = 0; i < 16; ++i) {
@@ -88,18 +94,52 @@ int64_t shared_cache_bytes() {
     char unit = 0;
     const int got = std::fscanf(size_file, "%lld%c", &size, &unit);
     std::fclose(size_file);
-    if (!has_level || got < 1 || size <= 0 || level < best_level) continue;
+    if (!has_level || got < 1 || size <= 0 || level < best_level || (want != 0 && level != want)) continue;
     const int64_t scale = unit == 'K' ? 1024 : unit == 'M' ? 1024 * 1024 : unit == 'G' ? int64_t{1} << 30 : 1;
     best_level = level;
     best_bytes = size * scale;
   }
-  if (best_bytes > 0) return best_bytes;
-#if defined(_SC_LEVEL3_CACHE_SIZE)
+  return best_bytes;
+#else
+  (void)want;
+  return 0;
+#endif
+}
+
+}  // namespace
+
+// sysfs first: it describes the slice a core shares (32 MiB on a Zen 5 VM
+// whose socket has 384, all of which `sysconf` reports).
+int64_t shared_cache_bytes() {
+  if (const int64_t bytes = sysfs_cache_bytes(0)) return bytes;
+#if defined(__linux__) && defined(_SC_LEVEL3_CACHE_SIZE)
   const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
   if (llc > 0) return llc;
 #endif
+  return 0;
+}
+
+int64_t l2_cache_bytes() {
+  if (const int64_t bytes = sysfs_cache_bytes(2)) return bytes;
+#if defined(__linux__) && defined(_SC_LEVEL2_CACHE_SIZE)
+  const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  if (l2 > 0) return l2;
 #endif
   return 0;
+}
+
+bool intel_cpu() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned int max_leaf = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(0, &max_leaf, &ebx, &ecx, &edx) == 0) return false;
+  char vendor[13] = {};
+  std::memcpy(vendor, &ebx, 4);
+  std::memcpy(vendor + 4, &edx, 4);
+  std::memcpy(vendor + 8, &ecx, 4);
+  return std::strcmp(vendor, "GenuineIntel") == 0;
+#else
+  return false;
+#endif
 }
 
 }  // namespace pages

@@ -135,8 +135,16 @@ bool stream_output(const RopeParams& p, const HeadTensor& t, int64_t out_bytes, 
 // where the data comes from memory. Below, it sits in cache and the
 // prefetches cost only their instructions (Zen 5, outputs of 3-6 MiB: bf16
 // 10-25% and fp32 5-20% faster without, at 1 and 2 threads; bf16 decode 10%).
-bool prefetch_walk(int64_t out_bytes) {
-  return out_bytes >= stream_bytes() / 2;
+// Intel's L3 is further away: 4- and 8-byte elements still gain where a
+// thread's share of input and output outgrows its L2 (Xeon, fp32, 1 thread:
+// decode 111.8 -> 98.0 us, a 128-token prefill in the HF layout 245.6 ->
+// 215.7; at 2 threads decode's share fits in L2, and the prefetch cost 5%).
+// 16-bit elements, bound by their instructions there, lose 5-10% with it.
+bool prefetch_walk(int64_t out_bytes, int64_t data_bytes, int64_t elem_bytes) {
+  static const bool far_l3 = pages::intel_cpu();
+  static const int64_t l2 = pages::l2_cache_bytes();
+  if (out_bytes >= stream_bytes() / 2) return true;
+  return far_l3 && elem_bytes >= 4 && l2 > 0 && data_bytes / at::get_num_threads() > l2;
 }
 
 template <typename scalar_t>
@@ -219,7 +227,7 @@ void rope_cpu_kernel(const RopeParams& p, Capability cap, const TileHook* hook) 
   const int64_t out_bytes = all_heads * p.batch * p.seq * p.head_dim * int64_t(sizeof(scalar_t));
   const bool nt_q = stream_output<scalar_t>(p, p.q, out_bytes, cap);
   const bool nt_k = stream_output<scalar_t>(p, p.k, out_bytes, cap);
-  const bool prefetch = prefetch_walk(out_bytes);
+  const bool prefetch = prefetch_walk(out_bytes, (p.in_place ? 1 : 2) * out_bytes, sizeof(scalar_t));
 
   at::parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
     // Uninitialised: every value is written by fill_coefficients before it is read.

@@ -331,4 +331,22 @@ TEST(CpuHost, SharedCacheIsTheL3SliceOfCpu0) {
   EXPECT_EQ(rotary::cpu::pages::shared_cache_bytes(), kib * 1024);
 }
 
+// The software prefetch below the streaming line weighs a thread's data
+// against its own L2: the level-2 cache sysfs lists for cpu0.
+TEST(CpuHost, L2IsTheLevel2CacheOfCpu0) {
+  for (int i = 0; i < 16; ++i) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
+    std::ifstream level(dir + "level"), size(dir + "size");
+    int lvl = 0;
+    long long kib = 0;
+    std::string unit;
+    if (!(level >> lvl)) break;
+    if (lvl != 2) continue;
+    if (!(size >> kib >> unit) || unit != "K") break;
+    EXPECT_EQ(rotary::cpu::pages::l2_cache_bytes(), kib * 1024);
+    return;
+  }
+  GTEST_SKIP() << "no level-2 cache in sysfs, in KiB";
+}
+
 }  // namespace

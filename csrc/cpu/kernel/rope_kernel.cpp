@@ -34,8 +34,8 @@ constexpr int kPerLine = bytes >= 64 ? 1 : int(64 / bytes);
 // heads-major block's runs, and 8 KiB ahead in a token-major walk (its
 // heads, then the next token's), about as much in flight (bf16's 2 KiB
 // left the HF layout 1.1-1.3x `clone`), where the driver asks for it
-// (Run::prefetch). A one-token walk (decode) does not prefetch: its data
-// is cache-resident, and fp32 decode was 5% slower.
+// (Run::prefetch). A one-token walk (decode) does not prefetch its input:
+// its data is cache-resident, and fp32 decode was 5% slower.
 constexpr int64_t kPrefetchVectors = 8;
 constexpr int64_t kPrefetchWalkBytes = 8 << 10;
 
