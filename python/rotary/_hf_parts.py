@@ -9,8 +9,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from . import _C
 from .hf_families import (CLASS_HEAD_DIM, CLASS_LAYER_TYPES, CLASS_ORIGINAL_MAX, CLASS_PARTIAL,
-                          CLASS_PLAIN_ROPE_SCALING, CLASS_RULE, CLASS_THETA, DEFAULT_RULE_READS_PARTIAL, FAMILIES,
-                          Family)
+                          CLASS_PLAIN_ROPE_SCALING, CLASS_ROPE_LABELS, CLASS_RULE, CLASS_THETA,
+                          DEFAULT_RULE_READS_PARTIAL, FAMILIES, Family)
 
 # Keys of rope_parameters that describe the model rather than the rule.
 MODEL_KEYS = ("rope_theta", "partial_rotary_factor")
@@ -46,6 +46,15 @@ def layer_keys(config: Any, params: Mapping) -> List[str]:
     (DeepSeek-V4's rope types have their own check, Family.rope_keys)."""
     keys = [key for key, value in params.items() if isinstance(value, Mapping)]
     model_type = get(config, "model_type")
+    # transformers nests a rule only under labels the config declares (its
+    # layer types, or its rope type labels): elsewhere a dict is a flat
+    # rule's unknown field, refused as such (transformers ignores it).
+    labels = (get(config, "_rope_type_labels") or CLASS_ROPE_LABELS.get(model_type)
+              or get(config, "layer_types"))
+    if labels:
+        keys = [key for key in keys if key in labels]
+    elif model_type not in CLASS_LAYER_TYPES:
+        keys = []
     if (not keys and isinstance(config, Mapping) and model_type in CLASS_LAYER_TYPES
             and not getattr(FAMILIES.get(model_type), "rope_keys", ())):
         refuse_dict(model_type, "rope_parameters keyed by layer type", "one rule per layer type, not one for "
@@ -116,8 +125,8 @@ def own_mscale(params: Dict[str, Any], fam: Family, model_type: str) -> None:
         raise ValueError(f"from_hf_config: {fam.mscale_keys[0]}={values[0]!r} and {fam.mscale_keys[1]}="
                          f"{values[1]!r}: {model_type}'s scale switches between them at "
                          "original_max_position_embeddings, which rotary has no rule for (it serves them equal)")
-    if "short_factor" in params:
-        params["long_factor"] = params["short_factor"]
+    if "long_factor" in params:  # without it, the longrope rule's own refusal
+        params["long_factor"] = params.get("short_factor")
     params["attention_factor"] = float(values[0])
 
 

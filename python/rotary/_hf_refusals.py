@@ -114,10 +114,10 @@ def refuse_axial(model_type: str) -> None:
 _ROTATION_FIELD = re.compile(r"rope|rotary|head_dim|hidden_size|max_position")
 
 
-def refuse_per_layer_rotation(config: Any, model_type: str) -> None:
-    """transformers' heterogeneous configs (per_layer_config) are served where
-    no layer overrides a field the rotation reads (Step-3.5's sliding layers
-    change only their head counts, beside an explicit head_dim)."""
+def per_layer_rotation(config: Any) -> List[str]:
+    """The fields the rotation reads that a heterogeneous config's layers
+    (per_layer_config) override: none for Step-3.5's head counts beside its
+    head_dim, head_dim for Gemma 4's full-attention layers."""
     if isinstance(config, Mapping):
         layers = config.get("per_layer_config") or {}
         layers = list(layers.values()) if isinstance(layers, Mapping) else list(layers)
@@ -125,10 +125,17 @@ def refuse_per_layer_rotation(config: Any, model_type: str) -> None:
     elif getattr(config, "is_heterogeneous", False) is True:
         layers, top = [vars(layer) for layer in config.per_layer_config], vars(config)
     else:
-        return
+        return []
     reads = (lambda key: _ROTATION_FIELD.search(key) or (key == "num_attention_heads" and top.get("head_dim") is None))
-    changed = sorted({key for layer in layers for key, value in dict(layer).items()
-                      if isinstance(key, str) and reads(key) and value != top.get(key)})
+    return sorted({key for layer in layers for key, value in dict(layer).items()
+                   if isinstance(key, str) and reads(key) and value != top.get(key)})
+
+
+def refuse_per_layer_rotation(config: Any, model_type: str) -> None:
+    """A heterogeneous config is served whole where its layers override
+    nothing the rotation reads; else each layer type's own config is."""
+    changed = per_layer_rotation(config)
     if changed:
         raise ValueError(f"from_hf_config: per_layer_config: {model_type or 'the config'} sets {', '.join(changed)} "
-                         "per layer; pass config.per_layer_config[layer_type]")
+                         "per layer, so one table does not serve its layers; pass the config object's "
+                         "per_layer_config[layer_type] (its text_config's, for a composite)")

@@ -121,9 +121,11 @@ def _rope_params(config: Any, layer_type: Optional[str] = None, fam: Family = Fa
         )
     if nested:
         if layer_type not in nested:
-            raise ValueError(f"from_hf_config: layer_type={layer_type!r} is not a key of rope_parameters "
-                             f"({', '.join(nested)})")
-        others = [key for key, value in params.items() if key not in nested and value is not None]  # None: no RoPE
+            raise ValueError(f"from_hf_config: layer_type={layer_type!r} is not a layer type rope_parameters is "
+                             f"keyed by ({', '.join(nested)})")
+        # None: no RoPE; a rule under a label no layer has is never read (transformers neither)
+        others = [key for key, value in params.items()
+                  if key not in nested and value is not None and not isinstance(value, Mapping)]
         if others:
             raise ValueError(f"from_hf_config: rope_parameters mixes layer types ({', '.join(nested)}) with "
                              f"rule keys ({', '.join(others)})")
@@ -187,7 +189,6 @@ def _served_family(config: Any, model_type: str, allow_inverse: bool) -> Family:
                          f"{', '.join(map(repr, fam.rope_keys))} from its top-level fields "
                          f"({', '.join(('rope_theta',) + fam.folded_fields)}); got rope_parameters "
                          f"{_given_params(config)!r}: pass the config object")
-    _refuse_per_layer_rotation(config, model_type)
     return fam
 
 
@@ -345,6 +346,7 @@ def rope_kwargs_from_hf_config(
         params["rope_type"], rule = "axial", "axial"
     if isinstance(config, Mapping):
         _read_as_its_class(config, params, fam, model_type, field, rule, nested)
+    _refuse_per_layer_rotation(config, model_type)  # after the fields its class fills in
     theta = _theta(config, params, fam, model_type, layer_theta)
     mrope, mrope_inter, axial = _sections(params, fam, model_type)
     if axial:

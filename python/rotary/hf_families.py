@@ -164,6 +164,11 @@ CLASS_RULE = frozenset({
     "openai_privacy_filter",
 })
 
+# The labels a config class keys rope_parameters by, where they are not its
+# layer_types (its _rope_type_labels: a dict does not carry them).
+CLASS_ROPE_LABELS: Dict[str, Tuple[str, ...]] = {
+    "deepseek_v4": ("main", "compress"), "lfm3": ("full_attention", "sliding_attention"),
+}
 # What a text config class fills in that its dict may lack, unlike the dict's
 # reading (hidden_size // num_attention_heads, the family's partial default,
 # max_position_embeddings): a fixed head_dim (CLASS_HEAD_DIM), a

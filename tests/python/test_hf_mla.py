@@ -139,6 +139,6 @@ def test_dots3_note_span_per_layer_type():
         for g, w in zip(rope(q, k, position_ids=pos), want):
             torch.testing.assert_close(deinterleave(g, nope), w, atol=ATOL, rtol=0)
     assert len(nopes) == 2  # the two types' spans differ
-    with pytest.raises(ValueError, match=r"per_layer_config: dots3_note_text sets .*qk_nope_head_dim.* per layer; "
-                                         r"pass config.per_layer_config\[layer_type\]"):
+    with pytest.raises(ValueError, match=r"per_layer_config: dots3_note_text sets .*qk_nope_head_dim.* per layer, "
+                                         r"so one table does not serve its layers"):
         rope_kwargs_from_hf_config(cfg, layer_type="sliding_attention")

@@ -87,6 +87,12 @@ def test_a_rotary_class_that_runs_only_its_default_rule_refuses_others():
             rope_kwargs_from_hf_config(given)
 
 
+def test_class_rope_labels_are_transformers_own():
+    labels = {mt: tuple(cls._rope_type_labels) for mt, cls in transformers.CONFIG_MAPPING.items()
+              if getattr(cls, "_rope_type_labels", None)}
+    assert labels == hf_families.CLASS_ROPE_LABELS
+
+
 def test_class_axial_is_transformers_own():
     """The config classes whose default rule is axial (default_rope_type)."""
     axial = {mt for mt, cls in transformers.CONFIG_MAPPING.items() if getattr(cls, "default_rope_type", "") == "axial"}
@@ -265,8 +271,9 @@ def test_a_heterogeneous_config_is_refused():
     if not cfg.to_dict().get("per_layer_config"):
         pytest.skip("this Gemma 4 config is not heterogeneous")
     for given in (cfg.to_dict(), cfg):
-        with pytest.raises(ValueError, match=r"per_layer_config: gemma4_text sets head_dim per layer; pass "
-                                             r"config.per_layer_config\[layer_type\]"):
+        with pytest.raises(ValueError, match=r"per_layer_config: gemma4_text sets head_dim per layer, so one table "
+                                             r"does not serve its layers; pass the config object's "
+                                             r"per_layer_config\[layer_type\]"):
             rotary.RotaryEmbedding.from_hf_config(given, layer_type="full_attention")
 
 
@@ -274,8 +281,8 @@ def test_a_heterogeneous_config_is_refused():
 def test_a_heterogeneous_config_whose_layers_keep_the_rotation_is_served(head_dim):
     """Step-3.5's sliding layers override their head counts only: its rotary
     class builds every table from the top-level config, as rotary does from
-    the object and its dict alike. Without head_dim a head count is the
-    rotation's (hidden_size / num_attention_heads): refused."""
+    the object and its dict alike. A dict without head_dim is refused for
+    that (its class fills in its own), not for the head counts."""
     kw = dict(num_hidden_layers=4, hidden_size=64, num_attention_heads=4, num_sliding_attention_heads=2,
               layer_types=["sliding_attention", "full_attention"] * 2,
               rope_theta=[1e4, 5e5] * 2, partial_rotary_factors=[0.5, 1.0] * 2)
@@ -284,7 +291,7 @@ def test_a_heterogeneous_config_whose_layers_keep_the_rotation_is_served(head_di
     assert given["per_layer_config"] and cfg.is_heterogeneous
     if head_dim is None:
         given.pop("head_dim")
-        with pytest.raises(ValueError, match=r"per_layer_config: step3p5 sets num_attention_heads per layer"):
+        with pytest.raises(ValueError, match=r"the step3p5 dict has no head_dim; its config class fills in"):
             rope_kwargs_from_hf_config(given, layer_type="full_attention")
         return
     theirs = modeling("step3p7").Step3p7RotaryEmbedding(cfg)
@@ -294,6 +301,47 @@ def test_a_heterogeneous_config_whose_layers_keep_the_rotation_is_served(head_di
             cfg, layer_type=layer_type)
         torch.testing.assert_close(ours.inv_freq, getattr(theirs, f"{layer_type}_inv_freq").double(), rtol=1e-6, atol=0)
     assert rotary.RotaryEmbedding.from_hf_config(cfg, layer_type="sliding_attention").dim == 8  # half of 16
+
+
+def test_a_step3p5_model_whose_layers_differ_in_head_counts_alone_is_patched():
+    # transformers refuses per_layer_config[layer_type] when a type's layers
+    # differ; the patch reads the whole config, as from_hf_config does.
+    from rotary.integrations.transformers import apply_rotary_to_model, unpatch
+
+    kw = dict(num_hidden_layers=4, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+              vocab_size=64, intermediate_size=32, moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2,
+              share_expert_dim=16, layer_types=["sliding_attention", "full_attention"] * 2, max_position_embeddings=128,
+              sliding_window=8, rope_theta=[1e4, 5e5] * 2, partial_rotary_factors=[0.5, 1.0] * 2,
+              mlp_layer_types=["dense"] * 4, per_layer_config={0: {"num_attention_heads": 2}})
+    cfg = config(transformers.CONFIG_MAPPING["step3p5"].__name__, **kw)
+    torch.manual_seed(0)
+    model = modeling("step3p7").Step3p7TextModel(cfg).eval()
+    ids = torch.randint(0, 64, (1, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = model(ids).last_hidden_state
+        apply_rotary_to_model(model, allow_unverified=True)
+        try:
+            got = model(ids).last_hidden_state
+        finally:
+            unpatch(model)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("cls", ["LlamaConfig", "RecurrentGemmaConfig"])
+def test_a_rule_keyed_by_a_label_the_config_does_not_declare_is_refused(cls):
+    # transformers nests rope_parameters only under the config's layer types
+    # (or rope type labels): here the dict is a flat rule's unknown field, and
+    # transformers rotates with its defaults, not with the nested base.
+    given = config(cls, hidden_size=64, num_attention_heads=4, num_key_value_heads=4, intermediate_size=32,
+                   vocab_size=32, num_hidden_layers=1).to_dict()
+    given["rope_parameters"] = {"sliding_attention": {"rope_type": "default", "rope_theta": 5e5,
+                                                      "partial_rotary_factor": 0.5}}
+    with pytest.raises(ValueError, match=r"layer_type='sliding_attention', but rope_parameters is not keyed by "
+                                         r"layer type"):
+        rope_kwargs_from_hf_config(given, layer_type="sliding_attention")
+    with pytest.raises(ValueError, match=r"rope_parameters\['sliding_attention'\]=.* is a field no rule of rotary "
+                                         r"has"):
+        rope_kwargs_from_hf_config(given)
 
 
 # ------------------------------------------------------ rule names and keys

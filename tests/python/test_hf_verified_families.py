@@ -140,6 +140,7 @@ def test_phimoe_default_rule_ignores_its_mscales():
                             r"original_max_position_embeddings"),
     (dict(short_mscale=None), r"rope_parameters\['short_mscale'\]=None: phimoe's class scales cos/sin by it"),
     (dict(long_mscale=0.0), r"rope_parameters\['long_mscale'\]=0.0: .*a finite number > 0"),
+    (dict(long_factor=None), r"the longrope rule lacks long_factor: transformers' config validation requires it"),
 ])
 def test_phimoe_scales_it_cannot_serve_are_refused(params, match):
     rule = _phimoe().rope_parameters

@@ -7,6 +7,8 @@ from typing import Any, List, Optional, Tuple
 import torch
 from torch import nn
 
+from .._hf_refusals import per_layer_rotation
+
 
 def _text_config(model: nn.Module) -> Any:
     config = getattr(model, "config", None)
@@ -66,9 +68,11 @@ def rotary_embeddings(model: nn.Module) -> List[Tuple[nn.Module, Any, Optional[f
 
 def layer_config(config: Any, layer_type: Optional[str]) -> Any:
     """The config of the layers of layer_type: a heterogeneous config (Gemma 4's
-    per_layer_config) sets head_dim per layer, and each layer type's attention
-    reads its own (transformers raises if a type's layers differ)."""
+    per_layer_config) that sets head_dim per layer has each layer type's
+    attention read its own (transformers raises if a type's layers differ);
+    one whose layers override nothing the rotation reads (Step-3.5's head
+    counts) is read whole."""
     text = getattr(config, "text_config", None) or config
-    if layer_type is None or not getattr(text, "is_heterogeneous", False):
+    if layer_type is None or not getattr(text, "is_heterogeneous", False) or not per_layer_rotation(text):
         return config
     return text.per_layer_config[layer_type]
