@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Dict, List
 
-from ._hf_parts import get
+from ._hf_parts import get, given_params
 from .hf_families import FAMILIES
 
 # model_type -> why its transformers code is not a 1-D RoPE over token positions.
@@ -20,12 +20,28 @@ NOT_1D: Dict[str, str] = {
     "dinov3_vit": _PATCH_2D, "eomt_dinov3": _PATCH_2D, "sapiens2": _PATCH_2D,
     "llama4_vision_model": "2-D RoPE over the patch grid (a complex freqs_cis built without position ids)",
     **{name: "ALiBi attention biases: no RoPE" for name in ("mpt", "bloom")},
+    # Sub-models of packages that rotate elsewhere (their text model): the
+    # model transformers builds from these configs has no rotary embedding.
+    **{name: "the model transformers builds from it has no rotary embedding (its package rotates in another "
+             "sub-model)" for name in (
+        "cosmos3_edge_vision", "deepseek_ocr2_sam_vision_model", "edgetam_video_mask_decoder", "emu3_vqgan",
+        "gemma4_audio", "granite_docling_vision", "hunyuan_vl_vision", "hy_v4_vl_vision", "idefics_vision",
+        "mllama_vision_model", "molmo2_adapter", "molmo2_vision", "moshi_depth", "phi4_multimodal_audio",
+        "phi4_multimodal_vision", "qwen2_5_omni_audio_encoder", "qwen3_omni_moe_audio_encoder",
+        "sam2_video_mask_decoder", "sam3_detr_decoder", "sam3_detr_encoder", "sam3_geometry_encoder",
+        "sam3_mask_decoder", "sam3_tracker_video_mask_decoder", "unlimited_ocr_sam_vision_model",
+        "unlimited_ocr_vision_encoder")},
     # Well-known models without RoPE (learned, sinusoidal or relative positions);
     # by name, as a dict and its object must read alike.
     **{name: "no RoPE (learned, sinusoidal or relative position embeddings)" for name in (
         "bert", "biogpt", "ctrl", "detr", "gpt2", "gpt_bigcode", "gpt_neo", "openai-gpt", "opt", "roberta", "vit",
         "whisper", "xglm")},
 }
+# Families whose attention rotates only under this position_embedding_type.
+ROTARY_POSITION_TYPE = {"granitemoehybrid": "rope", "esm": "rotary"}
+# Config classes without rope_parameters: their rotary class reads the
+# top-level rope_theta alone, and a rule given anyway is never read.
+READS_TOP_THETA_ONLY = frozenset({"esm"})
 # Vision towers whose "axial" rule rotary reproduces: Pixtral deals one
 # spectrum alternately to the h and w axes (axes_shared_spectrum). Qwen2-VL,
 # Qwen2.5-VL, GLM-4V, ... give each axis its own table over another width.
@@ -49,10 +65,15 @@ def refuse_unserved(config: Any, model_type: str) -> None:
         raise ValueError(f"from_hf_config: moonshine with encoder_num_attention_heads={heads[0]} and "
                          f"decoder_num_attention_heads={heads[1]}: transformers sizes both stacks' tables by one "
                          "head count as it builds them; rotary serves equal head counts")
-    if model_type == "granitemoehybrid" and get(config, "position_embedding_type") != "rope":
-        raise ValueError(f"from_hf_config: granitemoehybrid with position_embedding_type="
+    wanted = ROTARY_POSITION_TYPE.get(model_type)
+    if wanted is not None and get(config, "position_embedding_type") != wanted:
+        raise ValueError(f"from_hf_config: {model_type} with position_embedding_type="
                          f"{get(config, 'position_embedding_type')!r} builds no rotary embedding; rotary serves "
-                         "position_embedding_type='rope'")
+                         f"position_embedding_type={wanted!r}")
+    if model_type in READS_TOP_THETA_ONLY and given_params(config):
+        raise ValueError(f"from_hf_config: {model_type}'s rotary class reads only the top-level rope_theta (the "
+                         f"default rule); its config class never reads rope_parameters / rope_scaling, got "
+                         f"{given_params(config)!r}: drop it")
 
 
 # What rotary code looks like in a transformers modeling file: a rotary

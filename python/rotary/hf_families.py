@@ -124,7 +124,7 @@ DEFAULT_RULE_READS_PARTIAL = frozenset({
 
 # Of those, the classes whose attention rotates the whole head all the same:
 # the narrower table fails there (transformers cannot run a share below 1).
-WHOLE_HEAD_ATTENTION = frozenset({"mellum", "solar_open"})
+WHOLE_HEAD_ATTENTION = frozenset({"diffusion_gemma", "diffusion_gemma_text", "mellum", "solar_open"})
 
 # The config classes whose "default" rule is their vision tower's "axial"
 # one (default_rope_type): their rotary classes run no other rule.
