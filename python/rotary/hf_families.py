@@ -283,6 +283,8 @@ FAMILIES: Dict[str, Family] = {
     # (2j, 2j+1) pairs; the table's head_dim from the decoder's heads.
     "moonshine": Family(pairing="interleaved", aliases=(("num_attention_heads", "decoder_num_attention_heads"),)),
     "moonshine_streaming": _INTER,
+    # OpenAI's privacy filter: x[..., ::2] / x[..., 1::2] pairs over the whole head.
+    "openai_privacy_filter": _INTER,
     "moonshine_streaming_encoder": Family(refuse="its encoder has no RoPE (sliding-window attention only); "
                                                  "its decoder, model_type 'moonshine_streaming', rotates"),
     # Perception Encoder audio / video: stack_freqs pairs (2j, 2j+1).
@@ -354,7 +356,7 @@ FAMILIES: Dict[str, Family] = {
         "blt", "dots3_note", "efficientloftr", "hy_v4_vl", "hy_v4_vl_text", "hunyuan_vl", "hunyuan_vl_text",
         "lightglue",
         "mistral_large4", "mistral_large4_text", "blt_global_transformer", "blt_local_decoder", "blt_local_encoder",
-        "blt_patcher", "ernie4_5_vl_moe", "ernie4_5_vl_moe_text", "inkling2", "neomme", "openai_privacy_filter",
+        "blt_patcher", "ernie4_5_vl_moe", "ernie4_5_vl_moe_text", "inkling2", "neomme",
         "edgetam_video", "sam2_video", "sam3", "sam3_tracker_video")},
 }
 

@@ -171,5 +171,22 @@ def test_recurrent_gemma_runs_its_default_rule_alone():
         assert_matches(rope(q, k, position_ids=pos), want)
 
 
+@pytest.mark.parametrize("rule", sorted(RULES))
+def test_openai_privacy_filter(rule):
+    # (2j, 2j+1) pairs over the whole head, in each rule its class runs.
+    cfg = make_config("OpenAIPrivacyFilterConfig", hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=16, num_hidden_layers=1, intermediate_size=32, vocab_size=32,
+                      max_position_embeddings=128, rope_parameters=dict(RULES[rule]))
+    rope, (q, k, pos), want = _check("openai_privacy_filter", "OpenAIPrivacyFilterRotaryEmbedding", cfg, 16, False, 18)
+    assert rope.dim == 16
+
+
+def test_openai_privacy_filter_class_default():
+    cfg = make_config("OpenAIPrivacyFilterConfig")  # its own rule and base
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    _check("openai_privacy_filter", "OpenAIPrivacyFilterRotaryEmbedding", cfg, head_dim, False, 19)
+
+
 # The families tested here (test_hf_config.test_every_family_is_tested reads it).
-TESTED = {"glm4v_text", "glm_ocr_text", "moonshine", "moonshine_streaming", "phimoe", "recurrent_gemma"}
+TESTED = {"glm4v_text", "glm_ocr_text", "moonshine", "moonshine_streaming", "phimoe", "recurrent_gemma",
+          "openai_privacy_filter"}
