@@ -43,7 +43,7 @@ def refuse_dict(model_type: str, name: str, why: str) -> None:
 def layer_keys(config: Any, params: Mapping) -> List[str]:
     """The layer types ``params`` is keyed by. A dict of a family whose class
     keys them (CLASS_LAYER_TYPES) that is not keyed so is refused
-    (DeepSeek-V4's rope types have their own check, Family.rope_keys)."""
+    (DeepSeek-V4's rope types have their own check, Family.folded_fields)."""
     keys = [key for key, value in params.items() if isinstance(value, Mapping)]
     model_type = get(config, "model_type")
     # transformers nests a rule only under labels the config declares (its
@@ -56,7 +56,7 @@ def layer_keys(config: Any, params: Mapping) -> List[str]:
     elif model_type not in CLASS_LAYER_TYPES:
         keys = []
     if (not keys and isinstance(config, Mapping) and model_type in CLASS_LAYER_TYPES
-            and not getattr(FAMILIES.get(model_type), "rope_keys", ())):
+            and not getattr(FAMILIES.get(model_type), "folded_fields", ())):
         refuse_dict(model_type, "rope_parameters keyed by layer type", "one rule per layer type, not one for "
                     "every layer (from a flat rope_scaling and rope_theta, or its own per-type defaults)")
     return keys

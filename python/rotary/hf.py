@@ -19,8 +19,8 @@ from ._hf_parts import own_mscale as _own_mscale, read_as_its_class as _read_as_
 from ._hf_parts import rule_of as _rule_of, scaling as _scaling, sections as _sections, span as _span
 from ._hf_refusals import refuse_axial as _refuse_axial, refuse_per_layer_rotation as _refuse_per_layer_rotation
 from ._hf_refusals import refuse_unserved as _refuse_unserved
-from .hf_families import (CLASS_KEEPS_TOP_PARTIAL, CLASS_TEXT_CONFIG, DEFAULT_RULE_READS_PARTIAL, FAMILIES,
-                          CLASS_AXIAL, GENERIC_FIELDS, WHOLE_HEAD_ATTENTION, Family, family_of)
+from .hf_families import (CLASS_KEEPS_TOP_PARTIAL, CLASS_ROPE_LABELS, CLASS_TEXT_CONFIG, DEFAULT_RULE_READS_PARTIAL,
+                          FAMILIES, CLASS_AXIAL, GENERIC_FIELDS, WHOLE_HEAD_ATTENTION, Family, family_of)
 
 __all__ = ["layer_thetas_of", "layer_types_of", "rope_kwargs_from_hf_config"]
 
@@ -184,9 +184,10 @@ def _served_family(config: Any, model_type: str, allow_inverse: bool) -> Family:
                          "RotaryEmbedding has no option for (the ops take inverse=True)")
     _check_fields(config, model_type, family)
     fam = family or Family()
-    if fam.rope_keys and layer_types_of(config) != list(fam.rope_keys):
+    labels = sorted(CLASS_ROPE_LABELS.get(model_type, ()))
+    if fam.folded_fields and layer_types_of(config) != labels:
         raise ValueError(f"from_hf_config: {model_type}'s config class builds rope_parameters keyed by "
-                         f"{', '.join(map(repr, fam.rope_keys))} from its top-level fields "
+                         f"{', '.join(map(repr, labels))} from its top-level fields "
                          f"({', '.join(('rope_theta',) + fam.folded_fields)}); got rope_parameters "
                          f"{_given_params(config)!r}: pass the config object")
     return fam

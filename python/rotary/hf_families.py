@@ -74,10 +74,9 @@ class Family:
     rule_aliases: Tuple[Tuple[str, str], ...] = ()
     # The only rules the config class's validation accepts (empty: any).
     rules: Tuple[str, ...] = ()
-    # The labels rope_parameters is keyed by (DeepSeek-V4's rope types), which
-    # the config class builds from top-level fields (folded_fields): a config
-    # not keyed so is refused, and those fields are read through the keys.
-    rope_keys: Tuple[str, ...] = ()
+    # Top-level fields the config class folds into rope_parameters keyed by
+    # its rope type labels (DeepSeek-V4's, CLASS_ROPE_LABELS): a config not
+    # keyed so is refused, and these fields are read through the keys.
     folded_fields: Tuple[str, ...] = ()
     # (short, long): under a scaled rule the class builds the rule's table with
     # no sequence length and scales cos/sin by one of these rope_parameters
@@ -338,7 +337,7 @@ FAMILIES: Dict[str, Family] = {
     # DeepSeek-V4: (2j, 2j+1) pairs over each head's trailing span, tables keyed
     # by rope type ("main", "compress"). Its k is its v, so the attention output
     # is turned back with (cos, -sin): the inverse rotation.
-    "deepseek_v4": Family(pairing="interleaved", span="trailing", rope_keys=("compress", "main"),
+    "deepseek_v4": Family(pairing="interleaved", span="trailing",
                           folded_fields=("compress_rope_theta", "qk_rope_head_dim")),
     # Read from their modeling code: rotations beyond q and k, or none through rotary_emb.
     "inkling2_text": Family(refuse="its text layers have no RoPE (a relative position bias); only its vision "

@@ -154,8 +154,7 @@ class RotaryEmbedding(nn.Module):
         # drop the sines, and round inv_freq; take only the device from fn.
         # A move that raises (.cuda() without a GPU) keeps the tables. Meta
         # tables hold no values: leaving meta (to_empty) rebuilds them.
-        if len(self._buffers.keys() & {"freqs", "inv_freq"}) == 2:
-            self._tables.state_of(self._held)  # a rebuild below is of the state of the tables held
+        self._follow_held()  # a rebuild below is of the state of the tables held
         saved = {name: self._buffers.pop(name) for name in ("freqs", "inv_freq") if name in self._buffers}
         moved = saved
         try:
@@ -170,9 +169,12 @@ class RotaryEmbedding(nn.Module):
         return self
 
     def __getstate__(self):  # pickle, deepcopy: the state of the tables held, not of the last switch
+        self._follow_held()
+        return super().__getstate__()
+
+    def _follow_held(self) -> None:  # the state machine takes the state of the tables held (both present)
         if len(self._buffers.keys() & {"freqs", "inv_freq"}) == 2:
             self._tables.state_of(self._held)
-        return super().__getstate__()
 
     def __prepare_scriptable__(self):  # torch.jit.script calls it on every submodule
         raise RuntimeError(
