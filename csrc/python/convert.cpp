@@ -3,6 +3,7 @@
 #include "checks/checks_positions.h"
 
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/python_symnode.h>
 
 #include <algorithm>
 #include <cmath>
@@ -162,13 +163,12 @@ std::optional<torch::Tensor> tensor_arg(const py::handle& v, const std::string& 
   return v.cast<torch::Tensor>();
 }
 
-namespace {
-
-// numpy's integers (anything with __index__ but a bool or a tensor) as the
-// Python int they hold, as torch's parser takes them; anything else as it is.
+// numpy's integers (anything with __index__ but a bool, a tensor or a
+// SymInt) as the Python int they hold, as torch's parser takes them; anything
+// else as it is. Python's argument checks (_arg_checks.py) call it too.
 py::object plain_int(const py::object& v) {
   if (py::isinstance<py::int_>(v) || py::isinstance<py::bool_>(v) || THPVariable_Check(v.ptr()) ||
-      !PyIndex_Check(v.ptr())) {
+      torch::is_symint(v) || !PyIndex_Check(v.ptr())) {
     return v;
   }
   PyObject* i = PyNumber_Index(v.ptr());
@@ -178,8 +178,6 @@ py::object plain_int(const py::object& v) {
   }
   return py::reinterpret_steal<py::object>(i);
 }
-
-}  // namespace
 
 // A module call's arguments: rope(x, start_pos=0, *, offsets=None,
 // position_ids=None) or rope(q, k, start_pos=0, ...); rope(x, p) with an int

@@ -54,6 +54,7 @@ void def_options_init(Cls& cls, Make make) {
       py::arg("rotary_offset") = 0, py::arg("mrope_section") = py::none(), py::arg("mrope_interleaved") = false,
       py::arg("axes_dim") = py::none(), py::arg("axes_theta") = py::none(), py::arg("axes_shared_spectrum") = false);
 }
+py::object plain_int(const py::object& v);
 int64_t start_pos_arg(const py::handle& v, const char* who = "RotaryEmbedding");
 std::optional<torch::Tensor> tensor_arg(const py::handle& v, const std::string& who, const char* name);
 std::tuple<torch::Tensor, OptTensor, int64_t, OptTensor, OptTensor> call_args(

@@ -11,16 +11,9 @@ import torch
 from . import _C
 
 
-def _plain_int(value):
-    """numpy's integers as the int they hold (torch's parser takes them); any
-    other value as it is, for the checks to name."""
-    if type(value) is int or isinstance(value, (bool, torch.Tensor, torch.SymInt)) or not hasattr(
-            type(value), "__index__"):
-        return value
-    try:
-        return operator.index(value)
-    except TypeError:  # numpy's bool has an __index__ that refuses
-        return value
+# numpy's integers as the int they hold (torch's parser takes them); any other
+# value as it is, for the checks to name. One definition, in C++ (convert.cpp).
+_plain_int = _C._plain_int
 
 
 def _int_arg(op: str, name: str, value):
