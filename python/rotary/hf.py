@@ -222,6 +222,13 @@ def _theta(config: Any, params: Dict[str, Any], fam: Family, model_type: str, la
             or not 0 < theta < (2**1024 if isinstance(theta, int) else math.inf)):
         shown = f"an int of {theta.bit_length()} bits" if isinstance(theta, int) and theta > 0 else repr(theta)
         raise ValueError(f"from_hf_config: rope_theta must be a finite number > 0, got {shown}")
+    mask = _get(config, fam.nope_mask_field) if fam.nope_mask_field else None
+    other = [b for b in (_layer_thetas(mask, fam.nope_mask_field, model_type) if mask is not None else ())
+             if b != float(theta)]
+    if other:
+        raise ValueError(f"from_hf_config: {fam.nope_mask_field} has bases {other} besides 0 and rope_theta "
+                         f"{float(theta):g}: transformers' {model_type} rotates every such layer at rope_theta "
+                         "(the entry only says whether it rotates); give 0 or the base")
     return float(theta)
 
 

@@ -53,6 +53,10 @@ class Family:
     # A config list of per-layer bases (0: no RoPE), one table per distinct
     # base (GraniteSWA's layer_rope_theta).
     layer_theta_field: Optional[str] = None
+    # A config list that only says which layers rotate (0: no RoPE): every
+    # other layer rotates at rope_theta, whatever its entry (Muse's
+    # layer_rope_theta); an entry other than 0 and the base is refused.
+    nope_mask_field: Optional[str] = None
     # The rotated share where rope_parameters gives none, in every rule (GPT-NeoX's class fills it in).
     partial_default: float = 1.0
     # The same for the default rule alone (MiMo-V2-Flash: 0.334): the scaled
@@ -89,7 +93,7 @@ class Family:
     def fields(self) -> Tuple[str, ...]:
         """Family-specific config fields this entry reads."""
         out = {"rotary_dim": ("rotary_dim",), "mla": ("qk_rope_head_dim", "qk_nope_head_dim", "qk_head_dim")}
-        own = (self.interleave_field, self.layer_theta_field)
+        own = (self.interleave_field, self.layer_theta_field, self.nope_mask_field)
         neox = ("rotary_pct", "rotary_emb_base") if self.neox_fields else ()
         return out.get(self.span, ()) + tuple(f for f in own if f) + self.layer_fields + neox + self.folded_fields
 
@@ -324,6 +328,7 @@ FAMILIES: Dict[str, Family] = {
     "dbrx": Family(aliases=(("hidden_size", "d_model"), ("num_attention_heads", "n_heads"),
                             ("max_position_embeddings", "max_seq_len"))),
     **{name: Family(layer_theta_field="layer_rope_theta") for name in ("granite_swa", "granitemoe_swa")},
+    **{name: Family(nope_mask_field="layer_rope_theta") for name in ("muse_glimmer_text", "muse_spark_text")},
     # Per-layer-type rules, each rotating int(head_dim * partial_rotary_factor).
     "mimo_v2_flash": Family(default_rule_partial=0.334),
     # MiniMax-M3 rotates int(head_dim * partial_rotary_factor) dims; its

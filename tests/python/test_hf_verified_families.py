@@ -187,6 +187,52 @@ def test_openai_privacy_filter_class_default():
     _check("openai_privacy_filter", "OpenAIPrivacyFilterRotaryEmbedding", cfg, head_dim, False, 19)
 
 
+# Muse's text models: layer_rope_theta only says which layers rotate (0: none);
+# its class rotates every other layer at rope_theta.
+MUSE = [("muse_glimmer", "MuseGlimmerTextConfig", "MuseGlimmerTextRotaryEmbedding"),
+        ("muse_spark", "MuseSparkTextConfig", "MuseSparkTextRotaryEmbedding")]
+
+
+def _muse(cls, **kw):
+    return make_config(cls, **dict(SMALL, head_dim=16, num_hidden_layers=8), **kw)
+
+
+@pytest.mark.parametrize("rule", sorted(RULES))
+@pytest.mark.parametrize("mt,cls,rot", MUSE, ids=[m[0] for m in MUSE])
+def test_muse_text_models(mt, cls, rot, rule):
+    cfg = _muse(cls, rope_parameters=dict(RULES[rule], rope_theta=5e4))
+    assert 0 in cfg.layer_rope_theta and 5e4 in cfg.layer_rope_theta  # the class's NoPE layers
+    q, k, pos = inputs(16, False, 20)
+    want = _theirs(mt, rot, cfg, q, k, pos)
+    for given in (cfg, cfg.to_dict()):
+        rope = rotary.RotaryEmbedding.from_hf_config(given)
+        assert rope.dim == 16 and not rope.interleaved
+        assert_matches(rope(q, k, position_ids=pos), want)
+    assert rotary.hf.layer_thetas_of(cfg) is None  # one table: not GraniteSWA's per-layer bases
+
+
+@pytest.mark.parametrize("mt,cls,rot", MUSE, ids=[m[0] for m in MUSE])
+def test_muse_layer_bases_other_than_rope_theta_are_refused(mt, cls, rot):
+    # The class would rotate the 3e4 layer at rope_theta all the same: serving 3e4 is wrong, serving 1e4 a guess.
+    cfg = _muse(cls, layer_rope_theta=[1e4, 3e4, 1e4, 0, 1e4, 1e4, 1e4, 0],
+                rope_parameters={"rope_type": "default", "rope_theta": 1e4})
+    with pytest.raises(ValueError, match=r"layer_rope_theta has bases \[30000.0\] besides 0 and rope_theta 10000: "
+                                         r"transformers' muse_\w+_text rotates every such layer at rope_theta"):
+        rotary.RotaryEmbedding.from_hf_config(cfg)
+    with pytest.raises(ValueError, match="a list of bases >= 0"):
+        rotary.RotaryEmbedding.from_hf_config(_muse(cls, layer_rope_theta=[1e4, -1.0] * 4))
+
+
+@pytest.mark.parametrize("cls,text", [("MuseGlimmerConfig", "MuseGlimmerTextConfig"),
+                                      ("MuseSparkConfig", "MuseSparkTextConfig")])
+def test_muse_composites_read_their_text_config(cls, text):
+    cfg = make_config(cls, text_config={"rope_parameters": {"rope_type": "default", "rope_theta": 2e5}})
+    assert type(cfg.text_config).__name__ == text
+    for given in (cfg, cfg.to_dict()):
+        assert rope_kwargs_from_hf_config(given) == rope_kwargs_from_hf_config(cfg.text_config)
+    assert rope_kwargs_from_hf_config(cfg)["theta"] == 2e5
+
+
 # The families tested here (test_hf_config.test_every_family_is_tested reads it).
 TESTED = {"glm4v_text", "glm_ocr_text", "moonshine", "moonshine_streaming", "phimoe", "recurrent_gemma",
-          "openai_privacy_filter"}
+          "openai_privacy_filter", "muse_glimmer_text", "muse_spark_text"}
