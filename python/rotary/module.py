@@ -185,28 +185,33 @@ class RotaryEmbedding(nn.Module):
     def forward(self, q: torch.Tensor, k: Optional[torch.Tensor] = None, start_pos: int = 0, *,
                 offsets: Optional[torch.Tensor] = None, position_ids: Optional[torch.Tensor] = None,
                 positions: Optional[torch.Tensor] = None, layout: str = "BHSD"):
+        # rope(x, start_pos); with start_pos= as well, the C++ parser refuses the pair.
+        if isinstance(k, (int, torch.SymInt)) and not isinstance(k, bool) and type(start_pos) is int and start_pos == 0:
+            k, start_pos = None, k
         # Decode's hot path: an int start_pos and nothing else, straight to the
-        # op overloads; inv_freq only where the call reaches past the table.
-        # Eager only: traced, its table-length test would become a guard (strict
-        # export would bound seq_len and start_pos by max_seq_len).
+        # op overloads (a host-driven rule's under its state machine, with
+        # inv_freq). Eager only: traced, its table-length test would become a
+        # guard (strict export would bound seq_len and start_pos by max_seq_len).
         ax = _SEQ_AXIS.get(layout) if type(layout) is str else None
         if (type(start_pos) is int and ax is not None and offsets is None and position_ids is None
                 and not torch.compiler.is_compiling()
-                and positions is None and not self._host_driven and self.rotary_offset == 0 and self.axes_dim is None
+                and positions is None and self.rotary_offset == 0 and self.axes_dim is None
                 and q.dim() == 4
                 and (k is None or (isinstance(k, torch.Tensor) and k.dim() != 0))):
             seq, freqs, inter = q.size(ax), self._buffers["freqs"], self._opts[3]
-            if type(seq) is int and 0 <= start_pos and start_pos + seq <= freqs.size(0) and q.size(3) >= self.dim:
+            if type(seq) is int and 0 <= start_pos < _MAX_START_POS and q.size(3) >= self.dim:
                 kw = {} if ax == 2 else {"layout": layout}  # keywords parse slowly: only when not the default
-                return _APPLY(q, freqs, start_pos, inter, **kw) if k is None else _APPLY_QK(
-                    q, k, freqs, start_pos, inter, **kw)
+                if not self._host_driven and start_pos + seq <= freqs.size(0):
+                    return _APPLY(q, freqs, start_pos, inter, **kw) if k is None else _APPLY_QK(
+                        q, k, freqs, start_pos, inter, **kw)
+                if self._host_driven and self._extends and seq > 0:
+                    return self._host_step(start_pos + seq, freqs.device, lambda f, inv: _APPLY(
+                        q, f, start_pos, inter, inv_freq=inv, **kw) if k is None else _APPLY_QK(
+                        q, k, f, start_pos, inter, inv_freq=inv, **kw))
         if ax is None:
             raise ValueError(f"RotaryEmbedding: layout must be 'BHSD', 'BSHD' or 'SBHD', got {layout!r}")
         # The common case is decided here (it traces); anything unusual goes
         # to the C++ parser, which raises the module's errors.
-        # rope(x, start_pos); with start_pos= as well, the C++ parser refuses the pair.
-        if isinstance(k, (int, torch.SymInt)) and not isinstance(k, bool) and type(start_pos) is int and start_pos == 0:
-            k, start_pos = None, k
         if not isinstance(start_pos, torch.SymInt) and (
                 type(start_pos) is not int or not 0 <= start_pos < _MAX_START_POS
                 or not (k is None or (isinstance(k, torch.Tensor) and k.dim() != 0))
@@ -238,15 +243,21 @@ class RotaryEmbedding(nn.Module):
         # Under torch.compile the call below runs at a graph break, eagerly:
         # it records (is_exporting() is true while Dynamo traces).
         exporting = torch.compiler.is_exporting() and not torch.compiler.is_dynamo_compiling()
+        return self._host_step(reach, self.freqs.device, lambda f, inv: self._rotate(
+            q, k, start_pos, offsets, position_ids, f, inv, layout), record=not exporting)
 
-        def op(fresh):  # under the lock; new tables are installed only once the op returned
-            freqs, inv_freq = (self.freqs, self.inv_freq) if fresh is None else fresh
-            out = self._rotate(q, k, start_pos, offsets, position_ids, freqs, inv_freq, layout)
-            if fresh is not None and not exporting:
+    def _host_step(self, reach: int, device: torch.device, rotate, record: bool = True):
+        """rotate(freqs, inv_freq) with the tables a call reaching ``reach``
+        needs, under the state machine's lock; new tables are installed once
+        it returned, and neither installed nor recorded when not ``record``.
+        The buffers are read from _buffers: Module.__getattr__ costs ~2 us."""
+        def op(fresh):
+            out = rotate(*(self._held() if fresh is None else fresh))
+            if fresh is not None and record:
                 self._install(*fresh)
             return out
 
-        return self._tables.run(reach, self.freqs.device, self._held, op, record=not exporting)
+        return self._tables.run(reach, device, self._held, op, record=record)
 
     @_eager_only  # the cache's length lives in C++: one graph break (docs/api.md)
     def forward_with_cache(self, q, k, v, cache: "_C.KVCache", start_pos: Optional[int] = None, *,
