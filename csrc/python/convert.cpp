@@ -163,11 +163,12 @@ std::optional<torch::Tensor> tensor_arg(const py::handle& v, const std::string& 
   return v.cast<torch::Tensor>();
 }
 
-// numpy's integers (anything with __index__ but a bool, a tensor or a
-// SymInt) as the Python int they hold, as torch's parser takes them; anything
-// else as it is. Python's argument checks (_arg_checks.py) call it too.
+// numpy's integers and int subclasses (an IntEnum: anything with __index__
+// but a bool, a tensor or a SymInt) as the Python int they hold, as torch's
+// parser takes them; anything else as it is. Python's argument checks
+// (_arg_checks.py) call it too.
 py::object plain_int(const py::object& v) {
-  if (py::isinstance<py::int_>(v) || py::isinstance<py::bool_>(v) || THPVariable_Check(v.ptr()) ||
+  if (PyLong_CheckExact(v.ptr()) || py::isinstance<py::bool_>(v) || THPVariable_Check(v.ptr()) ||
       torch::is_symint(v) || !PyIndex_Check(v.ptr())) {
     return v;
   }

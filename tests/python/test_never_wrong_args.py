@@ -3,6 +3,7 @@ tile, flags that are not bools, a table of no rows with inv_freq,
 apply_rope_cos_sin's ids, and a start_pos given twice. Each call gives the
 float64 reference's result or is refused by name, writing nothing."""
 
+import enum
 import pytest
 import torch
 
@@ -189,14 +190,18 @@ def test_op_arguments_take_numpy_scalars_as_torch_does():
     from rotary_testing.rope_testing import make_heads, ref_rope4
     x, f = make_heads(1, 2, 5, D, seed=31), rotary.freqs_table(D, 16)
     want = ref_rope4(x, start=3)
+    class Pos(enum.IntEnum):  # an int subclass, which torch's parser takes as the int
+        THREE = 3
     for out in (rotary.apply_rope(x, f, np.int64(3)), rotary.apply_rope(x, f, np.int32(3), rotary_offset=np.int64(0)),
-                rotary.apply_rope(x, f, start_pos=np.int16(3))):
+                rotary.apply_rope(x, f, start_pos=np.int16(3)), rotary.apply_rope(x, f, Pos.THREE),
+                torch.ops.rotary.apply_rope(x, f, Pos.THREE, True)):
         torch.testing.assert_close(out.double(), want, rtol=0, atol=1e-6)
     for bad in (np.bool_(True), torch.tensor(3)):
         with pytest.raises(TypeError, match=r"apply_rope: start_pos must be an int, got"):
             rotary.apply_rope(x, f, bad)
     for module in (rotary.RotaryEmbedding(D, 16), rotary.CppRotaryEmbedding(D, 16)):  # the modules too
-        for out in (module(x, np.int64(3)), module(x, start_pos=np.int32(3)), module(x, x, np.uint8(3))[1]):
+        for out in (module(x, np.int64(3)), module(x, start_pos=np.int32(3)), module(x, x, np.uint8(3))[1],
+                    module(x, Pos.THREE), module(x, start_pos=Pos.THREE)):
             torch.testing.assert_close(out.double(), want, rtol=0, atol=1e-6)
         with pytest.raises(TypeError, match=r"RotaryEmbedding: start_pos must be an int, got np.True_"):
             module(x, start_pos=np.bool_(True))
