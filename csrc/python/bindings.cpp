@@ -167,7 +167,8 @@ PYBIND11_MODULE(_C, m) {
       [](const py::object& start_pos, const std::string& who) { return start_pos_arg(start_pos, who.c_str()); },
       py::arg("start_pos"), py::arg("who") = "RotaryEmbedding",
       "start_pos as an int64, or who's error for one outside [0, 2^60) or not an int.");
-  m.def("_plain_int", &plain_int, py::arg("value"), "A numpy integer as the Python int it holds; else the value.");
+  m.def("_plain_int", &plain_int, py::arg("value"),
+        "A numpy integer or an int subclass as the Python int it holds; else the value.");
   m.def(
       "check_scale_values",
       [](const std::string& op, const std::string& name, const at::Tensor& scale, const std::string& stored) {
