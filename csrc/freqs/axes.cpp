@@ -87,12 +87,24 @@ AxialRope axial_rope(const std::vector<int64_t>& axes_dim, const std::vector<dou
 }
 
 std::vector<int64_t> pair_axes_of(const RotaryEmbeddingOptions& o) {
-  if (o.mrope_section().empty() && o.axes_dim().empty()) return {};
+  if (o.mrope_section().empty() && o.axes_dim().empty() && o.pair_axes().empty()) return {};
   // At construction, not at the first call: the ops' pair_axes limit.
   TORCH_CHECK_VALUE(
-      o.dim() / 2 <= kernel::kMaxPairs, "RotaryEmbedding: N-D positions (mrope_section, axes_dim) turn at most ",
-      kernel::kMaxPairs, " pairs, got dim / 2 = ", o.dim() / 2);
+      o.dim() / 2 <= kernel::kMaxPairs, "RotaryEmbedding: N-D positions (mrope_section, axes_dim, pair_axes) turn ",
+      "at most ", kernel::kMaxPairs, " pairs, got dim / 2 = ", o.dim() / 2);
   if (!o.mrope_section().empty()) return mrope_pair_axes(o.mrope_section(), o.dim(), o.mrope_interleaved());
+  if (!o.pair_axes().empty()) {
+    const auto& axes = o.pair_axes();
+    TORCH_CHECK_VALUE(
+        static_cast<int64_t>(axes.size()) == o.dim() / 2, "RotaryEmbedding: pair_axes must have one entry per pair, ",
+        "dim / 2 = ", o.dim() / 2, ", got ", axes.size());
+    for (const auto j : c10::irange(axes.size())) {
+      TORCH_CHECK_VALUE(
+          axes[j] >= 0 && axes[j] < kernel::kMaxAxes, "RotaryEmbedding: pair_axes[", j, "] must be an axis index in ",
+          "[0, ", kernel::kMaxAxes, "), got ", axes[j]);
+    }
+    return axes;
+  }
   const auto thetas = o.axes_theta().empty() ? std::vector<double>{o.theta()} : o.axes_theta();
   return axial_rope(o.axes_dim(), thetas, o.axes_shared_spectrum()).pair_axes;
 }

@@ -101,6 +101,7 @@ void RotaryEmbeddingImpl::pretty_print(std::ostream& stream) const {
            << (o.mrope_interleaved() ? ", mrope_interleaved=true" : "");
   }
   if (!o.axes_dim().empty()) stream << ", axes_dim=" << c10::ArrayRef<int64_t>(o.axes_dim());
+  if (!o.pair_axes().empty()) stream << ", pair_axes=" << c10::ArrayRef<int64_t>(o.pair_axes());
   stream << ")";
 }
 

@@ -65,8 +65,8 @@ void check_options(const RotaryEmbeddingOptions& options) {
   // A flag of a rule that is not chosen would be dropped without a word.
   const bool mrope = !options.mrope_section().empty(), axial = !options.axes_dim().empty();
   TORCH_CHECK_VALUE(
-      !(mrope && axial), "RotaryEmbedding: mrope_section (M-RoPE) and axes_dim (axial RoPE) are two N-D rules; ",
-      "pass one of them");
+      int(mrope) + int(axial) + int(!options.pair_axes().empty()) <= 1, "RotaryEmbedding: mrope_section (M-RoPE), ",
+      "axes_dim (axial RoPE) and pair_axes (an explicit map) are three N-D rules; pass one of them");
   TORCH_CHECK_VALUE(
       mrope || !options.mrope_interleaved(), "RotaryEmbedding: mrope_interleaved=True needs mrope_section (the ",
       "sections it lays out)");

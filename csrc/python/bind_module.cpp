@@ -60,11 +60,12 @@ py::tuple cpp_rope_state(const Impl& impl) {
   return py::make_tuple(
       o.dim(), o.max_seq_len(), o.theta(), o.interleaved(), scaling, rotary::angle_dtype_name(o.angle_dtype()),
       impl.freqs, impl.inv_freq, impl.is_training(), o.rotary_offset(), o.mrope_section(),
-      o.mrope_interleaved(), o.axes_dim(), o.axes_theta(), o.axes_shared_spectrum(), impl.tables().state());
+      o.mrope_interleaved(), o.axes_dim(), o.axes_theta(), o.axes_shared_spectrum(), impl.tables().state(),
+      o.pair_axes());
 }
 
 py::object cpp_rope_from_state(const py::object& wrapper, const py::tuple& st) {
-  TORCH_CHECK_VALUE(st.size() == 15 || st.size() == 16, "CppRotaryEmbedding: unexpected pickled state of size ",
+  TORCH_CHECK_VALUE(st.size() >= 15 && st.size() <= 17, "CppRotaryEmbedding: unexpected pickled state of size ",
                     st.size());
   auto impl = std::make_shared<Impl>(
       rotary::RotaryEmbeddingOptions(st[0].cast<int64_t>())
@@ -78,8 +79,9 @@ py::object cpp_rope_from_state(const py::object& wrapper, const py::tuple& st) {
           .mrope_interleaved(st[11].cast<bool>())
           .axes_dim(st[12].cast<std::vector<int64_t>>())
           .axes_theta(st[13].cast<std::vector<double>>())
-          .axes_shared_spectrum(st[14].cast<bool>()));
-  const auto state = st.size() == 16 ? std::optional<int64_t>(st[15].cast<int64_t>()) : std::nullopt;
+          .axes_shared_spectrum(st[14].cast<bool>())
+          .pair_axes(st.size() == 17 ? st[16].cast<std::vector<int64_t>>() : std::vector<int64_t>{}));
+  const auto state = st.size() >= 16 ? std::optional<int64_t>(st[15].cast<int64_t>()) : std::nullopt;
   impl->load_tables(st[6].cast<torch::Tensor>(), st[7].cast<torch::Tensor>(), "CppRotaryEmbedding (unpickle)", state);
   impl->to(st[6].cast<torch::Tensor>().device());
   py::object obj = wrapper.attr("__new__")(wrapper);

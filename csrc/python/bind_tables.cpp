@@ -89,6 +89,7 @@ void def_state_machine(py::class_<RopeTables>& tables) {
                   .mrope_section(st[11].cast<std::vector<int64_t>>())
                   .mrope_interleaved(st[12].cast<bool>());
             }
+            if (st.size() >= 14) options.pair_axes(st[13].cast<std::vector<int64_t>>());  // an explicit map
             return RopeTables(options, st[6].cast<int64_t>());
           }));
 }
@@ -133,6 +134,7 @@ void def_module_shell(py::class_<RopeTables>& tables) {
       if (o.mrope_interleaved()) s += ", mrope_interleaved=True";
     }
     if (!o.axes_dim().empty()) s += ", axes_dim=" + repr(py::cast(o.axes_dim()));
+    if (!o.pair_axes().empty()) s += ", pair_axes=" + repr(py::cast(o.pair_axes()));
     return s;
   });
   tables.def(

@@ -106,14 +106,16 @@ rotary::RotaryEmbeddingOptions& nd_options_from_py(
     const py::object& mrope_interleaved,
     const py::object& axes_dim,
     const py::object& axes_theta,
-    const py::object& axes_shared_spectrum) {
+    const py::object& axes_shared_spectrum,
+    const py::object& pair_axes) {
   const char* who = "RotaryEmbedding";
   return options.rotary_offset(int_arg(rotary_offset, who, "rotary_offset"))
       .mrope_section(int_list_arg(mrope_section, who, "mrope_section"))
       .mrope_interleaved(bool_arg(mrope_interleaved, who, "mrope_interleaved"))
       .axes_dim(int_list_arg(axes_dim, who, "axes_dim"))
       .axes_theta(float_list_arg(axes_theta, who, "axes_theta"))
-      .axes_shared_spectrum(bool_arg(axes_shared_spectrum, who, "axes_shared_spectrum"));
+      .axes_shared_spectrum(bool_arg(axes_shared_spectrum, who, "axes_shared_spectrum"))
+      .pair_axes(int_list_arg(pair_axes, who, "pair_axes"));
 }
 
 // The module options from Python arguments, each type checked and named.
@@ -234,7 +236,7 @@ py::tuple options_to_tuple(const rotary::RopeTables& t) {
   return py::make_tuple(
       o.dim(), o.max_seq_len(), o.theta(), o.interleaved(), scaling_to_dict(o.scaling()),
       rotary::angle_dtype_name(o.angle_dtype()), t.state(), o.axes_dim(), o.axes_theta(), o.axes_shared_spectrum(),
-      o.rotary_offset(), o.mrope_section(), o.mrope_interleaved());
+      o.rotary_offset(), o.mrope_section(), o.mrope_interleaved(), o.pair_axes());
 }
 
 py::object scaling_or_none(const RopeScaling& s) {

@@ -29,12 +29,13 @@ int64_t int_arg(const py::handle& v, const char* who, const char* name);
 rotary::RotaryEmbeddingOptions options_from_py(
     const py::object& dim, const py::object& max_seq_len, const py::object& theta, const py::object& interleaved,
     const py::object& scaling, const py::object& angle_dtype);
-// rotary_offset, mrope_section / mrope_interleaved and axes_* (None: unset),
-// type checked and named; check_options (tables.cpp) checks how they combine.
+// rotary_offset, mrope_section / mrope_interleaved, axes_* and pair_axes
+// (None: unset), type checked and named; check_options (tables.cpp) checks
+// how they combine.
 rotary::RotaryEmbeddingOptions& nd_options_from_py(
     rotary::RotaryEmbeddingOptions& options, const py::object& rotary_offset, const py::object& mrope_section,
     const py::object& mrope_interleaved, const py::object& axes_dim, const py::object& axes_theta,
-    const py::object& axes_shared_spectrum);
+    const py::object& axes_shared_spectrum, const py::object& pair_axes);
 // The constructor both module types take (RopeTables, CppRotaryEmbedding),
 // with the Python module's arguments: make(options) builds the object.
 template <typename Cls, typename Make>
@@ -44,15 +45,16 @@ void def_options_init(Cls& cls, Make make) {
                       const py::object& interleaved, const py::object& scaling, const py::object& angle_dtype,
                       const py::object& rotary_offset, const py::object& mrope_section,
                       const py::object& mrope_interleaved, const py::object& axes_dim, const py::object& axes_theta,
-                      const py::object& axes_shared_spectrum) {
+                      const py::object& axes_shared_spectrum, const py::object& pair_axes) {
         auto options = options_from_py(dim, max_seq_len, theta, interleaved, scaling, angle_dtype);
-        return make(nd_options_from_py(
-            options, rotary_offset, mrope_section, mrope_interleaved, axes_dim, axes_theta, axes_shared_spectrum));
+        return make(nd_options_from_py(options, rotary_offset, mrope_section, mrope_interleaved, axes_dim,
+                                       axes_theta, axes_shared_spectrum, pair_axes));
       }),
       py::arg("dim"), py::arg("max_seq_len") = 4096, py::arg("theta") = 10000.0, py::arg("interleaved") = true,
       py::arg("scaling") = py::none(), py::kw_only(), py::arg("angle_dtype") = "float64",
       py::arg("rotary_offset") = 0, py::arg("mrope_section") = py::none(), py::arg("mrope_interleaved") = false,
-      py::arg("axes_dim") = py::none(), py::arg("axes_theta") = py::none(), py::arg("axes_shared_spectrum") = false);
+      py::arg("axes_dim") = py::none(), py::arg("axes_theta") = py::none(), py::arg("axes_shared_spectrum") = false,
+      py::arg("pair_axes") = py::none());
 }
 py::object plain_int(const py::object& v);
 int64_t start_pos_arg(const py::handle& v, const char* who = "RotaryEmbedding");

@@ -35,7 +35,8 @@ AxialRope axial_rope(const std::vector<int64_t>& axes_dim, const std::vector<dou
 
 struct RotaryEmbeddingOptions;
 // The pair -> axis map a module with these options passes as pair_axes:
-// from mrope_section or axes_dim, empty for 1-D RoPE.
+// from mrope_section or axes_dim, or the explicit pair_axes (each entry
+// checked); empty for 1-D RoPE.
 std::vector<int64_t> pair_axes_of(const RotaryEmbeddingOptions& options);
 
 }  // namespace rotary

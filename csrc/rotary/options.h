@@ -58,6 +58,12 @@ struct RotaryEmbeddingOptions {
   TORCH_ARG(std::vector<int64_t>, axes_dim) = {};
   TORCH_ARG(std::vector<double>, axes_theta) = {};
   TORCH_ARG(bool, axes_shared_spectrum) = false;
+  // An explicit pair -> axis map, one entry per pair (dim / 2): pair j turns
+  // by position_ids[pair_axes[j]], for a layout mrope_section does not name
+  // (ERNIE-4.5-VL: h and w alternate over the first pairs, t takes the rest).
+  // Read as mrope_section is: 3-D position_ids are [n_axes, batch, seq], and
+  // other positions turn every pair by one position (a text token).
+  TORCH_ARG(std::vector<int64_t>, pair_axes) = {};
 };
 
 }  // namespace rotary

@@ -138,6 +138,9 @@ def sections(params: Dict[str, Any], fam: Family, model_type: str):
     mrope = params.pop("mrope_section", None)
     mrope_inter = params.pop("mrope_interleaved", None)
     if fam.mrope_section is not None:
+        if mrope_inter is not None and fam.mrope_hw_pairs:
+            raise ValueError(f"from_hf_config: rope_parameters['mrope_interleaved']={mrope_inter!r} is not read by "
+                             f"transformers' {model_type}, which always alternates h and w, then t")
         if mrope_inter is not None and bool(mrope_inter) != fam.mrope_interleaved:
             raise ValueError(f"from_hf_config: mrope_interleaved={mrope_inter!r}, but transformers' {model_type} "
                              f"always lays sections out {'interleaved' if fam.mrope_interleaved else 'contiguous'}")
@@ -160,6 +163,17 @@ def sections(params: Dict[str, Any], fam: Family, model_type: str):
         params["rope_type"] = "default"
         params.pop("type", None)
     return mrope, mrope_inter, axial
+
+
+def hw_pair_axes(sections: List[int], rotary_dim: int, model_type: str) -> List[int]:
+    """The pair -> axis map of ERNIE-4.5-VL's (h, w, t) sections (axes t=0,
+    h=1, w=2): pair j < 2h turns by h for even j, by w for odd j; the rest by
+    t. Sections its class cannot lay out so are refused (it fails on them)."""
+    if len(sections) != 3 or sections[0] != sections[1] or min(sections) < 1 or sum(sections) != rotary_dim // 2:
+        raise ValueError(f"from_hf_config: mrope_section={sections!r}: transformers' {model_type} pairs h with w "
+                         f"and needs (h, w, t) with h == w >= 1, t >= 1 and h + w + t = head_dim / 2 = "
+                         f"{rotary_dim // 2}")
+    return [1, 2] * sections[0] + [0] * sections[2]
 
 
 def layer_thetas(values: Any, field: str, model_type: str) -> List[float]:

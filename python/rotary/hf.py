@@ -13,7 +13,8 @@ import re
 from typing import Any, Dict, List, Mapping, Optional
 
 from . import _C
-from ._hf_parts import get as _get, given_params as _given_params, layer_keys as _layer_keys
+from ._hf_parts import get as _get, given_params as _given_params, hw_pair_axes as _hw_pair_axes
+from ._hf_parts import layer_keys as _layer_keys
 from ._hf_parts import layer_theta as _layer_theta, layer_thetas as _layer_thetas
 from ._hf_parts import own_mscale as _own_mscale, read_as_its_class as _read_as_its_class
 from ._hf_parts import rule_of as _rule_of, scaling as _scaling, sections as _sections, span as _span
@@ -306,7 +307,8 @@ def rope_kwargs_from_hf_config(
     - ``max_seq_len``: the argument, else ``max_position_embeddings``;
     - ``mrope_section`` / ``mrope_interleaved`` for Qwen2-VL / Qwen2.5-VL
       (contiguous sections) and Qwen3-VL (interleaved), defaulted as their
-      rotary classes do; ``axes_dim`` / ``axes_shared_spectrum`` for
+      rotary classes do; ``pair_axes`` for ERNIE-4.5-VL (h and w pairs
+      alternating, then t); ``axes_dim`` / ``axes_shared_spectrum`` for
       Pixtral's ``"axial"`` rule (other towers' axial rules: refused).
 
     A ``model_type`` outside the table (or none, for a hand-written dict) is
@@ -388,7 +390,10 @@ def rope_kwargs_from_hf_config(
     if mrope is not None:
         if isinstance(mrope, (str, bytes)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in mrope):
             raise ValueError(f"from_hf_config: mrope_section must be a list of ints, got {mrope!r}")
-        _C.mrope_pair_axes(list(mrope), rotary_dim, mrope_inter)  # the C++ check: sections sum to dim / 2
-        kwargs["mrope_section"] = list(mrope)
-        kwargs["mrope_interleaved"] = mrope_inter
+        if fam.mrope_hw_pairs:
+            kwargs["pair_axes"] = _hw_pair_axes(list(mrope), rotary_dim, model_type)
+        else:
+            _C.mrope_pair_axes(list(mrope), rotary_dim, mrope_inter)  # the C++ check: sections sum to dim / 2
+            kwargs["mrope_section"] = list(mrope)
+            kwargs["mrope_interleaved"] = mrope_inter
     return kwargs

@@ -35,6 +35,10 @@ class Family:
     # Default mrope sections (the rotary class's own) and their layout.
     mrope_section: Optional[Tuple[int, ...]] = None
     mrope_interleaved: bool = False
+    # Sections (h, w, t) laid out as ERNIE-4.5-VL's class does: h and w
+    # alternate over the first 2h pairs, t takes the rest (an explicit
+    # pair_axes; _hf_parts.hw_pair_axes).
+    mrope_hw_pairs: bool = False
     # (standard name, this family's config.json name), for the dict form.
     aliases: Tuple[Tuple[str, str], ...] = ()
     # Keys of rope_parameters the family's attention reads, not its rotation
@@ -350,6 +354,11 @@ FAMILIES: Dict[str, Family] = {
     # Qwen4-Exp: Qwen3.5's M-RoPE ((11, 11, 10) interleaved), over the whole position
     # history, which its attention and indexer index (RotaryPositions.__getitem__).
     "qwen4_exp_text": _QWEN3_5,
+    # ERNIE-4.5-VL: (2j, 2j+1) pairs at the plain frequencies; its class
+    # pre-permutes inv_freq so that pair j < 2h turns by h (even j) or w
+    # (odd j), the rest by t. Its class runs the default rule alone.
+    "ernie4_5_vl_moe_text": Family(pairing="interleaved", mrope_section=(22, 22, 20), mrope_hw_pairs=True,
+                                   rules=("default",)),
     # Dots3-Note: MLA through apply_rotary_pos_emb_interleave (its indexer too),
     # per layer type (per_layer_config), each type's table head_dim x its
     # partial_rotary_factor wide (its class reads the factor in the default rule).
@@ -360,7 +369,7 @@ FAMILIES: Dict[str, Family] = {
         "blt", "dots3_note", "efficientloftr", "hy_v4_vl", "hy_v4_vl_text", "hunyuan_vl", "hunyuan_vl_text",
         "lightglue",
         "mistral_large4", "mistral_large4_text", "blt_global_transformer", "blt_local_decoder", "blt_local_encoder",
-        "blt_patcher", "ernie4_5_vl_moe", "ernie4_5_vl_moe_text", "inkling2", "neomme",
+        "blt_patcher", "inkling2", "neomme",
         "edgetam_video", "sam2_video", "sam3", "sam3_tracker_video")},
 }
 

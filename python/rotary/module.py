@@ -51,6 +51,7 @@ class RotaryEmbedding(nn.Module):
         axes_dim: Optional[Sequence[int]] = None,
         axes_theta: Optional[Sequence[float]] = None,
         axes_shared_spectrum: bool = False,
+        pair_axes: Optional[Sequence[int]] = None,
     ) -> None:
         """``dim``: the rotated width (even; heads may be wider). ``max_seq_len``:
         cached rows (float64 angles compute positions past them exactly).
@@ -62,7 +63,7 @@ class RotaryEmbedding(nn.Module):
         self._tables = _C.RopeTables(
             dim, max_seq_len, theta, interleaved, scaling, angle_dtype=angle_dtype, rotary_offset=rotary_offset,
             mrope_section=mrope_section, mrope_interleaved=mrope_interleaved, axes_dim=axes_dim,
-            axes_theta=axes_theta, axes_shared_spectrum=axes_shared_spectrum)
+            axes_theta=axes_theta, axes_shared_spectrum=axes_shared_spectrum, pair_axes=pair_axes)
         # Plain copies for forward: reading them costs nothing and traces.
         t = self._tables
         self._opts = (t.dim, t.max_seq_len, t.theta, t.interleaved, t.scaling, t.angle_dtype)

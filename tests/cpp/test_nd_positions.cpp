@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <sstream>
 #include <vector>
 
 namespace {
@@ -46,6 +47,32 @@ TEST(NdPositions, ModuleMropeAndOffset) {
   ExpectError<c10::ValueError>(
       [] { RotaryEmbedding(RotaryEmbeddingOptions(16).mrope_section({2, 3, 2})); },
       {"mrope_section [2, 3, 2] must sum to rotary_dim / 2 = 8"});
+}
+
+// An explicit map turns each pair as the sections naming the same map do
+// (the Python tests check it against the float64 reference); clones keep it.
+TEST(NdPositions, ModuleExplicitPairAxes) {
+  RotaryEmbedding sections(RotaryEmbeddingOptions(16).max_seq_len(64).mrope_section({2, 3, 3}));
+  RotaryEmbedding explicit_map(RotaryEmbeddingOptions(16).max_seq_len(64).pair_axes({0, 0, 1, 1, 1, 2, 2, 2}));
+  EXPECT_EQ(explicit_map->pair_axes, sections->pair_axes);
+  const auto q = torch::randn({2, 3, 5, 16});
+  const auto pos = torch::randint(0, 64, {3, 2, 5}, torch::kLong);
+  const auto want = sections->forward(q, 0, std::nullopt, pos);
+  EXPECT_TRUE(torch::equal(explicit_map->forward(q, 0, std::nullopt, pos), want));
+  auto copy = std::dynamic_pointer_cast<rotary::RotaryEmbeddingImpl>(explicit_map->clone());
+  EXPECT_TRUE(torch::equal(copy->forward(q, 0, std::nullopt, pos), want));
+  std::ostringstream repr;
+  explicit_map->pretty_print(repr);
+  EXPECT_NE(repr.str().find("pair_axes=[0, 0, 1, 1, 1, 2, 2, 2]"), std::string::npos) << repr.str();
+  ExpectError<c10::ValueError>(
+      [] { RotaryEmbedding(RotaryEmbeddingOptions(16).pair_axes({0, 1, 2})); },
+      {"pair_axes must have one entry per pair, dim / 2 = 8, got 3"});
+  ExpectError<c10::ValueError>(
+      [] { RotaryEmbedding(RotaryEmbeddingOptions(8).pair_axes({0, 1, 2, 16})); },
+      {"pair_axes[3] must be an axis index in [0, 16), got 16"});
+  ExpectError<c10::ValueError>(
+      [] { RotaryEmbedding(RotaryEmbeddingOptions(8).pair_axes({0, 1, 1, 0}).mrope_section({2, 1, 1})); },
+      {"three N-D rules; pass one of them"});
 }
 
 TEST(NdPositions, ModuleAxialPerAxisTheta) {

@@ -1,5 +1,5 @@
 """Fuzz cases for the N-D module options: rotary_offset / mrope_section /
-mrope_interleaved / axes_dim / axes_theta / axes_shared_spectrum, valid and
+mrope_interleaved / axes_dim / axes_theta / axes_shared_spectrum / pair_axes, valid and
 invalid combinations, both front ends. Accepted: each call against the
 float64 reference of its N-D (or 1-D) position ids, the module state
 unchanged; refused: a message that names the option. Split from
@@ -37,7 +37,7 @@ def _mrope_axes(sections, pairs, interleaved):
 
 def run_module_options(seed):
     """rotary_offset / mrope_section / mrope_interleaved / axes_dim /
-    axes_theta / axes_shared_spectrum, valid and invalid combinations."""
+    axes_theta / axes_shared_spectrum / pair_axes, valid and invalid combinations."""
     from .arg_draw import reference
 
     rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
@@ -45,7 +45,7 @@ def run_module_options(seed):
     kind = set_kind("module:options")
     dim, theta, rows = rng.choice([8, 12, 16]), rng.choice([10000.0, 500.0]), rng.choice([8, 16, 32])
     interleaved, pairs = rng.random() < 0.5, dim // 2
-    rule = rng.choice(["mrope", "mrope", "axial", "axial", "offset"])
+    rule = rng.choice(["mrope", "mrope", "axial", "axial", "explicit", "offset"])
     n = rng.randrange(1, 4)
     opts, bad, name = {}, None, None
     axes, inv = None, None
@@ -55,6 +55,10 @@ def run_module_options(seed):
         if rng.random() < 0.4:
             opts["mrope_interleaved"] = True
         axes = _mrope_axes(sections, pairs, opts.get("mrope_interleaved", False))
+        inv = np.power(theta, -2.0 * np.arange(pairs) / dim)
+    elif rule == "explicit":  # any map, an axis per pair
+        axes = [rng.randrange(n) for _ in range(pairs)]
+        opts["pair_axes"] = axes
         inv = np.power(theta, -2.0 * np.arange(pairs) / dim)
     elif rule == "axial":
         adim = _split(rng, dim, min(n, pairs), 2)
@@ -84,7 +88,7 @@ def run_module_options(seed):
     if rng.random() < 0.45:
         m = rng.choice(["both", "interleaved_alone", "theta_alone", "shared_alone", "zero_section", "section_sum",
                         "section_neg", "section_many", "axes_odd", "axes_sum", "axes_theta_bad", "axes_theta_count",
-                        "shared_unequal", "offset_neg", "offset_bool"])
+                        "shared_unequal", "offset_neg", "offset_bool", "map_length", "map_axis", "map_and_sections"])
         if m == "both":
             opts["mrope_section"], opts["axes_dim"] = [pairs], [dim]
             bad = "axes_dim with mrope_section"
@@ -126,6 +130,14 @@ def run_module_options(seed):
             opts["axes_dim"], opts["axes_shared_spectrum"] = [2, dim - 2], True
             opts.pop("axes_theta", None)
             bad = "a shared spectrum over unequal axes"
+        elif m == "map_length" and rule == "explicit":
+            opts["pair_axes"] = axes + [0] if rng.random() < 0.5 else axes[:-1]
+            bad, name = "a pair_axes of another length than dim / 2", "pair_axes"
+        elif m == "map_axis" and rule == "explicit":
+            opts["pair_axes"] = axes[:-1] + [rng.choice([-1, 16, 2**40])]
+            bad, name = "a pair_axes entry outside [0, 16)", "pair_axes"
+        elif m == "map_and_sections" and rule == "explicit":
+            opts["mrope_section"], bad = [pairs], "pair_axes with mrope_section"
         elif m == "offset_neg":
             opts["rotary_offset"], bad, name = -2, "rotary_offset < 0", "rotary_offset"
         elif m == "offset_bool":

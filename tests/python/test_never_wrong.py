@@ -246,7 +246,10 @@ def test_uint64_past_int64_is_reported_as_unsigned():
 
 # ------------------------------------------------------------------ options
 BAD_OPTIONS = [
-    (dict(axes_dim=[8, 8], mrope_section=[4, 4]), r"mrope_section \(M-RoPE\) and axes_dim \(axial RoPE\) are two N-D rules"),
+    (dict(axes_dim=[8, 8], mrope_section=[4, 4]), r"mrope_section \(M-RoPE\), axes_dim \(axial RoPE\) and pair_axes "
+                                                   r"\(an explicit map\) are three N-D rules"),
+    (dict(pair_axes=[0] * 8, axes_dim=[16]), r"are three N-D rules; pass one of them"),
+    (dict(pair_axes=[0, 1, 2, 0, 0, 0, 0, True]), r"pair_axes\[7\] must be an int, got True"),
     (dict(mrope_interleaved=True), r"mrope_interleaved=True needs mrope_section"),
     (dict(axes_theta=[100.0]), r"axes_theta needs axes_dim"),
     (dict(axes_shared_spectrum=True), r"axes_shared_spectrum=True needs axes_dim"),

@@ -211,7 +211,7 @@ def test_op_arguments_take_numpy_scalars_as_torch_does():
 def test_nd_positions_past_the_pair_limit_are_refused_at_construction(make):
     """Accepted before, then every call failed naming pair_axes, an argument
     the caller never passed."""
-    with pytest.raises(ValueError, match=r"RotaryEmbedding: N-D positions \(mrope_section, axes_dim\) turn at most "
+    with pytest.raises(ValueError, match=r"RotaryEmbedding: N-D positions \(mrope_section, axes_dim, pair_axes\) turn at most "
                                          r"512 pairs, got dim / 2 = 1024"):
         make(2048, 16, mrope_section=[512, 256, 256])
 

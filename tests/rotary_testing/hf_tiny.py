@@ -230,7 +230,8 @@ def tiny_model(model_type, cls_name, extra=None):
 # Multimodal-RoPE families, outside the causal-LM mapping: a hand-built tiny
 # model each (a vision tower too), swept like the rest.
 VL_FAMILIES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
-               "qwen3_vl": "Qwen3VLForConditionalGeneration"}
+               "qwen3_vl": "Qwen3VLForConditionalGeneration",
+               "ernie4_5_vl_moe": "Ernie4_5_VLMoeForConditionalGeneration"}
 
 
 def tiny_vl(family):
@@ -257,6 +258,16 @@ def tiny_vl(family):
                                                  fullatt_block_indexes=[0]),
             image_token_id=100, video_token_id=101, vision_start_token_id=102, vision_end_token_id=103)
         model = transformers.Qwen2_5_VLForConditionalGeneration(cfg)
+    elif family == "ernie4_5_vl_moe":  # h and w pairs alternate, then t; two experts, one per token
+        text.update(moe_num_experts=2, moe_k=1, moe_intermediate_size=[32, 32], moe_num_shared_experts=0,
+                    rope_parameters={"rope_type": "default", "mrope_section": [2, 2, 4], "rope_theta": 10000.0})
+        cfg = transformers.Ernie4_5_VLMoeConfig(
+            text_config=text, vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                                                 patch_size=2, spatial_merge_size=2, temporal_merge_size=2,
+                                                 in_channels=3),
+            image_token_id=100, video_token_id=101, image_start_token_id=102, image_end_token_id=103,
+            video_start_token_id=104, video_end_token_id=105)
+        model = transformers.Ernie4_5_VLMoeForConditionalGeneration(cfg)
     else:
         text["rope_parameters"] = {"rope_type": "default", "mrope_section": [4, 2, 2], "mrope_interleaved": True,
                                    "rope_theta": 10000.0}
@@ -269,6 +280,7 @@ def tiny_vl(family):
             image_token_id=100, video_token_id=101, vision_start_token_id=102, vision_end_token_id=103)
         model = transformers.Qwen3VLForConditionalGeneration(cfg)
     ids = torch.tensor([[5, 6, 102] + [100] * 4 + [103, 7, 8]])
-    inputs = dict(input_ids=ids, pixel_values=torch.randn(16, 24, generator=gen(6)),
+    patch = 12 if family == "ernie4_5_vl_moe" else 24  # channels x patch^2 (x temporal_patch_size where it has one)
+    inputs = dict(input_ids=ids, pixel_values=torch.randn(16, patch, generator=gen(6)),
                   image_grid_thw=torch.tensor([[1, 4, 4]]), mm_token_type_ids=(ids == 100).long())
     return model.eval(), inputs

@@ -35,6 +35,7 @@ SUPPORTED = frozenset({
     'emu3_text_model',
     'ernie4_5',
     'ernie4_5_moe',
+    'ernie4_5_vl_moe',
     'exaone',
     'exaone4',
     'exaone_moe',
