@@ -167,6 +167,13 @@ PYBIND11_MODULE(_C, m) {
       [](const py::object& start_pos, const std::string& who) { return start_pos_arg(start_pos, who.c_str()); },
       py::arg("start_pos"), py::arg("who") = "RotaryEmbedding",
       "start_pos as an int64, or who's error for one outside [0, 2^60) or not an int.");
+  m.def(
+      "_float_arg",
+      [](const py::handle& value, const std::string& who, const std::string& name) {
+        return float_arg(value, who.c_str(), name);
+      },
+      py::arg("value"), py::arg("who"), py::arg("name"),
+      "An int or a float as a float; who's error naming `name` for another type or an int past a float's range.");
   m.def("_plain_int", &plain_int, py::arg("value"),
         "A numpy integer or an int subclass as the Python int it holds; else the value.");
   m.def(

@@ -50,21 +50,6 @@ int64_t int_arg(const py::handle& v, const char* who, const char* name) {
   return 0;
 }
 
-namespace {
-
-std::vector<int64_t> int_list_arg(const py::handle& v, const char* who, const char* name) {
-  if (v.is_none()) return {};
-  TORCH_CHECK_TYPE(
-      (py::isinstance<py::list>(v) || py::isinstance<py::tuple>(v)), who, ": ", name,
-      " must be a list of ints or None, got ", repr_of(v));
-  std::vector<int64_t> out;
-  for (const auto item : v) {
-    const std::string entry = std::string(name) + "[" + std::to_string(out.size()) + "]";
-    out.push_back(int_arg(item, who, entry.c_str()));
-  }
-  return out;
-}
-
 // A number (an int or a float, not a bool) as a double; an int past a
 // double's range is named (pybind's cast names neither it nor the call).
 double float_arg(const py::handle& v, const char* who, const std::string& name) {
@@ -78,6 +63,21 @@ double float_arg(const py::handle& v, const char* who, const std::string& name) 
                       py::cast<int64_t>(v.attr("bit_length")()), " bits, past a float's range");
   }
   return d;
+}
+
+namespace {
+
+std::vector<int64_t> int_list_arg(const py::handle& v, const char* who, const char* name) {
+  if (v.is_none()) return {};
+  TORCH_CHECK_TYPE(
+      (py::isinstance<py::list>(v) || py::isinstance<py::tuple>(v)), who, ": ", name,
+      " must be a list of ints or None, got ", repr_of(v));
+  std::vector<int64_t> out;
+  for (const auto item : v) {
+    const std::string entry = std::string(name) + "[" + std::to_string(out.size()) + "]";
+    out.push_back(int_arg(item, who, entry.c_str()));
+  }
+  return out;
 }
 
 std::vector<double> float_list_arg(const py::handle& v, const char* who, const char* name) {

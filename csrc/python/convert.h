@@ -26,6 +26,10 @@ py::dict scaling_to_dict(const rotary::RopeScaling& s);
 rotary::RopeScaling to_scaling(const py::object& obj);
 at::ScalarType angle_dtype_of(const py::object& obj, const char* who);
 int64_t int_arg(const py::handle& v, const char* who, const char* name);
+// A number (an int or a float, not a bool) as a double: who's TypeError
+// naming `name` for another type, its ValueError for an int past a double's
+// range (the one check of it, for C++ and Python alike).
+double float_arg(const py::handle& v, const char* who, const std::string& name);
 rotary::RotaryEmbeddingOptions options_from_py(
     const py::object& dim, const py::object& max_seq_len, const py::object& theta, const py::object& interleaved,
     const py::object& scaling, const py::object& angle_dtype);

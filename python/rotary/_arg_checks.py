@@ -54,8 +54,8 @@ def _table_args(op: str, dim, theta, seq_len, max_seq_len=0):
         raise TypeError(f"{op}: theta must be a float, got {theta!r}")
     try:
         float(theta)
-    except OverflowError:  # an int past float's range
-        raise ValueError(f"{op}: theta must be finite and > 0, got an int of {int(theta).bit_length()} bits") from None
+    except OverflowError:  # an int past float's range: C++ names its bits (convert.cpp)
+        _C._float_arg(int(theta), op, "theta")
 
 
 def _str_arg(op: str, name: str, value):

@@ -218,11 +218,10 @@ def _theta(config: Any, params: Dict[str, Any], fam: Family, model_type: str, la
     elif layer_theta is not None:
         raise ValueError(f"from_hf_config: layer_theta={layer_theta!r}, but {model_type or 'the config'} has no "
                          "per-layer bases (rotary.hf.layer_thetas_of)")
-    # A float's range bounds an int too (float() of a larger one would overflow).
+    # An int past a float's range is named by C++ (convert.cpp), as the modules name it.
     if (isinstance(theta, bool) or not isinstance(theta, (int, float))
-            or not 0 < theta < (2**1024 if isinstance(theta, int) else math.inf)):
-        shown = f"an int of {theta.bit_length()} bits" if isinstance(theta, int) and theta > 0 else repr(theta)
-        raise ValueError(f"from_hf_config: rope_theta must be a finite number > 0, got {shown}")
+            or not 0 < _C._float_arg(theta, "from_hf_config", "rope_theta") < math.inf):
+        raise ValueError(f"from_hf_config: rope_theta must be a finite number > 0, got {theta!r}")
     mask = _get(config, fam.nope_mask_field) if fam.nope_mask_field else None
     other = [b for b in (_layer_thetas(mask, fam.nope_mask_field, model_type) if mask is not None else ())
              if b != float(theta)]

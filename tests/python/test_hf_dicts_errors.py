@@ -2,6 +2,8 @@
 otherwise fail as a bare Python / pybind / allocator error, or read as
 something transformers never builds."""
 
+import fractions
+
 import pytest
 
 import rotary
@@ -50,9 +52,11 @@ def test_a_non_int_size_field_is_refused_by_name(field, value):
     (lambda: rotary.inv_frequencies(8, 10000.0, None, 2**64), r"inv_frequencies: seq_len must fit in int64"),
     (lambda: rotary.inv_frequencies(2**64), r"inv_frequencies: dim must fit in int64"),
     (lambda: rotary.freqs_table(8, 2**64), r"freqs_table: max_seq_len must fit in int64, got 18446744073709551616"),
-    (lambda: rotary.freqs_table(8, 10, 10**400), r"freqs_table: theta must be finite and > 0, got an int of 1329 "
-                                                 r"bits"),
-    (lambda: rotary.inv_frequencies(8, 10**5000), r"inv_frequencies: theta must be finite and > 0, got an int of"),
+    (lambda: rotary.freqs_table(8, 10, 10**400), r"freqs_table: theta must be finite, got an int of 1329 bits, "
+                                                 r"past a float's range"),
+    (lambda: rotary.inv_frequencies(8, 10**5000), r"inv_frequencies: theta must be finite, got an int of 16610 bits"),
+    (lambda: rotary.inv_frequencies(8, fractions.Fraction(10**400)), r"inv_frequencies: theta must be finite, got an "
+                                                                     r"int of 1329 bits"),
     (lambda: rotary.freqs_table(2, 2**61), r"freqs_table: a table of max_seq_len=2305843009213693952 rows x dim // 2 "
                                            r"= 1 pairs needs more than 2\^64 bytes \(complex64\), more than this machine's memory"),
     (lambda: rotary.freqs_table(2**20, 2**40), r"freqs_table: a table of max_seq_len=1099511627776 rows x dim // 2 "
@@ -62,7 +66,11 @@ def test_a_non_int_size_field_is_refused_by_name(field, value):
     (lambda: rotary.CppRotaryEmbedding(64, 10, axes_dim=[32, 32], axes_theta=[1e4, 10**400]),
      r"RotaryEmbedding: axes_theta\[1\] must be finite, got an int of 1329 bits"),
     (lambda: rotary.RotaryEmbedding.from_hf_config(dict(LLAMA, rope_theta=10**400)),
-     r"from_hf_config: rope_theta must be a finite number > 0, got an int of 1329 bits"),
+     r"from_hf_config: rope_theta must be finite, got an int of 1329 bits, past a float's range"),
+    (lambda: rotary.RotaryEmbedding.from_hf_config(dict(LLAMA, rope_theta=-(10**400))),
+     r"from_hf_config: rope_theta must be finite, got an int of 1329 bits"),
+    (lambda: rotary.RotaryEmbedding.from_hf_config(dict(LLAMA, rope_theta=-2)),
+     r"from_hf_config: rope_theta must be a finite number > 0, got -2"),
     (lambda: rotary.RotaryEmbedding(64, 2**40), r"freqs_table: a table of max_seq_len=1099511627776 rows"),
     (lambda: rotary.CppRotaryEmbedding(64, 2**40), r"freqs_table: a table of max_seq_len=1099511627776 rows"),
     (lambda: rotary.RotaryEmbedding.from_hf_config(LLAMA, max_seq_len=2**40),
