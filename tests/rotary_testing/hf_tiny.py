@@ -227,11 +227,16 @@ def tiny_model(model_type, cls_name, extra=None):
     return cls(config).eval()
 
 
-# Multimodal-RoPE families, outside the causal-LM mapping: a hand-built tiny
-# model each (a vision tower too), swept like the rest.
+# Multimodal-RoPE families, outside the causal-LM mapping (or there as their
+# text model alone): a tiny model each, a vision tower too, swept like the rest.
 VL_FAMILIES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
                "qwen3_vl": "Qwen3VLForConditionalGeneration",
-               "ernie4_5_vl_moe": "Ernie4_5_VLMoeForConditionalGeneration"}
+               "ernie4_5_vl_moe": "Ernie4_5_VLMoeForConditionalGeneration",
+               "qwen3_5": "Qwen3_5ForConditionalGeneration", "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
+               "qwen4_exp": "Qwen4ExpForConditionalGeneration"}
+# Of those, the ones whose text model the sweep shrinks as any other family's
+# (hybrid layers, partial spans), under Qwen3-VL's tiny vision tower.
+SHRUNK_TEXT = frozenset({"qwen3_5", "qwen3_5_moe", "qwen4_exp"})
 
 
 def tiny_vl(family):
@@ -268,6 +273,17 @@ def tiny_vl(family):
             image_token_id=100, video_token_id=101, image_start_token_id=102, image_end_token_id=103,
             video_start_token_id=104, video_end_token_id=105)
         model = transformers.Ernie4_5_VLMoeForConditionalGeneration(cfg)
+    elif family in SHRUNK_TEXT:
+        from transformers import AutoConfig
+
+        cfg = _shrink(AutoConfig.for_model(family))
+        cfg.vision_config = type(cfg.vision_config)(
+            depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=2, spatial_merge_size=2,
+            temporal_patch_size=2, in_channels=3, out_hidden_size=cfg.text_config.hidden_size,
+            num_position_embeddings=16)
+        cfg.image_token_id, cfg.video_token_id, cfg.vision_start_token_id, cfg.vision_end_token_id = 100, 101, 102, 103
+        torch.manual_seed(0)
+        model = getattr(transformers, VL_FAMILIES[family])(cfg)
     else:
         text["rope_parameters"] = {"rope_type": "default", "mrope_section": [4, 2, 2], "mrope_interleaved": True,
                                    "rope_theta": 10000.0}
