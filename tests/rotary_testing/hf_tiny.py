@@ -227,21 +227,48 @@ def tiny_model(model_type, cls_name, extra=None):
     return cls(config).eval()
 
 
-# Multimodal-RoPE families, outside the causal-LM mapping (or there as their
-# text model alone): a tiny model each, a vision tower too, swept like the rest.
+# Multimodal models, outside the causal-LM mapping (or there as their text
+# model alone): a tiny model each, its vision tower too, swept like the rest.
 VL_FAMILIES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
                "qwen3_vl": "Qwen3VLForConditionalGeneration",
                "ernie4_5_vl_moe": "Ernie4_5_VLMoeForConditionalGeneration",
                "qwen3_5": "Qwen3_5ForConditionalGeneration", "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
-               "qwen4_exp": "Qwen4ExpForConditionalGeneration"}
+               "qwen4_exp": "Qwen4ExpForConditionalGeneration", "mllama": "MllamaForConditionalGeneration"}
 # Of those, the ones whose text model the sweep shrinks as any other family's
 # (hybrid layers, partial spans), under Qwen3-VL's tiny vision tower.
 SHRUNK_TEXT = frozenset({"qwen3_5", "qwen3_5_moe", "qwen4_exp"})
 
 
+def _tiny_mllama():
+    """Llama 3.2 Vision: 1-D RoPE in its self-attention layers, the image read
+    by a cross-attention layer, whose zero-initialised gates are drawn so that
+    it changes the logits."""
+    import transformers
+    from transformers import AutoConfig
+
+    cfg = _shrink(AutoConfig.for_model("mllama"))
+    cfg.text_config.cross_attention_layers = [1]
+    cfg.vision_config = type(cfg.vision_config)(
+        hidden_size=32, num_hidden_layers=1, num_global_layers=1, attention_heads=2, intermediate_size=64,
+        vision_output_dim=64, image_size=8, patch_size=4, max_num_tiles=2, intermediate_layers_indices=[0],
+        supported_aspect_ratios=[[1, 1], [1, 2], [2, 1]])
+    cfg.image_token_index = 100
+    torch.manual_seed(0)
+    model = transformers.MllamaForConditionalGeneration(cfg)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.is_floating_point() and not param.any():
+                param.normal_(0.0, 0.5, generator=gen(2))
+    ids = torch.tensor([[5, 100, 6, 7, 8, 9, 10, 11, 12]])
+    inputs = dict(input_ids=ids, pixel_values=torch.randn(1, 1, 2, 3, 8, 8, generator=gen(6)),
+                  aspect_ratio_ids=torch.tensor([[2]]), aspect_ratio_mask=torch.tensor([[[1, 1]]]),
+                  cross_attention_mask=torch.ones(1, ids.shape[1], 1, 2, dtype=torch.long))
+    return model.eval(), inputs
+
+
 def tiny_vl(family):
-    """A random-weight multimodal-RoPE model and inputs with an image (so
-    get_rope_index builds image-grid positions)."""
+    """A random-weight multimodal model and inputs with an image (so an
+    M-RoPE family's get_rope_index builds image-grid positions)."""
     import transformers
 
     torch.manual_seed(0)
@@ -273,6 +300,8 @@ def tiny_vl(family):
             image_token_id=100, video_token_id=101, image_start_token_id=102, image_end_token_id=103,
             video_start_token_id=104, video_end_token_id=105)
         model = transformers.Ernie4_5_VLMoeForConditionalGeneration(cfg)
+    elif family == "mllama":
+        return _tiny_mllama()
     elif family in SHRUNK_TEXT:
         from transformers import AutoConfig
 

@@ -98,6 +98,7 @@ SUPPORTED = frozenset({
     'mistral',
     'mistral4',
     'mixtral',
+    'mllama',
     'mllama_text_model',
     'modernbert-decoder',
     'moshi',
@@ -182,6 +183,5 @@ REFUSED = {
     'gemma3n': 'the sweep builds no tiny model (ImportError: TimmWrapperModel requires the PIL library but it was not found in your environment. You can install it with pip: `pip install pillow`. Please note that you m...)',
     'inkling2_text': 'its text layers have no RoPE (a relative position bias); only its vision tower rotates, through apply_rotary_pos_emb_vision',
     'llama4': "its causal LM is its text model, model_type 'llama4_text' (swept under that name); its multimodal model is not swept",
-    'mllama': "its causal LM is its text model, model_type 'mllama_text_model' (swept under that name); its multimodal model is not swept",
     'roformer': 'a staticmethod of its attention rotates with an nn.Embedding sinusoidal table (no rotary_emb to patch)',
 }
