@@ -148,8 +148,9 @@ def _rope_params(config: Any, layer_type: Optional[str] = None, fam: Family = Fa
         if key in params:
             params[key] = dict(fam.rule_aliases).get(params[key], params[key])
     if fam.rules and _rule_of(params) not in fam.rules:
-        raise ValueError(f"from_hf_config: rope_type {_rule_of(params)!r}: transformers accepts only "
-                         f"{' / '.join(fam.rules)} here (its config or rotary class refuses the others)")
+        raise ValueError(f"from_hf_config: rope_type {_rule_of(params)!r}: transformers' "
+                         f"{_get(config, 'model_type', '')} accepts only {' / '.join(fam.rules)} (its config or "
+                         "rotary class refuses the others)")
     if fam.mscale_keys:
         _own_mscale(params, fam, str(_get(config, "model_type", "")))
     for key in ("rope_theta", "partial_rotary_factor"):  # kept by transformers' setdefault, then read

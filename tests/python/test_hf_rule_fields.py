@@ -72,8 +72,8 @@ REFUSED = [  # (base config, rope_scaling, what rotary names)
      r"rope_parameters\['partial_rotary_factor'\] is None"),
     (dict(LLAMA, rope_theta=None), {"rope_type": "linear", "factor": 2.0}, r"rope_theta is None: transformers' config "
                                                                          r"class puts it into the rule"),
-    (PHI3, {"rope_type": "linear", "factor": 2.0}, r"rope_type 'linear': transformers accepts only "
-                                                    r"default / longrope"),
+    (PHI3, {"rope_type": "linear", "factor": 2.0}, r"rope_type 'linear': transformers' phi3 accepts "
+                                                    r"only default / longrope"),
     (PHI3, {"rope_type": "llama3", "factor": 2.0, "low_freq_factor": 1, "high_freq_factor": 4,
             "original_max_position_embeddings": 64}, r"rope_type 'llama3': .* accepts only default / longrope"),
     (PHI3, {"type": "su", "short_factor": SF, "long_factor": LF},
