@@ -282,14 +282,14 @@ def span(config: Any, fam: Family, partial: float, model_type: str, field, rule:
         if head_dim is not None:
             int_field(config, "head_dim", model_type, head_dim)
         if not head_dim:
-            hidden = field("hidden_size")
+            hidden = field(fam.hidden_field)
             heads = field("num_attention_heads")
             if hidden is None or not heads:
                 raise ValueError(
                     "from_hf_config: the config has no head_dim, and no hidden_size and num_attention_heads "
                     "to derive it from"
                 )
-            head_dim = int_field(config, "hidden_size", model_type, hidden) // int_field(
+            head_dim = int_field(config, fam.hidden_field, model_type, hidden) // int_field(
                 config, "num_attention_heads", model_type, heads)
         if fam.span == "rotary_dim":
             rotary_dim = get(config, "rotary_dim")

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any, Dict, List
 
 from ._hf_parts import get, given_params
-from .hf_families import FAMILIES
+from .hf_families import AXIAL_OWN, FAMILIES
 
 # model_type -> why its transformers code is not a 1-D RoPE over token positions.
 _PATCH_2D = "2-D RoPE over continuous patch coordinates, not token positions"
@@ -43,9 +43,9 @@ ROTARY_POSITION_TYPE = {"granitemoehybrid": "rope", "esm": "rotary"}
 # top-level rope_theta alone, and a rule given anyway is never read.
 READS_TOP_THETA_ONLY = frozenset({"esm"})
 # Vision towers whose "axial" rule rotary reproduces: Pixtral deals one
-# spectrum alternately to the h and w axes (axes_shared_spectrum). Qwen2-VL,
-# Qwen2.5-VL, GLM-4V, ... give each axis its own table over another width.
-AXIAL_SERVED = frozenset({"pixtral"})
+# spectrum alternately to the h and w axes (axes_shared_spectrum); Qwen2-VL,
+# Qwen2.5-VL, GLM-4V, ... give each axis its own (hf_families.AXIAL_OWN).
+AXIAL_SERVED = frozenset({"pixtral"}) | AXIAL_OWN
 
 
 def refuse_unserved(config: Any, model_type: str) -> None:
@@ -126,9 +126,9 @@ def refuse_without_rope(model_type: str) -> None:
 
 def refuse_axial(model_type: str) -> None:
     if model_type not in AXIAL_SERVED:
-        raise ValueError(f"from_hf_config: rope_type 'axial' of model_type {model_type!r} is not supported: only "
-                         f"{', '.join(sorted(AXIAL_SERVED))}'s axial layout is verified against transformers (each "
-                         "vision tower lays its h / w tables out its own way)")
+        raise ValueError(f"from_hf_config: rope_type 'axial' of model_type {model_type!r} is not supported: each "
+                         "vision tower lays its h / w tables out its own way, and only pixtral's and those of "
+                         "rotary.hf_families.AXIAL_OWN are verified against transformers")
 
 
 # Config fields a rotation can read: its tables come from the top-level config.

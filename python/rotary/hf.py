@@ -21,7 +21,7 @@ from ._hf_parts import rule_of as _rule_of, scaling as _scaling, sections as _se
 from ._hf_refusals import refuse_axial as _refuse_axial, refuse_per_layer_rotation as _refuse_per_layer_rotation
 from ._hf_refusals import refuse_unserved as _refuse_unserved
 from .hf_families import (CLASS_KEEPS_TOP_PARTIAL, CLASS_ROPE_LABELS, CLASS_TEXT_CONFIG, DEFAULT_RULE_READS_PARTIAL,
-                          FAMILIES, CLASS_AXIAL, GENERIC_FIELDS, WHOLE_HEAD_ATTENTION, Family, family_of)
+                          FAMILIES, AXIAL_OWN, CLASS_AXIAL, GENERIC_FIELDS, WHOLE_HEAD_ATTENTION, Family, family_of)
 
 __all__ = ["layer_thetas_of", "layer_types_of", "rope_kwargs_from_hf_config"]
 
@@ -309,7 +309,9 @@ def rope_kwargs_from_hf_config(
       (contiguous sections) and Qwen3-VL (interleaved), defaulted as their
       rotary classes do; ``pair_axes`` for ERNIE-4.5-VL (h and w pairs
       alternating, then t); ``axes_dim`` / ``axes_shared_spectrum`` for
-      Pixtral's ``"axial"`` rule (other towers' axial rules: refused).
+      Pixtral's ``"axial"`` rule; ``axes_dim`` alone for the vision towers
+      of ``hf_families.AXIAL_OWN`` (Qwen2-VL's and its kin; other towers'
+      axial rules: refused).
 
     A ``model_type`` outside the table (or none, for a hand-written dict) is
     read as ``rotate_half`` over the first ``int(head_dim *
@@ -386,7 +388,7 @@ def rope_kwargs_from_hf_config(
     if offset:
         kwargs["rotary_offset"] = offset
     if axial:
-        kwargs.update(axes_dim=[rotary_dim // 2, rotary_dim // 2], axes_shared_spectrum=True)
+        kwargs.update(axes_dim=[rotary_dim // 2, rotary_dim // 2], axes_shared_spectrum=model_type not in AXIAL_OWN)
     if mrope is not None:
         if isinstance(mrope, (str, bytes)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in mrope):
             raise ValueError(f"from_hf_config: mrope_section must be a list of ints, got {mrope!r}")

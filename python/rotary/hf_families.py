@@ -20,7 +20,8 @@ from typing import Dict, Optional, Tuple
 
 __all__ = ["Family", "FAMILIES", "GENERIC_FIELDS", "DEFAULT_RULE_READS_PARTIAL", "CLASS_THETA", "CLASS_RULE",
            "CLASS_HEAD_DIM", "CLASS_PARTIAL", "CLASS_ORIGINAL_MAX", "CLASS_TEXT_CONFIG", "CLASS_LAYER_TYPES",
-           "CLASS_PLAIN_ROPE_SCALING", "CLASS_KEEPS_TOP_PARTIAL", "WHOLE_HEAD_ATTENTION", "CLASS_AXIAL", "family_of"]
+           "CLASS_PLAIN_ROPE_SCALING", "CLASS_KEEPS_TOP_PARTIAL", "WHOLE_HEAD_ATTENTION", "CLASS_AXIAL", "AXIAL_OWN",
+           "family_of"]
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,9 @@ class Family:
     # no sequence length and scales cos/sin by one of these rope_parameters
     # around original_max_position_embeddings, not by the rule's factor (PhiMoE).
     mscale_keys: Tuple[str, ...] = ()
+    # The width heads are cut from, where it is not hidden_size (Qwen2-VL's
+    # vision tower: embed_dim; its hidden_size is the merger's output).
+    hidden_field: str = "hidden_size"
     # Set: the family is refused, with this reason.
     refuse: Optional[str] = None
 
@@ -143,6 +147,19 @@ CLASS_AXIAL = frozenset({
     'qwen2_5_omni_vision_encoder', 'qwen2_5_vl_vision', 'qwen2_vl_vision', 'qwen3_5_moe_vision', 'qwen3_5_vision',
     'qwen3_omni_moe_vision_encoder', 'qwen3_vl_moe_vision', 'qwen3_vl_vision', 'qwen4_exp_vision', 'sam2_video',
     'sam3_tracker_video', 'sam3_vit_model', 'step3p5_vision', 'video_llama_3_vision',
+})
+
+# Of those, the towers whose axial rule gives h and w each its own spectrum
+# over half the head (pairs j < head_dim / 4 turn by h, the next by w, at
+# theta^(-4i / head_dim)), rotated by rotate_half (apply_rotary_pos_emb_vision):
+# rotary's axes_dim [head_dim / 2, head_dim / 2]. Each is checked against its
+# own rotary class and apply function by tests/python/test_hf_vision_axial.py.
+AXIAL_OWN = frozenset({
+    'cohere_compass_vision', 'dots3_note_vision_encoder', 'ernie4_5_vl_moe_vision', 'exaone4_5_vision',
+    'glm4v_moe_vision', 'glm4v_vision', 'glm5_next_vision', 'glm_ocr_vision', 'lfm3_vl_vision',
+    'muse_glimmer_vision', 'muse_spark_vision', 'paddleocr_vl_vision', 'qwen2_5_omni_vision_encoder',
+    'qwen2_5_vl_vision', 'qwen2_vl_vision', 'qwen3_5_moe_vision', 'qwen3_5_vision', 'qwen3_omni_moe_vision_encoder',
+    'qwen3_vl_moe_vision', 'qwen3_vl_vision', 'qwen4_exp_vision', 'video_llama_3_vision',
 })
 
 # What a config object carries and its dict may not: the model types whose
@@ -354,6 +371,10 @@ FAMILIES: Dict[str, Family] = {
     # Qwen4-Exp: Qwen3.5's M-RoPE ((11, 11, 10) interleaved), over the whole position
     # history, which its attention and indexer index (RotaryPositions.__getitem__).
     "qwen4_exp_text": _QWEN3_5,
+    # The AXIAL_OWN towers: their config classes map num_attention_heads to
+    # num_heads, the name their dicts hold.
+    **{name: Family(aliases=(("num_attention_heads", "num_heads"),)) for name in AXIAL_OWN},
+    "qwen2_vl_vision": Family(aliases=(("num_attention_heads", "num_heads"),), hidden_field="embed_dim"),
     # ERNIE-4.5-VL: (2j, 2j+1) pairs at the plain frequencies; its class
     # pre-permutes inv_freq so that pair j < 2h turns by h (even j) or w
     # (odd j), the rest by t. Its class runs the default rule alone.

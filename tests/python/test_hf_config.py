@@ -250,8 +250,9 @@ def test_every_family_is_tested():
     from test_hf_review_fixes import TESTED as REVIEW_TESTED
     from test_hf_verified_families import TESTED as VERIFIED
     from test_hf_ernie_vl import TESTED as ERNIE_VL
+    from test_hf_vision_axial import TESTED as TOWERS
 
-    tested = {c[1] for c in CASES} | TESTED | MLA_TESTED | V4_TESTED | QWEN4_TESTED | REVIEW_TESTED | VERIFIED | ERNIE_VL
+    tested = {c[1] for c in CASES} | TESTED | MLA_TESTED | V4_TESTED | QWEN4_TESTED | REVIEW_TESTED | VERIFIED | ERNIE_VL | TOWERS
     for name, fam in hf_families.FAMILIES.items():
         if fam.refuse is None:
             assert name in tested or name in {"qwen2_vl", "qwen2_5_vl", "qwen3_vl"}, name

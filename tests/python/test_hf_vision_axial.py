@@ -1,0 +1,88 @@
+"""from_hf_config for vision towers whose "axial" rule gives h and w each its
+own spectrum over half the head (Qwen2-VL's vision tower and its kin,
+hf_families.AXIAL_OWN): rotary's axes_dim [head_dim / 2, head_dim / 2] under
+rotate_half. Each against its own rotary class and apply_rotary_pos_emb_vision,
+with its config object and its dict, at another base than the default."""
+
+import copy
+import importlib
+import inspect
+
+import pytest
+import torch
+
+import rotary
+from rotary import hf_families
+from rotary.hf import rope_kwargs_from_hf_config
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+transformers = pytest.importorskip("transformers")
+
+N, HEADS = 24, 2
+
+
+def _modeling(config):
+    return importlib.import_module(type(config).__module__.replace("configuration_", "modeling_"))
+
+
+def _rotary_class(module):
+    (cls,) = [getattr(module, n) for n in dir(module) if n.endswith("RotaryEmbedding") and "Vision" in n]
+    return cls
+
+
+@pytest.mark.parametrize("model_type", sorted(hf_families.AXIAL_OWN))
+def test_tower_matches_transformers(model_type):
+    config = transformers.CONFIG_MAPPING[model_type]()
+    config.rope_parameters = dict(config.rope_parameters, rope_theta=500.0)  # the base must flow through
+    module = _modeling(config)
+    # Its attention rotates through the function compared here.
+    assert "apply_rotary_pos_emb_vision(" in inspect.getsource(module).split("def apply_rotary_pos_emb_vision", 1)[1]
+    g = torch.Generator().manual_seed(7)
+    hw = torch.randint(0, 48, (N, 2), generator=g)  # (h, w) per patch
+    theirs = _rotary_class(module)(config)
+    width = 4 * theirs.inv_freq.shape[0]
+    q, k = (torch.randn(N, HEADS, width, generator=g, dtype=torch.float64) for _ in range(2))
+    cos, sin = theirs(q, hw)
+    want = module.apply_rotary_pos_emb_vision(q, k, cos, sin)
+    for given in (config, config.to_dict()):
+        kw = rope_kwargs_from_hf_config(given)
+        assert (kw["dim"], kw["theta"], kw["interleaved"]) == (width, 500.0, False)
+        assert kw["axes_dim"] == [width // 2, width // 2] and not kw.get("axes_shared_spectrum")
+        rope = rotary.RotaryEmbedding.from_hf_config(given)
+        got = rope(q[None], k[None], position_ids=hw.T[:, None, :], layout="BSHD")  # [1, N, heads, width]
+        for g_, w_ in zip(got, want):
+            torch.testing.assert_close(g_[0], w_.double(), atol=2e-5, rtol=0)
+    # The layout matters: Pixtral's shared spectrum or (2j, 2j+1) pairs miss by far.
+    for other in (dict(kw, axes_shared_spectrum=True), dict(kw, interleaved=True)):
+        miss = rotary.RotaryEmbedding(**other)(q[None], position_ids=hw.T[:, None, :], layout="BSHD")[0]
+        assert (miss - want[0]).abs().max() > 1e-2
+
+
+def test_qwen2_vl_tower_cuts_heads_from_embed_dim():
+    # Its hidden_size is the merger's output width; its heads are embed_dim / num_heads wide.
+    config = transformers.Qwen2VLVisionConfig(embed_dim=320, hidden_size=1024, num_heads=4)
+    assert rope_kwargs_from_hf_config(config)["dim"] == 80
+    assert rope_kwargs_from_hf_config(config.to_dict())["dim"] == 80
+
+
+@pytest.mark.parametrize("model_type", ["gemma4_vision", "minimax_m3_vl_vision", "kimi_k25_vision", "step3p5_vision",
+                                        "inkling2_vision"])
+def test_other_towers_stay_refused(model_type):
+    # Laid out otherwise (t, h, w axes; 2-D interleaved tables; other widths): refused by name.
+    config = transformers.CONFIG_MAPPING[model_type]()
+    for given in (config, config.to_dict()):
+        with pytest.raises(ValueError, match=rf"rope_type 'axial' of model_type {model_type!r} is not supported"):
+            rope_kwargs_from_hf_config(given)
+    assert model_type not in hf_families.AXIAL_OWN
+
+
+def test_a_scaled_rule_on_a_tower_is_refused():
+    config = copy.deepcopy(transformers.CONFIG_MAPPING["qwen2_5_vl_vision"]())
+    config.rope_parameters = {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}
+    with pytest.raises(ValueError, match=r"rope_type 'linear' for model_type 'qwen2_5_vl_vision': its rotary class "
+                                         r"runs only its axial rule"):
+        rope_kwargs_from_hf_config(config)
+
+
+# The families tested here (test_hf_config.test_every_family_is_tested reads it).
+TESTED = set(hf_families.AXIAL_OWN)
