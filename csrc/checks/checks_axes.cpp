@@ -52,7 +52,7 @@ void check_axes_positions(const char* op, const at::Tensor& q_view, const at::Te
   }
   TORCH_CHECK_VALUE(
       p.sym_size(0) == top + 1, op, ": position_ids has ", p.sym_size(0), " axes (its leading dim, shape ",
-      p.sym_sizes(), ") but pair_axes (a module's mrope_section / axes_dim) uses axes 0..", top, "; the axis counts must match (n_axes = ", top + 1, ")");
+      p.sym_sizes(), ") but pair_axes (a module's mrope_section, axes_dim or pair_axes) uses axes 0..", top, "; the axis counts must match (n_axes = ", top + 1, ")");
   const auto batch = q_view.sym_size(0);
   const auto seq = q_view.sym_size(2);
   if (p.dim() == 2) {

@@ -36,7 +36,8 @@ void refuse_nd_positions(const RotaryEmbeddingOptions& options, const std::strin
   TORCH_CHECK_VALUE(
       false, "RotaryEmbedding(dim=", options.dim(), "): position_ids of shape ", shape, " are N-D positions ",
       "[n_axes, batch, seq], but this module turns every pair by one position: build it with mrope_section= ",
-      "(M-RoPE) or axes_dim= (axial RoPE) for N-D positions, or pass [seq] or [batch, seq] position_ids");
+      "(M-RoPE), axes_dim= (axial RoPE) or pair_axes= (a map) for N-D positions, or pass [seq] or [batch, seq] ",
+      "position_ids");
 }
 
 at::OptionalIntArrayRef module_pair_axes(

@@ -109,6 +109,13 @@ rotary::RotaryEmbeddingOptions& nd_options_from_py(
     const py::object& axes_shared_spectrum,
     const py::object& pair_axes) {
   const char* who = "RotaryEmbedding";
+  // An empty list would read as unset (1-D RoPE) where the caller asked for an N-D rule.
+  for (const auto& [name, v] : {std::pair<const char*, const py::object*>{"mrope_section", &mrope_section},
+                                {"axes_dim", &axes_dim}, {"axes_theta", &axes_theta}, {"pair_axes", &pair_axes}}) {
+    TORCH_CHECK_VALUE(
+        v->is_none() || !(py::isinstance<py::list>(*v) || py::isinstance<py::tuple>(*v)) || py::len(*v) > 0, who,
+        ": ", name, " must not be empty (None: not set), got ", repr_of(*v));
+  }
   return options.rotary_offset(int_arg(rotary_offset, who, "rotary_offset"))
       .mrope_section(int_list_arg(mrope_section, who, "mrope_section"))
       .mrope_interleaved(bool_arg(mrope_interleaved, who, "mrope_interleaved"))

@@ -17,6 +17,7 @@ double as_double(const std::string& key, py::handle v) {
   TORCH_CHECK_VALUE(
       !py::isinstance<py::bool_>(v) && !py::isinstance<py::str>(v), "rope scaling: '", key,
       "' must be a number, got ", repr_of(v));
+  if (py::isinstance<py::int_>(v)) return float_arg(v, "rope scaling", "'" + key + "'");  // names an int's bits
   try {
     return v.cast<double>();
   } catch (const py::cast_error&) {

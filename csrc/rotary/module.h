@@ -125,7 +125,7 @@ class RotaryEmbeddingImpl : public torch::nn::Cloneable<RotaryEmbeddingImpl> {
   torch::Tensor inv_freq;  // float64 [dim / 2]
   // The factor folded into every table entry (YaRN / LongRoPE; else 1).
   double attention_scaling = 1.0;
-  // The pair -> axis map of options.mrope_section (rotary/axes.h); empty
+  // The pair -> axis map of the options (pair_axes_of, rotary/axes.h); empty
   // for one position per token. Used when position_ids is 3-D [n_axes,
   // batch, seq]; other positions turn every pair by the one position.
   std::vector<int64_t> pair_axes;

@@ -52,10 +52,13 @@ def _table_args(op: str, dim, theta, seq_len, max_seq_len=0):
             raise ValueError(f"{op}: {name} must fit in int64, got {value}")
     if isinstance(theta, bool) or not isinstance(theta, numbers.Real):
         raise TypeError(f"{op}: theta must be a float, got {theta!r}")
+    if isinstance(theta, int):
+        _C._float_arg(theta, op, "theta")  # one past a float's range: C++ names its bits (convert.cpp)
+        return
     try:
         float(theta)
-    except OverflowError:  # an int past float's range: C++ names its bits (convert.cpp)
-        _C._float_arg(int(theta), op, "theta")
+    except OverflowError:
+        raise ValueError(f"{op}: theta must be finite, got a {type(theta).__name__} past a float's range") from None
 
 
 def _str_arg(op: str, name: str, value):

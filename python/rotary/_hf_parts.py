@@ -135,9 +135,13 @@ def sections(params: Dict[str, Any], fam: Family, model_type: str):
     as the family's rotary class does; the rule left is the plain one."""
     # Multimodal RoPE: the sections go to the module (the frequencies are the
     # plain rule's).
+    given_none = "mrope_section" in params and params["mrope_section"] is None
     mrope = params.pop("mrope_section", None)
     mrope_inter = params.pop("mrope_interleaved", None)
     if fam.mrope_section is not None:
+        if given_none:  # its class reads the key, not its default, and fails on None
+            raise ValueError(f"from_hf_config: rope_parameters['mrope_section'] is None: transformers' {model_type} "
+                             f"fails on it; drop the key for its default sections {list(fam.mrope_section)}")
         if mrope_inter is not None and fam.mrope_hw_pairs:
             raise ValueError(f"from_hf_config: rope_parameters['mrope_interleaved']={mrope_inter!r} is not read by "
                              f"transformers' {model_type}, which always alternates h and w, then t")
@@ -169,10 +173,14 @@ def hw_pair_axes(sections: List[int], rotary_dim: int, model_type: str) -> List[
     """The pair -> axis map of ERNIE-4.5-VL's (h, w, t) sections (axes t=0,
     h=1, w=2): pair j < 2h turns by h for even j, by w for odd j; the rest by
     t. Sections its class cannot lay out so are refused (it fails on them)."""
+    if len(sections) == 3 and sections[0] == sections[1] == 0 and sections[2] == rotary_dim // 2:
+        # transformers runs it (every pair by t); rotary's map would read one axis of its three rows.
+        raise ValueError(f"from_hf_config: mrope_section={sections!r}: every pair turns by t, which rotary's "
+                         "pair_axes cannot say while transformers passes three position rows; give h = w >= 1")
     if len(sections) != 3 or sections[0] != sections[1] or min(sections) < 1 or sum(sections) != rotary_dim // 2:
         raise ValueError(f"from_hf_config: mrope_section={sections!r}: transformers' {model_type} pairs h with w "
-                         f"and needs (h, w, t) with h == w >= 1, t >= 1 and h + w + t = head_dim / 2 = "
-                         f"{rotary_dim // 2}")
+                         f"and needs (h, w, t) with h == w, t >= 1 and h + w + t = head_dim / 2 = "
+                         f"{rotary_dim // 2}; it fails on others")
     return [1, 2] * sections[0] + [0] * sections[2]
 
 

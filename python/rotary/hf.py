@@ -390,7 +390,7 @@ def rope_kwargs_from_hf_config(
     if axial:
         kwargs.update(axes_dim=[rotary_dim // 2, rotary_dim // 2], axes_shared_spectrum=model_type not in AXIAL_OWN)
     if mrope is not None:
-        if isinstance(mrope, (str, bytes)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in mrope):
+        if not isinstance(mrope, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in mrope):
             raise ValueError(f"from_hf_config: mrope_section must be a list of ints, got {mrope!r}")
         if fam.mrope_hw_pairs:
             kwargs["pair_axes"] = _hw_pair_axes(list(mrope), rotary_dim, model_type)

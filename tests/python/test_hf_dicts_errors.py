@@ -55,8 +55,10 @@ def test_a_non_int_size_field_is_refused_by_name(field, value):
     (lambda: rotary.freqs_table(8, 10, 10**400), r"freqs_table: theta must be finite, got an int of 1329 bits, "
                                                  r"past a float's range"),
     (lambda: rotary.inv_frequencies(8, 10**5000), r"inv_frequencies: theta must be finite, got an int of 16610 bits"),
-    (lambda: rotary.inv_frequencies(8, fractions.Fraction(10**400)), r"inv_frequencies: theta must be finite, got an "
-                                                                     r"int of 1329 bits"),
+    (lambda: rotary.inv_frequencies(8, fractions.Fraction(10**401, 7)), r"inv_frequencies: theta must be finite, got "
+                                                                        r"a Fraction past a float's range"),
+    (lambda: rotary.RotaryEmbedding(8, 16, scaling={"rope_type": "linear", "factor": 10**400}),
+     r"rope scaling: 'factor' must be finite, got an int of 1329 bits, past a float's range"),
     (lambda: rotary.freqs_table(2, 2**61), r"freqs_table: a table of max_seq_len=2305843009213693952 rows x dim // 2 "
                                            r"= 1 pairs needs more than 2\^64 bytes \(complex64\), more than this machine's memory"),
     (lambda: rotary.freqs_table(2**20, 2**40), r"freqs_table: a table of max_seq_len=1099511627776 rows x dim // 2 "

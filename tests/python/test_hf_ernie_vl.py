@@ -67,12 +67,21 @@ def test_composite_reads_its_text_config():
     assert rope_kwargs_from_hf_config(cfg)["theta"] == 5e5
     # The class default base (500000) where the config gives none; a dict without it is refused.
     assert rotary.RotaryEmbedding.from_hf_config(make_config("Ernie4_5_VLMoeTextConfig")).theta == 5e5
+    bare = dict(SMALL, model_type="ernie4_5_vl_moe_text")
+    with pytest.raises(ValueError, match=r"rope_theta"):
+        rope_kwargs_from_hf_config(bare)
 
 
 @pytest.mark.parametrize("params,match", [
     ({"mrope_section": [20, 24, 20]}, r"mrope_section=\[20, 24, 20\]: transformers' ernie4_5_vl_moe_text pairs h "
-                                      r"with w and needs \(h, w, t\) with h == w >= 1, t >= 1 and h \+ w \+ t = "
-                                      r"head_dim / 2 = 64"),
+                                      r"with w and needs \(h, w, t\) with h == w, t >= 1 and h \+ w \+ t = "
+                                      r"head_dim / 2 = 64; it fails on others"),
+    # transformers runs it (every pair by t), rotary's map cannot say it.
+    ({"mrope_section": [0, 0, 64]}, r"mrope_section=\[0, 0, 64\]: every pair turns by t, which rotary's pair_axes "
+                                    r"cannot say"),
+    ({"mrope_section": None}, r"rope_parameters\['mrope_section'\] is None: transformers' ernie4_5_vl_moe_text "
+                              r"fails on it; drop the key for its default sections \[22, 22, 20\]"),
+    ({"mrope_section": 22}, r"mrope_section must be a list of ints, got 22"),
     ({"mrope_section": [32, 32, 0]}, r"mrope_section=\[32, 32, 0\]: .* t >= 1"),
     ({"mrope_section": [8, 8, 8]}, r"h \+ w \+ t = head_dim / 2 = 64"),
     ({"mrope_section": [16, 16]}, r"mrope_section=\[16, 16\]"),

@@ -26,15 +26,15 @@ def _ids(b, s, seed, top=64):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("interleaved", [True, False])
-def test_explicit_map_matches_the_reference(dtype, interleaved):
-    rope = rotary.RotaryEmbedding(12, 64, interleaved=interleaved, pair_axes=MAP, rotary_offset=2)
+def test_explicit_map_matches_the_reference(dtype, interleaved, device):
+    rope = rotary.RotaryEmbedding(12, 64, interleaved=interleaved, pair_axes=MAP, rotary_offset=2).to(device)
     assert rope.pair_axes == MAP and "pair_axes=[1, 2, 1, 2, 0, 0]" in repr(rope)
-    q = randn((2, 4, 16, 3), dtype, seed=1).permute(0, 1, 3, 2)  # non-contiguous [2, 4, 3, 16]
-    k = randn((2, 1, 3, 16), dtype, seed=2)
-    pos = _ids(2, 3, 3)
+    q = randn((2, 4, 16, 3), dtype, seed=1, device=device).permute(0, 1, 3, 2)  # non-contiguous [2, 4, 3, 16]
+    k = randn((2, 1, 3, 16), dtype, seed=2, device=device)
+    pos = _ids(2, 3, 3).to(device)
     oq, ok = rope(q, k, position_ids=pos)
-    assert_close_ref(oq, rope_reference_nd(q, pos.numpy(), MAP, 12, 2, interleaved), dtype)
-    assert_close_ref(ok, rope_reference_nd(k, pos.numpy(), MAP, 12, 2, interleaved), dtype)
+    assert_close_ref(oq, rope_reference_nd(q, pos.cpu().numpy(), MAP, 12, 2, interleaved), dtype)
+    assert_close_ref(ok, rope_reference_nd(k, pos.cpu().numpy(), MAP, 12, 2, interleaved), dtype)
     # BSHD: the same rotation of the same memory.
     out = rope(q.transpose(1, 2), position_ids=pos, layout="BSHD")
     assert torch.equal(out.transpose(1, 2), oq)
@@ -78,7 +78,9 @@ def test_copies_keep_the_map(make):
     q, pos = randn((1, 2, 3, 12), seed=14), _ids(1, 3, 15)
     want = rope(q, position_ids=pos)
     for other in (copy.deepcopy(rope), pickle.loads(pickle.dumps(rope))):
-        assert other.pair_axes == MAP
+        assert other.pair_axes == MAP and "pair_axes=[1, 2, 1, 2, 0, 0]" in repr(other)
+        if make is rotary.RotaryEmbedding:  # the C++ state machine, which its pickle rebuilds, holds the map too
+            assert other._tables.pair_axes == MAP
         assert torch.equal(other(q, position_ids=pos), want)
     assert "pair_axes=[1, 2, 1, 2, 0, 0]" in repr(rope)
 
@@ -93,6 +95,11 @@ def test_bad_maps_are_refused_by_name(make):
         (dict(pair_axes=MAP, axes_dim=[4, 4, 4]), ValueError, r"are three N-D rules; pass one of them"),
         (dict(pair_axes="012"), TypeError, r"pair_axes must be a list of ints or None, got '012'"),
         (dict(pair_axes=[0, 1.0, 0, 0, 0, 0]), TypeError, r"pair_axes\[1\] must be an int, got 1.0"),
+        # Empty would read as unset: a 1-D module where the caller asked for a map.
+        (dict(pair_axes=[]), ValueError, r"pair_axes must not be empty \(None: not set\), got \[\]"),
+        (dict(mrope_section=()), ValueError, r"mrope_section must not be empty"),
+        (dict(axes_dim=[]), ValueError, r"axes_dim must not be empty"),
+        (dict(axes_dim=[6, 6], axes_theta=[]), ValueError, r"axes_theta must not be empty"),
     ]
     for kw, err, match in cases:
         with pytest.raises(err, match=match):
@@ -101,7 +108,8 @@ def test_bad_maps_are_refused_by_name(make):
         make(1026, 8, pair_axes=[0] * 513)
     # A call: the ids must have the axes the map reads (n_axes = max + 1).
     rope = make(12, 64, pair_axes=MAP)
-    with pytest.raises(ValueError, match=r"n_axes = 3"):
+    with pytest.raises(ValueError, match=r"pair_axes \(a module's mrope_section, axes_dim or pair_axes\) uses axes "
+                                         r"0..2; the axis counts must match \(n_axes = 3\)"):
         rope(randn((1, 2, 3, 12), seed=16), position_ids=_ids(1, 3, 17)[:2])
 
 

@@ -126,7 +126,7 @@ class _PatchedForward:
             raise ValueError(
                 f"rotary: position_ids must be [batch, seq]{' or [n_axes, batch, seq]' if axes else ''}, got shape "
                 f"{tuple(position_ids.shape)}"
-                + ("" if axes else " (3-D multimodal ids need a config with mrope_section)")
+                + ("" if axes else " (3-D multimodal ids need a config with mrope_section, or ERNIE-4.5-VL's sections)")
             )
         state.prepare(position_ids)
         handle = RotaryPositions(position_ids, state)
