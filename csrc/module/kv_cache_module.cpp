@@ -5,8 +5,11 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <c10/util/irange.h>
 
 #include <cmath>
+#include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -38,14 +41,20 @@ void KVCacheImpl::reset() {
           dt == torch::kFloat8_e4m3fn,
       "KVCache: dtype must be float32, float64, float16, bfloat16 or float8_e4m3fn, got ", dt);
   const bool fp8 = dt == torch::kFloat8_e4m3fn;
-  for (const auto& [name, scale] : {std::make_pair("k_scale", o.k_scale()), std::make_pair("v_scale", o.v_scale())}) {
-    if (!scale) continue;
-    TORCH_CHECK_VALUE(
-        fp8, "KVCache: ", name, " is only for float8_e4m3fn caches; dtype ", dt, " is stored unscaled, got ", name,
-        " = ", *scale);
-    const float stored = static_cast<float>(*scale);  // the buffer's value: NaN, overflow and underflow show here
-    TORCH_CHECK_VALUE(
-        std::isfinite(stored) && stored > 0.0f, "KVCache: ", name, " must be finite and > 0 as a float32, got ", *scale);
+  for (const auto& [name, scale, heads] :
+       {std::make_tuple("k_scale", o.k_scale(), &o.k_head_scales()), std::make_tuple("v_scale", o.v_scale(), &o.v_head_scales())}) {
+    if (!scale && heads->empty()) continue;
+    TORCH_CHECK_VALUE(!(scale && !heads->empty()), "KVCache: ", name, " is given per tensor and per head; pass one");
+    TORCH_CHECK_VALUE(fp8, "KVCache: ", name, " is only for float8_e4m3fn caches; dtype ", dt, " is stored unscaled");
+    TORCH_CHECK_VALUE(heads->empty() || static_cast<int64_t>(heads->size()) == o.kv_heads(), "KVCache: ", name,
+                      " per head must have kv_heads = ", o.kv_heads(), " entries, got ", heads->size());
+    const std::vector<double> values = scale ? std::vector<double>{*scale} : *heads;
+    for (const auto i : c10::irange(values.size())) {
+      const float stored = static_cast<float>(values[i]);  // the buffer's value: NaN, overflow and underflow show here
+      TORCH_CHECK_VALUE(std::isfinite(stored) && stored > 0.0f, "KVCache: ", name, heads->empty() ? "" : "[",
+                        heads->empty() ? "" : std::to_string(i), heads->empty() ? "" : "]",
+                        " must be finite and > 0 as a float32, got ", values[i]);
+    }
   }
   const auto device = k.defined() ? k.device() : torch::Device(torch::kCPU);
   const std::vector<int64_t> shape = layout == CacheLayout::kBHSD
@@ -72,8 +81,14 @@ void KVCacheImpl::reset() {
   install(k, "k", fresh_k);
   install(v, "v", fresh_v);
   if (fp8) {
-    install(k_scale, "k_scale", torch::tensor(static_cast<float>(o.k_scale().value_or(1.0)), torch::device(device)));
-    install(v_scale, "v_scale", torch::tensor(static_cast<float>(o.v_scale().value_or(1.0)), torch::device(device)));
+    // [] for one scale, [kv_heads] for one per head.
+    auto buffer = [&](const std::optional<double>& one, const std::vector<double>& heads) {
+      const auto f32 = torch::dtype(torch::kFloat).device(device);
+      if (heads.empty()) return torch::tensor(static_cast<float>(one.value_or(1.0)), f32);
+      return torch::tensor(std::vector<float>(heads.begin(), heads.end()), f32);
+    };
+    install(k_scale, "k_scale", buffer(o.k_scale(), o.k_head_scales()));
+    install(v_scale, "v_scale", buffer(o.v_scale(), o.v_head_scales()));
   }
   in_effect_ = o;
 }
@@ -124,9 +139,13 @@ void KVCacheImpl::load_state(const torch::Tensor& k_in, const torch::Tensor& v_i
   }
   for (const auto* scale : {&k_scale_in, &v_scale_in}) {
     if (!scale->defined()) continue;
-    const float value = scale->item<float>();
-    TORCH_CHECK_VALUE(std::isfinite(value) && value > 0.0f, who, ": saved ", scale == &k_scale_in ? "k_scale" : "v_scale",
-                      " must be finite and > 0, got ", value);
+    const auto values = scale->to(torch::kCPU, torch::kFloat).contiguous();
+    for (const auto i : c10::irange(values.numel())) {
+      const float value = values.data_ptr<float>()[i];
+      TORCH_CHECK_VALUE(std::isfinite(value) && value > 0.0f, who, ": saved ",
+                        scale == &k_scale_in ? "k_scale" : "v_scale", values.dim() ? "[" + std::to_string(i) + "]" : "",
+                        " must be finite and > 0, got ", value);
+    }
   }
   TORCH_CHECK_VALUE(!layout || *layout == in_effect_.layout(), who, ": the state was saved from a '", layout.value_or(""),
                     "' cache, this one is '", in_effect_.layout(), "'; build the KVCache with the saved options");
@@ -145,7 +164,14 @@ void KVCacheImpl::pretty_print(std::ostream& stream) const {
          << in_effect_.layout() << ", dtype=" << in_effect_.dtype();
   // The scales the cache uses (a load may have changed them from the options').
   for (const auto& [name, scale] : {std::make_pair("k_scale", &k_scale), std::make_pair("v_scale", &v_scale)}) {
-    if (scale->defined() && !scale->is_meta()) stream << ", " << name << "=" << scale->item<float>();
+    if (!scale->defined() || scale->is_meta()) continue;
+    const auto values = scale->to(torch::kCPU).contiguous();
+    stream << ", " << name << "=";
+    if (values.dim() == 0) {
+      stream << values.item<float>();
+    } else {
+      stream << c10::ArrayRef<float>(values.data_ptr<float>(), values.numel());  // one per head
+    }
   }
   stream << ", length=" << length_ << ")";
 }
@@ -198,7 +224,9 @@ std::pair<torch::Tensor, torch::Tensor> KVCacheImpl::keys_values(torch::Dtype dt
     auto filled = (bshd ? t.transpose(1, 2) : t).narrow(2, 0, length_);
     // fp8 x scale in float32 (exact for float32 and narrower), in float64 for float64.
     const auto acc = dtype == torch::kDouble ? torch::kDouble : torch::kFloat;
-    return scale.defined() ? filled.to(acc).mul(scale.to(acc)).to(dtype) : filled;
+    if (!scale.defined()) return filled;
+    const auto s = scale.dim() == 0 ? scale.to(acc) : scale.to(acc).view({1, -1, 1, 1});  // per head: [B, H, L, D]
+    return filled.to(acc).mul(s).to(dtype);
   };
   return {view(k, k_scale), view(v, v_scale)};
 }

@@ -84,6 +84,40 @@ void kv_load_from_state_dict(py::object self, py::object state_dict, const std::
   }
 }
 
+// A scale as a double: what has __float__ (numpy's, a one-element tensor),
+// an int through float_arg (which names one past a float's range), no bool.
+double scale_number(const py::handle& v, const std::string& name) {
+  TORCH_CHECK_TYPE(!py::isinstance<py::bool_>(v), "KVCache: ", name, " must be a number, got ", repr_of(v));
+  if (py::isinstance<py::int_>(v)) return float_arg(v, "KVCache", name);
+  try {
+    return v.cast<double>();
+  } catch (const py::cast_error&) {
+    TORCH_CHECK_TYPE(false, "KVCache: ", name, " must be a number, or a list of numbers (one per kv head), got ",
+                     repr_of(v));
+  }
+  return 0.0;
+}
+
+// The constructor's k_scale / v_scale: None, a number (one scale) or a list
+// of numbers (one per kv head), each named in its error.
+void set_scale(const py::object& v, const char* name, std::optional<double>& one, std::vector<double>& heads) {
+  if (v.is_none()) return;
+  if (!py::isinstance<py::list>(v) && !py::isinstance<py::tuple>(v)) {
+    one = scale_number(v, name);
+    return;
+  }
+  for (const auto item : v) {
+    heads.push_back(scale_number(item, std::string(name) + "[" + std::to_string(heads.size()) + "]"));
+  }
+  TORCH_CHECK_VALUE(!heads.empty(), "KVCache: ", name, " must not be empty (None: 1), got ", repr_of(v));
+}
+
+// The same, back from the options (pickle).
+py::object scale_arg(const std::optional<double>& one, const std::vector<double>& heads) {
+  if (!heads.empty()) return py::cast(heads);
+  return one ? py::object(py::float_(*one)) : py::object(py::none());
+}
+
 }  // namespace
 
 void bind_kv_cache(py::module_& m) {
@@ -92,15 +126,16 @@ void bind_kv_cache(py::module_& m) {
       .def(
           py::init([](const py::object& batch, const py::object& kv_heads, const py::object& capacity,
                       const py::object& head_dim, const std::string& layout, const py::object& dtype,
-                      std::optional<double> k_scale, std::optional<double> v_scale) {
+                      const py::object& k_scale, const py::object& v_scale) {
             const char* who = "KVCache";
-            return std::make_shared<Impl>(
+            auto options =
                 rotary::KVCacheOptions(int_arg(batch, who, "batch"), int_arg(kv_heads, who, "kv_heads"),
                                        int_arg(capacity, who, "capacity"), int_arg(head_dim, who, "head_dim"))
                     .layout(layout)
-                    .dtype(torch::python::detail::py_object_to_dtype(dtype))
-                    .k_scale(k_scale)
-                    .v_scale(v_scale));
+                    .dtype(torch::python::detail::py_object_to_dtype(dtype));
+            set_scale(k_scale, "k_scale", options.k_scale(), options.k_head_scales());
+            set_scale(v_scale, "v_scale", options.v_scale(), options.v_head_scales());
+            return std::make_shared<Impl>(options);
           }),
           py::arg("batch"), py::arg("kv_heads"), py::arg("capacity"), py::arg("head_dim"), py::kw_only(),
           py::arg("layout") = "BHSD", py::arg("dtype") = py::module_::import("torch").attr("float32"),
@@ -143,8 +178,9 @@ void bind_kv_cache(py::module_& m) {
         const auto& o = impl.options_in_effect();  // what the buffers hold
         const py::object dtype = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(o.dtype())));
         auto or_none = [](const torch::Tensor& t) { return t.defined() ? py::cast(t) : py::object(py::none()); };
-        return py::make_tuple(o.batch(), o.kv_heads(), o.capacity(), o.head_dim(), o.layout(), dtype, o.k_scale(),
-                              o.v_scale(), bytes_of(impl.k), bytes_of(impl.v), impl.length(), impl.is_training(),
+        return py::make_tuple(o.batch(), o.kv_heads(), o.capacity(), o.head_dim(), o.layout(), dtype,
+                              scale_arg(o.k_scale(), o.k_head_scales()), scale_arg(o.v_scale(), o.v_head_scales()),
+                              bytes_of(impl.k), bytes_of(impl.v), impl.length(), impl.is_training(),
                               or_none(impl.k_scale), or_none(impl.v_scale));
       },
       [wrapper](const py::tuple& st) {

@@ -12,6 +12,7 @@
 #include <ostream>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace rotary {
 
@@ -31,6 +32,10 @@ struct KVCacheOptions {
   // float8_e4m3fn only: finite and > 0 (unset: 1).
   TORCH_ARG(std::optional<double>, k_scale) = std::nullopt;
   TORCH_ARG(std::optional<double>, v_scale) = std::nullopt;
+  // float8_e4m3fn only, instead of k_scale / v_scale: one scale per kv head
+  // (kv_heads entries, each finite and > 0); the scale buffer is [kv_heads].
+  TORCH_ARG(std::vector<double>, k_head_scales) = {};
+  TORCH_ARG(std::vector<double>, v_head_scales) = {};
 };
 
 // Buffers `k` and `v` (registered, so they move with ->to(device) and are
@@ -81,7 +86,7 @@ class KVCacheImpl : public torch::nn::Cloneable<KVCacheImpl> {
 
   KVCacheOptions options;
   torch::Tensor k, v;
-  torch::Tensor k_scale, v_scale;  // float32 [], for float8 caches (else undefined)
+  torch::Tensor k_scale, v_scale;  // float32 [] or [kv_heads], for float8 caches (else undefined)
 
  private:
   KVCacheOptions in_effect_;
