@@ -33,9 +33,13 @@ def run_kv_module(seed):
     kw = dict(layout=layout, dtype=dtype)
     if dtype == FP8 and rng.random() < 0.7:
         kw["k_scale"], kw["v_scale"] = rng.choice([0.5, 0.25, 1.0, rng.uniform(0.1, 2)]), rng.choice([0.5, 2.0, 1.0])
+        for sname in ("k_scale", "v_scale"):  # or one per kv head
+            if rng.random() < 0.4:
+                kw[sname] = [rng.choice([0.5, 0.25, 2.0, rng.uniform(0.1, 2)]) for _ in range(H)]
     bad, name = None, None
     if rng.random() < 0.4:
-        m = rng.choice(["odd_head", "scale_nonfp8", "scale_value", "layout", "dtype", "batch", "capacity", "heads"])
+        m = rng.choice(["odd_head", "scale_nonfp8", "scale_value", "layout", "dtype", "batch", "capacity", "heads",
+                        "head_scales"])
         if m == "odd_head":
             D, bad, name = rng.choice([7, 3, 1]), "odd head_dim", "head_dim"
         elif m == "scale_nonfp8" and dtype != FP8:
@@ -56,6 +60,11 @@ def run_kv_module(seed):
             cap, bad, name = rng.choice([0, -2]), "capacity <= 0", "capacity"
         elif m == "heads":
             H, bad, name = 0, "kv_heads 0", "kv_heads"
+        elif m == "head_scales":
+            kw["dtype"], dtype = FP8, FP8
+            sname = rng.choice(["k_scale", "v_scale"])
+            kw[sname] = rng.choice([[0.5] * (H + 1), [], [0.5] * (H - 1) + [rng.choice(BAD_SCALES)]])
+            bad, name = f"{sname}={kw[sname]}", sname
     what = f"KVCache({batch}, {H}, {cap}, {D}, {kw})"
     try:
         cache = rotary.KVCache(batch, H, cap, D, **kw)
@@ -108,7 +117,8 @@ def run_kv_module(seed):
         for cname, src, sc in (("k", k, ks), ("v", v0, vs)):
             buf = bufs[cname]
             rows = (buf.transpose(1, 2) if layout == "BSHD" else buf)[:, :, filled : filled + S]
-            want = (src.to(torch.float32) / sc).clamp(-448, 448).to(FP8) if dtype == FP8 else src
+            per = sc.view(1, -1, 1, 1) if dtype == FP8 and sc.dim() == 1 else sc  # one scale per kv head
+            want = (src.to(torch.float32) / per).clamp(-448, 448).to(FP8) if dtype == FP8 else src
             if not torch.equal(bits(rows), bits(want)):
                 raise Finding(f"{what}: cache.{cname} rows {filled}..{filled + S} differ from the rotated k / v")
         outcomes.append("accepted")
