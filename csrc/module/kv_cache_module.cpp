@@ -45,7 +45,8 @@ void KVCacheImpl::reset() {
        {std::make_tuple("k_scale", o.k_scale(), &o.k_head_scales()), std::make_tuple("v_scale", o.v_scale(), &o.v_head_scales())}) {
     if (!scale && heads->empty()) continue;
     TORCH_CHECK_VALUE(!(scale && !heads->empty()), "KVCache: ", name, " is given per tensor and per head; pass one");
-    TORCH_CHECK_VALUE(fp8, "KVCache: ", name, " is only for float8_e4m3fn caches; dtype ", dt, " is stored unscaled");
+    TORCH_CHECK_VALUE(fp8, "KVCache: ", name, " is only for float8_e4m3fn caches; dtype ", dt, " is stored unscaled, got ",
+                      name, " = ", scale ? c10::str(*scale) : c10::str(c10::ArrayRef<double>(*heads)));
     TORCH_CHECK_VALUE(heads->empty() || static_cast<int64_t>(heads->size()) == o.kv_heads(), "KVCache: ", name,
                       " per head must have kv_heads = ", o.kv_heads(), " entries, got ", heads->size());
     const std::vector<double> values = scale ? std::vector<double>{*scale} : *heads;

@@ -100,7 +100,7 @@ void bind_cpp_module(py::module_& m) {
   def_option_properties(
       cpp_module, [](const Impl& self) -> const rotary::RotaryEmbeddingOptions& { return self.tables().options(); });
   cpp_module
-      .def_property_readonly("pair_axes", [](const Impl& self) { return self.pair_axes; })
+      .def_property_readonly("pair_axes", [](const Impl& self) { return list_or_none(self.pair_axes); })
       // rope(x, start_pos=0) or rope(q, k, start_pos=0); offsets= or
       // position_ids= (positions= deprecated) and layout=, as in the Python module.
       .def(

@@ -167,7 +167,7 @@ void bind_tables(py::module_& m) {
   });
   tables
       .def_property_readonly("host_driven", &RopeTables::host_driven)
-      .def_property_readonly("pair_axes", [](const RopeTables& t) { return rotary::pair_axes_of(t.options()); })
+      .def_property_readonly("pair_axes", [](const RopeTables& t) { return list_or_none(rotary::pair_axes_of(t.options())); })
       .def_property_readonly("extends_past_table", &RopeTables::extends_past_table)
       .def_property_readonly("state", &RopeTables::state)
       .def_property_readonly("attention_scaling", &RopeTables::attention_scaling)

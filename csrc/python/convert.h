@@ -147,6 +147,12 @@ void def_pickle(py::module_& m, py::object wrapper, const char* name, StateOf st
       py::is_method(wrapper));
 }
 
+// An N-D option read back: None when unset, as the Python module's, so that
+// a module rebuilt from its own properties is the same (an empty list is refused).
+inline py::object list_or_none(const std::vector<int64_t>& v) {
+  return v.empty() ? py::object(py::none()) : py::object(py::cast(v));
+}
+
 // The options both modules' bindings read back as properties; options_of
 // maps a bound object to its RotaryEmbeddingOptions.
 template <typename Cls, typename OptionsOf>
@@ -160,10 +166,11 @@ void def_option_properties(Cls& cls, OptionsOf options_of) {
       .def_property_readonly(
           "angle_dtype", [options_of](const T& t) { return rotary::angle_dtype_name(options_of(t).angle_dtype()); })
       .def_property_readonly("rotary_offset", [options_of](const T& t) { return options_of(t).rotary_offset(); })
-      .def_property_readonly("mrope_section", [options_of](const T& t) { return options_of(t).mrope_section(); })
+      .def_property_readonly("mrope_section",
+                             [options_of](const T& t) { return list_or_none(options_of(t).mrope_section()); })
       .def_property_readonly(
           "mrope_interleaved", [options_of](const T& t) { return options_of(t).mrope_interleaved(); })
-      .def_property_readonly("axes_dim", [options_of](const T& t) { return options_of(t).axes_dim(); });
+      .def_property_readonly("axes_dim", [options_of](const T& t) { return list_or_none(options_of(t).axes_dim()); });
 }
 
 // bind_kv_cache.cpp: rotary._C.KVCache, and the body of

@@ -294,8 +294,8 @@ def span(config: Any, fam: Family, partial: float, model_type: str, field, rule:
             heads = field("num_attention_heads")
             if hidden is None or not heads:
                 raise ValueError(
-                    "from_hf_config: the config has no head_dim, and no hidden_size and num_attention_heads "
-                    "to derive it from"
+                    f"from_hf_config: the config has no head_dim, and no {fam.hidden_field} and "
+                    "num_attention_heads to derive it from"
                 )
             head_dim = int_field(config, fam.hidden_field, model_type, hidden) // int_field(
                 config, "num_attention_heads", model_type, heads)

@@ -124,6 +124,15 @@ def refuse_without_rope(model_type: str) -> None:
                          "for it has no rotary embedding (no RoPE)")
 
 
+def refuse_tower_width(head_dim: int, width: Any, heads: Any, width_field: str, model_type: str) -> None:
+    """An AXIAL_OWN tower's rotary class sizes its table by head_dim, its
+    attention cuts heads at width / heads: transformers fails where they differ."""
+    if isinstance(width, int) and isinstance(heads, int) and heads > 0 and width // heads != head_dim:
+        raise ValueError(f"from_hf_config: head_dim={head_dim}: transformers' {model_type} rotary class builds its "
+                         f"table head_dim wide, but its attention cuts heads {width_field} / num_heads = "
+                         f"{width // heads} wide (transformers fails there); drop head_dim")
+
+
 def refuse_axial(model_type: str) -> None:
     if model_type not in AXIAL_SERVED:
         raise ValueError(f"from_hf_config: rope_type 'axial' of model_type {model_type!r} is not supported: each "

@@ -19,7 +19,7 @@ from ._hf_parts import layer_theta as _layer_theta, layer_thetas as _layer_theta
 from ._hf_parts import own_mscale as _own_mscale, read_as_its_class as _read_as_its_class
 from ._hf_parts import rule_of as _rule_of, scaling as _scaling, sections as _sections, span as _span
 from ._hf_refusals import refuse_axial as _refuse_axial, refuse_per_layer_rotation as _refuse_per_layer_rotation
-from ._hf_refusals import refuse_unserved as _refuse_unserved
+from ._hf_refusals import refuse_tower_width as _refuse_tower_width, refuse_unserved as _refuse_unserved
 from .hf_families import (CLASS_KEEPS_TOP_PARTIAL, CLASS_ROPE_LABELS, CLASS_TEXT_CONFIG, DEFAULT_RULE_READS_PARTIAL,
                           FAMILIES, AXIAL_OWN, CLASS_AXIAL, GENERIC_FIELDS, WHOLE_HEAD_ATTENTION, Family, family_of)
 
@@ -250,6 +250,8 @@ def _partial(config: Any, params: Dict[str, Any], fam: Family, model_type: str, 
             f"from_hf_config: partial_rotary_factor must be a number in (0, 1] (the rotated share of each head), "
             f"got {partial!r}"
         )
+    if model_type in AXIAL_OWN:  # these towers' axial rule never reads it: the whole head turns
+        return 1.0
     # proportional keeps the whole head's width (zeros past the share): any attention takes it.
     if partial != 1.0 and rule != "proportional" and model_type in WHOLE_HEAD_ATTENTION:
         raise ValueError(f"from_hf_config: partial_rotary_factor={partial!r}: transformers' {model_type} rotary "
@@ -373,6 +375,9 @@ def rope_kwargs_from_hf_config(
     # proportional (Gemma 4): the rule turns that share of the whole head's
     # pairs (the others get inv_freq 0), so the span is the whole head.
     rotary_dim, offset = _span(config, fam, 1.0 if rule == "proportional" else partial, model_type, field, rule)
+    if model_type in AXIAL_OWN:
+        _refuse_tower_width(rotary_dim, field(fam.hidden_field), field("num_attention_heads"), fam.hidden_field,
+                            model_type)
     max_pos = field("max_position_embeddings")
     spec = _scaling(config, params, max_pos, rotary_dim, nested)
 

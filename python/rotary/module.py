@@ -70,10 +70,10 @@ class RotaryEmbedding(nn.Module):
         self._host_driven = t.host_driven
         self._extends = t.extends_past_table  # float64 angles: positions past the table computed exactly
         self.rotary_offset = t.rotary_offset
-        self.mrope_section = t.mrope_section or None
+        self.mrope_section = t.mrope_section
         self.mrope_interleaved = t.mrope_interleaved
-        self.axes_dim = t.axes_dim or None
-        self.pair_axes = t.pair_axes or None  # the pair -> axis map (rotary/axes.h)
+        self.axes_dim = t.axes_dim
+        self.pair_axes = t.pair_axes  # the pair -> axis map (rotary/axes.h); None: 1-D
         freqs, inv_freq = t.build()
         device = torch.get_default_device()  # `with torch.device("meta"):`, as nn.Module's own buffers follow it
         if device.type != "cpu":

@@ -63,6 +63,23 @@ def test_qwen2_vl_tower_cuts_heads_from_embed_dim():
     config = transformers.Qwen2VLVisionConfig(embed_dim=320, hidden_size=1024, num_heads=4)
     assert rope_kwargs_from_hf_config(config)["dim"] == 80
     assert rope_kwargs_from_hf_config(config.to_dict())["dim"] == 80
+    with pytest.raises(ValueError, match=r"the config has no head_dim, and no embed_dim and num_attention_heads"):
+        rope_kwargs_from_hf_config({"model_type": "qwen2_vl_vision", "hidden_size": 1536, "num_heads": 16,
+                                    "rope_parameters": {"rope_type": "axial", "rope_theta": 1e4}})
+
+
+def test_a_share_is_not_read_and_a_narrower_table_is_refused():
+    module = _modeling(transformers.Qwen2_5_VLVisionConfig())
+    # Its axial rule never reads partial_rotary_factor: the whole head turns, in transformers too.
+    config = transformers.Qwen2_5_VLVisionConfig(hidden_size=320, num_heads=4)
+    config.rope_parameters = dict(config.rope_parameters, partial_rotary_factor=0.5)
+    assert 4 * _rotary_class(module)(config).inv_freq.shape[0] == 80
+    assert rope_kwargs_from_hf_config(config)["dim"] == 80
+    # A head_dim other than hidden_size / num_heads: its table and its heads differ, and transformers fails.
+    config = transformers.Qwen2_5_VLVisionConfig(hidden_size=320, num_heads=4, head_dim=64)
+    with pytest.raises(ValueError, match=r"head_dim=64: transformers' qwen2_5_vl_vision rotary class builds its table "
+                                         r"head_dim wide, but its attention cuts heads hidden_size / num_heads = 80"):
+        rope_kwargs_from_hf_config(config)
 
 
 @pytest.mark.parametrize("model_type", ["gemma4_vision", "minimax_m3_vl_vision", "kimi_k25_vision", "step3p5_vision",

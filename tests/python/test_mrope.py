@@ -232,7 +232,7 @@ def test_cpp_module_matches_python():
     for kw in cases:
         py, cpp = rotary.RotaryEmbedding(**kw), rotary.CppRotaryEmbedding(**kw)
         ids = pos[: max(py.pair_axes) + 1] if py.pair_axes else pos[0]
-        assert cpp.pair_axes == (py.pair_axes or [])
+        assert cpp.pair_axes == py.pair_axes
         for a, b in zip(py(q, k, position_ids=ids), pickle.loads(pickle.dumps(cpp))(q, k, position_ids=ids)):
             assert torch.equal(a, b)
 

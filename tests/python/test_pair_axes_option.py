@@ -113,6 +113,18 @@ def test_bad_maps_are_refused_by_name(make):
         rope(randn((1, 2, 3, 12), seed=16), position_ids=_ids(1, 3, 17)[:2])
 
 
+@pytest.mark.parametrize("make", [rotary.RotaryEmbedding, rotary.CppRotaryEmbedding])
+def test_a_module_rebuilt_from_its_own_options_is_the_same(make):
+    # Unset N-D options read back as None (an empty list is refused), in both modules.
+    one_d = make(12, 64)
+    assert one_d.mrope_section is None and one_d.axes_dim is None and one_d.pair_axes is None
+    again = make(12, 64, mrope_section=one_d.mrope_section, axes_dim=one_d.axes_dim, pair_axes=one_d.pair_axes)
+    q = randn((1, 2, 3, 12), seed=18)
+    assert torch.equal(again(q, 5), one_d(q, 5))
+    explicit = make(12, 64, pair_axes=MAP)
+    assert make(12, 64, pair_axes=explicit.pair_axes).pair_axes == MAP
+
+
 def test_states_pickled_before_the_option_still_load():
     # RopeTables' state had 13 entries and CppRotaryEmbedding's 16 before the map joined them.
     t = rotary._C.RopeTables(16, 32, mrope_section=[2, 3, 3])
@@ -121,4 +133,4 @@ def test_states_pickled_before_the_option_still_load():
     assert old.pair_axes == [0, 0, 1, 1, 1, 2, 2, 2]
     load, (state,) = rotary.CppRotaryEmbedding(12, 64, pair_axes=MAP).__reduce__()
     assert len(state) == 17 and load(state).pair_axes == MAP
-    assert load(state[:16]).pair_axes == [] and load(state[:15]).pair_axes == []
+    assert load(state[:16]).pair_axes is None and load(state[:15]).pair_axes is None
