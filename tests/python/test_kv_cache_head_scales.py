@@ -26,18 +26,19 @@ def _bits(t):
 
 @pytest.mark.parametrize("layout", ["BHSD", "BSHD"])
 @pytest.mark.parametrize("make", [rotary.RotaryEmbedding, rotary.CppRotaryEmbedding])
-def test_each_head_is_stored_at_its_own_scale(make, layout):
-    rope = make(16, 64)
-    cache = rotary.KVCache(2, 3, 8, 16, layout=layout, dtype=FP8, k_scale=K_SCALES, v_scale=V_SCALES)
+def test_each_head_is_stored_at_its_own_scale(make, layout, device):
+    rope = make(16, 64).to(device)
+    cache = rotary.KVCache(2, 3, 8, 16, layout=layout, dtype=FP8, k_scale=K_SCALES, v_scale=V_SCALES).to(device)
     assert "k_scale=[0.5, 2, 0.125]" in repr(cache) and cache.k_scale.shape == (3,)
     for step, (S, seed) in enumerate([(5, 1), (1, 4)]):
         start = cache.length
-        q, k, v = (randn((2, h, S, 16), torch.float32, seed + i) for i, h in enumerate((6, 3, 3)))
-        want_k = rope(q, k, start)[1]
-        ref = rope_reference(k.double(), start)  # before the call rotates k in place
+        q, k, v = (randn((2, h, S, 16), torch.float32, seed + i, device) for i, h in enumerate((6, 3, 3)))
+        want_k = rope(q, k, start)[1].cpu()
+        ref = rope_reference(k.double().cpu(), start)  # before the call rotates k in place
         _, keys, values = rope.forward_with_cache(q, k, v, cache)
-        stored_k = cache.k if layout == "BHSD" else cache.k.transpose(1, 2)
-        stored_v = cache.v if layout == "BHSD" else cache.v.transpose(1, 2)
+        keys, v = keys.cpu(), v.cpu()
+        stored_k = (cache.k if layout == "BHSD" else cache.k.transpose(1, 2)).cpu()
+        stored_v = (cache.v if layout == "BHSD" else cache.v.transpose(1, 2)).cpu()
         rows = slice(start, start + S)
         assert torch.equal(_bits(stored_k[:, :, rows]), _bits(quantize(want_k, torch.tensor(K_SCALES), 1))), step
         assert torch.equal(_bits(stored_v[:, :, rows]), _bits(quantize(v, torch.tensor(V_SCALES), 1))), step
