@@ -67,29 +67,26 @@ double float_arg(const py::handle& v, const char* who, const std::string& name) 
 
 namespace {
 
-std::vector<int64_t> int_list_arg(const py::handle& v, const char* who, const char* name) {
+// A list or tuple (None: empty), each entry read by element(item, "name[i]").
+template <typename T, typename Element>
+std::vector<T> list_arg(const py::handle& v, const char* who, const char* name, const char* of, Element element) {
   if (v.is_none()) return {};
   TORCH_CHECK_TYPE(
-      (py::isinstance<py::list>(v) || py::isinstance<py::tuple>(v)), who, ": ", name,
-      " must be a list of ints or None, got ", repr_of(v));
-  std::vector<int64_t> out;
-  for (const auto item : v) {
-    const std::string entry = std::string(name) + "[" + std::to_string(out.size()) + "]";
-    out.push_back(int_arg(item, who, entry.c_str()));
-  }
+      (py::isinstance<py::list>(v) || py::isinstance<py::tuple>(v)), who, ": ", name, " must be a list of ", of,
+      " or None, got ", repr_of(v));
+  std::vector<T> out;
+  for (const auto item : v) out.push_back(element(item, std::string(name) + "[" + std::to_string(out.size()) + "]"));
   return out;
 }
 
+std::vector<int64_t> int_list_arg(const py::handle& v, const char* who, const char* name) {
+  return list_arg<int64_t>(v, who, name, "ints",
+                           [&](const py::handle& item, const std::string& entry) { return int_arg(item, who, entry.c_str()); });
+}
+
 std::vector<double> float_list_arg(const py::handle& v, const char* who, const char* name) {
-  if (v.is_none()) return {};
-  TORCH_CHECK_TYPE(
-      (py::isinstance<py::list>(v) || py::isinstance<py::tuple>(v)), who, ": ", name,
-      " must be a list of numbers or None, got ", repr_of(v));
-  std::vector<double> out;
-  for (const auto item : v) {
-    out.push_back(float_arg(item, who, std::string(name) + "[" + std::to_string(out.size()) + "]"));
-  }
-  return out;
+  return list_arg<double>(v, who, name, "numbers",
+                          [&](const py::handle& item, const std::string& entry) { return float_arg(item, who, entry); });
 }
 
 bool bool_arg(const py::handle& v, const char* who, const char* name) {

@@ -6,6 +6,7 @@
 #include <rotary/freqs.h>
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Type.h>
 #include <gmock/gmock.h>
@@ -71,6 +72,12 @@ inline std::map<at::ScalarType, Tolerance> read_tolerances(const std::string& pa
 // reference sees exactly the values the kernel sees.
 inline at::Tensor randn(at::IntArrayRef sizes, at::ScalarType dtype = at::kFloat) {
   return at::randn(sizes, at::kFloat).to(dtype);
+}
+
+// Unit-normal float32 data from a seed, shifted off zero (never zeros).
+inline at::Tensor seeded_randn(at::IntArrayRef sizes, uint64_t seed) {
+  auto g = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return at::randn(sizes, g, at::kFloat) + 0.1;
 }
 
 inline at::Tensor longs(const std::vector<int64_t>& v) {

@@ -22,11 +22,7 @@ using rotary::KVCacheOptions;
 using rotary::RotaryEmbedding;
 using rotary::RotaryEmbeddingOptions;
 using rotary_test::ExpectError;
-
-at::Tensor randn(std::initializer_list<int64_t> shape, uint64_t seed) {
-  auto g = at::make_generator<at::CPUGeneratorImpl>(seed);
-  return at::randn(shape, g, at::kFloat) + 0.1;  // never zeros
-}
+using rotary_test::seeded_randn;
 
 // (x / scale[h]).clamp(-448, 448) as float8, head by head ([B, H, S, D]).
 at::Tensor quantized(const at::Tensor& x, const std::vector<double>& scales) {
@@ -39,7 +35,7 @@ TEST(KVCacheHeadScales, EachHeadAtItsOwnScale) {
   RotaryEmbedding rope(RotaryEmbeddingOptions(16).max_seq_len(64));
   KVCache cache(KVCacheOptions(2, 3, 8, 16).dtype(at::kFloat8_e4m3fn).k_head_scales(ks).v_head_scales(vs));
   EXPECT_EQ(cache->k_scale.sizes(), at::IntArrayRef({3}));
-  auto q = randn({2, 6, 5, 16}, 1), k = randn({2, 3, 5, 16}, 2), v = randn({2, 3, 5, 16}, 3);
+  auto q = seeded_randn({2, 6, 5, 16}, 1), k = seeded_randn({2, 3, 5, 16}, 2), v = seeded_randn({2, 3, 5, 16}, 3);
   const auto want_k = std::get<1>(rope->forward(q, k));
   rope->forward_with_cache(q, k, v, cache);
   const auto stored_k = cache->k.narrow(2, 0, 5), stored_v = cache->v.narrow(2, 0, 5);

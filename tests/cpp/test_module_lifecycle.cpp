@@ -23,12 +23,8 @@ using rotary::RotaryEmbedding;
 using rotary::RotaryEmbeddingImpl;
 using rotary::RotaryEmbeddingOptions;
 using rotary_test::ExpectError;
+using rotary_test::seeded_randn;
 using rotary_test::ref_rope;
-
-at::Tensor randn(std::initializer_list<int64_t> shape, uint64_t seed) {
-  auto g = at::make_generator<at::CPUGeneratorImpl>(seed);
-  return at::randn(shape, g, at::kFloat) + 0.1;  // never zeros
-}
 
 KVCache clone_of(const KVCache& cache) {
   return KVCache(std::dynamic_pointer_cast<KVCacheImpl>(cache->clone()));
@@ -42,7 +38,7 @@ TEST(ModuleLifecycle, KVCacheCloneHoldsWhatItsBuffersHold) {
   RotaryEmbedding rope(RotaryEmbeddingOptions(16).max_seq_len(64));
   // kv_heads == capacity: a BSHD buffer has the BHSD one's shape, so only the options tell them apart.
   KVCache cache(KVCacheOptions(1, 4, 4, 16));
-  auto q = randn({1, 4, 2, 16}, 1), k = randn({1, 4, 2, 16}, 2), v = randn({1, 4, 2, 16}, 3);
+  auto q = seeded_randn({1, 4, 2, 16}, 1), k = seeded_randn({1, 4, 2, 16}, 2), v = seeded_randn({1, 4, 2, 16}, 3);
   rope->forward_with_cache(q, k, v, cache);
   cache->options.layout("BSHD");  // pending until reset()
   KVCache copy = clone_of(cache);
@@ -54,7 +50,7 @@ TEST(ModuleLifecycle, KVCacheCloneHoldsWhatItsBuffersHold) {
   EXPECT_TRUE(rotary_test::SameBits(ka, kb));
   EXPECT_TRUE(rotary_test::SameBits(va, vb));
   // The next step lands at row 2 of both, as the float64 reference says.
-  auto q1 = randn({1, 4, 1, 16}, 4), k1 = randn({1, 4, 1, 16}, 5), v1 = randn({1, 4, 1, 16}, 6);
+  auto q1 = seeded_randn({1, 4, 1, 16}, 4), k1 = seeded_randn({1, 4, 1, 16}, 5), v1 = seeded_randn({1, 4, 1, 16}, 6);
   auto q2 = q1.clone(), k2 = k1.clone(), v2 = v1.clone();
   const auto want = ref_rope(k1, 2);
   const auto keys_a = std::get<1>(rope->forward_with_cache(q1, k1, v1, cache));
@@ -68,7 +64,7 @@ TEST(ModuleLifecycle, KVCacheCloneHoldsWhatItsBuffersHold) {
     KVCache d = clone_of(c);
     EXPECT_EQ(d->options_in_effect().dtype(), at::kFloat);
     EXPECT_EQ(d->options_in_effect().capacity(), 4);
-    auto q3 = randn({1, 2, 1, 16}, 7), k3 = randn({1, 2, 1, 16}, 8), v3 = randn({1, 2, 1, 16}, 9);
+    auto q3 = seeded_randn({1, 2, 1, 16}, 7), k3 = seeded_randn({1, 2, 1, 16}, 8), v3 = seeded_randn({1, 2, 1, 16}, 9);
     rope->forward_with_cache(q3, k3, v3, d);  // a float32 step into the float32 copy
     EXPECT_EQ(d->length(), 1);
   }
@@ -80,7 +76,7 @@ TEST(ModuleLifecycle, CloneRunsWhatTheModuleRunsWithAnUnbuildablePendingOption) 
   auto copy = std::dynamic_pointer_cast<RotaryEmbeddingImpl>(rope->clone());
   ASSERT_NE(copy, nullptr);
   EXPECT_EQ(copy->options.max_seq_len(), 0);
-  const auto x = randn({1, 2, 5, 16}, 10);
+  const auto x = seeded_randn({1, 2, 5, 16}, 10);
   EXPECT_TRUE(rotary_test::SameBits(copy->forward(x, 3), rope->forward(x, 3)));
   EXPECT_LT((copy->forward(x, 3).to(at::kDouble) - ref_rope(x, 3)).abs().max().item<double>(), 1e-6);
   ExpectError<c10::ValueError>([&] { copy->reset(); }, {"max_seq_len must be > 0"});
@@ -94,7 +90,7 @@ TEST(ModuleLifecycle, ResetStartsAGrownDynamicRuleAfresh) {
   rope->reset();
   EXPECT_EQ(rope->tables().state(), 0);
   RotaryEmbedding fresh(RotaryEmbeddingOptions(16).max_seq_len(32).scaling(dynamic(4.0)));
-  const auto x = randn({1, 2, 4, 16}, 11);
+  const auto x = seeded_randn({1, 2, 4, 16}, 11);
   EXPECT_TRUE(rotary_test::SameBits(rope->forward(x, 40), fresh->forward(x, 40)));
 }
 
@@ -111,7 +107,7 @@ TEST(ModuleLifecycle, AGrownStateFarOutIsRestoredExactly) {
 
 TEST(ModuleLifecycle, AnUnknownLayoutIsNamedBeforeTheRows) {
   RotaryEmbedding rope(RotaryEmbeddingOptions(16).max_seq_len(8).angle_dtype(at::kFloat));
-  const auto x = randn({1, 2, 20, 16}, 12);
+  const auto x = seeded_randn({1, 2, 20, 16}, 12);
   ExpectError<c10::ValueError>([&] { rope->forward(x, 0, std::nullopt, std::nullopt, "bshd"); },
                                {"RotaryEmbedding: layout must be 'BHSD', 'BSHD' or 'SBHD', got 'bshd'"});
 }
@@ -120,7 +116,7 @@ TEST(ModuleLifecycle, ForwardWithCacheNamesAnUndefinedTensor) {
   RotaryEmbedding rope(RotaryEmbeddingOptions(16).max_seq_len(16));
   KVCache cache(KVCacheOptions(1, 2, 4, 16));
   for (const char* name : {"q", "k", "v"}) {
-    at::Tensor q = randn({1, 2, 1, 16}, 13), k = randn({1, 2, 1, 16}, 14), v = randn({1, 2, 1, 16}, 15);
+    at::Tensor q = seeded_randn({1, 2, 1, 16}, 13), k = seeded_randn({1, 2, 1, 16}, 14), v = seeded_randn({1, 2, 1, 16}, 15);
     (name[0] == 'q' ? q : name[0] == 'k' ? k : v) = at::Tensor();
     ExpectError<c10::ValueError>([&] { rope->forward_with_cache(q, k, v, cache); },
                                  {std::string("RotaryEmbedding.forward_with_cache: ") + name +
