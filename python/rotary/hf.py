@@ -202,6 +202,8 @@ def _theta(config: Any, params: Dict[str, Any], fam: Family, model_type: str, la
         given.update((n, _get(config, n)) for n in ("rope_theta", "partial_rotary_factor", "rotary_pct",
                                                    "rotary_emb_base") if _get(config, n) is not None)
         for name, value in given.items():
+            if name in ("rope_theta", "rotary_emb_base") and value == fam.theta and not isinstance(value, bool):
+                continue  # the base the family runs anyway: nothing is ignored
             raise ValueError(f"from_hf_config: {name}={value!r}: transformers' {model_type} ignores it "
                              f"(base {fam.theta:g}, no scaling, rotary_dim sets the span)")
     if (fam.theta is None and not fam.neox_fields and isinstance(config, Mapping) and "rope_theta" in config

@@ -30,6 +30,14 @@ def test_gptj_is_interleaved_over_rotary_dim():
         assert kw["max_seq_len"] == 128
     with pytest.raises(ValueError, match=r"rope_theta=500000.0: transformers' gptj ignores it"):
         rope_kwargs_from_hf_config({**cfg.to_dict(), "rope_theta": 500000.0})
+    # The base it runs anyway, in either place, ignores nothing: served as without it.
+    plain = rope_kwargs_from_hf_config(cfg)
+    assert rope_kwargs_from_hf_config({**cfg.to_dict(), "rope_theta": 10000.0}) == plain
+    rule = {"rope_type": "default", "rope_theta": 10000}
+    assert rope_kwargs_from_hf_config({**cfg.to_dict(), "rope_parameters": rule}) == plain
+    with pytest.raises(ValueError, match=r"rope_type='linear': transformers' gptj ignores it"):
+        rope_kwargs_from_hf_config({**cfg.to_dict(), "rope_parameters": {"rope_type": "linear", "factor": 2.0,
+                                                                          "rope_theta": 10000}})
     with pytest.raises(ValueError, match=r"gptj needs rotary_dim.*got None"):
         rope_kwargs_from_hf_config({**cfg.to_dict(), "rotary_dim": None})
 
