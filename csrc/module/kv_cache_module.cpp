@@ -52,8 +52,8 @@ void KVCacheImpl::reset() {
     const std::vector<double> values = scale ? std::vector<double>{*scale} : *heads;
     for (const auto i : c10::irange(values.size())) {
       const float stored = static_cast<float>(values[i]);  // the buffer's value: NaN, overflow and underflow show here
-      TORCH_CHECK_VALUE(std::isfinite(stored) && stored > 0.0f, "KVCache: ", name, heads->empty() ? "" : "[",
-                        heads->empty() ? "" : std::to_string(i), heads->empty() ? "" : "]",
+      const std::string entry = heads->empty() ? name : std::string(name) + "[" + std::to_string(i) + "]";
+      TORCH_CHECK_VALUE(std::isfinite(stored) && stored > 0.0f, "KVCache: ", entry,
                         " must be finite and > 0 as a float32, got ", values[i]);
     }
   }

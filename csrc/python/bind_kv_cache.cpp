@@ -84,18 +84,12 @@ void kv_load_from_state_dict(py::object self, py::object state_dict, const std::
   }
 }
 
-// A scale as a double: what has __float__ (numpy's, a one-element tensor),
-// an int through float_arg (which names one past a float's range), no bool.
+// A scale as a double (number_of: numpy's, a one-element tensor), no bool.
 double scale_number(const py::handle& v, const std::string& name) {
   TORCH_CHECK_TYPE(!py::isinstance<py::bool_>(v), "KVCache: ", name, " must be a number, got ", repr_of(v));
-  if (py::isinstance<py::int_>(v)) return float_arg(v, "KVCache", name);
-  try {
-    return v.cast<double>();
-  } catch (const py::cast_error&) {
-    TORCH_CHECK_TYPE(false, "KVCache: ", name, " must be a number, or a list of numbers (one per kv head), got ",
-                     repr_of(v));
-  }
-  return 0.0;
+  const auto d = number_of(v, "KVCache", name);
+  TORCH_CHECK_TYPE(d, "KVCache: ", name, " must be a number, or a list of numbers (one per kv head), got ", repr_of(v));
+  return *d;
 }
 
 // The constructor's k_scale / v_scale: None, a number (one scale) or a list
@@ -106,10 +100,7 @@ void set_scale(const py::object& v, const char* name, std::optional<double>& one
     one = scale_number(v, name);
     return;
   }
-  for (const auto item : v) {
-    heads.push_back(scale_number(item, std::string(name) + "[" + std::to_string(heads.size()) + "]"));
-  }
-  TORCH_CHECK_VALUE(!heads.empty(), "KVCache: ", name, " must not be empty (None: 1), got ", repr_of(v));
+  heads = list_arg<double>(v, "KVCache", name, "numbers", "1", scale_number);
 }
 
 // The same, back from the options (pickle).

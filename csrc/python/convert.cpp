@@ -65,28 +65,28 @@ double float_arg(const py::handle& v, const char* who, const std::string& name) 
   return d;
 }
 
-namespace {
-
-// A list or tuple (None: empty), each entry read by element(item, "name[i]").
-template <typename T, typename Element>
-std::vector<T> list_arg(const py::handle& v, const char* who, const char* name, const char* of, Element element) {
-  if (v.is_none()) return {};
-  TORCH_CHECK_TYPE(
-      (py::isinstance<py::list>(v) || py::isinstance<py::tuple>(v)), who, ": ", name, " must be a list of ", of,
-      " or None, got ", repr_of(v));
-  std::vector<T> out;
-  for (const auto item : v) out.push_back(element(item, std::string(name) + "[" + std::to_string(out.size()) + "]"));
-  return out;
+std::optional<double> number_of(const py::handle& v, const char* who, const std::string& name) {
+  if (py::isinstance<py::bool_>(v)) return std::nullopt;
+  if (py::isinstance<py::int_>(v)) return float_arg(v, who, name);
+  try {
+    return v.cast<double>();
+  } catch (const py::cast_error&) {
+    return std::nullopt;
+  }
 }
 
+namespace {
+
 std::vector<int64_t> int_list_arg(const py::handle& v, const char* who, const char* name) {
-  return list_arg<int64_t>(v, who, name, "ints",
-                           [&](const py::handle& item, const std::string& entry) { return int_arg(item, who, entry.c_str()); });
+  return list_arg<int64_t>(v, who, name, "ints", "not set", [&](const py::handle& item, const std::string& entry) {
+    return int_arg(item, who, entry.c_str());
+  });
 }
 
 std::vector<double> float_list_arg(const py::handle& v, const char* who, const char* name) {
-  return list_arg<double>(v, who, name, "numbers",
-                          [&](const py::handle& item, const std::string& entry) { return float_arg(item, who, entry); });
+  return list_arg<double>(v, who, name, "numbers", "not set", [&](const py::handle& item, const std::string& entry) {
+    return float_arg(item, who, entry);
+  });
 }
 
 bool bool_arg(const py::handle& v, const char* who, const char* name) {
@@ -106,13 +106,6 @@ rotary::RotaryEmbeddingOptions& nd_options_from_py(
     const py::object& axes_shared_spectrum,
     const py::object& pair_axes) {
   const char* who = "RotaryEmbedding";
-  // An empty list would read as unset (1-D RoPE) where the caller asked for an N-D rule.
-  for (const auto& [name, v] : {std::pair<const char*, const py::object*>{"mrope_section", &mrope_section},
-                                {"axes_dim", &axes_dim}, {"axes_theta", &axes_theta}, {"pair_axes", &pair_axes}}) {
-    TORCH_CHECK_VALUE(
-        v->is_none() || !(py::isinstance<py::list>(*v) || py::isinstance<py::tuple>(*v)) || py::len(*v) > 0, who,
-        ": ", name, " must not be empty (None: not set), got ", repr_of(*v));
-  }
   return options.rotary_offset(int_arg(rotary_offset, who, "rotary_offset"))
       .mrope_section(int_list_arg(mrope_section, who, "mrope_section"))
       .mrope_interleaved(bool_arg(mrope_interleaved, who, "mrope_interleaved"))

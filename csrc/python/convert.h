@@ -30,6 +30,25 @@ int64_t int_arg(const py::handle& v, const char* who, const char* name);
 // naming `name` for another type, its ValueError for an int past a double's
 // range (the one check of it, for C++ and Python alike).
 double float_arg(const py::handle& v, const char* who, const std::string& name);
+// A number as a double: an int through float_arg (its error for one past a
+// float's range), else what has __float__; nullopt for a bool or anything
+// else, for the caller to refuse in its own words.
+std::optional<double> number_of(const py::handle& v, const char* who, const std::string& name);
+// A list or tuple (None: no entries), each entry read by element(item,
+// "name[i]"); an empty one is refused (it would read as None, which means
+// none_means), else a TypeError naming what it should hold (`of`).
+template <typename T, typename Element>
+std::vector<T> list_arg(const py::handle& v, const char* who, const char* name, const char* of,
+                        const char* none_means, Element element) {
+  if (v.is_none()) return {};
+  TORCH_CHECK_TYPE(
+      (py::isinstance<py::list>(v) || py::isinstance<py::tuple>(v)), who, ": ", name, " must be a list of ", of,
+      " or None, got ", repr_of(v));
+  TORCH_CHECK_VALUE(py::len(v) > 0, who, ": ", name, " must not be empty (None: ", none_means, "), got ", repr_of(v));
+  std::vector<T> out;
+  for (const auto item : v) out.push_back(element(item, std::string(name) + "[" + std::to_string(out.size()) + "]"));
+  return out;
+}
 rotary::RotaryEmbeddingOptions options_from_py(
     const py::object& dim, const py::object& max_seq_len, const py::object& theta, const py::object& interleaved,
     const py::object& scaling, const py::object& angle_dtype);

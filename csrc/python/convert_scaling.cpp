@@ -14,16 +14,9 @@ using rotary::RopeScaling;
 namespace {
 
 double as_double(const std::string& key, py::handle v) {
-  TORCH_CHECK_VALUE(
-      !py::isinstance<py::bool_>(v) && !py::isinstance<py::str>(v), "rope scaling: '", key,
-      "' must be a number, got ", repr_of(v));
-  if (py::isinstance<py::int_>(v)) return float_arg(v, "rope scaling", "'" + key + "'");  // names an int's bits
-  try {
-    return v.cast<double>();
-  } catch (const py::cast_error&) {
-    TORCH_CHECK_VALUE(false, "rope scaling: '", key, "' must be a number, got ", repr_of(v));
-  }
-  return 0.0;
+  const auto d = number_of(v, "rope scaling", "'" + key + "'");
+  TORCH_CHECK_VALUE(d, "rope scaling: '", key, "' must be a number, got ", repr_of(v));
+  return *d;
 }
 
 int64_t as_int(const std::string& key, py::handle v) {
