@@ -23,7 +23,7 @@ import torch
 from rotary._hf_refusals import ROTARY_CODE
 
 from .hf_rotations import ROT_TOL, rotation_diff, rotation_outputs
-from .hf_tiny import MAMBA, VL_FAMILIES, VOCAB, _config_of, tiny_model, tiny_vl  # noqa: F401
+from .hf_tiny import MAMBA, VL_FAMILIES, VOCAB, _config_of, draw_zero_parameters, tiny_model, tiny_vl  # noqa: F401
 from .rope_testing import gen
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -213,10 +213,7 @@ def check_family(model_type, cls_name, bf16=None):
         if len(calls) > 1 and torch.equal(ref[0][0], ref[0][1]):
             # Logits that do not depend on position prove nothing (Zaya's
             # qk_norm temperature starts at 0): draw the zero parameters.
-            with torch.no_grad():
-                for param in model.parameters():
-                    if param.is_floating_point() and not param.any():
-                        param.normal_(0.0, 0.5, generator=gen(2))
+            draw_zero_parameters(model)
             ref = _outputs(model, calls, prompt)
         flat = len(calls) > 1 and torch.equal(ref[0][0], ref[0][1])
         rotated = rotation_outputs(model, calls[-1])

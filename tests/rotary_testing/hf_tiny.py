@@ -239,6 +239,15 @@ VL_FAMILIES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwe
 SHRUNK_TEXT = frozenset({"qwen3_5", "qwen3_5_moe", "qwen4_exp"})
 
 
+def draw_zero_parameters(model):
+    """Draws the parameters a model initialises to zero (gates, temperatures),
+    so that what they gate reaches the logits."""
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.is_floating_point() and not param.any():
+                param.normal_(0.0, 0.5, generator=gen(2))
+
+
 def _tiny_mllama():
     """Llama 3.2 Vision: 1-D RoPE in its self-attention layers, the image read
     by a cross-attention layer, whose zero-initialised gates are drawn so that
@@ -255,10 +264,7 @@ def _tiny_mllama():
     cfg.image_token_index = 100
     torch.manual_seed(0)
     model = transformers.MllamaForConditionalGeneration(cfg)
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.is_floating_point() and not param.any():
-                param.normal_(0.0, 0.5, generator=gen(2))
+    draw_zero_parameters(model)
     ids = torch.tensor([[5, 100, 6, 7, 8, 9, 10, 11, 12]])
     inputs = dict(input_ids=ids, pixel_values=torch.randn(1, 1, 2, 3, 8, 8, generator=gen(6)),
                   aspect_ratio_ids=torch.tensor([[2]]), aspect_ratio_mask=torch.tensor([[[1, 1]]]),
