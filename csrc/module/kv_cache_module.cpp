@@ -134,9 +134,13 @@ void KVCacheImpl::load_state(const torch::Tensor& k_in, const torch::Tensor& v_i
     TORCH_CHECK_VALUE(!saved->is_meta(), who, ": the saved '", name, "' is a meta tensor (it holds no values)");
     TORCH_CHECK_VALUE(mine->defined(), who, ": the saved state has '", name, "' (a float8_e4m3fn cache's scale), ",
                       "this cache is ", in_effect_.dtype(), "; build the KVCache with the saved options");
-    TORCH_CHECK_VALUE(saved->sizes() == mine->sizes() && saved->scalar_type() == mine->scalar_type(), who,
-                      ": saved ", name, " is ", saved->scalar_type(), " ", saved->sizes(), ", this cache's is ",
-                      mine->scalar_type(), " ", mine->sizes(), "; build the KVCache with the saved options");
+    // A scale saved as one ([] or [1]) means the same for every head: it
+    // loads into a per-head buffer, and a [1] one into a [] buffer.
+    const bool scale = mine == &k_scale || mine == &v_scale;
+    const bool same_meaning = saved->sizes() == mine->sizes() || (scale && saved->numel() == 1 && saved->dim() <= 1);
+    TORCH_CHECK_VALUE(same_meaning && saved->scalar_type() == mine->scalar_type(), who, ": saved ", name, " is ",
+                      saved->scalar_type(), " ", saved->sizes(), ", this cache's is ", mine->scalar_type(), " ",
+                      mine->sizes(), "; build the KVCache with the saved options");
   }
   for (const auto* scale : {&k_scale_in, &v_scale_in}) {
     if (!scale->defined()) continue;
@@ -154,7 +158,9 @@ void KVCacheImpl::load_state(const torch::Tensor& k_in, const torch::Tensor& v_i
                     length.value_or(0), " is outside [0, capacity = ", in_effect_.capacity(), "]");
   torch::NoGradGuard no_grad;
   for (const auto& [name, pair] : pieces) {
-    if (pair.first->defined()) pair.second->copy_(*pair.first);
+    if (!pair.first->defined()) continue;
+    // copy_ broadcasts [] over the heads; a [1] one into [] needs the reshape.
+    pair.second->copy_(pair.second->dim() == 0 ? pair.first->reshape({}) : *pair.first);
   }
   if (length) length_ = *length;
 }

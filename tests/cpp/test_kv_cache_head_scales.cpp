@@ -8,9 +8,11 @@
 #include <rotary/rotary.h>
 
 #include <gtest/gtest.h>
+#include <torch/serialize.h>
 #include <torch/types.h>
 
 #include <memory>
+#include <sstream>
 #include <tuple>
 #include <vector>
 
@@ -63,6 +65,23 @@ TEST(KVCacheHeadScales, RefusedByName) {
                                {"KVCache: k_scale is given per tensor and per head; pass one"});
   ExpectError<c10::ValueError>([&] { KVCache(KVCacheOptions(1, 3, 4, 8).k_head_scales({1.0, 1.0, 1.0})); },
                                {"k_scale is only for float8_e4m3fn caches"});
+}
+
+// One saved scale means the same for every head: torch::load puts it in
+// each head of a per-head cache.
+TEST(KVCacheHeadScales, OneSavedScaleLoadsPerHead) {
+  RotaryEmbedding rope(RotaryEmbeddingOptions(16).max_seq_len(64));
+  KVCache single(KVCacheOptions(1, 3, 8, 16).dtype(at::kFloat8_e4m3fn).k_scale(0.25).v_scale(0.5));
+  auto q = seeded_randn({1, 3, 4, 16}, 4), k = seeded_randn({1, 3, 4, 16}, 5);
+  rope->forward_with_cache(q, k, seeded_randn({1, 3, 4, 16}, 6), single);
+  std::stringstream stream;
+  torch::save(single, stream);
+  KVCache per_head(KVCacheOptions(1, 3, 8, 16).dtype(at::kFloat8_e4m3fn).k_head_scales({1, 1, 1}).v_head_scales({2, 2, 2}));
+  torch::load(per_head, stream);
+  EXPECT_TRUE(at::equal(per_head->k_scale, at::full({3}, 0.25f)));
+  EXPECT_TRUE(at::equal(per_head->v_scale, at::full({3}, 0.5f)));
+  EXPECT_EQ(per_head->length(), 4);
+  EXPECT_TRUE(at::equal(std::get<0>(per_head->keys_values()), std::get<0>(single->keys_values())));
 }
 
 }  // namespace kv_head_scales

@@ -76,6 +76,26 @@ def test_state_travels_and_is_checked():
         twin.load_state_dict(bad)
 
 
+def test_one_saved_scale_loads_into_a_per_head_cache():
+    # [] and [1] mean one scale for every head: a per-head cache takes it for
+    # each head, and with kv_heads = 1 either shape loads into the other.
+    rope = rotary.RotaryEmbedding(16, 64)
+    for heads in (1, 3):
+        single = rotary.KVCache(1, heads, 8, 16, dtype=FP8, k_scale=0.25, v_scale=0.5)
+        q, k, v = (randn((1, heads, 4, 16), torch.float32, 20 + i) for i in range(3))
+        rope.forward_with_cache(q, k, v, single)
+        per_head = rotary.KVCache(1, heads, 8, 16, dtype=FP8, k_scale=[1.0] * heads, v_scale=[2.0] * heads)
+        per_head.load_state_dict(single.state_dict())
+        assert per_head.k_scale.tolist() == [0.25] * heads and per_head.v_scale.tolist() == [0.5] * heads
+        assert torch.equal(_bits(per_head.keys_values()[0]), _bits(single.keys_values()[0]))
+        assert torch.equal(per_head.keys_values()[1].float(), single.keys_values()[1].float())
+    # kv_heads = 1 the other way: a [1] state into a [] cache.
+    back = rotary.KVCache(1, 1, 8, 16, dtype=FP8, k_scale=1.0, v_scale=1.0)
+    one = rotary.KVCache(1, 1, 8, 16, dtype=FP8, k_scale=[0.125], v_scale=[4.0])
+    back.load_state_dict(one.state_dict())
+    assert back.k_scale.dim() == 0 and back.k_scale.item() == 0.125 and back.v_scale.item() == 4.0
+
+
 def test_scales_of_other_kinds_are_taken_as_before():
     # numpy's floats and a one-element tensor, as the per-tensor argument always took them.
     cache = rotary.KVCache(1, 2, 4, 8, dtype=FP8, k_scale=np.float32(0.5), v_scale=[np.float64(1.0), torch.tensor(2.0)])
