@@ -4,6 +4,7 @@
 #include "checks.h"
 #include "checks_positions.h"
 
+#include <rotary/axes.h>
 #include <rotary/bounds.h>
 
 #include <ATen/ATen.h>
@@ -43,13 +44,8 @@ void check_axes_positions(const char* op, const at::Tensor& q_view, const at::Te
   TORCH_CHECK_VALUE(
       p.dim() == 2 || (!varlen && p.dim() == 3), op, ": with pair_axes, position_ids must have shape ", shapes,
       " (a leading axis dim), got ", p.sym_sizes());
-  int64_t top = 0;
-  for (size_t j = 0; j < axes.size(); ++j) {
-    TORCH_CHECK_VALUE(
-        axes[j] >= 0 && axes[j] < kernel::kMaxAxes, op, ": pair_axes[", j, "] = ", axes[j],
-        " is not an axis index; pair_axes values must lie in [0, ", kernel::kMaxAxes, ")");
-    top = std::max(top, axes[j]);
-  }
+  check_axis_indices(op, axes);
+  const int64_t top = axes.empty() ? 0 : *std::max_element(axes.begin(), axes.end());
   TORCH_CHECK_VALUE(
       p.sym_size(0) == top + 1, op, ": position_ids has ", p.sym_size(0), " axes (its leading dim, shape ",
       p.sym_sizes(), ") but pair_axes (a module's mrope_section, axes_dim or pair_axes) uses axes 0..", top, "; the axis counts must match (n_axes = ", top + 1, ")");

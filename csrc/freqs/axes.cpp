@@ -86,6 +86,13 @@ AxialRope axial_rope(const std::vector<int64_t>& axes_dim, const std::vector<dou
   return out;
 }
 
+void check_axis_indices(const char* who, c10::ArrayRef<int64_t> pair_axes) {
+  for (const auto j : c10::irange(pair_axes.size())) {
+    TORCH_CHECK_VALUE(pair_axes[j] >= 0 && pair_axes[j] < kernel::kMaxAxes, who, ": pair_axes[", j,
+                      "] must be an axis index in [0, ", kernel::kMaxAxes, "), got ", pair_axes[j]);
+  }
+}
+
 std::vector<int64_t> pair_axes_of(const RotaryEmbeddingOptions& o) {
   if (o.mrope_section().empty() && o.axes_dim().empty() && o.pair_axes().empty()) return {};
   // At construction, not at the first call: the ops' pair_axes limit.
@@ -98,11 +105,7 @@ std::vector<int64_t> pair_axes_of(const RotaryEmbeddingOptions& o) {
     TORCH_CHECK_VALUE(
         static_cast<int64_t>(axes.size()) == o.dim() / 2, "RotaryEmbedding: pair_axes must have one entry per pair, ",
         "dim / 2 = ", o.dim() / 2, ", got ", axes.size());
-    for (const auto j : c10::irange(axes.size())) {
-      TORCH_CHECK_VALUE(
-          axes[j] >= 0 && axes[j] < kernel::kMaxAxes, "RotaryEmbedding: pair_axes[", j, "] must be an axis index in ",
-          "[0, ", kernel::kMaxAxes, "), got ", axes[j]);
-    }
+    check_axis_indices("RotaryEmbedding", axes);
     return axes;
   }
   const auto thetas = o.axes_theta().empty() ? std::vector<double>{o.theta()} : o.axes_theta();

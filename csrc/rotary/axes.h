@@ -4,6 +4,8 @@
 
 #include <rotary/freqs.h>
 
+#include <c10/util/ArrayRef.h>
+
 #include <cstdint>
 #include <vector>
 
@@ -32,6 +34,10 @@ struct AxialRope {
   RopeFrequencies freqs;
 };
 AxialRope axial_rope(const std::vector<int64_t>& axes_dim, const std::vector<double>& thetas, bool shared_spectrum);
+
+// Throws c10::ValueError "<who>: pair_axes[j] must be an axis index in
+// [0, 16), got ..." at the first entry outside; the module and the ops both.
+void check_axis_indices(const char* who, c10::ArrayRef<int64_t> pair_axes);
 
 struct RotaryEmbeddingOptions;
 // The pair -> axis map a module with these options passes as pair_axes:

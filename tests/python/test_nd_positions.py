@@ -143,7 +143,7 @@ def test_pair_axes_errors(tables):
     ids = torch.zeros(3, 2, 5, dtype=torch.long)
     cases = [
         (dict(position_ids=ids, pair_axes=[0] * 7), r"pair_axes must have one axis per pair, rotary_dim / 2 = 8 entries, got 7"),
-        (dict(position_ids=ids, pair_axes=[0] * 7 + [-1]), r"pair_axes\[7\] = -1 is not an axis index"),
+        (dict(position_ids=ids, pair_axes=[0] * 7 + [-1]), r"pair_axes\[7\] must be an axis index in \[0, 16\), got -1"),
         (dict(position_ids=ids, pair_axes=[0] * 4 + [1] * 4), r"position_ids has 3 axes .* pair_axes .*uses axes 0..1"),
         (dict(position_ids=ids[:2], pair_axes=MROPE_AXES), r"position_ids has 2 axes .* pair_axes .*uses axes 0..2"),
         (dict(pair_axes=MROPE_AXES), r"pair_axes needs position_ids with a leading axis dim"),
