@@ -12,12 +12,16 @@ dynamic) loses that offset in torch 2.11's inductor, which then rotates the
 wrong elements. ``apply_rope_`` is traced as ``apply_rope`` and ``copy_``
 there, with an input in x's storage refused (the op's overlap checks are
 lost with the rewrite); the ops that write several tensors are refused.
+Every written tensor is checked for elements sharing memory while tracing,
+as the op cannot read symbolic strides.
 """
 
 import torch
 from torch._library import simple_registry
 from torch._subclasses.functional_tensor import FunctionalTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
+
+from . import _C
 
 _OPS = ("apply_rope_", "apply_rope_qk_", "apply_rope_with_kv_cache_", "apply_qk_norm_rope_",
         "apply_qk_norm_rope_with_kv_cache_")
@@ -31,6 +35,20 @@ def _symbolic_offset(func, args, kwargs):
             if isinstance(t, torch.Tensor) and not isinstance(t.storage_offset(), int):
                 return a.name, t.storage_offset()
     return None
+
+
+def _check_distinct(op, name, t):
+    """The op's self-overlap refusal (check_distinct) for a traced, possibly
+    symbolic tensor, which the op's own check cannot read: a stride past the
+    reach of the smaller ones proves distinct elements (a guard on symbolic
+    sizes); otherwise the exact test runs at the traced sizes, specialised."""
+    reach = 0
+    for d in sorted((d for d in range(t.dim()) if t.size(d) != 1), key=t.stride):
+        if t.stride(d) <= reach:
+            _C.check_distinct(op, name, torch.empty_strided([int(n) for n in t.shape],
+                                                            [int(n) for n in t.stride()], device="meta"))
+            return
+        reach = reach + (t.size(d) - 1) * t.stride(d)
 
 
 def _check_no_shared_storage(op, x, others):
@@ -49,10 +67,14 @@ def _check_no_shared_storage(op, x, others):
 def _real_table(mode, func, types, args, kwargs):
     names = [a.name for a in func._schema.arguments]
     op = func._schema.name.split("::")[1]
+    values = dict(zip(names, args), **kwargs)
+    for a in func._schema.arguments:
+        if a.alias_info is not None and a.alias_info.is_write and isinstance(values.get(a.name), torch.Tensor):
+            _check_distinct(op, a.name, values[a.name])
     moved = _symbolic_offset(func, args, kwargs)
     if moved is not None and op == "apply_rope_":
         x = args[0] if args else kwargs["x"]
-        _check_no_shared_storage(op, x, {n: v for n, v in dict(zip(names, args), **kwargs).items() if n != "x"})
+        _check_no_shared_storage(op, x, {n: v for n, v in values.items() if n != "x"})
         with mode:
             x.copy_(torch.ops.rotary.apply_rope.default(*args, **kwargs))
         return None

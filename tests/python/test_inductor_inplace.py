@@ -150,6 +150,27 @@ def test_symbolic_offset_rewrite_refuses_inputs_in_xs_storage(tables):
         assert torch.equal(buf, before)
 
 
+@pytest.mark.parametrize("strides", [(7, 3, 5, 1), (0, 3 * 16, 16, 1)], ids=["overlapping", "expanded"])
+def test_compiled_in_place_on_elements_sharing_memory_is_refused(tables, strides):
+    """x's elements share memory: eager refuses. Compiled with a symbolic
+    offset (apply_rope_ rewritten as apply_rope + copy_) the rewrite wrote
+    the shared elements; with an expanded x torch failed with a division by
+    zero. Both are refused with eager's message, nothing written."""
+    f = tables(8, 64)
+
+    def fn(buf, n):
+        rotary.apply_rope_(buf[:, n:n + 2], f, 3)
+
+    store = randn((1000,), seed=330)
+    buf = store.as_strided((2, 8, 3, 8), strides)
+    before = store.clone()
+    with torch._inductor.config.patch(force_disable_caches=True):  # traced, not a cached graph
+        for call in (fn, torch.compile(fn, fullgraph=True, dynamic=True)):
+            with pytest.raises(Exception, match=r"apply_rope_: x has elements sharing memory"):
+                call(buf, 2)
+            assert torch.equal(store, before)
+
+
 def test_views_of_one_tensor_made_inside_the_compiled_function():
     """Caches (or q and k) that are views of one tensor, cut inside the
     compiled function, are written as eagerly. (Passed in as two separate
