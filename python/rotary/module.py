@@ -228,7 +228,9 @@ class RotaryEmbedding(nn.Module):
         if not self._host_driven:
             return self._rotate(q, k, start_pos, offsets, position_ids, self.freqs, self.inv_freq, layout)
         seq_len = q.shape[ax] if q.dim() == 4 else 0  # the op reports a wrong shape
-        if torch.compiler.is_exporting() and (not isinstance(seq_len, int) or not isinstance(start_pos, int)
+        # Not under Dynamo, where is_exporting() is true too: torch.compile breaks the graph below.
+        exporting = torch.compiler.is_exporting() and not torch.compiler.is_dynamo_compiling()
+        if exporting and (not isinstance(seq_len, int) or not isinstance(start_pos, int)
                                               or offsets is not None or position_ids is not None):
             raise ValueError(
                 f"RotaryEmbedding({self._tables.extra_repr()}): its rule rebuilds the tables on the host from each "
@@ -242,8 +244,7 @@ class RotaryEmbedding(nn.Module):
         # An export bakes the tables it reaches in and leaves the module as it
         # was (it puts the traced buffers back; a new state would outlive them).
         # Under torch.compile the call below runs at a graph break, eagerly:
-        # it records (is_exporting() is true while Dynamo traces).
-        exporting = torch.compiler.is_exporting() and not torch.compiler.is_dynamo_compiling()
+        # it records.
         return self._host_step(reach, self.freqs.device, lambda f, inv: self._rotate(
             q, k, start_pos, offsets, position_ids, f, inv, layout), record=not exporting)
 

@@ -173,6 +173,24 @@ def test_a_host_driven_module_breaks_the_graph_once():
     assert any("relu" in op for op in ops) and any("tanh" in op for op in ops), graphs
 
 
+@pytest.mark.parametrize("rule", ["dynamic", "longrope"])
+@pytest.mark.parametrize("form", ["position_ids", "offsets"])
+def test_a_host_driven_module_compiles_with_position_tensors(rule, form):
+    """The export-only refusal (position tensors cannot be traced) fired
+    under plain torch.compile too, where is_exporting() is true while Dynamo
+    traces: the call breaks the graph and rotates as eagerly."""
+    scaling = {"dynamic": {"rope_type": "dynamic", "factor": 2.0},
+               "longrope": {"rope_type": "longrope", "factor": 4.0, "original_max_position_embeddings": 8,
+                            "short_factor": [1.0] * 4, "long_factor": [2.0] * 4}}[rule]
+    rope, eager = (rotary.RotaryEmbedding(8, 16, scaling=scaling) for _ in range(2))
+    compiled = torch.compile(lambda x, p: rope(x, **{form: p}))
+    for s, at in ((3, 20), (1, 9)):
+        x = make_heads(1, 2, s, 8, seed=170 + s)
+        p = torch.arange(s)[None] + at if form == "position_ids" else torch.tensor([at])
+        torch.testing.assert_close(compiled(x, p), eager(x, **{form: p}), rtol=0, atol=0)
+        assert rope.rope_state == eager.rope_state
+
+
 def test_compile_dynamic_positions_tensor():
     f = rotary.freqs_table(16, 64)
     cnt = CompileCounterWithBackend("aot_eager")
