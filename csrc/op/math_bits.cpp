@@ -73,6 +73,10 @@ void negative_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torc
       if (t.is_neg()) iv = at::_neg_view(t);  // the same memory, bit cleared
     } else if (v.value == &iv && v_cache.is_neg()) {
       iv = t.is_neg() ? at::_neg_view(t) : at::neg(t);  // memory holds -v, as v_cache's will
+    } else if (t.is_neg() && t.is_conj()) {
+      // resolve_neg would resolve the conjugate bit too, and rows past the
+      // table would turn the other way: -memory, conjugated lazily again.
+      iv = at::neg(at::_neg_view(t).conj()).conj();
     } else if (t.is_neg()) {
       iv = t.resolve_neg();
     }

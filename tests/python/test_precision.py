@@ -361,17 +361,19 @@ def test_angles_past_2_62_rad_are_refused_past_the_table():
         m(x, 930429270644776107)
 
 
-@pytest.mark.parametrize("form", ["negated", "neg_view", "scaled"])
+@pytest.mark.parametrize("form", ["negated", "neg_view", "scaled", "neg_conj_view"])
 def test_rows_past_the_table_keep_its_first_entry_sign_and_scale(form):
     """Rows past the table are the first entry times e^{i p w}: a negated
     table (materialised or a negative-bit view) stays negated past its end,
-    where it turned positive before; a scaled one keeps its scaling."""
+    where it turned positive before; a scaled one keeps its scaling. A view
+    with both bits turns by -angle past its end too (it turned by +angle)."""
     f = rotary.freqs_table(4, 4)
-    table = {"negated": -f, "neg_view": torch._neg_view(f), "scaled": f * 0.5}[form]
-    first = {"negated": -1.0, "neg_view": -1.0, "scaled": 0.5}[form]
+    table = {"negated": -f, "neg_view": torch._neg_view(f), "scaled": f * 0.5,
+             "neg_conj_view": torch._neg_view(f.conj())}[form]
+    first = {"negated": -1.0, "neg_view": -1.0, "scaled": 0.5, "neg_conj_view": -1.0}[form]
     inv = rotary.inv_frequencies(4)[0]
     x = torch.randn(1, 1, 8, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
-    angle = exact_angle(np.arange(8), inv.numpy())
+    angle = exact_angle(np.arange(8), inv.numpy()) * (-1 if form == "neg_conj_view" else 1)
     want = first * rotate_pairs_nd(x.numpy(), angle, True)
     torch.testing.assert_close(rotary.apply_rope(x, table, inv_freq=inv), torch.from_numpy(want),
                                rtol=1e-6, atol=1e-6)
