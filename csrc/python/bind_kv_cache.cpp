@@ -116,14 +116,14 @@ void bind_kv_cache(py::module_& m) {
   torch::python::bind_module<Impl>(m, "KVCache")
       .def(
           py::init([](const py::object& batch, const py::object& kv_heads, const py::object& capacity,
-                      const py::object& head_dim, const std::string& layout, const py::object& dtype,
+                      const py::object& head_dim, const py::object& layout, const py::object& dtype,
                       const py::object& k_scale, const py::object& v_scale) {
             const char* who = "KVCache";
             auto options =
                 rotary::KVCacheOptions(int_arg(batch, who, "batch"), int_arg(kv_heads, who, "kv_heads"),
                                        int_arg(capacity, who, "capacity"), int_arg(head_dim, who, "head_dim"))
-                    .layout(layout)
-                    .dtype(torch::python::detail::py_object_to_dtype(dtype));
+                    .layout(str_arg(layout, who, "layout"))
+                    .dtype(dtype_arg(dtype, who, "dtype"));
             set_scale(k_scale, "k_scale", options.k_scale(), options.k_head_scales());
             set_scale(v_scale, "v_scale", options.v_scale(), options.v_head_scales());
             return std::make_shared<Impl>(options);
@@ -140,7 +140,7 @@ void bind_kv_cache(py::module_& m) {
       .def(
           "keys_values",
           [](const Impl& self, const py::object& dtype) {
-            return self.keys_values(torch::python::detail::py_object_to_dtype(dtype));
+            return self.keys_values(dtype_arg(dtype, "KVCache.keys_values", "dtype"));
           },
           py::arg("dtype") = py::module_::import("torch").attr("float32"),
           "The filled part as [batch, kv_heads, length, head_dim] (float8 caches dequantised into dtype).");
@@ -214,9 +214,10 @@ std::optional<int64_t> optional_start_pos(const py::object& start_pos) {
 
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> forward_with_cache(
     rotary::RotaryEmbeddingImpl& rope, torch::Tensor q, torch::Tensor k, const torch::Tensor& v, const py::object& cache,
-    const py::object& start_pos, const std::string& layout) {
-  rotary::KVCache holder(cache_of(cache, "RotaryEmbedding.forward_with_cache"));
-  return rope.forward_with_cache(q, k, v, holder, optional_start_pos(start_pos), layout);
+    const py::object& start_pos, const py::object& layout) {
+  const char* who = "RotaryEmbedding.forward_with_cache";
+  rotary::KVCache holder(cache_of(cache, who));
+  return rope.forward_with_cache(q, k, v, holder, optional_start_pos(start_pos), str_arg(layout, who, "layout"));
 }
 
 }  // namespace python

@@ -107,7 +107,8 @@ void bind_cpp_module(py::module_& m) {
           "forward",
           [](Impl& self, const py::object& q, const py::object& k, const py::object& start_pos,
              const py::object& offsets, const py::object& position_ids, const py::object& positions,
-             const std::string& layout) -> py::object {
+             const py::object& layout_arg) -> py::object {
+            const std::string layout = str_arg(layout_arg, "CppRotaryEmbedding", "layout");
             // Host-driven rules size the table by every rank's positions (rotary._dtensor_shards).
             auto whole = [&](const py::object& t, const char* name) -> py::object {
               if (!self.host_driven() || t.is_none() || THPVariable_CheckExact(t.ptr())) return t;

@@ -102,9 +102,11 @@ void def_module_shell(py::class_<RopeTables>& tables) {
   tables.def(
       "forward_with_cache",
       [](rotary::RopeTables& t, torch::Tensor q, torch::Tensor k, const torch::Tensor& v, const py::object& cache,
-         const py::object& start_pos, const std::string& layout, const py::function& held,
+         const py::object& start_pos, const py::object& layout_arg, const py::function& held,
          const py::function& install) {
-        const auto impl = cache_of(cache, "RotaryEmbedding.forward_with_cache");
+        const char* who = "RotaryEmbedding.forward_with_cache";
+        const auto impl = cache_of(cache, who);
+        const std::string layout = str_arg(layout_arg, who, "layout");
         const auto pos = optional_start_pos(start_pos);
         rotary::ModuleBuffers buffers{held_tables(held), [&](const rotary::RopeTableSet& fresh) {
                                         py::gil_scoped_acquire gil;

@@ -2,6 +2,7 @@
 #include "convert.h"
 #include "checks/checks_positions.h"
 
+#include <torch/csrc/Dtype.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/python_symnode.h>
 
@@ -48,6 +49,16 @@ int64_t int_arg(const py::handle& v, const char* who, const char* name) {
     TORCH_CHECK_VALUE(false, who, ": ", name, " must fit in int64, got ", repr_of(v));
   }
   return 0;
+}
+
+at::ScalarType dtype_arg(const py::handle& v, const char* who, const char* name) {
+  TORCH_CHECK_TYPE(THPDtype_Check(v.ptr()), who, ": ", name, " must be a torch.dtype, got ", repr_of(v));
+  return reinterpret_cast<THPDtype*>(v.ptr())->scalar_type;
+}
+
+std::string str_arg(const py::handle& v, const char* who, const char* name) {
+  TORCH_CHECK_TYPE(py::isinstance<py::str>(v), who, ": ", name, " must be a str, got ", repr_of(v));
+  return v.cast<std::string>();
 }
 
 // A number (an int or a float, not a bool) as a double; an int past a

@@ -26,6 +26,10 @@ py::dict scaling_to_dict(const rotary::RopeScaling& s);
 rotary::RopeScaling to_scaling(const py::object& obj);
 at::ScalarType angle_dtype_of(const py::object& obj, const char* who);
 int64_t int_arg(const py::handle& v, const char* who, const char* name);
+// A torch.dtype or a str argument, named in the TypeError (pybind's own
+// errors name neither the argument nor what it got).
+at::ScalarType dtype_arg(const py::handle& v, const char* who, const char* name);
+std::string str_arg(const py::handle& v, const char* who, const char* name);
 // A number (an int or a float, not a bool) as a double: who's TypeError
 // naming `name` for another type, its ValueError for an int past a double's
 // range (the one check of it, for C++ and Python alike).
@@ -207,7 +211,7 @@ void bind_launch(py::module_& m);
 void bind_cpp_module(py::module_& m);
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> forward_with_cache(
     rotary::RotaryEmbeddingImpl& rope, torch::Tensor q, torch::Tensor k, const torch::Tensor& v, const py::object& cache,
-    const py::object& start_pos, const std::string& layout);
+    const py::object& start_pos, const py::object& layout);
 
 }  // namespace python
 }  // namespace rotary

@@ -104,3 +104,16 @@ def test_version_counters_bumped():
     rotary.apply_rope_with_kv_cache_(*args, **kw)
     after = [t._version for t in args]
     assert [a > b for a, b in zip(after, before)] == [True, True, False, True, True, False]
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: rotary.KVCache(1, 2, 4, 8, dtype="float32"), r"KVCache: dtype must be a torch.dtype, got 'float32'"),
+    (lambda: rotary.KVCache(1, 2, 4, 8, dtype=None), r"KVCache: dtype must be a torch.dtype, got None"),
+    (lambda: rotary.KVCache(1, 2, 4, 8, layout=None), r"KVCache: layout must be a str, got None"),
+    (lambda: rotary.KVCache(1, 2, 4, 8).keys_values("float64"),
+     r"KVCache.keys_values: dtype must be a torch.dtype, got 'float64'"),
+])
+def test_argument_types_are_named(call, match):
+    # pybind's own errors ("Expected dtype", "incompatible constructor arguments") named neither.
+    with pytest.raises(TypeError, match=match):
+        call()

@@ -137,6 +137,9 @@ def test_call_argument_errors_name_the_argument(kind):
         (lambda: m(x, x, start_pos=None), TypeError, r"start_pos must be an int, got None"),
         (lambda: m(x, "k"), TypeError, r"RotaryEmbedding: k must be a tensor or None, got 'k'"),
         (lambda: m(x, positions=[1, 2]), TypeError, r"positions must be a tensor or None, got \[1, 2\]"),
+        (lambda: m(x, layout=None), (TypeError, ValueError), r"layout must be .*got None"),
+        (lambda: m.forward_with_cache(x, x, x, rotary.KVCache(1, 2, 8, 8), layout=None), TypeError,
+         r"RotaryEmbedding.forward_with_cache: layout must be a str, got None"),
     ]
     for call, error, match in cases:
         with pytest.raises(error, match=match) as e:
