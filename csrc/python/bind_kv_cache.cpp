@@ -134,7 +134,9 @@ void bind_kv_cache(py::module_& m) {
       .def_property_readonly("_length", &Impl::length)
       .def_property_readonly("capacity", [](const Impl& self) { return self.options_in_effect().capacity(); })
       .def_property_readonly("layout", [](const Impl& self) { return self.options_in_effect().layout(); })
-      .def("truncate", &Impl::truncate, py::arg("length"))
+      .def(
+          "truncate", [](Impl& self, const py::object& length) { self.truncate(int_arg(length, "KVCache.truncate", "length")); },
+          py::arg("length"))
       // The Python RotaryEmbedding.forward_with_cache, after its fused op wrote the rows.
       .def("_advance", &Impl::advance, py::arg("tokens"))
       .def(
@@ -212,12 +214,23 @@ std::optional<int64_t> optional_start_pos(const py::object& start_pos) {
   return start_pos.is_none() ? std::nullopt : std::optional<int64_t>(start_pos_arg(start_pos));
 }
 
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> forward_with_cache(
-    rotary::RotaryEmbeddingImpl& rope, torch::Tensor q, torch::Tensor k, const torch::Tensor& v, const py::object& cache,
-    const py::object& start_pos, const py::object& layout) {
+CacheCall cache_call_args(const py::object& q, const py::object& k, const py::object& v, const py::object& cache,
+                          const py::object& start_pos, const py::object& layout) {
   const char* who = "RotaryEmbedding.forward_with_cache";
-  rotary::KVCache holder(cache_of(cache, who));
-  return rope.forward_with_cache(q, k, v, holder, optional_start_pos(start_pos), str_arg(layout, who, "layout"));
+  auto tensor = [&](const py::object& t, const char* name) {
+    TORCH_CHECK_TYPE(THPVariable_Check(t.ptr()), who, ": ", name, " must be a tensor, got ", repr_of(t));
+    return t.cast<torch::Tensor>();
+  };
+  return {tensor(q, "q"), tensor(k, "k"), tensor(v, "v"), cache_of(cache, who), optional_start_pos(start_pos),
+          str_arg(layout, who, "layout")};
+}
+
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> forward_with_cache(
+    rotary::RotaryEmbeddingImpl& rope, const py::object& q, const py::object& k, const py::object& v,
+    const py::object& cache, const py::object& start_pos, const py::object& layout) {
+  CacheCall call = cache_call_args(q, k, v, cache, start_pos, layout);
+  rotary::KVCache holder(call.cache);
+  return rope.forward_with_cache(call.q, call.k, call.v, holder, call.start_pos, call.layout);
 }
 
 }  // namespace python

@@ -101,13 +101,10 @@ void def_module_shell(py::class_<RopeTables>& tables) {
   // over the Python module's buffers; install(freqs, inv_freq) sets new ones.
   tables.def(
       "forward_with_cache",
-      [](rotary::RopeTables& t, torch::Tensor q, torch::Tensor k, const torch::Tensor& v, const py::object& cache,
-         const py::object& start_pos, const py::object& layout_arg, const py::function& held,
+      [](rotary::RopeTables& t, const py::object& q, const py::object& k, const py::object& v,
+         const py::object& cache, const py::object& start_pos, const py::object& layout, const py::function& held,
          const py::function& install) {
-        const char* who = "RotaryEmbedding.forward_with_cache";
-        const auto impl = cache_of(cache, who);
-        const std::string layout = str_arg(layout_arg, who, "layout");
-        const auto pos = optional_start_pos(start_pos);
+        CacheCall call = cache_call_args(q, k, v, cache, start_pos, layout);
         rotary::ModuleBuffers buffers{held_tables(held), [&](const rotary::RopeTableSet& fresh) {
                                         py::gil_scoped_acquire gil;
                                         install(fresh.freqs, fresh.inv_freq);
@@ -118,7 +115,7 @@ void def_module_shell(py::class_<RopeTables>& tables) {
                                                             torch::getTHPDtype(s)))).cast<std::string>();
                                       }};
         py::gil_scoped_release no_gil;  // a host-driven rule's lock is waited for without it
-        return rotary::forward_with_cache(t, buffers, q, k, v, *impl, pos, layout);
+        return rotary::forward_with_cache(t, buffers, call.q, call.k, call.v, *call.cache, call.start_pos, call.layout);
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("cache"), py::arg("start_pos"), py::arg("layout"),
       py::arg("held"), py::arg("install"));

@@ -205,13 +205,23 @@ void bind_tables(py::module_& m);
 // for anything else), and an optional start_pos.
 std::shared_ptr<rotary::KVCacheImpl> cache_of(const py::object& cache, const char* who);
 std::optional<int64_t> optional_start_pos(const py::object& start_pos);
+// forward_with_cache's arguments from Python (both modules), each named
+// when it has the wrong type.
+struct CacheCall {
+  torch::Tensor q, k, v;
+  std::shared_ptr<rotary::KVCacheImpl> cache;
+  std::optional<int64_t> start_pos;
+  std::string layout;
+};
+CacheCall cache_call_args(const py::object& q, const py::object& k, const py::object& v, const py::object& cache,
+                          const py::object& start_pos, const py::object& layout);
 // bind_launch.cpp: rotary._C._cuda_launch_shape (the launch model).
 void bind_launch(py::module_& m);
 // bind_module.cpp: rotary._C.CppRotaryEmbedding.
 void bind_cpp_module(py::module_& m);
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> forward_with_cache(
-    rotary::RotaryEmbeddingImpl& rope, torch::Tensor q, torch::Tensor k, const torch::Tensor& v, const py::object& cache,
-    const py::object& start_pos, const py::object& layout);
+    rotary::RotaryEmbeddingImpl& rope, const py::object& q, const py::object& k, const py::object& v,
+    const py::object& cache, const py::object& start_pos, const py::object& layout);
 
 }  // namespace python
 }  // namespace rotary

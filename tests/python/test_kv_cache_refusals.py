@@ -112,6 +112,7 @@ def test_version_counters_bumped():
     (lambda: rotary.KVCache(1, 2, 4, 8, layout=None), r"KVCache: layout must be a str, got None"),
     (lambda: rotary.KVCache(1, 2, 4, 8).keys_values("float64"),
      r"KVCache.keys_values: dtype must be a torch.dtype, got 'float64'"),
+    (lambda: rotary.KVCache(1, 2, 4, 8).truncate(None), r"KVCache.truncate: length must be an int, got None"),
 ])
 def test_argument_types_are_named(call, match):
     # pybind's own errors ("Expected dtype", "incompatible constructor arguments") named neither.

@@ -140,6 +140,8 @@ def test_call_argument_errors_name_the_argument(kind):
         (lambda: m(x, layout=None), (TypeError, ValueError), r"layout must be .*got None"),
         (lambda: m.forward_with_cache(x, x, x, rotary.KVCache(1, 2, 8, 8), layout=None), TypeError,
          r"RotaryEmbedding.forward_with_cache: layout must be a str, got None"),
+        (lambda: m.forward_with_cache(x, None, x, rotary.KVCache(1, 2, 8, 8)), TypeError,
+         r"RotaryEmbedding.forward_with_cache: k must be a tensor, got None"),
     ]
     for call, error, match in cases:
         with pytest.raises(error, match=match) as e:
