@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any, Dict, List
 
 from ._hf_parts import get, given_params
-from .hf_families import AXIAL_OWN, FAMILIES
+from .hf_families import AXIAL_OWN, FAMILIES, VERIFIED_BY_TESTS
 
 # model_type -> why its transformers code is not a 1-D RoPE over token positions.
 _PATCH_2D = "2-D RoPE over continuous patch coordinates, not token positions"
@@ -19,12 +19,13 @@ NOT_1D: Dict[str, str] = {
     "qwen2_5_omni_dit": "its DiT attention rotates only head 0, after de-interleaving its dims",
     "dinov3_vit": _PATCH_2D, "eomt_dinov3": _PATCH_2D, "sapiens2": _PATCH_2D,
     "llama4_vision_model": "2-D RoPE over the patch grid (a complex freqs_cis built without position ids)",
+    "vjepa2": "3-D RoPE over a video's frame, row and column, each a third of the head with its own spectrum",
     **{name: "ALiBi attention biases: no RoPE" for name in ("mpt", "bloom")},
     # Sub-models of packages that rotate elsewhere (their text model): the
     # model transformers builds from these configs has no rotary embedding.
     **{name: "the model transformers builds from it has no rotary embedding (its package rotates in another "
              "sub-model)" for name in (
-        "cosmos3_edge_vision", "deepseek_ocr2_sam_vision_model", "edgetam_video_mask_decoder", "emu3_vqgan",
+        "clvp_decoder", "cosmos3_edge_vision", "deepseek_ocr2_sam_vision_model", "edgetam_video_mask_decoder", "emu3_vqgan",
         "gemma4_audio", "granite_docling_vision", "hunyuan_vl_vision", "hy_v4_vl_vision", "idefics_vision",
         "mllama_vision_model", "molmo2_adapter", "molmo2_vision", "moshi_depth", "phi4_multimodal_audio",
         "phi4_multimodal_vision", "qwen2_5_omni_audio_encoder", "qwen3_omni_moe_audio_encoder",
@@ -122,6 +123,21 @@ def refuse_without_rope(model_type: str) -> None:
     if model_type and model_type not in FAMILIES and model_type not in NOT_1D and not _transformers_rotates(model_type):
         raise ValueError(f"from_hf_config: model_type {model_type!r} is not supported: transformers' modeling code "
                          "for it has no rotary embedding (no RoPE)")
+
+
+def refuse_unverified(model_type: str) -> None:
+    """A model type no test checks against transformers: neither swept
+    (integrations.hf_support) nor in rotary's table. Read as Llama's it would
+    be a guess (V-JEPA 2's three-axis grid, ChatGLM's interleaved half)."""
+    from .integrations import hf_support  # not at import: it imports rotary.hf
+
+    if model_type and not any(model_type in s for s in (hf_support.SUPPORTED, FAMILIES, VERIFIED_BY_TESTS,
+                                                         AXIAL_SERVED)):
+        raise ValueError(f"from_hf_config: model_type {model_type!r} is not verified: neither the HF sweep of "
+                         f"transformers {hf_support.TRANSFORMERS_VERSION} nor a test of rotary's family table "
+                         "(rotary.hf_families) checks it against its rotary code (docs/transformers.md); pass "
+                         "allow_unverified=True if it rotates rotate_half pairs over int(head_dim * "
+                         "partial_rotary_factor) leading dims of each head by token position")
 
 
 def refuse_tower_width(head_dim: int, width: Any, heads: Any, width_field: str, model_type: str) -> None:

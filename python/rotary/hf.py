@@ -20,6 +20,7 @@ from ._hf_parts import own_mscale as _own_mscale, read_as_its_class as _read_as_
 from ._hf_parts import rule_of as _rule_of, scaling as _scaling, sections as _sections, span as _span
 from ._hf_refusals import refuse_axial as _refuse_axial, refuse_per_layer_rotation as _refuse_per_layer_rotation
 from ._hf_refusals import refuse_tower_width as _refuse_tower_width, refuse_unserved as _refuse_unserved
+from ._hf_refusals import refuse_unverified as _refuse_unverified
 from .hf_families import (CLASS_KEEPS_TOP_PARTIAL, CLASS_ROPE_LABELS, CLASS_TEXT_CONFIG, DEFAULT_RULE_READS_PARTIAL,
                           FAMILIES, AXIAL_OWN, CLASS_AXIAL, GENERIC_FIELDS, WHOLE_HEAD_ATTENTION, Family, family_of)
 
@@ -282,7 +283,7 @@ def _interleaved(config: Any, fam: Family) -> bool:
 
 def rope_kwargs_from_hf_config(
     config: Any, max_seq_len: Optional[int] = None, layer_type: Optional[str] = None,
-    layer_theta: Optional[float] = None, *, allow_inverse: bool = False,
+    layer_theta: Optional[float] = None, *, allow_inverse: bool = False, allow_unverified: bool = False,
 ) -> Dict[str, Any]:
     """Keyword arguments of ``rotary.RotaryEmbedding`` (and
     ``rotary.CppRotaryEmbedding``) for the rotary embedding ``config`` describes.
@@ -317,10 +318,12 @@ def rope_kwargs_from_hf_config(
       of ``hf_families.AXIAL_OWN`` (Qwen2-VL's and its kin; other towers'
       axial rules: refused).
 
-    A ``model_type`` outside the table (or none, for a hand-written dict) is
-    read as ``rotate_half`` over the first ``int(head_dim *
-    partial_rotary_factor)`` dims, and is refused if it has a rope-related
-    field whose meaning is family-specific (``rotary_dim``,
+    A ``model_type`` neither in the table nor found by the HF sweep
+    (``rotary.integrations.SUPPORTED_MODEL_TYPES``) is refused as not
+    verified unless ``allow_unverified=True``. Such a type, or none (a
+    hand-written dict), is read as ``rotate_half`` over the first
+    ``int(head_dim * partial_rotary_factor)`` dims, and is refused if it has
+    a rope-related field whose meaning is family-specific (``rotary_dim``,
     ``rope_interleave``, ``qk_rope_head_dim``, ``no_rope_layers``, ...), or
     ``mrope_section`` unless it has no ``model_type`` at all.
 
@@ -405,4 +408,6 @@ def rope_kwargs_from_hf_config(
             _C.mrope_pair_axes(list(mrope), rotary_dim, mrope_inter)  # the C++ check: sections sum to dim / 2
             kwargs["mrope_section"] = list(mrope)
             kwargs["mrope_interleaved"] = mrope_inter
+    if not allow_unverified:  # last: a refusal naming a field or rule says more
+        _refuse_unverified(model_type)
     return kwargs

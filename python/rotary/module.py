@@ -99,14 +99,17 @@ class RotaryEmbedding(nn.Module):
 
     @classmethod
     def from_hf_config(cls, config, *, max_seq_len: Optional[int] = None, angle_dtype: AngleDtype = "float64",
-                       layer_type: Optional[str] = None, layer_theta: Optional[float] = None):
+                       layer_type: Optional[str] = None, layer_theta: Optional[float] = None,
+                       allow_unverified: bool = False):
         """The module a transformers config (or its dict form) describes, for
         ``layer_type`` when its rule differs per layer type (``rotary.hf.layer_types_of``),
         ``layer_theta`` when its layers have their own bases (``rotary.hf.layer_thetas_of``);
-        one it cannot serve is refused by name (docs/scaling.md)."""
+        one it cannot serve is refused by name (docs/scaling.md), and a model
+        type nothing verifies unless ``allow_unverified`` (docs/transformers.md)."""
         from .hf import rope_kwargs_from_hf_config
 
-        kwargs = rope_kwargs_from_hf_config(config, max_seq_len, layer_type, layer_theta)
+        kwargs = rope_kwargs_from_hf_config(config, max_seq_len, layer_type, layer_theta,
+                                            allow_unverified=allow_unverified)
         return cls(**kwargs, angle_dtype=angle_dtype)
 
     def _held(self):  # the tables held, read under the state machine's lock

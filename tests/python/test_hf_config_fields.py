@@ -9,6 +9,7 @@ refused families and YaRN fields, the config.json dict form read like the
 config object, and the NeoX dicts' generic names their class ignores.
 """
 
+import pathlib
 import warnings
 
 import pytest
@@ -16,9 +17,12 @@ import torch
 
 import rotary
 from rotary.hf import rope_kwargs_from_hf_config
+from rotary.hf_families import FAMILIES, VERIFIED_BY_TESTS
 from test_hf_config import CASES, MLA, SMALL, hf_and_ours, make_config, modeling
 
 pytestmark = pytest.mark.filterwarnings("ignore")
+transformers = pytest.importorskip("transformers")
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 # ------------------------------------------------------------------ regressions
@@ -99,9 +103,39 @@ def test_unknown_rope_parameters_key_refused(key, value):
         rope_kwargs_from_hf_config(cfg)
 
 
-def test_unknown_model_type_without_specific_fields_is_rotate_half():
-    kw = rope_kwargs_from_hf_config({**SMALL, "model_type": "some_new_model", "rope_theta": 5e5})
+def test_unverified_model_type_is_refused_unless_allowed():
+    """A model type no test checks (V-JEPA 2's three-axis grid was read as
+    1-D rotate_half): refused by name; allow_unverified=True reads it as
+    rotate_half over the leading span, as a dict without model_type is."""
+    cfg = {**SMALL, "model_type": "some_new_model", "rope_theta": 5e5}
+    with pytest.raises(ValueError, match=r"model_type 'some_new_model' is not verified: .* pass allow_unverified=True"):
+        rope_kwargs_from_hf_config(cfg)
+    with pytest.raises(ValueError, match=r"model_type 'some_new_model' is not verified"):
+        rotary.RotaryEmbedding.from_hf_config(cfg)
+    kw = rope_kwargs_from_hf_config(cfg, allow_unverified=True)
     assert (kw["dim"], kw["interleaved"], kw["theta"]) == (16, False, 5e5) and "rotary_offset" not in kw
+    assert rotary.RotaryEmbedding.from_hf_config(cfg, allow_unverified=True).dim == 16
+    cfg.pop("model_type")
+    assert rope_kwargs_from_hf_config(cfg) == kw
+
+
+@pytest.mark.parametrize("model_type,match", [
+    ("vjepa2", r"'vjepa2' is not supported: 3-D RoPE over a video's frame, row and column"),
+    ("clvp_decoder", r"'clvp_decoder' is not supported: the model transformers builds from it has no rotary"),
+])
+def test_sub_models_read_as_llama_before_are_refused(model_type, match):
+    cfg = transformers.AutoConfig.for_model(model_type)
+    for allow in (False, True):
+        with pytest.raises(ValueError, match=match):
+            rotary.RotaryEmbedding.from_hf_config(cfg, allow_unverified=allow)
+
+
+def test_each_type_verified_outside_the_sweep_names_a_test_that_exists():
+    # hf_families.VERIFIED_BY_TESTS lets a type through only for a test that checks it.
+    for model_type, test in VERIFIED_BY_TESTS.items():
+        path, name = test.split("::")
+        assert f"def {name}(" in (ROOT / path).read_text(), (model_type, test)
+        assert model_type not in FAMILIES
 
 
 @pytest.mark.parametrize("cls,kw,match", [

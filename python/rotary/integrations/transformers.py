@@ -224,8 +224,9 @@ def _patch(model: nn.Module, max_seq_len: Optional[int] = None, fuse_qk_norm: bo
         device = _module_device(emb, model)
         for layer_type in _used_layer_types(rope_config):  # one table per layer type (Gemma 3, ...)
             # allow_inverse: the family's negative angle goes to the ops (_RopeState.inverse).
+            # allow_unverified: apply_rotary_to_model's own gate (the sweep's families) has passed.
             kwargs = rope_kwargs_from_hf_config(layer_config(rope_config, layer_type), max_seq_len, layer_type, theta,
-                                                allow_inverse=True)
+                                                allow_inverse=True, allow_unverified=True)
             key = repr((sorted(kwargs.items()), device))
             state = shared.get(key)
             if state is None:
