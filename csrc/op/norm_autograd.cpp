@@ -95,6 +95,15 @@ std::pair<at::Tensor, at::Tensor> norm_backward(
   return {gx.to(x.scalar_type()), gw};
 }
 
+// Whether q's side (q or its weight) and k's side need a gradient: only
+// those tensors are saved, so a later in-place change to the other side's
+// (k reused as a buffer) does not fail q's backward.
+std::pair<bool, bool> sides_needing_grad(const at::Tensor& q, const at::Tensor& k, const at::Tensor& qw,
+                                         const at::Tensor& kw) {
+  auto needs = [](const at::Tensor& t) { return t.defined() && t.requires_grad(); };
+  return {needs(q) || needs(qw), needs(k) || needs(kw)};
+}
+
 void save_norm(AutogradContext* ctx, const NormState& n) {
   ctx->saved_data["norm_heads"] = n.heads;
   ctx->saved_data["eps"] = n.eps;
@@ -113,7 +122,10 @@ class NormRopeFunction : public torch::autograd::Function<NormRopeFunction> {
       AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const std::optional<at::Tensor>& qw,
       const std::optional<at::Tensor>& kw, const RopeState& s, const NormState& n) {
     ctx->set_materialize_grads(false);  // an unused output's gradient stays undefined (as in RopeQKFunction)
-    detail::save_state(ctx, s, {q, k, qw.value_or(at::Tensor()), kw.value_or(at::Tensor())});
+    const auto [q_side, k_side] = sides_needing_grad(q, k, qw.value_or(at::Tensor()), kw.value_or(at::Tensor()));
+    detail::save_state(ctx, s, {q_side ? q : at::Tensor(), k_side ? k : at::Tensor(),
+                                q_side ? qw.value_or(at::Tensor()) : at::Tensor(),
+                                k_side ? kw.value_or(at::Tensor()) : at::Tensor()});
     save_norm(ctx, n);
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [out_q, out_k] = apply_qk_norm_rope(
@@ -139,8 +151,8 @@ class NormRopeFunction : public torch::autograd::Function<NormRopeFunction> {
                                    const at::Tensor& out_gk) {
     auto [gq, gk] = s.input_grads(out_gq, out_gk);
     at::Tensor grad_q, grad_k, grad_qw, grad_kw;
-    if (gq.defined()) std::tie(grad_q, grad_qw) = norm_backward(q, qw, gq, n);
-    if (gk.defined()) std::tie(grad_k, grad_kw) = norm_backward(k, kw, gk, n);
+    if (gq.defined() && q.defined()) std::tie(grad_q, grad_qw) = norm_backward(q, qw, gq, n);  // q: saved when needed
+    if (gk.defined() && k.defined()) std::tie(grad_k, grad_kw) = norm_backward(k, kw, gk, n);
     return {grad_q, grad_k, grad_qw, grad_kw};
   }
 };
@@ -188,10 +200,13 @@ std::tuple<at::Tensor, at::Tensor> apply_qk_norm_rope_autograd(
   // The primals: a custom Function refuses tangents (they are set below).
   const at::Tensor pq = detail::primal_of(q), pk = detail::primal_of(k);
   const at::Tensor pqw = detail::primal_of(qw), pkw = detail::primal_of(kw);
-  if (grad) {  // the norm's backward reads all four
-    for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"q", &pq}, {"k", &pk},
-                                  {"q_weight", &pqw}, {"k_weight", &pkw}}) {
-      detail::check_savable(name, *t);
+  // The norm's backward reads q and its weight where q's side needs a
+  // gradient, k and its weight where k's does.
+  const auto [q_side, k_side] = sides_needing_grad(pq, pk, pqw, pkw);
+  if (grad) {
+    for (const auto& [name, t, side] : {std::tuple<const char*, const at::Tensor*, bool>{"q", &pq, q_side},
+                                        {"k", &pk, k_side}, {"q_weight", &pqw, q_side}, {"k_weight", &pkw, k_side}}) {
+      if (side) detail::check_savable(name, *t);
     }
   }
   std::tuple<at::Tensor, at::Tensor> out;
@@ -201,7 +216,10 @@ std::tuple<at::Tensor, at::Tensor> apply_qk_norm_rope_autograd(
   } else if (detail::under_func_transforms()) {  // the same backward as a node (func_node.h)
     // q, k and the weights as saved tensors: a later in-place change to one is caught, not read.
     auto saved = std::make_shared<std::vector<torch::autograd::SavedVariable>>();
-    for (const at::Tensor& t : {pq, pk, pqw, pkw}) saved->emplace_back(t, /*is_output=*/false);
+    for (const auto& [t, side] : {std::pair<const at::Tensor&, bool>{pq, q_side}, {pk, k_side}, {pqw, q_side},
+                                  {pkw, k_side}}) {
+      saved->emplace_back(side ? t : at::Tensor(), /*is_output=*/false);
+    }
     const auto both = detail::record_node(
         "rotary::NormRopeBackward", {pq, pk, pqw, pkw},
         [held = detail::SavedRopeState(detail::state_of(freqs ROTARY_ROPE_NAMES)), n,
