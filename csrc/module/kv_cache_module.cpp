@@ -70,27 +70,31 @@ void KVCacheImpl::reset() {
   const auto registered = named_buffers(/*recurse=*/false);
   // Allocated first: a reset that cannot allocate keeps the cache as it was.
   const torch::Tensor fresh_k = torch::zeros(shape, opts), fresh_v = torch::zeros(shape, opts);
-  if (registered.contains("k")) length_ = 0;
   auto install = [&](torch::Tensor& member, const char* name, const torch::Tensor& fresh) {
     if (!registered.contains(name)) {
       member = register_buffer(name, fresh);
       return;
     }
+    // set_data, not set_: the buffer takes the fresh dtype too (set_ kept
+    // the old one, and failed on a narrower one half-way through a reset).
     torch::NoGradGuard no_grad;
-    member.set_(fresh);
+    member.set_data(fresh);
   };
+  // [] for one scale, [kv_heads] for one per head (built before any install).
+  auto buffer = [&](const std::optional<double>& one, const std::vector<double>& heads) {
+    const auto f32 = torch::dtype(torch::kFloat).device(device);
+    if (heads.empty()) return torch::tensor(static_cast<float>(one.value_or(1.0)), f32);
+    return torch::tensor(std::vector<float>(heads.begin(), heads.end()), f32);
+  };
+  const torch::Tensor fresh_ks = fp8 ? buffer(o.k_scale(), o.k_head_scales()) : torch::Tensor();
+  const torch::Tensor fresh_vs = fp8 ? buffer(o.v_scale(), o.v_head_scales()) : torch::Tensor();
   install(k, "k", fresh_k);
   install(v, "v", fresh_v);
   if (fp8) {
-    // [] for one scale, [kv_heads] for one per head.
-    auto buffer = [&](const std::optional<double>& one, const std::vector<double>& heads) {
-      const auto f32 = torch::dtype(torch::kFloat).device(device);
-      if (heads.empty()) return torch::tensor(static_cast<float>(one.value_or(1.0)), f32);
-      return torch::tensor(std::vector<float>(heads.begin(), heads.end()), f32);
-    };
-    install(k_scale, "k_scale", buffer(o.k_scale(), o.k_head_scales()));
-    install(v_scale, "v_scale", buffer(o.v_scale(), o.v_head_scales()));
+    install(k_scale, "k_scale", fresh_ks);
+    install(v_scale, "v_scale", fresh_vs);
   }
+  length_ = 0;
   in_effect_ = o;
 }
 

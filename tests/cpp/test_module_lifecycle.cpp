@@ -34,6 +34,35 @@ rotary::RopeScaling dynamic(double factor) {
   return rotary::RopeScaling("dynamic").factor(factor).max_position_embeddings(32);
 }
 
+// reset() after options.dtype changed: the buffers take the new dtype
+// (Tensor::set_ kept the old one: a narrower dtype failed half-way, with the
+// length already 0, and a wider one left buffers the options contradict).
+TEST(ModuleLifecycle, KVCacheResetTakesAChangedDtype) {
+  RotaryEmbedding rope(RotaryEmbeddingOptions(16).max_seq_len(64));
+  const std::pair<at::ScalarType, at::ScalarType> changes[] = {
+      {at::kFloat, at::kHalf}, {at::kFloat, at::kDouble}, {at::kBFloat16, at::kHalf}, {at::kFloat, at::kFloat8_e4m3fn}};
+  for (const auto& [from, to] : changes) {
+    KVCache cache(KVCacheOptions(1, 2, 8, 16).dtype(from));
+    auto q = seeded_randn({1, 2, 3, 16}, 11).to(from), k = seeded_randn({1, 2, 3, 16}, 12).to(from);
+    rope->forward_with_cache(q, k, seeded_randn({1, 2, 3, 16}, 13).to(from), cache);
+    const at::Tensor buffer = cache->k;  // the registered buffer, the same tensor after the reset
+    cache->options.dtype(to);
+    cache->reset();
+    EXPECT_EQ(cache->length(), 0);
+    EXPECT_EQ(cache->options_in_effect().dtype(), to);
+    EXPECT_EQ(cache->k.scalar_type(), to);
+    EXPECT_EQ(cache->v.scalar_type(), to);
+    EXPECT_EQ(buffer.scalar_type(), to);
+    EXPECT_EQ(cache->named_buffers()["k"].scalar_type(), to);
+    const auto step = to == at::kFloat8_e4m3fn ? from : to;
+    auto q1 = seeded_randn({1, 2, 1, 16}, 14).to(step), k1 = seeded_randn({1, 2, 1, 16}, 15).to(step);
+    const auto keys = std::get<1>(rope->forward_with_cache(q1, k1, seeded_randn({1, 2, 1, 16}, 16).to(step), cache));
+    EXPECT_EQ(cache->length(), 1);
+    EXPECT_LT((keys.to(at::kDouble) - ref_rope(k1.to(at::kDouble), 0)).abs().max().item<double>(),
+              to == at::kFloat8_e4m3fn ? 0.26 : 1e-2);  // fp8: half a step below 8
+  }
+}
+
 TEST(ModuleLifecycle, KVCacheCloneHoldsWhatItsBuffersHold) {
   RotaryEmbedding rope(RotaryEmbeddingOptions(16).max_seq_len(64));
   // kv_heads == capacity: a BSHD buffer has the BHSD one's shape, so only the options tell them apart.
