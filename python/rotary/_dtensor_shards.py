@@ -272,20 +272,22 @@ def _localize_positions(op, arg, p, kind, want, mesh, data, data_name, data_plac
         _check_position_placements(f"rotary.{op._schema.name.split('::')[-1]}", arg, p, data[0])
         local, have = _local_range(p, op, arg)
         placed = f"{arg} has placements {_fmt(p.placements)}"
+        # By placement, not by this rank's shard: a sharded size-1 dim is whole
+        # on one rank and empty on the others, which must refuse alike.
+        sharded = {pl.dim % p.dim() for pl in p.placements if pl.is_shard()}
     else:
         local, have = p, (0,) * p.dim()
         placed = f"{arg} is a plain tensor (read as replicated)"
+        sharded = set()
     for d in range(p.dim()):
-        # Whole, or a size-1 dim that broadcasts; one sharded like the data
-        # (empty on this rank) is sliced below.
-        if want[d] is None or (want[d][2] and p.shape[d] == 1 and local.shape[d] == 1):
-            if local.shape[d] != p.shape[d]:
-                _refuse(
-                    op,
-                    f"{placed} but {data_name} {_fmt(data_placements)}: {arg} dim {d} is "
-                    f"sharded while {data[0]} keeps that dim whole; replicate {arg}, or shard it exactly "
-                    f"as {data[0]}",
-                )
+        # Whole, or a size-1 dim that broadcasts.
+        if want[d] is None or (want[d][2] and p.shape[d] == 1):
+            if d in sharded or local.shape[d] != p.shape[d]:
+                why = (f"{arg} dim {d} has size 1 and broadcasts, so every rank reads it whole; replicate {arg}"
+                       if want[d] is not None else
+                       f"{arg} dim {d} is sharded while {data[0]} keeps that dim whole; replicate {arg}, or "
+                       f"shard it exactly as {data[0]}")
+                _refuse(op, f"{placed} but {data_name} {_fmt(data_placements)}: {why}")
             continue
         off, n, _ = want[d]
         lo = off - have[d]

@@ -161,8 +161,11 @@ def _localize_all_positions(op, bound, local, dims, packed, x_offset, x_local, m
         # N-D ids (pair_axes) lead with their axis dim, always whole.
         lead = [None] if kinds[n] == "ids" and bound.get("pair_axes") is not None else []
         rest = p.dim() - len(lead)
-        # (offset, length, whether size 1 broadcasts), as the op reads each form.
-        rows = None if batch is None else (x_offset[batch], x_local.shape[batch], True)
+        # (offset, length, whether size 1 broadcasts), as the op reads each form:
+        # a size-1 dim broadcasts over a data dim of another size, and is that
+        # dim (sharded like it) where the data's is 1 too.
+        whole = bound[data[0]].shape
+        rows = None if batch is None else (x_offset[batch], x_local.shape[batch], whole[batch] != 1)
         if kinds[n] == "offsets":
             want = [rows] * p.dim()  # [] or [batch]
         elif packed:
@@ -170,7 +173,7 @@ def _localize_all_positions(op, bound, local, dims, packed, x_offset, x_local, m
         elif rest == 1:  # [seq]: one id per token, no broadcast
             want = lead + [(x_offset[seq], x_local.shape[seq], False)]
         else:  # [batch, seq]: either dim of size 1 broadcasts
-            want = lead + [rows, (x_offset[seq], x_local.shape[seq], True)]
+            want = lead + [rows, (x_offset[seq], x_local.shape[seq], whole[seq] != 1)]
         local[n] = _localize_positions(op, n, p, kinds[n], want, mesh, data, data_name, placements)
     if seq_sharded and "ids" not in kinds.values():
         # No ids: token s of this shard is token seq_offset + s of the sequence.

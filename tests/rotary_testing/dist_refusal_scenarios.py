@@ -56,6 +56,16 @@ def refusals(mesh):
             rf"{IDS}\[0:6\] along dim 1 and holds only \[\d:\d\]",
             lambda: OPS.apply_rope_qk(dqr, dkr, f, **{IDS: ids_s}))
 
+    # [1, S] ids sharded on their broadcast dim: rank 0 holds the row, rank 1
+    # none; every rank refuses (rank 0 rotated and wrote its shard)
+    ids_1, _ = dshard(ids[:1], mesh, [Shard(0)])
+    for dq in (dq2, dshard(q, mesh, [Shard(0)])[0]):
+        before = dq.to_local().clone()
+        refused(rf"{IDS} has placements \(Shard\(dim=0\)\) but x is placed .*: {IDS} dim 0 has size 1 and "
+                rf"broadcasts, so every rank reads it whole; replicate {IDS}",
+                lambda: OPS.apply_rope_(dq, f, **{IDS: ids_1}))
+        assert torch.equal(dq.to_local(), before)
+
     # shards whose spec does not say where they lie (uneven, against torch.chunk sizes)
     rank = mesh.get_local_rank()
     q7 = _rand(2, 4, 7, D, seed=33)
