@@ -302,29 +302,37 @@ int64_t check_saved_tables(
   if (!has_freqs && !has_inv) return 0;
 
   // The states the saved tables may be in: the initial one, longrope's long
-  // factors, a grown dynamic base (its length recovered from inv_freq[1] or
+  // factors, a grown dynamic base (its length recovered from inv_freq or
   // from the table's row count).
   std::vector<int64_t> states = {0};
   if (tried && *tried > 0 && depends_on_seq_len(s)) states.push_back(*tried);  // past what inv_freq recovers
   if (type == RopeType::LongRope) states.push_back(*s.original_max_position_embeddings() + 1);
+  int64_t recovered = 0;  // a grown dynamic length read from inv_freq (0: none)
   if (type == RopeType::Dynamic) {
     const int64_t m = *s.max_position_embeddings();
     if (has_freqs && rows > options.max_seq_len()) states.push_back(rows);
     const double* inv = has_inv ? inv_saved.const_data_ptr<double>() : nullptr;
-    if (inv && pairs >= 2 && std::isfinite(inv[1]) && inv[1] > 0.0) {
-      // inv[1] = base^(-2/d), base = theta * (factor * L / m - (factor - 1))^(d / (d - 2)).
-      const double d = static_cast<double>(options.dim());
-      const double base = std::pow(inv[1], -d / 2.0);
-      const double factor = *s.factor();
-      const double ratio = std::pow(base / options.theta(), (d - 2.0) / d);
-      const double len = static_cast<double>(m) * (ratio + factor - 1.0) / factor;
-      if (std::isfinite(len) && len > static_cast<double>(m) && len < 9.0e15) {
-        // The recovery rounds: near 2^40 and past, neighbours pass the 1e-12
-        // check too, and the nearest inv_freq (sorted first below) tells them apart.
-        const auto l = static_cast<int64_t>(std::llround(len));
-        for (int64_t c = l - 8; c <= l + 8; ++c) {
-          if (c > m) states.push_back(c);
+    const int64_t j = pairs - 1;  // the last pair: inv[j] moves as 1 / L, so it tells L apart best
+    if (inv && j >= 1 && std::isfinite(inv[j]) && inv[j] > 0.0) {
+      // The rule's inv_freq falls as L grows: the length whose last entry is
+      // nearest the saved one, by bisection (a closed-form inverse misses by
+      // ~40 ulps of L: pow's rounded exponents, times log(base)). Neighbours
+      // within a few ulps may pass the 1e-12 check too, and the exact
+      // inv_freq (sorted first below) tells them apart; past 2^53 they share
+      // one double L, one table, and the nearest wins.
+      const auto last = [&](int64_t c) { return frequencies_of(options, s, c).inv_freq[j]; };
+      int64_t lo = m + 1, hi = std::max(lo, kMaxPosition);
+      while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (last(mid) > inv[j]) {
+          lo = mid + 1;
+        } else {
+          hi = mid;
         }
+      }
+      recovered = lo;
+      for (int64_t c = lo - 16; c <= lo + 16; ++c) {
+        if (c > m) states.push_back(c);
       }
     }
   }
@@ -341,7 +349,12 @@ int64_t check_saved_tables(
     };
     std::vector<std::pair<double, int64_t>> ranked;
     for (const int64_t st : states) ranked.emplace_back(inv_error(st), st);
-    std::stable_sort(ranked.begin(), ranked.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+    // Among equal tables, the state a copy carries (tried), else the nearest to inv_freq's.
+    const int64_t anchor = tried && *tried > 0 ? *tried : recovered;
+    const auto distance = [&](int64_t st) { return anchor ? std::abs(st - anchor) : 0; };
+    std::stable_sort(ranked.begin(), ranked.end(), [&](const auto& x, const auto& y) {
+      return x.first < y.first || (x.first == y.first && distance(x.second) < distance(y.second));
+    });
     for (size_t i = 0; i < ranked.size(); ++i) states[i] = ranked[i].second;
   }
 
