@@ -43,6 +43,7 @@ Tolerances (logits are O(1), up to about 7 here; measured on CPU):
   all ten cases, e.g. mean 0.0251 vs 0.0300 for llama-default).
 """
 
+import contextlib
 import copy
 
 import pytest
@@ -288,3 +289,25 @@ def test_gradients_match():
         ckpt = _grads(model, ids)
     for name in ref:
         torch.testing.assert_close(ckpt[name], ref[name], atol=1e-5, rtol=1e-4, msg=lambda m: f"ckpt {name}: {m}")
+
+
+@pytest.mark.parametrize("rope", ["longrope", "dynamic"])
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_checkpointing_recomputes_with_the_forwards_own_tables(rope, reentrant):
+    """Two forwards on either side of the rule's switch (longrope's factors,
+    dynamic's growth), one backward: recomputation ran the first layer with
+    the tables of the second forward (gradients 15-85% off, or a
+    CheckpointError); transformers recomputes with the cos/sin it saved."""
+    ref = make_model("llama", rope)
+    g = torch.Generator().manual_seed(3)
+    long_ids = torch.randint(3, VOCAB, (1, MAX_POS + 8), generator=g)
+    short_ids = torch.randint(3, VOCAB, (1, 10), generator=g)
+    grads = []
+    for patched in (False, True):
+        model = copy.deepcopy(ref).train()
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+        with rotary_patched(model) if patched else contextlib.nullcontext():
+            (model(long_ids, labels=long_ids).loss + model(short_ids, labels=short_ids).loss).backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if "proj" in n})
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-5, rtol=1e-4, msg=lambda m: f"{name}: {m}")

@@ -29,12 +29,15 @@ class RotaryPositions:
     use (arithmetic other than ``-sin``, indexing other than the forms
     ``__getitem__`` names) raises."""
 
-    __slots__ = ("_root", "_state", "_negated", "_steps")
+    __slots__ = ("_root", "_state", "_held", "_negated", "_steps")
 
     def __init__(self, position_ids: torch.Tensor, state: _RopeState, negated: bool = False,
-                 steps: Tuple[tuple, ...] = ()) -> None:
+                 steps: Tuple[tuple, ...] = (), held: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> None:
         self._root = position_ids  # the forward pass's
         self._state = state
+        # A host-driven rule's tables of this forward pass (_RopeState.held):
+        # recomputed under gradient checkpointing, it rotates as it did.
+        self._held = held
         self._negated = negated
         # The indexing since: ("tokens", a, b), ("sequence", b), ("select",
         # tokens), ("batch",), applied when positions are read. A cos and a sin
@@ -65,12 +68,12 @@ class RotaryPositions:
         return "sequence" in kinds and "batch" not in kinds
 
     def _derived(self, *step: Any) -> "RotaryPositions":
-        return RotaryPositions(self._root, self._state, self._negated, self._steps + (step,))
+        return RotaryPositions(self._root, self._state, self._negated, self._steps + (step,), self._held)
 
     def __neg__(self) -> "RotaryPositions":
         # (cos, -sin) is the inverse rotation: DeepSeek-V4 turns its attention
         # output back with it (its k is its v).
-        return RotaryPositions(self._root, self._state, not self._negated, self._steps)
+        return RotaryPositions(self._root, self._state, not self._negated, self._steps, self._held)
 
     def _same_view(self, other: "RotaryPositions") -> bool:
         def same(a: Any, b: Any) -> bool:
@@ -179,7 +182,7 @@ class RotaryPositions:
         # The family's pairing (rotary.hf_families); the span starts at 0 here: the
         # patched function gets what the family rotates (MLA passes q_rot alone),
         # or ends with the head (Family.span "trailing").
-        freqs, inv_freq = self._state.tables(x.device)
+        freqs, inv_freq = self._state.tables(x.device, self._held)
         pos = self.position_ids
         pos = pos if pos.device == x.device else pos.to(x.device)
         # Multimodal [3, batch, seq] ids: each pair at its axis (rope.pair_axes).

@@ -1,6 +1,6 @@
 """The table state of one patched rotary embedding (rotary.integrations.transformers)."""
 
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 
@@ -25,9 +25,18 @@ class _RopeState:
         if self.rope.freqs.is_meta and device.type != "meta":
             self.rope.to_empty(device=device)
 
-    def tables(self, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+    def held(self) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+        """The tables a host-driven rule holds now, for a handle to keep: a
+        later forward may rebuild them (longrope's factors, a dynamic reset)
+        before gradient checkpointing recomputes this one. None where they
+        never change."""
+        host = self.rope.host_driven and not self.rope.freqs.is_meta  # meta: built on first use
+        return (self.rope.freqs, self.rope.inv_freq) if host else None
+
+    def tables(self, device: torch.device,
+               held: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         self._leave_meta(device)
-        freqs, inv_freq = self.rope.freqs, self.rope.inv_freq
+        freqs, inv_freq = held if held is not None else (self.rope.freqs, self.rope.inv_freq)
         if freqs.device == device:
             return freqs, inv_freq
         hit = self._cache.get(device)

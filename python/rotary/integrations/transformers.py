@@ -129,7 +129,7 @@ class _PatchedForward:
                 + ("" if axes else " (3-D multimodal ids need a config with mrope_section, or ERNIE-4.5-VL's sections)")
             )
         state.prepare(position_ids)
-        handle = RotaryPositions(position_ids, state)
+        handle = RotaryPositions(position_ids, state, held=state.held())
         return handle if self.single else (handle, handle)
 
     def __deepcopy__(self, memo: dict) -> "_PatchedForward":
