@@ -131,21 +131,61 @@ def _rms(x, norm):
 
 
 def test_a_fused_norm_called_outside_its_attention_runs_its_own_forward():
-    """Outside its attention module's forward (a hook, an analysis script),
-    a patched q_norm normalizes; inside, it defers to the rotation."""
+    """Outside its attention module's forward (an analysis script), a patched
+    q_norm normalizes; inside, it defers to the rotation (returns its input)."""
     model = hf_sweep.tiny_model("qwen3", "Qwen3ForCausalLM")
     _randomize_norms(model, torch.Generator().manual_seed(1))
     attn = model.model.layers[0].self_attn
     x = torch.randn(2, 5, model.config.num_attention_heads, model.config.head_dim)
-    seen = []
-    hook = attn.q_norm.register_forward_hook(lambda mod, args, out: seen.append(out is args[0]))
+    returned_input = []
     with rt.rotary_patched(model), torch.no_grad():
         assert model._rotary_integration_state.norms
+        deferred = attn.q_norm.forward
+        attn.q_norm.forward = lambda y: returned_input.append(deferred(y) is y) or deferred(y)
         torch.testing.assert_close(attn.q_norm(x).double(), _rms(x, attn.q_norm), rtol=1e-6, atol=1e-6)
-        model(input_ids=torch.tensor([[5, 6, 7]]))  # deferred inside: returns its input
+        attn.q_norm.forward = deferred
         torch.testing.assert_close(attn.k_norm(x).double(), _rms(x, attn.k_norm), rtol=1e-6, atol=1e-6)
+    assert returned_input == [False]
+
+
+@pytest.mark.parametrize("kind", ["forward", "pre", "global"])
+def test_a_hooked_norm_is_not_deferred(kind, monkeypatch):
+    """A deferred norm returns its input: a forward hook read the raw q, and
+    one editing the output in place edited the raw q, which the fused norm
+    then scaled away (logits off by 5, silently). While any hook would see a
+    norm, neither of its module's norms defers; the others still fuse."""
+    model = hf_sweep.tiny_model("qwen3", "Qwen3ForCausalLM")
+    g = torch.Generator().manual_seed(2)
+    _randomize_norms(model, g)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(10)  # positions show in the logits
+    attn = model.model.layers[0].self_attn
+    ids = torch.randint(3, hf_sweep.VOCAB, (1, 6), generator=g)
+    seen = []
+
+    def triple(mod, args, out=None):
+        if mod is attn.q_norm:
+            if out is None:  # a pre-hook: the input, tripled
+                return (args[0] * 3,)
+            seen.append(_rms(args[0], mod).float().sub(out).abs().max().item())
+            out.mul_(3)
+
+    register = {"forward": lambda: attn.q_norm.register_forward_hook(triple),
+                "pre": lambda: attn.q_norm.register_forward_pre_hook(triple),
+                "global": lambda: torch.nn.modules.module.register_module_forward_hook(triple)}[kind]
+    hook = register()
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+        calls = []
+        fused = rotary.apply_qk_norm_rope
+        monkeypatch.setattr(_positions, "_apply_fused", lambda *a, **k: calls.append(1) or fused(*a, **k))
+        with rt.rotary_patched(model):
+            got = model(input_ids=ids).logits
     hook.remove()
-    assert seen == [False, True]
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-4)
+    assert kind == "pre" or max(seen) < 1e-4  # the hook saw the normalized q
+    assert len(calls) == (0 if kind == "global" else model.config.num_hidden_layers - 1)
 
 
 def test_a_fused_norm_reads_eps_at_each_call():

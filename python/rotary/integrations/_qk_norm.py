@@ -16,7 +16,8 @@ with the norms' weights, in one pass. Never silently wrong:
   otherwise);
 - a norm called outside its attention module's forward (a hook, an analysis
   script, another module sharing it) runs its own forward: it defers only
-  while its attention module runs;
+  while its attention module runs, and neither of a module's norms defers
+  while a forward hook would see one (a deferred norm returns its input);
 - eps is read from the norm at each call, as its own forward would.
 """
 
@@ -104,6 +105,17 @@ def copy_fields(obj, memo: dict):
     return new
 
 
+def _hooked(owner: nn.Module) -> bool:
+    """Whether a forward hook would see either norm of owner's (its own, or
+    a global one): a deferred norm returns its input, so neither defers."""
+    from torch.nn.modules import module as torch_module
+
+    if (torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks
+            or torch_module._global_forward_hooks_always_called):
+        return True
+    return any(n._forward_hooks or n._forward_pre_hooks for n in (owner.q_norm, owner.k_norm))
+
+
 class _Deferred:
     """A q/k norm's forward that defers it to the rotation while its attention
     module (owner) runs, and is the norm's own forward otherwise. An object,
@@ -115,7 +127,7 @@ class _Deferred:
 
     def __call__(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         running = _running()
-        if not running or running[-1] is not self.owner:
+        if not running or running[-1] is not self.owner or _hooked(self.owner):
             return type(self.spec.module).forward(self.spec.module, x, *args, **kwargs)
         _pending().append((x, self.spec))
         return x
