@@ -103,18 +103,21 @@ def test_q_and_k_of_different_dtypes_under_autocast(family):
     assert err_ours <= 1.5 * err_theirs + 2**-8 * exact.abs().mean(), (float(err_ours), float(err_theirs))
 
 
-@pytest.mark.parametrize("rope", ["default", "dynamic"])
-def test_a_model_patched_while_on_meta_runs_after_loading(rope):
+@pytest.mark.parametrize("family,rope", [("llama", "default"), ("llama", "dynamic"), ("qwen3", "default")])
+def test_a_model_patched_while_on_meta_runs_after_loading(family, rope):
     """Patched on a meta-initialised model (our table built on meta, outside
     the module tree that to_empty and load_state_dict reach), then loaded:
     the first forward failed in torch's "Cannot copy out of meta tensor".
     The table is built from the options on first use: the logits are those
-    of the same model patched on the CPU (patched = unpatched is the sweep's)."""
-    ref = make_model("llama", rope)
+    of the same model patched on the CPU (patched = unpatched is the sweep's).
+    Qwen3's q/k norms are probed with a stand-in weight (the probe read the
+    meta weight, failed, and left the model half patched)."""
+    ref = make_model(family, rope)
     with torch.device("meta"):
-        model = make_model("llama", rope)
+        model = make_model(family, rope)
     apply_rotary_to_model(model)
     apply_rotary_to_model(ref)
+    assert bool(model._rotary_integration_state.norms) == (family == "qwen3")
     try:
         model.to_empty(device="cpu")
         model.load_state_dict(ref.state_dict())
@@ -124,3 +127,24 @@ def test_a_model_patched_while_on_meta_runs_after_loading(rope):
     finally:
         unpatch(model)
         unpatch(ref)
+
+
+def test_a_patch_that_fails_leaves_the_model_as_it_was(monkeypatch):
+    """The q/k norms are installed last: a failure there left the rotary
+    embedding's forward and the module's apply_rotary_pos_emb patched, with
+    no state for unpatch to undo. Now everything done is undone."""
+    from rotary.integrations import _qk_norm
+    from transformers.models.qwen3 import modeling_qwen3
+
+    model = make_model("qwen3", "default")
+    function = modeling_qwen3.apply_rotary_pos_emb
+
+    def fail(model):
+        raise RuntimeError("install failed")
+
+    monkeypatch.setattr(_qk_norm, "install", fail)
+    with pytest.raises(RuntimeError, match="install failed"):
+        apply_rotary_to_model(model)
+    assert not hasattr(model, "_rotary_integration_state")
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    assert modeling_qwen3.apply_rotary_pos_emb is function

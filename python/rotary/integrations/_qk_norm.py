@@ -79,9 +79,14 @@ def probe(norm: nn.Module) -> Optional[NormSpec]:
     if not isinstance(w, torch.Tensor) or w.dim() != 1 or eps_name is None or not w.is_floating_point():
         return None
     eps = getattr(norm, eps_name)
+    subject = norm
+    if w.is_meta:  # a meta-initialised model: the formula is probed with a stand-in weight on the CPU
+        subject = copy.copy(norm)
+        w = torch.rand(w.shape, generator=torch.Generator().manual_seed(1)).to(w.dtype) + 0.5
+        subject._parameters = {**norm._parameters, "weight": nn.Parameter(w, requires_grad=False)}
     x = torch.randn(3, w.numel(), generator=torch.Generator().manual_seed(0)).to(w.device, w.dtype)
     with torch.no_grad():
-        got = type(norm).forward(norm, x).float()
+        got = type(norm).forward(subject, x).float()
         xf = x.float()
         base = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
         tol = 1e-5 if w.dtype == torch.float32 else 2e-2
@@ -214,7 +219,7 @@ def _leave(module, args, output):
 def install(model: nn.Module) -> List[tuple]:
     """Defers the q/k norms of every attention module whose two norms probe
     as the op's RMSNorm with one eps; returns what ``remove`` undoes."""
-    done = []
+    probed = []  # every norm probed before any is changed: a probe that raises leaves the model as it was
     for m in model.modules():
         qn, kn = getattr(m, "q_norm", None), getattr(m, "k_norm", None)
         if not (isinstance(qn, nn.Module) and isinstance(kn, nn.Module)):
@@ -222,6 +227,9 @@ def install(model: nn.Module) -> List[tuple]:
         sq, sk = probe(qn), probe(kn)
         if sq is None or sk is None or sq.eps != sk.eps or sq.offset != sk.offset:
             continue
+        probed.append((m, qn, kn, sq, sk))
+    done = []
+    for m, qn, kn, sq, sk in probed:
         # always_call: a forward that raised (or a norm left unconsumed) still leaves the running list.
         hooks = (m.register_forward_pre_hook(_enter), m.register_forward_hook(_check_consumed),
                  m.register_forward_hook(_leave, always_call=True))

@@ -240,18 +240,36 @@ def _patch(model: nn.Module, max_seq_len: Optional[int] = None, fuse_qk_norm: bo
 
     patch = _ModelPatch(max_seq_len, fuse_qk_norm)
     with _lock:
-        for emb, states in built:
-            previous = emb.__dict__.get("forward")
-            emb.forward = _PatchedForward(states, single=family.freqs_cis_layout is not None)
-            patch.rotary.append((emb, previous, states))
-        for name in modules:
-            pairing = {f: p == "interleaved" for f, p in family.function_pairing}
-            _hf_functions.acquire(name, RotaryPositions, pairing, family.freqs_cis_layout)
-            patch.modules.append(name)
-        if fuse_qk_norm:
-            patch.norms = _qk_norm.install(model)
+        try:
+            for emb, states in built:
+                previous = emb.__dict__.get("forward")
+                emb.forward = _PatchedForward(states, single=family.freqs_cis_layout is not None)
+                patch.rotary.append((emb, previous, states))
+            for name in modules:
+                pairing = {f: p == "interleaved" for f, p in family.function_pairing}
+                _hf_functions.acquire(name, RotaryPositions, pairing, family.freqs_cis_layout)
+                patch.modules.append(name)
+            if fuse_qk_norm:
+                patch.norms = _qk_norm.install(model)
+        except BaseException:
+            _undo(patch, give_state=False)  # the model as it was: it never ran patched
+            raise
         object.__setattr__(model, _STATE_ATTR, patch)
     return model
+
+
+def _undo(patch: _ModelPatch, give_state: bool) -> None:
+    """What a patch changed, put back (under _lock)."""
+    for emb, previous, states in patch.rotary:
+        if previous is None:
+            emb.__dict__.pop("forward", None)
+        else:
+            emb.forward = previous
+        if give_state:
+            give_dynamic_state(emb, states)
+    for name in patch.modules:
+        _hf_functions.release(name)
+    _qk_norm.remove(patch.norms)
 
 
 def _used_layer_types(rope_config: Any) -> List[Optional[str]]:
@@ -272,15 +290,7 @@ def unpatch(model: nn.Module) -> nn.Module:
     if patch is None:
         return model
     with _lock:
-        for emb, previous, states in patch.rotary:
-            if previous is None:
-                emb.__dict__.pop("forward", None)
-            else:
-                emb.forward = previous
-            give_dynamic_state(emb, states)
-        for name in patch.modules:
-            _hf_functions.release(name)
-        _qk_norm.remove(patch.norms)
+        _undo(patch, give_state=True)
         object.__delattr__(model, _STATE_ATTR)
     return model
 
