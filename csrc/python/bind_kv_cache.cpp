@@ -135,7 +135,8 @@ void bind_kv_cache(py::module_& m) {
       .def_property_readonly("capacity", [](const Impl& self) { return self.options_in_effect().capacity(); })
       .def_property_readonly("layout", [](const Impl& self) { return self.options_in_effect().layout(); })
       .def(
-          "truncate", [](Impl& self, const py::object& length) { self.truncate(int_arg(length, "KVCache.truncate", "length")); },
+          "truncate",
+          [](Impl& self, const py::object& length) { self.truncate(int_arg(length, "KVCache.truncate", "length")); },
           py::arg("length"))
       // The Python RotaryEmbedding.forward_with_cache, after its fused op wrote the rows.
       .def("_advance", &Impl::advance, py::arg("tokens"))

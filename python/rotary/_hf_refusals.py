@@ -25,9 +25,9 @@ NOT_1D: Dict[str, str] = {
     # model transformers builds from these configs has no rotary embedding.
     **{name: "the model transformers builds from it has no rotary embedding (its package rotates in another "
              "sub-model)" for name in (
-        "clvp_decoder", "cosmos3_edge_vision", "deepseek_ocr2_sam_vision_model", "edgetam_video_mask_decoder", "emu3_vqgan",
-        "gemma4_audio", "granite_docling_vision", "hunyuan_vl_vision", "hy_v4_vl_vision", "idefics_vision",
-        "mllama_vision_model", "molmo2_adapter", "molmo2_vision", "moshi_depth", "phi4_multimodal_audio",
+        "clvp_decoder", "cosmos3_edge_vision", "deepseek_ocr2_sam_vision_model", "edgetam_video_mask_decoder",
+        "emu3_vqgan", "gemma4_audio", "granite_docling_vision", "hunyuan_vl_vision", "hy_v4_vl_vision",
+        "idefics_vision", "mllama_vision_model", "molmo2_adapter", "molmo2_vision", "moshi_depth", "phi4_multimodal_audio",
         "phi4_multimodal_vision", "qwen2_5_omni_audio_encoder", "qwen3_omni_moe_audio_encoder",
         "sam2_video_mask_decoder", "sam3_detr_decoder", "sam3_detr_encoder", "sam3_geometry_encoder",
         "sam3_mask_decoder", "sam3_tracker_video_mask_decoder", "unlimited_ocr_sam_vision_model",

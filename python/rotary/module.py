@@ -234,7 +234,7 @@ class RotaryEmbedding(nn.Module):
         # Not under Dynamo, where is_exporting() is true too: torch.compile breaks the graph below.
         exporting = torch.compiler.is_exporting() and not torch.compiler.is_dynamo_compiling()
         if exporting and (not isinstance(seq_len, int) or not isinstance(start_pos, int)
-                                              or offsets is not None or position_ids is not None):
+                          or offsets is not None or position_ids is not None):
             raise ValueError(
                 f"RotaryEmbedding({self._tables.extra_repr()}): its rule rebuilds the tables on the host from each "
                 "call's positions, which torch.export cannot trace with a symbolic sequence length or position "
