@@ -218,12 +218,8 @@ std::optional<int64_t> optional_start_pos(const py::object& start_pos) {
 CacheCall cache_call_args(const py::object& q, const py::object& k, const py::object& v, const py::object& cache,
                           const py::object& start_pos, const py::object& layout) {
   const char* who = "RotaryEmbedding.forward_with_cache";
-  auto tensor = [&](const py::object& t, const char* name) {
-    TORCH_CHECK_TYPE(THPVariable_Check(t.ptr()), who, ": ", name, " must be a tensor, got ", repr_of(t));
-    return t.cast<torch::Tensor>();
-  };
-  return {tensor(q, "q"), tensor(k, "k"), tensor(v, "v"), cache_of(cache, who), optional_start_pos(start_pos),
-          str_arg(layout, who, "layout")};
+  return {required_tensor_arg(q, who, "q"), required_tensor_arg(k, who, "k"), required_tensor_arg(v, who, "v"),
+          cache_of(cache, who), optional_start_pos(start_pos), str_arg(layout, who, "layout")};
 }
 
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> forward_with_cache(

@@ -173,6 +173,11 @@ std::optional<torch::Tensor> tensor_arg(const py::handle& v, const std::string& 
   return v.cast<torch::Tensor>();
 }
 
+torch::Tensor required_tensor_arg(const py::handle& v, const std::string& who, const char* name) {
+  TORCH_CHECK_TYPE(THPVariable_Check(v.ptr()), who, ": ", name, " must be a tensor, got ", repr_of(v));
+  return v.cast<torch::Tensor>();
+}
+
 // numpy's integers and int subclasses (an IntEnum: anything with __index__
 // but a bool, a tensor or a SymInt) as the Python int they hold, as torch's
 // parser takes them; anything else as it is. Python's argument checks
@@ -203,8 +208,7 @@ std::tuple<torch::Tensor, OptTensor, int64_t, OptTensor, OptTensor> call_args(
     const py::object& positions) {
   const char* who = "RotaryEmbedding";
   const py::object k = plain_int(k_given), start_pos = plain_int(start_pos_given);
-  const auto x = tensor_arg(q, who, "q (or x)");
-  TORCH_CHECK_TYPE(x.has_value(), who, ": q (or x) must be a tensor, got None");
+  const torch::Tensor x = required_tensor_arg(q, who, "q (or x)");
   std::optional<torch::Tensor> k_tensor;
   py::handle pos = start_pos;
   if (py::isinstance<py::int_>(k) && !py::isinstance<py::bool_>(k)) {
@@ -226,15 +230,15 @@ std::tuple<torch::Tensor, OptTensor, int64_t, OptTensor, OptTensor> call_args(
   const auto off = tensor_arg(offsets, who, "offsets");
   const auto ids = tensor_arg(position_ids, who, "position_ids");
   const auto legacy = tensor_arg(positions, who, "positions");
-  if (!legacy) return {*x, k_tensor, start, off, ids};
+  if (!legacy) return {x, k_tensor, start, off, ids};
   TORCH_CHECK_VALUE(
       !off && !ids, "RotaryEmbedding: positions= is deprecated; pass offsets= or position_ids= alone");
   const std::string warning = std::string(who) + ": " + rotary::detail::kLegacyPositionsWarning;
   if (PyErr_WarnEx(PyExc_DeprecationWarning, warning.c_str(), 2) < 0) throw py::error_already_set();
   if (!rotary::detail::legacy_positions_are_ids(legacy->dim(), /*varlen=*/false)) {
-    return {*x, k_tensor, start, legacy, std::nullopt};
+    return {x, k_tensor, start, legacy, std::nullopt};
   }
-  return {*x, k_tensor, 0, std::nullopt, rotary::detail::legacy_ids(who, *legacy, start)};
+  return {x, k_tensor, 0, std::nullopt, rotary::detail::legacy_ids(who, *legacy, start)};
 }
 
 // The Python arguments of a RopeTables / RotaryEmbedding state: the options

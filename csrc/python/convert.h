@@ -86,6 +86,8 @@ void def_options_init(Cls& cls, Make make) {
 py::object plain_int(const py::object& v);
 int64_t start_pos_arg(const py::handle& v, const char* who = "RotaryEmbedding");
 std::optional<torch::Tensor> tensor_arg(const py::handle& v, const std::string& who, const char* name);
+// The same for an argument None does not stand for: "must be a tensor, got ...".
+torch::Tensor required_tensor_arg(const py::handle& v, const std::string& who, const char* name);
 std::tuple<torch::Tensor, OptTensor, int64_t, OptTensor, OptTensor> call_args(
     const py::object& q, const py::object& k, const py::object& start_pos, const py::object& offsets,
     const py::object& position_ids, const py::object& positions);
