@@ -129,6 +129,11 @@ def _fmt(placements):
     return "(" + ", ".join(repr(p) for p in placements) + ")"
 
 
+def sharded_dims(placements, ndim):
+    """The tensor dims a DTensor's placements shard (on any mesh dim)."""
+    return {p.dim % ndim for p in placements if p.is_shard()}
+
+
 class _Refuse(ValueError):
     pass
 
@@ -274,7 +279,7 @@ def _localize_positions(op, arg, p, kind, want, mesh, data, data_name, data_plac
         placed = f"{arg} has placements {_fmt(p.placements)}"
         # By placement, not by this rank's shard: a sharded size-1 dim is whole
         # on one rank and empty on the others, which must refuse alike.
-        sharded = {pl.dim % p.dim() for pl in p.placements if pl.is_shard()}
+        sharded = sharded_dims(p.placements, p.dim())
     else:
         local, have = p, (0,) * p.dim()
         placed = f"{arg} is a plain tensor (read as replicated)"

@@ -61,6 +61,7 @@ from ._dtensor_shards import (
     _localize_positions,
     layout_dims,
     out_spec,
+    sharded_dims,
     _position_kind,
     _refuse,
     _Refuse,
@@ -288,7 +289,7 @@ def _rule(op, args, kwargs, key):
     if dims is not None:
         _localize_all_positions(
             op, bound, local, dims, packed, x_offset, x_local, mesh, data, data_name, placements)
-        cut = {p.dim % x.ndim for p in placements if p.is_shard()}
+        cut = sharded_dims(placements, x.ndim)
         positions = any(bound.get(n) is not None for n in _POSITION_ARGS)
         empty = dims[0] is not None and x_local.shape[dims[0]] == 0  # no rows here: no start_pos check either
         if not packed and (dims[2] in cut or (dims[0] in cut and (positions or empty))):
