@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 namespace rotary {
@@ -49,18 +50,30 @@ RopeFrequencies linear_rule(const RopeScaling& s, double theta, int64_t d, int64
   return out;
 }
 
-RopeFrequencies ntk_rule(const RopeScaling& s, double theta, int64_t d, int64_t) {
+// ntk and dynamic: theta grown to theta * growth^(d / (d - 2)). Past a
+// double's range the base would give inv_freq = 1, 0, 0, ... (inf^0, inf^-x),
+// finite and wrong: refused (validate() keeps d > 2).
+namespace {
+std::vector<double> grown_inv_freq(const RopeScaling& s, double theta, int64_t d, double growth, int64_t seq_len) {
   const double dd = static_cast<double>(d);
-  return {base_inv_freq(d, theta * std::pow(*s.factor(), dd / (dd - 2.0))), 1.0};
+  const double base = theta * std::pow(growth, dd / (dd - 2.0));
+  TORCH_CHECK_VALUE(std::isfinite(base) && base > 0.0, "RopeScaling(type='", s.type(), "'): theta = ", theta,
+                    " and factor = ", *s.factor(), seq_len > 0 ? " at seq_len " + std::to_string(seq_len) : "",
+                    " grow the base to theta * ", growth, "^(d / (d - 2)) = ", base,
+                    " (rotary_dim d = ", d, "); it must be finite and > 0 (a factor or theta out of range)");
+  return base_inv_freq(d, base);
+}
+}  // namespace
+
+RopeFrequencies ntk_rule(const RopeScaling& s, double theta, int64_t d, int64_t) {
+  return {grown_inv_freq(s, theta, d, *s.factor(), 0), 1.0};
 }
 
 RopeFrequencies dynamic_rule(const RopeScaling& s, double theta, int64_t d, int64_t seq_len) {
-  const double dd = static_cast<double>(d);
   const double factor = *s.factor();
   const double max_pos = static_cast<double>(*s.max_position_embeddings());
   const double len = std::max(static_cast<double>(seq_len), max_pos);
-  const double base = theta * std::pow(factor * len / max_pos - (factor - 1.0), dd / (dd - 2.0));
-  return {base_inv_freq(d, base), 1.0};
+  return {grown_inv_freq(s, theta, d, factor * len / max_pos - (factor - 1.0), seq_len), 1.0};
 }
 
 RopeFrequencies yarn_rule(const RopeScaling& s, double theta, int64_t d, int64_t) {

@@ -76,6 +76,7 @@ void RotaryEmbeddingImpl::load_tables(
 }
 
 void RotaryEmbeddingImpl::update_for_reach(int64_t reach) {
+  tables_.check_reach(reach);
   tables_.run(reach, freqs.device(), [&] { return RopeTables::Held{freqs, inv_freq}; }, [&](const RopeTableSet* fresh) {
     if (fresh) install(*fresh);
     return 0;

@@ -99,6 +99,12 @@ class RopeTables {
   // table of `rows` rows (c10::IndexError).
   static void check_start_pos(int64_t start_pos);
   void check_rows(int64_t seq_len, int64_t start_pos, bool has_positions, int64_t rows) const;
+  // update_for_reach's argument: at most 2^60, one past the largest position.
+  void check_reach(int64_t reach) const;
+  // Refuses a call during a backward pass (a checkpoint's recomputation)
+  // whose table depends on the calls since its forward (dynamic, reach >=
+  // max_position_embeddings): the recomputation cannot know it.
+  void check_replay(int64_t reach) const;
 
   // The module's buffers (freqs, inv_freq), as held() returns them.
   using Held = std::pair<at::Tensor, at::Tensor>;
@@ -113,6 +119,7 @@ class RopeTables {
   template <typename HeldFn, typename Op>
   auto run(int64_t reach, c10::Device device, HeldFn&& held, Op&& op, bool record = true) -> decltype(op(nullptr)) {
     if (!host_driven_) return op(nullptr);
+    check_replay(reach);
     std::lock_guard<std::mutex> lock(lock_.mutex);
     follow(held());
     const int64_t next = reach > 0 ? state_for_reach(reach) : state_;

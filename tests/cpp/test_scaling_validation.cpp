@@ -149,7 +149,27 @@ TEST(ScalingErrors, NonFiniteTablesAreRefused) {
       build(RotaryEmbeddingOptions(8).scaling(RopeScaling("linear").factor(1e-320))), "give inv_freq[0] = inf");
   expect_value_error(
       build(RotaryEmbeddingOptions(8).scaling(RopeScaling("dynamic").factor(std::ldexp(1.0, 62)))),
-      "RopeScaling(type='dynamic'): theta = 10000 and factor = 4.61169e+18 give inv_freq[");
+      "RopeScaling(type='dynamic'): theta = 10000 and factor = 4.61169e+18 grow the base to theta * 0^(d / (d - 2)) "
+      "= 0");
+  // A base past a double's range would give inv_freq = 1, 0, 0, ...: finite, and wrong.
+  expect_value_error(
+      build(RotaryEmbeddingOptions(128).theta(1.5e308).scaling(RopeScaling("ntk").factor(2.0))),
+      "RopeScaling(type='ntk'): theta = 1.5e+308 and factor = 2 grow the base to theta * 2^(d / (d - 2)) = inf");
+  expect_value_error(
+      build(RotaryEmbeddingOptions(128).scaling(RopeScaling("ntk").factor(1e300))), "= inf (rotary_dim d = 128)");
+  {
+    // Built at its original length, a grown dynamic base past the range is refused when a call reaches it,
+    // and the module keeps its tables.
+    RotaryEmbedding grows(RotaryEmbeddingOptions(128).max_seq_len(16).theta(1.5e308).scaling(
+        RopeScaling("dynamic").factor(2.0).max_position_embeddings(4096)));
+    const auto before = grows->inv_freq.clone();
+    expect_value_error([&] { grows->update_for_reach(8192); }, "at seq_len 8192 grow the base");
+    EXPECT_TRUE(torch::equal(grows->inv_freq, before));
+    EXPECT_EQ(grows->tables().state(), 0);
+    expect_value_error([&] { grows->update_for_reach((int64_t{1} << 60) + 1); },
+                       "update_for_reach: reach (one past the largest position of a call) must be <= 2^60, got "
+                       "1152921504606846977");
+  }
   expect_value_error(
       build(RotaryEmbeddingOptions(8).theta(1e-300).angle_dtype(torch::kFloat32)), "theta=1e-300");
   expect_value_error(

@@ -108,7 +108,7 @@ NON_FINITE = [
     (dict(scaling={"rope_type": "yarn", "factor": math.e, "original_max_position_embeddings": 64,
                    "mscale": 1.0, "mscale_all_dim": -10.0}), r"attention scaling"),
     (dict(scaling={"rope_type": "linear", "factor": 1e-320}), r"factor = .* give inv_freq\[0\] = inf"),
-    (dict(scaling={"rope_type": "dynamic", "factor": 2.0**62}), r"factor = 4.61169e\+18 give inv_freq\[1\] = inf"),
+    (dict(scaling={"rope_type": "dynamic", "factor": 2.0**62}), r"factor = 4.61169e\+18 grow the base to theta \* 0\^\(d \/ \(d - 2\)\) = 0"),
     (dict(theta=1e-300, angle_dtype="float32"), r"theta=1e-300.*for float32 angles"),
     # finite, but past 2^62 rad no float64 angle keeps its phase
     (dict(theta=1e-300), r"theta=1e-300.*inv_freq\[1\] = 1e\+75 gives the angle .* keep their phase below 2\^62 rad"),

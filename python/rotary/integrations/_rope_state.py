@@ -4,6 +4,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from .. import _C
 from ..module import RotaryEmbedding
 
 
@@ -50,7 +51,8 @@ class _RopeState:
         reach of this forward pass, as dynamic_rope_update does."""
         if self.rope.host_driven and position_ids.numel() > 0:
             self._leave_meta(position_ids.device)
-            self.rope.update_for_reach(int(position_ids.max()) + 1)
+            # 0 (the tables as held) for ids the op refuses: its error, not update_for_reach's.
+            self.rope.update_for_reach(_C.RopeTables.reach_of(position_ids.shape[-1], 0, None, position_ids))
 
 
 def _dynamic_rules(emb, states):

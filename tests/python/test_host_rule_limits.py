@@ -1,0 +1,121 @@
+"""Where the frequency rules stop serving, they refuse by name: an ntk or
+dynamic base past a double's range, update_for_reach past the positions a
+call may hold, and a checkpoint's recomputation of a dynamic rule whose table
+depends on the calls made since its forward pass."""
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.checkpoint import checkpoint
+
+import rotary
+from rotary_testing.reference import rotate_pairs_nd
+from rotary_testing.scaling_reference import ref_frequencies
+
+MODULES = [rotary.RotaryEmbedding, rotary.CppRotaryEmbedding]
+DYNAMIC = {"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 16}
+
+
+@pytest.mark.parametrize("theta,factor", [(1.5e308, 2.0), (1e4, 1e300)])
+def test_an_ntk_base_past_a_double_is_refused(theta, factor):
+    # It used to give inv_freq = 1, 0, 0, ... (inf^0, inf^-x): finite, so no check caught it.
+    with pytest.raises(ValueError, match=r"RopeScaling\(type='ntk'\): theta = .* grow the base to theta \* .*= inf "
+                                         r"\(rotary_dim d = 128\); it must be finite and > 0"):
+        rotary.freqs_table(128, 4, theta, {"rope_type": "ntk", "factor": factor})
+    # Just inside the range it is served, and matches the plain-math rule.
+    inv, _ = rotary.inv_frequencies(128, 1e300, {"rope_type": "ntk", "factor": 2.0})
+    want, _ = ref_frequencies(128, 1e300, {"rope_type": "ntk", "factor": 2.0})
+    np.testing.assert_allclose(inv.numpy(), np.array(want), rtol=1e-12)
+    assert (inv > 0).all()
+
+
+@pytest.mark.parametrize("cls", MODULES)
+def test_a_dynamic_base_grown_past_a_double_refuses_the_call(cls):
+    torch.manual_seed(0)
+    m = cls(128, 16, theta=1.5e308, scaling={**DYNAMIC, "max_position_embeddings": 4096})
+    q = torch.randn(1, 1, 2, 128)
+    out = m(q, start_pos=10)  # the original base: served
+    assert torch.isfinite(out).all() and m.rope_state == 0
+    before = {n: b.clone() for n, b in m.named_buffers()}
+    with pytest.raises(ValueError, match=r"type='dynamic'\): theta = 1.5e\+308 and factor = 2 at seq_len 8192 grow "
+                                         r"the base"):
+        m(q, start_pos=8190)
+    assert m.rope_state == 0
+    for n, b in m.named_buffers():
+        assert torch.equal(b, before[n]), n
+    # Its state is still read back from its buffers (lengths past the range count as past the saved one).
+    again = cls(128, 16, theta=1.5e308, scaling={**DYNAMIC, "max_position_embeddings": 4096})
+    again.load_state_dict(m.state_dict())
+    assert again.rope_state == 0
+
+
+def test_update_for_reach_is_checked_by_name():
+    m = rotary.RotaryEmbedding(8, 64, scaling=DYNAMIC)
+    with pytest.raises(ValueError, match=r"update_for_reach: reach \(one past the largest position of a call\) must "
+                                         r"be <= 2\^60, got 4611686018427387904"):
+        m.update_for_reach(2**62)
+    for bad in (1.5, True, None):
+        with pytest.raises(TypeError, match=r"RotaryEmbedding.update_for_reach: reach must be an int, got"):
+            m.update_for_reach(bad)
+    with pytest.raises(ValueError, match=r"reach must fit in int64"):
+        m.update_for_reach(2**64)
+    assert m.rope_state == 0
+    m.update_for_reach(-3)  # no call reaches past its tables: nothing changes
+    m.update_for_reach(2**60)  # the largest reach a call may have
+    assert m.rope_state == 2**60
+    # The tables round-trip; past 2^53 the lengths within one double's spacing share them.
+    again = rotary.RotaryEmbedding(8, 64, scaling=DYNAMIC)
+    again.load_state_dict(m.state_dict())
+    assert abs(again.rope_state - 2**60) <= 256
+    for (name, a), (_, b) in zip(again.named_buffers(), m.named_buffers()):
+        assert torch.equal(a, b), name
+
+
+def _grad_reference(c, seq, interleaved):
+    """d sum(rope(x) * c) / dx: c turned back by the rule's angles (state 0)."""
+    inv, _ = ref_frequencies(8, 10000.0, DYNAMIC, 0)
+    angle = np.arange(seq, dtype=np.float64)[:, None] * np.array(inv)[None, :]
+    return torch.from_numpy(rotate_pairs_nd(c.numpy(), -angle, interleaved))
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+@pytest.mark.parametrize("cls", MODULES)
+def test_checkpoint_recomputes_a_dynamic_rule_only_where_history_cannot_change_it(cls, reentrant):
+    torch.manual_seed(0)
+    m = cls(8, 64, scaling=DYNAMIC)
+    # Below max_position_embeddings every state gives the original table: served, even after growth.
+    x = torch.randn(1, 2, 10, 8, dtype=torch.float64, requires_grad=True)
+    c = torch.randn(1, 2, 10, 8, dtype=torch.float64)
+    y = checkpoint(m, x, use_reentrant=reentrant)
+    m(torch.randn(1, 2, 50, 8, dtype=torch.float64))  # grows the table to 50
+    (y * c).sum().backward()
+    torch.testing.assert_close(x.grad, _grad_reference(c, 10, interleaved=True), rtol=0, atol=2e-7)  # the complex64 table: ~3e-8 per entry
+
+    # Past it, the table the recomputation would use depends on the calls since: refused, not silently
+    # the other state's gradient (the forward used state 20, the module is at 50 now).
+    x = torch.randn(1, 2, 20, 8, dtype=torch.float64, requires_grad=True)
+    y = checkpoint(m, x, use_reentrant=reentrant)
+    m(torch.randn(1, 2, 50, 8, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"called during a backward pass \(torch.utils.checkpoint recomputing it\) "
+                                         r"with positions up to 19, past max_position_embeddings = 16.*"
+                                         r"update_for_reach\(20\) before it"):
+        y.sum().backward()
+    assert x.grad is None
+
+
+def test_the_documented_way_around_a_checkpoint():
+    """update_for_reach before the checkpointed function, the tables passed in:
+    the gradient of the forward that ran."""
+    torch.manual_seed(0)
+    m = rotary.RotaryEmbedding(8, 64, scaling=DYNAMIC, interleaved=False)
+    x = torch.randn(1, 2, 20, 8, dtype=torch.float64, requires_grad=True)
+    c = torch.randn(1, 2, 20, 8, dtype=torch.float64)
+    m.update_for_reach(20)
+    freqs, inv = m.freqs, m.inv_freq
+    y = checkpoint(lambda t, f, i: rotary.apply_rope(t, f, 0, False, inv_freq=i), x, freqs, inv, use_reentrant=False)
+    m(torch.randn(1, 2, 50, 8, dtype=torch.float64))
+    (y * c).sum().backward()
+    inv20, _ = ref_frequencies(8, 10000.0, DYNAMIC, 20)
+    angle = np.arange(20, dtype=np.float64)[:, None] * np.array(inv20)[None, :]
+    torch.testing.assert_close(x.grad, torch.from_numpy(rotate_pairs_nd(c.numpy(), -angle, False)),
+                               rtol=0, atol=2e-7)  # the complex64 table: ~3e-8 per entry
