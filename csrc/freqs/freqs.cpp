@@ -105,30 +105,16 @@ void check_entries(const RopeFrequencies& freqs, const EntryMaker& entry, double
   }
 }
 
-// Tables are built on the host: one past its memory fails in the allocator
-// (or, overcommitted, when written), one past int64 bytes in torch's size
-// check; neither names the argument.
-void check_table_bytes(int64_t rows, int64_t pairs) {
-  static const uint64_t memory = [] {
-    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-    return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : UINT64_MAX;
-  }();
-  const uint64_t per_row = static_cast<uint64_t>(pairs) * sizeof(c10::complex<float>);
-  if (per_row == 0 || static_cast<uint64_t>(rows) <= memory / per_row) return;
-  const uint64_t r = static_cast<uint64_t>(rows);
-  const std::string need = r <= UINT64_MAX / per_row ? std::to_string(r * per_row) : "more than 2^64";
-  TORCH_CHECK_VALUE(
-      false, "freqs_table: a table of max_seq_len=", rows, " rows x dim // 2 = ", pairs, " pairs needs ", need,
-      " bytes (complex64), more than this machine's memory (", memory, " bytes); pass a smaller max_seq_len");
-}
-
 }  // namespace
 
 at::Tensor freqs_table(const RopeFrequencies& freqs, int64_t max_seq_len, at::ScalarType angle_dtype) {
   TORCH_CHECK_VALUE(max_seq_len >= 0, "freqs_table: max_seq_len must be >= 0, got ", max_seq_len);
   check_angle_dtype(angle_dtype, "freqs_table");
   const int64_t pairs = static_cast<int64_t>(freqs.inv_freq.size());
-  check_table_bytes(max_seq_len, pairs);
+  detail::check_host_bytes("freqs_table", {max_seq_len, pairs}, sizeof(c10::complex<float>), "complex64",
+                           "a table of max_seq_len=" + std::to_string(max_seq_len) + " rows x dim // 2 = " +
+                               std::to_string(pairs) + " pairs",
+                           "pass a smaller max_seq_len");
   const EntryMaker entry(freqs, angle_dtype);
   check_entries(freqs, entry, static_cast<double>(std::max<int64_t>(max_seq_len - 1, 0)), angle_dtype, "freqs_table");
   auto table = detail::host_tensor({max_seq_len, pairs}, at::kComplexFloat);
@@ -168,6 +154,27 @@ at::Tensor freqs_at(const RopeFrequencies& freqs, const at::Tensor& positions, a
   });
   return table;
 }
+
+namespace detail {
+
+void check_host_bytes(const char* who, std::initializer_list<int64_t> dims, uint64_t entry_bytes, const char* entry,
+                      const std::string& what, const char* advice) {
+  static const uint64_t memory = [] {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : UINT64_MAX;
+  }();
+  uint64_t bytes = entry_bytes;  // saturates at UINT64_MAX
+  for (const int64_t d : dims) {
+    const auto n = static_cast<uint64_t>(std::max<int64_t>(d, 0));
+    if (n == 0) return;
+    bytes = bytes <= UINT64_MAX / n ? bytes * n : UINT64_MAX;
+  }
+  TORCH_CHECK_VALUE(bytes <= memory, who, ": ", what, " needs ",
+                    bytes == UINT64_MAX ? std::string("more than 2^64") : std::to_string(bytes), " bytes (", entry,
+                    "), more than this machine's memory (", memory, " bytes); ", advice);
+}
+
+}  // namespace detail
 
 at::Tensor inv_freq_tensor(const RopeFrequencies& freqs) {
   const int64_t pairs = static_cast<int64_t>(freqs.inv_freq.size());

@@ -7,12 +7,23 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
 namespace rotary {
 namespace detail {
 
 inline at::Tensor host_tensor(at::IntArrayRef sizes, at::ScalarType dtype) {
   return at::Tensor(at::detail::empty_cpu(sizes, dtype));
 }
+
+// Tables are built on the host: one past its memory fails in the allocator
+// (or, overcommitted, when written), one past int64 bytes in torch's size
+// check; neither names the argument. `what` names the arguments, `entry`
+// the element type, `advice` the way out (freqs.cpp).
+void check_host_bytes(const char* who, std::initializer_list<int64_t> dims, uint64_t entry_bytes, const char* entry,
+                      const std::string& what, const char* advice);
 
 }  // namespace detail
 }  // namespace rotary

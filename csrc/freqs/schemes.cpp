@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <string>
 #include <vector>
 
 namespace rotary {
@@ -31,6 +32,8 @@ at::Tensor sinusoidal_table(int64_t n, int64_t d, double base) {
   TORCH_CHECK_VALUE(n >= 0, "sinusoidal_table: n (the number of positions) must be >= 0, got ", n);
   TORCH_CHECK_VALUE(d > 0 && d % 2 == 0, "sinusoidal_table: d (the model dim) must be even and > 0, got ", d);
   TORCH_CHECK_VALUE(std::isfinite(base) && base > 0.0, "sinusoidal_table: base must be finite and > 0, got ", base);
+  detail::check_host_bytes("sinusoidal_table", {n, d}, sizeof(float), "float32",
+                           "a table of n=" + std::to_string(n) + " rows x d=" + std::to_string(d), "pass a smaller n");
   at::Tensor pe = detail::host_tensor({n, d}, at::kFloat);
   if (n == 0) return pe;
   // base^(2i/d), the reference divisor, once per pair.
@@ -60,6 +63,8 @@ at::Tensor sinusoidal_table(int64_t n, int64_t d, double base) {
 
 at::Tensor alibi_slopes(int64_t n_heads) {
   TORCH_CHECK_VALUE(n_heads > 0, "alibi_slopes: n_heads must be > 0, got ", n_heads);
+  detail::check_host_bytes("alibi_slopes", {n_heads}, sizeof(float) + sizeof(double), "float32, from float64",
+                           "n_heads=" + std::to_string(n_heads) + " slopes", "pass a smaller n_heads");
   const auto m = slopes_f64(n_heads);
   at::Tensor out = detail::host_tensor({n_heads}, at::kFloat);
   float* o = out.data_ptr<float>();
@@ -70,6 +75,12 @@ at::Tensor alibi_slopes(int64_t n_heads) {
 at::Tensor alibi_bias(int64_t n_heads, int64_t seq_len, bool causal) {
   TORCH_CHECK_VALUE(n_heads > 0, "alibi_bias: n_heads must be > 0, got ", n_heads);
   TORCH_CHECK_VALUE(seq_len >= 0, "alibi_bias: seq_len must be >= 0, got ", seq_len);
+  detail::check_host_bytes("alibi_bias", {n_heads}, sizeof(double), "float64",
+                           "n_heads=" + std::to_string(n_heads) + " slopes", "pass a smaller n_heads");
+  detail::check_host_bytes("alibi_bias", {n_heads, seq_len, seq_len}, sizeof(float), "float32",
+                           "a bias of n_heads=" + std::to_string(n_heads) + " x seq_len=" + std::to_string(seq_len) +
+                               " x seq_len",
+                           "pass a smaller seq_len or n_heads");
   const auto m = slopes_f64(n_heads);
   at::Tensor bias = detail::host_tensor({n_heads, seq_len, seq_len}, at::kFloat);
   if (seq_len == 0) return bias;

@@ -195,3 +195,31 @@ def test_flags_and_bases_are_checked():
     with pytest.raises(ValueError, match=r"sinusoidal_table: base = 4.94066e-324 gives the divisor"):
         rotary.sinusoidal_table(64, 64, 5e-324)
     assert torch.isfinite(rotary.sinusoidal_table(64, 64, 1e-300)).all()  # small but representable: finite
+
+
+@pytest.mark.parametrize(
+    "call,error,pattern",
+    [
+        # pybind took a bool as an int (a 1-row table, base 1.0) and named no argument for a float.
+        (lambda: rotary.sinusoidal_table(True, 4), TypeError, r"sinusoidal_table: n must be an int, got True"),
+        (lambda: rotary.sinusoidal_table(4, 4, True), TypeError, r"sinusoidal_table: base must be a number, got True"),
+        (lambda: rotary.sinusoidal_table(4.0, 4), TypeError, r"sinusoidal_table: n must be an int, got 4.0"),
+        (lambda: rotary.sinusoidal_table(2**64, 4), ValueError, r"sinusoidal_table: n must fit in int64"),
+        (lambda: rotary.alibi_slopes(True), TypeError, r"alibi_slopes: n_heads must be an int, got True"),
+        (lambda: rotary.alibi_bias(2, True), TypeError, r"alibi_bias: seq_len must be an int, got True"),
+        # Past the machine's memory: named, before any allocation.
+        (lambda: rotary.sinusoidal_table(2**40, 4), ValueError,
+         r"sinusoidal_table: a table of n=1099511627776 rows x d=4 needs 17592186044416 bytes \(float32\), more than "
+         r"this machine's memory .*pass a smaller n"),
+        (lambda: rotary.alibi_slopes(2**62), ValueError,
+         r"alibi_slopes: n_heads=4611686018427387904 slopes needs more than 2\^64 bytes.*pass a smaller n_heads"),
+        (lambda: rotary.alibi_bias(1, 2**20), ValueError,
+         r"alibi_bias: a bias of n_heads=1 x seq_len=1048576 x seq_len needs 4398046511104 bytes \(float32\)"),
+        (lambda: rotary.alibi_bias(2**40, 2**20), ValueError, r"alibi_bias: n_heads=1099511627776 slopes needs"),
+    ],
+    ids=["n-bool", "base-bool", "n-float", "n-past-int64", "slopes-bool", "seq-bool", "table-bytes", "slopes-bytes",
+         "bias-bytes", "bias-slopes-bytes"],
+)
+def test_arguments_are_named(call, error, pattern):
+    with pytest.raises(error, match=pattern):
+        call()
