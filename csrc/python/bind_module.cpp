@@ -86,7 +86,7 @@ py::object cpp_rope_from_state(const py::object& wrapper, const py::tuple& st) {
   impl->to(st[6].cast<torch::Tensor>().device());
   py::object obj = wrapper.attr("__new__")(wrapper);
   py::module_::import("torch.nn.cpp").attr("ModuleWrapper").attr("__init__")(obj, py::cast(impl));
-  methods_return_self(obj);
+  adopt_wrapper(obj);
   impl->train(st[8].cast<bool>());  // after nn.Module.__init__, which sets training = True
   return obj;
 }
@@ -145,6 +145,8 @@ void bind_cpp_module(py::module_& m) {
   // inv_freq into the model's dtype.
   py::object wrapper = m.attr("CppRotaryEmbedding");
   apply_moves_only<Impl>(wrapper);
+  // A Python forward over the bound one: Dynamo and export meet a reason.
+  wrapper.attr("forward") = py::module_::import("rotary._cpp_wrappers").attr("cpp_forward");
 
   // ModuleWrapper copies the C++ module's attributes once, at construction;
   // the rule's state changes, so the wrapper reads it on each access.

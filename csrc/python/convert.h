@@ -103,18 +103,11 @@ std::optional<torch::Tensor> saved_tensor(const py::handle& v, const char* who, 
 
 // torch.nn.cpp.ModuleWrapper._apply casts every buffer with `fn`, which
 // would bypass the C++ to(dtype) override when a Python parent is cast
-// (parent.half(), parent.to(torch.bfloat16)): take only the device.
-// torch's bindings of to / cpu / cuda / float / double / half / train /
-// eval return None (`m = m.to(device)` lost the module), and
-// ModuleWrapper.__init__ copies them onto each instance: drop the copies, so
-// the wrapper's nn.Module methods (which return self) apply. clone too:
-// torch's returns the bare C++ module (apply_moves_only binds one that
-// returns a module).
-inline void methods_return_self(const py::object& self) {
-  py::dict own = self.attr("__dict__");
-  for (const char* name : {"to", "cpu", "cuda", "float", "double", "half", "train", "eval", "clone"}) {
-    if (own.contains(name)) PyDict_DelItemString(own.ptr(), name);
-  }
+// (parent.half(), parent.to(torch.bfloat16)): apply_moves_only takes only
+// the device. rotary._cpp_wrappers.adopt fits each new instance with
+// nn.Module's own methods and dicts that refuse assignment by name.
+inline void adopt_wrapper(const py::object& self) {
+  py::module_::import("rotary._cpp_wrappers").attr("adopt")(self);
 }
 
 template <typename Impl>
@@ -123,7 +116,7 @@ void apply_moves_only(py::object wrapper) {
   wrapper.attr("__init__") = py::cpp_function(
       [init](const py::object& self, const py::args& args, const py::kwargs& kwargs) {
         init(self, *args, **kwargs);
-        methods_return_self(self);
+        adopt_wrapper(self);
       },
       py::is_method(wrapper));
   wrapper.attr("_apply") = py::cpp_function(

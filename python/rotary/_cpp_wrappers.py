@@ -1,0 +1,63 @@
+"""What torch.nn.cpp.ModuleWrapper lacks for rotary's bound C++ modules
+(CppRotaryEmbedding, KVCache): nn.Module's own methods, buffers that refuse
+replacement by name, and a forward that torch.compile and torch.export meet
+with a message instead of an internal error. The C++ binding calls
+:func:`adopt` on every new wrapper (csrc/python/convert.h)."""
+
+import torch
+from torch.nn.cpp import OrderedDictWrapper
+
+# ModuleWrapper.__init__ copies the bound C++ methods onto each instance.
+# torch's to / cpu / cuda / float / double / half / train / eval return None
+# (`m = m.to(device)` lost the module) and clone the bare C++ module; the
+# named_* and the rest lack nn.Module's arguments (torch.export calls
+# named_parameters(remove_duplicate=False)) and yield C++ modules. Dropping
+# the copies lets nn.Module's methods apply; they reach C++ through _apply
+# (bound by the binding) and the wrapped dicts below. forward is the
+# class's, below.
+_SHADOWED = ("to", "cpu", "cuda", "float", "double", "half", "train", "eval", "clone", "forward", "buffers",
+             "children", "modules", "named_buffers", "named_children", "named_modules", "named_parameters",
+             "parameters", "zero_grad")
+
+
+def _advice(cls: str) -> str:
+    return (f"rotary.{cls} keeps its tensors in the C++ module, out of reach of torch.export, "
+            "torch.func.functional_call and a single torch.compile graph: use rotary.RotaryEmbedding, the same "
+            "module in Python (docs/deploy.md)")
+
+
+class _CppDict(OrderedDictWrapper):
+    """A C++ module's buffers, parameters or submodules, read live; an
+    assignment (a parameter swap, register_buffer, `m.freqs = t`) is refused
+    by name instead of failing inside OrderedDictWrapper."""
+
+    def __init__(self, cpp_module, attr, cls):
+        super().__init__(cpp_module, attr)
+        self.cls = cls
+
+    def __setitem__(self, key, value):
+        raise TypeError(f"rotary.{self.cls}: cannot set {self.attr[1:-1]} {key!r} from Python. "
+                        + _advice(self.cls) + "; load_tables or load_state_dict replaces the tables")
+
+    __delitem__ = __setitem__
+
+
+def adopt(wrapper) -> None:
+    """Fit a new wrapper instance: nn.Module's methods and refusing dicts."""
+    own, cls = wrapper.__dict__, type(wrapper).__name__
+    for name in _SHADOWED:
+        own.pop(name, None)
+    for attr in ("_parameters", "_buffers", "_modules"):
+        object.__setattr__(wrapper, attr, _CppDict(wrapper.cpp_module, attr, cls))
+
+
+def cpp_forward(self, *args, **kwargs):
+    """The C++ module's forward (the bound method's arguments). Dynamo
+    cannot trace into it: a graph break, with this reason under
+    fullgraph=True or strict export; a non-strict export is refused."""
+    if torch.compiler.is_compiling():
+        torch._dynamo.graph_break(msg=f"rotary.{type(self).__name__} runs its C++ forward eagerly. "
+                                  + _advice(type(self).__name__))
+    elif torch.compiler.is_exporting():
+        raise RuntimeError(_advice(type(self).__name__))
+    return self.cpp_module.forward(*args, **kwargs)
