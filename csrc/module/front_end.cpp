@@ -95,13 +95,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_with_cache(
   }
   if (start_pos) RopeTables::check_start_pos(*start_pos);
   TORCH_CHECK_VALUE(q.dim() == 4, kWho, ": q must be 4-D ", std::string(layout), " ", ax.dims, ", got ", q.sizes());
-  const auto cache_dtype = cache.options_in_effect().dtype();
+  // The cache's shape in its own words (the op would name k_cache and v_cache, which the caller never passed).
+  const KVCacheOptions& co = cache.options_in_effect();
+  for (const auto& [what, t] : {std::pair<const char*, const at::Tensor*>{"k", &k}, {"v", &v}}) {
+    TORCH_CHECK_VALUE(t->dim() == 4 && t->size(ax.batch) == co.batch() && t->size(ax.heads) == co.kv_heads() &&
+                          t->size(3) == co.head_dim(),
+                      kWho, ": ", what, " must be ", std::string(layout), " ", ax.dims, " with the KVCache's batch = ",
+                      co.batch(), ", kv_heads = ", co.kv_heads(), " and head_dim = ", co.head_dim(), ", got shape ",
+                      t->sizes());
+  }
+  const auto cache_dtype = co.dtype();
   const auto name = [&](at::ScalarType s) { return buffers.dtype_name ? buffers.dtype_name(s) : c10::str(s); };
   TORCH_CHECK_TYPE(
       cache_dtype == k.scalar_type() || cache_dtype == at::kFloat8_e4m3fn, kWho, ": the KVCache holds ",
       name(cache_dtype), " but k is ", name(k.scalar_type()),
       "; build the KVCache with dtype=", name(k.scalar_type()), " (or ", name(at::kFloat8_e4m3fn), "), or cast k");
-  const int64_t seq = q.size(ax.seq), filled = cache.length(), capacity = cache.options_in_effect().capacity();
+  const int64_t seq = q.size(ax.seq), filled = cache.length(), capacity = co.capacity();
   TORCH_CHECK_INDEX(filled + seq <= capacity, kWho, ": appending ", seq, " positions to a cache holding ", filled,
                     " exceeds its capacity ", capacity);
   check_span(tables.options(), q);
@@ -120,7 +129,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_with_cache(
   const auto& o = tables.options();
   run_module_call(tables, buffers, seq, pos, std::nullopt, std::nullopt, [&](const at::Tensor& f, const auto& inv) {
     apply_rope_with_kv_cache_(q, k, v, cache.k, cache.v, f, pos, o.interleaved(), std::nullopt, std::nullopt,
-                              std::nullopt, inv, layout, rows, std::nullopt, cache.options_in_effect().layout(),
+                              std::nullopt, inv, layout, rows, std::nullopt, co.layout(),
                               scale(cache.k_scale), scale(cache.v_scale), /*inverse=*/false, o.rotary_offset());
     return 0;
   });

@@ -150,3 +150,23 @@ def test_call_argument_errors_name_the_argument(kind):
     snap.check()
     # an int in k's slot is start_pos
     assert torch.equal(m(x, 5), m(x, start_pos=5))
+
+
+@pytest.mark.parametrize("kind", MODULES)
+def test_forward_with_cache_names_the_kv_caches_shape(kind):
+    """The op would name k_cache / v_cache, which a module caller never passed
+    (and hint at MLA's v_head_dim, which one KVCache head_dim cannot hold)."""
+    m = make_module(kind, 8, 32)
+    q, k, v = (randn(shape, seed=81 + i) for i, shape in enumerate([(2, 2, 1, 8), (2, 2, 1, 8), (1, 2, 1, 4)]))
+    cache = rotary.KVCache(1, 2, 8, 8)
+    snap = Snapshot(q, k, v, cache.k, cache.v)
+    want = r"RotaryEmbedding.forward_with_cache: {} must be BHSD \[batch, heads, seq_len, head_dim\] with the KVCache's " \
+           r"batch = 1, kv_heads = 2 and head_dim = 8, got shape \[{}\]"
+    with pytest.raises(ValueError, match=want.format("k", "2, 2, 1, 8")):
+        m.forward_with_cache(q, k, k, cache)
+    with pytest.raises(ValueError, match=want.format("v", "1, 2, 1, 4")):
+        m.forward_with_cache(q[:1], k[:1], v, cache)
+    with pytest.raises(ValueError, match=r"k must be BSHD \[batch, seq_len, heads, head_dim\] .*got shape \[1, 2, 1, 8\]"):
+        m.forward_with_cache(q[:1], k[:1], k[:1], cache, layout="BSHD")
+    snap.check()
+    assert cache.length == 0
