@@ -20,6 +20,23 @@ _SEQ_AXIS = _C.SEQ_AXIS  # the seq dim of each 4-D layout (params/layouts.h)
 
 # torch.compiler.disable, importing torch._dynamo at the first call (not at import).
 _eager_only = getattr(torch, "_disable_dynamo", None) or torch.compiler.disable
+_IN_CPP = ("rotary.RotaryEmbedding checks this call's arguments in C++, which Dynamo cannot trace: eagerly, at a "
+           "graph break. Run the call without torch.compile (or without fullgraph=True) to see the error")
+
+
+def _in_cpp(check, *args):
+    """A C++ check that raises the module's error. Traced, a graph break runs
+    it eagerly; under fullgraph=True the break names why (Dynamo's own words
+    for a pybind call say only that it cannot trace one)."""
+    if torch.compiler.is_compiling():
+        torch._dynamo.graph_break(msg=_IN_CPP)
+        return _run_eagerly(check, *args)  # resumed: a skipped call, without Dynamo's pybind warning
+    return check(*args)
+
+
+@_eager_only
+def _run_eagerly(check, *args):
+    return check(*args)
 
 
 class RotaryEmbedding(nn.Module):
@@ -223,13 +240,14 @@ class RotaryEmbedding(nn.Module):
                 or not (k is None or (isinstance(k, torch.Tensor) and k.dim() != 0))
                 or not all(t is None or isinstance(t, torch.Tensor) for t in (offsets, position_ids, positions))):
             # positions only to be type checked: a tensor is routed below, in Python.
-            q, k, start_pos, offsets, position_ids = _C.RopeTables.call_args(
-                q, k, start_pos, offsets, position_ids, None if isinstance(positions, torch.Tensor) else positions)
+            q, k, start_pos, offsets, position_ids = _in_cpp(
+                _C.RopeTables.call_args, q, k, start_pos, offsets, position_ids,
+                None if isinstance(positions, torch.Tensor) else positions)
         if positions is not None:  # deprecated: its rank decided its meaning
             start_pos, offsets, position_ids = _route(positions, offsets, position_ids, start_pos, None,
                                                       "RotaryEmbedding")
         if q.dim() == 4 and q.shape[-1] < self.rotary_offset + self.dim:
-            self._tables.check_span(q)  # raises, in the C++ module's words
+            _in_cpp(self._tables.check_span, q)  # raises, in the C++ module's words
         if not self._host_driven:
             return self._rotate(q, k, start_pos, offsets, position_ids, self.freqs, self.inv_freq, layout)
         seq_len = q.shape[ax] if q.dim() == 4 else 0  # the op reports a wrong shape
@@ -290,10 +308,10 @@ class RotaryEmbedding(nn.Module):
         if self.pair_axes is not None and position_ids is not None and position_ids.dim() == 3:
             kw["pair_axes"] = self.pair_axes  # [n_axes, batch, seq]; else a text token's rotation
         elif self.axes_dim is not None:  # axial: no 1-D meaning (rotary::module_pair_axes)
-            self._tables.refuse_axial_call("no position_ids" if position_ids is None
-                                           else f"position_ids of shape {list(position_ids.shape)}")
+            _in_cpp(self._tables.refuse_axial_call, "no position_ids" if position_ids is None
+                    else f"position_ids of shape {list(position_ids.shape)}")
         elif position_ids is not None and position_ids.dim() == 3:  # N-D ids, no map (rotary::module_pair_axes)
-            self._tables.refuse_nd_positions(str(list(position_ids.shape)))
+            _in_cpp(self._tables.refuse_nd_positions, str(list(position_ids.shape)))
         if k is None:
             return apply_rope(q, freqs, start_pos, self._opts[3], **kw)
         return apply_rope_qk(q, k, freqs, start_pos, self._opts[3], **kw)

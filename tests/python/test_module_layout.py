@@ -6,6 +6,8 @@ the layout given; a bad layout is refused by name.
 Head counts are equal and differ from seq on purpose: reading BSHD as BHSD
 then rotates along the heads without any shape error (the bug this guards)."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -170,3 +172,29 @@ def test_table_bound_under_fullgraph_compile_is_the_ops_index_error(backend):
     f = torch.compile(rope, fullgraph=True, backend=backend)
     with pytest.raises(IndexError, match=r"start_pos \+ seq_len = 6 \+ 5 = 11 exceeds the freqs table length"):
         f(q, q.clone(), 6, layout="BSHD")
+
+
+@pytest.mark.parametrize(
+    "call,error,eager",
+    [
+        (lambda m, q: m(q, q.clone(), -1), ValueError, r"RotaryEmbedding: start_pos must be >= 0, got -1"),
+        (lambda m, q: m(q, q.clone(), 1.5), TypeError, r"RotaryEmbedding: start_pos must be an int, got 1.5"),
+        (lambda m, q: m(q[..., :4], q[..., :4].clone()), ValueError, r"head_dim must be >= dim \(the rotated width\)"),
+    ],
+    ids=["negative-start", "float-start", "narrow-head"],
+)
+def test_refusals_checked_in_cpp_under_compile(call, error, eager):
+    """The module's C++ checks run at a graph break: compiled, the error is
+    eager's (and Dynamo warns of no pybind call); under fullgraph=True the
+    break says why instead of 'Attempted to call function marked as skipped'."""
+    rope = rotary.RotaryEmbedding(D, 8)
+    q = heads("BHSD", torch.float32, 15)
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*does not know how to trace")  # Dynamo's, on a pybind call
+        with pytest.raises(error, match=eager):
+            torch.compile(lambda q: call(rope, q), backend="eager")(q)
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.Unsupported, match=r"rotary.RotaryEmbedding checks this call's arguments in "
+                                                            r"C\+\+.*Run the call without torch.compile"):
+        torch.compile(lambda q: call(rope, q), backend="eager", fullgraph=True)(q)
