@@ -39,7 +39,8 @@ class _CppDict(OrderedDictWrapper):
         raise TypeError(f"rotary.{self.cls}: cannot set {self.attr[1:-1]} {key!r} from Python. "
                         + _advice(self.cls) + "; load_tables or load_state_dict replaces the tables")
 
-    __delitem__ = __setitem__
+    def __delitem__(self, key):
+        self.__setitem__(key, None)
 
 
 def adopt(wrapper) -> None:

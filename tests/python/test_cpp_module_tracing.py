@@ -66,7 +66,8 @@ def test_buffers_refuse_replacement_and_nn_module_methods_apply():
     for call in (lambda: torch.func.functional_call(m, {"freqs": torch.zeros_like(m.freqs)}, (q, k)),
                  lambda: setattr(m, "freqs", torch.zeros_like(m.freqs)),
                  lambda: m.register_buffer("extra", torch.zeros(1)),
-                 lambda: m.register_parameter("w", torch.nn.Parameter(torch.zeros(1)))):
+                 lambda: m.register_parameter("w", torch.nn.Parameter(torch.zeros(1))),
+                 lambda: delattr(m, "freqs")):
         with pytest.raises(TypeError, match=r"rotary.CppRotaryEmbedding: cannot set (buffer|parameter) '(freqs|extra|w)' "
                                             r"from Python.*load_tables or load_state_dict replaces the tables"):
             call()
