@@ -28,7 +28,7 @@ venv: $(DEPS_STAMP)
 $(BUILD)/CMakeCache.txt: $(DEPS_STAMP)
 	cmake -S . -B $(BUILD) $(NINJA_GENERATOR) \
 	  -DCMAKE_PREFIX_PATH="$$($(VPY) -c 'import torch; print(torch.utils.cmake_prefix_path)')" \
-	  -DPython3_EXECUTABLE=$(VPY) $(CMAKE_ARGS)
+	  -DPython3_EXECUTABLE=$(VPY) -DROTARY_PYTHON_OUTPUT_DIR=$(CURDIR)/python/rotary $(CMAKE_ARGS)
 
 build: $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j$(JOBS)

@@ -145,7 +145,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --f
 cmake_args=(-S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DROTARY_CUDA=ON -DROTARY_BUILD_BENCHMARKS=OFF
   -DROTARY_BUILD_EXAMPLES=OFF -DCMAKE_CXX_COMPILER="$HOST_CXX" -DCMAKE_CUDA_HOST_COMPILER="$HOST_CXX"
   -DCMAKE_PREFIX_PATH="$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)"
-  -DPython3_EXECUTABLE="$(command -v "$PY")")
+  -DPython3_EXECUTABLE="$(command -v "$PY")" -DROTARY_PYTHON_OUTPUT_DIR="$ROOT/python/rotary")
 # Without the carried GoogleTest source, configure would fail on find_package
 # (no package on the image) and every step with it: the gtests alone are left out.
 have_gtest=1
