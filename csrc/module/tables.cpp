@@ -13,12 +13,16 @@
 #include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
 #include <optional>
+#include <new>
 #include <sstream>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -113,6 +117,40 @@ RopeTables::RopeTables(RotaryEmbeddingOptions options, int64_t state) : options_
   host_driven_ = depends_on_seq_len(options_.scaling());
   state_ = host_driven_ ? std::max<int64_t>(state, 0) : 0;
   attention_scaling_ = frequencies_of(options_, options_.scaling(), state_).attention_scaling;
+}
+
+namespace {
+
+// The live ForkSafeMutexes, made anew in a forked child (where only the
+// forking thread runs). The registry's own mutex is held across fork().
+std::mutex& registry_mutex() {
+  static std::mutex* m = new std::mutex();  // never destroyed: a handler may run at exit
+  return *m;
+}
+std::unordered_set<detail::ForkSafeMutex*>& registry() {
+  static auto* live = new std::unordered_set<detail::ForkSafeMutex*>();
+  return *live;
+}
+void install_fork_handlers() {
+  static const int once = pthread_atfork([] { registry_mutex().lock(); }, [] { registry_mutex().unlock(); },
+                                         [] {
+                                           for (detail::ForkSafeMutex* m : registry()) new (&m->mutex) std::mutex();
+                                           registry_mutex().unlock();
+                                         });
+  (void)once;
+}
+
+}  // namespace
+
+detail::ForkSafeMutex::ForkSafeMutex() {
+  install_fork_handlers();
+  std::lock_guard<std::mutex> guard(registry_mutex());
+  registry().insert(this);
+}
+
+detail::ForkSafeMutex::~ForkSafeMutex() {
+  std::lock_guard<std::mutex> guard(registry_mutex());
+  registry().erase(this);
 }
 
 RopeTables::RopeTables(const RopeTables& other)

@@ -27,6 +27,21 @@ struct RopeTableSet {
   int64_t state = 0;  // the seq_len the rule was evaluated at (0: the initial state)
 };
 
+namespace detail {
+// A mutex that a child process gets unlocked. fork() copies a mutex as it
+// is, held by a thread the child does not have; a Python module's call
+// waits for the GIL under its lock, so a fork while another thread calls is
+// likely to copy it held. Every live one is made anew in the child
+// (pthread_atfork, tables.cpp); a copy is a new, unlocked one.
+struct ForkSafeMutex {
+  ForkSafeMutex();
+  ForkSafeMutex(const ForkSafeMutex&) : ForkSafeMutex() {}
+  ForkSafeMutex& operator=(const ForkSafeMutex&) { return *this; }
+  ~ForkSafeMutex();
+  std::mutex mutex;
+};
+}  // namespace detail
+
 // Positions must stay below this (the op's bound, rotary/bounds.h).
 constexpr int64_t kMaxStartPos = kMaxPosition;
 
@@ -194,10 +209,7 @@ class RopeTables {
   bool host_driven_ = false;
   int64_t state_ = 0;
   double attention_scaling_ = 1.0;
-  struct Lock {
-    std::mutex mutex;
-  };
-  Lock lock_;
+  detail::ForkSafeMutex lock_;
 };
 
 // Checks tables saved from a RotaryEmbedding (its `freqs` complex64 [rows,
