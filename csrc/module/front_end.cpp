@@ -90,6 +90,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_with_cache(
     std::optional<int64_t> start_pos,
     c10::string_view layout) {
   const LayoutAxes ax = checked_axes(layout, kWho);
+  const auto writing = cache.begin_write(kWho);  // length() is read, written at and advanced below
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"q", &q}, {"k", &k}, {"v", &v}}) {
     detail::check_defined(kWho, name, *t);
   }

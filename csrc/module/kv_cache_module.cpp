@@ -20,6 +20,7 @@ KVCacheImpl::KVCacheImpl(const KVCacheOptions& options_) : options(options_), in
 }
 
 void KVCacheImpl::reset() {
+  const auto writing = begin_write("KVCache.reset");
   const auto& o = options;
   TORCH_CHECK_VALUE(
       o.batch() >= 0 && o.kv_heads() > 0 && o.capacity() > 0 && o.head_dim() > 0, "KVCache: batch must be >= 0 and ",
@@ -130,6 +131,7 @@ void KVCacheImpl::load(torch::serialize::InputArchive& archive) {
 void KVCacheImpl::load_state(const torch::Tensor& k_in, const torch::Tensor& v_in, const torch::Tensor& k_scale_in,
                              const torch::Tensor& v_scale_in, std::optional<int64_t> length,
                              const std::optional<std::string>& layout, const char* who) {
+  const auto writing = begin_write(who);
   const std::pair<const char*, std::pair<const torch::Tensor*, torch::Tensor*>> pieces[4] = {
       {"k", {&k_in, &k}}, {"v", {&v_in, &v}}, {"k_scale", {&k_scale_in, &k_scale}}, {"v_scale", {&v_scale_in, &v_scale}}};
   for (const auto& [name, pair] : pieces) {
@@ -187,7 +189,16 @@ void KVCacheImpl::pretty_print(std::ostream& stream) const {
   stream << ", length=" << length_ << ")";
 }
 
+KVCacheImpl::Writing KVCacheImpl::begin_write(const char* who) {
+  bool idle = false;
+  TORCH_CHECK(busy_.on.compare_exchange_strong(idle, true, std::memory_order_acquire), who,
+              ": another call is writing this KVCache (one writer at a time: each call appends at length() and "
+              "advances it); serialize the calls, or give each thread its own cache");
+  return Writing(&busy_.on);
+}
+
 void KVCacheImpl::truncate(int64_t length) {
+  const auto writing = begin_write("KVCache.truncate");
   TORCH_CHECK_VALUE(length >= 0 && length <= length_, "KVCache.truncate: length must be in [0, ", length_, "], got ",
                     length);
   length_ = length;

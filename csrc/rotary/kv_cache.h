@@ -8,6 +8,7 @@
 #include <torch/serialize/archive.h>
 #include <torch/types.h>
 
+#include <atomic>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -84,6 +85,26 @@ class KVCacheImpl : public torch::nn::Cloneable<KVCacheImpl> {
   // floating dtype; other caches ignore it).
   std::pair<torch::Tensor, torch::Tensor> keys_values(torch::Dtype dtype = torch::kFloat32) const;
 
+  // One writer at a time: forward_with_cache reads length(), writes its rows
+  // there and advances, so two at once would write the same rows. While a
+  // Writing lives, another begin_write (forward_with_cache, truncate,
+  // reset, load_state) is refused, naming `who`.
+  class Writing {
+   public:
+    explicit Writing(std::atomic<bool>* busy) : busy_(busy) {}
+    Writing(Writing&& other) noexcept : busy_(std::exchange(other.busy_, nullptr)) {}
+    Writing(const Writing&) = delete;
+    Writing& operator=(const Writing&) = delete;
+    Writing& operator=(Writing&&) = delete;
+    ~Writing() {
+      if (busy_) busy_->store(false, std::memory_order_release);
+    }
+
+   private:
+    std::atomic<bool>* busy_;
+  };
+  [[nodiscard]] Writing begin_write(const char* who);
+
   KVCacheOptions options;
   torch::Tensor k, v;
   torch::Tensor k_scale, v_scale;  // float32 [] or [kv_heads], for float8 caches (else undefined)
@@ -91,6 +112,13 @@ class KVCacheImpl : public torch::nn::Cloneable<KVCacheImpl> {
  private:
   KVCacheOptions in_effect_;
   int64_t length_ = 0;
+  struct Busy {  // a copy is not being written
+    std::atomic<bool> on{false};
+    Busy() = default;
+    Busy(const Busy&) {}
+    Busy& operator=(const Busy&) { return *this; }
+  };
+  Busy busy_;
 };
 
 TORCH_MODULE(KVCache);

@@ -172,4 +172,27 @@ TEST(ModuleLifecycle, AMoveToMetaIsNamed) {
   EXPECT_TRUE(rope->freqs.device().is_cpu() && cache->k.device().is_cpu());
 }
 
+// One writer at a time: a second append while one is in progress would
+// read the same length() and write the same rows. It is refused by name and
+// writes nothing; once the first is done, the next is served.
+TEST(ModuleLifecycle, AKVCacheTakesOneWriterAtATime) {
+  RotaryEmbedding rope(RotaryEmbeddingOptions(16).max_seq_len(16));
+  KVCache cache(KVCacheOptions(1, 2, 4, 16));
+  at::Tensor q = seeded_randn({1, 2, 1, 16}, 17), k = seeded_randn({1, 2, 1, 16}, 18);
+  const at::Tensor v = seeded_randn({1, 2, 1, 16}, 19), q0 = q.clone(), k0 = k.clone(), kc0 = cache->k.clone();
+  {
+    const auto writing = cache->begin_write("another writer");
+    ExpectError<c10::Error>([&] { rope->forward_with_cache(q, k, v, cache); },
+                            {"RotaryEmbedding.forward_with_cache: another call is writing this KVCache (one writer at "
+                             "a time"});
+    ExpectError<c10::Error>([&] { cache->truncate(0); }, {"KVCache.truncate: another call is writing this KVCache"});
+    ExpectError<c10::Error>([&] { cache->reset(); }, {"KVCache.reset: another call is writing this KVCache"});
+    EXPECT_TRUE(torch::equal(q, q0) && torch::equal(k, k0) && torch::equal(cache->k, kc0));
+    EXPECT_EQ(cache->length(), 0);
+  }
+  rope->forward_with_cache(q, k, v, cache);
+  EXPECT_EQ(cache->length(), 1);
+  EXPECT_EQ(clone_of(cache)->length(), 1);  // a copy is not being written: it takes a writer
+}
+
 }  // namespace
