@@ -192,8 +192,14 @@ class RotaryEmbedding(nn.Module):
         return self
 
     def __getstate__(self):  # pickle, deepcopy: the state of the tables held, not of the last switch
-        self._follow_held()
-        return super().__getstate__()
+        state = super().__getstate__()
+        if len(self._buffers.keys() & {"freqs", "inv_freq"}) == 2:
+            # The pair as held under the state machine's lock: another thread's
+            # call may install new tables while the copy reads them (one by one).
+            held = []
+            self._tables.state_of(lambda: held.append(self._held()) or held[0])
+            state = dict(state, _buffers={**self._buffers, "freqs": held[0][0], "inv_freq": held[0][1]})
+        return state
 
     def _follow_held(self) -> None:  # the state machine takes the state of the tables held (both present)
         if len(self._buffers.keys() & {"freqs", "inv_freq"}) == 2:

@@ -240,6 +240,8 @@ def _patch(model: nn.Module, max_seq_len: Optional[int] = None, fuse_qk_norm: bo
 
     patch = _ModelPatch(max_seq_len, fuse_qk_norm)
     with _lock:
+        if is_patched(model):  # by another thread since the check above: its patch stands
+            return model
         try:
             for emb, states in built:
                 previous = emb.__dict__.get("forward")
@@ -286,10 +288,10 @@ def unpatch(model: nn.Module) -> nn.Module:
     """Undo :func:`apply_rotary_to_model`: the rotary embeddings get their own
     forward back, and each ``apply_rotary_pos_emb`` is restored once no other
     patched model uses it. No-op on a model that is not patched."""
-    patch = getattr(model, _STATE_ATTR, None)
-    if patch is None:
-        return model
-    with _lock:
+    with _lock:  # read under it: two threads must not undo one patch twice
+        patch = getattr(model, _STATE_ATTR, None)
+        if patch is None:
+            return model
         _undo(patch, give_state=True)
         object.__delattr__(model, _STATE_ATTR)
     return model
