@@ -196,9 +196,11 @@ class RotaryEmbedding(nn.Module):
         if len(self._buffers.keys() & {"freqs", "inv_freq"}) == 2:
             # The pair as held under the state machine's lock: another thread's
             # call may install new tables while the copy reads them (one by one).
+            # (A rule that is not host-driven has one state: state_of reads nothing.)
             held = []
             self._tables.state_of(lambda: held.append(self._held()) or held[0])
-            state = dict(state, _buffers={**self._buffers, "freqs": held[0][0], "inv_freq": held[0][1]})
+            freqs, inv_freq = held[0] if held else self._held()
+            state = dict(state, _buffers={**self._buffers, "freqs": freqs, "inv_freq": inv_freq})
         return state
 
     def _follow_held(self) -> None:  # the state machine takes the state of the tables held (both present)
