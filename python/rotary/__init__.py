@@ -17,7 +17,7 @@ from ._ops import apply_qk_norm_rope, apply_qk_norm_rope_, apply_qk_norm_rope_wi
 from ._ops import apply_rope_cos_sin
 from ._ops import freqs_table, inv_frequencies
 from ._ops import rope_freqs, rope_frequencies  # deprecated aliases, removed in the next release
-from ._C import alibi_bias, alibi_slopes, sinusoidal_table  # the older position schemes, for comparison
+from ._ops import alibi_bias, alibi_slopes, sinusoidal_table  # the older position schemes, for comparison
 from .hf import rope_kwargs_from_hf_config
 from .module import RotaryEmbedding
 from . import _functionalize, _vmap

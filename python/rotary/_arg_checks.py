@@ -41,24 +41,37 @@ def _float_arg(op: str, name: str, value):
     return value if isinstance(value, int) else float(value)  # numpy's floats, as torch's parser takes them
 
 
+def _index_arg(op: str, name: str, value) -> int:
+    """An integer of any type pybind's int64 takes (numpy's, a 0-d integer
+    tensor), as an int; a bool, a float or one past int64 refused by name."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise TypeError(f"{op}: {name} must be an int, got {value!r}")
+    value = operator.index(value)
+    if not -(2**63) <= value < 2**63:
+        raise ValueError(f"{op}: {name} must fit in int64, got {value}")
+    return value
+
+
+def _real_arg(op: str, name: str, value) -> float:
+    """A real number of any type (numpy's too) as a float; a bool, a string
+    or one past a float's range refused by name."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{op}: {name} must be a float, got {value!r}")
+    if isinstance(value, int):
+        return _C._float_arg(value, op, name)  # one past a float's range: C++ names its bits (convert.cpp)
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(f"{op}: {name} must be finite, got a {type(value).__name__} past a float's range") from None
+
+
 def _table_args(op: str, dim, theta, seq_len, max_seq_len=0):
     """pybind takes True for an int and names neither the argument nor the
     function for a float or a number past int64 / float: name them here (any
     integer type is an int); C++ checks the values (and the table's bytes)."""
     for name, value in (("dim", dim), ("max_seq_len", max_seq_len), ("seq_len", seq_len)):
-        if isinstance(value, bool) or not hasattr(type(value), "__index__"):
-            raise TypeError(f"{op}: {name} must be an int, got {value!r}")
-        if not -(2**63) <= operator.index(value) < 2**63:
-            raise ValueError(f"{op}: {name} must fit in int64, got {value}")
-    if isinstance(theta, bool) or not isinstance(theta, numbers.Real):
-        raise TypeError(f"{op}: theta must be a float, got {theta!r}")
-    if isinstance(theta, int):
-        _C._float_arg(theta, op, "theta")  # one past a float's range: C++ names its bits (convert.cpp)
-        return
-    try:
-        float(theta)
-    except OverflowError:
-        raise ValueError(f"{op}: theta must be finite, got a {type(theta).__name__} past a float's range") from None
+        _index_arg(op, name, value)
+    _real_arg(op, "theta", theta)
 
 
 def _str_arg(op: str, name: str, value):

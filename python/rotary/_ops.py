@@ -7,8 +7,8 @@ from typing import Any, Mapping, Optional, Sequence, Tuple
 import torch
 
 from . import _C
-from ._arg_checks import (_bool_arg, _float_arg, _int_arg, _pair_axes, _start_pos, _str_arg, _table_args,  # noqa: F401
-                          _tensor_arg)
+from ._arg_checks import (_bool_arg, _float_arg, _index_arg, _int_arg, _pair_axes, _real_arg,  # noqa: F401
+                          _start_pos, _str_arg, _table_args, _tensor_arg)
 
 
 def freqs_table(
@@ -50,6 +50,25 @@ def inv_frequencies(
     complex64 table from the same rule."""
     _table_args("inv_frequencies", dim, theta, seq_len)
     return _C.rope_frequencies(dim, theta, scaling, seq_len, who="inv_frequencies")
+
+
+def sinusoidal_table(n: int, d: int, base: float = 10000.0) -> torch.Tensor:
+    """float32 ``[n, d]`` additive table: ``pe[pos, 2i] = sin(pos / base^(2i/d))``,
+    ``pe[pos, 2i+1] = cos(...)``, in float64 and rounded once (for comparison)."""
+    op = "sinusoidal_table"
+    return _C.sinusoidal_table(_index_arg(op, "n", n), _index_arg(op, "d", d), _real_arg(op, "base", base))
+
+
+def alibi_slopes(n_heads: int) -> torch.Tensor:
+    """float32 ``[n_heads]`` ALiBi slopes ``2^(-8 (h + 1) / n_heads)``."""
+    return _C.alibi_slopes(_index_arg("alibi_slopes", "n_heads", n_heads))
+
+
+def alibi_bias(n_heads: int, seq_len: int, causal: bool = True) -> torch.Tensor:
+    """float32 ``[n_heads, seq_len, seq_len]`` ALiBi bias ``-slope[h] * |i - j|``
+    (``-inf`` where ``j > i`` when causal)."""
+    op = "alibi_bias"
+    return _C.alibi_bias(_index_arg(op, "n_heads", n_heads), _index_arg(op, "seq_len", seq_len), causal)
 
 
 def rope_freqs(*args, **kwargs) -> torch.Tensor:

@@ -7,7 +7,7 @@ from torch import nn
 
 from . import _C
 from ._dtensor_shards import whole_positions as _whole_positions
-from ._arg_checks import _int_arg
+from ._arg_checks import _index_arg
 from ._ops import _route, apply_rope, apply_rope_qk
 
 ScalingSpec = Union[None, Mapping[str, Any], "_C.RopeScaling"]
@@ -139,7 +139,8 @@ class RotaryEmbedding(nn.Module):
     def update_for_reach(self, reach: int) -> None:
         """Host-driven rules: make the tables right for a call whose largest
         position is ``reach - 1``. Other rules: no-op."""
-        self._tables.check_reach(_int_arg("RotaryEmbedding.update_for_reach", "reach", reach))
+        reach = _index_arg("RotaryEmbedding.update_for_reach", "reach", reach)  # torch.max(ids) + 1 too
+        self._tables.check_reach(reach)
         if self._host_driven:
             self._tables.run(reach, self.freqs.device, self._held,
                              lambda fresh: fresh is not None and self._install(*fresh))

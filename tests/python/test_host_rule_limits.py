@@ -60,6 +60,8 @@ def test_update_for_reach_is_checked_by_name():
     with pytest.raises(ValueError, match=r"reach must fit in int64"):
         m.update_for_reach(2**64)
     assert m.rope_state == 0
+    m.update_for_reach(torch.tensor(12))  # torch.max(position_ids) + 1, numpy's ints: as pybind's int64 took them
+    m.update_for_reach(np.int64(12))
     m.update_for_reach(-3)  # no call reaches past its tables: nothing changes
     m.update_for_reach(2**60)  # the largest reach a call may have
     assert m.rope_state == 2**60
@@ -71,9 +73,9 @@ def test_update_for_reach_is_checked_by_name():
         assert torch.equal(a, b), name
 
 
-def _grad_reference(c, seq, interleaved):
-    """d sum(rope(x) * c) / dx: c turned back by the rule's angles (state 0)."""
-    inv, _ = ref_frequencies(8, 10000.0, DYNAMIC, 0)
+def _grad_reference(c, seq, interleaved, state=0):
+    """d sum(rope(x) * c) / dx: c turned back by the rule's angles in `state`."""
+    inv, _ = ref_frequencies(8, 10000.0, DYNAMIC, state)
     angle = np.arange(seq, dtype=np.float64)[:, None] * np.array(inv)[None, :]
     return torch.from_numpy(rotate_pairs_nd(c.numpy(), -angle, interleaved))
 
@@ -91,14 +93,24 @@ def test_checkpoint_recomputes_a_dynamic_rule_only_where_history_cannot_change_i
     (y * c).sum().backward()
     torch.testing.assert_close(x.grad, _grad_reference(c, 10, interleaved=True), rtol=0, atol=2e-7)  # the complex64 table: ~3e-8 per entry
 
-    # Past it, the table the recomputation would use depends on the calls since: refused, not silently
-    # the other state's gradient (the forward used state 20, the module is at 50 now).
-    x = torch.randn(1, 2, 20, 8, dtype=torch.float64, requires_grad=True)
+    # Past it, a recomputation whose state has not changed since its forward is served: a training
+    # step (every checkpointed call of one reach, then backward), twice.
+    m = cls(8, 64, scaling=DYNAMIC)
+    for seq in (20, 30):
+        x = torch.randn(1, 2, seq, 8, dtype=torch.float64, requires_grad=True)
+        c = torch.randn(1, 2, seq, 8, dtype=torch.float64)
+        (checkpoint(m, x, use_reentrant=reentrant) * c).sum().backward()
+        torch.testing.assert_close(x.grad, _grad_reference(c, seq, True, seq), rtol=0, atol=2e-7)
+
+    # One whose state changed since, the table it would use is another: refused, not silently the
+    # other state's gradient (the forward used length 40, the module is at 50 now).
+    x = torch.randn(1, 2, 40, 8, dtype=torch.float64, requires_grad=True)
     y = checkpoint(m, x, use_reentrant=reentrant)
     m(torch.randn(1, 2, 50, 8, dtype=torch.float64))
     with pytest.raises(ValueError, match=r"called during a backward pass \(torch.utils.checkpoint recomputing it\) "
-                                         r"with positions up to 19, past max_position_embeddings = 16.*"
-                                         r"update_for_reach\(20\) before it"):
+                                         r"with positions up to 39, past max_position_embeddings = 16, .*would now "
+                                         r"turn by the table of length 50, but calls of this reach turned by "
+                                         r"length\(s\) 40.*update_for_reach\(40\) before it"):
         y.sum().backward()
     assert x.grad is None
 

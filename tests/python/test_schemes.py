@@ -202,7 +202,7 @@ def test_flags_and_bases_are_checked():
     [
         # pybind took a bool as an int (a 1-row table, base 1.0) and named no argument for a float.
         (lambda: rotary.sinusoidal_table(True, 4), TypeError, r"sinusoidal_table: n must be an int, got True"),
-        (lambda: rotary.sinusoidal_table(4, 4, True), TypeError, r"sinusoidal_table: base must be a number, got True"),
+        (lambda: rotary.sinusoidal_table(4, 4, True), TypeError, r"sinusoidal_table: base must be a float, got True"),
         (lambda: rotary.sinusoidal_table(4.0, 4), TypeError, r"sinusoidal_table: n must be an int, got 4.0"),
         (lambda: rotary.sinusoidal_table(2**64, 4), ValueError, r"sinusoidal_table: n must fit in int64"),
         (lambda: rotary.alibi_slopes(True), TypeError, r"alibi_slopes: n_heads must be an int, got True"),
@@ -223,3 +223,13 @@ def test_flags_and_bases_are_checked():
 def test_arguments_are_named(call, error, pattern):
     with pytest.raises(error, match=pattern):
         call()
+
+
+def test_any_integer_type_is_an_int():
+    """numpy's integers and floats, and 0-d integer tensors, as pybind's int64
+    and double take them (and freqs_table does)."""
+    want = rotary.sinusoidal_table(10, 64, 100.0)
+    assert torch.equal(rotary.sinusoidal_table(np.int64(10), np.int32(64), np.float32(100.0)), want)
+    assert torch.equal(rotary.sinusoidal_table(torch.tensor(10), 64, base=100), want)
+    assert torch.equal(rotary.alibi_slopes(np.int64(8)), rotary.alibi_slopes(8))
+    assert torch.equal(rotary.alibi_bias(np.int64(8), torch.tensor(16), causal=False), rotary.alibi_bias(8, 16, False))
