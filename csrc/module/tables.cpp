@@ -279,18 +279,37 @@ void RopeTables::check_reach(int64_t reach) const {
                     ").update_for_reach: reach (one past the largest position of a call) must be <= 2^60, got ", reach);
 }
 
-void RopeTables::check_replay(int64_t reach) const {
+void RopeTables::note_or_check_replay(int64_t reach, int64_t next) {
   const RopeScaling& s = options_.scaling();
-  if (reach <= 0 || rope_type_of(s) != RopeType::Dynamic || reach < *s.max_position_embeddings() ||
-      torch::autograd::get_current_graph_task_id() == -1) {
+  if (reach <= 0 || rope_type_of(s) != RopeType::Dynamic || reach < *s.max_position_embeddings()) return;
+  constexpr size_t kMaxNoted = 4096;  // past it, a recomputation of an unnoted reach is refused
+  if (torch::autograd::get_current_graph_task_id() == -1) {
+    if (replayed_) noted_.clear();
+    replayed_ = false;
+    const std::pair<int64_t, int64_t> note{reach, next};
+    if (noted_.size() < kMaxNoted && std::find(noted_.begin(), noted_.end(), note) == noted_.end()) {
+      noted_.push_back(note);
+    }
     return;
   }
+  replayed_ = true;
+  std::vector<int64_t> used;
+  for (const auto& [r, state] : noted_) {
+    if (r == reach) used.push_back(state);
+  }
+  if (used.size() == 1 && used[0] == next) return;
+  const auto length = [&](int64_t state) { return state > 0 ? state : *s.max_position_embeddings(); };
+  std::ostringstream ran;
+  for (size_t i = 0; i < used.size(); ++i) ran << (i ? ", " : "") << length(used[i]);
   TORCH_CHECK_VALUE(false, "RotaryEmbedding(", describe(), "): called during a backward pass (torch.utils.checkpoint ",
                     "recomputing it) with positions up to ", reach - 1, ", past max_position_embeddings = ",
-                    *s.max_position_embeddings(), ": there a dynamic rule's table depends on the calls made since ",
-                    "the forward pass, which a recomputation cannot know. Call the module outside the checkpointed ",
-                    "function; or call update_for_reach(", reach, ") before it and pass the module's freqs and ",
-                    "inv_freq into it, for rotary.apply_rope_qk (docs/api.md)");
+                    *s.max_position_embeddings(), ", where a dynamic rule's table depends on the calls before: it ",
+                    "would now turn by the table of length ", length(next),
+                    used.empty() ? std::string(", and no call of this reach was noted")
+                                 : ", but calls of this reach turned by length(s) " + ran.str(),
+                    ". Call the module outside the checkpointed function; or call update_for_reach(", reach,
+                    ") before it and pass the module's freqs and inv_freq into it, for rotary.apply_rope_qk ",
+                    "(docs/api.md)");
 }
 
 void RopeTables::check_rows(int64_t seq_len, int64_t start_pos, bool has_positions, int64_t rows) const {

@@ -116,10 +116,7 @@ class RopeTables {
   void check_rows(int64_t seq_len, int64_t start_pos, bool has_positions, int64_t rows) const;
   // update_for_reach's argument: at most 2^60, one past the largest position.
   void check_reach(int64_t reach) const;
-  // Refuses a call during a backward pass (a checkpoint's recomputation)
-  // whose table depends on the calls since its forward (dynamic, reach >=
-  // max_position_embeddings): the recomputation cannot know it.
-  void check_replay(int64_t reach) const;
+
 
   // The module's buffers (freqs, inv_freq), as held() returns them.
   using Held = std::pair<at::Tensor, at::Tensor>;
@@ -134,10 +131,10 @@ class RopeTables {
   template <typename HeldFn, typename Op>
   auto run(int64_t reach, c10::Device device, HeldFn&& held, Op&& op, bool record = true) -> decltype(op(nullptr)) {
     if (!host_driven_) return op(nullptr);
-    check_replay(reach);
     std::lock_guard<std::mutex> lock(lock_.mutex);
     follow(held());
     const int64_t next = reach > 0 ? state_for_reach(reach) : state_;
+    note_or_check_replay(reach, next);
     if (next == state_) return op(nullptr);
     const RopeTableSet fresh = build(next, device);
     built_.reserve(built_.size() + 1);  // commit() cannot fail once op installed the tables
@@ -185,6 +182,16 @@ class RopeTables {
       const std::optional<at::Tensor>& inv_freq,
       const std::string& who,
       std::optional<int64_t> tried = std::nullopt) const;
+  // A dynamic rule at reach >= max_position_embeddings uses a table that
+  // depends on the calls before: a checkpoint's recomputation (a call during
+  // a backward pass) of a call whose state has changed since would turn by
+  // another table, silently. Each call notes the state it used for its
+  // reach; a recomputation is served when every call of that reach used the
+  // state it would use, else refused. The notes start afresh at the first
+  // call after a recomputation (the next step). Under the lock.
+  void note_or_check_replay(int64_t reach, int64_t next);
+  std::vector<std::pair<int64_t, int64_t>> noted_;  // (reach, state), distinct pairs
+  bool replayed_ = false;
   void commit(const RopeTableSet& tables) noexcept {  // room reserved before the install
     state_ = tables.state;
     attention_scaling_ = tables.attention_scaling;
