@@ -286,17 +286,17 @@ void RopeTables::note_or_check_replay(int64_t reach, int64_t next) {
   if (torch::autograd::get_current_graph_task_id() == -1) {
     if (replayed_) noted_.clear();
     replayed_ = false;
-    const std::pair<int64_t, int64_t> note{reach, next};
-    if (noted_.size() < kMaxNoted && std::find(noted_.begin(), noted_.end(), note) == noted_.end()) {
-      noted_.push_back(note);
+    const auto it = noted_.find(reach);  // a decode step adds one reach: O(1), not a scan
+    if (it == noted_.end()) {
+      if (noted_.size() < kMaxNoted) noted_.emplace(reach, std::vector<int64_t>{next});
+    } else if (std::find(it->second.begin(), it->second.end(), next) == it->second.end()) {
+      it->second.push_back(next);
     }
     return;
   }
   replayed_ = true;
-  std::vector<int64_t> used;
-  for (const auto& [r, state] : noted_) {
-    if (r == reach) used.push_back(state);
-  }
+  const auto it = noted_.find(reach);
+  const std::vector<int64_t> used = it == noted_.end() ? std::vector<int64_t>{} : it->second;
   if (used.size() == 1 && used[0] == next) return;
   const auto length = [&](int64_t state) { return state > 0 ? state : *s.max_position_embeddings(); };
   std::ostringstream ran;

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -190,7 +191,7 @@ class RopeTables {
   // state it would use, else refused. The notes start afresh at the first
   // call after a recomputation (the next step). Under the lock.
   void note_or_check_replay(int64_t reach, int64_t next);
-  std::vector<std::pair<int64_t, int64_t>> noted_;  // (reach, state), distinct pairs
+  std::unordered_map<int64_t, std::vector<int64_t>> noted_;  // reach -> the distinct states its calls used
   bool replayed_ = false;
   void commit(const RopeTableSet& tables) noexcept {  // room reserved before the install
     state_ = tables.state;
