@@ -114,25 +114,16 @@ void bind_schemes(py::module_& m) {
   m.def("legacy_positions_are_ids", &rotary::detail::legacy_positions_are_ids, py::arg("dim"), py::arg("varlen"),
         "Whether a deprecated positions= tensor of this rank held ids (else offsets).");
   m.attr("LEGACY_POSITIONS_WARNING") = rotary::detail::kLegacyPositionsWarning;
-  // pybind would take a bool as an int and name no argument for a float.
-  m.def(
-      "sinusoidal_table",
-      [](const py::object& n, const py::object& d, const py::object& base) {
-        const char* who = "sinusoidal_table";
-        return rotary::sinusoidal_table(int_arg(n, who, "n"), int_arg(d, who, "d"), float_arg(base, who, "base"));
-      },
-      py::arg("n"), py::arg("d"), py::arg("base") = 10000.0,
-      "float32 [n, d] additive table: pe[pos, 2i] = sin(pos / base^(2i/d)), pe[pos, 2i+1] = cos(...), in float64.");
-  m.def(
-      "alibi_slopes", [](const py::object& n_heads) { return rotary::alibi_slopes(int_arg(n_heads, "alibi_slopes", "n_heads")); },
-      py::arg("n_heads"), "float32 [n_heads] ALiBi slopes 2^(-8 (h + 1) / n_heads).");
+  // Typed as the table builders: rotary._ops checks and names the arguments.
+  m.def("sinusoidal_table", &rotary::sinusoidal_table, py::arg("n"), py::arg("d"), py::arg("base") = 10000.0,
+        "float32 [n, d] additive table: pe[pos, 2i] = sin(pos / base^(2i/d)), pe[pos, 2i+1] = cos(...), in float64.");
+  m.def("alibi_slopes", &rotary::alibi_slopes, py::arg("n_heads"),
+        "float32 [n_heads] ALiBi slopes 2^(-8 (h + 1) / n_heads).");
   m.def(
       "alibi_bias",
-      [](const py::object& n_heads, const py::object& seq_len, const py::object& causal) {
-        const char* who = "alibi_bias";
-        TORCH_CHECK_TYPE(py::isinstance<py::bool_>(causal), who, ": causal must be a bool, got ", repr_of(causal));
-        return rotary::alibi_bias(int_arg(n_heads, who, "n_heads"), int_arg(seq_len, who, "seq_len"),
-                                  causal.cast<bool>());
+      [](int64_t n_heads, int64_t seq_len, const py::object& causal) {
+        TORCH_CHECK_TYPE(py::isinstance<py::bool_>(causal), "alibi_bias: causal must be a bool, got ", repr_of(causal));
+        return rotary::alibi_bias(n_heads, seq_len, causal.cast<bool>());
       },
       py::arg("n_heads"), py::arg("seq_len"), py::arg("causal") = true,
       "float32 [n_heads, seq_len, seq_len] ALiBi bias -slope[h] * |i - j| (-inf where j > i when causal).");
