@@ -10,11 +10,13 @@ import threading
 import time
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
 import rotary
-from rotary_testing.reference import rope_reference
+from rotary_testing.reference import rope_reference, rotate_pairs_nd
+from rotary_testing.scaling_reference import ref_frequencies
 
 MODULES = [rotary.RotaryEmbedding, rotary.CppRotaryEmbedding]
 DYNAMIC = {"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 16}
@@ -119,11 +121,11 @@ def test_a_copy_taken_while_another_thread_switches_the_state_is_one_state():
         stop.set()
         worker.join(10)
         sys.setswitchinterval(old)
-    for c in copies:
-        fresh = rotary.RotaryEmbedding(16, 32, scaling=DYNAMIC)
-        if c.rope_state:
-            fresh.update_for_reach(c.rope_state)
-        assert torch.equal(c(x, 25), fresh(x, 25)), c.rope_state
+    for c in copies:  # each turns by the float64 rule of the state the call ran in (it grows to 26 from 0)
+        got = c(x, 25)
+        inv, _ = ref_frequencies(16, 10000.0, DYNAMIC, c.rope_state)
+        want = torch.from_numpy(rotate_pairs_nd(x.numpy(), 25.0 * np.array(inv)[None, :], interleaved=True))
+        torch.testing.assert_close(got, want, rtol=0, atol=2e-7, msg=f"state {c.rope_state}")
 
 
 def test_the_hf_patch_from_two_threads_at_once():
