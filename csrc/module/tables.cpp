@@ -166,6 +166,8 @@ RopeTables& RopeTables::operator=(const RopeTables& other) {
     state_ = other.state_;
     attention_scaling_ = other.attention_scaling_;
     built_.clear();  // the other's tables are not this one's
+    noted_.clear();  // nor its calls' states
+    replayed_ = false;
   }
   return *this;
 }
