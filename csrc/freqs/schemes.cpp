@@ -18,6 +18,14 @@ namespace rotary {
 
 namespace {
 
+// n_heads for the float64 slopes both schemes start from, plus `out_bytes`
+// per head the caller keeps beside them: one sizing, named for `who`.
+void check_slopes(const char* who, int64_t n_heads, uint64_t out_bytes) {
+  TORCH_CHECK_VALUE(n_heads > 0, who, ": n_heads must be > 0, got ", n_heads);
+  detail::check_host_bytes(who, {n_heads}, sizeof(double) + out_bytes, out_bytes ? "float32, from float64" : "float64",
+                           "n_heads=" + std::to_string(n_heads) + " slopes", "pass a smaller n_heads");
+}
+
 std::vector<double> slopes_f64(int64_t n_heads) {
   std::vector<double> m(static_cast<size_t>(n_heads));
   for (int64_t h = 0; h < n_heads; ++h) {
@@ -62,9 +70,7 @@ at::Tensor sinusoidal_table(int64_t n, int64_t d, double base) {
 }
 
 at::Tensor alibi_slopes(int64_t n_heads) {
-  TORCH_CHECK_VALUE(n_heads > 0, "alibi_slopes: n_heads must be > 0, got ", n_heads);
-  detail::check_host_bytes("alibi_slopes", {n_heads}, sizeof(float) + sizeof(double), "float32, from float64",
-                           "n_heads=" + std::to_string(n_heads) + " slopes", "pass a smaller n_heads");
+  check_slopes("alibi_slopes", n_heads, sizeof(float));
   const auto m = slopes_f64(n_heads);
   at::Tensor out = detail::host_tensor({n_heads}, at::kFloat);
   float* o = out.data_ptr<float>();
@@ -73,10 +79,8 @@ at::Tensor alibi_slopes(int64_t n_heads) {
 }
 
 at::Tensor alibi_bias(int64_t n_heads, int64_t seq_len, bool causal) {
-  TORCH_CHECK_VALUE(n_heads > 0, "alibi_bias: n_heads must be > 0, got ", n_heads);
+  check_slopes("alibi_bias", n_heads, 0);
   TORCH_CHECK_VALUE(seq_len >= 0, "alibi_bias: seq_len must be >= 0, got ", seq_len);
-  detail::check_host_bytes("alibi_bias", {n_heads}, sizeof(double), "float64",
-                           "n_heads=" + std::to_string(n_heads) + " slopes", "pass a smaller n_heads");
   detail::check_host_bytes("alibi_bias", {n_heads, seq_len, seq_len}, sizeof(float), "float32",
                            "a bias of n_heads=" + std::to_string(n_heads) + " x seq_len=" + std::to_string(seq_len) +
                                " x seq_len",
