@@ -33,12 +33,11 @@ def _int_arg(op: str, name: str, value):
 
 
 def _float_arg(op: str, name: str, value):
-    """A real number, by name (a bool or a string is refused, not coerced)."""
+    """A float argument of an op: a float or a SymFloat as it is (the decode
+    path: one test), any other real as _real_arg takes it."""
     if type(value) is float or isinstance(value, torch.SymFloat):
         return value
-    if isinstance(value, (bool, torch.Tensor)) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{op}: {name} must be a float, got {value!r}")
-    return value if isinstance(value, int) else float(value)  # numpy's floats, as torch's parser takes them
+    return _real_arg(op, name, value)
 
 
 def _index_arg(op: str, name: str, value) -> int:

@@ -317,6 +317,7 @@ BAD_NORM_ARGS = [
     (dict(q_weight=torch.ones(8, device="meta")), "q_weight is on meta but q is on cpu"),
     (dict(eps=True), "eps must be a float, got True"),
     (dict(weight_offset="1"), "weight_offset must be a float"),
+    (dict(eps=10**400), r"eps must be finite, got an int of 1329 bits, past a float's range"),
 ]
 
 
