@@ -134,6 +134,16 @@ void bind_cpp_module(py::module_& m) {
       .def_property_readonly("_rope_state", [](const Impl& self) { return self.tables().state(); })
       .def_property_readonly("attention_scaling", [](const Impl& self) { return self.attention_scaling; })
       .def(
+          "update_for_reach",
+          [](Impl& self, const py::object& reach) {
+            // The Python module's argument check: numpy's ints and torch.max(ids) + 1 too.
+            const py::object index = py::module_::import("rotary._arg_checks").attr("_index_arg");
+            self.update_for_reach(index("CppRotaryEmbedding.update_for_reach", "reach", reach).cast<int64_t>());
+          },
+          py::arg("reach"),
+          "Host-driven rules: make the tables right for a call whose largest position is reach - 1 (reach at most "
+          "2^60). Other rules: no-op.")
+      .def(
           "load_tables",
           [](Impl& self, const std::optional<torch::Tensor>& freqs, const std::optional<torch::Tensor>& inv_freq) {
             self.load_tables(freqs, inv_freq, "CppRotaryEmbedding.load_tables");

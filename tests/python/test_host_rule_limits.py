@@ -49,13 +49,14 @@ def test_a_dynamic_base_grown_past_a_double_refuses_the_call(cls):
     assert again.rope_state == 0
 
 
-def test_update_for_reach_is_checked_by_name():
-    m = rotary.RotaryEmbedding(8, 64, scaling=DYNAMIC)
+@pytest.mark.parametrize("cls", [rotary.RotaryEmbedding, rotary.CppRotaryEmbedding])
+def test_update_for_reach_is_checked_by_name(cls):
+    m = cls(8, 64, scaling=DYNAMIC)
     with pytest.raises(ValueError, match=r"update_for_reach: reach \(one past the largest position of a call\) must "
                                          r"be <= 2\^60, got 4611686018427387904"):
         m.update_for_reach(2**62)
     for bad in (1.5, True, None):
-        with pytest.raises(TypeError, match=r"RotaryEmbedding.update_for_reach: reach must be an int, got"):
+        with pytest.raises(TypeError, match=rf"{cls.__name__}.update_for_reach: reach must be an int, got"):
             m.update_for_reach(bad)
     with pytest.raises(ValueError, match=r"reach must fit in int64"):
         m.update_for_reach(2**64)
@@ -66,7 +67,7 @@ def test_update_for_reach_is_checked_by_name():
     m.update_for_reach(2**60)  # the largest reach a call may have
     assert m.rope_state == 2**60
     # The tables round-trip; past 2^53 the lengths within one double's spacing share them.
-    again = rotary.RotaryEmbedding(8, 64, scaling=DYNAMIC)
+    again = cls(8, 64, scaling=DYNAMIC)
     again.load_state_dict(m.state_dict())
     assert abs(again.rope_state - 2**60) <= 256
     for (name, a), (_, b) in zip(again.named_buffers(), m.named_buffers()):
