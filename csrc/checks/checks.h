@@ -109,6 +109,12 @@ void fill_axes(kernel::RopeParams& p, const at::Tensor& positions, at::IntArrayR
 // the host (else 0): an axis's positions turn only its own pairs.
 void check_axes_in_table(const char* op, const kernel::RopeParams& p, const double* axis_max);
 
+// The CUDA kernels count a row's heads (q's + k's) and a head's elements
+// (head_dim, and v's when the caches are written) in 32 bits: at most
+// kMaxCudaExtent of each, checked for every CUDA call (and the launch model).
+constexpr int64_t kMaxCudaExtent = int64_t{1} << 30;
+void check_cuda_extents(const char* op, const kernel::RopeParams& p, int64_t v_dim = 0);
+
 struct PreparedRope {
   at::Tensor out_q;
   at::Tensor out_k;  // undefined for the single-tensor ops

@@ -246,6 +246,7 @@ PreparedKV prepare_kv(
   p.v = vview.data_ptr();
   fill4(p.v_stride, vview);
   p.v_dim = vview.size(3);
+  if (vview.is_cuda()) check_cuda_extents(op, p.rope, p.v_dim);
   p.k_cache = kc.data_ptr();
   p.v_cache = vc.data_ptr();
   fill4(p.kc_stride, kc);

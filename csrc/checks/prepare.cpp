@@ -178,6 +178,16 @@ void check_host_positions(const char* op, const kernel::RopeParams& p, const Pre
 
 }  // namespace
 
+void check_cuda_extents(const char* op, const kernel::RopeParams& p, int64_t v_dim) {
+  TORCH_CHECK_VALUE(p.q.heads + p.k.heads <= kMaxCudaExtent, op, ": q heads + k heads = ", p.q.heads, " + ",
+                    p.k.heads, " is more than the CUDA kernels take in one call, 2^30 (they count a row's heads in 32 ",
+                    "bits); split the call over heads");
+  TORCH_CHECK_VALUE(p.head_dim <= kMaxCudaExtent && v_dim <= kMaxCudaExtent, op, ": ",
+                    p.head_dim > kMaxCudaExtent ? "head_dim = " : "v's head_dim = ",
+                    p.head_dim > kMaxCudaExtent ? p.head_dim : v_dim,
+                    " is more than the CUDA kernels take, 2^30 elements a head (they count them in 32 bits)");
+}
+
 PreparedRope prepare_rope(
     const char* op, const at::Tensor& q, const at::Tensor* k, const at::Tensor& freqs, const RopeArgs& args,
     bool in_place) {
@@ -203,6 +213,7 @@ PreparedRope prepare_rope(
   p.rotary_dim = 2 * call.freqs->size(1);
   p.rotary_offset = call.rotary_offset;
   p.in_place = in_place;
+  if (qv.is_cuda()) check_cuda_extents(op, p);
   const at::Tensor table = call.table();
   p.freqs = reinterpret_cast<const float*>(table.data_ptr());
   p.freqs_len = table.size(0);

@@ -32,6 +32,7 @@ void bind_launch(py::module_& m) {
         const std::optional<torch::Tensor> none;
         const detail::RopeArgs args{0, interleaved, none, none, false, none, none, "BHSD"};
         const auto prepared = detail::prepare_rope("_cuda_launch_shape", q, &k, freqs, args, in_place);
+        detail::check_cuda_extents("_cuda_launch_shape", prepared.params);
         return detail::cuda_launch_shape(prepared.params, q.scalar_type(), resident);
       },
       py::arg("q"), py::arg("k"), py::arg("freqs"), py::arg("interleaved") = true, py::arg("in_place") = false,
@@ -49,6 +50,7 @@ void bind_launch(py::module_& m) {
         const detail::RopeArgs args{start_pos, interleaved, none, none, false, none, none, "BHSD"};
         const detail::KVArgs kv{none, slot_mapping, kv_layout, none, none};
         const auto prepared = detail::prepare_kv("_cuda_kv_launch", q, k, v, k_cache, v_cache, freqs, args, kv);
+        detail::check_cuda_extents("_cuda_kv_launch", prepared.params.rope, prepared.params.v_dim);
         return detail::cuda_kv_launch(prepared.params, q.scalar_type(), resident);
       },
       py::arg("q"), py::arg("k"), py::arg("v"), py::arg("k_cache"), py::arg("v_cache"), py::arg("freqs"),
@@ -67,6 +69,7 @@ void bind_launch(py::module_& m) {
         const detail::RopeArgs args{0, interleaved, none, none, false, none, none, "BHSD"};
         const detail::NormArgs nargs{none, none, 1e-6, norm, 0.0, q_fp8_scale};
         const auto prepared = detail::prepare_norm_rope("_cuda_norm_launch", q, k, freqs, args, nargs, false);
+        detail::check_cuda_extents("_cuda_norm_launch", prepared.rope.params);
         return detail::cuda_norm_launch(prepared.rope.params, prepared.norm.params, q.scalar_type(), sms);
       },
       py::arg("q"), py::arg("k"), py::arg("freqs"), py::arg("norm") = "head", py::arg("sms") = 132,

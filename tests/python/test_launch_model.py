@@ -186,3 +186,32 @@ def test_the_prologue_vector_path_never_models_slower():
         assert m["vector"], m  # contiguous BHSD rows: either norm takes the vector path
         assert 1.0 <= m["now"][0] <= m["now"][1], m
         assert m["now_kb"] >= m["before_kb"] and m["now"][1] < m["before"][1], m
+
+
+def test_counts_past_the_kernels_32_bit_range_are_refused_by_name():
+    """A row's heads and a head's elements are counted in 32 bits on CUDA:
+    past 2^30 the launch is refused by name (the op's check on CUDA tensors,
+    tests/python/test_ops_devices.py), never a grid that drops heads or
+    divides by zero."""
+    def m(*shape):
+        return torch.empty(*shape, device="meta", dtype=torch.float16)
+    f = torch.empty(4, 1, dtype=torch.complex64, device="meta")
+    heads = r"q heads \+ k heads = {} \+ {} is more than the CUDA kernels take in one call, 2\^30"
+    for q, k, want in [
+        (m(1, 2**30 + 1, 1, 2), m(1, 0, 1, 2), heads.format(2**30 + 1, 0)),
+        (m(1, 2**29 + 1, 1, 2), m(1, 2**29, 1, 2), heads.format(2**29 + 1, 2**29)),
+        (m(1, 2**31, 1, 2), m(1, 0, 1, 2), heads.format(2**31, 0)),  # a negative block size in 32 bits
+        (m(1, 1, 1, 2**30 + 2), m(1, 1, 1, 2**30 + 2), r"head_dim = 1073741826 is more than the CUDA kernels take"),
+        (m(1, 1, 1, 2**31 + 2), m(1, 0, 1, 2**31 + 2), r"head_dim = 2147483650"),  # a division by zero in 32 bits
+    ]:
+        for in_place in (False, True):
+            with pytest.raises(ValueError, match="_cuda_launch_shape: " + want):
+                rotary._C._cuda_launch_shape(q, k, f, interleaved=False, in_place=in_place)
+        with pytest.raises(ValueError, match="_cuda_norm_launch: " + want):
+            rotary._C._cuda_norm_launch(q, k, f, interleaved=False)
+    assert rotary._C._cuda_launch_shape(m(1, 2**30, 1, 2), m(1, 0, 1, 2), f, in_place=True)["heads"] == 2**30
+    # The fused cache write: v's head_dim too.
+    q, k, v = m(1, 1, 1, 2), m(1, 1, 1, 2), m(1, 1, 1, 2**30 + 2)
+    kc, vc = m(1, 1, 4, 2), m(1, 1, 4, 2**30 + 2)
+    with pytest.raises(ValueError, match=r"_cuda_kv_launch: v's head_dim = 1073741826 is more than the CUDA kernels"):
+        rotary._C._cuda_kv_launch(q, k, v, kc, vc, f, interleaved=False)

@@ -1,8 +1,8 @@
 """rotary.apply_rope / apply_rope_qk on every device (the ``device``
 fixture): parity with the float64 reference and the CPU kernel for every
 layout, packed qkv, grids of many blocks and partial rotary in and out of
-place, empty tensors; on CUDA, offsets past 2**31 elements and the L2
-prefetch of the next rows. (Split from the old test_ops.py by concern.)"""
+place, empty tensors; on CUDA, offsets past 2**31 elements, heads past
+2**30 and the L2 prefetch of the next rows. (Split from the old test_ops.py by concern.)"""
 
 import pytest
 import torch
@@ -145,6 +145,23 @@ def test_more_than_2_31_elements():
     rotary.apply_rope_(x, f, 0, False)
     sync("cuda")
     assert torch.equal(x, out), "in place differs from out of place"
+
+
+@needs_cuda
+def test_more_than_2_30_heads_are_refused_by_name():
+    """The kernels count a row's heads in 32 bits: 2^30 + 1 heads (4 GiB of
+    fp16) are refused by name, the tensor untouched; 2^30 - 1 are served."""
+    f = rotary.freqs_table(2, 4).to("cuda")
+    x = torch.empty(1, (1 << 30) + 1, 1, 2, dtype=torch.float16, device="cuda").normal_()
+    before = x[:, -4:].clone()
+    for op in (rotary.apply_rope, rotary.apply_rope_):
+        with pytest.raises(ValueError, match=r"q heads \+ k heads = 1073741825 \+ 0 is more than the CUDA kernels"):
+            op(x, f, 0, False)
+    assert torch.equal(x[:, -4:], before)
+    served = x[:, 2:]
+    out = rotary.apply_rope(served, f, 0, False)  # position 0 rotates by nothing
+    sync("cuda")
+    assert torch.equal(out[:, -4:], served[:, -4:])
 
 
 @needs_cuda
