@@ -1,3 +1,4 @@
+#include "checks/checks.h"
 #include "params/layouts.h"
 
 #include <rotary/front_end.h>
@@ -137,6 +138,8 @@ void KVCacheImpl::load_state(const torch::Tensor& k_in, const torch::Tensor& v_i
   for (const auto& [name, pair] : pieces) {
     const auto& [saved, mine] = pair;
     if (!saved->defined()) continue;
+    // Every piece is checked before any is copied: a refused load leaves the cache as it was.
+    detail::check_dense(who, (std::string("the saved '") + name + "'").c_str(), *saved);
     TORCH_CHECK_VALUE(!saved->is_meta(), who, ": the saved '", name, "' is a meta tensor (it holds no values)");
     TORCH_CHECK_VALUE(mine->defined(), who, ": the saved state has '", name, "' (a float8_e4m3fn cache's scale), ",
                       "this cache is ", in_effect_.dtype(), "; build the KVCache with the saved options");

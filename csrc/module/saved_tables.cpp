@@ -4,6 +4,7 @@
 #include <rotary/freqs.h>
 #include <rotary/tables.h>
 
+#include "checks/checks.h"
 #include "module/tables_detail.h"
 
 #include <ATen/ATen.h>
@@ -37,6 +38,7 @@ int64_t check_saved_tables(
   const bool has_freqs = freqs && freqs->defined();
   const bool has_inv = inv_freq && inv_freq->defined();
   for (const auto& [name, t] : {std::make_pair("freqs", freqs), std::make_pair("inv_freq", inv_freq)}) {
+    if (t) detail::check_dense(who.c_str(), (std::string("the saved '") + name + "'").c_str(), *t);  // sizes first
     TORCH_CHECK_VALUE(
         !(t && t->defined() && t->is_meta()), who, ": the saved '", name,
         "' is a meta tensor (it has no values to check); load a state_dict with real tensors");

@@ -46,6 +46,8 @@ void load_from_state_dict(
       impl->load_tables(saved[0], saved[1], who);
     } catch (const c10::ValueError& e) {
       error_msgs.append(std::string(e.what_without_backtrace()));
+    } catch (const c10::TypeError& e) {  // a sparse, mkldnn or nested table
+      error_msgs.append(std::string(e.what_without_backtrace()));
     }
   }
   if (strict) leaf_unexpected_keys(sd, prefix, names, unexpected_keys);

@@ -60,7 +60,7 @@ def test_state_dict_carries_the_length():
 
 
 @pytest.mark.parametrize("case", ["fp32-into-fp8", "fp32-into-fp16", "bshd-into-bhsd", "no-length", "meta-v",
-                                  "not-a-tensor"])
+                                  "not-a-tensor", "sparse-v", "mkldnn-v"])
 def test_refused_loads_change_nothing(case):
     _, src, _, _ = filled()
     sd = src.state_dict()
@@ -75,13 +75,18 @@ def test_refused_loads_change_nothing(case):
             "bshd-into-bhsd": r"the state was saved from a 'BSHD' cache, this one is 'BHSD'",
             "no-length": r"the state has k, v but not _extra_state",
             "meta-v": r"the saved 'v' is a meta tensor",
-            "not-a-tensor": r"the saved 'v' must be a tensor, got \[1.0\]"}[case]
+            "not-a-tensor": r"the saved 'v' must be a tensor, got \[1.0\]",
+            # v is checked before k is copied: the first piece is not loaded alone.
+            "sparse-v": r"the saved 'v' must be a dense \(strided\) tensor, got a sparse COO tensor",
+            "mkldnn-v": r"the saved 'v' must be a dense \(strided\) tensor, got an mkldnn tensor"}[case]
     if case == "no-length":
         del sd["_extra_state"]
     elif case == "meta-v":
         sd["v"] = sd["v"].to("meta")
     elif case == "not-a-tensor":
         sd["v"] = [1.0]
+    elif case in ("sparse-v", "mkldnn-v"):
+        sd["v"] = sd["v"].to_sparse() if case == "sparse-v" else sd["v"].to_mkldnn()
     before = snapshot(dst)
     for strict in (True, False):
         with pytest.raises(RuntimeError, match=want):
@@ -101,6 +106,9 @@ def test_fp8_scales_are_checked_and_travel_as_the_cache_uses_them():
     before = snapshot(dst)
     with pytest.raises(RuntimeError, match=r"saved v_scale must be finite and > 0, got 0"):
         dst.load_state_dict(bad)
+    assert same(before, dst)
+    with pytest.raises(RuntimeError, match=r"the saved 'k_scale' must be a dense \(strided\) tensor, got a sparse"):
+        dst.load_state_dict({**src.state_dict(), "k_scale": torch.tensor([0.5]).to_sparse()})
     assert same(before, dst)
     dst.load_state_dict(src.state_dict())
     assert "v_scale=0.5" in repr(dst) and dst.length == 3

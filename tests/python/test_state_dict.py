@@ -30,6 +30,29 @@ def test_load_meta_or_non_tensor_is_a_load_error(kind):
         m.load_state_dict({"freqs": sd["freqs"], "inv_freq": [1.0, 2.0]})
 
 
+@pytest.mark.parametrize("kind", list(MODULES))
+@pytest.mark.parametrize("key", ["freqs", "inv_freq"])
+@pytest.mark.parametrize("form", ["sparse COO", "mkldnn", "nested"])
+def test_load_of_a_tensor_without_strides_is_a_load_error(kind, key, form):
+    """Named among the load's errors (a parent's load reports it with the
+    rest), the buffers kept."""
+    m = MODULES[kind](8, 32)
+    sd = m.state_dict()
+    before = {n: b.clone() for n, b in m.named_buffers()}
+    t = sd[key]
+    if form == "mkldnn":
+        if t.is_complex():
+            pytest.skip("mkldnn holds no complex tensor")
+        t = t.float().to_mkldnn()
+    else:
+        t = t.to_sparse() if form == "sparse COO" else torch.nested.nested_tensor([t])
+    parent = nn.Sequential(m)
+    with pytest.raises(RuntimeError, match=rf"the saved '{key}' must be a dense \(strided\) tensor, got an? {form}"):
+        parent.load_state_dict({f"0.{k}": (t if k == key else v) for k, v in sd.items()})
+    for n, b in m.named_buffers():
+        assert torch.equal(b, before[n]), n
+
+
 @pytest.mark.parametrize("src,dst", [("py", "py"), ("cpp", "cpp"), ("py", "cpp"), ("cpp", "py")])
 def test_load_other_angle_dtype_short_table(src, dst):
     """A 32-row table differs between the angle dtypes by less than the
