@@ -119,12 +119,19 @@ void apply_moves_only(py::object wrapper) {
         adopt_wrapper(self);
       },
       py::is_method(wrapper));
+  wrapper.attr("__prepare_scriptable__") = py::module_::import("rotary._cpp_wrappers").attr("refuse_script");
   wrapper.attr("_apply") = py::cpp_function(
       [](py::object self, py::object fn, bool /*recurse*/) {
         auto impl = self.attr("cpp_module").cast<std::shared_ptr<Impl>>();
         const auto where = impl->buffers().front().device();
-        const auto to = fn(torch::empty({0}, torch::TensorOptions().device(where))).template cast<torch::Tensor>().device();
-        impl->to(to);  // refuses meta by name
+        const py::object probe = py::cast(torch::empty({1}, torch::TensorOptions().device(where)));
+        const bool shared = probe.attr("is_shared")().cast<bool>();
+        const py::object out = fn(probe);
+        if (out.is(probe) && !shared && probe.attr("is_shared")().cast<bool>()) {  // share_memory_: on the buffers
+          for (const auto& buffer : impl->buffers()) fn(py::cast(buffer));
+          return self;
+        }
+        impl->to(out.template cast<torch::Tensor>().device());  // refuses meta by name
         return self;
       },
       py::is_method(wrapper), py::arg("fn"), py::arg("recurse") = true);

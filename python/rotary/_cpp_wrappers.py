@@ -20,10 +20,21 @@ _SHADOWED = ("to", "cpu", "cuda", "float", "double", "half", "train", "eval", "c
              "parameters", "zero_grad")
 
 
+# What to use instead, in Python, of each bound C++ module.
+_INSTEAD = {"CppRotaryEmbedding": "rotary.RotaryEmbedding, the same module in Python (docs/deploy.md)",
+            "KVCache": "rotary.apply_rope_with_kv_cache_ on cache tensors you hold (docs/kv_cache.md)"}
+
+
 def _advice(cls: str) -> str:
     return (f"rotary.{cls} keeps its tensors in the C++ module, out of reach of torch.export, "
-            "torch.func.functional_call and a single torch.compile graph: use rotary.RotaryEmbedding, the same "
-            "module in Python (docs/deploy.md)")
+            f"torch.func.functional_call and a single torch.compile graph: use {_INSTEAD[cls]}")
+
+
+def refuse_script(self):
+    """torch.jit.script calls it on every submodule: refused by name."""
+    cls = type(self).__name__
+    raise RuntimeError(f"rotary.{cls} does not support TorchScript (torch.jit.script is deprecated since torch "
+                       "2.11). " + _advice(cls))
 
 
 class _CppDict(OrderedDictWrapper):

@@ -183,8 +183,13 @@ class RotaryEmbedding(nn.Module):
         moved = saved
         try:
             super()._apply(fn, recurse)
-            where = {name: fn(torch.empty(0, device=buf.device)).device for name, buf in saved.items()}
-            if len(saved) == 2 and saved["freqs"].is_meta and where["freqs"].type != "meta":
+            probes = {name: torch.empty(1, device=buf.device) for name, buf in saved.items()}
+            shared = {name: probe.is_shared() for name, probe in probes.items()}
+            done = {name: fn(probe) for name, probe in probes.items()}
+            where = {name: out.device for name, out in done.items()}
+            if saved and all(done[n] is p and p.is_shared() and not shared[n] for n, p in probes.items()):
+                moved = {name: fn(buf) for name, buf in saved.items()}  # share_memory_: the tables themselves
+            elif len(saved) == 2 and saved["freqs"].is_meta and where["freqs"].type != "meta":
                 moved = dict(zip(("freqs", "inv_freq"), self._tables.build(where["freqs"])))
             else:
                 moved = {name: buf.to(where[name]) for name, buf in saved.items()}

@@ -80,5 +80,6 @@ def test_buffers_refuse_replacement_and_nn_module_methods_apply():
     # The cache's wrapper is fitted the same way.
     cache = rotary.KVCache(1, 2, 8, 64)
     assert [n for n, _ in cache.named_buffers(prefix="c")][:2] == ["c.k", "c.v"]
-    with pytest.raises(TypeError, match=r"rotary.KVCache: cannot set buffer 'k' from Python"):
+    with pytest.raises(TypeError, match=r"rotary.KVCache: cannot set buffer 'k' from Python.*use "
+                                        r"rotary.apply_rope_with_kv_cache_ on cache tensors you hold"):
         cache.k = torch.zeros(1)

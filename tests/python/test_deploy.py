@@ -109,6 +109,13 @@ def test_cpp_module_names_and_repr():
 def test_torchscript_is_refused_with_a_clear_error():
     with pytest.raises(RuntimeError, match=r"does not support TorchScript .*deprecated.*torch\.compile, torch\.export"):
         torch.jit.script(_Block())
+    # The bound C++ modules, alone or held by a model, name themselves too.
+    for m, instead in [(rotary.CppRotaryEmbedding(16, 32), r"rotary.RotaryEmbedding, the same module in Python"),
+                       (rotary.KVCache(1, 2, 8, 16), r"rotary.apply_rope_with_kv_cache_ on cache tensors you hold")]:
+        for target in (m, torch.nn.Sequential(m)):
+            with pytest.raises(RuntimeError, match=rf"rotary.{type(m).__name__} does not support TorchScript "
+                                                   rf"\(torch.jit.script is deprecated since torch 2.11\).*{instead}"):
+                torch.jit.script(target)
 
 
 def test_export_of_a_host_driven_rule_is_refused_by_name_where_it_cannot_trace():

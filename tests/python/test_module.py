@@ -157,6 +157,22 @@ def test_mode_switches_return_the_module(kind):
     assert all(b.dtype == torch.float32 for b in cache.buffers())  # the cache keeps its options' dtype
 
 
+@pytest.mark.parametrize("kind", ["py", "cpp", "kv"])
+def test_share_memory_reaches_the_buffers(kind):
+    """nn.Module.share_memory (an in-place step through _apply) moves the
+    modules' own buffers to shared memory, values and dtypes kept, and the
+    module rotates as before."""
+    m = rotary.KVCache(1, 2, 8, 16) if kind == "kv" else make_module(kind, 16, 32)
+    parent = nn.Sequential(m, nn.Linear(2, 2))
+    before = {n: b.clone() for n, b in m.named_buffers()}
+    assert parent.share_memory() is parent and parent[1].weight.is_shared()
+    for n, b in m.named_buffers():
+        assert b.is_shared() and b.dtype == before[n].dtype and torch.equal(b, before[n]), n
+    if kind != "kv":
+        x = make_heads(1, 2, 3, 16, torch.float32, seed=61)
+        assert_close_ref(m(x, start_pos=40), rope_reference(x, 40, True), torch.float32)
+
+
 class _Block(nn.Module):
     def __init__(self, rope):
         super().__init__()
