@@ -277,8 +277,9 @@ void RopeTables::check_start_pos(int64_t start_pos) {
 }
 
 void RopeTables::check_reach(int64_t reach) const {
-  TORCH_CHECK_VALUE(reach <= kMaxPosition, "RotaryEmbedding(", describe(),
-                    ").update_for_reach: reach (one past the largest position of a call) must be <= 2^60, got ", reach);
+  TORCH_CHECK_VALUE(reach >= 0 && reach <= kMaxPosition, "RotaryEmbedding(", describe(),
+                    ").update_for_reach: reach (one past the largest position of a call) must be in [0, 2^60], got ",
+                    reach);
 }
 
 void RopeTables::note_or_check_replay(int64_t reach, int64_t next) {

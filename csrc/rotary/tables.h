@@ -115,7 +115,7 @@ class RopeTables {
   // table of `rows` rows (c10::IndexError).
   static void check_start_pos(int64_t start_pos);
   void check_rows(int64_t seq_len, int64_t start_pos, bool has_positions, int64_t rows) const;
-  // update_for_reach's argument: at most 2^60, one past the largest position.
+  // update_for_reach's argument, one past the largest position: in [0, 2^60].
   void check_reach(int64_t reach) const;
 
 

@@ -167,8 +167,9 @@ TEST(ScalingErrors, NonFiniteTablesAreRefused) {
     EXPECT_TRUE(torch::equal(grows->inv_freq, before));
     EXPECT_EQ(grows->tables().state(), 0);
     expect_value_error([&] { grows->update_for_reach((int64_t{1} << 60) + 1); },
-                       "update_for_reach: reach (one past the largest position of a call) must be <= 2^60, got "
+                       "update_for_reach: reach (one past the largest position of a call) must be in [0, 2^60], got "
                        "1152921504606846977");
+    expect_value_error([&] { grows->update_for_reach(-1); }, "must be in [0, 2^60], got -1");
   }
   expect_value_error(
       build(RotaryEmbeddingOptions(8).theta(1e-300).angle_dtype(torch::kFloat32)), "theta=1e-300");

@@ -52,9 +52,10 @@ def test_a_dynamic_base_grown_past_a_double_refuses_the_call(cls):
 @pytest.mark.parametrize("cls", [rotary.RotaryEmbedding, rotary.CppRotaryEmbedding])
 def test_update_for_reach_is_checked_by_name(cls):
     m = cls(8, 64, scaling=DYNAMIC)
-    with pytest.raises(ValueError, match=r"update_for_reach: reach \(one past the largest position of a call\) must "
-                                         r"be <= 2\^60, got 4611686018427387904"):
-        m.update_for_reach(2**62)
+    for bad in (2**62, -3):
+        with pytest.raises(ValueError, match=r"update_for_reach: reach \(one past the largest position of a call\) "
+                                             rf"must be in \[0, 2\^60\], got {bad}"):
+            m.update_for_reach(bad)
     for bad in (1.5, True, None):
         with pytest.raises(TypeError, match=rf"{cls.__name__}.update_for_reach: reach must be an int, got"):
             m.update_for_reach(bad)
@@ -63,7 +64,9 @@ def test_update_for_reach_is_checked_by_name(cls):
     assert m.rope_state == 0
     m.update_for_reach(torch.tensor(12))  # torch.max(position_ids) + 1, numpy's ints: as pybind's int64 took them
     m.update_for_reach(np.int64(12))
-    m.update_for_reach(-3)  # no call reaches past its tables: nothing changes
+    state = m.rope_state
+    m.update_for_reach(0)  # an empty call reaches nothing: nothing changes
+    assert m.rope_state == state
     m.update_for_reach(2**60)  # the largest reach a call may have
     assert m.rope_state == 2**60
     # The tables round-trip; past 2^53 the lengths within one double's spacing share them.
