@@ -160,7 +160,11 @@ class RotaryEmbedding(nn.Module):
             device = self.freqs.device
             if local_metadata.get("assign_to_params_buffers") and isinstance(saved, torch.Tensor) and not saved.is_meta:
                 device = saved.device
+            none = [key for key in (fkey, ikey) if key in state_dict and state_dict[key] is None]
             try:
+                if none:  # not "left out" (restore's None): torch refuses a None entry too
+                    raise TypeError(f"RotaryEmbedding.load_state_dict: the saved '{none[0][len(prefix):]}' must be "
+                                    "a tensor, got None")
                 self._tables.restore(state_dict.get(fkey), state_dict.get(ikey), "RotaryEmbedding.load_state_dict",
                                      device, self._install)
             except (ValueError, TypeError) as e:

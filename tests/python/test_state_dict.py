@@ -28,6 +28,10 @@ def test_load_meta_or_non_tensor_is_a_load_error(kind):
         m.load_state_dict({"freqs": sd["freqs"].to("meta"), "inv_freq": sd["inv_freq"]})
     with pytest.raises(RuntimeError, match=r"'inv_freq' must be a tensor.*got \[1.0, 2.0\]"):
         m.load_state_dict({"freqs": sd["freqs"], "inv_freq": [1.0, 2.0]})
+    before = m.freqs.clone()
+    with pytest.raises(RuntimeError, match=r"the saved 'freqs' must be a tensor, got None"):  # not left out
+        torch.nn.Sequential(m).load_state_dict({"0.freqs": None, "0.inv_freq": sd["inv_freq"]})
+    assert torch.equal(m.freqs, before)
 
 
 @pytest.mark.parametrize("kind", list(MODULES))
