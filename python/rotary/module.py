@@ -22,6 +22,10 @@ _SEQ_AXIS = _C.SEQ_AXIS  # the seq dim of each 4-D layout (params/layouts.h)
 _eager_only = getattr(torch, "_disable_dynamo", None) or torch.compiler.disable
 _IN_CPP = ("rotary.RotaryEmbedding checks this call's arguments in C++, which Dynamo cannot trace: eagerly, at a "
            "graph break. Run the call without torch.compile (or without fullgraph=True) to see the error")
+_HOST_DRIVEN = ("rotary.RotaryEmbedding with a dynamic or longrope rule rebuilds its tables on the host from each "
+                "call's reach, which Dynamo cannot trace: eagerly, at a graph break. Under fullgraph=True, call "
+                "update_for_reach(reach) before the compiled function and pass rope.freqs and rope.inv_freq to "
+                "rotary.apply_rope_qk, or use a rule that is not host-driven (docs/api.md)")
 
 
 def _in_cpp(check, *args):
@@ -278,16 +282,21 @@ class RotaryEmbedding(nn.Module):
                 "call's positions, which torch.export cannot trace with a symbolic sequence length or position "
                 "tensors; export it with static shapes and an int start_pos (the tables it reaches are baked in), "
                 "or use a rule without a host-driven state (docs/deploy.md)")
+        # Under torch.compile the host step runs at a graph break, eagerly (one
+        # frame, no recompiles of its own): it records. An export bakes the
+        # tables it reaches in and leaves the module as it was (it puts the
+        # traced buffers back; a new state would outlive them).
+        if torch.compiler.is_dynamo_compiling():
+            torch._dynamo.graph_break(msg=_HOST_DRIVEN)
+            return _run_eagerly(self._host_call, q, k, start_pos, offsets, position_ids, seq_len, layout, True)
+        return self._host_call(q, k, start_pos, offsets, position_ids, seq_len, layout, not exporting)
+
+    def _host_call(self, q, k, start_pos, offsets, position_ids, seq_len, layout, record):
         # Every rank sizes the table by every rank's positions.
         offsets, position_ids = _whole_positions(offsets, "offsets"), _whole_positions(position_ids)
         reach = _C.RopeTables.reach_of(seq_len, start_pos, offsets, position_ids)
-
-        # An export bakes the tables it reaches in and leaves the module as it
-        # was (it puts the traced buffers back; a new state would outlive them).
-        # Under torch.compile the call below runs at a graph break, eagerly:
-        # it records.
         return self._host_step(reach, self.freqs.device, lambda f, inv: self._rotate(
-            q, k, start_pos, offsets, position_ids, f, inv, layout), record=not exporting)
+            q, k, start_pos, offsets, position_ids, f, inv, layout), record=record)
 
     def _host_step(self, reach: int, device: torch.device, rotate, record: bool = True):
         """rotate(freqs, inv_freq) with the tables a call reaching ``reach``

@@ -15,6 +15,7 @@ from torch import nn
 
 import rotary
 from test_scaling_errors import YARN64
+from test_state import DYNAMIC, LONGROPE
 
 
 def _qk(batch, seq, head_dim, dtype, seed):
@@ -176,6 +177,25 @@ def test_position_ids(kind):
         assert torch.equal(m(q, position_ids=pid), m(q, positions=pid))
     with pytest.raises(ValueError, match="pass offsets= or position_ids= alone|pass offsets or position_ids alone"):
         m(q, k, positions=pid, position_ids=pid)
+
+
+@pytest.mark.parametrize("rule", [DYNAMIC, LONGROPE], ids=["dynamic", "longrope"])
+def test_compile_fullgraph_of_a_host_driven_rule_names_why(rule):
+    """The host step is a graph break with a reason (Dynamo's own words name
+    a pybind function); without fullgraph it runs eagerly and rotates as the
+    module does, state recorded."""
+    m = rotary.RotaryEmbedding(8, 64, scaling=rule)
+    q, k = _qk(1, 8, 8, torch.float32, seed=9)
+    with pytest.raises(torch._dynamo.exc.Unsupported, match=r"dynamic or longrope rule rebuilds its tables on the "
+                                                             r"host.*update_for_reach\(reach\)"):
+        torch.compile(lambda q, k: m(q, k, start_pos=3), fullgraph=True, backend="eager")(q, k)
+    torch._dynamo.reset()
+    twin = rotary.RotaryEmbedding(8, 64, scaling=rule)
+    compiled = torch.compile(lambda q, k, s: m(q, k, start_pos=s), backend="eager")
+    for start in (3, 70, 5):  # past the threshold and back
+        for a, b in zip(compiled(q, k, start), twin(q, k, start_pos=start)):
+            assert torch.equal(a, b)
+        assert m.rope_state == twin.rope_state and (m.rope_state > 0) == (start == 70)
 
 
 def test_compile_static_rule():
