@@ -8,7 +8,7 @@ import math
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from . import _C
-from .hf_families import (CLASS_HEAD_DIM, CLASS_LAYER_TYPES, CLASS_ORIGINAL_MAX, CLASS_PARTIAL,
+from .hf_families import (CLASS_HEAD_DIM, CLASS_LAYER_TYPES, CLASS_ORIGINAL_MAX, CLASS_PARTIAL, CLASS_TOP_PARTIAL,
                           CLASS_PLAIN_ROPE_SCALING, CLASS_ROPE_LABELS, CLASS_RULE, CLASS_THETA,
                           DEFAULT_RULE_READS_PARTIAL, FAMILIES, Family)
 
@@ -75,8 +75,10 @@ def read_as_its_class(config: Mapping, params: Dict[str, Any], fam: Family, mode
                                  "ignores it at the top level (it reads rotary_emb_base and rotary_pct, or "
                                  "rope_parameters); rename it, or drop it")
     elif not nested and "partial_rotary_factor" not in params:
-        top = get(config, "partial_rotary_factor")
-        if top is not None:  # the config class moves it into the rule (proportional reads it there)
+        # The config class moves it into the rule (proportional reads it there),
+        # or writes its own over it (CLASS_TOP_PARTIAL).
+        top = CLASS_TOP_PARTIAL.get(model_type, get(config, "partial_rotary_factor"))
+        if top is not None:
             params["partial_rotary_factor"] = top
     if not model_type:
         return

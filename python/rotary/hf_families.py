@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 __all__ = ["Family", "FAMILIES", "GENERIC_FIELDS", "DEFAULT_RULE_READS_PARTIAL", "CLASS_THETA", "CLASS_RULE",
-           "CLASS_HEAD_DIM", "CLASS_PARTIAL", "CLASS_ORIGINAL_MAX", "CLASS_TEXT_CONFIG", "CLASS_LAYER_TYPES",
+           "CLASS_HEAD_DIM", "CLASS_PARTIAL", "CLASS_TOP_PARTIAL", "CLASS_ORIGINAL_MAX", "CLASS_TEXT_CONFIG", "CLASS_LAYER_TYPES",
            "CLASS_PLAIN_ROPE_SCALING", "CLASS_KEEPS_TOP_PARTIAL", "WHOLE_HEAD_ATTENTION", "CLASS_AXIAL", "AXIAL_OWN",
            "family_of"]
 
@@ -223,6 +223,14 @@ CLASS_PARTIAL = {
     'nemotron3_5_transcribe_word_timestamp': 0.5, 'persimmon': 0.5, 'phi': 0.5, 'qwen3_5_moe_text': 0.25,
     'qwen3_5_text': 0.25, 'qwen3_next': 0.25, 'recurrent_gemma': 0.5, 'stablelm': 0.25,
 }
+
+# A config class that writes its own partial_rotary_factor over a top-level
+# one (it keeps one given in rope_parameters): a dict is read with the class's.
+CLASS_TOP_PARTIAL = {
+    'bamba': 0.5, 'gpt_neox': 0.25, 'gpt_neox_japanese': 1.0, 'mistral4': 0.5, 'moonshine_streaming': 0.8,
+    'nemotron3_5_transcribe_asr_audio': 0.5, 'nemotron3_5_transcribe_word_timestamp': 0.5,
+}
+
 CLASS_ORIGINAL_MAX = frozenset({'phi3', 'phi4_multimodal'})
 # Text config classes that key rope_parameters by layer type: from a flat
 # rope_scaling / rope_theta (full_attention's rule, sliding layers plain

@@ -186,6 +186,32 @@ def test_class_fields_of_dicts_are_transformers_own():
     assert composites == set(hf_families.CLASS_TEXT_CONFIG)
 
 
+def test_classes_that_write_their_own_partial_over_a_top_level_one():
+    """A top-level partial_rotary_factor these config classes replace with
+    their own (hf_families.CLASS_TOP_PARTIAL): a dict giving one is read as
+    the class reads it, not with the dict's value."""
+    over = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for model_type, cls in transformers.CONFIG_MAPPING.items():
+            try:
+                c = cls.from_dict({"partial_rotary_factor": 0.75})
+                if c.get_text_config() is not c:
+                    continue
+            except Exception:  # no default instance, several text configs
+                continue
+            params = getattr(c, "rope_parameters", None)
+            if isinstance(params, dict) and params.get("partial_rotary_factor") not in (None, 0.75):
+                over[model_type] = params["partial_rotary_factor"]
+        assert over == hf_families.CLASS_TOP_PARTIAL
+        for model_type in ("bamba", "moonshine_streaming"):  # served, read from the dict's own rule
+            cls = transformers.CONFIG_MAPPING[model_type]
+            d = {**cls().to_dict(), "partial_rotary_factor": 0.75, "rope_theta": 10000.0}
+            d.pop("rope_parameters", None)
+            obj = cls.from_dict(dict(d))
+            assert rope_kwargs_from_hf_config(d) == rope_kwargs_from_hf_config(obj), model_type
+
+
 @pytest.mark.parametrize("model_type,missing,given,match", [
     ("qwen3", "head_dim", dict(hidden_size=96, num_attention_heads=2), "no head_dim"),
     ("phi", "partial_rotary_factor", dict(hidden_size=96, num_attention_heads=2), "no partial_rotary_factor.*0.5"),
