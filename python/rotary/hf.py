@@ -351,8 +351,15 @@ def rope_kwargs_from_hf_config(
     def field(name: str) -> Any:
         value = _get(config, name)
         for std, alias in fam.aliases:
-            if value is None and std == name:
-                value = _get(config, alias)
+            if std != name:
+                continue
+            other = _get(config, alias)
+            if value is None:
+                value = other
+            elif other is not None and other != value and isinstance(config, Mapping):
+                # Its class reads one of the two (an attribute_map makes the alias win): no guess.
+                raise ValueError(f"from_hf_config: {name}={value!r} and {alias}={other!r} differ: transformers' "
+                                 f"{model_type} config reads {alias} for {name}; give one of them")
         return value
 
     params = _rope_params(config, layer_type, fam)

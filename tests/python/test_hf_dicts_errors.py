@@ -37,6 +37,21 @@ def test_rotarys_own_ntk_rule_is_refused_in_a_transformers_config():
 
 
 # ------------------------------------------------------------- field types
+def test_a_field_given_under_both_of_its_names_is_refused_when_they_differ():
+    """bailing_hybrid's class reads model_max_length for
+    max_position_embeddings (its attribute_map): a dict giving both, as a
+    saved config.json with an added max_position_embeddings, is refused
+    rather than read with the one transformers ignores; equal, it loads."""
+    cls = transformers.CONFIG_MAPPING["bailing_hybrid"]
+    d = {**cls().to_dict(), "rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}}
+    with pytest.raises(ValueError, match=r"from_hf_config: max_position_embeddings=64 and model_max_length=262144 "
+                                         r"differ: transformers' bailing_hybrid config reads model_max_length for "
+                                         r"max_position_embeddings"):
+        rope_kwargs_from_hf_config({**d, "model_max_length": 262144, "max_position_embeddings": 64})
+    same = {**d, "model_max_length": 4096, "max_position_embeddings": 4096}
+    assert rope_kwargs_from_hf_config(same) == rope_kwargs_from_hf_config(cls.from_dict(dict(same)))
+
+
 @pytest.mark.parametrize("field,value", [
     ("head_dim", "64"), ("head_dim", True), ("head_dim", 64.0), ("hidden_size", "256"),
     ("num_attention_heads", "4"), ("hidden_size", 256.0),
