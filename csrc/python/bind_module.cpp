@@ -143,8 +143,8 @@ void bind_cpp_module(py::module_& m) {
             self.update_for_reach(index("CppRotaryEmbedding.update_for_reach", "reach", reach).cast<int64_t>());
           },
           py::arg("reach"),
-          "Host-driven rules: make the tables right for a call whose largest position is reach - 1 (reach at most "
-          "2^60). Other rules: no-op.")
+          "Host-driven rules: make the tables right for a call whose largest position is reach - 1 (reach in "
+          "[0, 2^60]). Other rules: no-op.")
       .def(
           "load_tables",
           [](Impl& self, const std::optional<torch::Tensor>& freqs, const std::optional<torch::Tensor>& inv_freq) {
