@@ -91,25 +91,50 @@ void check_positions_in_table(const char* op, const kernel::RopeParams& p, doubl
   const std::string from = p.positions == nullptr ? std::string(" (start_pos ") + std::to_string(p.start_pos) + " + s)"
       : p.positions_are_offsets ? std::string(" (start_pos ") + std::to_string(p.start_pos) + " + offsets + s)"
                                 : std::string(" (position_ids)");
-  for (int64_t b = 0; b < p.batch; ++b) {
-    for (int64_t s = 0; s < p.seq; ++s) {
-      if (p.positions) {
-        // Bounded so that start_pos + position + local index cannot overflow.
-        const int64_t given = kernel::given_position(p, b, s);
-        TORCH_CHECK_INDEX(
-            bounds::position_in_range(given), op, ": ", name, " must lie in (-2^60, 2^60), got ",
-            given);
-      }
-      const int64_t pos = kernel::position_of(p, b, s);
-      TORCH_CHECK_VALUE(
-          pos >= 0, op, ": ", token_name(p, b, s), " has negative position ", pos, from);
+  const auto check = [&](int64_t b, int64_t s) {
+    if (p.positions) {
+      // Bounded so that start_pos + position + local index cannot overflow.
+      const int64_t given = kernel::given_position(p, b, s);
       TORCH_CHECK_INDEX(
-          pos < kMaxPosition, op, ": ", token_name(p, b, s), " has position ", pos, from, "; positions must be < 2^60");
-      if (!keeps_phase(p, pos, max_inv_freq)) far_angle_error(op, pos, max_inv_freq, token_name(p, b, s));
-      TORCH_CHECK_INDEX(
-          p.inv_freq != nullptr || pos < p.freqs_len, op, ": ", token_name(p, b, s), " has position ", pos, from, ", outside the freqs table [0, ", p.freqs_len, "); build the table with max_seq_len > ", pos,
-          " (the ops also take inv_freq)");
+          bounds::position_in_range(given), op, ": ", name, " must lie in (-2^60, 2^60), got ",
+          given);
     }
+    const int64_t pos = kernel::position_of(p, b, s);
+    TORCH_CHECK_VALUE(
+        pos >= 0, op, ": ", token_name(p, b, s), " has negative position ", pos, from);
+    TORCH_CHECK_INDEX(
+        pos < kMaxPosition, op, ": ", token_name(p, b, s), " has position ", pos, from, "; positions must be < 2^60");
+    if (!keeps_phase(p, pos, max_inv_freq)) far_angle_error(op, pos, max_inv_freq, token_name(p, b, s));
+    TORCH_CHECK_INDEX(
+        p.inv_freq != nullptr || pos < p.freqs_len, op, ": ", token_name(p, b, s), " has position ", pos, from, ", outside the freqs table [0, ", p.freqs_len, "); build the table with max_seq_len > ", pos,
+        " (the ops also take inv_freq)");
+  };
+  // Token (b, s) passes every check above.
+  const auto fits = [&](int64_t b, int64_t s) {
+    if (p.positions && !bounds::position_in_range(kernel::given_position(p, b, s))) return false;
+    const int64_t pos = kernel::position_of(p, b, s);
+    return pos >= 0 && pos < kMaxPosition && keeps_phase(p, pos, max_inv_freq) &&
+        (p.inv_freq != nullptr || pos < p.freqs_len);
+  };
+  // Offsets, or ids broadcast over seq: a row's positions rise with s, so
+  // its first token holds its lowest and the rest fail, if at all, from one
+  // token on; a search finds that token (an empty call of a huge seq_len
+  // must not walk every token). Past 2^61 every token fails (|offset| <
+  // 2^60), so the search stays where no position overflows.
+  const bool rising = p.cu_seqlens == nullptr && p.pos_stride_s == 0;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    if (!rising) {
+      for (int64_t s = 0; s < p.seq; ++s) check(b, s);
+      continue;
+    }
+    check(b, 0);
+    int64_t lo = 0, hi = std::min<int64_t>(p.seq - 1, int64_t{1} << 61);  // fits(lo)
+    if (fits(b, hi)) continue;
+    while (hi - lo > 1) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      (fits(b, mid) ? lo : hi) = mid;
+    }
+    check(b, hi);  // raises
   }
 }
 

@@ -89,6 +89,29 @@ def test_negative_position_is_value_error(tables, name, kwargs):
     snap.check()
 
 
+def test_rising_positions_name_their_first_token_past_the_table(tables):
+    """Offsets (and ids broadcast over seq) rise with s: the first token past
+    the table is named, as in a walk of every token, and an empty call of
+    2^40 tokens a row is checked without walking them."""
+    f = tables(8, 16)
+    x = randn((2, 2, 30, 8), seed=47)
+    with pytest.raises(IndexError, match=r"apply_rope: token \(batch 1, seq 12\) has position 16 \(start_pos 1 \+ "
+                                         r"offsets \+ s\), outside the freqs table \[0, 16\)"):
+        rotary.apply_rope(x[:, :, :14], f, 1, offsets=torch.tensor([0, 3]))
+    ids = torch.tensor([[2], [17]]).expand(2, 30)
+    with pytest.raises(IndexError, match=r"token \(batch 1, seq 0\) has position 17 \(position_ids\), outside"):
+        rotary.apply_rope(x, f, position_ids=ids)
+    empty = torch.empty(2, 0, 2**40, 8)
+    with pytest.raises(IndexError, match=r"token \(batch 0, seq 11\) has position 16 .*outside the freqs table"):
+        rotary.apply_rope(empty, f, 0, offsets=torch.tensor([5, 0]))
+    inv = rotary.inv_frequencies(8)[0]
+    assert rotary.apply_rope(empty, f, 0, offsets=torch.tensor([5, 0]), inv_freq=inv).shape == empty.shape
+    huge = torch.empty(0).as_strided((1, 0, 2**62, 8), (0, 0, 8, 1))  # past 2^61 tokens: no position overflows
+    with pytest.raises(IndexError, match=r"token \(batch 0, seq 1152921504606846966\) has position "
+                                         r"1152921504606846976 \(start_pos 0 \+ offsets \+ s\); positions must be < 2\^60"):
+        rotary.apply_rope(huge, f, 0, offsets=torch.tensor([10]), inv_freq=inv)
+
+
 def test_varlen_past_table_is_index_error(tables):
     f = tables(8, 6)
     x = randn((9, 2, 8), seed=46)
