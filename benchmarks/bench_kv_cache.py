@@ -142,8 +142,9 @@ def cases(device, dtype, B, S, Hq, Hk, D, kv_layout, block=16, start=100, compil
         compiled_put = torch.compile(lambda *a: eager(*a, put=True), fullgraph=True, dynamic=False)
         fns["compiled"] = lambda: compiled_fn(q, k, v, kc, vc)
         fns["compiled_put"] = lambda: compiled_put(q, k, v, kc, vc)
-    src = torch.empty(q.numel() + 2 * k.numel(), dtype=dtype, device=device)
-    dst, src_k, dst_k = torch.empty_like(src), torch.empty_like(k), torch.empty_like(k)
+    # Written sources: an untouched CPU allocation reads the kernel's one zero page.
+    src = torch.randn(q.numel() + 2 * k.numel(), device=device).to(dtype)
+    dst, src_k, dst_k = torch.empty_like(src), torch.randn_like(k), torch.empty_like(k)
 
     def floor():
         dst.copy_(src)

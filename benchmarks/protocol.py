@@ -157,19 +157,27 @@ def check_load(args: argparse.Namespace) -> LoadGuard:
 
 
 def thread_passes(threads: Sequence[Optional[int]], reset_compiled: bool = False) -> Iterator[Optional[int]]:
-    """Sets torch's thread count for each pass (None: leave it); restores it after."""
+    """Sets torch's thread count for each pass (None: leave it); restores it after.
+    reset_compiled: each pass compiles afresh. Inductor bakes the thread
+    count into its C++ code (one thread: no OpenMP region at all), and its
+    FX-graph and AOTAutograd caches, in memory and on disk, are not keyed on
+    it: a reset alone would load the first pass's code, so they are off."""
     import torch
 
     saved = torch.get_num_threads()
+    no_caches = torch._inductor.config.force_disable_caches
     try:
+        if reset_compiled:
+            torch._inductor.config.force_disable_caches = True
         for nt in threads:
             if nt is not None:
                 torch.set_num_threads(nt)
-                if reset_compiled:  # Inductor bakes the thread count into its C++ code
+                if reset_compiled:
                     torch._dynamo.reset()
             yield nt
     finally:
         torch.set_num_threads(saved)
+        torch._inductor.config.force_disable_caches = no_caches
 
 
 class Stats:
