@@ -175,7 +175,7 @@ BENCHMARK(BM_Kernel<kHotSeq>)->Name("BM_KernelHot")->Apply(DtypeThreadsLayout)->
 
 int main(int argc, char** argv) {
 #if defined(__GLIBC__)
-  // As bench.py does: keep freed blocks in the heap, so that BM_Clone and
+  // As bench.py's --heap reuse does: keep freed blocks in the heap, so that BM_Clone and
   // BM_Dispatcher, which allocate 32-64 MiB outputs on every call, time the
   // copy and the kernel rather than page faults (glibc otherwise maps blocks
   // over 32 MiB afresh each time).
