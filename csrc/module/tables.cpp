@@ -179,8 +179,7 @@ void RopeTables::follow(const Held& held) {
   const c10::Storage& storage = freqs.unsafeGetTensorImpl()->unsafe_storage();
   const c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
   if (impl == nullptr) return;
-  built_.erase(std::remove_if(built_.begin(), built_.end(), [](const Built& b) { return b.freqs.expired(); }),
-               built_.end());
+  prune_built();
   const auto known = std::find_if(built_.begin(), built_.end(),
                                   [&](const Built& b) { return b.freqs._unsafe_get_target() == impl; });
   if (known != built_.end()) {
@@ -203,6 +202,11 @@ void RopeTables::follow(const Held& held) {
     }
   }
   built_.push_back({storage.getWeakStorageImpl(), state_, attention_scaling_});
+}
+
+void RopeTables::prune_built() {
+  built_.erase(std::remove_if(built_.begin(), built_.end(), [](const Built& b) { return b.freqs.expired(); }),
+               built_.end());
 }
 
 std::string RopeTables::describe() const {
@@ -292,8 +296,9 @@ void RopeTables::note_or_check_replay(int64_t reach, int64_t next) {
     const auto it = noted_.find(reach);  // a decode step adds one reach: O(1), not a scan
     if (it == noted_.end()) {
       if (noted_.size() < kMaxNoted) noted_.emplace(reach, std::vector<int64_t>{next});
-    } else if (std::find(it->second.begin(), it->second.end(), next) == it->second.end()) {
-      it->second.push_back(next);
+    } else if (std::vector<int64_t>& states = it->second;
+               states.back() != kMoreStates && std::find(states.begin(), states.end(), next) == states.end()) {
+      states.push_back(states.size() < kMaxNotedStates ? next : kMoreStates);
     }
     return;
   }
@@ -303,7 +308,14 @@ void RopeTables::note_or_check_replay(int64_t reach, int64_t next) {
   if (used.size() == 1 && used[0] == next) return;
   const auto length = [&](int64_t state) { return state > 0 ? state : *s.max_position_embeddings(); };
   std::ostringstream ran;
-  for (size_t i = 0; i < used.size(); ++i) ran << (i ? ", " : "") << length(used[i]);
+  for (size_t i = 0; i < used.size(); ++i) {
+    ran << (i ? ", " : "");
+    if (used[i] == kMoreStates) {
+      ran << "and others";
+    } else {
+      ran << length(used[i]);
+    }
+  }
   TORCH_CHECK_VALUE(false, "RotaryEmbedding(", describe(), "): called during a backward pass (torch.utils.checkpoint ",
                     "recomputing it) with positions up to ", reach - 1, ", past max_position_embeddings = ",
                     *s.max_position_embeddings(), ", where a dynamic rule's table depends on the calls before: it ",

@@ -134,6 +134,7 @@ void bind_cpp_module(py::module_& m) {
       // Python module.
       .def_property_readonly("host_driven", &Impl::host_driven)
       .def_property_readonly("_rope_state", [](const Impl& self) { return self.tables().state(); })
+      .def("_tracked_tables", [](const Impl& self) { return self.tables().tracked_tables(); })
       .def_property_readonly("attention_scaling", [](const Impl& self) { return self.attention_scaling; })
       .def(
           "update_for_reach",

@@ -186,6 +186,7 @@ void bind_tables(py::module_& m) {
           "reach_of", &RopeTables::reach_of, py::arg("seq_len"), py::arg("start_pos"), py::arg("offsets"),
           py::arg("position_ids"))
       .def("check_reach", &RopeTables::check_reach, py::arg("reach"))
+      .def("_tracked_tables", &RopeTables::tracked_tables)
       .def("check_rows", &RopeTables::check_rows, py::arg("seq_len"), py::arg("start_pos"), py::arg("has_positions"),
            py::arg("rows"));
   def_state_machine(tables);

@@ -169,9 +169,17 @@ class RopeTables {
     std::unique_lock<std::mutex> lock(lock_.mutex, std::defer_lock);
     if (host_driven_) lock.lock();
     const RopeTableSet fresh = build(saved_state(freqs, inv_freq, who, tried), device);
+    prune_built();  // loads with no call between them would keep every dropped table's entry
     built_.reserve(built_.size() + 1);
     install(fresh);
     commit(fresh);
+  }
+
+  // How many built or met tables it keeps a state for: those alive, and at
+  // most one dropped since the last call or load (tests: it stays bounded).
+  size_t tracked_tables() const {
+    std::lock_guard<std::mutex> lock(lock_.mutex);
+    return built_.size();
   }
 
   // One line for messages: dim, max_seq_len, theta, rope_type, angle_dtype.
@@ -191,7 +199,12 @@ class RopeTables {
   // state it would use, else refused. The notes start afresh at the first
   // call after a recomputation (the next step). Under the lock.
   void note_or_check_replay(int64_t reach, int64_t next);
-  std::unordered_map<int64_t, std::vector<int64_t>> noted_;  // reach -> the distinct states its calls used
+  // reach -> the distinct states its calls used: at most kMaxNotedStates,
+  // then kMoreStates (two already refuse a recomputation; the rest only
+  // lengthen the message).
+  std::unordered_map<int64_t, std::vector<int64_t>> noted_;
+  static constexpr size_t kMaxNotedStates = 4;
+  static constexpr int64_t kMoreStates = -1;
   bool replayed_ = false;
   void commit(const RopeTableSet& tables) noexcept {  // room reserved before the install
     state_ = tables.state;
@@ -202,6 +215,8 @@ class RopeTables {
   }
   // Under the lock: the state of the tables `held`, noted for next time.
   void follow(const Held& held);
+  // Under the lock: drops the entries of tables freed since.
+  void prune_built();
 
   // The storages of the freqs tables this object built or met, with their
   // states (the C++ module installs by set_data: its buffer keeps its
@@ -217,7 +232,7 @@ class RopeTables {
   bool host_driven_ = false;
   int64_t state_ = 0;
   double attention_scaling_ = 1.0;
-  detail::ForkSafeMutex lock_;
+  mutable detail::ForkSafeMutex lock_;
 };
 
 // Checks tables saved from a RotaryEmbedding (its `freqs` complex64 [rows,

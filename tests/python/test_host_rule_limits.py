@@ -119,6 +119,32 @@ def test_checkpoint_recomputes_a_dynamic_rule_only_where_history_cannot_change_i
     assert x.grad is None
 
 
+@pytest.mark.parametrize("cls", [rotary.RotaryEmbedding, rotary.CppRotaryEmbedding])
+def test_the_state_machines_bookkeeping_stays_bounded(cls):
+    """The states noted for one reach stop at a few (two already refuse a
+    recomputation): a decode loop growing the table over and over made the
+    list, each call's scan and the refusal's message grow without end. Loads
+    with no call between them each left a dropped table's entry behind."""
+    m = cls(8, 16, scaling=DYNAMIC)
+    x = torch.randn(1, 1, 1, 8)
+    for i in range(12):
+        m(x, start_pos=1000 + i)  # grows the table
+        m(x, start_pos=19)  # reach 20: by the grown table, another state each time
+        m(x, start_pos=0)
+    q = torch.randn(1, 1, 1, 8, requires_grad=True)
+    with pytest.raises(ValueError, match=r"calls of this reach turned by length\(s\) 1001, 1002, 1003, 1004, and "
+                                         r"others\. Call the module"):
+        checkpoint(lambda t: m(t, start_pos=19), q, use_reentrant=False).sum().backward()
+    sd = m.state_dict()
+    tables = m._tables if cls is rotary.RotaryEmbedding else m.cpp_module
+    tracked = []
+    for _ in range(200):
+        m.load_state_dict(sd)
+        tracked.append(tables._tracked_tables())
+    # sd's table, the one held, and the one the last load dropped.
+    assert max(tracked) == tracked[-1] <= 3
+
+
 def test_the_documented_way_around_a_checkpoint():
     """update_for_reach before the checkpointed function, the tables passed in:
     the gradient of the forward that ran."""
