@@ -135,6 +135,33 @@ def test_a_flat_dict_of_a_class_keyed_by_layer_type_is_refused(d):
         rope_kwargs_from_hf_config(copy.deepcopy(d), layer_type="sliding_attention")
 
 
+def test_a_dict_with_both_rope_scaling_and_rope_parameters_reads_as_transformers():
+    """transformers' config class takes the legacy rope_scaling over
+    rope_parameters when a dict has both: so does the dict's reading."""
+    d = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": 512,
+         "rope_theta": 10000.0, "rope_scaling": {"rope_type": "linear", "factor": 4.0},
+         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        obj = transformers.LlamaConfig.from_dict(copy.deepcopy(d))
+    assert obj.rope_parameters["rope_type"] == "linear"
+    assert rope_kwargs_from_hf_config(d)["scaling"] == {"rope_type": "linear", "factor": 4.0}
+    assert rope_kwargs_from_hf_config(d) == rope_kwargs_from_hf_config(obj)
+
+
+def test_qwen3_5_reads_its_rotary_classs_default_sections():
+    """A Qwen3.5 dict without mrope_section: its rotary class turns pairs by
+    [11, 11, 10] (t, h, w), interleaved."""
+    d = {"model_type": "qwen3_5_text", "hidden_size": 256, "num_attention_heads": 4, "head_dim": 256,
+         "max_position_embeddings": 512,
+         "rope_parameters": {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}}
+    kw = rope_kwargs_from_hf_config(d)
+    assert kw["dim"] == 64 and kw["mrope_section"] == [11, 11, 10] and kw["mrope_interleaved"] is True
+    import inspect
+    from transformers.models.qwen3_5 import modeling_qwen3_5
+    assert '"mrope_section", [11, 11, 10]' in inspect.getsource(modeling_qwen3_5.Qwen3_5TextRotaryEmbedding.__init__)
+
+
 @pytest.mark.parametrize("model_type", ["beam", "dory", "laguna", "mellum", "mimo_v2_flash", "zaya"])
 def test_a_dict_without_rope_parameters_of_a_class_with_per_type_defaults_is_refused(model_type):
     """Their classes fill in a rule per layer type, each with its own base."""

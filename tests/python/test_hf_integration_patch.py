@@ -72,6 +72,24 @@ def test_kernel_is_used(monkeypatch):
     assert calls == [torch.Size([2, SEQ])] * 2
 
 
+@pytest.mark.parametrize("seq", [5, 4])  # seq == heads: a dim read the wrong way would go unnoticed
+def test_unsqueeze_dim_given_positionally(seq):
+    """apply_rotary_pos_emb(q, k, cos, sin, 2) on [batch, seq, heads, dim]
+    tensors: the patched function reads unsqueeze_dim from its position, as
+    the original does."""
+    model = make_model("llama", "default")
+    g = torch.Generator().manual_seed(5)
+    q, k = (torch.randn(2, seq, 4, 16, generator=g) for _ in range(2))
+    pos = torch.arange(seq).expand(2, seq)
+    cos, sin = model.model.rotary_emb(q, pos)
+    want = modeling_llama.apply_rotary_pos_emb(q, k, cos, sin, 2)
+    with rotary_patched(model):
+        cos, sin = model.model.rotary_emb(q, pos)
+        got = modeling_llama.apply_rotary_pos_emb(q, k, cos, sin, 2)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
 def test_patch_builds_rope_from_config():
     model = make_model("llama", "yarn")
     apply_rotary_to_model(model)

@@ -37,6 +37,16 @@ def test_inductor_inplace_qk_fresh_and_graph_inputs(tables, conj):
     assert_close_ref(k2, ref_rope4(k, None, 3, False, inverse=conj), torch.float32)
 
 
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_inplace_single_with_a_conjugated_table(tables, backend):
+    """A lazily conjugated table holds e^{-i angle}: traced, the in-place op
+    is given the plain memory with inverse flipped, as eagerly."""
+    f = tables(8, 16)
+    x = randn((1, 2, 4, 8), seed=303)
+    got = torch.compile(lambda t: rotary.apply_rope_(t, f.conj(), 0, False), backend=backend, fullgraph=True)(x.clone())
+    assert_close_ref(got, ref_rope4(x, None, 0, False, inverse=True), torch.float32)
+
+
 def test_inductor_inplace_single_bf16_position_ids(tables):
     f = tables(8, 32)
     ids = torch.tensor([[4, 0, 9], [1, 2, 3]])

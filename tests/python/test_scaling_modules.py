@@ -179,6 +179,17 @@ def test_position_ids(kind):
         m(q, k, positions=pid, position_ids=pid)
 
 
+@pytest.mark.parametrize("cls", [rotary.RotaryEmbedding, rotary.CppRotaryEmbedding])
+def test_an_empty_call_leaves_a_host_driven_state_alone(cls):
+    """A call of no tokens reaches nothing, whatever its start_pos: the table
+    stays as it was, and the next call rotates as a fresh module's."""
+    m, fresh = cls(16, 64, scaling=DYNAMIC), cls(16, 64, scaling=DYNAMIC)
+    m(torch.randn(1, 2, 0, 16), start_pos=1000)
+    assert m.rope_state == 0 and m.freqs.shape[0] == 64
+    x = torch.randn(1, 1, 1, 16, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(m(x, start_pos=100), fresh(x, start_pos=100))
+
+
 @pytest.mark.parametrize("rule", [DYNAMIC, LONGROPE], ids=["dynamic", "longrope"])
 def test_compile_fullgraph_of_a_host_driven_rule_names_why(rule):
     """The host step is a graph break with a reason (Dynamo's own words name

@@ -128,12 +128,16 @@ def test_batched_positions_weights_and_heads_norm_run_per_slice():
     assert calls == V + 1
     k, w = randn((V, B, HK, S, D), torch.float32, 9), 1.0 + 0.5 * randn((V, D), torch.float32, 10)
     wh = 1.0 + 0.5 * randn((H * D,), torch.float32, 11)
+    SLICE = torch.logspace(0, 2, V).view(V, 1, 1, 1, 1)  # slices of other scales: a norm over all of them shows
     calls = {
         "batched weight": (lambda q, k, w: rotary.apply_qk_norm_rope(q, k, FREQS, q_weight=w, k_weight=w), (x, k, w),
                            lambda q, k, w: tuple(ref_prologue(t.double(), w, D) for t in (q, k))),
         "norm heads": (lambda q: rotary.apply_qk_norm_rope(q, k[0], FREQS, q_weight=wh, norm="heads"), (x,),
                        lambda q: (ref_prologue(q.double(), wh, D, norm="heads"),
                                   ref_prologue(k[0].double(), None, D, norm="heads"))),
+        # No weight: the vmapped dim is not folded into the heads, each slice's heads are normed alone.
+        "norm heads, no weight": (lambda q, k: rotary.apply_qk_norm_rope(q, k, FREQS, norm="heads"), (x * SLICE, k),
+                                  lambda q, k: tuple(ref_prologue(t.double(), None, D, norm="heads") for t in (q, k))),
     }
     for name, (fn, args, want) in calls.items():
         got = torch.func.vmap(fn)(*args)
