@@ -124,14 +124,13 @@ void apply_moves_only(py::object wrapper) {
       [](py::object self, py::object fn, bool /*recurse*/) {
         auto impl = self.attr("cpp_module").cast<std::shared_ptr<Impl>>();
         const auto where = impl->buffers().front().device();
-        const py::object probe = py::cast(torch::empty({1}, torch::TensorOptions().device(where)));
-        const bool shared = probe.attr("is_shared")().cast<bool>();
-        const py::object out = fn(probe);
-        if (out.is(probe) && !shared && probe.attr("is_shared")().cast<bool>()) {  // share_memory_: on the buffers
+        // The Python module's reading of fn (rotary._cpp_wrappers.move_of).
+        const py::object to = py::module_::import("rotary._cpp_wrappers").attr("move_of")(fn, py::cast(where));
+        if (to.is_none()) {  // share_memory_: on the buffers themselves
           for (const auto& buffer : impl->buffers()) fn(py::cast(buffer));
           return self;
         }
-        impl->to(out.template cast<torch::Tensor>().device());  // refuses meta by name
+        impl->to(to.template cast<torch::Device>());  // refuses meta by name
         return self;
       },
       py::is_method(wrapper), py::arg("fn"), py::arg("recurse") = true);

@@ -54,6 +54,17 @@ class _CppDict(OrderedDictWrapper):
         self.__setitem__(key, None)
 
 
+def move_of(fn, device: torch.device):
+    """What nn.Module._apply's fn does to a buffer on `device`, read from a
+    one-element probe (the modules keep their tables' dtypes): None for an
+    in-place step into shared memory (share_memory_), which then applies to
+    the buffers themselves; else the device fn moves a tensor to."""
+    probe = torch.empty(1, device=device)
+    shared = probe.is_shared()
+    out = fn(probe)
+    return None if out is probe and not shared and probe.is_shared() else out.device
+
+
 def adopt(wrapper) -> None:
     """Fit a new wrapper instance: nn.Module's methods and refusing dicts."""
     own, cls = wrapper.__dict__, type(wrapper).__name__

@@ -8,6 +8,7 @@ from torch import nn
 from . import _C
 from ._dtensor_shards import whole_positions as _whole_positions
 from ._arg_checks import _index_arg
+from ._cpp_wrappers import move_of
 from ._ops import _route, apply_rope, apply_rope_qk
 
 ScalingSpec = Union[None, Mapping[str, Any], "_C.RopeScaling"]
@@ -191,11 +192,8 @@ class RotaryEmbedding(nn.Module):
         moved = saved
         try:
             super()._apply(fn, recurse)
-            probes = {name: torch.empty(1, device=buf.device) for name, buf in saved.items()}
-            shared = {name: probe.is_shared() for name, probe in probes.items()}
-            done = {name: fn(probe) for name, probe in probes.items()}
-            where = {name: out.device for name, out in done.items()}
-            if saved and all(done[n] is p and p.is_shared() and not shared[n] for n, p in probes.items()):
+            where = {name: move_of(fn, buf.device) for name, buf in saved.items()}
+            if saved and all(w is None for w in where.values()):
                 moved = {name: fn(buf) for name, buf in saved.items()}  # share_memory_: the tables themselves
             elif len(saved) == 2 and saved["freqs"].is_meta and where["freqs"].type != "meta":
                 moved = dict(zip(("freqs", "inv_freq"), self._tables.build(where["freqs"])))
