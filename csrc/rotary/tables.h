@@ -118,7 +118,6 @@ class RopeTables {
   // update_for_reach's argument, one past the largest position: in [0, 2^60].
   void check_reach(int64_t reach) const;
 
-
   // The module's buffers (freqs, inv_freq), as held() returns them.
   using Held = std::pair<at::Tensor, at::Tensor>;
 
