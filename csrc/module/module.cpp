@@ -8,6 +8,8 @@
 #include <c10/util/Exception.h>
 #include <torch/utils.h>
 
+#include <utility>
+
 namespace rotary {
 
 using OptTensor = std::optional<torch::Tensor>;
@@ -102,6 +104,12 @@ void RotaryEmbeddingImpl::pretty_print(std::ostream& stream) const {
            << (o.mrope_interleaved() ? ", mrope_interleaved=true" : "");
   }
   if (!o.axes_dim().empty()) stream << ", axes_dim=" << c10::ArrayRef<int64_t>(o.axes_dim());
+  if (!o.axes_theta().empty()) {
+    const char* sep = ", axes_theta=[";
+    for (const double t : o.axes_theta()) stream << std::exchange(sep, ", ") << number_text(t);
+    stream << "]";
+  }
+  if (o.axes_shared_spectrum()) stream << ", axes_shared_spectrum=true";
   if (!o.pair_axes().empty()) stream << ", pair_axes=" << c10::ArrayRef<int64_t>(o.pair_axes());
   stream << ")";
 }

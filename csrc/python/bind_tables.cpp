@@ -133,6 +133,8 @@ void def_module_shell(py::class_<RopeTables>& tables) {
       if (o.mrope_interleaved()) s += ", mrope_interleaved=True";
     }
     if (!o.axes_dim().empty()) s += ", axes_dim=" + repr(py::cast(o.axes_dim()));
+    if (!o.axes_theta().empty()) s += ", axes_theta=" + repr(py::cast(o.axes_theta()));
+    if (o.axes_shared_spectrum()) s += ", axes_shared_spectrum=True";
     if (!o.pair_axes().empty()) s += ", pair_axes=" + repr(py::cast(o.pair_axes()));
     return s;
   });

@@ -38,11 +38,23 @@ at::ScalarType angle_dtype_of(const py::object& obj, const char* who) {
   return rotary::angle_dtype_from_string(repr_of(obj), who, /*quote=*/false);
 }
 
-// An int argument from Python (not a bool, not a float), named in the TypeError.
-int64_t int_arg(const py::handle& v, const char* who, const char* name) {
+// numbers.Real: Python's and numpy's ints and floats (torch's own parser takes
+// numpy's), never a complex (its __float__ drops the imaginary part) or a tensor.
+static bool is_real_number(const py::handle& v) {
+  // Leaked on purpose: a static py::object would be released after the interpreter.
+  static PyObject* real = py::object(py::module_::import("numbers").attr("Real")).release().ptr();
+  const int is = PyObject_IsInstance(v.ptr(), real);
+  if (is < 0) PyErr_Clear();
+  return is == 1 && !py::isinstance<py::bool_>(v);
+}
+
+// An int argument from Python (any integer type, not a bool or a float),
+// named in the TypeError.
+int64_t int_arg(const py::handle& given, const char* who, const char* name) {
+  const py::object v = plain_int(py::reinterpret_borrow<py::object>(given));
   TORCH_CHECK_TYPE(
       py::isinstance<py::int_>(v) && !py::isinstance<py::bool_>(v), who, ": ", name, " must be an int, got ",
-      repr_of(v));
+      repr_of(given));
   try {
     return v.cast<int64_t>();
   } catch (const py::cast_error&) {
@@ -64,23 +76,22 @@ std::string str_arg(const py::handle& v, const char* who, const char* name) {
 // A number (an int or a float, not a bool) as a double; an int past a
 // double's range is named (pybind's cast names neither it nor the call).
 double float_arg(const py::handle& v, const char* who, const std::string& name) {
-  TORCH_CHECK_TYPE(
-      (py::isinstance<py::float_>(v) || py::isinstance<py::int_>(v)) && !py::isinstance<py::bool_>(v), who, ": ",
-      name, " must be a number, got ", repr_of(v));
+  TORCH_CHECK_TYPE(is_real_number(v), who, ": ", name, " must be a number, got ", repr_of(v));
   const double d = PyFloat_AsDouble(v.ptr());
   if (d == -1.0 && PyErr_Occurred()) {
     PyErr_Clear();
-    TORCH_CHECK_VALUE(false, who, ": ", name, " must be finite, got an int of ",
+    TORCH_CHECK_VALUE(!py::isinstance<py::int_>(v), who, ": ", name, " must be finite, got an int of ",
                       py::cast<int64_t>(v.attr("bit_length")()), " bits, past a float's range");
+    TORCH_CHECK_VALUE(false, who, ": ", name, " must be finite, got ", repr_of(v), ", past a float's range");
   }
   return d;
 }
 
 std::optional<double> number_of(const py::handle& v, const char* who, const std::string& name) {
-  if (py::isinstance<py::bool_>(v)) return std::nullopt;
-  if (py::isinstance<py::int_>(v)) return float_arg(v, who, name);
+  if (is_real_number(v)) return float_arg(v, who, name);
+  if (!THPVariable_Check(v.ptr())) return std::nullopt;
   try {
-    return v.cast<double>();
+    return v.cast<double>();  // a one-element tensor
   } catch (const py::cast_error&) {
     return std::nullopt;
   }

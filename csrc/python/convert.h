@@ -25,18 +25,19 @@ rotary::RopeScaling scaling_from_dict(const py::dict& d, bool strict);
 py::dict scaling_to_dict(const rotary::RopeScaling& s);
 rotary::RopeScaling to_scaling(const py::object& obj);
 at::ScalarType angle_dtype_of(const py::object& obj, const char* who);
+// An int (any integer type, not a bool), named in its TypeError / ValueError.
 int64_t int_arg(const py::handle& v, const char* who, const char* name);
 // A torch.dtype or a str argument, named in the TypeError (pybind's own
 // errors name neither the argument nor what it got).
 at::ScalarType dtype_arg(const py::handle& v, const char* who, const char* name);
 std::string str_arg(const py::handle& v, const char* who, const char* name);
-// A number (an int or a float, not a bool) as a double: who's TypeError
+// A number (numbers.Real: any int or float type, not a bool) as a double: who's TypeError
 // naming `name` for another type, its ValueError for an int past a double's
 // range (the one check of it, for C++ and Python alike).
 double float_arg(const py::handle& v, const char* who, const std::string& name);
-// A number as a double: an int through float_arg (its error for one past a
-// float's range), else what has __float__; nullopt for a bool or anything
-// else, for the caller to refuse in its own words.
+// A number as a double: a numbers.Real through float_arg (its error for one
+// past a float's range), or a one-element tensor; nullopt for a bool or
+// anything else, for the caller to refuse in its own words.
 std::optional<double> number_of(const py::handle& v, const char* who, const std::string& name);
 // A list or tuple (None: no entries), each entry read by element(item,
 // "name[i]"); an empty one is refused (it would read as None, which means

@@ -27,9 +27,7 @@ def _int_arg(op: str, name: str, value):
     value = _plain_int(value)
     if type(value) is not int:
         raise TypeError(f"{op}: {name} must be an int, got {value!r}")
-    if name != "start_pos" and isinstance(value, int) and not -(2**63) <= value < 2**63:
-        raise ValueError(f"{op}: {name} must fit in int64, got {value}")
-    return value
+    return value if name == "start_pos" else _in_int64(op, name, value)
 
 
 def _float_arg(op: str, name: str, value):
@@ -45,7 +43,12 @@ def _index_arg(op: str, name: str, value) -> int:
     tensor), as an int; a bool, a float or one past int64 refused by name."""
     if isinstance(value, bool) or not hasattr(type(value), "__index__"):
         raise TypeError(f"{op}: {name} must be an int, got {value!r}")
-    value = operator.index(value)
+    return _in_int64(op, name, operator.index(value))
+
+
+def _in_int64(op: str, name: str, value: int) -> int:
+    """An int past int64 refused by name (pybind and torch's parser would
+    answer an OverflowError that names neither)."""
     if not -(2**63) <= value < 2**63:
         raise ValueError(f"{op}: {name} must fit in int64, got {value}")
     return value

@@ -109,7 +109,8 @@ class RotaryEmbedding(nn.Module):
                            "dynamic or longrope rule switches tables (then see freqs).")
     theta = property(lambda self: self._opts[2], doc="The frequency base.")
     interleaved = property(lambda self: self._opts[3], doc="Pairs (0,1), (2,3), ... (else rotate_half).")
-    scaling = property(lambda self: self._opts[4], doc="The rule as a dict (defaults filled in), None for plain RoPE.")
+    scaling = property(lambda self: self._opts[4], doc="The rule as a dict of the fields that differ from their defaults, None "
+                       "for plain RoPE (RotaryEmbedding(..., scaling=it) builds the same rule).")
     angle_dtype = property(lambda self: self._opts[5], doc="'float64' or 'float32'.")
     host_driven = property(lambda self: self._host_driven,
                            doc="True for dynamic and longrope: the tables follow each call's reach, on the host.")

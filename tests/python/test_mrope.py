@@ -3,6 +3,8 @@ sections, Qwen3-VL interleaved), from_hf_config, parity with transformers'
 rotary classes, and tiny random-weight Qwen2-VL / Qwen3-VL models patched
 through rotary.integrations.transformers."""
 
+import re
+
 import pytest
 import torch
 
@@ -127,7 +129,9 @@ def test_axial_flux_per_axis_theta():
 
     dims, thetas = [4, 6, 6], [10000.0, 100.0, 1000.0]
     rope = rotary.RotaryEmbedding(16, 64, axes_dim=dims, axes_theta=thetas)
-    assert rope.pair_axes == [0, 0, 1, 1, 1, 2, 2, 2] and "axes_dim=[4, 6, 6]" in repr(rope)
+    assert rope.pair_axes == [0, 0, 1, 1, 1, 2, 2, 2] and "axes_dim=[4, 6, 6], axes_theta=[10000.0, 100.0, 1000.0]" in repr(rope)
+    cpp = rotary.CppRotaryEmbedding(16, 64, axes_dim=dims, axes_theta=[1e4, 100.0, 1000.125])  # every digit shown
+    assert "axes_dim=[4, 6, 6], axes_theta=[10000, 100, 1000.125])" in repr(cpp)
     inv = np.concatenate([t ** (-np.arange(0, d, 2) / d) for d, t in zip(dims, thetas)])
     torch.testing.assert_close(rope.inv_freq, torch.from_numpy(inv), rtol=1e-15, atol=0)
     x = randn((2, 3, 5, 16), torch.float64, seed=7)
@@ -153,6 +157,7 @@ def test_axial_module_needs_nd_ids(front):
     Refused by name; [n_axes, batch, seq] ids are served."""
     make = rotary.RotaryEmbedding if front == "python" else rotary.CppRotaryEmbedding
     rope = make(16, 64, interleaved=False, axes_dim=[8, 8], axes_shared_spectrum=True)
+    assert re.search(r"axes_dim=\[8, 8\], axes_shared_spectrum=(True|true)\)", repr(rope))
     x = randn((2, 2, 5, 16), torch.float64, seed=30)
     ids = torch.randint(0, 64, (2, 5), generator=gen(31))
     for kw, got in ((dict(position_ids=ids), r"position_ids of shape \[2, 5\]"),

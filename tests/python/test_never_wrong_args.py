@@ -207,6 +207,29 @@ def test_op_arguments_take_numpy_scalars_as_torch_does():
             module(x, start_pos=np.bool_(True))
 
 
+def test_constructors_take_numpy_scalars_and_refuse_a_complex_by_name():
+    """The constructors refused np.int64(64) for dim ("must be an int"), where
+    torch.nn.Linear takes it; a complex theta or factor (whose __float__ drops
+    the imaginary part) and a tensor theta are refused by name."""
+    import numpy as np
+    want = rotary.RotaryEmbedding(16, 32, 500.0, rotary_offset=3, mrope_section=[4, 2, 2])
+    got = rotary.RotaryEmbedding(np.int64(16), np.int32(32), np.float32(500.0), rotary_offset=np.uint8(3),
+                                 mrope_section=[np.int64(4), 2, np.int16(2)])
+    assert repr(got) == repr(want) and torch.equal(got.freqs, want.freqs)
+    assert repr(rotary.CppRotaryEmbedding(np.int64(16), 32, np.float64(500.0))) == repr(rotary.CppRotaryEmbedding(16, 32, 500.0))
+    assert "capacity=64, head_dim=16" in repr(rotary.KVCache(2, np.int64(4), np.int64(64), np.int32(16)))
+    for bad, arg, words in ((np.complex64(1e4), "theta", r"theta must be a number, got np.complex64"),
+                            (torch.tensor(1e4), "theta", r"theta must be a number, got tensor\(10000\.\)"),
+                            (np.bool_(True), "max_seq_len", r"max_seq_len must be an int, got np.True_"),
+                            (np.uint64(2**64 - 1), "max_seq_len", r"max_seq_len must fit in int64, got 18446744073709551615")):
+        with pytest.raises((TypeError, ValueError), match=rf"RotaryEmbedding: {words}"):
+            rotary.RotaryEmbedding(16, **{"max_seq_len": 32, "theta": 1e4, arg: bad})
+    with pytest.raises(ValueError, match=r"rope scaling: 'factor' must be a number, got np.complex128\(2\+1j\)"):
+        rotary.RotaryEmbedding(16, 32, scaling={"rope_type": "linear", "factor": np.complex128(2 + 1j)})
+    with pytest.raises(TypeError, match=r"KVCache: k_scale must be a number, or a list"):
+        rotary.KVCache(1, 2, 4, 8, dtype=torch.float8_e4m3fn, k_scale=np.complex64(0.5))
+
+
 @pytest.mark.parametrize("make", [rotary.RotaryEmbedding, rotary.CppRotaryEmbedding], ids=["python", "cpp"])
 def test_nd_positions_past_the_pair_limit_are_refused_at_construction(make):
     """Accepted before, then every call failed naming pair_axes, an argument

@@ -98,6 +98,26 @@ def test_host_driven_is_public():
                                                 "factor": 2.0}).host_driven
 
 
+@pytest.mark.parametrize("rule", [
+    {**YARN64, "beta_fast": 16.0, "mscale": 0.5, "mscale_all_dim": 1.0, "truncate": False},
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 2.0, "high_freq_factor": 3.0,
+     "original_max_position_embeddings": 32},
+    {"rope_type": "linear", "factor": 2.5}, DYNAMIC, LONGROPE,
+], ids=["yarn", "llama3", "linear", "dynamic", "longrope"])
+def test_the_scaling_property_rebuilds_the_same_rule(rule):
+    """RotaryEmbedding.scaling is documented as a dict that builds the same
+    rule: a field it left out would silently fall back to its default."""
+    m = rotary.RotaryEmbedding(8, 96, 500.0, scaling=rule)
+    again = rotary.RotaryEmbedding(8, 96, 500.0, scaling=m.scaling)
+    assert again.scaling == m.scaling and set(m.scaling) <= set(rule)
+    assert torch.equal(again.inv_freq, m.inv_freq) and torch.equal(again.freqs, m.freqs)
+    assert again.attention_scaling == m.attention_scaling
+    if m.host_driven:  # and the same tables past the original context
+        q = torch.randn(1, 1, 80, 8, dtype=torch.float64)
+        torch.testing.assert_close(again(q), m(q), rtol=0, atol=0)
+        assert torch.equal(again.inv_freq, m.inv_freq)
+
+
 # ---------------------------------------------------------------------------
 # Module plumbing: casts, state_dict, copies, position_ids, compile
 # ---------------------------------------------------------------------------
