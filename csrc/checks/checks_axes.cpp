@@ -186,6 +186,8 @@ const char* const kLegacyPositionsWarning =
     "start_pos + offsets[b] + s) or position_ids= ([seq] or [batch, seq]: absolute positions, as in Hugging Face)";
 
 void check_axes_in_table(const char* op, const kernel::RopeParams& p, const double* axis_max) {
+  bool read[kernel::kMaxAxes] = {};  // an axis no pair turns by is never read: no row of the table for it
+  for (int64_t j = 0; j < p.rotary_dim / 2; ++j) read[p.pair_axis[j]] = true;
   for (int64_t a = 0; a < p.num_axes; ++a) {
     for (int64_t b = 0; b < p.batch; ++b) {
       for (int64_t s = 0; s < p.seq; ++s) {
@@ -197,7 +199,7 @@ void check_axes_in_table(const char* op, const kernel::RopeParams& p, const doub
             " (position_ids)");
         if (!keeps_phase(p, pos, axis_max[a])) far_angle_error(op, pos, axis_max[a], token_name(p, b, s));
         TORCH_CHECK_INDEX(
-            p.inv_freq != nullptr || pos < p.freqs_len, op, ": ", token_name(p, b, s), " has position ", pos,
+            !read[a] || p.inv_freq != nullptr || pos < p.freqs_len, op, ": ", token_name(p, b, s), " has position ", pos,
             " on axis ", a, " (position_ids), outside the freqs table [0, ", p.freqs_len,
             "); build the table with max_seq_len > ", pos, " (the ops also take inv_freq)");
       }

@@ -8,6 +8,8 @@
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>
 
+#include <unistd.h>
+
 #include <cmath>
 #include <string>
 #include <tuple>
@@ -21,7 +23,7 @@ KVCacheImpl::KVCacheImpl(const KVCacheOptions& options_) : options(options_), in
 }
 
 void KVCacheImpl::reset() {
-  const auto writing = begin_write("KVCache.reset");
+  const auto writing = begin_write("KVCache.reset", /*resets=*/true);
   const auto& o = options;
   TORCH_CHECK_VALUE(
       o.batch() >= 0 && o.kv_heads() > 0 && o.capacity() > 0 && o.head_dim() > 0, "KVCache: batch must be >= 0 and ",
@@ -192,12 +194,21 @@ void KVCacheImpl::pretty_print(std::ostream& stream) const {
   stream << ", length=" << length_ << ")";
 }
 
-KVCacheImpl::Writing KVCacheImpl::begin_write(const char* who) {
+KVCacheImpl::Writing KVCacheImpl::begin_write(const char* who, bool resets) {
   bool idle = false;
-  TORCH_CHECK(busy_.on.compare_exchange_strong(idle, true, std::memory_order_acquire), who,
-              ": another call is writing this KVCache (one writer at a time: each call appends at length() and "
-              "advances it); serialize the calls, or give each thread its own cache");
-  return Writing(&busy_.on);
+  const long self = static_cast<long>(::getpid());
+  if (!busy_.on.compare_exchange_strong(idle, true, std::memory_order_acquire)) {
+    const long writer = busy_.writer.load(std::memory_order_relaxed);
+    const bool forked = writer != 0 && writer != self;  // the flag was copied set by fork()
+    const bool take_over = forked && resets;  // reset() rewrites every row and the length
+    TORCH_CHECK(take_over || !forked, who, ": this KVCache was being written by process ", writer, " when this process ",
+                "was forked from it; that write never finishes here and may have left rows half-written: reset() the ",
+                "cache, or build it in this process");
+    TORCH_CHECK(take_over, who, ": another call is writing this KVCache (one writer at a time: each call appends at ",
+                "length() and advances it); serialize the calls, or give each thread its own cache");
+  }
+  busy_.writer.store(self, std::memory_order_relaxed);
+  return Writing(&busy_);
 }
 
 void KVCacheImpl::truncate(int64_t length) {

@@ -88,22 +88,32 @@ class KVCacheImpl : public torch::nn::Cloneable<KVCacheImpl> {
   // One writer at a time: forward_with_cache reads length(), writes its rows
   // there and advances, so two at once would write the same rows. While a
   // Writing lives, another begin_write (forward_with_cache, truncate,
-  // reset, load_state) is refused, naming `who`.
+  // reset, load_state) is refused, naming `who`. A process forked during a
+  // write holds a write that never ends: only reset() takes it over.
+  struct Busy {  // a copy is not being written
+    std::atomic<bool> on{false};
+    std::atomic<long> writer{0};  // the writing process's pid; 0 while none or not yet noted
+    Busy() = default;
+    Busy(const Busy&) {}
+    Busy& operator=(const Busy&) { return *this; }
+  };
   class Writing {
    public:
-    explicit Writing(std::atomic<bool>* busy) : busy_(busy) {}
+    explicit Writing(Busy* busy) : busy_(busy) {}
     Writing(Writing&& other) noexcept : busy_(std::exchange(other.busy_, nullptr)) {}
     Writing(const Writing&) = delete;
     Writing& operator=(const Writing&) = delete;
     Writing& operator=(Writing&&) = delete;
     ~Writing() {
-      if (busy_) busy_->store(false, std::memory_order_release);
+      if (!busy_) return;
+      busy_->writer.store(0, std::memory_order_relaxed);
+      busy_->on.store(false, std::memory_order_release);
     }
 
    private:
-    std::atomic<bool>* busy_;
+    Busy* busy_;
   };
-  [[nodiscard]] Writing begin_write(const char* who);
+  [[nodiscard]] Writing begin_write(const char* who, bool resets = false);
 
   KVCacheOptions options;
   torch::Tensor k, v;
@@ -112,12 +122,6 @@ class KVCacheImpl : public torch::nn::Cloneable<KVCacheImpl> {
  private:
   KVCacheOptions in_effect_;
   int64_t length_ = 0;
-  struct Busy {  // a copy is not being written
-    std::atomic<bool> on{false};
-    Busy() = default;
-    Busy(const Busy&) {}
-    Busy& operator=(const Busy&) { return *this; }
-  };
   Busy busy_;
 };
 

@@ -11,7 +11,13 @@
 #include <gtest/gtest.h>
 #include <torch/types.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <functional>
 #include <memory>
+#include <string>
 #include <tuple>
 
 namespace {
@@ -193,6 +199,47 @@ TEST(ModuleLifecycle, AKVCacheTakesOneWriterAtATime) {
   rope->forward_with_cache(q, k, v, cache);
   EXPECT_EQ(cache->length(), 1);
   EXPECT_EQ(clone_of(cache)->length(), 1);  // a copy is not being written: it takes a writer
+}
+
+// A process forked during a write holds a write that never ends there: it
+// said "another call is writing" for every call after, naming nothing to
+// wait for. The child is told it was forked mid-write; reset() takes over.
+TEST(ModuleLifecycle, AKVCacheForkedMidWriteSaysSoAndResetTakesOver) {
+  RotaryEmbedding rope(RotaryEmbeddingOptions(16).max_seq_len(16));
+  KVCache cache(KVCacheOptions(1, 2, 4, 16));
+  const at::Tensor q = seeded_randn({1, 2, 1, 16}, 17), k = seeded_randn({1, 2, 1, 16}, 18),
+                   v = seeded_randn({1, 2, 1, 16}, 19);
+  const auto writing = cache->begin_write("a writer in the parent");
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // no gtest assertion here: the exit status is the verdict
+    const auto refused = [&](const std::function<void()>& call, const std::string& words) {
+      try {
+        call();
+      } catch (const c10::Error& e) {
+        return std::string(e.what_without_backtrace()).find(words) != std::string::npos;
+      }
+      return false;
+    };
+    const std::string forked = "this KVCache was being written by process " + std::to_string(::getppid()) +
+                               " when this process was forked from it";
+    at::Tensor q1 = q.clone(), k1 = k.clone();
+    bool ok = refused([&] { rope->forward_with_cache(q1, k1, v, cache); },
+                      "RotaryEmbedding.forward_with_cache: " + forked) &&
+              refused([&] { cache->truncate(0); }, "KVCache.truncate: " + forked);
+    try {
+      cache->reset();
+      rope->forward_with_cache(q1, k1, v, cache);
+      ok = ok && cache->length() == 1;
+    } catch (...) {
+      ok = false;
+    }
+    std::_Exit(ok ? 0 : 3);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  ExpectError<c10::Error>([&] { cache->truncate(0); }, {"KVCache.truncate: another call is writing this KVCache"});
 }
 
 }  // namespace

@@ -248,3 +248,20 @@ def test_far_angle_bound_is_per_axis():
                                rtol=1e-6, atol=1e-6)
     with pytest.raises(IndexError, match=r"2\^62"):
         rotary.apply_rope(q, tab, position_ids=pos.flip(0), pair_axes=[0, 1], inv_freq=inv)
+
+
+def test_an_axis_no_pair_reads_is_not_checked_against_the_table(tables):
+    """The host check refused a position past the table on an axis no pair
+    turns by (pair_axes [1, 1, 1, 1] of 2 axes), which no kernel reads (the
+    CUDA kernels served it); a negative one is still refused."""
+    f = tables(8, 16)
+    x = randn((2, 3, 5, 8), torch.float64, seed=21)
+    ids = torch.randint(0, 16, (2, 2, 5), generator=gen(22))
+    ids[0] += 1000  # axis 0: past the table, never read
+    for op in (rotary.apply_rope, rotary.apply_rope_):
+        got = op(x.clone(), f, position_ids=ids, pair_axes=[1] * 4)
+        assert_close_ref(got, ref(x, ids, [1] * 4, 8), torch.float64)
+    with pytest.raises(IndexError, match=r"position 10\d\d on axis 0 \(position_ids\), outside the freqs table"):
+        rotary.apply_rope(x, f, position_ids=ids, pair_axes=[0, 1, 1, 1])
+    with pytest.raises(ValueError, match=r"negative position -1 on axis 0"):
+        rotary.apply_rope(x, f, position_ids=torch.stack([ids[1] * 0 - 1, ids[1]]), pair_axes=[1] * 4)
