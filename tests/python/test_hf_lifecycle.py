@@ -148,3 +148,42 @@ def test_a_patch_that_fails_leaves_the_model_as_it_was(monkeypatch):
     assert not hasattr(model, "_rotary_integration_state")
     assert not any("forward" in m.__dict__ for m in model.modules())
     assert modeling_qwen3.apply_rotary_pos_emb is function
+
+
+def test_a_patched_model_collected_without_unpatch_gives_its_functions_back():
+    """A patched model dropped without unpatch left transformers'
+    apply_rotary_pos_emb wrapped for good. Collected, it counts as
+    unpatched: the function is restored once no patched model (a deep copy
+    included) uses it; a collection while the patch lock is held is
+    released by the next patch or unpatch."""
+    import copy
+    import gc
+
+    from rotary.integrations import _hf_functions
+    from transformers.models.llama import modeling_llama
+
+    original = modeling_llama.apply_rotary_pos_emb
+    a, b = make_model("llama", "default"), make_model("llama", "default")
+    b.load_state_dict(a.state_dict())
+    ids = _ids(12, 3)
+    with torch.no_grad():
+        want = a(ids).logits
+    apply_rotary_to_model(a)
+    apply_rotary_to_model(b)
+    c = copy.deepcopy(b)
+    del a
+    gc.collect()
+    assert modeling_llama.apply_rotary_pos_emb is not original  # b and c use it
+    unpatch(b)
+    del b
+    gc.collect()
+    with torch.no_grad():
+        torch.testing.assert_close(c(ids).logits, want, rtol=0, atol=FP32_ATOL)  # c still patched, still right
+    with _hf_functions.lock:  # as if collected inside a locked section
+        del c
+        gc.collect()
+        assert modeling_llama.apply_rotary_pos_emb is not original
+    d = make_model("llama", "default")
+    apply_rotary_to_model(d)
+    unpatch(d)  # drains c's release, then its own
+    assert modeling_llama.apply_rotary_pos_emb is original and not _hf_functions.module_patches

@@ -115,6 +115,7 @@ def wraps_function(module: Any, f: str, layout: Optional[str]) -> bool:
 
 def acquire(name: str, handle: type, pairing: Dict[str, bool], layout: Optional[str]) -> None:
     """pairing: {function: interleaved} where a function pairs unlike the family."""
+    _drain()
     module = sys.modules[name]
     entry = module_patches.get(name)
     if entry is None:
@@ -132,11 +133,37 @@ def retain(name: str) -> None:
 
 
 def release(name: str) -> None:
+    _drain()
+    _release_one(name)
+
+
+def _release_one(name: str) -> None:
     entry = module_patches.get(name)
     if entry is None:
         return
     entry[1] -= 1
     if entry[1] == 0:
-        for f, original in entry[0].items():
-            setattr(sys.modules[name], f, original)
+        module = sys.modules.get(name)  # None at interpreter exit
+        for f, original in entry[0].items() if module is not None else ():
+            setattr(module, f, original)
         del module_patches[name]
+
+
+# Users of a patched model that was collected without unpatch: released at
+# once when the lock is free, else by the next acquire / release under it (a
+# collection can run inside a locked section of this thread).
+_released_late: List[str] = []
+
+
+def release_later(names: List[str]) -> None:
+    _released_late.extend(names)
+    if lock.acquire(blocking=False):
+        try:
+            _drain()
+        finally:
+            lock.release()
+
+
+def _drain() -> None:
+    while _released_late:
+        _release_one(_released_late.pop())

@@ -78,6 +78,12 @@ class _ModelPatch:
     def __reduce_ex__(self, protocol):
         raise TypeError(_qk_norm.PICKLE_REFUSED)
 
+    def __del__(self) -> None:
+        # A patched model collected without unpatch: each patched function
+        # loses this user, and is restored once it has none.
+        if getattr(self, "modules", None):
+            _hf_functions.release_later(self.modules)
+
 
 def _attention_modules(model: nn.Module, layout: Optional[str]) -> List[str]:
     names = []
@@ -137,6 +143,12 @@ class _PatchedForward:
 
     def __reduce_ex__(self, protocol):
         raise TypeError(_qk_norm.PICKLE_REFUSED)
+
+    def __del__(self) -> None:
+        # A patched model collected without unpatch: each patched function
+        # loses this user, and is restored once it has none.
+        if getattr(self, "modules", None):
+            _hf_functions.release_later(self.modules)
 
 
 def is_patched(model: nn.Module) -> bool:
@@ -271,6 +283,7 @@ def _undo(patch: _ModelPatch, give_state: bool) -> None:
             give_dynamic_state(emb, states)
     for name in patch.modules:
         _hf_functions.release(name)
+    patch.modules = []  # released: its __del__ has none left
     _qk_norm.remove(patch.norms)
 
 
@@ -287,7 +300,8 @@ def _used_layer_types(rope_config: Any) -> List[Optional[str]]:
 def unpatch(model: nn.Module) -> nn.Module:
     """Undo :func:`apply_rotary_to_model`: the rotary embeddings get their own
     forward back, and each ``apply_rotary_pos_emb`` is restored once no other
-    patched model uses it. No-op on a model that is not patched."""
+    patched model uses it (a patched model that is collected counts as
+    unpatched). No-op on a model that is not patched."""
     with _lock:  # read under it: two threads must not undo one patch twice
         patch = getattr(model, _STATE_ATTR, None)
         if patch is None:
