@@ -86,6 +86,14 @@ void far_angle_error(const char* op, int64_t pos, double max_inv_freq, const std
   __builtin_unreachable();
 }
 
+// The batch rows whose positions may differ: one when every row reads the
+// same positions (none, or a batch stride of 0), so that an empty call with a
+// huge batch checks one row.
+static int64_t distinct_rows(const kernel::RopeParams& p) {
+  const bool same = p.cu_seqlens == nullptr && (p.positions == nullptr || p.pos_stride_b == 0);
+  return same ? std::min<int64_t>(p.batch, 1) : p.batch;
+}
+
 void check_positions_in_table(const char* op, const kernel::RopeParams& p, double max_inv_freq) {
   const char* name = p.positions_are_offsets ? "offsets" : "position_ids";
   const std::string from = p.positions == nullptr ? std::string(" (start_pos ") + std::to_string(p.start_pos) + " + s)"
@@ -125,7 +133,7 @@ void check_positions_in_table(const char* op, const kernel::RopeParams& p, doubl
   // must not walk every token). Past 2^61 every token fails (|offset| <
   // 2^60), so the search stays where no position overflows.
   const bool rising = p.cu_seqlens == nullptr && p.pos_stride_s == 0;
-  for (int64_t b = 0; b < p.batch; ++b) {
+  for (int64_t b = 0; b < distinct_rows(p); ++b) {
     if (!rising) {
       for (int64_t s = 0; s < p.seq; ++s) check(b, s);
       continue;
@@ -188,9 +196,11 @@ const char* const kLegacyPositionsWarning =
 void check_axes_in_table(const char* op, const kernel::RopeParams& p, const double* axis_max) {
   bool read[kernel::kMaxAxes] = {};  // an axis no pair turns by is never read: no row of the table for it
   for (int64_t j = 0; j < p.rotary_dim / 2; ++j) read[p.pair_axis[j]] = true;
+  // N-D ids are absolute: a stride of 0 repeats one position along seq too.
+  const int64_t seq = p.pos_stride_s == 0 ? std::min<int64_t>(p.seq, 1) : p.seq;
   for (int64_t a = 0; a < p.num_axes; ++a) {
-    for (int64_t b = 0; b < p.batch; ++b) {
-      for (int64_t s = 0; s < p.seq; ++s) {
+    for (int64_t b = 0; b < distinct_rows(p); ++b) {
+      for (int64_t s = 0; s < seq; ++s) {
         const int64_t pos = kernel::given_position(p, b, s, a);
         TORCH_CHECK_INDEX(
             bounds::position_in_range(pos), op, ": position_ids must lie in (-2^60, 2^60), got ", pos);

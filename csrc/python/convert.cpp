@@ -90,6 +90,8 @@ double float_arg(const py::handle& v, const char* who, const std::string& name) 
 std::optional<double> number_of(const py::handle& v, const char* who, const std::string& name) {
   if (is_real_number(v)) return float_arg(v, who, name);
   if (!THPVariable_Check(v.ptr())) return std::nullopt;
+  const auto type = THPVariable_Unpack(v.ptr()).scalar_type();  // a bool tensor's __float__ reads True as 1.0
+  if (!at::isFloatingType(type) && !at::isIntegralType(type, /*includeBool=*/false)) return std::nullopt;
   try {
     return v.cast<double>();  // a one-element tensor
   } catch (const py::cast_error&) {

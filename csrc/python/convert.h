@@ -36,7 +36,7 @@ std::string str_arg(const py::handle& v, const char* who, const char* name);
 // range (the one check of it, for C++ and Python alike).
 double float_arg(const py::handle& v, const char* who, const std::string& name);
 // A number as a double: a numbers.Real through float_arg (its error for one
-// past a float's range), or a one-element tensor; nullopt for a bool or
+// past a float's range), or a one-element real tensor; nullopt for a bool or
 // anything else, for the caller to refuse in its own words.
 std::optional<double> number_of(const py::handle& v, const char* who, const std::string& name);
 // A list or tuple (None: no entries), each entry read by element(item,

@@ -228,6 +228,12 @@ def test_constructors_take_numpy_scalars_and_refuse_a_complex_by_name():
         rotary.RotaryEmbedding(16, 32, scaling={"rope_type": "linear", "factor": np.complex128(2 + 1j)})
     with pytest.raises(TypeError, match=r"KVCache: k_scale must be a number, or a list"):
         rotary.KVCache(1, 2, 4, 8, dtype=torch.float8_e4m3fn, k_scale=np.complex64(0.5))
+    # A one-element tensor is a number there, but a bool one was read as 1.0.
+    assert rotary.RotaryEmbedding(16, 32, scaling={"rope_type": "linear", "factor": torch.tensor(2)}).scaling["factor"] == 2
+    with pytest.raises(ValueError, match=r"rope scaling: 'factor' must be a number, got tensor\(True\)"):
+        rotary.RotaryEmbedding(16, 32, scaling={"rope_type": "linear", "factor": torch.tensor(True)})
+    with pytest.raises(TypeError, match=r"KVCache: v_scale must be a number, or a list .*got tensor\(\[True\]\)"):
+        rotary.KVCache(1, 2, 4, 8, dtype=torch.float8_e4m3fn, v_scale=torch.tensor([True]))
 
 
 @pytest.mark.parametrize("make", [rotary.RotaryEmbedding, rotary.CppRotaryEmbedding], ids=["python", "cpp"])

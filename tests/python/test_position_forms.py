@@ -112,6 +112,31 @@ def test_rising_positions_name_their_first_token_past_the_table(tables):
         rotary.apply_rope(huge, f, 0, offsets=torch.tensor([10]), inv_freq=inv)
 
 
+def test_an_empty_call_over_rows_that_share_positions_checks_one_row(tables):
+    """Positions shared by every batch row (0-d offsets, ids [seq] or [1,
+    seq], an expanded [batch, seq], N-D ids expanded over seq) were checked
+    once per row, and N-D ids once per token: an empty call of 2^40 rows or
+    tokens ran for hours. One row is checked, and its failure named as before."""
+    f = tables(8, 16)
+    inv = rotary.inv_frequencies(8)[0]
+    empty = torch.empty(2**40, 0, 4, 8)
+    forms = (lambda d: dict(offsets=torch.tensor(d)), lambda d: dict(position_ids=torch.arange(4) + d),
+             lambda d: dict(position_ids=(torch.arange(4) + d)[None]),
+             lambda d: dict(position_ids=(torch.arange(4) + d).expand(2**40, 4)))
+    for form in forms:
+        assert rotary.apply_rope(empty, f, **form(3)).shape == empty.shape
+        with pytest.raises(IndexError, match=r"token \(batch 0, seq [1-3]\) has position 16 .*outside the freqs table"):
+            rotary.apply_rope(empty, f, **form(13))
+        with pytest.raises(ValueError, match=r"token \(batch 0, seq 0\) has negative position -1 "):
+            rotary.apply_rope(empty, f, **form(-1))
+    long = torch.empty(1, 0, 2**40, 8)
+    ids, far = (torch.tensor([[3], [m]]).expand(2, 2**40) for m in (5, 25))  # [n_axes, seq], one position an axis
+    assert rotary.apply_rope(long, f, position_ids=ids, pair_axes=[0, 0, 1, 1]).shape == long.shape
+    with pytest.raises(IndexError, match=r"token \(batch 0, seq 0\) has position 25 on axis 1 \(position_ids\), outside"):
+        rotary.apply_rope(long, f, position_ids=far, pair_axes=[0, 0, 1, 1])
+    assert rotary.apply_rope(long, f, position_ids=far, pair_axes=[0, 0, 1, 1], inv_freq=inv).shape == long.shape
+
+
 def test_varlen_past_table_is_index_error(tables):
     f = tables(8, 6)
     x = randn((9, 2, 8), seed=46)
