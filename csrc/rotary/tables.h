@@ -195,13 +195,20 @@ class RopeTables {
   // a backward pass) of a call whose state has changed since would turn by
   // another table, silently. Each call notes the state it used for its
   // reach; a recomputation is served when every call of that reach used the
-  // state it would use, else refused. The notes start afresh at the first
-  // call after a recomputation (the next step). Under the lock.
+  // state it would use, else refused. At the first call after a
+  // recomputation (the next step) the notes start afresh, but for calls
+  // inside a non-reentrant checkpoint (saved-tensor hooks on) that were not
+  // recomputed yet: a backward run after a later forward still sees them.
+  // Under the lock.
   void note_or_check_replay(int64_t reach, int64_t next);
+  struct Note {
+    int64_t state;
+    int64_t pending;  // checkpointed calls of this state not yet recomputed
+  };
   // reach -> the distinct states its calls used: at most kMaxNotedStates,
   // then kMoreStates (two already refuse a recomputation; the rest only
   // lengthen the message).
-  std::unordered_map<int64_t, std::vector<int64_t>> noted_;
+  std::unordered_map<int64_t, std::vector<Note>> noted_;
   static constexpr size_t kMaxNotedStates = 4;
   static constexpr int64_t kMoreStates = -1;
   bool replayed_ = false;
