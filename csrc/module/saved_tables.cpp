@@ -208,6 +208,11 @@ int64_t check_saved_tables(
     if (ok) return seq_len;
     if (first_mismatch.empty()) first_mismatch = why.str();
   }
+  // A grown dynamic state shows in inv_freq, or in freqs' rows only past max_seq_len.
+  const bool state_unknown = type == RopeType::Dynamic && !has_inv && rows <= options.max_seq_len();
+  TORCH_CHECK_VALUE(!state_unknown, who, ": the saved tables do not match this module's initial state (", desc, "): ",
+                    first_mismatch, "; 'freqs' alone, of ", rows, " row(s), does not say which length a dynamic rule ",
+                    "grew to: load the saved 'inv_freq' with it");
   TORCH_CHECK_VALUE(false, who, ": the saved tables do not match this module (", desc, "): ", first_mismatch, hint);
   return 0;
 }

@@ -228,6 +228,24 @@ def test_partial_state_dict(kind):
         b.load_state_dict({"freqs": a.freqs.clone()})
 
 
+@pytest.mark.parametrize("angle_dtype", ["float32", "float64"])
+@pytest.mark.parametrize("kind", list(MODULES))
+def test_a_grown_dynamic_freqs_loaded_alone_names_what_is_missing(kind, angle_dtype):
+    """A grown dynamic table that kept max_seq_len rows (or its one row),
+    loaded without its inv_freq into a module of the same options, was
+    refused as "saved from a module with other options". It says that
+    freqs alone does not carry the grown length; with inv_freq it loads."""
+    rule = {"rope_type": "dynamic", "factor": 4.0, "max_position_embeddings": 32}
+    a, b = (MODULES[kind](16, 64, scaling=rule, angle_dtype=angle_dtype) for _ in range(2))
+    a(torch.randn(1, 1, 45, 16))  # grown to 45, the table keeps its rows
+    with pytest.raises(RuntimeError, match=r"do not match this module's initial state .*'freqs' alone, of \d+ "
+                                           r"row\(s\), does not say which length a dynamic rule grew to: load the "
+                                           r"saved 'inv_freq' with it"):
+        b.load_state_dict({"freqs": a.freqs.clone()}, strict=False)
+    b.load_state_dict(a.state_dict())
+    assert b.rope_state == a.rope_state == 45 and torch.equal(b.freqs, a.freqs)
+
+
 def test_load_restores_host_driven_state():
     """A dynamic module saved after growing (row 0 alone, the grown inv_freq)
     loads into a fresh one: same grown state, and it still shrinks back."""
