@@ -113,7 +113,10 @@ void check_axes_in_table(const char* op, const kernel::RopeParams& p, const doub
 // (head_dim, and v's when the caches are written) in 32 bits: at most
 // kMaxCudaExtent of each, checked for every CUDA call (and the launch model).
 constexpr int64_t kMaxCudaExtent = int64_t{1} << 30;
-void check_cuda_extents(const char* op, const kernel::RopeParams& p, int64_t v_dim = 0);
+void check_cuda_extents(const char* op, int64_t q_heads, int64_t k_heads, int64_t head_dim, int64_t v_dim = 0);
+inline void check_cuda_extents(const char* op, const kernel::RopeParams& p, int64_t v_dim = 0) {
+  check_cuda_extents(op, p.q.heads, p.k.heads, p.head_dim, v_dim);
+}
 
 struct PreparedRope {
   at::Tensor out_q;

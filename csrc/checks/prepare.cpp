@@ -178,13 +178,13 @@ void check_host_positions(const char* op, const kernel::RopeParams& p, const Pre
 
 }  // namespace
 
-void check_cuda_extents(const char* op, const kernel::RopeParams& p, int64_t v_dim) {
-  TORCH_CHECK_VALUE(p.q.heads + p.k.heads <= kMaxCudaExtent, op, ": q heads + k heads = ", p.q.heads, " + ",
-                    p.k.heads, " is more than the CUDA kernels take in one call, 2^30 (they count a row's heads in 32 ",
+void check_cuda_extents(const char* op, int64_t q_heads, int64_t k_heads, int64_t head_dim, int64_t v_dim) {
+  TORCH_CHECK_VALUE(q_heads + k_heads <= kMaxCudaExtent, op, ": q heads + k heads = ", q_heads, " + ",
+                    k_heads, " is more than the CUDA kernels take in one call, 2^30 (they count a row's heads in 32 ",
                     "bits); split the call over heads");
-  TORCH_CHECK_VALUE(p.head_dim <= kMaxCudaExtent && v_dim <= kMaxCudaExtent, op, ": ",
-                    p.head_dim > kMaxCudaExtent ? "head_dim = " : "v's head_dim = ",
-                    p.head_dim > kMaxCudaExtent ? p.head_dim : v_dim,
+  TORCH_CHECK_VALUE(head_dim <= kMaxCudaExtent && v_dim <= kMaxCudaExtent, op, ": ",
+                    head_dim > kMaxCudaExtent ? "head_dim = " : "v's head_dim = ",
+                    head_dim > kMaxCudaExtent ? head_dim : v_dim,
                     " is more than the CUDA kernels take, 2^30 elements a head (they count them in 32 bits)");
 }
 
@@ -200,6 +200,7 @@ PreparedRope prepare_rope(
   const at::Tensor& qv = call.q;
   const at::Tensor& kv = call.k;
   if (in_place) check_in_place_targets(op, qv, k ? &kv : nullptr, call);
+  if (qv.is_cuda()) check_cuda_extents(op, qv.size(1), k ? kv.size(1) : 0, qv.size(3));  // before any output exists
 
   PreparedRope r;
   r.out_q = in_place ? q : out_q ? *out_q : make_output(q);
@@ -213,7 +214,6 @@ PreparedRope prepare_rope(
   p.rotary_dim = 2 * call.freqs->size(1);
   p.rotary_offset = call.rotary_offset;
   p.in_place = in_place;
-  if (qv.is_cuda()) check_cuda_extents(op, p);
   const at::Tensor table = call.table();
   p.freqs = reinterpret_cast<const float*>(table.data_ptr());
   p.freqs_len = table.size(0);

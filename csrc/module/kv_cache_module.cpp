@@ -199,8 +199,13 @@ KVCacheImpl::Writing KVCacheImpl::begin_write(const char* who, bool resets) {
   const long self = static_cast<long>(::getpid());
   if (!busy_.on.compare_exchange_strong(idle, true, std::memory_order_acquire)) {
     const long writer = busy_.writer.load(std::memory_order_relaxed);
-    const bool forked = writer != 0 && writer != self;  // the flag was copied set by fork()
-    const bool take_over = forked && resets;  // reset() rewrites every row and the length
+    bool forked = writer != 0 && writer != self;  // the flag was copied set by fork()
+    bool take_over = false;
+    if (forked && resets) {  // reset() rewrites every row and the length: one thread of the child takes over
+      long seen = writer;
+      take_over = busy_.writer.compare_exchange_strong(seen, self);
+      forked = take_over;  // else another thread of this process took it over first
+    }
     TORCH_CHECK(take_over || !forked, who, ": this KVCache was being written by process ", writer, " when this process ",
                 "was forked from it; that write never finishes here and may have left rows half-written: reset() the ",
                 "cache, or build it in this process");
