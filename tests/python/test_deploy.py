@@ -36,6 +36,27 @@ def test_library_path_is_librotary():
     assert os.path.basename(path).startswith("librotary")
 
 
+def test_the_shipped_libraries_search_only_their_own_folder_and_torchs():
+    """The wheel ships the build tree's libraries, whose RUNPATH held the
+    link directories CMake gathered: MKL's /lib/intel64 (and two Windows
+    folders) that torch's config names, and an empty entry, which the loader
+    reads as the working directory: a library dropped there would be loaded."""
+    import re
+
+    torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    folder = os.path.dirname(rotary.library_path())
+    libs = [os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".so")]
+    assert len(libs) == 2, libs  # librotary and the extension
+    for lib in libs:
+        dynamic = subprocess.run(["readelf", "-d", lib], capture_output=True, text=True, check=True).stdout
+        found = re.findall(r"\((?:RUNPATH|RPATH)\)\s+Library r(?:un)?path: \[(.*)\]", dynamic)
+        assert len(found) == 1, dynamic
+        entries = found[0].split(":")
+        assert entries[0] == "$ORIGIN" and all(entries), (lib, entries)
+        for entry in entries[1:]:
+            assert os.path.samefile(entry, torch_lib), (lib, entries)
+
+
 _LOAD_SCRIPT = textwrap.dedent(
     """
     import sys, torch
