@@ -81,6 +81,8 @@ inline NormGrid norm_grid(const RopeParams& p, int64_t blocks, int64_t elem_byte
     const int64_t lines = (p.head_dim * elem_bytes + kLineBytes - 1) / kLineBytes;
     g.prefetch_log2 = 0;
     while ((int64_t{1} << g.prefetch_log2) < lines) ++g.prefetch_log2;
+    // The kernel counts a row's line slots in 32 bits: past them, no prefetch.
+    if (((p.q.heads + p.k.heads) << g.prefetch_log2) > INT32_MAX) g.prefetch_log2 = -1;
   }
   return g;
 }

@@ -210,6 +210,12 @@ def test_counts_past_the_kernels_32_bit_range_are_refused_by_name():
         with pytest.raises(ValueError, match="_cuda_norm_launch: " + want):
             rotary._C._cuda_norm_launch(q, k, f, interleaved=False)
     assert rotary._C._cuda_launch_shape(m(1, 2**30, 1, 2), m(1, 0, 1, 2), f, in_place=True)["heads"] == 2**30
+    # The prologue's L2 prefetch counts a row's 128-byte slots (two a 144-byte head here) in 32 bits: 2^30
+    # heads would make 2^31, so it does not prefetch there.
+    rows = torch.empty(4096, 32, dtype=torch.complex64, device="meta")
+    for heads, prefetch in ((2**29 - 1, 1), (2**29, 0)):
+        launch = rotary._C._cuda_norm_launch(m(1, heads, 4096, 72), m(1, heads, 4096, 72), rows, sms=1, interleaved=False)
+        assert (launch["vector_items"], launch["l2_prefetch"]) == (5, prefetch), launch
     # The fused cache write: v's head_dim too.
     q, k, v = m(1, 1, 1, 2), m(1, 1, 1, 2), m(1, 1, 1, 2**30 + 2)
     kc, vc = m(1, 1, 4, 2), m(1, 1, 4, 2**30 + 2)
