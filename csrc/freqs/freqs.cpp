@@ -2,6 +2,7 @@
 #include <rotary/freqs.h>
 
 #include "freqs/host_tensor.h"
+#include "params/rope_params.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

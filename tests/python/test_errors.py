@@ -146,6 +146,8 @@ CASES = [
          lambda: _pos(torch.zeros(2, 3, dtype=torch.int64))),
     case("ids-wrong-seq", ValueError, r"position_ids must have shape \[seq_len\] or \[batch, seq_len\] \(absolute positions, as in Hugging Face\) with batch = 2, seq_len = 3; got \[2, 4\]",
          lambda: _ids(torch.zeros(2, 4, dtype=torch.int64))),
+    case("ids-wrong-batch", ValueError, r"position_ids must have shape \[seq_len\] or \[batch, seq_len\] .*with batch = 2, seq_len = 3; got \[3, 3\]",
+         lambda: _ids(torch.zeros(3, 3, dtype=torch.int64))),  # a batch row past 2 would be read
     case("ids-per-batch-shape", ValueError, r"position_ids must have shape .*got \[2\]; for per-batch offsets \[batch\] pass offsets",
          lambda: _ids(torch.tensor([1, 2]))),
     case("ids-0d", ValueError, r"position_ids must have shape .*got \[\]; for one offset added to start_pos \+ s pass offsets",

@@ -203,3 +203,23 @@ def test_sparse_mkldnn_and_nested_tensors_are_refused_by_name():
     with pytest.raises(TypeError, match=fix):
         rotary.apply_rope_qk_(q, q.to_sparse(), rotary.freqs_table(8, 16))
     assert torch.equal(q, saved)
+
+
+def test_elements_that_share_only_some_bytes_overlap():
+    """In-place x and a read-only input of another width whose elements
+    start apart (float32 x from byte 4 of int64 ids, int32 ids from byte 4 of
+    float64 x) still share bytes: the rotated floats would overwrite
+    positions the kernel reads. Aliasing tests lined the element starts up."""
+    f = rotary.freqs_table(8, 16)
+    buf = torch.zeros(64, dtype=torch.int64)
+    ids = buf[:4]
+    ids.copy_(torch.arange(4))
+    x = buf.view(torch.float32).as_strided((1, 1, 4, 8), (64, 64, 16, 2), 1)  # each float32 in an id's high half
+    xd = torch.zeros(32, dtype=torch.float64).view(1, 1, 4, 8)
+    ids_in_x = xd.view(torch.int32).view(-1).as_strided((4,), (16,), 1)  # byte 4 of each row's first double
+    for target, pos in ((x, ids), (xd, ids_in_x)):
+        snap = [t.clone() for t in (buf, xd)]
+        for op in (torch.ops.rotary.apply_rope_, rotary.apply_rope_):
+            with pytest.raises(ValueError, match=r"apply_rope_: x and position_ids overlap in memory"):
+                op(target, f, position_ids=pos)
+        assert torch.equal(buf, snap[0]) and torch.equal(xd, snap[1])

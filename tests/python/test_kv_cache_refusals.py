@@ -44,6 +44,9 @@ ERRORS = {
     "slot-mapping-contiguous": (lambda: _bad(KVCase(), slot_mapping=torch.zeros(2, 5, dtype=torch.long)), ValueError, "slot_mapping is for paged"),
     "cache-positions-paged": (lambda: _bad(_paged(), cache_positions=torch.zeros(2, 5, dtype=torch.long)), ValueError, "cache_positions is for contiguous"),
     "slot-mapping-shape": (lambda: _bad(_paged(), slot_mapping=torch.zeros(3, dtype=torch.long)), ValueError, "one entry per token"),
+    # [batch, seq'] with the right batch: tokens past seq' would read past the destinations.
+    "slot-mapping-short-seq": (lambda: _bad(_paged(), slot_mapping=torch.zeros(2, 4, dtype=torch.long)), ValueError, "got [2, 4]"),
+    "cache-positions-short-seq": (lambda: _bad(KVCase(pos="cache_positions"), cache_positions=torch.zeros(2, 4, dtype=torch.long)), ValueError, "one entry per token, shape [batch, seq_len] = [2, 5]"),
     "slot-mapping-dtype": (lambda: _bad(_paged(), slot_mapping=lambda a: torch.zeros(2, 5)), TypeError, "slot_mapping must be int32 or int64"),
     "bad-kv-layout": (lambda: _bad(kv_layout="HSD"), ValueError, "kv_layout must be"),
     "cache-heads": (lambda: _bad(kc=lambda a: a[3][:, :1].clone(), vc=lambda a: a[4][:, :1].clone()), ValueError, "kv_heads = 2"),

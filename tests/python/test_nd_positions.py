@@ -153,8 +153,15 @@ def test_pair_axes_errors(tables):
         (dict(position_ids=ids[:, 0, :4], pair_axes=MROPE_AXES), r"with n_axes = 3 and seq_len = 5; got \[3, 4\]"),
         (dict(position_ids=ids - 1, pair_axes=MROPE_AXES), r"negative position -1 on axis 0"),
         (dict(position_ids=ids + 40, pair_axes=MROPE_AXES), r"position 40 on axis 0 \(position_ids\), outside the freqs table"),
+        (dict(position_ids=ids + torch.tensor([0, 32, 0])[:, None, None], pair_axes=MROPE_AXES),
+         r"position 32 on axis 1 \(position_ids\), outside the freqs table \[0, 32\)"),  # one row past: its last + 1
+        (dict(position_ids=torch.zeros(3, 3, 5, dtype=torch.long), pair_axes=MROPE_AXES),
+         r"with n_axes = 3, batch = 2 and seq_len = 5; got \[3, 3, 5\]"),  # rows past 2 would be read
+        (dict(position_ids=torch.zeros(1, 1, 5, dtype=torch.long), pair_axes=[0] * 8 + [0]),
+         r"pair_axes must have one axis per pair, rotary_dim / 2 = 8 entries, got 9"),
         (dict(position_ids=ids), r"for N-D positions \[n_axes, batch, seq_len\] pass pair_axes"),
     ]
+    rotary.apply_rope_(x.clone(), f, position_ids=ids + torch.tensor([0, 31, 0])[:, None, None], pair_axes=MROPE_AXES)
     for kw, msg in cases:
         y = x.clone()
         snap = Snapshot(y, ids)
@@ -265,3 +272,16 @@ def test_an_axis_no_pair_reads_is_not_checked_against_the_table(tables):
         rotary.apply_rope(x, f, position_ids=ids, pair_axes=[0, 1, 1, 1])
     with pytest.raises(ValueError, match=r"negative position -1 on axis 0"):
         rotary.apply_rope(x, f, position_ids=torch.stack([ids[1] * 0 - 1, ids[1]]), pair_axes=[1] * 4)
+
+
+def test_more_pairs_than_the_kernels_hold_are_refused_by_the_op():
+    """The op's own limit (the module's is tested apart): 513 pairs would be
+    written past RopeParams::pair_axis, over the fields after it."""
+    x, f = randn((1, 1, 4, 1026), seed=23), rotary.freqs_table(1026, 4)
+    ids = torch.arange(4)[None]
+    torch.testing.assert_close(rotary.apply_rope(x[..., :1024], rotary.freqs_table(1024, 4), position_ids=ids,
+                                                 pair_axes=[0] * 512),
+                               rotary.apply_rope(x[..., :1024], rotary.freqs_table(1024, 4), position_ids=ids[0]))
+    for op in (torch.ops.rotary.apply_rope, rotary.apply_rope):
+        with pytest.raises(ValueError, match=r"pair_axes supports at most 512 pairs \(rotary_dim <= 1024\), got 513"):
+            op(x, f, position_ids=ids, pair_axes=[0] * 512 + [1])
