@@ -8,8 +8,10 @@
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>
 
+#include <pthread.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <string>
 #include <tuple>
@@ -194,9 +196,25 @@ void KVCacheImpl::pretty_print(std::ostream& stream) const {
   stream << ", length=" << length_ << ")";
 }
 
+namespace {
+
+// This process's pid, read once and again in each forked child: getpid() is
+// a system call, and every append asks.
+std::atomic<long> this_pid{0};
+long current_pid() {
+  static const int once = [] {
+    this_pid.store(static_cast<long>(::getpid()));
+    return pthread_atfork(nullptr, nullptr, [] { this_pid.store(static_cast<long>(::getpid())); });
+  }();
+  (void)once;
+  return this_pid.load(std::memory_order_relaxed);
+}
+
+}  // namespace
+
 KVCacheImpl::Writing KVCacheImpl::begin_write(const char* who, bool resets) {
   bool idle = false;
-  const long self = static_cast<long>(::getpid());
+  const long self = current_pid();
   if (!busy_.on.compare_exchange_strong(idle, true, std::memory_order_acquire)) {
     const long writer = busy_.writer.load(std::memory_order_relaxed);
     bool forked = writer != 0 && writer != self;  // the flag was copied set by fork()
