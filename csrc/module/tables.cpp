@@ -4,13 +4,13 @@
 #include <rotary/tables.h>
 
 #include "checks/checks.h"
+#include "module/replay_notes.h"
 #include "module/tables_detail.h"
 #include "checks/checks_positions.h"
 #include "op/func_node.h"
 
 #include <ATen/ATen.h>
 #include <ATen/SavedTensorHooks.h>
-#include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/graph_task.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
@@ -168,8 +168,7 @@ RopeTables& RopeTables::operator=(const RopeTables& other) {
     state_ = other.state_;
     attention_scaling_ = other.attention_scaling_;
     built_.clear();  // the other's tables are not this one's
-    noted_.clear();  // nor its calls' states
-    replayed_ = false;
+    notes_.reset();  // nor its calls' states
   }
   return *this;
 }
@@ -291,53 +290,21 @@ void RopeTables::check_reach(int64_t reach) const {
 void RopeTables::note_or_check_replay(int64_t reach, int64_t next) {
   const RopeScaling& s = options_.scaling();
   if (reach <= 0 || rope_type_of(s) != RopeType::Dynamic || reach < *s.max_position_embeddings()) return;
-  constexpr size_t kMaxNoted = 4096;  // past it, a recomputation of an unnoted reach is refused
+  if (!notes_) notes_ = std::make_shared<detail::ReplayNotes>();
   if (torch::autograd::get_current_graph_task_id() == -1) {
     if (c10::InferenceMode::is_enabled()) return;  // never recomputed
-    if (replayed_) {  // the next step: keep only what a later backward may still recompute
-      for (auto it = noted_.begin(); it != noted_.end();) {
-        auto& notes = it->second;
-        notes.erase(std::remove_if(notes.begin(), notes.end(), [](const Note& n) { return n.pending == 0; }),
-                    notes.end());
-        it = notes.empty() ? noted_.erase(it) : std::next(it);
-      }
-    }
-    replayed_ = false;
-    // Inside torch.utils.checkpoint(use_reentrant=False): its saved-tensor
-    // hooks are on, and a backward will recompute this call.
-    const bool checkpointed = at::GradMode::is_enabled() && !at::SavedTensorDefaultHooks::get_tls_state().stack.empty();
-    auto it = noted_.find(reach);  // a decode step adds one reach: O(1), not a scan
-    if (it == noted_.end()) {
-      if (noted_.size() >= kMaxNoted) return;
-      it = noted_.emplace(reach, std::vector<Note>{}).first;
-    }
-    auto& notes = it->second;
-    auto note = std::find_if(notes.begin(), notes.end(), [&](const Note& n) { return n.state == next; });
-    if (note == notes.end()) {
-      const bool more = notes.size() >= kMaxNotedStates;
-      note = more ? std::find_if(notes.begin(), notes.end(), [](const Note& n) { return n.state == kMoreStates; })
-                  : notes.end();
-      if (note == notes.end()) note = notes.insert(notes.end(), Note{more ? kMoreStates : next, 0});
-    }
-    note->pending += checkpointed ? 1 : 0;
+    // Inside torch.utils.checkpoint(use_reentrant=False) its saved-tensor hooks are on (other hooks too:
+    // a note that waits for nothing, kept kKeepSteps steps).
+    notes_->note(reach, next, !at::SavedTensorDefaultHooks::get_tls_state().stack.empty());
     return;
   }
-  replayed_ = true;
-  const auto it = noted_.find(reach);
-  std::vector<int64_t> used;
-  if (it != noted_.end()) {
-    for (const Note& n : it->second) used.push_back(n.state);
-  }
-  if (used.size() == 1 && used[0] == next) {
-    Note& n = it->second.front();
-    n.pending -= n.pending > 0 ? 1 : 0;  // this recomputation is done with its call
-    return;
-  }
+  const std::vector<int64_t> used = notes_->recompute(reach, next, torch::autograd::get_current_graph_task_keep_graph());
+  if (used.size() == 1 && used[0] == next) return;
   const auto length = [&](int64_t state) { return state > 0 ? state : *s.max_position_embeddings(); };
   std::ostringstream ran;
   for (size_t i = 0; i < used.size(); ++i) {
     ran << (i ? ", " : "");
-    if (used[i] == kMoreStates) {
+    if (used[i] == detail::ReplayNotes::kMoreStates) {
       ran << "and others";
     } else {
       ran << length(used[i]);

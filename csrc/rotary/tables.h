@@ -10,10 +10,10 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -29,6 +29,7 @@ struct RopeTableSet {
 };
 
 namespace detail {
+class ReplayNotes;  // module/replay_notes.h
 // A mutex that a child process gets unlocked. fork() copies a mutex as it
 // is, held by a thread the child does not have; a Python module's call
 // waits for the GIL under its lock, so a fork while another thread calls is
@@ -195,23 +196,10 @@ class RopeTables {
   // a backward pass) of a call whose state has changed since would turn by
   // another table, silently. Each call notes the state it used for its
   // reach; a recomputation is served when every call of that reach used the
-  // state it would use, else refused. At the first call after a
-  // recomputation (the next step) the notes start afresh, but for calls
-  // inside a non-reentrant checkpoint (saved-tensor hooks on) that were not
-  // recomputed yet: a backward run after a later forward still sees them.
+  // state it would use, else refused (module/replay_notes.h keeps the notes).
   // Under the lock.
   void note_or_check_replay(int64_t reach, int64_t next);
-  struct Note {
-    int64_t state;
-    int64_t pending;  // checkpointed calls of this state not yet recomputed
-  };
-  // reach -> the distinct states its calls used: at most kMaxNotedStates,
-  // then kMoreStates (two already refuse a recomputation; the rest only
-  // lengthen the message).
-  std::unordered_map<int64_t, std::vector<Note>> noted_;
-  static constexpr size_t kMaxNotedStates = 4;
-  static constexpr int64_t kMoreStates = -1;
-  bool replayed_ = false;
+  std::shared_ptr<detail::ReplayNotes> notes_;
   void commit(const RopeTableSet& tables) noexcept {  // room reserved before the install
     state_ = tables.state;
     attention_scaling_ = tables.attention_scaling;

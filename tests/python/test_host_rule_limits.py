@@ -153,6 +153,43 @@ def test_a_backward_after_a_later_forward_still_sees_its_calls(cls):
         torch.testing.assert_close(x.grad, ref[:, :, 30:], rtol=0, atol=2e-7)
 
 
+@pytest.mark.parametrize("cls", MODULES)
+def test_a_retained_graph_and_a_backward_that_never_runs(cls):
+    """A graph kept by retain_graph recomputes again: its second backward
+    after a later forward turned by the newer table. A checkpointed call
+    whose backward never runs keeps its note for ReplayNotes::kKeepSteps (8)
+    steps only: refused within them, served after."""
+    torch.manual_seed(2)
+    m = cls(8, 64, scaling=DYNAMIC)
+    m(torch.randn(1, 1, 40, 8))  # state 40
+    c = torch.randn(1, 2, 4, 8, dtype=torch.float64)
+    x = torch.randn(1, 2, 4, 8, dtype=torch.float64, requires_grad=True)
+    loss = (checkpoint(lambda t: m(t, start_pos=16), x, use_reentrant=False) * c).sum()
+    loss.backward(retain_graph=True)  # served at 40
+    m(torch.randn(1, 1, 1, 8), start_pos=49)  # state 50
+    m(torch.randn(1, 1, 4, 8), start_pos=16)  # reach 20 at 50
+    with pytest.raises(ValueError, match=r"would now turn by the table of length 50, but calls of this reach turned "
+                                         r"by length\(s\) 40, 50"):
+        loss.backward()
+
+    def step(start):  # a checkpointed call and its backward: one step
+        t = torch.randn(1, 2, 4, 8, dtype=torch.float64, requires_grad=True)
+        (checkpoint(lambda u: m(u, start_pos=start), t, use_reentrant=False) * c).sum().backward()
+        return t.grad
+
+    m = cls(8, 64, scaling=DYNAMIC)
+    m(torch.randn(1, 1, 40, 8))
+    checkpoint(lambda t: m(t, start_pos=16), x, use_reentrant=False)  # reach 20 at 40, never backpropagated
+    m(torch.randn(1, 1, 1, 8), start_pos=49)  # state 50
+    step(30)
+    with pytest.raises(ValueError, match=r"turned by length\(s\) 40, 50"):
+        step(16)
+    for _ in range(8):
+        step(30)
+    want = _grad_reference(torch.cat([torch.zeros(1, 2, 16, 8, dtype=torch.float64), c], 2), 20, True, 50)
+    torch.testing.assert_close(step(16), want[:, :, 16:], rtol=0, atol=2e-7)
+
+
 @pytest.mark.parametrize("cls", [rotary.RotaryEmbedding, rotary.CppRotaryEmbedding])
 def test_the_state_machines_bookkeeping_stays_bounded(cls):
     """The states noted for one reach stop at a few (two already refuse a

@@ -234,14 +234,18 @@ def test_a_grown_dynamic_freqs_loaded_alone_names_what_is_missing(kind, angle_dt
     """A grown dynamic table that kept max_seq_len rows (or its one row),
     loaded without its inv_freq into a module of the same options, was
     refused as "saved from a module with other options". It says that
-    freqs alone does not carry the grown length; with inv_freq it loads."""
+    freqs alone cannot tell a grown length from other options; with
+    inv_freq it loads."""
     rule = {"rope_type": "dynamic", "factor": 4.0, "max_position_embeddings": 32}
     a, b = (MODULES[kind](16, 64, scaling=rule, angle_dtype=angle_dtype) for _ in range(2))
     a(torch.randn(1, 1, 45, 16))  # grown to 45, the table keeps its rows
-    with pytest.raises(RuntimeError, match=r"do not match this module's initial state .*'freqs' alone, of \d+ "
-                                           r"row\(s\), does not say which length a dynamic rule grew to: load the "
-                                           r"saved 'inv_freq' with it"):
+    words = (r"do not match this module's initial state .*'freqs' alone, of \d+ row\(s\), cannot tell a length this "
+             r"dynamic rule grew to from other options: load the saved 'inv_freq' with it")
+    with pytest.raises(RuntimeError, match=words):
         b.load_state_dict({"freqs": a.freqs.clone()}, strict=False)
+    other = MODULES[kind](16, 64, 5e5, scaling=rule, angle_dtype=angle_dtype)  # another theta, never grown
+    with pytest.raises(RuntimeError, match=words):
+        b.load_state_dict({"freqs": other.freqs.clone()}, strict=False)
     b.load_state_dict(a.state_dict())
     assert b.rope_state == a.rope_state == 45 and torch.equal(b.freqs, a.freqs)
 

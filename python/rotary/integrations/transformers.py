@@ -144,12 +144,6 @@ class _PatchedForward:
     def __reduce_ex__(self, protocol):
         raise TypeError(_qk_norm.PICKLE_REFUSED)
 
-    def __del__(self) -> None:
-        # A patched model collected without unpatch: each patched function
-        # loses this user, and is restored once it has none.
-        if getattr(self, "modules", None):
-            _hf_functions.release_later(self.modules)
-
 
 def is_patched(model: nn.Module) -> bool:
     """Whether ``apply_rotary_to_model`` is in effect on ``model``."""

@@ -1,0 +1,58 @@
+#include "module/replay_notes.h"
+
+#include <algorithm>
+#include <iterator>
+
+namespace rotary {
+namespace detail {
+
+void ReplayNotes::next_step() {
+  ++step_;
+  for (auto it = notes_.begin(); it != notes_.end();) {
+    auto& notes = it->second;
+    notes.erase(std::remove_if(notes.begin(), notes.end(),
+                               [&](const Note& n) { return n.pending == 0 || step_ - n.step > kKeepSteps; }),
+                notes.end());
+    it = notes.empty() ? notes_.erase(it) : std::next(it);
+  }
+}
+
+void ReplayNotes::note(int64_t reach, int64_t state, bool checkpointed) {
+  if (replayed_) next_step();
+  replayed_ = false;
+  auto it = notes_.find(reach);  // a decode step adds one reach: O(1), not a scan
+  if (it == notes_.end()) {
+    if (notes_.size() >= kMaxReaches) return;
+    it = notes_.emplace(reach, std::vector<Note>{}).first;
+  }
+  auto& notes = it->second;
+  const auto of = [&](int64_t s) {
+    return std::find_if(notes.begin(), notes.end(), [&](const Note& n) { return n.state == s; });
+  };
+  auto found = of(state);
+  if (found == notes.end() && notes.size() >= kMaxStates) found = of(kMoreStates);
+  if (found == notes.end()) {
+    found = notes.insert(notes.end(), Note{notes.size() >= kMaxStates ? kMoreStates : state, 0, step_});
+  }
+  found->pending += checkpointed ? 1 : 0;
+  found->step = step_;
+}
+
+std::vector<int64_t> ReplayNotes::recompute(int64_t reach, int64_t next, bool graph_kept) {
+  replayed_ = true;
+  std::vector<int64_t> used;
+  const auto it = notes_.find(reach);
+  if (it == notes_.end()) return used;
+  for (const Note& n : it->second) used.push_back(n.state);
+  if (used.size() == 1 && used[0] == next && it->second[0].pending > 0 && !graph_kept) --it->second[0].pending;
+  return used;
+}
+
+void ReplayNotes::clear() {
+  notes_.clear();
+  step_ = 0;
+  replayed_ = false;
+}
+
+}  // namespace detail
+}  // namespace rotary
