@@ -88,9 +88,9 @@ void far_angle_error(const char* op, int64_t pos, double max_inv_freq, const std
 
 // The batch rows whose positions may differ: one when every row reads the
 // same positions (none, or a batch stride of 0), so that an empty call with a
-// huge batch checks one row.
+// huge batch checks one row (packed tokens, cu_seqlens, are one row).
 static int64_t distinct_rows(const kernel::RopeParams& p) {
-  const bool same = p.cu_seqlens == nullptr && (p.positions == nullptr || p.pos_stride_b == 0);
+  const bool same = p.positions == nullptr || p.pos_stride_b == 0;
   return same ? std::min<int64_t>(p.batch, 1) : p.batch;
 }
 

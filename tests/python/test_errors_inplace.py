@@ -223,3 +223,18 @@ def test_elements_that_share_only_some_bytes_overlap():
             with pytest.raises(ValueError, match=r"apply_rope_: x and position_ids overlap in memory"):
                 op(target, f, position_ids=pos)
         assert torch.equal(buf, snap[0]) and torch.equal(xd, snap[1])
+
+
+def test_an_inference_tensor_is_not_rotated_in_place_outside_inference_mode():
+    f = rotary.freqs_table(8, 16)
+    with torch.inference_mode():
+        x, q, k = (randn((1, 2, 4, 8), seed=s) for s in (3, 4, 5))
+    for name, call, ts in (("apply_rope_: x", lambda: rotary.apply_rope_(x, f), [x]),
+                           ("apply_rope_: x", lambda: torch.ops.rotary.apply_rope_(x, f), [x]),
+                           ("apply_rope_qk_: q", lambda: rotary.apply_rope_qk_(q, k, f), [q, k])):
+        before = [t.clone() for t in ts]
+        with pytest.raises(ValueError, match=rf"{name} is an inference tensor \(made under torch.inference_mode\(\)\)"):
+            call()
+        assert all(torch.equal(a, b) for a, b in zip(before, ts))
+    with torch.inference_mode():  # where it was made, it is served
+        rotary.apply_rope_(x, f)

@@ -121,3 +121,45 @@ def test_argument_types_are_named(call, match):
     # pybind's own errors ("Expected dtype", "incompatible constructor arguments") named neither.
     with pytest.raises(TypeError, match=match):
         call()
+
+
+def test_aliasing_the_fused_op_refuses_by_name_and_writes_nothing():
+    """A v that is a view of q (read after q is rotated), positions or
+    inv_freq inside a cache, cache_positions or a scale inside q: refused,
+    every tensor untouched. A mutation run found no test that sent them."""
+    f = rotary.freqs_table(8, 32)
+
+    def fresh():
+        g = torch.Generator().manual_seed(5)
+        q, k, v = (torch.randn(2, h, 3, 8, generator=g) for h in (4, 2, 2))
+        return q, k, v, torch.randn(2, 2, 16, 8, generator=g), torch.randn(2, 2, 16, 8, generator=g)
+
+    def ids_in(t, dtype, n, fill):  # n elements of `dtype` over t's last row
+        view = t.view(dtype)[1, 1, -1, :n]
+        view.copy_(fill)
+        return view
+
+    inv = 10000.0 ** (-torch.arange(0, 8, 2, dtype=torch.float64) / 8)
+    cases = [
+        (lambda q, k, v, kc, vc: dict(v=q[:, :2]), "q and v overlap in memory; in place, v would be read after q"),
+        (lambda q, k, v, kc, vc: dict(position_ids=ids_in(kc, torch.int64, 3, torch.arange(3))),
+         "k_cache and position_ids overlap in memory"),
+        (lambda q, k, v, kc, vc: dict(inv_freq=ids_in(vc, torch.float64, 4, inv)), "v_cache and inv_freq overlap"),
+        (lambda q, k, v, kc, vc: dict(cache_positions=ids_in(q, torch.int64, 3, torch.arange(3)).expand(2, 3)),
+         "q and cache_positions overlap in memory"),
+    ]
+    for op in (torch.ops.rotary.apply_rope_with_kv_cache_, rotary.apply_rope_with_kv_cache_):
+        for make, words in cases:
+            q, k, v, kc, vc = fresh()
+            kw = make(q, k, v, kc, vc)
+            snap = Snapshot(q, k, v, kc, vc)
+            with pytest.raises(ValueError, match=pytest.importorskip("re").escape(words)):
+                op(q, k, kw.pop("v", v), kc, vc, f, **kw)
+            snap.check()
+        q, k, v, kc, vc = fresh()
+        q[0, 0, 0, 0] = 1.0
+        kc8, vc8 = kc.to(FP8), vc.to(FP8)
+        snap = Snapshot(q, k, v, kc8, vc8)
+        with pytest.raises(ValueError, match=r"q and k_scale overlap in memory"):
+            op(q, k, v, kc8, vc8, f, k_scale=q[0, 0, 0, 0])
+        snap.check()

@@ -285,3 +285,32 @@ def test_more_pairs_than_the_kernels_hold_are_refused_by_the_op():
     for op in (torch.ops.rotary.apply_rope, rotary.apply_rope):
         with pytest.raises(ValueError, match=r"pair_axes supports at most 512 pairs \(rotary_dim <= 1024\), got 513"):
             op(x, f, position_ids=ids, pair_axes=[0] * 512 + [1])
+
+
+def test_nd_host_checks_reach_every_token_and_axis():
+    """The host check of N-D ids reaches every token (not only the first
+    of a row), the axis only the last pair reads, and the (-2^60, 2^60)
+    range on an axis no pair reads or with inv_freq; a mutation run found
+    no test that sent these."""
+    x, f = randn((1, 1, 4, 8), seed=24), rotary.freqs_table(8, 16)
+    far = torch.zeros(2, 4, dtype=torch.long)
+    far[0, 3] = 100
+    for ids in (far, far[:, None]):  # [n_axes, seq] and [n_axes, 1, seq]
+        with pytest.raises(IndexError, match=r"token \(batch 0, seq 3\) has position 100 on axis 0 \(position_ids\)"):
+            rotary.apply_rope(x, f, position_ids=ids, pair_axes=[0, 0, 1, 1])
+    last = torch.zeros(2, 4, dtype=torch.long)
+    last[1, 0] = 100
+    with pytest.raises(IndexError, match=r"token \(batch 0, seq 0\) has position 100 on axis 1 \(position_ids\)"):
+        rotary.apply_rope(x, f, position_ids=last, pair_axes=[0, 0, 0, 1])
+    unread = torch.zeros(3, 4, dtype=torch.long)
+    unread[1, 1] = 2**61
+    inv = torch.full((4,), 1e-6, dtype=torch.float64)
+    slow = torch.polar(torch.ones(16, 4), torch.arange(16.0)[:, None] * inv.float())
+    read = torch.zeros(2, 4, dtype=torch.long)
+    read[0, 1] = 2**61
+    for kw in (dict(freqs=f, position_ids=unread, pair_axes=[0, 0, 2, 2]),
+               dict(freqs=slow, position_ids=read, pair_axes=[0, 0, 1, 1], inv_freq=inv)):
+        with pytest.raises(IndexError, match=r"position_ids must lie in \(-2\^60, 2\^60\), got 2305843009213693952"):
+            rotary.apply_rope(x, **kw)
+    read[0, 1] = 2**60 - 1  # the largest: served with inv_freq
+    assert torch.isfinite(rotary.apply_rope(x, slow, position_ids=read, pair_axes=[0, 0, 1, 1], inv_freq=inv)).all()

@@ -144,6 +144,15 @@ def test_deprecated_positions_with_a_new_name_is_refused():
         rotary.apply_rope(x, rotary.freqs_table(8, 16), positions=torch.tensor(0), offsets=torch.tensor(0))
 
 
+def test_deprecated_positions_out_of_range_are_named_as_given():
+    """Refused as `positions`, the argument the caller passed, not as the
+    position_ids it becomes."""
+    x = torch.randn(1, 1, 2, 8)
+    with pytest.warns(DeprecationWarning), pytest.raises(
+            IndexError, match=r"apply_rope: positions must lie in \(-2\^60, 2\^60\), got 2305843009213693952"):
+        rotary.apply_rope(x, rotary.freqs_table(8, 16), positions=torch.tensor([[0, 2**61]]))
+
+
 def test_only_the_old_ops_take_the_deprecated_positions():
     """positions= stays where it was before offsets= / position_ids=; the
     later ops (KV cache, prologue, cos/sin tables) never had it."""
