@@ -224,9 +224,9 @@ KVCacheImpl::Writing KVCacheImpl::begin_write(const char* who, bool resets) {
       take_over = busy_.writer.compare_exchange_strong(seen, self);
       forked = take_over;  // else another thread of this process took it over first
     }
-    TORCH_CHECK(take_over || !forked, who, ": this KVCache was being written by process ", writer, " when this process ",
-                "was forked from it; that write never finishes here and may have left rows half-written: reset() the ",
-                "cache, or build it in this process");
+    TORCH_CHECK(take_over || !forked, who, ": this KVCache was being written by process ", writer,
+                " when this process was forked from it; that write never finishes here and may have left rows ",
+                "half-written: reset() the cache, or build it in this process");
     TORCH_CHECK(take_over, who, ": another call is writing this KVCache (one writer at a time: each call appends at ",
                 "length() and advances it); serialize the calls, or give each thread its own cache");
   }

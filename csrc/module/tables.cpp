@@ -298,7 +298,8 @@ void RopeTables::note_or_check_replay(int64_t reach, int64_t next) {
     notes_->note(reach, next, !at::SavedTensorDefaultHooks::get_tls_state().stack.empty());
     return;
   }
-  const std::vector<int64_t> used = notes_->recompute(reach, next, torch::autograd::get_current_graph_task_keep_graph());
+  const bool kept = torch::autograd::get_current_graph_task_keep_graph();  // retain_graph: it may run again
+  const std::vector<int64_t> used = notes_->recompute(reach, next, kept);
   if (used.size() == 1 && used[0] == next) return;
   const auto length = [&](int64_t state) { return state > 0 ? state : *s.max_position_embeddings(); };
   std::ostringstream ran;
