@@ -73,8 +73,8 @@ std::string str_arg(const py::handle& v, const char* who, const char* name) {
   return v.cast<std::string>();
 }
 
-// A number (an int or a float, not a bool) as a double; an int past a
-// double's range is named (pybind's cast names neither it nor the call).
+// A number (numbers.Real, not a bool) as a double; an int past a double's
+// range is named (pybind's cast names neither it nor the call).
 double float_arg(const py::handle& v, const char* who, const std::string& name) {
   TORCH_CHECK_TYPE(is_real_number(v), who, ": ", name, " must be a number, got ", repr_of(v));
   const double d = PyFloat_AsDouble(v.ptr());
