@@ -133,7 +133,8 @@ void check_positions_in_table(const char* op, const kernel::RopeParams& p, doubl
   // must not walk every token). Past 2^61 every token fails (|offset| <
   // 2^60), so the search stays where no position overflows.
   const bool rising = p.cu_seqlens == nullptr && p.pos_stride_s == 0;
-  for (int64_t b = 0; b < distinct_rows(p); ++b) {
+  const int64_t rows = distinct_rows(p);
+  for (int64_t b = 0; b < rows; ++b) {
     if (!rising) {
       for (int64_t s = 0; s < p.seq; ++s) check(b, s);
       continue;
@@ -197,9 +198,9 @@ void check_axes_in_table(const char* op, const kernel::RopeParams& p, const doub
   bool read[kernel::kMaxAxes] = {};  // an axis no pair turns by is never read: no row of the table for it
   for (int64_t j = 0; j < p.rotary_dim / 2; ++j) read[p.pair_axis[j]] = true;
   // N-D ids are absolute: a stride of 0 repeats one position along seq too.
-  const int64_t seq = p.pos_stride_s == 0 ? std::min<int64_t>(p.seq, 1) : p.seq;
+  const int64_t rows = distinct_rows(p), seq = p.pos_stride_s == 0 ? std::min<int64_t>(p.seq, 1) : p.seq;
   for (int64_t a = 0; a < p.num_axes; ++a) {
-    for (int64_t b = 0; b < distinct_rows(p); ++b) {
+    for (int64_t b = 0; b < rows; ++b) {
       for (int64_t s = 0; s < seq; ++s) {
         const int64_t pos = kernel::given_position(p, b, s, a);
         TORCH_CHECK_INDEX(

@@ -48,11 +48,5 @@ std::vector<int64_t> ReplayNotes::recompute(int64_t reach, int64_t next, bool gr
   return used;
 }
 
-void ReplayNotes::clear() {
-  notes_.clear();
-  step_ = 0;
-  replayed_ = false;
-}
-
 }  // namespace detail
 }  // namespace rotary

@@ -21,7 +21,6 @@ class ReplayNotes {
   // is {next} alone, the recomputation is served and, unless its graph is
   // kept (retain_graph: it may run again), one of its calls done.
   std::vector<int64_t> recompute(int64_t reach, int64_t next, bool graph_kept);
-  void clear();
 
   static constexpr int64_t kMoreStates = -1;
   static constexpr size_t kMaxStates = 4;  // two already refuse; the rest only lengthen the message

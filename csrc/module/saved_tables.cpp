@@ -210,11 +210,11 @@ int64_t check_saved_tables(
   }
   // A grown dynamic state shows in inv_freq, or in freqs' rows only past max_seq_len.
   const bool state_unknown = type == RopeType::Dynamic && !has_inv && rows <= options.max_seq_len();
-  TORCH_CHECK_VALUE(!state_unknown, who, ": the saved tables do not match this module's initial state (", desc, "): ",
-                    first_mismatch, "; 'freqs' alone, of ", rows, " row(s), cannot tell a length this dynamic rule ",
-                    "grew to from other options: load the saved 'inv_freq' with it, or build this module with the ",
-                    "options it was saved with");
-  TORCH_CHECK_VALUE(false, who, ": the saved tables do not match this module (", desc, "): ", first_mismatch, hint);
+  const std::string freqs_alone = "; 'freqs' alone, of " + std::to_string(rows) + " row(s), cannot tell a length "
+      "this dynamic rule grew to from other options: load the saved 'inv_freq' with it, or build this module with "
+      "the options it was saved with";
+  TORCH_CHECK_VALUE(false, who, ": the saved tables do not match this module", state_unknown ? "'s initial state" : "",
+                    " (", desc, "): ", first_mismatch, state_unknown ? freqs_alone : hint);
   return 0;
 }
 

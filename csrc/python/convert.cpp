@@ -73,10 +73,9 @@ std::string str_arg(const py::handle& v, const char* who, const char* name) {
   return v.cast<std::string>();
 }
 
-// A number (numbers.Real, not a bool) as a double; an int past a double's
-// range is named (pybind's cast names neither it nor the call).
-double float_arg(const py::handle& v, const char* who, const std::string& name) {
-  TORCH_CHECK_TYPE(is_real_number(v), who, ": ", name, " must be a number, got ", repr_of(v));
+// A numbers.Real as a double; an int past a double's range is named
+// (pybind's cast names neither it nor the call).
+static double real_as_double(const py::handle& v, const char* who, const std::string& name) {
   const double d = PyFloat_AsDouble(v.ptr());
   if (d == -1.0 && PyErr_Occurred()) {
     PyErr_Clear();
@@ -87,8 +86,13 @@ double float_arg(const py::handle& v, const char* who, const std::string& name) 
   return d;
 }
 
+double float_arg(const py::handle& v, const char* who, const std::string& name) {
+  TORCH_CHECK_TYPE(is_real_number(v), who, ": ", name, " must be a number, got ", repr_of(v));
+  return real_as_double(v, who, name);
+}
+
 std::optional<double> number_of(const py::handle& v, const char* who, const std::string& name) {
-  if (is_real_number(v)) return float_arg(v, who, name);
+  if (is_real_number(v)) return real_as_double(v, who, name);
   if (!THPVariable_Check(v.ptr())) return std::nullopt;
   const auto type = THPVariable_Unpack(v.ptr()).scalar_type();  // a bool tensor's __float__ reads True as 1.0
   if (!at::isFloatingType(type) && !at::isIntegralType(type, /*includeBool=*/false)) return std::nullopt;
