@@ -12,6 +12,8 @@
 #include <ATen/ATen.h>
 #include <ATen/SavedTensorHooks.h>
 #include <torch/csrc/autograd/graph_task.h>
+#include <c10/core/AutogradState.h>
+#include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
 
@@ -293,9 +295,11 @@ void RopeTables::note_or_check_replay(int64_t reach, int64_t next) {
   if (!notes_) notes_ = std::make_shared<detail::ReplayNotes>();
   if (torch::autograd::get_current_graph_task_id() == -1) {
     if (c10::InferenceMode::is_enabled()) return;  // never recomputed
-    // Inside torch.utils.checkpoint(use_reentrant=False) its saved-tensor hooks are on (other hooks too:
-    // a note that waits for nothing, kept kKeepSteps steps).
-    notes_->note(reach, next, !at::SavedTensorDefaultHooks::get_tls_state().stack.empty());
+    // Inside torch.utils.checkpoint(use_reentrant=False) its saved-tensor hooks are on; inside a reentrant
+    // one (an autograd.Function's forward) grad and forward grad are both off, where no_grad leaves forward
+    // grad on. Other hooks and Functions look the same: a note that waits for nothing, kept kKeepSteps steps.
+    const bool in_function = !c10::GradMode::is_enabled() && !c10::AutogradState::get_tls_state().get_fw_grad_mode();
+    notes_->note(reach, next, in_function || !at::SavedTensorDefaultHooks::get_tls_state().stack.empty());
     return;
   }
   const bool kept = torch::autograd::get_current_graph_task_keep_graph();  // retain_graph: it may run again

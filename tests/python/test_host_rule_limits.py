@@ -119,21 +119,23 @@ def test_checkpoint_recomputes_a_dynamic_rule_only_where_history_cannot_change_i
     assert x.grad is None
 
 
+@pytest.mark.parametrize("reentrant", [False, True])
 @pytest.mark.parametrize("cls", MODULES)
-def test_a_backward_after_a_later_forward_still_sees_its_calls(cls):
+def test_a_backward_after_a_later_forward_still_sees_its_calls(cls, reentrant):
     """The notes started afresh at the first call after any recomputation,
     dropping those of checkpointed calls whose backward had not run (two
     backward passes with a forward between, a pipeline schedule): one was
     then recomputed by another state's table, a silently wrong gradient, and
-    one whose state had not changed was refused. Calls inside a
-    non-reentrant checkpoint keep their notes until recomputed."""
+    one whose state had not changed was refused. Calls inside a checkpoint
+    keep their notes until recomputed: a reentrant one's forward runs in an
+    autograd.Function, with grad and forward grad off."""
     torch.manual_seed(1)
     m = cls(8, 64, scaling=DYNAMIC)
     m(torch.randn(1, 1, 40, 8))  # grows the table to 40
     step = lambda t: m(t, start_pos=16)  # noqa: E731 - reach 20, turned by length 40
     xa, xb, xc = (torch.randn(1, 2, 4, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
     c = torch.randn(1, 2, 4, 8, dtype=torch.float64)
-    la, lb, lc = ((checkpoint(step, x, use_reentrant=False) * c).sum() for x in (xa, xb, xc))
+    la, lb, lc = ((checkpoint(step, x, use_reentrant=reentrant) * c).sum() for x in (xa, xb, xc))
     lb.backward()  # served: recomputed at 40
     m(torch.randn(1, 1, 1, 8), start_pos=37)  # reach 38: the state stays 40
     la.backward()  # served: a's state has not changed
@@ -148,7 +150,7 @@ def test_a_backward_after_a_later_forward_still_sees_its_calls(cls):
     assert xc.grad is None
     for _ in range(2):  # and a plain step after it is served
         x = torch.randn(1, 2, 4, 8, dtype=torch.float64, requires_grad=True)
-        (checkpoint(lambda t: m(t, start_pos=30), x, use_reentrant=False) * c).sum().backward()
+        (checkpoint(lambda t: m(t, start_pos=30), x, use_reentrant=reentrant) * c).sum().backward()
         ref = _grad_reference(torch.cat([torch.zeros(1, 2, 30, 8, dtype=torch.float64), c], 2), 34, True, 50)
         torch.testing.assert_close(x.grad, ref[:, :, 30:], rtol=0, atol=2e-7)
 
