@@ -2,6 +2,8 @@
 the broadcasting size-1 forms) against the reference, and the errors
 for negative positions and positions past the table."""
 
+import faulthandler
+
 import pytest
 import torch
 
@@ -116,7 +118,16 @@ def test_an_empty_call_over_rows_that_share_positions_checks_one_row(tables):
     """Positions shared by every batch row (0-d offsets, ids [seq] or [1,
     seq], an expanded [batch, seq], N-D ids expanded over seq) were checked
     once per row, and N-D ids once per token: an empty call of 2^40 rows or
-    tokens ran for hours. One row is checked, and its failure named as before."""
+    tokens ran for hours. One row is checked, and its failure named as before.
+    A regression would hang: the watchdog ends the run with this test's stack."""
+    faulthandler.dump_traceback_later(300, exit=True)
+    try:
+        _empty_calls_over_shared_rows(tables)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+def _empty_calls_over_shared_rows(tables):
     f = tables(8, 16)
     inv = rotary.inv_frequencies(8)[0]
     empty = torch.empty(2**40, 0, 4, 8)
