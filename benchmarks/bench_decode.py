@@ -6,9 +6,10 @@ two out-of-place ops). Timed with benchmarks/protocol.py: every call once per
 round in a seeded shuffled order, medians over rounds, CPU time / wall next
 to each ratio, one pass per --threads count, refused on a loaded machine.
 --cpu-time also prints the process CPU time per call (all threads), which a
-descheduled thread does not inflate.
+descheduled thread does not inflate. --processes N repeats the run in N fresh
+processes and gives each ratio's median and range over them.
 
-    PYTHONPATH=python .venv/bin/python benchmarks/bench_decode.py [--threads 1,2] [--dtype float32] [--quick]
+    PYTHONPATH=python .venv/bin/python benchmarks/bench_decode.py [--threads 1,2] [--dtype float32] [--processes 6] [--quick]
 """
 
 import argparse
@@ -16,7 +17,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from protocol import add_protocol_args, check_load, ratio_cell, thread_passes, time_interleaved  # noqa: E402
+from protocol import (add_process_args, add_protocol_args, check_load, ratio_cell, run_processes,  # noqa: E402
+                      save_results, spread_table, thread_passes, time_interleaved)
 
 import torch  # noqa: E402
 
@@ -31,9 +33,18 @@ def main() -> None:
     ap.add_argument("--cpu-time", action="store_true", help="also the process CPU time per call")
     ap.add_argument("--quick", action="store_true", help="3 rounds of 30 calls: a smoke run")
     add_protocol_args(ap)
+    add_process_args(ap)
     a = ap.parse_args()
     if a.quick:
         a.rounds, a.calls = 3, 30
+    if a.processes > 1:
+        runs = run_processes(a)
+        for nt in a.threads:
+            print(f"\ndecode {a.dtype}, {nt} thread(s), wall clock: over {a.processes} processes, the median and range"
+                  f" of each one's median of {a.rounds} interleaved rounds\n")
+            print("| call | us | / 2x torch.add, median [range] | cpu/wall |\n|---|--:|--:|--:|")
+            print(spread_table(runs, nt, "2x torch.add"))
+        return
     guard = check_load(a)
     dtype = getattr(torch, a.dtype)
     q = torch.randn(64, 32, 1, 128, dtype=dtype)
@@ -61,8 +72,9 @@ def main() -> None:
         "rotary.CppRotaryEmbedding, longrope": lambda: cpp_lng(q, k, 7),
     }
     print(guard.header())
+    passes = {}
     for nt in thread_passes(a.threads):
-        st = time_interleaved(cases, a.rounds, calls=a.calls, warmup=20, seed=a.seed)
+        st = passes[nt] = time_interleaved(cases, a.rounds, calls=a.calls, warmup=20, seed=a.seed)
         base = st["2x torch.add"]
         print(f"\ndecode {a.dtype}, {nt} thread(s), wall clock, median of {a.rounds} interleaved rounds"
               f"{guard.marker()}\n")
@@ -75,6 +87,7 @@ def main() -> None:
                 row += f" {s.cpu_per_call * 1e6:.1f} | {guard.star()}{s.cpu_per_call / base.cpu_per_call:.2f}x |"
             print(row)
     print("\n" + guard.finish())
+    save_results(a.results_json, guard, passes)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,11 @@ flatters the single-threaded side. Hence:
 - CPU time / wall of each variant (process CPU time covers all its threads):
   ~1.0 means one thread was busy, ~2.0 two;
 - every pass runs at each of --threads (default 1 and 2);
+- --processes N (where a script wires it) repeats the whole run in N fresh
+  processes, each with its own seed, and gives each ratio's median and range
+  over them: a process's heap and code layout moved a 50 us decode call's
+  ratio between 1.02 and 1.30 on one quiet machine, more than any one
+  process's rounds show;
 - --heap pins where a large output's pages come from: 'fresh' (every block
   of 1 MiB or more is mapped anew per call, so every call pays its page
   faults) or 'reuse' (freed blocks stay in the heap: pages mapped and often
@@ -31,8 +36,11 @@ import math
 import os
 import random
 import resource
+import json
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
@@ -254,3 +262,55 @@ def ratio_cell(stats: Stats, base: Stats, guard: LoadGuard, digits: int = 2) -> 
     num = f"{r:.{digits}f}" if r >= 0.1 else f"{r:.2g}"  # 2 significant digits below 0.1
     return (f"{guard.star()}{num}x"
             f" (cpu/wall {stats.cpu_wall:.1f} vs {base.cpu_wall:.1f})")
+
+
+def add_process_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--processes", type=int, default=1,
+                   help="repeat the run in N fresh processes (seeds --seed, --seed + 1, ...) and give each ratio's "
+                   "median and range over them (default 1)")
+    p.add_argument("--results-json", help=argparse.SUPPRESS)  # one process's medians, for the parent
+
+
+def save_results(path: Optional[str], guard: LoadGuard, passes: Dict[int, Dict[str, Stats]]) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump({"loaded": guard.loaded, "passes": {
+                str(nt): {n: [st.median, st.cpu_wall, st.cpu_per_call] for n, st in stats.items()}
+                for nt, stats in passes.items()}}, f)
+
+
+def run_processes(args: argparse.Namespace) -> List[dict]:
+    """Reruns this script --processes times, one after another, each a single
+    process with its own seed; returns their medians. Each child checks the
+    load itself (--wait-load, --max-load and --allow-load pass through)."""
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.processes):
+            path = os.path.join(tmp, f"{i}.json")
+            cmd = [sys.executable, sys.argv[0], *sys.argv[1:], "--processes", "1", "--seed", str(args.seed + i),
+                   "--results-json", path]
+            done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+            for line in done.stdout.splitlines():
+                if line.startswith(("load average", "WARNING", "1-min load")):
+                    print(f"process {i + 1}: {line}")
+            if done.returncode != 0:
+                raise SystemExit(done.returncode)
+            with open(path) as f:
+                runs.append(json.load(f))
+    return runs
+
+
+def spread_table(runs: List[dict], threads: int, base: str) -> str:
+    """Rows of '| name | us | ratio median [min-max] | cpu/wall |' over the
+    processes' medians; '*' in front when any process ran under load."""
+    star = "*" if any(r["loaded"] for r in runs) else ""
+    passes = [r["passes"][str(threads)] for r in runs]
+    rows = []
+    for name in passes[0]:
+        us = statistics.median(p[name][0] for p in passes) * 1e6
+        ratios = sorted(p[name][0] / p[base][0] for p in passes)
+        cw = statistics.median(p[name][1] for p in passes)
+        rows.append(f"| {name} | {us:.1f} | {star}{statistics.median(ratios):.2f}x [{ratios[0]:.2f}-{ratios[-1]:.2f}]"
+                    f" | {cw:.1f} |")
+    return "\n".join(rows)
+

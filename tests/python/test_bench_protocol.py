@@ -1,9 +1,11 @@
 """The benchmark harness measures what its docs say: each thread-count pass
-compiles its torch.compile baselines for that thread count, and the KV-cache
-copy floor reads written memory. Nothing here is timed."""
+compiles its torch.compile baselines for that thread count, the KV-cache
+copy floor reads written memory, and --processes gathers every process's
+medians. Nothing here is timed."""
 
 import os
 import re
+import subprocess
 import sys
 
 import torch
@@ -37,3 +39,20 @@ def test_the_kv_copy_floor_reads_written_sources():
     cells = dict(zip(floor.__code__.co_freevars, (c.cell_contents for c in floor.__closure__)))
     for name in ("src", "src_k"):  # drawn from N(0, 1): E|x| = 0.798, not an allocator's leftovers
         assert 0.7 < cells[name].abs().mean().item() < 0.9, name
+
+
+def test_processes_gives_each_ratio_over_every_process():
+    """A process's heap and code layout move a decode call's ratio by more
+    than its own rounds show: --processes runs N and gives the spread."""
+    script = os.path.join(HERE, "..", "..", "benchmarks", "bench_decode.py")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    out = subprocess.run([sys.executable, script, "--quick", "--threads", "1", "--processes", "2"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert re.findall(r"^process (\d): load average before", out.stdout, re.M) == ["1", "2"]
+    rows = re.findall(r"^\| ([^|]+) \| [\d.]+ \| \*?([\d.]+)x \[([\d.]+)-([\d.]+)\] \| [\d.]+ \|$", out.stdout, re.M)
+    names = [r[0] for r in rows]
+    assert names[0] == "2x torch.add" and "rotary.CppRotaryEmbedding" in names and len(names) == 11, out.stdout
+    for name, med, lo, hi in rows:
+        assert float(lo) <= float(med) <= float(hi), name
+    assert rows[0][1:] == ("1.00", "1.00", "1.00")
