@@ -81,7 +81,8 @@ static double real_as_double(const py::handle& v, const char* who, const std::st
     PyErr_Clear();
     TORCH_CHECK_VALUE(!py::isinstance<py::int_>(v), who, ": ", name, " must be finite, got an int of ",
                       py::cast<int64_t>(v.attr("bit_length")()), " bits, past a float's range");
-    TORCH_CHECK_VALUE(false, who, ": ", name, " must be finite, got ", repr_of(v), ", past a float's range");
+    TORCH_CHECK_VALUE(false, who, ": ", name, " must be finite, got a ", Py_TYPE(v.ptr())->tp_name,
+                      " past a float's range");  // not its repr: such a number's digits run to hundreds
   }
   return d;
 }

@@ -2,7 +2,6 @@
 torch's argument parser would coerce (a bool for an int, 0.5 for a bool) or
 refuse without naming the argument, named here. Values are C++'s to check."""
 
-import numbers
 import operator
 from collections.abc import Sequence
 
@@ -55,16 +54,9 @@ def _in_int64(op: str, name: str, value: int) -> int:
 
 
 def _real_arg(op: str, name: str, value) -> float:
-    """A real number of any type (numpy's too) as a float; a bool, a string
-    or one past a float's range refused by name."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{op}: {name} must be a float, got {value!r}")
-    if isinstance(value, int):
-        return _C._float_arg(value, op, name)  # one past a float's range: C++ names its bits (convert.cpp)
-    try:
-        return float(value)
-    except OverflowError:
-        raise ValueError(f"{op}: {name} must be finite, got a {type(value).__name__} past a float's range") from None
+    """A real number of any type (numpy's too) as a float; a bool, a complex,
+    a string or one past a float's range refused by name (convert.cpp)."""
+    return _C._float_arg(value, op, name)
 
 
 def _table_args(op: str, dim, theta, seq_len, max_seq_len=0):

@@ -315,8 +315,8 @@ BAD_NORM_ARGS = [
     (dict(q_weight=torch.ones(2, 8), norm="heads"), r"q_weight must be 1-D"),
     (dict(q_weight=torch.ones(8, dtype=torch.int64)), "q_weight must be float32, float64, float16 or bfloat16"),
     (dict(q_weight=torch.ones(8, device="meta")), "q_weight is on meta but q is on cpu"),
-    (dict(eps=True), "eps must be a float, got True"),
-    (dict(weight_offset="1"), "weight_offset must be a float"),
+    (dict(eps=True), "eps must be a number, got True"),
+    (dict(weight_offset="1"), "weight_offset must be a number"),
     (dict(eps=10**400), r"eps must be finite, got an int of 1329 bits, past a float's range"),
 ]
 
