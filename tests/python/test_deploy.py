@@ -54,7 +54,32 @@ def test_the_shipped_libraries_search_only_their_own_folder_and_torchs():
         entries = found[0].split(":")
         assert entries[0] == "$ORIGIN" and all(entries), (lib, entries)
         for entry in entries[1:]:
-            assert os.path.samefile(entry, torch_lib), (lib, entries)
+            assert os.path.samefile(entry, torch_lib) or entry == _torch_cudart_dir(), (lib, entries)
+
+
+def _torch_cudart_dir():
+    """The folder of the CUDA runtime torch's wheel ships, where torch's own
+    libraries look first (their RPATH), or None."""
+    import glob
+
+    found = glob.glob(os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", "*", "lib", "libcudart.so.*"))
+    return os.path.realpath(os.path.dirname(found[0])) if found else None
+
+
+def test_librotary_loaded_alone_finds_the_cuda_runtime_torch_loads():
+    """A C++ program loads librotary before torch: its libcudart came from
+    ldconfig (a toolkit's, whatever its version) or was not found, where
+    torch's libraries load the copy its wheel ships."""
+    lib = rotary.library_path()
+    needed = subprocess.run(["readelf", "-d", lib], capture_output=True, text=True, check=True).stdout
+    if "libcudart" not in needed or _torch_cudart_dir() is None:
+        pytest.skip("a build without the CUDA kernels, or a torch without the wheel's CUDA runtime")
+    script = ("import ctypes, sys; ctypes.CDLL(sys.argv[1]); "
+              "print(*sorted({l.split()[-1] for l in open('/proc/self/maps') if 'libcudart.so' in l}))")
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    out = subprocess.run([sys.executable, "-c", script, lib], capture_output=True, text=True, env=env, check=True)
+    loaded = out.stdout.split()
+    assert len(loaded) == 1 and os.path.dirname(os.path.realpath(loaded[0])) == _torch_cudart_dir(), out.stdout
 
 
 _LOAD_SCRIPT = textwrap.dedent(
