@@ -211,15 +211,15 @@ std::shared_ptr<rotary::KVCacheImpl> cache_of(const py::object& cache, const cha
   return cache.attr("cpp_module").cast<std::shared_ptr<rotary::KVCacheImpl>>();
 }
 
-std::optional<int64_t> optional_start_pos(const py::object& start_pos) {
-  return start_pos.is_none() ? std::nullopt : std::optional<int64_t>(start_pos_arg(start_pos));
+std::optional<int64_t> optional_start_pos(const py::object& start_pos, const char* who) {
+  return start_pos.is_none() ? std::nullopt : std::optional<int64_t>(start_pos_arg(start_pos, who));
 }
 
 CacheCall cache_call_args(const py::object& q, const py::object& k, const py::object& v, const py::object& cache,
                           const py::object& start_pos, const py::object& layout) {
   const char* who = "RotaryEmbedding.forward_with_cache";
   return {required_tensor_arg(q, who, "q"), required_tensor_arg(k, who, "k"), required_tensor_arg(v, who, "v"),
-          cache_of(cache, who), optional_start_pos(start_pos), str_arg(layout, who, "layout")};
+          cache_of(cache, who), optional_start_pos(start_pos, who), str_arg(layout, who, "layout")};
 }
 
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> forward_with_cache(

@@ -170,7 +170,8 @@ rotary::RotaryEmbeddingOptions options_from_py(
 // start_pos of a module or op call: an int in [0, 2^60), also for ints past
 // int64, and a tensor (e.g. rope(x, torch.tensor(3)), where the tensor lands in
 // k's slot) refused by name.
-int64_t start_pos_arg(const py::handle& v, const char* who) {
+int64_t start_pos_arg(const py::handle& given, const char* who) {
+  const py::object v = plain_int(py::reinterpret_borrow<py::object>(given));  // numpy's ints too
   TORCH_CHECK_TYPE(
       !THPVariable_Check(v.ptr()), who, ": start_pos must be an int, got a tensor (", repr_of(v),
       "); pass int(t), or a tensor as offsets= or position_ids= (a tensor in the second positional slot is "

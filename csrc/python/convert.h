@@ -206,7 +206,7 @@ void bind_tables(py::module_& m);
 // The C++ cache behind a bound rotary.KVCache (a TypeError naming `who`
 // for anything else), and an optional start_pos.
 std::shared_ptr<rotary::KVCacheImpl> cache_of(const py::object& cache, const char* who);
-std::optional<int64_t> optional_start_pos(const py::object& start_pos);
+std::optional<int64_t> optional_start_pos(const py::object& start_pos, const char* who);
 // forward_with_cache's arguments from Python (both modules), each named
 // when it has the wrong type.
 struct CacheCall {

@@ -38,11 +38,17 @@ def _float_arg(op: str, name: str, value):
 
 
 def _index_arg(op: str, name: str, value) -> int:
-    """An integer of any type pybind's int64 takes (numpy's, a 0-d integer
-    tensor), as an int; a bool, a float or one past int64 refused by name."""
-    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+    """An integer of any type pybind's int64 takes (numpy's, a one-element
+    integer tensor), as an int; a bool (a bool tensor too: its __index__
+    reads True as 1), a float or one past int64 refused by name."""
+    is_bool = isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool)
+    try:
+        index = None if is_bool else operator.index(value)
+    except TypeError:
+        index = None
+    if index is None:
         raise TypeError(f"{op}: {name} must be an int, got {value!r}")
-    return _in_int64(op, name, operator.index(value))
+    return _in_int64(op, name, index)
 
 
 def _in_int64(op: str, name: str, value: int) -> int:

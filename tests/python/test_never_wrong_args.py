@@ -182,6 +182,45 @@ def test_table_arguments_take_any_integer_type():
     torch.testing.assert_close(f, rotary.freqs_table(D, 4, 500.0))
 
 
+def test_table_arguments_refuse_a_bool_or_float_tensor_by_name():
+    """A tensor's __index__ read tensor(True) as 1 (a one-row table) where
+    True is refused, and a float tensor got torch's words, naming neither the
+    argument nor the function. An integer tensor is still taken."""
+    import numpy as np
+    module = rotary.RotaryEmbedding(D, 16, scaling={"rope_type": "dynamic", "factor": 2.0})
+    calls = [(lambda v: rotary.freqs_table(D, v), "freqs_table: max_seq_len"),
+             (lambda v: rotary.inv_frequencies(D, 1e4, None, v), "inv_frequencies: seq_len"),
+             (lambda v: rotary.sinusoidal_table(v, 4), "sinusoidal_table: n"),
+             (lambda v: rotary.alibi_slopes(v), "alibi_slopes: n_heads"),
+             (module.update_for_reach, "RotaryEmbedding.update_for_reach: reach")]
+    for call, name in calls:
+        for bad in (torch.tensor(True), torch.tensor([True]), torch.tensor(4.0), torch.tensor([3, 4]), np.bool_(True)):
+            with pytest.raises(TypeError, match=rf"{name} must be an int, got"):
+                call(bad)
+    assert module.rope_state == 0
+    torch.testing.assert_close(rotary.freqs_table(D, torch.tensor(4)), rotary.freqs_table(D, 4), rtol=0, atol=0)
+    module.update_for_reach(torch.tensor([40]))
+    assert module.rope_state == 40
+
+
+@pytest.mark.parametrize("cls", [rotary.RotaryEmbedding, rotary.CppRotaryEmbedding])
+def test_forward_with_cache_takes_a_numpy_start_pos_as_forward_does(cls):
+    """forward took np.int64(2) as start_pos; forward_with_cache refused it
+    as "not an int", in the words of another call."""
+    import numpy as np
+    rope = cls(D, 64)
+    q, k, v = (randn(s, seed=40 + i) for i, s in enumerate([(1, 2, 3, D), (1, 1, 3, D), (1, 1, 3, D)]))
+    got, want = rotary.KVCache(1, 1, 8, D), rotary.KVCache(1, 1, 8, D)
+    with torch.no_grad():
+        out = rope.forward_with_cache(q.clone(), k.clone(), v, got, np.int64(2))
+        ref = rope.forward_with_cache(q.clone(), k.clone(), v, want, 2)
+        with pytest.raises(TypeError, match=r"RotaryEmbedding.forward_with_cache: start_pos must be an int, got 1.5"):
+            rope.forward_with_cache(q.clone(), k.clone(), v, got, 1.5)
+    for a, b in zip(out, ref):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert torch.equal(got.k, want.k) and torch.equal(got.v, want.v) and got.length == want.length == 3
+
+
 def test_op_arguments_take_numpy_scalars_as_torch_does():
     """The wrappers refused np.int64(3) for start_pos ("must be an int, got
     np.int64(3)"), where torch's own parser takes it; numpy's bool and a
