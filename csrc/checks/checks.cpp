@@ -212,12 +212,15 @@ void check_defined(const char* op, const char* name, const at::Tensor& t) {
 }
 
 void check_dense(const char* op, const char* name, const at::Tensor& t) {
-  if (!t.defined() || (t.layout() == at::kStrided && !t.is_nested())) return;
-  const char* what = t.is_nested() ? "a nested" : t.layout() == at::kSparse ? "a sparse COO"
-      : t.layout() == at::kMkldnn                                        ? "an mkldnn"
-                                                                         : "a sparse compressed";
-  const char* fix = t.is_nested() ? "pad it (torch.nested.to_padded_tensor), or pack its sequences with cu_seqlens"
-                                  : "pass a dense one (.to_dense())";
+  if (!t.defined() || (t.layout() == at::kStrided && !t.is_nested() && !t.is_quantized())) return;
+  const char* what = t.is_nested()                ? "a nested"
+      : t.is_quantized()                          ? "a quantized"
+      : t.layout() == at::kSparse                 ? "a sparse COO"
+      : t.layout() == at::kMkldnn                 ? "an mkldnn"
+                                                  : "a sparse compressed";
+  const char* fix = t.is_nested()    ? "pad it (torch.nested.to_padded_tensor), or pack its sequences with cu_seqlens"
+      : t.is_quantized()             ? "pass an unquantized one (.dequantize(), .int_repr())"
+                                     : "pass a dense one (.to_dense())";
   TORCH_CHECK_TYPE(false, op, ": ", name, " must be a dense (strided) tensor, got ", what, " tensor; ", fix);
 }
 

@@ -1,4 +1,4 @@
-// Sparse, mkldnn and nested tensors dispatch to their own keys before any
+// Sparse, mkldnn, quantized and nested tensors dispatch to their own keys before any
 // kernel of ours runs, where torch's answer names a backend, not the
 // argument. Each such key gets one boxed kernel for every op that takes a
 // table: it finds the first argument that is not dense and refuses it by
@@ -39,6 +39,8 @@ TORCH_LIBRARY_IMPL(rotary, SparseCUDA, m) { register_refusals(m); }
 TORCH_LIBRARY_IMPL(rotary, SparseCsrCPU, m) { register_refusals(m); }
 TORCH_LIBRARY_IMPL(rotary, SparseCsrCUDA, m) { register_refusals(m); }
 TORCH_LIBRARY_IMPL(rotary, MkldnnCPU, m) { register_refusals(m); }
+TORCH_LIBRARY_IMPL(rotary, QuantizedCPU, m) { register_refusals(m); }
+TORCH_LIBRARY_IMPL(rotary, QuantizedCUDA, m) { register_refusals(m); }
 TORCH_LIBRARY_IMPL(rotary, NestedTensorCPU, m) { register_refusals(m); }
 TORCH_LIBRARY_IMPL(rotary, NestedTensorCUDA, m) { register_refusals(m); }
 

@@ -4,6 +4,7 @@
 // and, through bind_*.cpp, the modules' shell and the C++ RotaryEmbedding.
 #include "convert.h"
 #include "checks/checks.h"
+#include "op/op_names.h"
 #include "checks/checks_positions.h"
 #include "checks/kv_checks.h"
 #include "params/layouts.h"
@@ -14,6 +15,7 @@
 #include <torch/python.h>
 
 #include <cmath>
+#include <iterator>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -147,6 +149,15 @@ PYBIND11_MODULE(_C, m) {
         rotary::detail::check_distinct(op.c_str(), name.c_str(), x);
       },
       py::arg("op"), py::arg("name"), py::arg("x"));
+  // The layout refusal (checks.h) and the ops layouts.cpp registers it for:
+  // a jagged nested tensor's own dispatch runs before those keys (_nested.py).
+  m.def(
+      "check_dense",
+      [](const std::string& op, const std::string& name, const torch::Tensor& t) {
+        rotary::detail::check_dense(op.c_str(), name.c_str(), t);
+      },
+      py::arg("op"), py::arg("name"), py::arg("t"));
+  m.attr("TABLE_OPS") = std::vector<std::string>(std::begin(rotary::detail::kTableOps), std::end(rotary::detail::kTableOps));
   m.def(
       "check_disjoint",
       [](const std::string& op, const std::string& written, const torch::Tensor& w, const std::string& other,

@@ -1,5 +1,6 @@
 // Python argument conversion for the _C module (see convert.h).
 #include "convert.h"
+#include "checks/checks.h"
 #include "checks/checks_positions.h"
 
 #include <torch/csrc/Dtype.h>
@@ -186,15 +187,23 @@ int64_t start_pos_arg(const py::handle& given, const char* who) {
   return big.cast<int64_t>();
 }
 
+// Refused by name before any size is read: a jagged nested tensor answers
+// sizes() from Python with words about aten.size.
+static torch::Tensor dense(const py::handle& v, const std::string& who, const char* name) {
+  torch::Tensor t = v.cast<torch::Tensor>();
+  rotary::detail::check_dense(who.c_str(), name, t);
+  return t;
+}
+
 std::optional<torch::Tensor> tensor_arg(const py::handle& v, const std::string& who, const char* name) {
   if (v.is_none()) return std::nullopt;
   TORCH_CHECK_TYPE(THPVariable_Check(v.ptr()), who, ": ", name, " must be a tensor or None, got ", repr_of(v));
-  return v.cast<torch::Tensor>();
+  return dense(v, who, name);
 }
 
 torch::Tensor required_tensor_arg(const py::handle& v, const std::string& who, const char* name) {
   TORCH_CHECK_TYPE(THPVariable_Check(v.ptr()), who, ": ", name, " must be a tensor, got ", repr_of(v));
-  return v.cast<torch::Tensor>();
+  return dense(v, who, name);
 }
 
 // numpy's integers and int subclasses (an IntEnum: anything with __index__

@@ -20,9 +20,10 @@ from ._ops import rope_freqs, rope_frequencies  # deprecated aliases, removed in
 from ._ops import alibi_bias, alibi_slopes, sinusoidal_table  # the older position schemes, for comparison
 from .hf import rope_kwargs_from_hf_config
 from .module import RotaryEmbedding
-from . import _functionalize, _vmap
+from . import _functionalize, _nested, _vmap
 
 _functionalize._install()  # complex tables under the default inductor
+_nested._install()  # jagged nested tensors refused by name
 _vmap._install()  # torch.func.vmap: one call with the vmapped dim in the heads
 
 if torch.distributed.is_available():  # DTensor rules, installed when DTensor is imported

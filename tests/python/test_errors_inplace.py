@@ -162,11 +162,23 @@ def test_cross_device_errors():
         rotary.apply_rope(x, f_cpu.cuda(), 14)
 
 
+def _quantize(t):
+    return torch.quantize_per_tensor(t, 0.1, 0, torch.qint8)
+
+
+def _in_inference_mode(call):
+    with torch.inference_mode():  # no autograd kernel runs first
+        return call()
+
+
 def _dense_refusal_cases():
     f = rotary.freqs_table(8, 16)
     q, w = randn((1, 2, 4, 8), seed=290), torch.ones(8)
     nested = torch.nested.nested_tensor([q[0], q[0]])
+    jagged = torch.nested.nested_tensor([randn((3, 2, 8), seed=292), randn((2, 2, 8), seed=293)], layout=torch.jagged)
+    jagged_ids = torch.nested.nested_tensor([torch.arange(4), torch.arange(4)], layout=torch.jagged)
     cache = torch.zeros(1, 2, 16, 8)
+    quantized = _quantize(q)
     sparse, fix = "a sparse COO tensor", r"\(\.to_dense\(\)\)"
     return [
         ("apply_rope", "x", sparse, lambda: rotary.apply_rope(q.to_sparse(), f)),
@@ -179,7 +191,27 @@ def _dense_refusal_cases():
         ("apply_rope_qk", "k", sparse, lambda: rotary.apply_rope_qk(q, q.to_sparse(), f)),
         ("apply_rope_", "x", sparse, lambda: rotary.apply_rope_(q.to_sparse(), f)),
         ("apply_rope", "x", sparse, lambda: rotary.RotaryEmbedding(8, 16)(q.to_sparse())),
-        ("apply_rope", "x", sparse, lambda: rotary.CppRotaryEmbedding(8, 16)(q.to_sparse())),
+        ("RotaryEmbedding", r"q \(or x\)", sparse, lambda: rotary.CppRotaryEmbedding(8, 16)(q.to_sparse())),
+        # A jagged nested tensor's own dispatch ran first: NotImplementedError naming only the op.
+        ("apply_rope", "x", "a nested tensor", lambda: rotary.apply_rope(jagged, f, layout="BSHD")),
+        ("apply_rope_", "x", "a nested tensor", lambda: torch.ops.rotary.apply_rope_(jagged, f, 0, True)),
+        ("apply_rope", "position_ids", "a nested tensor", lambda: rotary.apply_rope(q, f, position_ids=jagged_ids)),
+        ("apply_rope_qk_", "k", "a nested tensor", lambda: rotary.apply_rope_qk_(q, jagged, f)),
+        ("apply_qk_norm_rope", "q", "a nested tensor", lambda: rotary.apply_qk_norm_rope(jagged, jagged, f)),
+        ("apply_rope_with_kv_cache_", "v", "a nested tensor",
+         lambda: rotary.apply_rope_with_kv_cache_(q, q.clone(), jagged, cache, cache, f)),
+        ("apply_rope", "x", "a nested tensor", lambda: rotary.RotaryEmbedding(8, 16)(jagged, layout="BSHD")),
+        ("RotaryEmbedding", r"q \(or x\)", "a nested tensor", lambda: rotary.CppRotaryEmbedding(8, 16)(jagged)),
+        ("apply_rope", "x", "a nested tensor", lambda: _in_inference_mode(lambda: rotary.apply_rope(jagged, f))),
+        # Quantized tensors: torch's words named a backend.
+        ("apply_rope", "x", "a quantized tensor", lambda: rotary.apply_rope(quantized, f)),
+        ("apply_rope", "position_ids", "a quantized tensor",
+         lambda: rotary.apply_rope(q, f, position_ids=torch.quantize_per_tensor(torch.arange(4.0), 1.0, 0, torch.qint32))),
+        ("apply_rope_with_kv_cache_", "k_cache", "a quantized tensor",
+         lambda: rotary.apply_rope_with_kv_cache_(q, q.clone(), q.clone(), _quantize(cache), cache, f)),
+        ("apply_qk_norm_rope", "q_weight", "a quantized tensor",
+         lambda: rotary.apply_qk_norm_rope(q, q, f, q_weight=_quantize(w))),
+        ("RotaryEmbedding", r"q \(or x\)", "a quantized tensor", lambda: rotary.CppRotaryEmbedding(8, 16)(quantized)),
         ("apply_qk_norm_rope", "q_weight", sparse, lambda: rotary.apply_qk_norm_rope(q, q, f, q_weight=w.to_sparse())),
         ("apply_rope_with_kv_cache_", "k_cache", sparse,
          lambda: rotary.apply_rope_with_kv_cache_(q, q.clone(), q.clone(), cache.to_sparse(), cache, f, 0, True)),
@@ -190,7 +222,7 @@ def _dense_refusal_cases():
     ], fix
 
 
-def test_sparse_mkldnn_and_nested_tensors_are_refused_by_name():
+def test_sparse_mkldnn_quantized_and_nested_tensors_are_refused_by_name():
     """They dispatch to their own keys before any kernel runs; each op
     refuses the first such argument by name, what it is and what to pass
     (the module calls as the op they make), and writes nothing."""
@@ -202,6 +234,9 @@ def test_sparse_mkldnn_and_nested_tensors_are_refused_by_name():
     saved = q.clone()
     with pytest.raises(TypeError, match=fix):
         rotary.apply_rope_qk_(q, q.to_sparse(), rotary.freqs_table(8, 16))
+    jagged = torch.nested.nested_tensor([randn((3, 2, 8), seed=294)], layout=torch.jagged)
+    with pytest.raises(TypeError, match=r"k must be a dense \(strided\) tensor, got a nested tensor; pad it"):
+        rotary.apply_rope_qk_(q, jagged, rotary.freqs_table(8, 16))
     assert torch.equal(q, saved)
 
 
