@@ -224,6 +224,11 @@ void check_dense(const char* op, const char* name, const at::Tensor& t) {
   TORCH_CHECK_TYPE(false, op, ": ", name, " must be a dense (strided) tensor, got ", what, " tensor; ", fix);
 }
 
+void refuse_not_dense(const std::string& op, const std::vector<std::pair<std::string, at::Tensor>>& args) {
+  for (const auto& [name, t] : args) check_dense(op.c_str(), name.c_str(), t);
+  TORCH_CHECK_TYPE(false, op, ": every tensor argument must be a dense (strided) tensor");
+}
+
 void check_integer_dtype(const char* op, const char* name, const at::Tensor& t) {
   check_defined(op, name, t);
   TORCH_CHECK_TYPE(at::isIntegralType(t.scalar_type(), /*includeBool=*/false), op, ": ", name,

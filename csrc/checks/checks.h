@@ -10,6 +10,10 @@
 #include <c10/util/OptionalArrayRef.h>
 #include <c10/util/string_view.h>
 
+#include <string>
+#include <utility>
+#include <vector>
+
 namespace rotary {
 namespace detail {
 
@@ -78,9 +82,13 @@ at::Tensor canonical_view(const at::Tensor& x, Layout layout, bool varlen);
 void check_same_device(const char* op, const char* name, const at::Tensor& t, const at::Tensor& q);
 // An undefined at::Tensor (C++) is refused by name, before its dtype is read.
 void check_defined(const char* op, const char* name, const at::Tensor& t);
-// c10::TypeError unless t is a dense (strided, not nested) tensor, naming
-// what it is: sparse, mkldnn and nested tensors have no strides to read.
+// c10::TypeError unless t is a dense (strided, not nested or quantized)
+// tensor, naming what it is: sparse, mkldnn and nested tensors have no
+// strides to read, and a quantized one's values are not its elements.
 void check_dense(const char* op, const char* name, const at::Tensor& t);
+// A call that reached a layout's refusal: the first argument that is not
+// dense, named; (name, tensor) pairs in the schema's order.
+[[noreturn]] void refuse_not_dense(const std::string& op, const std::vector<std::pair<std::string, at::Tensor>>& args);
 void check_integer_dtype(const char* op, const char* name, const at::Tensor& t);
 // One of the four float dtypes the kernels take.
 void check_float_dtype(const char* op, const char* name, const at::Tensor& t);

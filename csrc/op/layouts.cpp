@@ -12,6 +12,8 @@
 #include <torch/library.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace rotary {
 namespace {
@@ -20,12 +22,12 @@ void refuse_layout(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::ji
   const auto& args = op.schema().arguments();
   const size_t first = stack->size() - args.size();
   const std::string& full = op.schema().name();
-  const std::string name = full.substr(full.find("::") + 2);
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (size_t i = 0; i < args.size(); ++i) {
     const c10::IValue& v = (*stack)[first + i];
-    if (v.isTensor()) detail::check_dense(name.c_str(), args[i].name().c_str(), v.toTensor());
+    if (v.isTensor()) tensors.emplace_back(args[i].name(), v.toTensor());
   }
-  TORCH_CHECK_TYPE(false, name, ": every tensor argument must be a dense (strided) tensor");
+  detail::refuse_not_dense(full.substr(full.find("::") + 2), tensors);
 }
 
 void register_refusals(torch::Library& m) {

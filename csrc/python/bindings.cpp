@@ -151,12 +151,7 @@ PYBIND11_MODULE(_C, m) {
       py::arg("op"), py::arg("name"), py::arg("x"));
   // The layout refusal (checks.h) and the ops layouts.cpp registers it for:
   // a jagged nested tensor's own dispatch runs before those keys (_nested.py).
-  m.def(
-      "check_dense",
-      [](const std::string& op, const std::string& name, const torch::Tensor& t) {
-        rotary::detail::check_dense(op.c_str(), name.c_str(), t);
-      },
-      py::arg("op"), py::arg("name"), py::arg("t"));
+  m.def("refuse_not_dense", &rotary::detail::refuse_not_dense, py::arg("op"), py::arg("args"));
   m.attr("TABLE_OPS") = std::vector<std::string>(std::begin(rotary::detail::kTableOps), std::end(rotary::detail::kTableOps));
   m.def(
       "check_disjoint",

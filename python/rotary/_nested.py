@@ -12,12 +12,9 @@ from . import _C
 
 
 def _refuse(cls, func, types, args, kwargs):
-    op = func._schema.name.split("::")[1]
     values = dict(zip((a.name for a in func._schema.arguments), args), **kwargs)
-    for name, value in values.items():
-        if isinstance(value, torch.Tensor):
-            _C.check_dense(op, name, value)  # raises for the first nested one
-    raise TypeError(f"{op}: every tensor argument must be a dense (strided) tensor")
+    _C.refuse_not_dense(func._schema.name.split("::")[1],
+                        [(name, value) for name, value in values.items() if isinstance(value, torch.Tensor)])
 
 
 def _install() -> None:
