@@ -159,3 +159,17 @@ def test_fp8_q_with_a_tangent_names_the_tangent():
         with pytest.raises(ValueError, match=r"an input carries a forward-mode tangent \(torch.no_grad\(\) does not "
                                              r"remove it\)"):
             rotary.apply_qk_norm_rope(dual, k, f, q_fp8_scale=torch.tensor(1.0))
+
+
+def test_functionalize_serves_the_out_of_place_ops_and_leaves_the_in_place_ones_untouched():
+    """As docs/api.md says: torch.func.functionalize skips the keys where a
+    rule could name an op that writes its arguments, so those get torch's
+    words, with nothing written; the out-of-place ops are served."""
+    from torch.func import functionalize
+    f = rotary.freqs_table(D, 16)
+    x = randn((2, 3, 5, D), torch.float64, 8)
+    torch.testing.assert_close(functionalize(lambda t: rotary.apply_rope(t, f, 2))(x), ref_rope4(x, start=2))
+    saved = x.clone()
+    with pytest.raises(RuntimeError, match=r"custom \(non-ATen\) operator whose output has alias annotations"):
+        functionalize(lambda t: rotary.apply_rope_(t, f, 2))(x)
+    assert torch.equal(x, saved)
