@@ -105,6 +105,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_with_cache(
                       co.batch(), ", kv_heads = ", co.kv_heads(), " and head_dim = ", co.head_dim(), ", got shape ",
                       t->sizes());
   }
+  detail::check_float_dtype(kWho, "k", k);  // before the advice below, which builds a cache of k's dtype
   const auto cache_dtype = co.dtype();
   const auto name = [&](at::ScalarType s) { return buffers.dtype_name ? buffers.dtype_name(s) : c10::str(s); };
   TORCH_CHECK_TYPE(

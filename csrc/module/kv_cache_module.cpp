@@ -1,4 +1,5 @@
 #include "checks/checks.h"
+#include "freqs/host_tensor.h"
 #include "params/layouts.h"
 
 #include <rotary/front_end.h>
@@ -64,6 +65,14 @@ void KVCacheImpl::reset() {
     }
   }
   const auto device = k.defined() ? k.device() : torch::Device(torch::kCPU);
+  if (device.is_cpu()) {  // the allocator's failure names neither the cache nor its capacity
+    detail::check_host_bytes("KVCache", {o.batch(), o.kv_heads(), o.capacity(), o.head_dim()},
+                             2 * c10::elementSize(dt), (std::string("two ") + c10::toString(dt)).c_str(),
+                             "k and v of batch=" + std::to_string(o.batch()) + " x kv_heads=" +
+                                 std::to_string(o.kv_heads()) + " x capacity=" + std::to_string(o.capacity()) +
+                                 " x head_dim=" + std::to_string(o.head_dim()),
+                             "pass a smaller capacity or batch");
+  }
   const std::vector<int64_t> shape = layout == CacheLayout::kBHSD
       ? std::vector<int64_t>{o.batch(), o.kv_heads(), o.capacity(), o.head_dim()}
       : std::vector<int64_t>{o.batch(), o.capacity(), o.kv_heads(), o.head_dim()};

@@ -94,7 +94,11 @@ at::Tensor rows_of(const at::Tensor& t, const char* name, const std::optional<at
 std::tuple<at::Tensor, at::Tensor> apply_rope_cos_sin_composite(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
     const std::optional<at::Tensor>& sin ROTARY_COS_SIN_PARAMS) {
-  // A composite: it runs for every layout, so it refuses the ones the kernels have no strides for first.
+  // A composite: it runs for every layout, so it refuses the ones the kernels have no strides for first
+  // (and an undefined tensor, None from Python, before its rank or dtype is read).
+  detail::check_defined(kOp, "q", q);
+  detail::check_defined(kOp, "k", k);
+  detail::check_defined(kOp, "cos", cos);
   detail::check_dense(kOp, "q", q);
   detail::check_dense(kOp, "k", k);
   detail::check_dense(kOp, "cos", cos);

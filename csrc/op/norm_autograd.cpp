@@ -256,8 +256,8 @@ void apply_qk_norm_rope_inplace_autograd(
   detail::check_no_tangent(op, {{"freqs", &freqs}, {"inv_freq", &inv}});
   detail::check_no_grad(op, "q", q);
   detail::check_no_grad(op, "k", k);
-  if (q_weight) detail::check_no_grad(op, "q_weight", *q_weight);
-  if (k_weight) detail::check_no_grad(op, "k_weight", *k_weight);
+  if (q_weight) detail::check_no_grad(op, "q_weight", *q_weight, "the in-place norm and rotation");
+  if (k_weight) detail::check_no_grad(op, "k_weight", *k_weight, "the in-place norm and rotation");
   detail::check_no_grad_tables(freqs, inv_freq);
   // Forward mode: the tangents from the primals before they are written.
   // The op first runs on copies of q and k, so that every argument is
@@ -288,8 +288,8 @@ void apply_qk_norm_rope_with_kv_cache_autograd(ROTARY_KV_TENSORS ROTARY_KV_PARAM
   detail::check_no_tangent(op, {{"q_weight", &qw}, {"k_weight", &kw}});
   detail::check_no_grad_kv(op, q, k, v, k_cache, v_cache, freqs, inv_freq);
   detail::check_no_grad_scales(op, {{"k_scale", k_scale}, {"v_scale", v_scale}, {"q_fp8_scale", q_fp8_scale}});
-  if (q_weight) detail::check_no_grad(op, "q_weight", *q_weight);
-  if (k_weight) detail::check_no_grad(op, "k_weight", *k_weight);
+  if (q_weight) detail::check_no_grad(op, "q_weight", *q_weight, "the in-place norm and rotation", false);
+  if (k_weight) detail::check_no_grad(op, "k_weight", *k_weight, "the in-place norm and rotation", false);
   {
     at::AutoDispatchBelowAutograd guard;  // inplace_or_view.cpp bumps the versions
     apply_qk_norm_rope_with_kv_cache_(q, k, v, k_cache, v_cache, freqs ROTARY_KV_NAMES ROTARY_NORM_NAMES);

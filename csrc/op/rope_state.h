@@ -209,11 +209,14 @@ inline RopeState load_state(AutogradContext* ctx, const std::vector<at::Tensor>&
 // autograd may need. They refuse such inputs; the ADInplaceOrView kernel
 // (inplace_or_view.cpp) bumps the version counters, so a later misuse of a
 // saved tensor is caught.
-inline void check_no_grad(const char* op, const char* name, const at::Tensor& t) {
+// `how`: what the op does that is not differentiable; `out_of_place`: the op
+// has an out-of-place form (the cache writes have none).
+inline void check_no_grad(const char* op, const char* name, const at::Tensor& t,
+                          const char* how = "in-place rotation", bool out_of_place = true) {
   TORCH_CHECK_VALUE(
-      !(at::GradMode::is_enabled() && t.requires_grad()), op, ": ", name,
-      " requires grad; in-place rotation is not differentiable. Use the out-of-place op, or run under ",
-      "torch.no_grad() / inference mode");
+      !(at::GradMode::is_enabled() && t.requires_grad()), op, ": ", name, " requires grad; ", how,
+      " is not differentiable. ", out_of_place ? "Use the out-of-place op" : "It has no out-of-place form: pass ",
+      out_of_place ? "" : name, out_of_place ? "" : ".detach()", ", or run under torch.no_grad() / inference mode");
 }
 
 // In place, tables that require grad would silently get no gradient.
@@ -238,10 +241,10 @@ inline void check_no_grad_kv(
     const at::Tensor& v_cache, const at::Tensor& freqs, const OptTensor& inv_freq) {
   check_no_tangent(op, {{"q", &q}, {"k", &k}, {"v", &v}, {"k_cache", &k_cache}, {"v_cache", &v_cache},
                         {"freqs", &freqs}, {"inv_freq", or_null(inv_freq)}});
-  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"q", &q}, {"k", &k}, {"k_cache", &k_cache},
-                                {"v_cache", &v_cache}}) {
-    check_no_grad(op, name, *t);
-  }
+  check_no_grad(op, "q", q, "in-place rotation", false);
+  check_no_grad(op, "k", k, "in-place rotation", false);
+  check_no_grad(op, "k_cache", k_cache, "the cache write", false);
+  check_no_grad(op, "v_cache", v_cache, "the cache write", false);
   TORCH_CHECK_VALUE(
       !(at::GradMode::is_enabled() && v.requires_grad()), op, ": v requires grad; the cache write is not ",
       "differentiable (v_cache would hold v with no graph). Pass v.detach(), or run under torch.no_grad() / ",

@@ -78,7 +78,7 @@ void kv_load_from_state_dict(py::object self, py::object state_dict, const std::
   }
   try {
     impl->load_state(saved[0], saved[1], saved[2], saved[3], int_arg(extra["length"], who, "_extra_state['length']"),
-                     py::str(extra["layout"]).cast<std::string>(), who);
+                     str_arg(extra["layout"], who, "_extra_state['layout']"), who);
   } catch (const c10::Error& e) {
     error_msgs.append(std::string(e.what_without_backtrace()));
   }

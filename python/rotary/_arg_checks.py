@@ -89,13 +89,23 @@ def _bool_arg(op: str, name: str, value):
     return value
 
 
+_SCALES = ("k_scale", "v_scale", "q_fp8_scale")  # float32 tensors: a float's one fix
+
+
 def _tensor_arg(op: str, name: str, value):
     """A tensor, by name: torch's argument parser answers a float scale with
     the whole schema."""
     if not isinstance(value, torch.Tensor):
-        hint = f"; pass torch.tensor({value!r}, dtype=torch.float32)" if isinstance(value, float) else ""
+        hint = f"; pass torch.tensor({value!r}, dtype=torch.float32)" if (
+            isinstance(value, float) and name in _SCALES) else ""
         raise TypeError(f"{op}: {name} must be a tensor or None, got {type(value).__name__} {value!r}{hint}")
     return value
+
+
+def _required_tensor(op: str, name: str, value):
+    """Anything but a tensor where one is required: None reached C++ as an
+    undefined tensor, in C++'s words."""
+    raise TypeError(f"{op}: {name} must be a tensor, got {type(value).__name__} {value!r}")
 
 
 def _pair_axes(op: str, name: str, value):

@@ -294,13 +294,15 @@ def span(config: Any, fam: Family, partial: float, model_type: str, field, rule:
         if not head_dim:
             hidden = field(fam.hidden_field)
             heads = field("num_attention_heads")
-            if hidden is None or not heads:
+            if hidden is None or heads is None:
                 raise ValueError(
                     f"from_hf_config: the config has no head_dim, and no {fam.hidden_field} and "
                     "num_attention_heads to derive it from"
                 )
-            head_dim = int_field(config, fam.hidden_field, model_type, hidden) // int_field(
-                config, "num_attention_heads", model_type, heads)
+            if int_field(config, "num_attention_heads", model_type, heads) == 0:
+                raise ValueError(f"from_hf_config: {model_type or 'the config'} has no head_dim, and derives it "
+                                 f"as {fam.hidden_field} // num_attention_heads: num_attention_heads must be > 0, got 0")
+            head_dim = int_field(config, fam.hidden_field, model_type, hidden) // heads
         if fam.span == "rotary_dim":
             rotary_dim = get(config, "rotary_dim")
             if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int) or not 0 < rotary_dim <= head_dim:
@@ -311,7 +313,9 @@ def span(config: Any, fam: Family, partial: float, model_type: str, field, rule:
             if fam.span == "trailing":
                 offset = head_dim - rotary_dim
     if rotary_dim <= 0 or rotary_dim % 2:
+        given = {"mla": "qk_rope_head_dim", "rotary_dim": "rotary_dim"}.get(fam.span)
         raise ValueError(
+            f"from_hf_config: {given} = {rotary_dim}, the rotated dims, must be even and > 0" if given else
             f"from_hf_config: head_dim {head_dim} * partial_rotary_factor {partial} gives rotary dim "
             f"{rotary_dim}; it must be even and > 0"
         )

@@ -8,7 +8,7 @@ import torch
 
 from . import _C
 from ._arg_checks import (_bool_arg, _float_arg, _index_arg, _int_arg, _pair_axes, _real_arg,  # noqa: F401
-                          _start_pos, _str_arg, _table_args, _tensor_arg)
+                          _required_tensor, _start_pos, _str_arg, _table_args, _tensor_arg)
 
 
 def freqs_table(
@@ -206,6 +206,9 @@ def _generate(name: str, returns: Optional[str], doc: str):
             call.append(arg.name)
             if kind == "bool":  # the other positional ones are tensors and start_pos (checked above)
                 body.append(f"if type({arg.name}) is not bool: _bool_arg({name!r}, {arg.name!r}, {arg.name})")
+            elif kind == "Tensor":
+                body.append(f"if not isinstance({arg.name}, _TENSOR): _required_tensor({name!r}, {arg.name!r}, "
+                            f"{arg.name})")
             continue
         check = _CHECK.get(kind)
         value = f"{check}({name!r}, {arg.name!r}, {arg.name})" if check else arg.name

@@ -57,6 +57,10 @@ def _fields(config: Any) -> Dict[str, Any]:
 
 
 def _text_config(config: Any) -> Any:
+    if isinstance(config, (str, bytes)) or not (isinstance(config, Mapping) or hasattr(config, "__dict__")):
+        hint = "; for a model id, pass transformers.AutoConfig.from_pretrained(id)" if isinstance(config, str) else ""
+        raise TypeError(f"from_hf_config: config must be a transformers config or a config.json dict, got "
+                        f"{type(config).__name__} {config!r}"[:300] + hint)
     text = _get(config, "text_config")
     if text is None:
         top = _get(config, "model_type")

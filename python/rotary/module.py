@@ -240,7 +240,7 @@ class RotaryEmbedding(nn.Module):
         if (type(start_pos) is int and ax is not None and offsets is None and position_ids is None
                 and not torch.compiler.is_compiling()
                 and positions is None and self.rotary_offset == 0 and self.axes_dim is None
-                and q.dim() == 4
+                and isinstance(q, torch.Tensor) and q.dim() == 4
                 and (k is None or (isinstance(k, torch.Tensor) and k.dim() != 0))):
             seq, freqs, inter = q.size(ax), self._buffers["freqs"], self._opts[3]
             if type(seq) is int and 0 <= start_pos < _MAX_START_POS and q.size(3) >= self.dim:
@@ -253,10 +253,12 @@ class RotaryEmbedding(nn.Module):
                         q, f, start_pos, inter, inv_freq=inv, **kw) if k is None else _APPLY_QK(
                         q, k, f, start_pos, inter, inv_freq=inv, **kw))
         if ax is None:
+            if type(layout) is not str:
+                raise TypeError(f"RotaryEmbedding: layout must be a str, got {layout!r}")
             raise ValueError(f"RotaryEmbedding: layout must be 'BHSD', 'BSHD' or 'SBHD', got {layout!r}")
         # The common case is decided here (it traces); anything unusual goes
         # to the C++ parser, which raises the module's errors.
-        if not isinstance(start_pos, torch.SymInt) and (
+        if not isinstance(q, torch.Tensor) or not isinstance(start_pos, torch.SymInt) and (
                 type(start_pos) is not int or not 0 <= start_pos < _MAX_START_POS
                 or not (k is None or (isinstance(k, torch.Tensor) and k.dim() != 0))
                 or not all(t is None or isinstance(t, torch.Tensor) for t in (offsets, position_ids, positions))):
