@@ -282,13 +282,17 @@ def save_results(path: Optional[str], guard: LoadGuard, passes: Dict[int, Dict[s
 def run_processes(args: argparse.Namespace) -> List[dict]:
     """Reruns this script --processes times, one after another, each a single
     process with its own seed; returns their medians. Each child checks the
-    load itself (--wait-load, --max-load and --allow-load pass through)."""
+    load itself (--max-load and --allow-load pass through) and, unless the
+    load is allowed, waits at least 300 s for it to fall: the children before
+    it raise the 1-minute load by their own busy threads."""
     runs = []
+    allowed = args.allow_load or getattr(args, "quick", False)
+    wait = str(args.wait_load if allowed else max(args.wait_load, 300.0))
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.processes):
             path = os.path.join(tmp, f"{i}.json")
             cmd = [sys.executable, sys.argv[0], *sys.argv[1:], "--processes", "1", "--seed", str(args.seed + i),
-                   "--results-json", path]
+                   "--wait-load", wait, "--results-json", path]
             done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
             for line in done.stdout.splitlines():
                 if line.startswith(("load average", "WARNING", "1-min load")):

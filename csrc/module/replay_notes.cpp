@@ -38,13 +38,13 @@ void ReplayNotes::note(int64_t reach, int64_t state, bool checkpointed) {
   found->step = step_;
 }
 
-std::vector<int64_t> ReplayNotes::recompute(int64_t reach, int64_t next, bool graph_kept) {
+std::vector<int64_t> ReplayNotes::recompute(int64_t reach, int64_t next, bool again) {
   replayed_ = true;
   std::vector<int64_t> used;
   const auto it = notes_.find(reach);
   if (it == notes_.end()) return used;
   for (const Note& n : it->second) used.push_back(n.state);
-  if (used.size() == 1 && used[0] == next && it->second[0].pending > 0 && !graph_kept) --it->second[0].pending;
+  if (used.size() == 1 && used[0] == next && it->second[0].pending > 0 && !again) --it->second[0].pending;
   return used;
 }
 

@@ -18,9 +18,9 @@ class ReplayNotes {
   void note(int64_t reach, int64_t state, bool checkpointed);
   // A recomputation reaching `reach` that would use `next`: the distinct
   // states its calls used (kMoreStates past kMaxStates of them). When that
-  // is {next} alone, the recomputation is served and, unless its graph is
-  // kept (retain_graph: it may run again), one of its calls done.
-  std::vector<int64_t> recompute(int64_t reach, int64_t next, bool graph_kept);
+  // is {next} alone, the recomputation is served and, unless it will run
+  // again (a retained graph, an inner checkpoint), one of its calls done.
+  std::vector<int64_t> recompute(int64_t reach, int64_t next, bool again);
 
   static constexpr int64_t kMoreStates = -1;
   static constexpr size_t kMaxStates = 4;  // two already refuse; the rest only lengthen the message

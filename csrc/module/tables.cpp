@@ -11,6 +11,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/SavedTensorHooks.h>
+#include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/graph_task.h>
 #include <c10/core/AutogradState.h>
 #include <c10/core/GradMode.h>
@@ -293,17 +294,26 @@ void RopeTables::note_or_check_replay(int64_t reach, int64_t next) {
   const RopeScaling& s = options_.scaling();
   if (reach <= 0 || rope_type_of(s) != RopeType::Dynamic || reach < *s.max_position_embeddings()) return;
   if (!notes_) notes_ = std::make_shared<detail::ReplayNotes>();
+  // Inside a reentrant checkpoint (a Python autograd.Function's forward) grad and forward grad are both off,
+  // where no_grad leaves forward grad on.
+  const bool in_function = !c10::GradMode::is_enabled() && !c10::AutogradState::get_tls_state().get_fw_grad_mode();
   if (torch::autograd::get_current_graph_task_id() == -1) {
     if (c10::InferenceMode::is_enabled()) return;  // never recomputed
-    // Inside torch.utils.checkpoint(use_reentrant=False) its saved-tensor hooks are on; inside a reentrant
-    // one (an autograd.Function's forward) grad and forward grad are both off, where no_grad leaves forward
-    // grad on. Other hooks and Functions look the same: a note that waits for nothing, kept kKeepSteps steps.
-    const bool in_function = !c10::GradMode::is_enabled() && !c10::AutogradState::get_tls_state().get_fw_grad_mode();
+    // Inside torch.utils.checkpoint(use_reentrant=False) its saved-tensor hooks are on. Other hooks and
+    // Functions look the same: a note that waits for nothing, kept kKeepSteps steps.
     notes_->note(reach, next, in_function || !at::SavedTensorDefaultHooks::get_tls_state().stack.empty());
     return;
   }
-  const bool kept = torch::autograd::get_current_graph_task_keep_graph();  // retain_graph: it may run again
-  const std::vector<int64_t> used = notes_->recompute(reach, next, kept);
+  // An inner checkpoint's forward, run by an outer one's recomputation, is checked, not done with: its own
+  // backward recomputes the call again. Reentrant inside anything: in_function. Non-reentrant inside a
+  // reentrant one: its hooks on while torch.utils.checkpoint's Function recomputes (a non-reentrant
+  // recomputation, under hooks too, runs in the node whose saved tensor it unpacks). Retained graphs
+  // (retain_graph) may run again too.
+  const auto node = torch::autograd::get_current_node();
+  const bool inner = in_function || (!at::SavedTensorDefaultHooks::get_tls_state().stack.empty() && node &&
+                                     node->name() == "CheckpointFunctionBackward");
+  const bool again = inner || torch::autograd::get_current_graph_task_keep_graph();
+  const std::vector<int64_t> used = notes_->recompute(reach, next, again);
   if (used.size() == 1 && used[0] == next) return;
   const auto length = [&](int64_t state) { return state > 0 ? state : *s.max_position_embeddings(); };
   std::ostringstream ran;

@@ -40,6 +40,8 @@ TORCH_LIBRARY_IMPL(rotary, SparseCPU, m) { register_refusals(m); }
 TORCH_LIBRARY_IMPL(rotary, SparseCUDA, m) { register_refusals(m); }
 TORCH_LIBRARY_IMPL(rotary, SparseCsrCPU, m) { register_refusals(m); }
 TORCH_LIBRARY_IMPL(rotary, SparseCsrCUDA, m) { register_refusals(m); }
+TORCH_LIBRARY_IMPL(rotary, SparseMeta, m) { register_refusals(m); }
+TORCH_LIBRARY_IMPL(rotary, SparseCsrMeta, m) { register_refusals(m); }
 TORCH_LIBRARY_IMPL(rotary, MkldnnCPU, m) { register_refusals(m); }
 TORCH_LIBRARY_IMPL(rotary, QuantizedCPU, m) { register_refusals(m); }
 TORCH_LIBRARY_IMPL(rotary, QuantizedCUDA, m) { register_refusals(m); }

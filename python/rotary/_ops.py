@@ -206,9 +206,9 @@ def _generate(name: str, returns: Optional[str], doc: str):
             call.append(arg.name)
             if kind == "bool":  # the other positional ones are tensors and start_pos (checked above)
                 body.append(f"if type({arg.name}) is not bool: _bool_arg({name!r}, {arg.name!r}, {arg.name})")
-            elif kind == "Tensor":
-                body.append(f"if not isinstance({arg.name}, _TENSOR): _required_tensor({name!r}, {arg.name!r}, "
-                            f"{arg.name})")
+            elif kind == "Tensor":  # anything with __torch_function__ (an FX Proxy) is torch's to route
+                body.append(f"if not isinstance({arg.name}, _TENSOR) and not hasattr(type({arg.name}), "
+                            f"'__torch_function__'): _required_tensor({name!r}, {arg.name!r}, {arg.name})")
             continue
         check = _CHECK.get(kind)
         value = f"{check}({name!r}, {arg.name!r}, {arg.name})" if check else arg.name

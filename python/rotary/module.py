@@ -253,9 +253,12 @@ class RotaryEmbedding(nn.Module):
                         q, f, start_pos, inter, inv_freq=inv, **kw) if k is None else _APPLY_QK(
                         q, k, f, start_pos, inter, inv_freq=inv, **kw))
         if ax is None:
-            if type(layout) is not str:
+            if not isinstance(layout, str):
                 raise TypeError(f"RotaryEmbedding: layout must be a str, got {layout!r}")
-            raise ValueError(f"RotaryEmbedding: layout must be 'BHSD', 'BSHD' or 'SBHD', got {layout!r}")
+            ax = _SEQ_AXIS.get(str.__str__(layout))  # a str subclass (a StrEnum) by the str it holds, as C++ reads it
+            if ax is None:
+                raise ValueError(f"RotaryEmbedding: layout must be 'BHSD', 'BSHD' or 'SBHD', got {layout!r}")
+            layout = str.__str__(layout)
         # The common case is decided here (it traces); anything unusual goes
         # to the C++ parser, which raises the module's errors.
         if not isinstance(q, torch.Tensor) or not isinstance(start_pos, torch.SymInt) and (

@@ -109,3 +109,35 @@ def test_from_hf_config_names_what_it_was_given():
         with pytest.raises(ValueError, match=rf"from_hf_config: qk_rope_head_dim = {width}, the rotated dims, must be "
                                              r"even and > 0"):
             rotary.rope_kwargs_from_hf_config(dict(mla, qk_rope_head_dim=width))
+
+
+def test_the_required_tensor_check_leaves_what_torch_routes():
+    """An FX Proxy carries __torch_function__: the wrappers' new check
+    refused it, where torch.fx.symbolic_trace had traced them."""
+    import torch.fx
+    f = rotary.freqs_table(D, 16)
+
+    class Rope(torch.nn.Module):
+        def forward(self, q, k):
+            return rotary.apply_rope_qk(q, k, f, 3)
+
+    q, k = randn((1, 2, 4, D), seed=4), randn((1, 1, 4, D), seed=5)
+    traced = torch.fx.symbolic_trace(Rope())
+    for got, want in zip(traced(q, k), rotary.apply_rope_qk(q, k, f, 3)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_a_str_subclass_layout_is_read_as_the_str_it_holds():
+    """A StrEnum layout: the ops and the C++ module took it; the Python
+    module said "layout must be a str" of a str."""
+    import enum
+
+    class Layout(str, enum.Enum):  # str() of it is 'Layout.BSHD'; C++ reads 'BSHD'
+        BSHD = "BSHD"
+
+    x, f = randn((1, 4, 2, D), seed=6), rotary.freqs_table(D, 16)
+    want = rotary.apply_rope(x, f, 2, layout="BSHD")
+    for module in (rotary.RotaryEmbedding(D, 16), rotary.CppRotaryEmbedding(D, 16)):
+        torch.testing.assert_close(module(x, 2, layout=Layout.BSHD), want, rtol=0, atol=0)
+        torch.testing.assert_close(module(x, x, 2, layout=Layout.BSHD)[1], want, rtol=0, atol=0)
+    torch.testing.assert_close(rotary.apply_rope(x, f, 2, layout=Layout.BSHD), want, rtol=0, atol=0)

@@ -203,6 +203,10 @@ def _dense_refusal_cases():
         ("apply_rope", "x", "a nested tensor", lambda: rotary.RotaryEmbedding(8, 16)(jagged, layout="BSHD")),
         ("RotaryEmbedding", r"q \(or x\)", "a nested tensor", lambda: rotary.CppRotaryEmbedding(8, 16)(jagged)),
         ("apply_rope", "x", "a nested tensor", lambda: _in_inference_mode(lambda: rotary.apply_rope(jagged, f))),
+        # Sparse meta tensors: torch's words named the SparseMeta backend.
+        ("apply_rope", "x", sparse, lambda: rotary.apply_rope(q.to_sparse().to("meta"), f.to("meta"))),
+        ("apply_rope", "position_ids", sparse, lambda: rotary.apply_rope(
+            q.to("meta"), f.to("meta"), position_ids=torch.arange(4).to_sparse().to("meta"))),
         # Quantized tensors: torch's words named a backend.
         ("apply_rope", "x", "a quantized tensor", lambda: rotary.apply_rope(quantized, f)),
         ("apply_rope", "position_ids", "a quantized tensor",

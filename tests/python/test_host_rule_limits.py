@@ -234,3 +234,36 @@ def test_the_documented_way_around_a_checkpoint():
     angle = np.arange(20, dtype=np.float64)[:, None] * np.array(inv20)[None, :]
     torch.testing.assert_close(x.grad, torch.from_numpy(rotate_pairs_nd(c.numpy(), -angle, False)),
                                rtol=0, atol=2e-7)  # the complex64 table: ~3e-8 per entry
+
+
+@pytest.mark.parametrize("outer,inner", [(True, True), (True, False), (False, True), (False, False)])
+@pytest.mark.parametrize("cls", MODULES)
+def test_nested_checkpoints_count_each_call_once(cls, outer, inner):
+    """An outer checkpoint's recomputation runs the inner one's forward, and
+    the inner backward recomputes the call again: counted as two, one
+    forward's note was spent by another's backward, and a backward after a
+    later forward turned by the newer table (every nesting with a reentrant
+    level). The inner forward is now checked, not counted."""
+    torch.manual_seed(2)
+    m = cls(8, 64, scaling=DYNAMIC)
+    m(torch.randn(1, 1, 40, 8))  # state 40
+    nested = lambda t: checkpoint(lambda u: checkpoint(lambda w: m(w, start_pos=16), u,  # noqa: E731 - reach 20
+                                                       use_reentrant=inner), t, use_reentrant=outer)
+    c = torch.randn(1, 2, 4, 8, dtype=torch.float64)
+    want = _grad_reference(torch.cat([torch.zeros(1, 2, 16, 8, dtype=torch.float64), c], 2), 20, True, 40)[:, :, 16:]
+    for grow in (False, True):
+        xa, xb = (torch.randn(1, 2, 4, 8, dtype=torch.float64, requires_grad=True) for _ in range(2))
+        la, lb = ((nested(x) * c).sum() for x in (xa, xb))
+        lb.backward()
+        torch.testing.assert_close(xb.grad, want, rtol=0, atol=2e-7)
+        if not grow:
+            m(torch.randn(1, 1, 1, 8), start_pos=30)  # reach 31: the state stays 40
+            la.backward()  # served: a's state has not changed
+            torch.testing.assert_close(xa.grad, want, rtol=0, atol=2e-7)
+            continue
+        m(torch.randn(1, 1, 1, 8), start_pos=60)  # the state grows to 61
+        m(torch.randn(1, 2, 4, 8), start_pos=16)  # reach 20 now turns by length 61
+        with pytest.raises(ValueError, match=r"would now turn by the table of length 61, but calls of this reach "
+                                             r"turned by length\(s\) 40, 61"):
+            la.backward()
+        assert xa.grad is None
