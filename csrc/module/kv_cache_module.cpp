@@ -280,6 +280,7 @@ void KVCacheImpl::to(torch::Dtype /*dtype*/, bool /*non_blocking*/) {}
 
 void KVCacheImpl::to(torch::Device device, bool non_blocking) {
   refuse_meta_move("rotary::KVCache", device);
+  const auto writing = begin_write("KVCache.to");  // an append on another thread writes the old buffers
   torch::nn::Module::to(device, non_blocking);
 }
 

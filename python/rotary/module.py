@@ -189,10 +189,13 @@ class RotaryEmbedding(nn.Module):
         # A move that raises (.cuda() without a GPU) keeps the tables. Meta
         # tables hold no values: leaving meta (to_empty) rebuilds them.
         self._follow_held()  # a rebuild below is of the state of the tables held
-        saved = {name: self._buffers.pop(name) for name in ("freqs", "inv_freq") if name in self._buffers}
+        saved = {name: self._buffers[name] for name in ("freqs", "inv_freq") if name in self._buffers}
+        tables = {id(buf) for buf in saved.values()}
         moved = saved
         try:
-            super()._apply(fn, recurse)
+            # The tables stay in _buffers throughout: a call on another thread reads them (one that found them
+            # popped raised KeyError: 'freqs'); fn passes them by.
+            super()._apply(lambda t: t if id(t) in tables else fn(t), recurse)
             where = {name: move_of(fn, buf.device) for name, buf in saved.items()}
             if saved and all(w is None for w in where.values()):
                 moved = {name: fn(buf) for name, buf in saved.items()}  # share_memory_: the tables themselves

@@ -193,6 +193,8 @@ TEST(ModuleLifecycle, AKVCacheTakesOneWriterAtATime) {
                              "a time"});
     ExpectError<c10::Error>([&] { cache->truncate(0); }, {"KVCache.truncate: another call is writing this KVCache"});
     ExpectError<c10::Error>([&] { cache->reset(); }, {"KVCache.reset: another call is writing this KVCache"});
+    // A move swaps the buffers the writer is writing (it wrote the old ones and lost its rows).
+    ExpectError<c10::Error>([&] { cache->to(torch::kCPU); }, {"KVCache.to: another call is writing this KVCache"});
     EXPECT_TRUE(torch::equal(q, q0) && torch::equal(k, k0) && torch::equal(cache->k, kc0));
     EXPECT_EQ(cache->length(), 0);
   }

@@ -104,6 +104,65 @@ def test_two_threads_appending_to_one_cache_are_served_or_refused(cls):
     assert sorted(values[0, 0, :, 0].tolist()) == sorted(float(t) for t in taken)  # each served append, once
 
 
+def test_share_memory_during_an_append_is_refused_not_a_lost_write():
+    """share_memory() swapped the buffers' storage while an append on
+    another thread wrote through the old one: rows lost with the length
+    advanced (15 of 200 trials), or a write into freed memory. It now takes
+    the writer's turn: served, or refused by name while an append runs."""
+    rope = rotary.RotaryEmbedding(8, 256)
+    refused = 0
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for trial in range(40):
+            cache = rotary.KVCache(1, 1, 64, 8)
+            start = threading.Barrier(2)
+
+            def append():
+                start.wait()
+                for row in range(64):
+                    while True:  # one writer at a time: the move's turn refuses an append too
+                        q, k = torch.randn(1, 1, 1, 8), torch.randn(1, 1, 1, 8)
+                        try:
+                            rope.forward_with_cache(q, k, torch.full((1, 1, 1, 8), float(row)), cache)
+                            break
+                        except RuntimeError as e:
+                            assert "another call is writing this KVCache" in str(e), e
+
+            worker = threading.Thread(target=append)
+            worker.start()
+            start.wait()
+            for _ in range(4):
+                try:
+                    cache.share_memory()
+                except RuntimeError as e:
+                    assert "KVCache.share_memory: another call is writing this KVCache" in str(e), e
+                    refused += 1
+            worker.join(60)
+            _, values = cache.keys_values()
+            assert cache.length == 64 and values[0, 0, :, 0].tolist() == [float(r) for r in range(64)], trial
+    finally:
+        sys.setswitchinterval(old)
+    assert refused < 160  # some moves were served
+
+
+def test_a_cast_on_another_thread_leaves_a_call_its_tables():
+    """_apply popped the tables out of _buffers while nn.Module cast the
+    rest: a call on another thread in that window raised KeyError: 'freqs',
+    and state_dict() lacked them."""
+    rope = rotary.RotaryEmbedding(8, 16)
+    rope.register_buffer("other", torch.zeros(2))  # fn runs on it, with the tables where a call reads them
+    seen = []
+
+    def cast(t):
+        seen.append(sorted(k for k in rope.state_dict() if k in ("freqs", "inv_freq")))
+        return t.half()
+
+    rope._apply(cast)
+    assert seen and all(keys == ["freqs", "inv_freq"] for keys in seen) and rope.other.dtype == torch.float16
+    assert rope.freqs.dtype == torch.complex64 and rope.inv_freq.dtype == torch.float64
+
+
 def test_a_copy_taken_while_another_thread_switches_the_state_is_one_state():
     """deepcopy read freqs and inv_freq one by one while another thread
     installed new tables: a copy held state 0's table beside a grown
