@@ -11,7 +11,6 @@
 
 #include <ATen/ATen.h>
 #include <ATen/SavedTensorHooks.h>
-#include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/graph_task.h>
 #include <c10/core/AutogradState.h>
 #include <c10/core/GradMode.h>
@@ -304,15 +303,10 @@ void RopeTables::note_or_check_replay(int64_t reach, int64_t next) {
     notes_->note(reach, next, in_function || !at::SavedTensorDefaultHooks::get_tls_state().stack.empty());
     return;
   }
-  // An inner checkpoint's forward, run by an outer one's recomputation, is checked, not done with: its own
-  // backward recomputes the call again. Reentrant inside anything: in_function. Non-reentrant inside a
-  // reentrant one: its hooks on while torch.utils.checkpoint's Function recomputes (a non-reentrant
-  // recomputation, under hooks too, runs in the node whose saved tensor it unpacks). Retained graphs
-  // (retain_graph) may run again too.
-  const auto node = torch::autograd::get_current_node();
-  const bool inner = in_function || (!at::SavedTensorDefaultHooks::get_tls_state().stack.empty() && node &&
-                                     node->name() == "CheckpointFunctionBackward");
-  const bool again = inner || torch::autograd::get_current_graph_task_keep_graph();
+  // An inner reentrant checkpoint's forward, run by an outer one's recomputation (in_function), is checked,
+  // not done with: its own backward recomputes the call again. A non-reentrant inner one looks like a plain
+  // recomputation (hooks on, grad on) and is counted twice (docs/api.md). Retained graphs may run again too.
+  const bool again = in_function || torch::autograd::get_current_graph_task_keep_graph();
   const std::vector<int64_t> used = notes_->recompute(reach, next, again);
   if (used.size() == 1 && used[0] == next) return;
   const auto length = [&](int64_t state) { return state > 0 ? state : *s.max_position_embeddings(); };

@@ -139,7 +139,8 @@ void bind_kv_cache(py::module_& m) {
           [](Impl& self, const py::object& length) { self.truncate(int_arg(length, "KVCache.truncate", "length")); },
           py::arg("length"))
       .def("reset", &Impl::reset,
-           "Zero the buffers and empty the cache (a cache forked mid-write: this process takes it over).")
+           "Fresh zero buffers (new storage: out of shared memory) and length 0; a cache forked mid-write: this "
+           "process takes it over.")
       // The Python RotaryEmbedding.forward_with_cache, after its fused op wrote the rows.
       .def("_advance", &Impl::advance, py::arg("tokens"))
       .def(

@@ -101,15 +101,17 @@ def test_clone_gives_a_module_and_the_bare_one_is_named():
 
 def test_reset_empties_the_cache_from_python():
     """A cache forked mid-write is told to reset() it; Python's KVCache had
-    no reset(). It zeroes the rows the buffers hold and empties the cache."""
+    no reset(). It gives the buffers fresh zero storage (kv_cache.md) and
+    empties the cache."""
     rope, cache = rotary.RotaryEmbedding(8, 16), rotary.KVCache(1, 2, 4, 8)
     q, k, v = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8)
     with torch.no_grad():
         rope.forward_with_cache(q, k, v, cache)
-    buffer = cache.k
+    buffer, before = cache.k, cache.k.view(-1)
     assert cache.length == 3 and buffer.abs().sum() > 0
     cache.reset()
     assert cache.length == 0 and cache.k is buffer and not cache.k.any() and not cache.v.any()
+    assert before.abs().sum() > 0 and before.data_ptr() != cache.k.data_ptr()  # new storage, as documented
     with torch.no_grad():
         rope.forward_with_cache(q.clone(), k.clone(), v, cache)
     assert cache.length == 3 and torch.equal(cache.v[:, :, :3], v)
