@@ -32,11 +32,11 @@ from __future__ import annotations
 import argparse
 import ctypes
 import gc
+import json
 import math
 import os
 import random
 import resource
-import json
 import statistics
 import subprocess
 import sys
@@ -317,4 +317,3 @@ def spread_table(runs: List[dict], threads: int, base: str) -> str:
         rows.append(f"| {name} | {us:.1f} | {star}{statistics.median(ratios):.2f}x [{ratios[0]:.2f}-{ratios[-1]:.2f}]"
                     f" | {cw:.1f} |")
     return "\n".join(rows)
-

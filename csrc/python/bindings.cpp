@@ -152,7 +152,8 @@ PYBIND11_MODULE(_C, m) {
   // The layout refusal (checks.h) and the ops layouts.cpp registers it for:
   // a jagged nested tensor's own dispatch runs before those keys (_nested.py).
   m.def("refuse_not_dense", &rotary::detail::refuse_not_dense, py::arg("op"), py::arg("args"));
-  m.attr("TABLE_OPS") = std::vector<std::string>(std::begin(rotary::detail::kTableOps), std::end(rotary::detail::kTableOps));
+  const auto& table_ops = rotary::detail::kTableOps;
+  m.attr("TABLE_OPS") = std::vector<std::string>(std::begin(table_ops), std::end(table_ops));
   m.def(
       "check_disjoint",
       [](const std::string& op, const std::string& written, const torch::Tensor& w, const std::string& other,

@@ -130,7 +130,9 @@ void apply_moves_only(py::object wrapper) {
         const py::object to = py::module_::import("rotary._cpp_wrappers").attr("move_of")(fn, py::cast(where));
         if (to.is_none()) {  // share_memory_: on the buffers themselves
           std::optional<rotary::KVCacheImpl::Writing> writing;  // it swaps a cache's storage under an append
-          if constexpr (std::is_same_v<Impl, rotary::KVCacheImpl>) writing.emplace(impl->begin_write("KVCache.share_memory"));
+          if constexpr (std::is_same_v<Impl, rotary::KVCacheImpl>) {
+            writing.emplace(impl->begin_write("KVCache.share_memory"));
+          }
           for (const auto& buffer : impl->buffers()) fn(py::cast(buffer));
           return self;
         }
