@@ -264,10 +264,10 @@ class RotaryEmbedding(nn.Module):
             layout = str.__str__(layout)
         # The common case is decided here (it traces); anything unusual goes
         # to the C++ parser, which raises the module's errors.
-        if not isinstance(q, torch.Tensor) or not isinstance(start_pos, torch.SymInt) and (
+        if not isinstance(q, torch.Tensor) or (not isinstance(start_pos, torch.SymInt) and (
                 type(start_pos) is not int or not 0 <= start_pos < _MAX_START_POS
                 or not (k is None or (isinstance(k, torch.Tensor) and k.dim() != 0))
-                or not all(t is None or isinstance(t, torch.Tensor) for t in (offsets, position_ids, positions))):
+                or not all(t is None or isinstance(t, torch.Tensor) for t in (offsets, position_ids, positions)))):
             # positions only to be type checked: a tensor is routed below, in Python.
             q, k, start_pos, offsets, position_ids = _in_cpp(
                 _C.RopeTables.call_args, q, k, start_pos, offsets, position_ids,
