@@ -258,10 +258,11 @@ class RotaryEmbedding(nn.Module):
         if ax is None:
             if not isinstance(layout, str):
                 raise TypeError(f"RotaryEmbedding: layout must be a str, got {layout!r}")
-            ax = _SEQ_AXIS.get(str.__str__(layout))  # a str subclass (a StrEnum) by the str it holds, as C++ reads it
+            plain = str.__str__(layout)  # a str subclass (a StrEnum) by the str it holds, as C++ reads it
+            ax = _SEQ_AXIS.get(plain)
             if ax is None:
                 raise ValueError(f"RotaryEmbedding: layout must be 'BHSD', 'BSHD' or 'SBHD', got {layout!r}")
-            layout = str.__str__(layout)
+            layout = plain
         # The common case is decided here (it traces); anything unusual goes
         # to the C++ parser, which raises the module's errors.
         if not isinstance(q, torch.Tensor) or (not isinstance(start_pos, torch.SymInt) and (

@@ -218,6 +218,8 @@ def test_forward_with_cache_takes_a_numpy_start_pos_as_forward_does(cls):
             rope.forward_with_cache(q.clone(), k.clone(), v, got, 1.5)
     for a, b in zip(out, ref):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+    torch.testing.assert_close(out[0].double(), ref_rope4(q, start=2), rtol=0, atol=1e-6)  # the float64 reference
+    torch.testing.assert_close(out[1][:, :, -3:].double(), ref_rope4(k, start=2), rtol=0, atol=1e-6)
     assert torch.equal(got.k, want.k) and torch.equal(got.v, want.v) and got.length == want.length == 3
 
 
