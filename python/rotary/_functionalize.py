@@ -14,9 +14,16 @@ there, with an input in x's storage refused (the op's overlap checks are
 lost with the rewrite); the ops that write several tensors are refused.
 Every written tensor is checked for elements sharing memory while tracing,
 as the op cannot read symbolic strides.
+
+torch 2.11 regenerates a written slice of a tensor from that tensor's base
+with a start computed from the slice's whole storage offset: where the base
+itself starts past 0 (a compiled function's input that is a view, such as
+cache[layer]), the write lands on other elements or on none. Such a call is
+handled as a symbolic offset is.
 """
 
 import torch
+from torch._higher_order_ops.auto_functionalize import get_base, is_alias, try_use_slice
 from torch._library import simple_registry
 from torch._subclasses.functional_tensor import FunctionalTensorMode
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -27,13 +34,23 @@ _OPS = ("apply_rope_", "apply_rope_qk_", "apply_rope_with_kv_cache_", "apply_qk_
         "apply_qk_norm_rope_with_kv_cache_")
 
 
-def _symbolic_offset(func, args, kwargs):
-    """The first mutated argument whose storage offset is symbolic, as (name, offset)."""
+def _misplaced_write(func, args, kwargs):
+    """The first written argument whose write torch's functionalization would
+    put elsewhere, as (name, why): a symbolic storage offset, or a slice
+    regenerated from a base that starts past 0 (see the module's docstring)."""
     for n, a in enumerate(func._schema.arguments):
         if a.alias_info is not None and a.alias_info.is_write:
             t = args[n] if n < len(args) else kwargs.get(a.name)
-            if isinstance(t, torch.Tensor) and not isinstance(t.storage_offset(), int):
-                return a.name, t.storage_offset()
+            if not isinstance(t, torch.Tensor):
+                continue
+            if not isinstance(t.storage_offset(), int):
+                return a.name, ("a view whose storage offset is symbolic under torch.compile / export "
+                                f"({t.storage_offset()})")
+            base = get_base(t)
+            if (base is not None and base.storage_offset() != 0 and not is_alias(base, t)
+                    and try_use_slice(base, t) is not None):
+                return a.name, (f"a slice of a tensor that itself starts at storage offset {base.storage_offset()} "
+                                "(a compiled function's input that is a view, such as cache[layer])")
     return None
 
 
@@ -51,7 +68,7 @@ def _check_distinct(op, name, t):
         reach = reach + (t.size(d) - 1) * t.stride(d)
 
 
-def _check_no_shared_storage(op, x, others):
+def _check_no_shared_storage(op, x, why, others):
     """The rewrite reads every input before copy_ writes x, which the op's
     overlap checks (lost with it) would have refused: an input in x's storage
     is refused here, as those checks cannot run on a symbolic offset."""
@@ -59,9 +76,9 @@ def _check_no_shared_storage(op, x, others):
     for name, t in others.items():
         if isinstance(t, torch.Tensor) and StorageWeakRef(t.untyped_storage()) == mine:
             raise ValueError(
-                f"{op}: x and {name} share one storage, and x's storage offset is symbolic under torch.compile / "
-                f"export, so whether they overlap cannot be checked; pass a clone of {name}, or mark the dim that "
-                "sets the offset static (torch._dynamo.mark_static)")
+                f"{op}: x and {name} share one storage, and x is {why}, traced as the out-of-place op and copy_, "
+                f"so whether they overlap cannot be checked; pass a clone of {name}, or mark the dim that sets "
+                "a symbolic offset static (torch._dynamo.mark_static)")
 
 
 def _real_table(mode, func, types, args, kwargs):
@@ -71,19 +88,19 @@ def _real_table(mode, func, types, args, kwargs):
     for a in func._schema.arguments:
         if a.alias_info is not None and a.alias_info.is_write and isinstance(values.get(a.name), torch.Tensor):
             _check_distinct(op, a.name, values[a.name])
-    moved = _symbolic_offset(func, args, kwargs)
+    moved = _misplaced_write(func, args, kwargs)
     if moved is not None and op == "apply_rope_":
         x = args[0] if args else kwargs["x"]
-        _check_no_shared_storage(op, x, {n: v for n, v in values.items() if n != "x"})
+        _check_no_shared_storage(op, x, moved[1], {n: v for n, v in values.items() if n != "x"})
         with mode:
             x.copy_(torch.ops.rotary.apply_rope.default(*args, **kwargs))
         return None
     if moved is not None:
         raise ValueError(
-            f"{op}: {moved[0]} is a view whose storage offset is symbolic under torch.compile / export "
-            f"({moved[1]}), which torch's inductor drops for an in-place op (it would write the wrong elements); "
-            "call the out-of-place op and copy_ its results, or mark the dim that sets the offset static "
-            "(torch._dynamo.mark_static)")
+            f"{op}: {moved[0]} is {moved[1]}, which torch 2.11 loses for an in-place op while compiling (it "
+            "would write the wrong elements); call the out-of-place op and copy_ its results, mark the dim that "
+            "sets a symbolic offset static (torch._dynamo.mark_static), or pass the whole tensor and index it "
+            "inside the compiled function")
     i = names.index("freqs")
     args, kwargs = list(args), dict(kwargs)
     freqs = args[i] if i < len(args) else kwargs["freqs"]

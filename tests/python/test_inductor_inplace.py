@@ -154,10 +154,39 @@ def test_symbolic_offset_rewrite_refuses_inputs_in_xs_storage(tables):
         buf[:64 * D] = torch.view_as_real(f).reshape(-1)
         buf.view(torch.int32)[3 * D + 5] = 2
         before = buf.clone()
-        with pytest.raises(Exception, match=rf"apply_rope_: x and {name} share one storage, and x's storage offset "
-                                            r"is symbolic"):
+        with pytest.raises(Exception, match=rf"apply_rope_: x and {name} share one storage, and x is a view whose "
+                                            r"storage offset is symbolic"):
             torch.compile(fn, fullgraph=True, dynamic=True)(buf, torch.empty(3))
         assert torch.equal(buf, before)
+
+
+def test_a_written_slice_of_an_input_that_starts_past_0(tables):
+    """An input that is itself a view (a layer of a stacked cache) and a slice
+    of it written inside: torch 2.11 regenerated the slice from a start that
+    counts the input's own offset, so the rotation was dropped (or landed on
+    other rows). apply_rope_ is traced as apply_rope + copy_; the ops that
+    write two tensors are refused by name, nothing written."""
+    D, f = 16, tables(16, 64)
+
+    def rope_rows(cache, new, p):
+        rows = cache[:, :, p:p + new.shape[2]]
+        rows.copy_(new)
+        rotary.apply_rope_(rows, f, p, False)
+
+    def rope_qk(qkv):
+        rotary.apply_rope_qk_(qkv[:, :, :4], qkv[:, :, 4:6], f, 2, layout="BSHD")
+
+    stacked, new = randn((4, 2, 2, 32, D), seed=340), randn((2, 2, 3, D), seed=341)
+    want = stacked.double()
+    want[2, :, :, 5:8] = ref_rope4(new, None, 5, False)
+    torch.compile(rope_rows, fullgraph=True, backend="aot_eager")(stacked[2], new, 5)
+    assert_close_ref(stacked, want, torch.float32)
+    big = randn((3, 2, 5, 8, D), seed=342)
+    before = big.clone()
+    with pytest.raises(Exception, match=r"apply_rope_qk_: q is a slice of a tensor that itself starts at storage "
+                                        r"offset 1280 \(a compiled function's input that is a view"):
+        torch.compile(rope_qk, fullgraph=True, backend="aot_eager")(big[1])
+    assert torch.equal(big, before)
 
 
 @pytest.mark.parametrize("strides", [(7, 3, 5, 1), (0, 3 * 16, 16, 1)], ids=["overlapping", "expanded"])
