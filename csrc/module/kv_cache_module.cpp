@@ -6,6 +6,7 @@
 #include <rotary/kv_cache.h>
 
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>
 
@@ -156,6 +157,11 @@ void KVCacheImpl::load_state(const torch::Tensor& k_in, const torch::Tensor& v_i
     TORCH_CHECK_VALUE(!saved->is_meta(), who, ": the saved '", name, "' is a meta tensor (it holds no values)");
     TORCH_CHECK_VALUE(mine->defined(), who, ": the saved state has '", name, "' (a float8_e4m3fn cache's scale), ",
                       "this cache is ", in_effect_.dtype(), "; build the KVCache with the saved options");
+    // Named before any piece is copied (torch would refuse only at the copy).
+    TORCH_CHECK_VALUE(!mine->is_inference() || c10::InferenceMode::is_enabled(), who,
+                      ": this cache was built under torch.inference_mode(), so its '", name,
+                      "' cannot be updated outside it; load under torch.inference_mode(), or build the KVCache "
+                      "outside it");
     // A scale saved as one ([] or [1]) means the same for every head: it
     // loads into a per-head buffer, and a [1] one into a [] buffer.
     const bool scale = mine == &k_scale || mine == &v_scale;

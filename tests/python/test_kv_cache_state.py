@@ -167,3 +167,21 @@ def test_forward_with_cache_on_a_cache_built_in_inference_mode():
     with pytest.raises(ValueError, match=r"k_cache is an inference tensor"):
         rope.forward_with_cache(q, k, v, cache)
     assert same(before, cache)
+
+
+def test_loading_into_a_cache_built_in_inference_mode_is_named():
+    """load_state_dict copies into the cache's buffers: outside inference mode
+    it is refused in the cache's words, leaving the cache as it was, and
+    served inside the mode."""
+    with torch.inference_mode():
+        cache = rotary.KVCache(1, 2, 8, 16)
+    src = rotary.KVCache(1, 2, 8, 16)
+    rotary.RotaryEmbedding(16, 32).forward_with_cache(*(randn((1, 2, 3, 16), seed=s) for s in (1, 2, 3)), src)
+    before = snapshot(cache)
+    with pytest.raises(RuntimeError, match=r"KVCache\.load_state_dict: this cache was built under "
+                                           r"torch\.inference_mode\(\), so its 'k' cannot be updated outside it"):
+        cache.load_state_dict(src.state_dict())
+    assert same(before, cache)
+    with torch.inference_mode():
+        cache.load_state_dict(src.state_dict())
+    assert cache.length == 3 and torch.equal(cache.k, src.k) and torch.equal(cache.v, src.v)
