@@ -47,8 +47,10 @@ class _CppDict(OrderedDictWrapper):
         self.cls = cls
 
     def __setitem__(self, key, value):
+        replaces = ("load_state_dict replaces its state" if self.cls == "KVCache"
+                    else "load_tables or load_state_dict replaces the tables")
         raise TypeError(f"rotary.{self.cls}: cannot set {self.attr[1:-1]} {key!r} from Python. "
-                        + _advice(self.cls) + "; load_tables or load_state_dict replaces the tables")
+                        + _advice(self.cls) + "; " + replaces)
 
     def __delitem__(self, key):
         self.__setitem__(key, None)

@@ -81,5 +81,7 @@ def test_buffers_refuse_replacement_and_nn_module_methods_apply():
     cache = rotary.KVCache(1, 2, 8, 64)
     assert [n for n, _ in cache.named_buffers(prefix="c")][:2] == ["c.k", "c.v"]
     with pytest.raises(TypeError, match=r"rotary.KVCache: cannot set buffer 'k' from Python.*use "
-                                        r"rotary.apply_rope_with_kv_cache_ on cache tensors you hold"):
+                                        r"rotary.apply_rope_with_kv_cache_ on cache tensors you hold.*; "
+                                        r"load_state_dict replaces its state$") as refused:
         cache.k = torch.zeros(1)
+    assert "load_tables" not in str(refused.value)  # a KVCache has no tables
