@@ -212,6 +212,11 @@ def layer_theta(values: Any, field: str, selected: Optional[float], model_type: 
 # and never fills in itself.
 _REQUIRED = {"linear": ("factor",), "dynamic": ("factor",), "yarn": ("factor",),
              "llama3": ("factor", "low_freq_factor", "high_freq_factor"), "longrope": ("short_factor", "long_factor")}
+# Keys transformers reads as given once present: a None there fails in its
+# validation or rope init (TypeError), where rotary would fill in its default.
+_NOT_NONE = {"llama3": ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+             "yarn": ("original_max_position_embeddings",), "longrope": ("original_max_position_embeddings",),
+             "proportional": ("factor",)}
 
 
 def scaling(config: Any, params: Dict[str, Any], max_pos: Optional[int], rotary_dim: int, nested: bool):
@@ -224,6 +229,12 @@ def scaling(config: Any, params: Dict[str, Any], max_pos: Optional[int], rotary_
     if missing:  # rotary's own defaults for them are not transformers'
         raise ValueError(f"from_hf_config: the {rope_type} rule lacks {', '.join(missing)}: transformers' config "
                          "validation requires it (KeyError)")
+    top = None if nested else get(config, "original_max_position_embeddings")  # a layer type's own wins
+    nones = [key for key in _NOT_NONE.get(rope_type, ()) if key in params and params[key] is None
+             and not (key == "original_max_position_embeddings" and top is not None)]
+    if nones:
+        raise ValueError(f"from_hf_config: the {rope_type} rule's {', '.join(nones)} is None: transformers reads it "
+                         "as given and fails on None (TypeError); give its value")
     model_keys = ("rope_theta",) if rope_type == "proportional" else MODEL_KEYS
     scaling = {key: value for key, value in params.items() if key not in model_keys}
     inner = scaling.pop("max_position_embeddings", None)  # transformers' rules never read it there
@@ -246,7 +257,6 @@ def scaling(config: Any, params: Dict[str, Any], max_pos: Optional[int], rotary_
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0:
                 scaling[key] = None
     if rope_type in ("llama3", "yarn", "longrope"):
-        top = None if nested else get(config, "original_max_position_embeddings")  # a layer type's own wins
         if top is not None:
             scaling["original_max_position_embeddings"] = top
         elif scaling.get("original_max_position_embeddings") is None and max_pos is not None:

@@ -97,6 +97,35 @@ def test_from_hf_config_errors(config, match):
         rotary.RotaryEmbedding.from_hf_config(config)
 
 
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 16}
+
+
+@pytest.mark.parametrize("rule,key", [("llama3", "low_freq_factor"), ("llama3", "high_freq_factor"),
+                                      ("llama3", "original_max_position_embeddings"),
+                                      ("yarn", "original_max_position_embeddings"),
+                                      ("longrope", "original_max_position_embeddings"), ("proportional", "factor")])
+def test_a_rule_key_given_as_none_that_transformers_fails_on(rule, key):
+    """A None is read as given by transformers (it fails on it), where rotary
+    took it as absent and filled in its own value (low_freq_factor 1, the
+    factor 1, original_max_position_embeddings = max_position_embeddings)."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    params = {"llama3": LLAMA3, "yarn": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 16},
+              "longrope": {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
+                           "original_max_position_embeddings": 16},
+              "proportional": {"rope_type": "proportional", "factor": 2.0, "partial_rotary_factor": 0.5}}[rule]
+    config = {"hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": 64, "rope_theta": 1e4,
+              "rope_scaling": dict(params, **{key: None})}
+    with pytest.raises(Exception):  # transformers' own class fails on the same config
+        embed = LlamaRotaryEmbedding(transformers.LlamaConfig(**config))
+        embed(torch.randn(1, 2, 16), torch.arange(2)[None])
+    with pytest.raises(ValueError, match=rf"the {rule} rule's {key} is None: transformers reads it as given and "
+                                         r"fails on None \(TypeError\); give its value"):
+        rotary.RotaryEmbedding.from_hf_config(dict(config, model_type="llama"))
+    rotary.RotaryEmbedding.from_hf_config(dict(config, model_type="llama", rope_scaling=params))  # as given: served
+
+
 # ---------------------------------------------------------------------------
 # Every table a constructor builds is finite; fields of other rules refused
 # ---------------------------------------------------------------------------
