@@ -7,6 +7,7 @@
 #include "module/replay_notes.h"
 #include "module/tables_detail.h"
 #include "checks/checks_positions.h"
+#include "freqs/host_tensor.h"
 #include "op/func_node.h"
 
 #include <ATen/ATen.h>
@@ -223,7 +224,16 @@ RopeTableSet RopeTables::build(int64_t state, c10::Device device) const {
   RopeTableSet out;
   try {
     const RopeFrequencies f = frequencies_of(options_, options_.scaling(), state);
-    out.freqs = freqs_table(f, rows_for(options_, state), options_.angle_dtype());
+    const int64_t rows = rows_for(options_, state);
+    if (rows > options_.max_seq_len()) {  // grown for this call's reach: max_seq_len is not the way out
+      const auto pairs = static_cast<int64_t>(f.inv_freq.size());
+      detail::check_host_bytes("freqs_table", {rows, pairs}, sizeof(c10::complex<float>), "complex64",
+                               "the dynamic rule's float32-angle table, grown to this call's reach of " +
+                                   std::to_string(rows) + " rows x dim // 2 = " + std::to_string(pairs) + " pairs,",
+                               "pass angle_dtype=float64 (its grown positions are then computed on the fly), or "
+                               "reach fewer positions");
+    }
+    out.freqs = freqs_table(f, rows, options_.angle_dtype());
     out.inv_freq = inv_freq_tensor(f);
     out.attention_scaling = f.attention_scaling;
   } catch (const c10::ValueError& e) {
@@ -265,9 +275,14 @@ int64_t RopeTables::reach_of(
   if (seq_len <= 0) return 0;
   const bool ids = position_ids && position_ids->defined();
   const std::optional<at::Tensor>& given = ids ? position_ids : offsets;
-  if (!given || !given->defined() || given->numel() == 0) return start_pos + seq_len;
+  if (!given || !given->defined()) return start_pos + seq_len;
   const char* name = ids ? "position_ids" : "offsets";
-  detail::check_integer_dtype("apply_rope", name, *given);  // before max(): the op's words, not max's
+  // Before max(): the op's words, not max's (sparse, nested) or item's (meta).
+  detail::check_dense("apply_rope", name, *given);
+  TORCH_CHECK_VALUE(!given->is_meta(), "RotaryEmbedding: a host-driven rule (dynamic, longrope) sizes its table by ",
+                    "the call's largest position, read on the host; ", name, " on the meta device hold no values");
+  if (given->numel() == 0) return start_pos + seq_len;
+  detail::check_integer_dtype("apply_rope", name, *given);
   // Under vmap each sample's positions are its own: no one largest to size one table by.
   const int64_t top = detail::item_or_refuse<int64_t>(
       detail::widen_positions("RotaryEmbedding", name, *given).max(), "RotaryEmbedding: a host-driven rule ",

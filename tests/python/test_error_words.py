@@ -89,6 +89,22 @@ def test_a_kv_cache_past_this_machines_memory_names_its_sizes():
         cache.load_state_dict(sd)
 
 
+@pytest.mark.parametrize("cls", [rotary.RotaryEmbedding, rotary.CppRotaryEmbedding])
+def test_a_grown_dynamic_table_past_this_machines_memory_names_the_reach(cls):
+    """The call's reach grows the float32-angle table, so a smaller max_seq_len
+    (the module's 16) is no way out; float64 angles are."""
+    rope = cls(2**19, 16, scaling={"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 16},
+               angle_dtype="float32")  # 2 TB at its reach: past any machine that runs the tests
+    x = randn((1, 1, 1, 2**19), seed=7)
+    before = x.clone()
+    with pytest.raises(ValueError, match=r"max_seq_len=16.*freqs_table: the dynamic rule's float32-angle table, "
+                                         r"grown to this call's reach of 1048576 rows x dim // 2 = 262144 pairs, needs "
+                                         r"2199023255552 bytes \(complex64\), more than this machine's memory .*; pass "
+                                         r"angle_dtype=float64 \(its grown positions are then computed on the fly\)"):
+        rope(x, start_pos=2**20 - 1)
+    assert torch.equal(x, before) and rope.freqs.shape[0] == 16
+
+
 def test_from_hf_config_names_what_it_was_given():
     llama = dict(model_type="llama", hidden_size=64, num_attention_heads=4, max_position_embeddings=128,
                  rope_theta=1e4)

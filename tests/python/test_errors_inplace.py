@@ -171,6 +171,9 @@ def _in_inference_mode(call):
         return call()
 
 
+DYNAMIC = {"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 16}
+
+
 def _dense_refusal_cases():
     f = rotary.freqs_table(8, 16)
     q, w = randn((1, 2, 4, 8), seed=290), torch.ones(8)
@@ -203,6 +206,13 @@ def _dense_refusal_cases():
         ("apply_rope", "x", "a nested tensor", lambda: rotary.RotaryEmbedding(8, 16)(jagged, layout="BSHD")),
         ("RotaryEmbedding", r"q \(or x\)", "a nested tensor", lambda: rotary.CppRotaryEmbedding(8, 16)(jagged)),
         ("apply_rope", "x", "a nested tensor", lambda: _in_inference_mode(lambda: rotary.apply_rope(jagged, f))),
+        # A host-driven rule reads the largest position first: that read got torch's words (aten::max).
+        ("apply_rope", "position_ids", sparse,
+         lambda: rotary.RotaryEmbedding(8, 16, scaling=DYNAMIC)(q, position_ids=torch.arange(4).view(1, 4).to_sparse())),
+        ("apply_rope", "offsets", sparse, lambda: rotary.RotaryEmbedding(8, 16, scaling=DYNAMIC)(
+            q, offsets=torch.tensor([3]).to_sparse())),
+        ("apply_rope", "position_ids", "a nested tensor",
+         lambda: rotary.RotaryEmbedding(8, 16, scaling=DYNAMIC)(q, position_ids=jagged_ids)),
         # Sparse meta tensors: torch's words named the SparseMeta backend.
         ("apply_rope", "x", sparse, lambda: rotary.apply_rope(q.to_sparse().to("meta"), f.to("meta"))),
         ("apply_rope", "position_ids", sparse, lambda: rotary.apply_rope(

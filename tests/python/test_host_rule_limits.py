@@ -30,6 +30,22 @@ def test_an_ntk_base_past_a_double_is_refused(theta, factor):
 
 
 @pytest.mark.parametrize("cls", MODULES)
+def test_positions_on_the_meta_device_are_named_before_their_largest_is_read(cls):
+    """A host-driven rule reads the call's largest position on the host:
+    meta positions hold none (torch's words said Tensor.item())."""
+    m = cls(8, 16, scaling={**DYNAMIC, "max_position_embeddings": 16})
+    q = torch.randn(1, 1, 2, 8)
+    for kw in (dict(position_ids=torch.tensor([[1, 50]], device="meta")),
+               dict(offsets=torch.tensor([3], device="meta"))):
+        name = next(iter(kw))
+        with pytest.raises(ValueError, match=rf"RotaryEmbedding: a host-driven rule \(dynamic, longrope\) sizes its "
+                                             rf"table by the call's largest position, read on the host; {name} on "
+                                             r"the meta device hold no values"):
+            m(q, **kw)
+        assert m.rope_state == 0
+
+
+@pytest.mark.parametrize("cls", MODULES)
 def test_a_dynamic_base_grown_past_a_double_refuses_the_call(cls):
     torch.manual_seed(0)
     m = cls(128, 16, theta=1.5e308, scaling={**DYNAMIC, "max_position_embeddings": 4096})
