@@ -62,6 +62,8 @@ at::Tensor check_head_tensor(const char* op, const char* name, const at::Tensor&
 // [batch, seq] (absolute, as in Hugging Face); packed: [] / [total_tokens].
 // Each message names the other argument, so the two are never confused.
 void check_positions_shape(const char* op, const at::Tensor& q_view, const RopeArgs& args) {
+  if (args.offsets) check_defined(op, "offsets", *args.offsets);  // from C++: not "both" for two undefined ones
+  if (args.position_ids) check_defined(op, "position_ids", *args.position_ids);
   TORCH_CHECK_VALUE(
       !(args.offsets && args.position_ids), op,
       ": pass offsets (per-sequence starts) or position_ids (absolute ids), not both");
@@ -115,6 +117,7 @@ RopeCall check_rope_inputs(
   const char* q_name = k ? "q" : "x";
   if (args.cu_seqlens) {
     const auto& cu = *args.cu_seqlens;
+    check_defined(op, "cu_seqlens", cu);
     TORCH_CHECK_TYPE(
         cu.scalar_type() == at::kInt || cu.scalar_type() == at::kLong, op,
         ": cu_seqlens must be int32 or int64, got ", cu.scalar_type());
@@ -163,6 +166,7 @@ RopeCall check_rope_inputs(
 
   if (args.inv_freq) {
     const auto& inv = *args.inv_freq;
+    check_defined(op, "inv_freq", inv);
     TORCH_CHECK_TYPE(inv.scalar_type() == at::kDouble, op, ": inv_freq must be float64, got ", inv.scalar_type());
     TORCH_CHECK_VALUE(
         inv.dim() == 1 && inv.sym_size(0) == freqs.sym_size(1), op,

@@ -35,6 +35,7 @@ at::Tensor cache_view(const char* op, const char* name, const at::Tensor& c, con
 // slot_mapping / cache_positions: one entry per token, [batch, seq] or
 // flat [batch * seq] (packed: [total_tokens]).
 void check_dest(const char* op, const char* name, const at::Tensor& d, const at::Tensor& kv_view, const at::Tensor& q) {
+  check_defined(op, name, d);
   TORCH_CHECK_TYPE(
       d.scalar_type() == at::kInt || d.scalar_type() == at::kLong, op, ": ", name, " must be int32 or int64, got ",
       d.scalar_type());
@@ -51,6 +52,7 @@ void check_dest(const char* op, const char* name, const at::Tensor& d, const at:
 
 void check_scale(const char* op, const char* name, const std::optional<at::Tensor>& s, bool fp8, const at::Tensor& cache_v, const at::Tensor& q) {
   if (!s) return;
+  check_defined(op, name, *s);
   TORCH_CHECK_VALUE(
       fp8, op, ": ", name, " is only for float8_e4m3fn caches; the caches have dtype ", cache_v.scalar_type(),
       " and are written unscaled");

@@ -77,6 +77,7 @@ NormCall check_norm_args(const char* op, RopeCall rope, const at::Tensor& q, con
   }
   if (norm.q_fp8_scale) {
     const at::Tensor& s = *norm.q_fp8_scale;
+    check_defined(op, "q_fp8_scale", s);
     TORCH_CHECK_VALUE(
         !in_place, op, ": q_fp8_scale (q returned as float8_e4m3fn) needs the out-of-place apply_qk_norm_rope; ",
         "in place, q keeps its dtype");

@@ -125,8 +125,12 @@ void KVCacheImpl::load(torch::serialize::InputArchive& archive) {
   torch::Tensor saved[4];
   const char* names[4] = {"k", "v", "k_scale", "v_scale"};
   for (int i = 0; i < 4; ++i) archive.try_read(names[i], saved[i], /*is_buffer=*/true);
-  for (int i = 0; i < 2; ++i) {
-    TORCH_CHECK_VALUE(saved[i].defined(), who, ": the archive has no '", names[i], "'");
+  // An fp8 cache's scales decode its bytes: without them the cache would read
+  // the saved bytes with its own.
+  const int needed = k_scale.defined() ? 4 : 2;
+  for (int i = 0; i < needed; ++i) {
+    TORCH_CHECK_VALUE(saved[i].defined(), who, ": the archive has no '", names[i], "'",
+                      i < 2 ? "" : " (this float8_e4m3fn cache's scale); a KVCache loads all of its state or none");
   }
   // The length and layout travel too (save): an archive without them is
   // refused, as a partial state_dict is, since the cache would append at the wrong row.

@@ -187,6 +187,44 @@ TEST(NeverWrong, KVCacheLoadRefusesAnIncompleteArchive) {
   ExpectError<c10::ValueError>([&] { torch::load(rope, no_freqs); }, {"RotaryEmbedding.load: the archive has no 'freqs'"});
 }
 
+// An fp8 cache's scales decode its bytes: an archive without them was loaded
+// and its bytes read with the cache's own scale (16 for a saved 1).
+TEST(NeverWrong, Fp8KVCacheLoadRefusesAnArchiveWithoutItsScales) {
+  using rotary::KVCacheOptions;
+  const auto fp8 = [](double scale) {
+    return rotary::KVCache(KVCacheOptions(1, 1, 4, 8).dtype(at::kFloat8_e4m3fn).k_scale(scale).v_scale(scale));
+  };
+  rotary::KVCache src = fp8(0.25);
+  src->k.copy_((at::randn({1, 1, 4, 8}) / 0.25).to(at::kFloat8_e4m3fn));
+  src->advance(4);
+  for (const char* skip : {"k_scale", "v_scale"}) {
+    torch::serialize::OutputArchive a;
+    for (const char* name : {"k", "v", "k_scale", "v_scale"}) {
+      if (std::string(name) == skip) continue;
+      const at::Tensor& t = std::string(name) == "k" ? src->k : std::string(name) == "v" ? src->v
+                            : std::string(name) == "k_scale" ? src->k_scale : src->v_scale;
+      a.write(name, t, true);
+    }
+    a.write("length", at::tensor(int64_t{4}), true);
+    a.write("layout", c10::IValue(std::string("BHSD")));
+    std::stringstream stream;
+    a.save_to(stream);
+    rotary::KVCache dst = fp8(4.0);
+    const at::Tensor before = dst->k.clone();
+    ExpectError<c10::ValueError>([&] { torch::load(dst, stream); },
+                                 {std::string("KVCache.load: the archive has no '") + skip + "'", "float8_e4m3fn"});
+    EXPECT_EQ(dst->length(), 0);
+    EXPECT_TRUE(at::equal(dst->k.view(at::kByte), before.view(at::kByte)));
+    EXPECT_EQ(dst->k_scale.item<float>(), 4.0f);
+  }
+  std::stringstream whole;
+  torch::save(src, whole);
+  rotary::KVCache dst = fp8(4.0);
+  torch::load(dst, whole);
+  EXPECT_EQ(dst->k_scale.item<float>(), 0.25f);
+  EXPECT_TRUE(at::equal(dst->k.view(at::kByte), src->k.view(at::kByte)));
+}
+
 // options changed without reset() take effect nowhere (torch's convention):
 // forward and forward_with_cache both rotate as the module was built.
 TEST(NeverWrong, OptionsChangedWithoutResetTakeNoEffect) {
@@ -268,6 +306,46 @@ TEST(NeverWrong, UndefinedTensorsAndBadEnumsAreNamed) {
     ExpectError<c10::ValueError>(
         [&] { rotary::apply_rope_with_kv_cache_(q, k, *a[0], k_cache, v_cache, *a[3]); },
         {std::string("apply_rope_with_kv_cache_: ") + message});
+  }
+  // Every optional tensor, given as an undefined one: named, never read as
+  // UNKNOWN_SCALAR (nor two undefined positions as "both").
+  using rotary::RopeFuncOptions;
+  const auto undefined = [](const char* op, const char* name) {
+    return std::vector<std::string>{std::string(op) + ": " + name + " is an undefined tensor", "std::nullopt"};
+  };
+  ExpectError<c10::ValueError>([&] { rotary::apply_rope(x, f, RopeFuncOptions().offsets(none).position_ids(none)); },
+                               undefined("apply_rope", "offsets"));
+  ExpectError<c10::ValueError>([&] { rotary::apply_rope(x, f, RopeFuncOptions().position_ids(none)); },
+                               undefined("apply_rope", "position_ids"));
+  ExpectError<c10::ValueError>([&] { rotary::apply_rope(x, f, RopeFuncOptions().inv_freq(none)); },
+                               undefined("apply_rope", "inv_freq"));
+  ExpectError<c10::ValueError>(
+      [&] { rotary::apply_rope(at::randn({3, 2, 8}), f, RopeFuncOptions().cu_seqlens(none)); },
+      undefined("apply_rope", "cu_seqlens"));
+  ExpectError<c10::ValueError>(
+      [&] {
+        rotary::apply_rope_cos_sin(x, x, at::ones({16, 8}), none,
+                                   rotary::CosSinFuncOptions().position_ids(at::arange(3)));
+      },
+      undefined("apply_rope_cos_sin", "sin"));
+  ExpectError<c10::ValueError>(
+      [&] { rotary::apply_qk_norm_rope(x, x, f, RopeFuncOptions(), rotary::QKNormFuncOptions().q_fp8_scale(none)); },
+      undefined("apply_qk_norm_rope", "q_fp8_scale"));
+  const auto fp8 = at::zeros({1, 2, 4, 8}).to(at::kFloat8_e4m3fn);
+  for (const char* name : {"cache_positions", "slot_mapping", "k_scale", "v_scale"}) {
+    rotary::KVCacheFuncOptions o;
+    if (std::string(name) == "cache_positions") o.cache_positions(none);
+    if (std::string(name) == "slot_mapping") o.slot_mapping(none).kv_layout("NHD");
+    if (std::string(name) == "k_scale") o.k_scale(none);
+    if (std::string(name) == "v_scale") o.v_scale(none);
+    at::Tensor q = x.clone(), k = x.clone();
+    const bool scale = std::string(name).find("scale") != std::string::npos;
+    at::Tensor k_cache = scale ? fp8.clone() : o.slot_mapping() ? at::zeros({2, 4, 2, 8}) : kc.clone();
+    at::Tensor v_cache = k_cache.clone();
+    const at::Tensor q_before = q.clone();
+    ExpectError<c10::ValueError>([&] { rotary::apply_rope_with_kv_cache_(q, k, x, k_cache, v_cache, f, o); },
+                                 undefined("apply_rope_with_kv_cache_", name));
+    EXPECT_TRUE(at::equal(q, q_before));
   }
   rotary::RotaryEmbedding rope(rotary::RotaryEmbeddingOptions(8));
   ExpectError<c10::ValueError>([&] { rope->forward(x, 0, std::nullopt, at::Tensor()); },
