@@ -18,8 +18,9 @@ as the op cannot read symbolic strides.
 torch 2.11 regenerates a written slice of a tensor from that tensor's base
 with a start computed from the slice's whole storage offset: where the base
 itself starts past 0 (a compiled function's input that is a view, such as
-cache[layer]), the write lands on other elements or on none. Such a call is
-handled as a symbolic offset is.
+cache[layer]), the write lands on other elements or on none. A call whose
+regenerated slice would not start where it does is handled as a symbolic
+offset is.
 """
 
 import torch
@@ -47,8 +48,8 @@ def _misplaced_write(func, args, kwargs):
                 return a.name, ("a view whose storage offset is symbolic under torch.compile / export "
                                 f"({t.storage_offset()})")
             base = get_base(t)
-            if (base is not None and base.storage_offset() != 0 and not is_alias(base, t)
-                    and try_use_slice(base, t) is not None):
+            cut = None if base is None or is_alias(base, t) else try_use_slice(base, t)  # (dim, start, end)
+            if cut is not None and base.storage_offset() + cut[1] * t.stride(cut[0]) != t.storage_offset():
                 return a.name, (f"a slice of a tensor that itself starts at storage offset {base.storage_offset()} "
                                 "(a compiled function's input that is a view, such as cache[layer])")
     return None

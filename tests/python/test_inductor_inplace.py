@@ -181,6 +181,15 @@ def test_a_written_slice_of_an_input_that_starts_past_0(tables):
     want[2, :, :, 5:8] = ref_rope4(new, None, 5, False)
     torch.compile(rope_rows, fullgraph=True, backend="aot_eager")(stacked[2], new, 5)
     assert_close_ref(stacked, want, torch.float32)
+    # An input past 0 by less than a slice's stride: torch's start is right, so it is served.
+    flat = randn((3 + 2 * 5 * 8 * D,), seed=343)
+    near = flat[3:].view(2, 5, 8, D)
+    want = near.double().clone()
+    want[:, :, :4] = ref_rope4(near[:, :, :4], None, 2, True, layout="BSHD")
+    want[:, :, 4:6] = ref_rope4(near[:, :, 4:6], None, 2, True, layout="BSHD")
+    torch.compile(rope_qk, fullgraph=True, backend="aot_eager")(near)
+    assert_close_ref(near, want, torch.float32)
+    torch._dynamo.reset()  # the graph above has no guard on the input's storage offset
     big = randn((3, 2, 5, 8, D), seed=342)
     before = big.clone()
     with pytest.raises(Exception, match=r"apply_rope_qk_: q is a slice of a tensor that itself starts at storage "
