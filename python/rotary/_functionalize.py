@@ -37,21 +37,23 @@ _OPS = ("apply_rope_", "apply_rope_qk_", "apply_rope_with_kv_cache_", "apply_qk_
 
 def _misplaced_write(func, args, kwargs):
     """The first written argument whose write torch's functionalization would
-    put elsewhere, as (name, why): a symbolic storage offset, or a slice
-    regenerated from a base that starts past 0 (see the module's docstring)."""
+    put elsewhere, as (name, why, way out): a symbolic storage offset, or a
+    slice regenerated from a base that starts past 0 (the module's docstring)."""
     for n, a in enumerate(func._schema.arguments):
         if a.alias_info is not None and a.alias_info.is_write:
             t = args[n] if n < len(args) else kwargs.get(a.name)
             if not isinstance(t, torch.Tensor):
                 continue
             if not isinstance(t.storage_offset(), int):
-                return a.name, ("a view whose storage offset is symbolic under torch.compile / export "
-                                f"({t.storage_offset()})")
+                return (a.name, f"a view whose storage offset is symbolic under torch.compile / export "
+                        f"({t.storage_offset()})",
+                        "mark the dim that sets the offset static (torch._dynamo.mark_static)")
             base = get_base(t)
             cut = None if base is None or is_alias(base, t) else try_use_slice(base, t)  # (dim, start, end)
             if cut is not None and base.storage_offset() + cut[1] * t.stride(cut[0]) != t.storage_offset():
-                return a.name, (f"a slice of a tensor that itself starts at storage offset {base.storage_offset()} "
-                                "(a compiled function's input that is a view, such as cache[layer])")
+                return (a.name, f"a slice of a tensor that itself starts at storage offset {base.storage_offset()} "
+                        "(a compiled function's input that is a view, such as cache[layer])",
+                        "pass the whole tensor and index it inside the compiled function")
     return None
 
 
@@ -69,7 +71,7 @@ def _check_distinct(op, name, t):
         reach = reach + (t.size(d) - 1) * t.stride(d)
 
 
-def _check_no_shared_storage(op, x, why, others):
+def _check_no_shared_storage(op, x, moved, others):
     """The rewrite reads every input before copy_ writes x, which the op's
     overlap checks (lost with it) would have refused: an input in x's storage
     is refused here, as those checks cannot run on a symbolic offset."""
@@ -77,9 +79,8 @@ def _check_no_shared_storage(op, x, why, others):
     for name, t in others.items():
         if isinstance(t, torch.Tensor) and StorageWeakRef(t.untyped_storage()) == mine:
             raise ValueError(
-                f"{op}: x and {name} share one storage, and x is {why}, traced as the out-of-place op and copy_, "
-                f"so whether they overlap cannot be checked; pass a clone of {name}, or mark the dim that sets "
-                "a symbolic offset static (torch._dynamo.mark_static)")
+                f"{op}: x and {name} share one storage, and x is {moved[1]}, traced as the out-of-place op and "
+                f"copy_, so whether they overlap cannot be checked; pass a clone of {name}, or {moved[2]}")
 
 
 def _real_table(mode, func, types, args, kwargs):
@@ -92,16 +93,14 @@ def _real_table(mode, func, types, args, kwargs):
     moved = _misplaced_write(func, args, kwargs)
     if moved is not None and op == "apply_rope_":
         x = args[0] if args else kwargs["x"]
-        _check_no_shared_storage(op, x, moved[1], {n: v for n, v in values.items() if n != "x"})
+        _check_no_shared_storage(op, x, moved, {n: v for n, v in values.items() if n != "x"})
         with mode:
             x.copy_(torch.ops.rotary.apply_rope.default(*args, **kwargs))
         return None
     if moved is not None:
         raise ValueError(
             f"{op}: {moved[0]} is {moved[1]}, which torch 2.11 loses for an in-place op while compiling (it "
-            "would write the wrong elements); call the out-of-place op and copy_ its results, mark the dim that "
-            "sets a symbolic offset static (torch._dynamo.mark_static), or pass the whole tensor and index it "
-            "inside the compiled function")
+            f"would write the wrong elements); call the out-of-place op and copy_ its results, or {moved[2]}")
     i = names.index("freqs")
     args, kwargs = list(args), dict(kwargs)
     freqs = args[i] if i < len(args) else kwargs["freqs"]
