@@ -94,26 +94,35 @@ def check_global(op, bound):
         _cached(_CHECKED, key, lambda: True)
 
 
-def check_values(op, bound, local, data, heads, positions):
+def check_values(op, bound, local, data, dims, positions):
     """The op's own value checks on the whole call (positions against the
     table, start_pos + seq_len), before any rank rotates: a rank's local call
     sees only its tokens, so alone it would refuse on the rank holding a bad
     position while the others write. The call runs on stand-ins of the
     rotated tensors with no heads (every check, nothing rotated) and the
-    positions every rank holds whole; sharded ones stay each rank's to check."""
+    positions every rank holds whole. [B] offsets cut like the batch are this
+    rank's rows over the whole sequence (alike on the ranks that split their
+    tokens); sharded ids stay each rank's to check."""
     from torch.distributed.tensor import DTensor
 
     call = dict(local, start_pos=bound["start_pos"])  # local: the replicated arguments, whole
+    rows = None  # the batch rows checked: all, or this rank's
     for n in positions:
         p = bound.get(n)
         if isinstance(p, DTensor):
             if not all(pl.is_replicate() for pl in p.placements):
-                return
-            p = p._local_tensor
+                mine = local.get(n)
+                if n != "offsets" or dims[0] is None or isinstance(mine, DTensor) or mine.dim() != 1:
+                    return
+                p, rows = mine, mine.shape[0]
+            else:
+                p = p._local_tensor
         call[n] = p
     for n in data:
         shape = list(bound[n].shape)
-        shape[heads] = 0
+        shape[dims[1]] = 0
+        if rows is not None:
+            shape[dims[0]] = rows
         call[n] = bound[n]._local_tensor.new_empty(shape)
     # What is sized by the heads follows them to none (each rank's call checks its values).
     for n in ("q_weight", "k_weight") if bound.get("norm") == "heads" else ():
@@ -323,15 +332,20 @@ def out_spec(like, t):
     in t's dim order."""
     from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 
-    stride = _global_stride(t, like.shape)
+    stride = _global_stride(t, like)
     return _cached(_OUT_SPECS, (like, stride, t.dtype),
                    lambda: DTensorSpec(like.mesh, like.placements, tensor_meta=TensorMeta(like.shape, stride, t.dtype)))
 
 
-def _global_stride(local, shape):
-    """Contiguous strides over ``shape`` in the dim order of ``local``'s strides."""
-    order = sorted(range(local.dim()), key=lambda d: (local.stride(d), d), reverse=True)
-    stride, acc = [0] * local.dim(), 1
+def _global_stride(local, like):
+    """Contiguous strides over ``like``'s global shape in the dim order of
+    ``local``'s strides. A shard's size-1 dim ties with its neighbour: ties
+    go by ``like``'s global strides, which every rank shares (each rank must
+    build the same spec, or the next collective waits for ever)."""
+    shape, n = like.shape, local.dim()
+    rank = {d: i for i, d in enumerate(sorted(range(n), key=lambda d: (-like.stride[d], d)))}
+    order = sorted(range(n), key=lambda d: (-local.stride(d), rank[d]))
+    stride, acc = [0] * n, 1
     for d in reversed(order):
         stride[d] = acc
         acc *= max(shape[d], 1)

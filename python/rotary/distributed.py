@@ -192,7 +192,7 @@ def _one_by_one(op, bound):
     if dims is not None:
         mesh = bound["q"].device_mesh
         whole = {n: _whole(op, n, bound[n], mesh) for n in _REPLICATED_ARGS if bound.get(n) is not None}
-        check_values(op, bound, dict(bound, **whole), ("q", "k"), dims[1], _POSITION_ARGS)
+        check_values(op, bound, dict(bound, **whole), ("q", "k"), dims, _POSITION_ARGS)
     x_op = torch.ops.rotary.apply_rope.default
     rest = {n: v for n, v in bound.items() if n not in ("q", "k")}
     out = []
@@ -294,7 +294,7 @@ def _rule(op, args, kwargs, key):
         empty = dims[0] is not None and x_local.shape[dims[0]] == 0  # no rows here: no start_pos check either
         if not packed and (dims[2] in cut or (dims[0] in cut and (positions or empty))):
             # Each rank's positions are its own (shifted or cut): the whole call's values first, alike on every rank.
-            check_values(op, bound, local, data, dims[1], _POSITION_ARGS)
+            check_values(op, bound, local, data, dims, _POSITION_ARGS)
         if dims[0] in cut or dims[2] in cut or not _plans.is_trivial(bound, local):
             key = None  # ranks rotate different tokens: the rule runs every call
     else:

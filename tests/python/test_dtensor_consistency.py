@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 import rotary
-from rotary_testing.dist_scenarios import dshard, local_part
+from rotary_testing.dist_scenarios import dshard, local_part, reference
 from rotary_testing.prologue_reference import ref_norm_rope
 from rotary_testing.reference import hf_cos_sin, rope_reference, rope_reference_nd
 from test_distributed import assert_scenario
@@ -232,8 +232,51 @@ def nd_positions_sharded(mesh):
         _close(o.to_local(), local_part(rope_reference_nd(t, ids3.numpy(), axes, D), mesh, [Shard(1)]), "module")
 
 
+def uneven_shards_give_every_rank_one_spec(mesh):
+    """A shard of size 1 on the cut dim (3 tokens or 3 kv heads on 2 ranks)
+    ties its stride with a neighbour's: the output's global strides were
+    built in another dim order on that rank, so the ranks' specs differed and
+    the next collective (a backward's all-gather) waited for ever. Every
+    rank's output now has the input's global strides (no collective here)."""
+    f = rotary.freqs_table(D, L)
+    for layout, seq, heads in (("BHSD", 2, 1), ("BSHD", 1, 2), ("SBHD", 0, 2)):
+        for cut, name in ((seq, "3 tokens"), (heads, "3 kv heads")):
+            shape = {"BHSD": (2, 3, 3, D), "BSHD": (2, 3, 3, D), "SBHD": (3, 1, 3, D)}[layout]
+            q, k = _rand(*shape, seed=11), _rand(*shape, seed=12)
+            dq, dk = (_d(t, mesh, Shard(cut)) for t in (q, k))
+            outs = (rotary.apply_rope(dq, f, layout=layout),) + rotary.apply_rope_qk(dq, dk, f, layout=layout)
+            for out in outs:
+                assert out.stride() == q.stride(), f"{layout}, {name}: global strides {out.stride()}"
+            want = reference(q, layout, 0, True, None)
+            _close(outs[0].to_local(), local_part(want, mesh, [Shard(cut)]), f"{layout}, {name}")
+
+
+def offsets_cut_like_the_batch_under_context_parallel(mesh):
+    """DP x CP (a 1 x 2 mesh): [B] offsets cut like the batch, the sequence
+    split over the ranks. start_pos + offsets + the global sequence past the
+    table was checked only for each rank's own tokens: the rank holding the
+    first half wrote, the other refused. Both refuse now, nothing written."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    grid = init_device_mesh("cpu", (1, dist.get_world_size()), mesh_dim_names=("dp", "cp"))
+    f = rotary.freqs_table(D, L)
+    x = _rand(1, 4, 6, D, seed=13)
+    d = dshard(x, grid, [Shard(0), Shard(2)])[0]
+    offsets = dshard(torch.tensor([0]), grid, [Shard(0), Replicate()])[0]
+    with pytest.raises(IndexError) as plain:
+        OPS.apply_rope_(x.clone(), f, 60, offsets=torch.tensor([0]))
+    before = d.to_local().clone()
+    with pytest.raises(IndexError, match=re.escape(str(plain.value))):
+        OPS.apply_rope_(d, f, 60, offsets=offsets)
+    assert torch.equal(d.to_local(), before), "a shard was written"
+    served = dshard(torch.tensor([-10]), grid, [Shard(0), Replicate()])[0]  # positions 50..55: served
+    OPS.apply_rope_(d, f, 60, offsets=served)
+    _close(d.to_local(), local_part(rope_reference(x, 50), grid, [Shard(0), Shard(2)]), "offsets -10")
+
+
 _SCENARIOS = [values_refused_alike, size_one_ids_on_sequence_shards, gradients_placed_unlike,
-              cos_sin_tables_as_dtensors, nd_positions_sharded]
+              cos_sin_tables_as_dtensors, nd_positions_sharded, uneven_shards_give_every_rank_one_spec,
+              offsets_cut_like_the_batch_under_context_parallel]
 
 
 def scenarios(world):
