@@ -133,6 +133,28 @@ def test_unpatch_restores_exactly():
     assert all(torch.equal(a, b) for a, b in zip(before, after))
 
 
+@pytest.mark.parametrize("first", ["causal_lm", "base_model"])
+def test_a_rotary_embedding_patched_through_another_model_object_is_refused(first):
+    """The causal LM and its base model share one rotary_emb: patching both
+    saved the first patch's forward as the one to restore, and unpatching in
+    the order applied left a model that failed (or rotated through rotary
+    while reporting itself unpatched). The second patch is refused by name."""
+    model = make_model("llama", "llama3")
+    calls = inputs()
+    before = run_calls(model, calls)
+    original = modeling_llama.apply_rotary_pos_emb
+    one, other = (model, model.model) if first == "causal_lm" else (model.model, model)
+    apply_rotary_to_model(one)
+    with pytest.raises(ValueError, match=r"rotary: \w+'s rotary embedding \(LlamaRotaryEmbedding\) is already "
+                                         r"patched through another model object that holds it"):
+        apply_rotary_to_model(other)
+    assert is_patched(one) and not is_patched(other)
+    unpatch(other)  # not patched: a no-op
+    unpatch(one)
+    assert modeling_llama.apply_rotary_pos_emb is original and "forward" not in model.model.rotary_emb.__dict__
+    assert all(torch.equal(a, b) for a, b in zip(before, run_calls(model, calls)))
+
+
 def test_context_manager_restores_on_error():
     model = make_model("llama", "default")
     original = modeling_llama.apply_rotary_pos_emb

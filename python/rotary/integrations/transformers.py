@@ -218,6 +218,7 @@ def _patch(model: nn.Module, max_seq_len: Optional[int] = None, fuse_qk_norm: bo
     modules = _attention_modules(model, family.freqs_cis_layout)
     if not modules:
         raise ValueError(f"rotary: {type(model).__name__} has no attention calling {_FUNC_NAME}")
+    _refuse_patched_through_another(model, embeddings)
 
     # Build everything first so that a config error leaves the model untouched.
     built = []
@@ -248,6 +249,7 @@ def _patch(model: nn.Module, max_seq_len: Optional[int] = None, fuse_qk_norm: bo
     with _lock:
         if is_patched(model):  # by another thread since the check above: its patch stands
             return model
+        _refuse_patched_through_another(model, embeddings)
         try:
             for emb, states in built:
                 previous = emb.__dict__.get("forward")
@@ -264,6 +266,18 @@ def _patch(model: nn.Module, max_seq_len: Optional[int] = None, fuse_qk_norm: bo
             raise
         object.__setattr__(model, _STATE_ATTR, patch)
     return model
+
+
+def _refuse_patched_through_another(model: nn.Module, embeddings) -> None:
+    """A rotary embedding shared with a patched model object (a causal LM and
+    its base model, a wrapper): a second patch would save the first one's
+    forward as the one to restore, and an unpatch in the order applied would
+    put it back with the functions it needs restored."""
+    for emb, _, _ in embeddings:
+        if isinstance(emb.__dict__.get("forward"), _PatchedForward):
+            raise ValueError(f"rotary: {type(model).__name__}'s rotary embedding ({type(emb).__name__}) is already "
+                             "patched through another model object that holds it (the causal LM and its base "
+                             "model, or a wrapper); patch and unpatch one of them")
 
 
 def _undo(patch: _ModelPatch, give_state: bool) -> None:
