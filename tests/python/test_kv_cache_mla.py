@@ -82,5 +82,7 @@ def test_mla_fp8_cache_and_refusals(device):
         rotary.apply_rope_with_kv_cache_(q, k, v, kc, bad, freqs, START, rotary_offset=NOPE)
     with pytest.raises(ValueError, match=r"v must have the shape of k but for head_dim"):
         rotary.apply_rope_with_kv_cache_(q, k, v[:, :2], kc, vc, freqs, START, rotary_offset=NOPE)
+    with pytest.raises(ValueError, match=r"v's head_dim \(its last dim\) must be > 0, got v \[1, 3, 5, 0\]"):
+        rotary.apply_rope_with_kv_cache_(q, k, v[..., :0], kc, vc[..., :0], freqs, START, rotary_offset=NOPE)
     for t, s in zip((q, k, v, kc, vc), snapshot):  # a refused call writes nothing
         assert torch.equal(snap(t), s)
