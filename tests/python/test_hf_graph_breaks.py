@@ -63,3 +63,24 @@ def test_a_patched_model_compiles_once():
     if errors:
         raise errors[0]
     assert graphs == [1]
+
+
+def test_a_host_driven_rule_breaks_the_graph_in_rotary_words():
+    """A dynamic rule reads max(position_ids) on the host (docs/transformers.md,
+    Limits): under fullgraph=True Dynamo named a skipped pybind function; the
+    patched forward breaks the graph itself, saying why and the way out."""
+    import torch
+
+    from rotary.integrations.transformers import rotary_patched
+
+    model = hf_sweep.tiny_model("llama", "LlamaForCausalLM").eval()
+    model.config.rope_parameters = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}
+    ids = torch.randint(3, hf_sweep.VOCAB, (1, 5), generator=torch.Generator().manual_seed(0))
+    torch._dynamo.reset()
+    try:
+        with rotary_patched(model), torch.no_grad():
+            with pytest.raises(torch._dynamo.exc.Unsupported, match=r"rotary: the patched model's dynamic or longrope "
+                                                                    r"rule reads max\(position_ids\) on the host"):
+                torch.compile(lambda i: model(input_ids=i).logits, backend="eager", fullgraph=True)(ids)
+    finally:
+        torch._dynamo.reset()

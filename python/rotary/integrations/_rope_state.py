@@ -8,6 +8,12 @@ from .. import _C
 from ..module import RotaryEmbedding
 
 
+_HOST_DRIVEN = ("rotary: the patched model's dynamic or longrope rule reads max(position_ids) on the host once per "
+                "forward pass and rebuilds its tables past the rule's threshold, as transformers' dynamic_rope_update "
+                "does; Dynamo cannot trace that, so it runs eagerly at a graph break (compile without "
+                "fullgraph=True, or use a rule that is not host-driven; docs/transformers.md, Limits)")
+
+
 class _RopeState:
     """One patched rotary embedding: our module and its tables per device."""
 
@@ -50,6 +56,8 @@ class _RopeState:
         """Host-driven rules (dynamic, longrope): rebuild the table for the
         reach of this forward pass, as dynamic_rope_update does."""
         if self.rope.host_driven and position_ids.numel() > 0:
+            if torch.compiler.is_dynamo_compiling():  # named, where Dynamo would name a skipped pybind function
+                torch._dynamo.graph_break(msg=_HOST_DRIVEN)
             self._leave_meta(position_ids.device)
             # 0 (the tables as held) for ids the op refuses: its error, not update_for_reach's.
             self.rope.update_for_reach(_C.RopeTables.reach_of(position_ids.shape[-1], 0, None, position_ids))
