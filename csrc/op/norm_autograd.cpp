@@ -11,6 +11,7 @@
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/forward_grad.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
 #include <torch/csrc/autograd/variable.h>
@@ -116,17 +117,27 @@ NormState load_norm(AutogradContext* ctx) {
           ctx->saved_data["weight_offset"].toDouble(), ctx->saved_data["heads_axis"].toInt()};
 }
 
+// The forward-mode tangents of q, k and the weights, kept for a backward run
+// inside the same dual level (forward over reverse): the norm's backward
+// reads q and its weight, so the gradient's tangent needs theirs.
+struct Tangents {
+  at::Tensor of[4];
+};
+
 class NormRopeFunction : public torch::autograd::Function<NormRopeFunction> {
  public:
   static variable_list forward(
       AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const std::optional<at::Tensor>& qw,
-      const std::optional<at::Tensor>& kw, const RopeState& s, const NormState& n) {
+      const std::optional<at::Tensor>& kw, const RopeState& s, const NormState& n, const Tangents& tangents) {
     ctx->set_materialize_grads(false);  // an unused output's gradient stays undefined (as in RopeQKFunction)
     const auto [q_side, k_side] = sides_needing_grad(q, k, qw.value_or(at::Tensor()), kw.value_or(at::Tensor()));
     detail::save_state(ctx, s, {q_side ? q : at::Tensor(), k_side ? k : at::Tensor(),
                                 q_side ? qw.value_or(at::Tensor()) : at::Tensor(),
                                 k_side ? kw.value_or(at::Tensor()) : at::Tensor()});
     save_norm(ctx, n);
+    for (int i = 0; i < 4; ++i) {
+      if (tangents.of[i].defined()) ctx->saved_data["tangent" + std::to_string(i)] = tangents.of[i];
+    }
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [out_q, out_k] = apply_qk_norm_rope(
         q, k, s.freqs, s.start_pos, s.interleaved, s.offsets, s.position_ids, s.inverse, s.cu_seqlens, s.inv_freq,
@@ -136,11 +147,20 @@ class NormRopeFunction : public torch::autograd::Function<NormRopeFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
+    auto saved = ctx->get_saved_variables();
+    if (torch::autograd::ForwardADLevel::try_get_by_idx(0)) {  // the dual level is still open
+      for (int i = 0; i < 4; ++i) {
+        const auto it = ctx->saved_data.find("tangent" + std::to_string(i));
+        at::Tensor& t = saved[detail::kSavedRope + i];
+        if (it == ctx->saved_data.end() || !t.defined()) continue;
+        t = t.clone();  // a dual of its own: the saved tensor stays as it was
+        t._set_fw_grad(it->second.toTensor(), /*level=*/0, /*is_inplace_op=*/false);
+      }
+    }
     auto g = input_grads(detail::load_state(ctx, saved), load_norm(ctx), saved[detail::kSavedRope],
                          saved[detail::kSavedRope + 1], saved[detail::kSavedRope + 2], saved[detail::kSavedRope + 3],
                          grads[0], grads[1]);
-    g.insert(g.end(), {at::Tensor(), at::Tensor()});  // the states'
+    g.insert(g.end(), {at::Tensor(), at::Tensor(), at::Tensor()});  // the states' and the tangents'
     return g;
   }
 
@@ -237,7 +257,9 @@ std::tuple<at::Tensor, at::Tensor> apply_qk_norm_rope_autograd(
     // Optional weights: an absent one is no input of the graph (Function::apply).
     const auto both = NormRopeFunction::apply(
         pq, pk, q_weight ? std::optional<at::Tensor>(pqw) : std::nullopt,
-        k_weight ? std::optional<at::Tensor>(pkw) : std::nullopt, detail::state_of(freqs ROTARY_ROPE_NAMES), n);
+        k_weight ? std::optional<at::Tensor>(pkw) : std::nullopt, detail::state_of(freqs ROTARY_ROPE_NAMES), n,
+        tangent ? Tangents{{detail::tangent_of(q), detail::tangent_of(k), detail::tangent_of(qw), detail::tangent_of(kw)}}
+                : Tangents{});
     out = {both[0], both[1]};
   }
   if (tangent) {

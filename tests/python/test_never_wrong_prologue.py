@@ -273,3 +273,34 @@ def test_a_side_needing_no_gradient_is_not_saved():
         qw.mul_(2)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         oq.sum().backward()
+
+
+def test_forward_over_reverse_gradients_carry_the_inputs_tangents():
+    """The norm's backward reads q and its weight: under a dual level (a
+    gradient taken of dual inputs, forward over reverse) it read the saved
+    primals, so the gradient's tangent was None or lacked their part (off by
+    up to 2). Against the differentiable float64 reference."""
+    import torch.autograd.forward_ad as fwAD
+
+    from rotary_testing.prologue_reference import ref_norm_rope
+
+    f = rotary.freqs_table(8, 64)
+    q, k, W, tq = (randn((1, 2, 3, 8), dtype=torch.float64, seed=s) for s in (401, 402, 403, 404))
+    w, tw = randn((8,), dtype=torch.float64, seed=405), randn((8,), dtype=torch.float64, seed=406)
+
+    def tangents(rope, loss):
+        with fwAD.dual_level():
+            x = fwAD.make_dual(q.clone().requires_grad_(), tq)
+            xw = fwAD.make_dual(w.clone().requires_grad_(), tw)
+            grads = torch.autograd.grad(loss(rope(x, xw)), (x, xw), create_graph=True)
+            return [fwAD.unpack_dual(g).tangent for g in grads]
+
+    for loss in (lambda o: (o * W).sum(), lambda o: (o ** 2).sum()):
+        got = tangents(lambda x, xw: rotary.apply_qk_norm_rope(x, k, f, 3, q_weight=xw)[0], loss)
+        want = tangents(lambda x, xw: ref_norm_rope(x, xw, 3), loss)
+        for g, r in zip(got, want):
+            assert g is not None and r.abs().max() > 1e-3
+            torch.testing.assert_close(g, r, rtol=1e-6, atol=1e-6)  # the table is complex64
+    args = (q.clone().requires_grad_(), k.clone().requires_grad_(), w.clone().requires_grad_())
+    assert torch.autograd.gradgradcheck(lambda a, b, c: rotary.apply_qk_norm_rope(a, b, f, 3, q_weight=c), args,
+                                        check_fwd_over_rev=True)
