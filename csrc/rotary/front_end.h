@@ -83,7 +83,9 @@ auto run_module_call(
     tables.check_rows(seq_len, start_pos, has_positions, f.size(0));
     const bool within = !has_positions && start_pos + seq_len <= f.size(0);
     std::optional<at::Tensor> inv;
-    if (tables.extends_past_table() && !within) inv = fresh ? fresh->inv_freq : now.second;
+    const at::Tensor& held_inv = fresh ? fresh->inv_freq : now.second;
+    // One that requires grad goes to the op, which refuses it (it would get no gradient).
+    if ((tables.extends_past_table() && !within) || held_inv.requires_grad()) inv = held_inv;
     auto out = op(f, inv);
     if (fresh) buffers.install(*fresh);
     return out;

@@ -244,7 +244,8 @@ class RotaryEmbedding(nn.Module):
                 and not torch.compiler.is_compiling()
                 and positions is None and self.rotary_offset == 0 and self.axes_dim is None
                 and isinstance(q, torch.Tensor) and q.dim() == 4
-                and (k is None or (isinstance(k, torch.Tensor) and k.dim() != 0))):
+                and (k is None or (isinstance(k, torch.Tensor) and k.dim() != 0))
+                and not self._buffers["inv_freq"].requires_grad):  # else _rotate passes it: the op refuses it
             seq, freqs, inter = q.size(ax), self._buffers["freqs"], self._opts[3]
             if type(seq) is int and 0 <= start_pos < _MAX_START_POS and q.size(3) >= self.dim:
                 kw = {} if ax == 2 else {"layout": layout}  # keywords parse slowly: only when not the default
@@ -332,7 +333,8 @@ class RotaryEmbedding(nn.Module):
     def _rotate(self, q, k, start_pos, offsets, position_ids, freqs, inv_freq, layout):
         # inv_freq lets positions past the cached rows be computed exactly;
         # float32 angles have no on-the-fly path (it is float64 only).
-        inv = inv_freq if self._extends else None
+        # One that requires grad goes to the op, which refuses it (it would get no gradient).
+        inv = inv_freq if self._extends or inv_freq.requires_grad else None
         if (inv is None and offsets is None and position_ids is None and q.dim() == 4 and isinstance(start_pos, int)
                 and not torch.compiler.is_compiling()):  # traced, the op refuses the rows in its words
             seq = q.shape[_SEQ_AXIS[layout]]

@@ -173,3 +173,25 @@ def test_functionalize_serves_the_out_of_place_ops_and_leaves_the_in_place_ones_
     with pytest.raises(RuntimeError, match=r"custom \(non-ATen\) operator whose output has alias annotations"):
         functionalize(lambda t: rotary.apply_rope_(t, f, 2))(x)
     assert torch.equal(x, saved)
+
+
+@pytest.mark.parametrize("cls", [rotary.RotaryEmbedding, rotary.CppRotaryEmbedding])
+@pytest.mark.parametrize("angle_dtype", ["float64", "float32"])
+def test_a_module_inv_freq_that_requires_grad_is_refused_inside_the_table_too(cls, angle_dtype):
+    """The op refuses an inv_freq that requires grad; a module passed it only
+    for positions past its table, so a call inside it served it, and
+    torch.func.grad through functional_call got zeros."""
+    from torch.func import functional_call
+
+    m = cls(8, 32, angle_dtype=angle_dtype)
+    q = randn((1, 2, 4, 8), seed=501)
+    words = r"rotary: inv_freq requires grad, but gradients with respect to the frequencies are not supported"
+    if cls is rotary.RotaryEmbedding:
+        with pytest.raises(ValueError, match=words):
+            grad(lambda w: functional_call(m, {"freqs": m.freqs, "inv_freq": w}, (q,), dict(start_pos=1)).sum())(
+                m.inv_freq.clone())
+    m.inv_freq.requires_grad_()
+    with pytest.raises(ValueError, match=words):
+        m(q, start_pos=1)
+    m.inv_freq.requires_grad_(False)
+    torch.testing.assert_close(m(q, start_pos=1).double(), ref_rope4(q, None, 1, True), rtol=0, atol=1e-5)
