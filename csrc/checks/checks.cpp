@@ -62,8 +62,6 @@ at::Tensor check_head_tensor(const char* op, const char* name, const at::Tensor&
 // [batch, seq] (absolute, as in Hugging Face); packed: [] / [total_tokens].
 // Each message names the other argument, so the two are never confused.
 void check_positions_shape(const char* op, const at::Tensor& q_view, const RopeArgs& args) {
-  if (args.offsets) check_defined(op, "offsets", *args.offsets);  // from C++: not "both" for two undefined ones
-  if (args.position_ids) check_defined(op, "position_ids", *args.position_ids);
   TORCH_CHECK_VALUE(
       !(args.offsets && args.position_ids), op,
       ": pass offsets (per-sequence starts) or position_ids (absolute ids), not both");
@@ -115,6 +113,9 @@ void check_positions_shape(const char* op, const at::Tensor& q_view, const RopeA
 RopeCall check_rope_inputs(
     const char* op, const at::Tensor& q, const at::Tensor* k, const at::Tensor& freqs, const RopeArgs& args) {
   const char* q_name = k ? "q" : "x";
+  // From C++, an undefined one is named first (not read as "both", nor by pair_axes' shape check).
+  if (args.offsets) check_defined(op, "offsets", *args.offsets);
+  if (args.position_ids) check_defined(op, "position_ids", *args.position_ids);
   if (args.cu_seqlens) {
     const auto& cu = *args.cu_seqlens;
     check_defined(op, "cu_seqlens", cu);

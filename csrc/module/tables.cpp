@@ -228,8 +228,9 @@ RopeTableSet RopeTables::build(int64_t state, c10::Device device) const {
     if (rows > options_.max_seq_len()) {  // grown for this call's reach: max_seq_len is not the way out
       const auto pairs = static_cast<int64_t>(f.inv_freq.size());
       detail::check_host_bytes("freqs_table", {rows, pairs}, sizeof(c10::complex<float>), "complex64",
-                               "the dynamic rule's float32-angle table, grown to this call's reach of " +
-                                   std::to_string(rows) + " rows x dim // 2 = " + std::to_string(pairs) + " pairs,",
+                               "the dynamic rule's float32-angle table, grown for this call's reach to " +
+                                   std::to_string(rows) + " rows (at most 2^20) x dim // 2 = " + std::to_string(pairs) +
+                                   " pairs,",
                                "pass angle_dtype=float64 (its grown positions are then computed on the fly), or "
                                "reach fewer positions");
     }
@@ -280,7 +281,8 @@ int64_t RopeTables::reach_of(
   // Before max(): the op's words, not max's (sparse, nested) or item's (meta).
   detail::check_dense("apply_rope", name, *given);
   TORCH_CHECK_VALUE(!given->is_meta(), "RotaryEmbedding: a host-driven rule (dynamic, longrope) sizes its table by ",
-                    "the call's largest position, read on the host; ", name, " on the meta device hold no values");
+                    "the call's largest position, read on the host; ", name,
+                    " on the meta device hold no values: pass them on q's device");
   if (given->numel() == 0) return start_pos + seq_len;
   detail::check_integer_dtype("apply_rope", name, *given);
   // Under vmap each sample's positions are its own: no one largest to size one table by.

@@ -102,8 +102,10 @@ std::tuple<at::Tensor, at::Tensor> apply_rope_cos_sin_composite(
   detail::check_dense(kOp, "q", q);
   detail::check_dense(kOp, "k", k);
   detail::check_dense(kOp, "cos", cos);
-  if (sin) detail::check_defined(kOp, "sin", *sin);
-  if (sin) detail::check_dense(kOp, "sin", *sin);
+  if (sin) {
+    detail::check_defined(kOp, "sin", *sin);
+    detail::check_dense(kOp, "sin", *sin);
+  }
   if (position_ids) detail::check_dense(kOp, "position_ids", *position_ids);
   TORCH_CHECK_VALUE(q.dim() == 3 || q.dim() == 4, kOp, ": q must be [batch, heads, seq, head_dim] in layout, or ",
                     "[tokens, heads, head_dim], got shape ", q.sym_sizes());

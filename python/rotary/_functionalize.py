@@ -80,7 +80,7 @@ def _check_no_shared_storage(op, x, moved, others):
         if isinstance(t, torch.Tensor) and StorageWeakRef(t.untyped_storage()) == mine:
             raise ValueError(
                 f"{op}: x and {name} share one storage, and x is {moved[1]}, traced as the out-of-place op and "
-                f"copy_, so whether they overlap cannot be checked; pass a clone of {name}, or {moved[2]}")
+                f"copy_, where the op's overlap checks do not run; pass a clone of {name}, or {moved[2]}")
 
 
 def _real_table(mode, func, types, args, kwargs):

@@ -232,9 +232,14 @@ def scaling(config: Any, params: Dict[str, Any], max_pos: Optional[int], rotary_
     top = None if nested else get(config, "original_max_position_embeddings")  # a layer type's own wins
     nones = [key for key in _NOT_NONE.get(rope_type, ()) if key in params and params[key] is None
              and not (key == "original_max_position_embeddings" and top is not None)]
+    original = "original_max_position_embeddings"
+    if (not nested and original in _NOT_NONE.get(rope_type, ()) and isinstance(config, Mapping)
+            and original in config and config[original] is None):
+        nones.append(f"top-level {original}")  # transformers writes it over the rule's
     if nones:
-        raise ValueError(f"from_hf_config: the {rope_type} rule's {', '.join(nones)} is None: transformers reads it "
-                         "as given and fails on None (TypeError); give its value")
+        raise ValueError(f"from_hf_config: the {rope_type} rule's {', '.join(nones)} "
+                         f"{'is' if len(nones) == 1 else 'are'} None: transformers reads it as given and fails on "
+                         "None (TypeError); give its value")
     model_keys = ("rope_theta",) if rope_type == "proportional" else MODEL_KEYS
     scaling = {key: value for key, value in params.items() if key not in model_keys}
     inner = scaling.pop("max_position_embeddings", None)  # transformers' rules never read it there

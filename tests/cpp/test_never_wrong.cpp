@@ -317,6 +317,9 @@ TEST(NeverWrong, UndefinedTensorsAndBadEnumsAreNamed) {
                                undefined("apply_rope", "offsets"));
   ExpectError<c10::ValueError>([&] { rotary::apply_rope(x, f, RopeFuncOptions().position_ids(none)); },
                                undefined("apply_rope", "position_ids"));
+  ExpectError<c10::ValueError>(
+      [&] { rotary::apply_rope(x, f, RopeFuncOptions().position_ids(none).pair_axes(std::vector<int64_t>{0, 1})); },
+      undefined("apply_rope", "position_ids"));
   ExpectError<c10::ValueError>([&] { rotary::apply_rope(x, f, RopeFuncOptions().inv_freq(none)); },
                                undefined("apply_rope", "inv_freq"));
   ExpectError<c10::ValueError>(

@@ -272,6 +272,20 @@ def offsets_cut_like_the_batch_under_context_parallel(mesh):
     served = dshard(torch.tensor([-10]), grid, [Shard(0), Replicate()])[0]  # positions 50..55: served
     OPS.apply_rope_(d, f, 60, offsets=served)
     _close(d.to_local(), local_part(rope_reference(x, 50), grid, [Shard(0), Shard(2)]), "offsets -10")
+    # DP over the ranks (a 2 x 1 mesh): each rank checks its own row, over the whole sequence.
+    rows = init_device_mesh("cpu", (dist.get_world_size(), 1), mesh_dim_names=("dp2", "cp2"))
+    x2 = _rand(2, 4, 6, D, seed=14)
+    d2 = dshard(x2, rows, [Shard(0), Shard(2)])[0]
+    starts = torch.tensor([3, 59])  # row 1 reaches position 64, past the table
+    mine = dshard(starts, rows, [Shard(0), Replicate()])[0]
+    if dist.get_rank() == 1:
+        before = d2.to_local().clone()
+        with pytest.raises(IndexError, match=r"has position 64"):
+            OPS.apply_rope_(d2, f, 0, offsets=mine)
+        assert torch.equal(d2.to_local(), before)
+    else:  # its row is served (a sharded position is each rank's own: docs/distributed.md)
+        OPS.apply_rope_(d2, f, 0, offsets=mine)
+        _close(d2.to_local(), rope_reference(x2[:1], 3), "row 0 at offset 3")
 
 
 _SCENARIOS = [values_refused_alike, size_one_ids_on_sequence_shards, gradients_placed_unlike,

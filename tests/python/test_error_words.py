@@ -98,7 +98,8 @@ def test_a_grown_dynamic_table_past_this_machines_memory_names_the_reach(cls):
     x = randn((1, 1, 1, 2**19), seed=7)
     before = x.clone()
     with pytest.raises(ValueError, match=r"max_seq_len=16.*freqs_table: the dynamic rule's float32-angle table, "
-                                         r"grown to this call's reach of 1048576 rows x dim // 2 = 262144 pairs, needs "
+                                         r"grown for this call's reach to 1048576 rows \(at most 2\^20\) x dim // 2 = "
+                                         r"262144 pairs, needs "
                                          r"2199023255552 bytes \(complex64\), more than this machine's memory .*; pass "
                                          r"angle_dtype=float64 \(its grown positions are then computed on the fly\)"):
         rope(x, start_pos=2**20 - 1)

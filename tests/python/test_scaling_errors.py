@@ -3,6 +3,7 @@ rope_freqs, both modules and from_hf_config; every table a constructor builds
 is finite; fields of other rules refused.
 Split from test_scaling.py (the rules against the published formulas)."""
 
+import copy
 import math
 
 import pytest
@@ -104,7 +105,8 @@ LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_fr
 @pytest.mark.parametrize("rule,key", [("llama3", "low_freq_factor"), ("llama3", "high_freq_factor"),
                                       ("llama3", "original_max_position_embeddings"),
                                       ("yarn", "original_max_position_embeddings"),
-                                      ("longrope", "original_max_position_embeddings"), ("proportional", "factor")])
+                                      ("longrope", "original_max_position_embeddings"), ("proportional", "factor"),
+                                      ("yarn", "top-level original_max_position_embeddings")])
 def test_a_rule_key_given_as_none_that_transformers_fails_on(rule, key):
     """A None is read as given by transformers (it fails on it), where rotary
     took it as absent and filled in its own value (low_freq_factor 1, the
@@ -117,13 +119,16 @@ def test_a_rule_key_given_as_none_that_transformers_fails_on(rule, key):
               "proportional": {"rope_type": "proportional", "factor": 2.0, "partial_rotary_factor": 0.5}}[rule]
     config = {"hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": 64, "rope_theta": 1e4,
               "rope_scaling": dict(params, **{key: None})}
+    if key.startswith("top-level"):  # transformers writes the top-level one over the rule's
+        config = dict(config, rope_scaling=params, original_max_position_embeddings=None)
     with pytest.raises(Exception):  # transformers' own class fails on the same config
-        embed = LlamaRotaryEmbedding(transformers.LlamaConfig(**config))
+        embed = LlamaRotaryEmbedding(transformers.LlamaConfig(**copy.deepcopy(config)))  # it writes into the dicts
         embed(torch.randn(1, 2, 16), torch.arange(2)[None])
     with pytest.raises(ValueError, match=rf"the {rule} rule's {key} is None: transformers reads it as given and "
                                          r"fails on None \(TypeError\); give its value"):
         rotary.RotaryEmbedding.from_hf_config(dict(config, model_type="llama"))
-    rotary.RotaryEmbedding.from_hf_config(dict(config, model_type="llama", rope_scaling=params))  # as given: served
+    served = {n: v for n, v in config.items() if n != "original_max_position_embeddings"}
+    rotary.RotaryEmbedding.from_hf_config(dict(served, model_type="llama", rope_scaling=params))  # as given: served
 
 
 # ---------------------------------------------------------------------------
