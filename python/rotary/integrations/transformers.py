@@ -218,7 +218,6 @@ def _patch(model: nn.Module, max_seq_len: Optional[int] = None, fuse_qk_norm: bo
     modules = _attention_modules(model, family.freqs_cis_layout)
     if not modules:
         raise ValueError(f"rotary: {type(model).__name__} has no attention calling {_FUNC_NAME}")
-    _refuse_patched_through_another(model, embeddings)
 
     # Build everything first so that a config error leaves the model untouched.
     built = []
@@ -249,6 +248,7 @@ def _patch(model: nn.Module, max_seq_len: Optional[int] = None, fuse_qk_norm: bo
     with _lock:
         if is_patched(model):  # by another thread since the check above: its patch stands
             return model
+        # Under the lock: another thread patching this same model has finished (is_patched above).
         _refuse_patched_through_another(model, embeddings)
         try:
             for emb, states in built:
