@@ -5,7 +5,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from .. import _C
-from ..module import RotaryEmbedding
+from ..module import RotaryEmbedding, _run_eagerly
 
 
 _HOST_DRIVEN = ("rotary: the patched model's dynamic or longrope rule reads max(position_ids) on the host once per "
@@ -58,9 +58,13 @@ class _RopeState:
         if self.rope.host_driven and position_ids.numel() > 0:
             if torch.compiler.is_dynamo_compiling():  # named, where Dynamo would name a skipped pybind function
                 torch._dynamo.graph_break(msg=_HOST_DRIVEN)
-            self._leave_meta(position_ids.device)
-            # 0 (the tables as held) for ids the op refuses: its error, not update_for_reach's.
-            self.rope.update_for_reach(_C.RopeTables.reach_of(position_ids.shape[-1], 0, None, position_ids))
+                return _run_eagerly(self._prepare, position_ids)  # resumed: without Dynamo's pybind warning
+            self._prepare(position_ids)
+
+    def _prepare(self, position_ids: torch.Tensor) -> None:
+        self._leave_meta(position_ids.device)
+        # 0 (the tables as held) for ids the op refuses: its error, not update_for_reach's.
+        self.rope.update_for_reach(_C.RopeTables.reach_of(position_ids.shape[-1], 0, None, position_ids))
 
 
 def _dynamic_rules(emb, states):
