@@ -138,12 +138,10 @@ KVCall check_kv_inputs(
       v.scalar_type() == k.scalar_type(), op, ": v has dtype ", v.scalar_type(), " but k has dtype ", k.scalar_type(),
       "; k and v must share one dtype");
   TORCH_CHECK_VALUE(
-      !same_but_head_dim(v, k) || v.sym_size(-1) > 0, op, ": v's head_dim (its last dim) must be > 0, got v ",
-      v.sym_sizes());
-  TORCH_CHECK_VALUE(
       same_but_head_dim(v, k), op,
       ": v must have the shape of k but for head_dim (MLA's v_head_dim may differ), got v ", v.sym_sizes(), " and k ",
       k.sym_sizes());
+  TORCH_CHECK_VALUE(v.sym_size(-1) > 0, op, ": v's head_dim (its last dim) must be > 0, got v ", v.sym_sizes());
   TORCH_CHECK_VALUE(
       v.device() == q.device(), op, ": v is on ", v.device(), " but q is on ", q.device(), "; move both to the same device");
 
