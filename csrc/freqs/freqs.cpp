@@ -110,12 +110,18 @@ void check_entries(const RopeFrequencies& freqs, const EntryMaker& entry, double
 
 at::Tensor freqs_table(const RopeFrequencies& freqs, int64_t max_seq_len, at::ScalarType angle_dtype) {
   TORCH_CHECK_VALUE(max_seq_len >= 0, "freqs_table: max_seq_len must be >= 0, got ", max_seq_len);
+  return detail::freqs_table_worded(freqs, max_seq_len, angle_dtype,
+                                    "a table of max_seq_len=" + std::to_string(max_seq_len) + " rows x dim // 2 = " +
+                                        std::to_string(freqs.inv_freq.size()) + " pairs",
+                                    "pass a smaller max_seq_len");
+}
+
+at::Tensor detail::freqs_table_worded(const RopeFrequencies& freqs, int64_t max_seq_len, at::ScalarType angle_dtype,
+                                      const std::string& what, const char* advice) {
   check_angle_dtype(angle_dtype, "freqs_table");
   const int64_t pairs = static_cast<int64_t>(freqs.inv_freq.size());
-  detail::check_host_bytes("freqs_table", {max_seq_len, pairs}, sizeof(c10::complex<float>), "complex64",
-                           "a table of max_seq_len=" + std::to_string(max_seq_len) + " rows x dim // 2 = " +
-                               std::to_string(pairs) + " pairs",
-                           "pass a smaller max_seq_len");
+  detail::check_host_bytes("freqs_table", {max_seq_len, pairs}, sizeof(c10::complex<float>), "complex64", what,
+                           advice);
   const EntryMaker entry(freqs, angle_dtype);
   check_entries(freqs, entry, static_cast<double>(std::max<int64_t>(max_seq_len - 1, 0)), angle_dtype, "freqs_table");
   auto table = detail::host_tensor({max_seq_len, pairs}, at::kComplexFloat);

@@ -12,6 +12,7 @@
 #include <string>
 
 namespace rotary {
+struct RopeFrequencies;
 namespace detail {
 
 inline at::Tensor host_tensor(at::IntArrayRef sizes, at::ScalarType dtype) {
@@ -24,6 +25,11 @@ inline at::Tensor host_tensor(at::IntArrayRef sizes, at::ScalarType dtype) {
 // the element type, `advice` the way out (freqs.cpp).
 void check_host_bytes(const char* who, std::initializer_list<int64_t> dims, uint64_t entry_bytes, const char* entry,
                       const std::string& what, const char* advice);
+
+// freqs_table whose memory refusal the caller words: a module's grown table
+// is not sized by a max_seq_len, so "pass a smaller max_seq_len" misleads.
+at::Tensor freqs_table_worded(const RopeFrequencies& freqs, int64_t rows, at::ScalarType angle_dtype,
+                              const std::string& what, const char* advice);
 
 }  // namespace detail
 }  // namespace rotary

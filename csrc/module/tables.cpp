@@ -18,16 +18,13 @@
 #include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
 
-#include <pthread.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
 #include <optional>
-#include <new>
 #include <sstream>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -124,40 +121,6 @@ RopeTables::RopeTables(RotaryEmbeddingOptions options, int64_t state) : options_
   attention_scaling_ = frequencies_of(options_, options_.scaling(), state_).attention_scaling;
 }
 
-namespace {
-
-// The live ForkSafeMutexes, made anew in a forked child (where only the
-// forking thread runs). The registry's own mutex is held across fork().
-std::mutex& registry_mutex() {
-  static std::mutex* m = new std::mutex();  // never destroyed: a handler may run at exit
-  return *m;
-}
-std::unordered_set<detail::ForkSafeMutex*>& registry() {
-  static auto* live = new std::unordered_set<detail::ForkSafeMutex*>();
-  return *live;
-}
-void install_fork_handlers() {
-  static const int once = pthread_atfork([] { registry_mutex().lock(); }, [] { registry_mutex().unlock(); },
-                                         [] {
-                                           for (detail::ForkSafeMutex* m : registry()) new (&m->mutex) std::mutex();
-                                           registry_mutex().unlock();
-                                         });
-  (void)once;
-}
-
-}  // namespace
-
-detail::ForkSafeMutex::ForkSafeMutex() {
-  install_fork_handlers();
-  std::lock_guard<std::mutex> guard(registry_mutex());
-  registry().insert(this);
-}
-
-detail::ForkSafeMutex::~ForkSafeMutex() {
-  std::lock_guard<std::mutex> guard(registry_mutex());
-  registry().erase(this);
-}
-
 RopeTables::RopeTables(const RopeTables& other)
     : options_(other.options_),
       host_driven_(other.host_driven_),
@@ -225,16 +188,16 @@ RopeTableSet RopeTables::build(int64_t state, c10::Device device) const {
   try {
     const RopeFrequencies f = frequencies_of(options_, options_.scaling(), state);
     const int64_t rows = rows_for(options_, state);
-    if (rows > options_.max_seq_len()) {  // grown for this call's reach: max_seq_len is not the way out
-      const auto pairs = static_cast<int64_t>(f.inv_freq.size());
-      detail::check_host_bytes("freqs_table", {rows, pairs}, sizeof(c10::complex<float>), "complex64",
-                               "the dynamic rule's float32-angle table, grown for this call's reach to " +
-                                   std::to_string(rows) + " rows (at most 2^20) x dim // 2 = " + std::to_string(pairs) +
-                                   " pairs,",
-                               "pass angle_dtype=float64 (its grown positions are then computed on the fly), or "
-                               "reach fewer positions");
-    }
-    out.freqs = freqs_table(f, rows, options_.angle_dtype());
+    const auto pairs = std::to_string(f.inv_freq.size());
+    // Grown past max_seq_len for this call's reach: max_seq_len is not the way out.
+    out.freqs = rows <= options_.max_seq_len()
+                    ? freqs_table(f, rows, options_.angle_dtype())
+                    : detail::freqs_table_worded(
+                          f, rows, options_.angle_dtype(),
+                          "the dynamic rule's float32-angle table, grown for this call's reach to " +
+                              std::to_string(rows) + " rows (at most 2^20) x dim // 2 = " + pairs + " pairs,",
+                          "pass angle_dtype=float64 (its grown positions are then computed on the fly), or "
+                          "reach fewer positions");
     out.inv_freq = inv_freq_tensor(f);
     out.attention_scaling = f.attention_scaling;
   } catch (const c10::ValueError& e) {
