@@ -242,8 +242,21 @@ def rope_kwargs_from_hf_config(
     (``hf_families.CLASS_*``), a family rotating by the negative angle (NanoChat;
     ``allow_inverse=True``: the caller passes ``inverse=True`` to the ops, as
     the transformers patch does), an odd rotary dim, an unknown ``rope_type``, sections that do
-    not sum to ``dim / 2``; and for missing or invalid fields.
+    not sum to ``dim / 2``; and for missing or invalid fields. A refusal of a
+    layer type's own rule names ``layer_type``.
     """
+    try:
+        return _kwargs(config, max_seq_len, layer_type, layer_theta, allow_inverse, allow_unverified)
+    except ValueError as e:
+        # A layer type's own rule: say which, where the refusal does not.
+        text = str(e)
+        if layer_type is None or f"layer_type={layer_type!r}" in text or not text.startswith("from_hf_config: "):
+            raise
+        raise ValueError(text.replace("from_hf_config: ", f"from_hf_config (layer_type={layer_type!r}): ", 1)) from None
+
+
+def _kwargs(config: Any, max_seq_len: Optional[int], layer_type: Optional[str], layer_theta: Optional[float],
+            allow_inverse: bool, allow_unverified: bool) -> Dict[str, Any]:
     config = _text_config(config)
     model_type = str(_get(config, "model_type", ""))
     fam = _served_family(config, model_type, allow_inverse)

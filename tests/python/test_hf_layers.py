@@ -140,3 +140,19 @@ def test_nanochat_rotates_by_the_negative_angle():
 def test_refusals():
     with pytest.raises(ValueError, match="has no per-layer bases"):
         rope_kwargs_from_hf_config(make_config("LlamaConfig", **SMALL), layer_theta=1e4)
+
+
+def test_a_layer_types_refusal_names_the_layer_type():
+    d = {"model_type": "gemma3_text", "head_dim": 8, "hidden_size": 32, "num_attention_heads": 4,
+         "max_position_embeddings": 64, "layer_types": ["sliding_attention", "full_attention"],
+         "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": None},
+                             "full_attention": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e6,
+                                                "original_max_position_embeddings": None}}}
+    with pytest.raises(ValueError, match=r"^from_hf_config \(layer_type='sliding_attention'\): "
+                                         r"rope_parameters\['rope_theta'\] is None"):
+        rope_kwargs_from_hf_config(d, layer_type="sliding_attention")
+    with pytest.raises(ValueError, match=r"^from_hf_config \(layer_type='full_attention'\): the yarn rule's "
+                                         "original_max_position_embeddings is None"):
+        rope_kwargs_from_hf_config(d, layer_type="full_attention")
+    with pytest.raises(ValueError, match=r"^from_hf_config: layer_type='x' is not a layer type"):
+        rope_kwargs_from_hf_config(d, layer_type="x")
