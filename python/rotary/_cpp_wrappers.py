@@ -67,11 +67,32 @@ def move_of(fn, device: torch.device):
     return None if out is probe and not shared and probe.is_shared() else out.device
 
 
+def _read_through(name: str, doc) -> property:
+    def refuse(self, value):
+        if "_adopted" not in self.__dict__:  # ModuleWrapper.__init__ copying the value: nothing to keep
+            return
+        cls = type(self).__name__
+        raise AttributeError(f"rotary.{cls}.{name} is read-only, got an assignment of {value!r}: it reads the C++ "
+                             f"module, whose options are fixed once built; build a new rotary.{cls}")
+
+    return property(lambda self: getattr(self.cpp_module, name), refuse, doc=doc)
+
+
 def adopt(wrapper) -> None:
-    """Fit a new wrapper instance: nn.Module's methods and refusing dicts."""
+    """Fit a new wrapper instance: nn.Module's methods, options read live
+    and refusing dicts."""
     own, cls = wrapper.__dict__, type(wrapper).__name__
     for name in _SHADOWED:
         own.pop(name, None)
+    # ModuleWrapper copies the C++ properties' values too: a copy went stale
+    # (attention_scaling after a rule's switch, capacity after reset()), and
+    # an assignment to it read back but changed nothing. Read-only, read live.
+    for name, prop in vars(type(wrapper.cpp_module)).items():
+        if isinstance(prop, property) and name in own and not name.startswith("_"):
+            del own[name]
+            if name not in vars(type(wrapper)):
+                setattr(type(wrapper), name, _read_through(name, prop.__doc__))
+    own["_adopted"] = True
     for attr in ("_parameters", "_buffers", "_modules"):
         object.__setattr__(wrapper, attr, _CppDict(wrapper.cpp_module, attr, cls))
 

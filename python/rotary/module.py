@@ -29,6 +29,10 @@ _HOST_DRIVEN = ("rotary.RotaryEmbedding with a dynamic or longrope rule rebuilds
                 "rotary.apply_rope_qk, or use a rule that is not host-driven (docs/api.md)")
 
 
+def _copy(values):
+    return None if values is None else list(values)
+
+
 def _in_cpp(check, *args):
     """A C++ check that raises the module's error. Traced, a graph break runs
     it eagerly; under fullgraph=True the break names why (Dynamo's own words
@@ -92,11 +96,8 @@ class RotaryEmbedding(nn.Module):
         self._opts = (t.dim, t.max_seq_len, t.theta, t.interleaved, t.scaling, t.angle_dtype)
         self._host_driven = t.host_driven
         self._extends = t.extends_past_table  # float64 angles: positions past the table computed exactly
-        self.rotary_offset = t.rotary_offset
-        self.mrope_section = t.mrope_section
-        self.mrope_interleaved = t.mrope_interleaved
-        self.axes_dim = t.axes_dim
-        self.pair_axes = t.pair_axes  # the pair -> axis map (rotary/axes.h); None: 1-D
+        # (rotary_offset, axes_dim, pair_axes: the pair -> axis map, rotary/axes.h; None: 1-D)
+        self._layout = (t.rotary_offset, t.axes_dim, t.pair_axes)
         freqs, inv_freq = t.build()
         device = torch.get_default_device()  # `with torch.device("meta"):`, as nn.Module's own buffers follow it
         if device.type != "cpu":
@@ -112,6 +113,14 @@ class RotaryEmbedding(nn.Module):
     scaling = property(lambda self: self._opts[4], doc="The rule as a dict of the fields that differ from their defaults, None "
                        "for plain RoPE (RotaryEmbedding(..., scaling=it) builds the same rule).")
     angle_dtype = property(lambda self: self._opts[5], doc="'float64' or 'float32'.")
+    # Read-only like the options above (an assignment was taken by some paths and not others); lists are copies.
+    rotary_offset = property(lambda self: self._layout[0], doc="The first rotated dim of each head.")
+    axes_dim = property(lambda self: _copy(self._layout[1]), doc="Pairs per axis of an axial rule, else None.")
+    pair_axes = property(lambda self: _copy(self._layout[2]),
+                         doc="The axis of each pair (M-RoPE, axial, pair_axes=), else None.")
+    mrope_section = property(lambda self: self._tables.mrope_section, doc="M-RoPE's sections, else None.")
+    mrope_interleaved = property(lambda self: self._tables.mrope_interleaved,
+                                 doc="M-RoPE's sections interleaved (Qwen3-VL) rather than contiguous.")
     host_driven = property(lambda self: self._host_driven,
                            doc="True for dynamic and longrope: the tables follow each call's reach, on the host.")
     rope_state = property(lambda self: self._tables.state_of(self._held),
@@ -142,6 +151,16 @@ class RotaryEmbedding(nn.Module):
     def _install(self, freqs: torch.Tensor, inv_freq: torch.Tensor) -> None:
         self._buffers["freqs"], self._buffers["inv_freq"] = freqs, inv_freq
 
+    def __setattr__(self, name, value):
+        # The tables are one pair built from the options: a freqs swapped alone
+        # served positions past it from the old inv_freq. (functional_call and
+        # export swap _buffers directly; load_state_dict(assign=True) sets the pair it installed.)
+        if name in ("freqs", "inv_freq") and "_tables" in self.__dict__ and value is not self._buffers.get(name):
+            raise AttributeError(f"RotaryEmbedding.{name} cannot be assigned: freqs and inv_freq are one pair, "
+                                 "built from the options (positions past the table read inv_freq); "
+                                 "load_state_dict checks and installs a saved pair, or build a new RotaryEmbedding")
+        super().__setattr__(name, value)
+
     def update_for_reach(self, reach: int) -> None:
         """Host-driven rules: make the tables right for a call whose largest
         position is ``reach - 1``. Other rules: no-op."""
@@ -166,11 +185,11 @@ class RotaryEmbedding(nn.Module):
             device = self.freqs.device
             if local_metadata.get("assign_to_params_buffers") and isinstance(saved, torch.Tensor) and not saved.is_meta:
                 device = saved.device
-            none = [key for key in (fkey, ikey) if key in state_dict and state_dict[key] is None]
+            bad = [key for key in (fkey, ikey) if key in state_dict and not isinstance(state_dict[key], torch.Tensor)]
             try:
-                if none:  # not "left out" (restore's None): torch refuses a None entry too
-                    raise TypeError(f"RotaryEmbedding.load_state_dict: the saved '{none[0][len(prefix):]}' must be "
-                                    "a tensor, got None")
+                if bad:  # None too: not "left out" (restore's None); torch refuses a None entry too
+                    raise TypeError(f"RotaryEmbedding.load_state_dict: the saved '{bad[0][len(prefix):]}' must be "
+                                    f"a tensor, got {state_dict[bad[0]]!r}"[:300])
                 self._tables.restore(state_dict.get(fkey), state_dict.get(ikey), "RotaryEmbedding.load_state_dict",
                                      device, self._install)
             except (ValueError, TypeError) as e:
@@ -242,7 +261,7 @@ class RotaryEmbedding(nn.Module):
         ax = _SEQ_AXIS.get(layout) if type(layout) is str else None
         if (type(start_pos) is int and ax is not None and offsets is None and position_ids is None
                 and not torch.compiler.is_compiling()
-                and positions is None and self.rotary_offset == 0 and self.axes_dim is None
+                and positions is None and self._layout[0] == 0 and self._layout[1] is None
                 and isinstance(q, torch.Tensor) and q.dim() == 4
                 and (k is None or (isinstance(k, torch.Tensor) and k.dim() != 0))
                 and not self._buffers["inv_freq"].requires_grad):  # else _rotate passes it: the op refuses it
@@ -277,7 +296,7 @@ class RotaryEmbedding(nn.Module):
         if positions is not None:  # deprecated: its rank decided its meaning
             start_pos, offsets, position_ids = _route(positions, offsets, position_ids, start_pos, None,
                                                       "RotaryEmbedding")
-        if q.dim() == 4 and q.shape[-1] < self.rotary_offset + self.dim:
+        if q.dim() == 4 and q.shape[-1] < self._layout[0] + self.dim:
             _in_cpp(self._tables.check_span, q)  # raises, in the C++ module's words
         if not self._host_driven:
             return self._rotate(q, k, start_pos, offsets, position_ids, self.freqs, self.inv_freq, layout)
@@ -340,11 +359,11 @@ class RotaryEmbedding(nn.Module):
             seq = q.shape[_SEQ_AXIS[layout]]
             if seq > 0 and start_pos + seq > freqs.shape[0]:
                 self._tables.check_rows(seq, start_pos, False, freqs.shape[0])
-        kw = dict(offsets=offsets, position_ids=position_ids, inv_freq=inv, rotary_offset=self.rotary_offset,
-                  layout=layout)
-        if self.pair_axes is not None and position_ids is not None and position_ids.dim() == 3:
-            kw["pair_axes"] = self.pair_axes  # [n_axes, batch, seq]; else a text token's rotation
-        elif self.axes_dim is not None:  # axial: no 1-D meaning (rotary::module_pair_axes)
+        offset, axes_dim, pair_axes = self._layout
+        kw = dict(offsets=offsets, position_ids=position_ids, inv_freq=inv, rotary_offset=offset, layout=layout)
+        if pair_axes is not None and position_ids is not None and position_ids.dim() == 3:
+            kw["pair_axes"] = pair_axes  # [n_axes, batch, seq]; else a text token's rotation
+        elif axes_dim is not None:  # axial: no 1-D meaning (rotary::module_pair_axes)
             _in_cpp(self._tables.refuse_axial_call, "no position_ids" if position_ids is None
                     else f"position_ids of shape {list(position_ids.shape)}")
         elif position_ids is not None and position_ids.dim() == 3:  # N-D ids, no map (rotary::module_pair_axes)

@@ -1,0 +1,89 @@
+"""The modules' options as attributes: read back, read-only. An assignment
+was taken by one path and not another (a rotary_offset that forward read and
+forward_with_cache did not; mrope_section written and never read; the C++
+module's copies read back the new value and rotated with the old), and a
+freqs swapped alone served positions past the table from the old inv_freq."""
+
+import pytest
+import torch
+from torch.func import functional_call
+
+import rotary
+from rotary_testing.reference import rope_reference
+
+OPTIONS = ("dim", "max_seq_len", "theta", "interleaved", "scaling", "angle_dtype", "rotary_offset", "mrope_section",
+           "mrope_interleaved", "axes_dim", "pair_axes", "attention_scaling", "host_driven")
+BUILT = {"plain": dict(dim=16, max_seq_len=8, rotary_offset=4),
+         "mrope": dict(dim=16, max_seq_len=8, mrope_section=[4, 2, 2]),
+         "axial": dict(dim=16, max_seq_len=8, axes_dim=[8, 8]),
+         "yarn": dict(dim=16, max_seq_len=8, scaling={"rope_type": "yarn", "factor": 4.0,
+                                                       "original_max_position_embeddings": 4})}
+
+
+def _call(m, kind, q):
+    if kind in ("mrope", "axial"):
+        ids = torch.randint(0, 12, (3 if kind == "mrope" else 2, 1, q.size(2)))
+        return m(q, position_ids=ids), ids
+    return m(q, start_pos=5), None
+
+
+@pytest.mark.parametrize("cls", [rotary.RotaryEmbedding, rotary.CppRotaryEmbedding])
+@pytest.mark.parametrize("kind", list(BUILT))
+def test_options_read_back_and_refuse_assignment(cls, kind):
+    torch.manual_seed(0)
+    m, q = cls(**BUILT[kind]), torch.randn(1, 2, 6, 20, dtype=torch.float64)
+    values = {name: getattr(m, name) for name in OPTIONS}
+    out, ids = _call(m, kind, q)
+    for name in OPTIONS:
+        given = 1 if isinstance(values[name], bool) else [2, 2, 4] if isinstance(values[name], list) else 3
+        with pytest.raises(AttributeError, match=name):
+            setattr(m, name, given)
+        assert getattr(m, name) == values[name], name
+    for name in ("mrope_section", "axes_dim", "pair_axes"):  # lists are copies
+        if values[name] is not None:
+            getattr(m, name)[0] += 1
+            assert getattr(m, name) == values[name], name
+    again = m(q, position_ids=ids) if ids is not None else m(q, start_pos=5)
+    assert torch.equal(again, out)
+
+
+def test_rotary_offset_is_the_one_built_with_on_every_path():
+    torch.manual_seed(1)
+    m = rotary.RotaryEmbedding(8, 16, rotary_offset=4)
+    with pytest.raises(AttributeError, match="rotary_offset"):
+        m.rotary_offset = 0
+    q, k, v = (torch.randn(1, 2, 1, 12, dtype=torch.float64) for _ in range(3))
+    want = rope_reference(q[..., 4:8 + 4], 3, interleaved=True)
+    cache = rotary.KVCache(1, 2, 4, 12, dtype=torch.float64)
+    got, _, _ = m.forward_with_cache(q.clone(), k.clone(), v, cache, start_pos=3)
+    torch.testing.assert_close(got[..., 4:12], want, rtol=0, atol=1e-6)
+    assert torch.equal(got[..., :4], q[..., :4])
+    torch.testing.assert_close(m(q, start_pos=3), got, rtol=0, atol=0)
+
+
+def test_cpp_wrapper_message_names_the_attribute():
+    m = rotary.CppRotaryEmbedding(16, 8)
+    with pytest.raises(AttributeError, match=r"rotary\.CppRotaryEmbedding\.theta is read-only, got an assignment of "
+                                             r"500\.0: .*build a new rotary\.CppRotaryEmbedding"):
+        m.theta = 500.0
+    assert m.theta == 10000.0 and "theta" not in vars(m)
+    cache = rotary.KVCache(1, 2, 8, 16)
+    with pytest.raises(AttributeError, match=r"rotary\.KVCache\.capacity is read-only"):
+        cache.capacity = 4
+    assert cache.capacity == 8
+
+
+def test_tables_are_one_pair():
+    torch.manual_seed(2)
+    m, other = rotary.RotaryEmbedding(16, 8), rotary.RotaryEmbedding(16, 8, theta=500.0)
+    before = m.freqs.clone(), m.inv_freq.clone()
+    for name in ("freqs", "inv_freq"):
+        with pytest.raises(AttributeError, match=rf"RotaryEmbedding\.{name} cannot be assigned: freqs and inv_freq "
+                                                 "are one pair"):
+            setattr(m, name, getattr(other, name).clone())
+    assert torch.equal(m.freqs, before[0]) and torch.equal(m.inv_freq, before[1])
+    q = torch.randn(1, 2, 4, 16, dtype=torch.float64)
+    # functional_call with both: the other module's rotation, inside the table and past it.
+    for start in (2, 30):
+        got = functional_call(m, {"freqs": other.freqs, "inv_freq": other.inv_freq}, (q,), {"start_pos": start})
+        torch.testing.assert_close(got, rope_reference(q, start, interleaved=True, base=500.0), rtol=0, atol=1e-6)
