@@ -189,10 +189,25 @@ void KVCacheImpl::load_state(const torch::Tensor& k_in, const torch::Tensor& v_i
   TORCH_CHECK_VALUE(!length || (*length >= 0 && *length <= in_effect_.capacity()), who, ": saved length ",
                     length.value_or(0), " is outside [0, capacity = ", in_effect_.capacity(), "]");
   torch::NoGradGuard no_grad;
-  for (const auto& [name, pair] : pieces) {
-    if (!pair.first->defined()) continue;
+  // A saved piece that shares memory with this cache (its own v given as k)
+  // is read before any piece is written: copied in turn, k <- v then v <- k
+  // left both holding v.
+  torch::Tensor sources[4];
+  for (const auto i : c10::irange(4)) {
+    const auto& saved = *pieces[i].second.first;
+    if (!saved.defined()) continue;
+    bool shares = false;
+    for (const auto& piece : pieces) {
+      const torch::Tensor& to = *piece.second.second;
+      shares = shares || (to.defined() && saved.is_alias_of(to));
+    }
+    sources[i] = shares ? saved.clone() : saved;
+  }
+  for (const auto i : c10::irange(4)) {
+    if (!sources[i].defined()) continue;
+    torch::Tensor& mine = *pieces[i].second.second;
     // copy_ broadcasts [] over the heads; a [1] one into [] needs the reshape.
-    pair.second->copy_(pair.second->dim() == 0 ? pair.first->reshape({}) : *pair.first);
+    mine.copy_(mine.dim() == 0 ? sources[i].reshape({}) : sources[i]);
   }
   if (length) length_ = *length;
 }

@@ -185,3 +185,16 @@ def test_loading_into_a_cache_built_in_inference_mode_is_named():
     with torch.inference_mode():
         cache.load_state_dict(src.state_dict())
     assert cache.length == 3 and torch.equal(cache.k, src.k) and torch.equal(cache.v, src.v)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float8_e4m3fn])
+def test_a_load_of_the_caches_own_tensors_reads_them_first(dtype):
+    """k and v swapped, from this cache's own state: each piece is read
+    before any is written (copied in turn, both ended up holding v)."""
+    _, cache, _, _ = filled(dtype)
+    k, v = cache.k.clone(), cache.v.clone()
+    assert not torch.equal(k.float(), v.float())
+    sd = cache.state_dict()
+    cache.load_state_dict({**sd, "k": sd["v"], "v": sd["k"]})
+    assert torch.equal(cache.k.view(torch.uint8), v.view(torch.uint8))
+    assert torch.equal(cache.v.view(torch.uint8), k.view(torch.uint8))
