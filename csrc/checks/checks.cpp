@@ -98,7 +98,8 @@ void check_positions_shape(const char* op, const at::Tensor& q_view, const RopeA
         ok, op, ": position_ids must have shape [seq_len] or [batch, seq_len] (absolute positions, as in Hugging ",
         "Face) with batch = ", batch, ", seq_len = ", seq, "; got ", p.sym_sizes(),
         p.dim() == 0 ? "; for one offset added to start_pos + s pass offsets" : "",
-        p.dim() == 1 ? "; for per-batch offsets [batch] pass offsets" : "",
+        p.dim() == 1 && p.sym_size(0) == batch ? "; for per-batch offsets [batch] pass offsets" : "",
+        p.dim() == 1 && p.sym_size(0) == 1 ? "; one position for every token is [1, 1]" : "",
         p.dim() == 3 ? "; for N-D positions [n_axes, batch, seq_len] pass pair_axes" : "");
     return;
   }

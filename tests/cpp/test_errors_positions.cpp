@@ -127,6 +127,10 @@ TEST(RopeErrors, PositionIdsWrongShape) {
   ExpectError<c10::ValueError>(
       [&] { rotary::apply_rope(x, freqs8(), 0, true, std::nullopt, at::zeros({2}, at::kLong)); },
       {"for per-batch offsets [batch] pass offsets"});
+  // [1] is neither [batch] (2) nor [seq] (5): its way out is [1, 1].
+  ExpectError<c10::ValueError>(
+      [&] { rotary::apply_rope(x, freqs8(), 0, true, std::nullopt, at::zeros({1}, at::kLong)); },
+      {"got [1]; one position for every token is [1, 1]"});
 }
 
 TEST(RopeErrors, OffsetsAndPositionIdsTogether) {
