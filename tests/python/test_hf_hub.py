@@ -20,7 +20,7 @@ transformers = pytest.importorskip("transformers")
 
 from rotary.integrations import apply_rotary_to_model, unpatch  # noqa: E402
 from rotary.integrations import hub  # noqa: E402
-from rotary.integrations.hub import RotaryPosEmb, apply_rotary_transformers, kernel_mapping  # noqa: E402
+from rotary.integrations.hub import LAYER_NAME, RotaryPosEmb, apply_rotary_transformers, kernel_mapping  # noqa: E402
 from rotary_testing.rope_testing import gen, randn  # noqa: E402
 from transformers.models.llama import modeling_llama  # noqa: E402
 
@@ -203,13 +203,36 @@ def test_layer_function_returns_the_promoted_dtype():
     for g, w in zip(got, want):
         assert g.dtype == w.dtype == torch.float32
         torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
-    # bf16 q, float32 k, bf16 tables (HY-V4's indexer): both promoted to float32, as k * cos is.
+    # bf16 q, float32 k, bf16 tables (HY-V4's indexer): each in its own product's dtype, as
+    # transformers' q * cos and k * cos are (the layer promoted q too).
     k32 = k.float()
     got = apply_rotary_transformers(q, k32, cos.bfloat16(), sin.bfloat16())
-    want = modeling_llama.apply_rotary_pos_emb(q.float(), k32, cos.bfloat16().float(), sin.bfloat16().float())
-    for g, w in zip(got, want):
-        assert g.dtype == torch.float32
+    want = modeling_llama.apply_rotary_pos_emb(q, k32, cos.bfloat16(), sin.bfloat16())
+    exact = modeling_llama.apply_rotary_pos_emb(q.double(), k32.double(), cos.bfloat16().double(),
+                                                sin.bfloat16().double())
+    assert (got[0].dtype, got[1].dtype) == (want[0].dtype, want[1].dtype) == (torch.bfloat16, torch.float32)
+    torch.testing.assert_close(got[1], want[1], rtol=1e-6, atol=1e-6)
+    # q rounded once from the float32 rotation: within half a bf16 ulp of exact (and float32's error)
+    torch.testing.assert_close(got[0].double(), exact[0], rtol=2**-8, atol=1e-6)
+
+
+def test_layer_compiles_in_one_graph():
+    """can_torch_compile: the layer's dtype choice traced (torch.result_type broke the graph)."""
+    q, k = randn((1, 4, 6, 8), torch.float32, 16), randn((1, 2, 6, 8), torch.float32, 17)
+    a = torch.rand(1, 6, 4, generator=gen(18)) * 3
+    cos, sin = torch.cat([a.cos()] * 2, -1), torch.cat([a.sin()] * 2, -1)
+    torch._dynamo.reset()
+    got = torch.compile(RotaryPosEmb(), fullgraph=True, backend="eager")(q, k, cos, sin)
+    for g, w in zip(got, modeling_llama.apply_rotary_pos_emb(q, k, cos, sin)):
         torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+
+
+def test_kernel_mapping_devices():
+    assert list(kernel_mapping("cpu")[LAYER_NAME]) == ["cpu"]
+    assert list(kernel_mapping(["cpu", "cuda"])[LAYER_NAME]) == ["cpu", "cuda"]
+    with pytest.raises(TypeError, match=r"kernel_mapping: devices must be a device type or a sequence of them, "
+                                        r"got 3"):
+        kernel_mapping(3)
 
 
 def test_layer_function_keeps_q_dtype_where_transformers_does():

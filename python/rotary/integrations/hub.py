@@ -65,17 +65,29 @@ def apply_rotary_transformers(
         raise ValueError(
             f"rotary_pos_emb: cos and sin must be [batch, seq, head_dim] = [*, *, {q.shape[-1]}], multiplied into q "
             f"elementwise as transformers' apply_rotary_pos_emb does; got cos of shape {tuple(cos.shape)}")
-    # q * cos: bf16 q and float32 tables (autocast) give float32; q and k of two dtypes, their promotion.
+    # q * cos: bf16 q and float32 tables (autocast) give float32; q and k of two dtypes, each its own product's.
     # Outside autocast only the families whose function returns q's dtype (OLMo's .to(q_type), ModernBERT's
-    # upcast) hand 16-bit q float32 tables: there q keeps its dtype.
-    dtype = torch.result_type(q, cos)
-    if k.dtype != q.dtype:
-        dtype = torch.promote_types(dtype, torch.result_type(k, cos))
-    elif not torch.is_autocast_enabled(q.device.type):
-        dtype = q.dtype
-    if (q.dtype, k.dtype) != (dtype, dtype) and dtype.is_floating_point:
-        q, k = q.to(dtype), k.to(dtype)
-    return apply_rope_cos_sin(q, k, cos, sin, layout=layout)
+    # upcast) hand 16-bit q float32 tables: there q keeps its dtype. (dtypes alone: torch.compile traces them.)
+    table = torch.promote_types(cos.dtype, sin.dtype) if isinstance(sin, torch.Tensor) else cos.dtype
+    if k.dtype == q.dtype and not torch.is_autocast_enabled(q.device.type):
+        dq = dk = q.dtype
+    else:
+        dq, dk = torch.promote_types(q.dtype, table), torch.promote_types(k.dtype, table)
+    common = torch.promote_types(dq, dk)
+    if common.is_floating_point and (q.dtype, k.dtype) != (common, common):
+        q, k = q.to(common), k.to(common)
+    try:
+        q, k = apply_rope_cos_sin(q, k, cos, sin, layout=layout)
+    except ValueError as e:
+        if "must be rotate_half tables" not in str(e):
+            raise
+        # The op's way out (interleaved=True) is not this layer's caller's to take.
+        raise ValueError(
+            "rotary_pos_emb: cos and sin must be rotate_half tables, their two halves equal ([c | c]), as "
+            "transformers' apply_rotary_pos_emb multiplies them; these are not, so this model's function has "
+            "another contract: leave its rotary_pos_emb unkernelized (rotary.integrations.transformers patches "
+            "by family)") from None
+    return (q if q.dtype == dq else q.to(dq)), (k if k.dtype == dk else k.to(dk))
 
 
 class RotaryPosEmb(nn.Module):
@@ -99,11 +111,21 @@ def kernel_repository() -> pathlib.Path:
 
 
 def kernel_mapping(devices=("cpu", "cuda")) -> dict:
-    """``{"rotary_pos_emb": {device: {Mode.FALLBACK: repository}}}`` for
+    """``{"rotary_pos_emb": {device: {Mode.FALLBACK: repository}}}`` (``devices``: one
+    device type or several) for
     ``kernels.use_kernel_mapping`` / ``register_kernel_mapping``: every mode
     (inference, training, torch.compile), on each device."""
     from kernels import LocalLayerRepository, Mode
 
+    if isinstance(devices, str):
+        devices = (devices,)
+    try:
+        devices = tuple(devices)
+    except TypeError:
+        raise TypeError(f"kernel_mapping: devices must be a device type or a sequence of them, got "
+                        f"{devices!r}") from None
+    if not all(isinstance(d, str) for d in devices):
+        raise TypeError(f"kernel_mapping: devices must be device types ('cpu', 'cuda'), got {devices!r}")
     repo = LocalLayerRepository(repo_path=kernel_repository(), layer_name="RotaryPosEmb")
     return {LAYER_NAME: {device: {Mode.FALLBACK: repo} for device in devices}}
 
