@@ -34,7 +34,8 @@ at::Tensor cache_view(const char* op, const char* name, const at::Tensor& c, con
 
 // slot_mapping / cache_positions: one entry per token, [batch, seq] or
 // flat [batch * seq] (packed: [total_tokens]).
-void check_dest(const char* op, const char* name, const at::Tensor& d, const at::Tensor& kv_view, const at::Tensor& q) {
+void check_dest(const char* op, const char* name, const at::Tensor& d, const at::Tensor& kv_view, const at::Tensor& q,
+                bool packed) {
   check_defined(op, name, d);
   TORCH_CHECK_TYPE(
       d.scalar_type() == at::kInt || d.scalar_type() == at::kLong, op, ": ", name, " must be int32 or int64, got ",
@@ -42,9 +43,11 @@ void check_dest(const char* op, const char* name, const at::Tensor& d, const at:
   const auto batch = kv_view.sym_size(0), seq = kv_view.sym_size(2);
   const bool ok = (d.dim() == 2 && d.sym_size(0) == batch && d.sym_size(1) == seq) ||
       (d.dim() == 1 && d.sym_size(0) == batch * seq);
-  TORCH_CHECK_VALUE(
-      ok, op, ": ", name, " must have one entry per token, shape [batch, seq_len] = [", batch, ", ", seq,
-      "] or [batch * seq_len] = [", batch * seq, "] (packed: [total_tokens]), got ", d.sym_sizes());
+  // Packed (cu_seqlens), the batch of 1 is the op's own view: not the caller's to name.
+  TORCH_CHECK_VALUE(ok || packed, op, ": ", name, " must have one entry per token, shape [batch, seq_len] = [", batch,
+                    ", ", seq, "] or [batch * seq_len] = [", batch * seq, "], got ", d.sym_sizes());
+  TORCH_CHECK_VALUE(ok, op, ": ", name, " must have one entry per token, shape [total_tokens] = [", seq,
+                    "] (with cu_seqlens), got ", d.sym_sizes());
   TORCH_CHECK_VALUE(
       d.device() == q.device(), op, ": ", name, " is on ", d.device(), " but q is on ", q.device(),
       "; move both to the same device");
@@ -190,8 +193,10 @@ KVCall check_kv_inputs(
       paged || kv.cache_positions || !args.pair_axes, op,
       ": with pair_axes (N-D position_ids) a contiguous cache needs cache_positions: a token's rotary positions "
       "are not its cache row");
-  if (kv.slot_mapping) check_dest(op, "slot_mapping", *kv.slot_mapping, rope.q, q);
-  if (kv.cache_positions) check_dest(op, "cache_positions", *kv.cache_positions, rope.q, q);
+  if (kv.slot_mapping) check_dest(op, "slot_mapping", *kv.slot_mapping, rope.q, q, args.cu_seqlens.has_value());
+  if (kv.cache_positions) {
+    check_dest(op, "cache_positions", *kv.cache_positions, rope.q, q, args.cu_seqlens.has_value());
+  }
   const bool fp8 = ct == at::kFloat8_e4m3fn;
   check_scale(op, "k_scale", kv.k_scale, fp8, kc, q);
   check_scale(op, "v_scale", kv.v_scale, fp8, kc, q);

@@ -112,10 +112,10 @@ std::tuple<at::Tensor, at::Tensor> apply_rope_cos_sin_composite(
   TORCH_CHECK_VALUE(k.dim() == q.dim(), kOp, ": k must have q's rank ", q.dim(), ", got shape ", k.sym_sizes());
   const bool tokens = q.dim() == 3;  // vLLM's [tokens, heads, head_dim]: one sequence
   TORCH_CHECK_VALUE(!tokens || layout == "BHSD", kOp, ": layout applies to 4-D q and k; 3-D ones are ",
-                    "[tokens, heads, head_dim], got layout \"", layout, "\"");
+                    "[tokens, heads, head_dim], got layout '", layout, "'");
   const Layout lay = tokens ? Layout::kBSHD : parse_layout(layout);
   TORCH_CHECK_VALUE(lay == Layout::kBHSD || lay == Layout::kBSHD || lay == Layout::kSBHD, kOp,
-                    ": layout must be \"BHSD\", \"BSHD\" or \"SBHD\", got \"", layout, "\"");
+                    ": layout must be 'BHSD', 'BSHD' or 'SBHD', got '", layout, "'");
   const at::Tensor q4 = tokens ? q.unsqueeze(0) : q, k4 = tokens ? k.unsqueeze(0) : k;
   const auto axes = axes_of(lay);
   // q and k as this op's caller named them (apply_rope_qk checks them again).

@@ -236,7 +236,7 @@ def test_errors():
          r"k must match q in all but the head count, got q \[2, 4, 16\] and k \[1, 3, 16\] \(layout \[tokens, heads"),
         (lambda: torch.func.jvp(lambda c: f(q, k, c, sin)[0], (cos,), (torch.ones_like(cos),)), NotImplementedError,
          r"^apply_rope_cos_sin: cos carries a forward-mode tangent"),
-        (lambda: f(q, k, cos, sin, layout="HSBD"), ValueError, r"layout must be \"BHSD\""),
+        (lambda: f(q, k, cos, sin, layout="HSBD"), ValueError, r"layout must be 'BHSD', 'BSHD' or 'SBHD', got 'HSBD'"),
         (lambda: f(q, k, cos.long(), sin), TypeError, r"cos must be a float tensor, got Long"),
         (lambda: f(q, k, cos.requires_grad_(), sin), ValueError, r"cos requires grad"),
         (lambda: f(q, k, cos[..., :7], sin[..., :7]), ValueError, r"R = rotary_dim even and > 0, got shape"),

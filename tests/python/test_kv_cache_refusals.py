@@ -71,6 +71,8 @@ ERRORS = {
     "position-ids-with-start": (lambda: _bad(KVCase(pos="ids"), start_pos=2), ValueError, "start_pos must be 0 with position_ids"),
     "past-table": (lambda: _bad(KVCase(start=30)), IndexError, "exceeds the freqs table length"),
     "cu-seqlens-bad": (lambda: _bad(KVCase(lens=[2, 3]), cu_seqlens=torch.tensor([0, 3, 4])), ValueError, "cu_seqlens must start at 0"),
+    # Packed: the op's batch of 1 is not the caller's; [total_tokens] is asked for.
+    "varlen-cache-positions-shape": (lambda: _bad(KVCase(lens=[2, 3], pos="cache_positions"), cache_positions=torch.zeros(2, 3, dtype=torch.long)), ValueError, "cache_positions must have one entry per token, shape [total_tokens] = [5] (with cu_seqlens), got [2, 3]"),
     "varlen-cache-rows": (lambda: _bad(KVCase(lens=[2, 3]), kc=lambda a: torch.zeros(3, 2, 40, 16), vc=lambda a: torch.zeros(3, 2, 40, 16)), ValueError, "num_seqs of cu_seqlens"),
 }
 

@@ -179,8 +179,8 @@ def test_dynamic_shape_errors_name_numbers():
          "q_weight must be 1-D [head_dim] = [8] for norm 'head' (q has 4 heads of head_dim 8), got shape [6]"),
         (lambda q, k, kc, p: rotary.apply_rope_with_kv_cache_(q, k, k, kc, kc.clone(), f, cache_positions=p),
          (_x4(2, 4, 3, 8), _x4(2, 2, 3, 8), torch.zeros(2, 2, 16, 8), torch.tensor([0, 5])),
-         "cache_positions must have one entry per token, shape [batch, seq_len] = [2, 3] or [batch * seq_len] = [6] "
-         "(packed: [total_tokens]), got [2]"),
+         "cache_positions must have one entry per token, shape [batch, seq_len] = [2, 3] or [batch * seq_len] = [6], "
+         "got [2]"),
         (lambda q, k, c, p: rotary.apply_rope_cos_sin(q, k, c, c, position_ids=p),
          (_x4(2, 4, 3, 8), _x4(2, 2, 3, 8), torch.ones(16, 8), torch.arange(5)[None]),
          "position_ids must be [seq] = [3] or [batch, seq] = [2, 3] (batch may be 1), got shape [1, 5]"),
