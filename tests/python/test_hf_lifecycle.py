@@ -4,6 +4,8 @@ grown frequencies until a call shorter than the original length), a rule
 for a layer type no layer has (transformers never builds it), and q and k
 of different dtypes under autocast (transformers' formula promotes)."""
 
+import copy
+
 import pytest
 import torch
 
@@ -60,6 +62,28 @@ def test_a_dynamic_state_is_handed_over(patch_at, unpatch_at):
     for (rs, rl), (s, lg) in ((ref_first, first), (ref_second, second)):
         assert torch.equal(s, rs)
         torch.testing.assert_close(lg, rl, atol=FP32_ATOL, rtol=0.0)
+
+
+def test_an_unpatched_dynamic_rule_is_transformers_own_bit_for_bit():
+    """Grown while patched, then unpatched: transformers' module holds the
+    frequencies its own update would have built (seq_len a tensor, as
+    max(position_ids) + 1 is; an int rounded the base one ulp apart)."""
+    config = make_model("llama", "dynamic").config
+    config.max_position_embeddings = 16
+    torch.manual_seed(3)
+    ref = type(make_model())(config).double().eval()
+    model = copy.deepcopy(ref)
+    ids = _ids(30, 7)
+    with torch.no_grad():
+        want = ref(ids).logits
+        apply_rotary_to_model(model)
+        model(ids)
+        unpatch(model)
+        got = model(ids).logits
+    emb, ref_emb = model.model.rotary_emb, ref.model.rotary_emb
+    assert torch.equal(emb.inv_freq, ref_emb.inv_freq)
+    assert int(emb.max_seq_len_cached) == int(ref_emb.max_seq_len_cached) == 30
+    assert torch.equal(got, want)
 
 
 def test_a_rule_for_a_layer_type_no_layer_has_is_not_read():

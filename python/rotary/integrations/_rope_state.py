@@ -98,6 +98,9 @@ def give_dynamic_state(emb, states) -> None:
         kw = {} if layer_type is None else {"layer_type": layer_type}
         if reach > emb.original_max_seq_len:
             kind = emb.rope_type if layer_type is None else emb.rope_type[layer_type]
+            # As transformers' own update: seq_len a tensor (max(position_ids) + 1); an int rounds
+            # the base one float32 ulp apart.
+            reach = torch.tensor(reach, device=current.device)
             inv_freq, emb.attention_scaling = ROPE_INIT_FUNCTIONS[kind](emb.config, current.device, seq_len=reach, **kw)
         else:
             inv_freq, reach = getattr(emb, f"{prefix}original_inv_freq").to(current.device), emb.original_max_seq_len
