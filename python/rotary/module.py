@@ -3,12 +3,11 @@
 from typing import Any, Mapping, Optional, Sequence, Union
 
 import torch
-from torch import nn
 
 from . import _C
 from ._dtensor_shards import whole_positions as _whole_positions
+from ._module_state import TableBuffers
 from ._arg_checks import _index_arg
-from ._cpp_wrappers import move_of
 from ._ops import _route, apply_rope, apply_rope_qk
 
 ScalingSpec = Union[None, Mapping[str, Any], "_C.RopeScaling"]
@@ -48,7 +47,7 @@ def _run_eagerly(check, *args):
     return check(*args)
 
 
-class RotaryEmbedding(nn.Module):
+class RotaryEmbedding(TableBuffers):
     """Rotary position embedding over ``torch.ops.rotary``: a complex64 table
     ``freqs`` ``[max_seq_len, dim // 2]`` and its float64 frequencies
     ``inv_freq`` ``[dim // 2]``, built, checked on load and rebuilt for
@@ -145,22 +144,6 @@ class RotaryEmbedding(nn.Module):
                                             allow_unverified=allow_unverified)
         return cls(**kwargs, angle_dtype=angle_dtype)
 
-    def _held(self):  # the tables held, read under the state machine's lock
-        return self._buffers["freqs"], self._buffers["inv_freq"]
-
-    def _install(self, freqs: torch.Tensor, inv_freq: torch.Tensor) -> None:
-        self._buffers["freqs"], self._buffers["inv_freq"] = freqs, inv_freq
-
-    def __setattr__(self, name, value):
-        # The tables are one pair built from the options: a freqs swapped alone
-        # served positions past it from the old inv_freq. (functional_call and
-        # export swap _buffers directly; load_state_dict(assign=True) sets the pair it installed.)
-        if name in ("freqs", "inv_freq") and "_tables" in self.__dict__ and value is not self._buffers.get(name):
-            raise AttributeError(f"RotaryEmbedding.{name} cannot be assigned: freqs and inv_freq are one pair, "
-                                 "built from the options (positions past the table read inv_freq); "
-                                 "load_state_dict checks and installs a saved pair, or build a new RotaryEmbedding")
-        super().__setattr__(name, value)
-
     def update_for_reach(self, reach: int) -> None:
         """Host-driven rules: make the tables right for a call whose largest
         position is ``reach - 1``. Other rules: no-op."""
@@ -172,75 +155,6 @@ class RotaryEmbedding(nn.Module):
 
     def extra_repr(self) -> str:
         return self._tables.extra_repr()
-
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing, unexpected, error_msgs):
-        # Saved tables are never installed as they are: RopeTables checks them
-        # against the options and rebuilds both buffers in the state they were
-        # saved in. A mismatch is a load error that leaves the buffers as they were.
-        fkey, ikey = prefix + "freqs", prefix + "inv_freq"
-        given = fkey in state_dict or ikey in state_dict
-        if given:
-            # assign=True (loading into a meta-initialised model) takes the saved tensors' device, as torch does.
-            saved = state_dict.get(fkey, state_dict.get(ikey))
-            device = self.freqs.device
-            if local_metadata.get("assign_to_params_buffers") and isinstance(saved, torch.Tensor) and not saved.is_meta:
-                device = saved.device
-            bad = [key for key in (fkey, ikey) if key in state_dict and not isinstance(state_dict[key], torch.Tensor)]
-            try:
-                if bad:  # None too: not "left out" (restore's None); torch refuses a None entry too
-                    raise TypeError(f"RotaryEmbedding.load_state_dict: the saved '{bad[0][len(prefix):]}' must be "
-                                    f"a tensor, got {state_dict[bad[0]]!r}"[:300])
-                self._tables.restore(state_dict.get(fkey), state_dict.get(ikey), "RotaryEmbedding.load_state_dict",
-                                     device, self._install)
-            except (ValueError, TypeError) as e:
-                error_msgs.append(str(e))
-            state_dict = dict(state_dict)  # the caller's dict is left alone
-            for key, buf in ((fkey, self.freqs), (ikey, self.inv_freq)):
-                if key in state_dict:
-                    state_dict[key] = buf
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, unexpected, error_msgs)
-        if not given and not self.freqs.is_meta:  # the tables follow from the options; it keeps its own
-            missing[:] = [key for key in missing if key not in (fkey, ikey)]
-
-    def _apply(self, fn, recurse=True):
-        # nn.Module.to(dtype) would cast the complex table to a real dtype and
-        # drop the sines, and round inv_freq; take only the device from fn.
-        # A move that raises (.cuda() without a GPU) keeps the tables. Meta
-        # tables hold no values: leaving meta (to_empty) rebuilds them.
-        self._follow_held()  # a rebuild below is of the state of the tables held
-        saved = {name: self._buffers[name] for name in ("freqs", "inv_freq") if name in self._buffers}
-        tables = {id(buf) for buf in saved.values()}
-        moved = saved
-        try:
-            # The tables stay in _buffers throughout: a call on another thread reads them (one that found them
-            # popped raised KeyError: 'freqs'); fn passes them by.
-            super()._apply(lambda t: t if id(t) in tables else fn(t), recurse)
-            where = {name: move_of(fn, buf.device) for name, buf in saved.items()}
-            if saved and all(w is None for w in where.values()):
-                moved = {name: fn(buf) for name, buf in saved.items()}  # share_memory_: the tables themselves
-            elif len(saved) == 2 and saved["freqs"].is_meta and where["freqs"].type != "meta":
-                moved = dict(zip(("freqs", "inv_freq"), self._tables.build(where["freqs"])))
-            else:
-                moved = {name: buf.to(where[name]) for name, buf in saved.items()}
-        finally:
-            self._buffers.update(moved)
-        return self
-
-    def __getstate__(self):  # pickle, deepcopy: the state of the tables held, not of the last switch
-        state = super().__getstate__()
-        if len(self._buffers.keys() & {"freqs", "inv_freq"}) == 2:
-            # The pair as held under the state machine's lock: another thread's
-            # call may install new tables while the copy reads them (one by one).
-            # (A rule that is not host-driven has one state: state_of reads nothing.)
-            held = []
-            self._tables.state_of(lambda: held.append(self._held()) or held[0])
-            freqs, inv_freq = held[0] if held else self._held()
-            state = dict(state, _buffers={**self._buffers, "freqs": freqs, "inv_freq": inv_freq})
-        return state
-
-    def _follow_held(self) -> None:  # the state machine takes the state of the tables held (both present)
-        if len(self._buffers.keys() & {"freqs", "inv_freq"}) == 2:
-            self._tables.state_of(self._held)
 
     def __prepare_scriptable__(self):  # torch.jit.script calls it on every submodule
         raise RuntimeError(

@@ -87,3 +87,18 @@ def test_tables_are_one_pair():
     for start in (2, 30):
         got = functional_call(m, {"freqs": other.freqs, "inv_freq": other.inv_freq}, (q,), {"start_pos": start})
         torch.testing.assert_close(got, rope_reference(q, start, interleaved=True, base=500.0), rtol=0, atol=1e-6)
+
+
+def test_a_module_pickled_with_plain_option_attributes_loads():
+    """Pickles made before the options were read-only hold them as plain
+    attributes and no _layout: loaded, the module reads its C++ tables."""
+    torch.manual_seed(3)
+    m = rotary.RotaryEmbedding(16, 8, rotary_offset=4)
+    state = dict(m.__getstate__())
+    del state["_layout"]
+    state.update(rotary_offset=4, mrope_section=None, mrope_interleaved=False, axes_dim=None, pair_axes=None)
+    old = rotary.RotaryEmbedding.__new__(rotary.RotaryEmbedding)
+    old.__setstate__(state)
+    assert old.rotary_offset == 4 and "rotary_offset" not in vars(old)
+    q = torch.randn(1, 2, 3, 20, dtype=torch.float64)
+    assert torch.equal(old(q, start_pos=2), m(q, start_pos=2))
