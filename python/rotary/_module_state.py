@@ -7,8 +7,10 @@ rotates with them (module.py)."""
 import torch
 from torch import nn
 
+from ._arg_checks import _shown
 from ._cpp_wrappers import move_of
 
+_TABLES = ("freqs", "inv_freq")
 _LAYOUT_FIELDS = ("rotary_offset", "mrope_section", "mrope_interleaved", "axes_dim", "pair_axes")
 
 
@@ -24,13 +26,30 @@ class TableBuffers(nn.Module):
 
     def __setattr__(self, name, value):
         # The tables are one pair built from the options: a freqs swapped alone
-        # served positions past it from the old inv_freq. (functional_call and
-        # export swap _buffers directly; load_state_dict(assign=True) sets the pair it installed.)
-        if name in ("freqs", "inv_freq") and "_tables" in self.__dict__ and value is not self._buffers.get(name):
-            raise AttributeError(f"RotaryEmbedding.{name} cannot be assigned: freqs and inv_freq are one pair, "
-                                 "built from the options (positions past the table read inv_freq); "
-                                 "load_state_dict checks and installs a saved pair, or build a new RotaryEmbedding")
+        # served positions past it from the old inv_freq. An assignment (as
+        # transformers' from_pretrained loads each buffer) is a checked load of
+        # that piece, the pair rebuilt to match; one not of these options is
+        # refused. (functional_call and export swap _buffers directly.)
+        if name in _TABLES and "_tables" in self.__dict__ and value is not self._buffers.get(name):
+            self._load_one(name, value, f"RotaryEmbedding.{name} = ...")
+            return
         super().__setattr__(name, value)
+
+    def register_buffer(self, name, tensor, persistent=True):
+        if name in _TABLES and name in self._buffers and "_tables" in self.__dict__:
+            self._load_one(name, tensor, f"RotaryEmbedding.register_buffer({name!r})")
+            return
+        super().register_buffer(name, tensor, persistent)
+
+    def _load_one(self, name, value, who):
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{who}: {name} must be a tensor (one of the module's two tables), got "
+                            f"{type(value).__name__} {_shown(value)}")
+        if value.is_meta:  # a meta tensor holds no values to check: the pair goes to meta, as a move would
+            self._install(*(t.to("meta") for t in self._held()))
+            return
+        pair = (value, None) if name == "freqs" else (None, value)
+        self._tables.restore(*pair, who, value.device, self._install)  # the device given, as assign=True
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing, unexpected, error_msgs):
         # Saved tables are never installed as they are: RopeTables checks them

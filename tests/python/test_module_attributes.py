@@ -74,19 +74,56 @@ def test_cpp_wrapper_message_names_the_attribute():
 
 
 def test_tables_are_one_pair():
+    """An assignment of either table is a checked load of that piece: another
+    module's table is refused (nothing changed), this module's own installs a
+    checked pair; functional_call with both is the other module's rotation."""
     torch.manual_seed(2)
     m, other = rotary.RotaryEmbedding(16, 8), rotary.RotaryEmbedding(16, 8, theta=500.0)
     before = m.freqs.clone(), m.inv_freq.clone()
     for name in ("freqs", "inv_freq"):
-        with pytest.raises(AttributeError, match=rf"RotaryEmbedding\.{name} cannot be assigned: freqs and inv_freq "
-                                                 "are one pair"):
+        with pytest.raises(ValueError, match=rf"RotaryEmbedding\.{name} = \.\.\.: the saved tables do not match"):
             setattr(m, name, getattr(other, name).clone())
+        with pytest.raises(ValueError, match=rf"RotaryEmbedding\.register_buffer\('{name}'\): the saved tables"):
+            m.register_buffer(name, getattr(other, name).clone())
+        with pytest.raises(TypeError, match=rf"RotaryEmbedding\.{name} = \.\.\.: {name} must be a tensor"):
+            setattr(m, name, [1.0])
     assert torch.equal(m.freqs, before[0]) and torch.equal(m.inv_freq, before[1])
+    m.freqs = before[0].clone()  # its own table: accepted, the pair rebuilt
+    assert torch.equal(m.freqs, before[0]) and torch.equal(m.inv_freq, before[1])
+    m.inv_freq = before[1].to("meta")  # a meta piece: the pair goes to meta, as a move would
+    assert m.freqs.is_meta and m.inv_freq.is_meta
     q = torch.randn(1, 2, 4, 16, dtype=torch.float64)
-    # functional_call with both: the other module's rotation, inside the table and past it.
-    for start in (2, 30):
-        got = functional_call(m, {"freqs": other.freqs, "inv_freq": other.inv_freq}, (q,), {"start_pos": start})
+    for start in (2, 30):  # inside the table and past it
+        got = functional_call(other, {"freqs": other.freqs, "inv_freq": other.inv_freq}, (q,), {"start_pos": start})
         torch.testing.assert_close(got, rope_reference(q, start, interleaved=True, base=500.0), rtol=0, atol=1e-6)
+
+
+def test_transformers_from_pretrained_loads_a_model_holding_the_module(tmp_path):
+    """transformers' loader sets each saved buffer with setattr."""
+    transformers = pytest.importorskip("transformers")
+
+    class Cfg(transformers.PretrainedConfig):
+        model_type = "rotary_attribute_test"
+
+    class Tiny(transformers.PreTrainedModel):
+        config_class = Cfg
+
+        def __init__(self, config):
+            super().__init__(config)
+            self.lin = torch.nn.Linear(16, 16)
+            self.rope = rotary.RotaryEmbedding(16, 32)
+            self.post_init()
+
+        def forward(self, x):
+            return self.rope(self.lin(x), start_pos=3)
+
+    torch.manual_seed(4)
+    model = Tiny(Cfg())
+    model.save_pretrained(tmp_path)
+    x = torch.randn(1, 2, 4, 16)
+    loaded = Tiny.from_pretrained(tmp_path)
+    assert not loaded.rope.freqs.is_meta
+    torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=0)
 
 
 def test_a_module_pickled_with_plain_option_attributes_loads():
