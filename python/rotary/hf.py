@@ -13,6 +13,7 @@ import re
 from typing import Any, Dict, List, Mapping, Optional
 
 from . import _C
+from ._arg_checks import _bool_arg
 from ._hf_parts import get as _get, given_params as _given_params, hw_pair_axes as _hw_pair_axes
 from ._hf_parts import layer_keys as _layer_keys
 from ._hf_read import fields as _fields, rope_params as _rope_params, text_config as _text_config
@@ -23,7 +24,7 @@ from ._hf_refusals import refuse_axial as _refuse_axial, refuse_per_layer_rotati
 from ._hf_refusals import refuse_tower_width as _refuse_tower_width, refuse_unserved as _refuse_unserved
 from ._hf_refusals import refuse_unverified as _refuse_unverified
 from .hf_families import (CLASS_KEEPS_TOP_PARTIAL, CLASS_ROPE_LABELS, DEFAULT_RULE_READS_PARTIAL,
-                          FAMILIES, AXIAL_OWN, CLASS_AXIAL, GENERIC_FIELDS, WHOLE_HEAD_ATTENTION, Family, family_of)
+                          AXIAL_OWN, CLASS_AXIAL, GENERIC_FIELDS, WHOLE_HEAD_ATTENTION, Family, family_of)
 
 __all__ = ["layer_thetas_of", "layer_types_of", "rope_kwargs_from_hf_config"]
 
@@ -242,17 +243,20 @@ def rope_kwargs_from_hf_config(
     (``hf_families.CLASS_*``), a family rotating by the negative angle (NanoChat;
     ``allow_inverse=True``: the caller passes ``inverse=True`` to the ops, as
     the transformers patch does), an odd rotary dim, an unknown ``rope_type``, sections that do
-    not sum to ``dim / 2``; and for missing or invalid fields. A refusal of a
-    layer type's own rule names ``layer_type``.
+    not sum to ``dim / 2``; and for missing or invalid fields. A refusal made
+    while reading for a ``layer_type`` names it.
     """
+    for name, flag in (("allow_inverse", allow_inverse), ("allow_unverified", allow_unverified)):
+        _bool_arg("from_hf_config", name, flag)  # "no" read as True would let a refused rotation through
     try:
         return _kwargs(config, max_seq_len, layer_type, layer_theta, allow_inverse, allow_unverified)
     except ValueError as e:
         # A layer type's own rule: say which, where the refusal does not.
         text = str(e)
-        if layer_type is None or f"layer_type={layer_type!r}" in text or not text.startswith("from_hf_config: "):
+        if layer_type is None or f"layer_type={layer_type!r}" in text:
             raise
-        raise ValueError(text.replace("from_hf_config: ", f"from_hf_config (layer_type={layer_type!r}): ", 1)) from None
+        where = f"from_hf_config (layer_type={layer_type!r}): "  # a rule's own words (RopeScaling's) too
+        raise ValueError(where + text.removeprefix("from_hf_config: ")) from None
 
 
 def _kwargs(config: Any, max_seq_len: Optional[int], layer_type: Optional[str], layer_theta: Optional[float],

@@ -156,3 +156,8 @@ def test_a_layer_types_refusal_names_the_layer_type():
         rope_kwargs_from_hf_config(d, layer_type="full_attention")
     with pytest.raises(ValueError, match=r"^from_hf_config: layer_type='x' is not a layer type"):
         rope_kwargs_from_hf_config(d, layer_type="x")
+    # A rule's own words (the C++ RopeScaling check) are prefixed the same way.
+    d["rope_parameters"]["full_attention"] = {"rope_type": "linear", "factor": -1.0, "rope_theta": 1e6}
+    with pytest.raises(ValueError, match=r"^from_hf_config \(layer_type='full_attention'\): RopeScaling\(type='linear'\): "
+                                         "factor must be finite and > 0, got -1"):
+        rope_kwargs_from_hf_config(d, layer_type="full_attention")
