@@ -72,8 +72,8 @@ def _read_through(name: str, doc) -> property:
         if "_adopted" not in self.__dict__:  # ModuleWrapper.__init__ copying the value: nothing to keep
             return
         cls = type(self).__name__
-        raise AttributeError(f"rotary.{cls}.{name} is read-only, got an assignment of {value!r}: it reads the C++ "
-                             f"module, whose options are fixed once built; build a new rotary.{cls}")
+        raise AttributeError(f"rotary.{cls}.{name} is read-only, got an assignment of {value!r}: it is read live "
+                             f"from the C++ module (options are fixed once built: build a new rotary.{cls})")
 
     return property(lambda self: getattr(self.cpp_module, name), refuse, doc=doc)
 

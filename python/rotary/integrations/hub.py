@@ -47,8 +47,9 @@ def apply_rotary_transformers(
     the function multiplies into q and k elementwise (the partial-rotary
     families split q before the call; Pixtral: ``[seq, head_dim]`` with
     ``unsqueeze_dim=0``), in the dtype that product promotes to under
-    autocast, else in q's (only families whose function returns q's dtype
-    hand 16-bit q float32 tables there). Anything else (a table that is not
+    autocast (q and k of two dtypes: each in its own product's, with or
+    without autocast), else in q's (only families whose function returns q's
+    dtype hand 16-bit q float32 tables there). Anything else (a table that is not
     rotate_half, of another width or rank) is an error, never misread."""
     # Pixtral: unsqueeze_dim 0 on a [patches, head_dim] table, which broadcasts as BHSD's [seq, head_dim] does.
     pixtral = unsqueeze_dim == 0 and cos.dim() == 2
