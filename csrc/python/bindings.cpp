@@ -39,7 +39,12 @@ void bind_rules(py::module_& m) {
   py::class_<RopeScaling>(m, "RopeScaling", "A frequency rule and its parameters (see rotary/scaling.h).")
       .def(py::init([](const std::string& type) { return RopeScaling(type); }), py::arg("rope_type") = "default")
       .def_static(
-          "from_dict", &scaling_from_dict, py::arg("d"), py::arg("strict") = true,
+          "from_dict",
+          [](const py::dict& d, const py::object& strict) {
+            // pybind's bool takes None or 0 as False: a typo'd key then dropped silently.
+            return scaling_from_dict(d, bool_arg(strict, "RopeScaling.from_dict", "strict"));
+          },
+          py::arg("d"), py::arg("strict") = true,
           "From a dict shaped like Hugging Face's rope_parameters ('type' is an alias of 'rope_type'; a "
           "None value counts as absent). strict: unknown keys are an error.")
       .def("to_dict", &scaling_to_dict)
@@ -47,7 +52,8 @@ void bind_rules(py::module_& m) {
           "validate", [](const RopeScaling& s, int64_t rotary_dim) { rotary::validate(s, rotary_dim); },
           py::arg("rotary_dim"))
       .def_property_readonly("rope_type", [](const RopeScaling& s) { return s.type(); })
-      .def("__repr__", [](const RopeScaling& s) { return "RopeScaling(" + repr_of(scaling_to_dict(s)) + ")"; })
+      .def("__repr__",
+           [](const RopeScaling& s) { return "RopeScaling(" + py::repr(scaling_to_dict(s)).cast<std::string>() + ")"; })
       .def(py::pickle(
           [](const RopeScaling& s) { return scaling_to_dict(s); },
           [](const py::dict& d) { return scaling_from_dict(d, /*strict=*/true); }));
@@ -182,6 +188,8 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("value"), py::arg("who"), py::arg("name"),
       "An int or a float as a float; who's error naming `name` for another type or an int past a float's range.");
+  m.def("_shown", &repr_of, py::arg("value"), py::arg("typed") = false,
+        "A wrong value as the errors show it: a long list or an array by its length or shape.");
   m.def("_plain_int", &plain_int, py::arg("value"),
         "A numpy integer or an int subclass as the Python int it holds; else the value.");
   m.def(

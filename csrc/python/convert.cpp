@@ -16,8 +16,22 @@ namespace python {
 
 using rotary::RopeScaling;
 
-std::string repr_of(py::handle v) {
-  return py::repr(v).cast<std::string>();
+std::string repr_of(py::handle v, bool typed) {
+  // A long list (a tensor's .tolist()) or an array by its length or shape:
+  // its repr is megabytes, seconds to build.
+  const std::string type = py::str(py::type::handle_of(v).attr("__name__")).cast<std::string>();
+  if (!THPVariable_Check(v.ptr()) && py::hasattr(v, "shape")) {  // an array (a numpy scalar's shape is ())
+    const py::object shape = v.attr("shape");
+    if (py::isinstance<py::tuple>(shape) && py::len(shape) > 0) {
+      return type + " of shape " + py::repr(shape).cast<std::string>();
+    }
+  }
+  if ((py::isinstance<py::list>(v) || py::isinstance<py::tuple>(v)) && py::len(v) > 16) {
+    return type + " of length " + std::to_string(py::len(v));
+  }
+  std::string text = py::repr(v).cast<std::string>();
+  if (text.size() > 200) text = text.substr(0, 200) + "...";
+  return typed ? type + " " + text : text;
 }
 
 // None, a dict or a RopeScaling.
@@ -119,12 +133,12 @@ std::vector<double> float_list_arg(const py::handle& v, const char* who, const c
   });
 }
 
+}  // namespace
+
 bool bool_arg(const py::handle& v, const char* who, const char* name) {
   TORCH_CHECK_TYPE(py::isinstance<py::bool_>(v), who, ": ", name, " must be a bool, got ", repr_of(v));
   return v.cast<bool>();
 }
-
-}  // namespace
 
 rotary::RotaryEmbeddingOptions& nd_options_from_py(
     rotary::RotaryEmbeddingOptions& options,

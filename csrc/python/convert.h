@@ -21,7 +21,9 @@ namespace python {
 namespace py = pybind11;
 using OptTensor = std::optional<torch::Tensor>;
 
-std::string repr_of(py::handle v);
+// A value as an error shows it (typed: after its type's name); long lists
+// and arrays by their length or shape.
+std::string repr_of(py::handle v, bool typed = false);
 rotary::RopeScaling scaling_from_dict(const py::dict& d, bool strict);
 py::dict scaling_to_dict(const rotary::RopeScaling& s);
 rotary::RopeScaling to_scaling(const py::object& obj);
@@ -36,6 +38,8 @@ std::string str_arg(const py::handle& v, const char* who, const char* name);
 // naming `name` for another type, its ValueError for an int past a double's
 // range (the one check of it, for C++ and Python alike).
 double float_arg(const py::handle& v, const char* who, const std::string& name);
+// A bool, by name: pybind's bool takes None, 0 or numpy's bools.
+bool bool_arg(const py::handle& v, const char* who, const char* name);
 // A number as a double: a numbers.Real through float_arg (its error for one
 // past a float's range), or a one-element real tensor; nullopt for a bool or
 // anything else, for the caller to refuse in its own words.

@@ -13,6 +13,9 @@ from . import _C
 # numpy's integers as the int they hold (torch's parser takes them); any other
 # value as it is, for the checks to name. One definition, in C++ (convert.cpp).
 _plain_int = _C._plain_int
+# A wrong value as the errors show it (typed: after its type's name): long lists
+# and arrays by length or shape (convert.cpp, which the C++ errors use too).
+_shown = _C._shown
 
 
 def _int_arg(op: str, name: str, value):
@@ -25,7 +28,7 @@ def _int_arg(op: str, name: str, value):
         return value
     value = _plain_int(value)
     if type(value) is not int:
-        raise TypeError(f"{op}: {name} must be an int, got {value!r}")
+        raise TypeError(f"{op}: {name} must be an int, got {_shown(value)}")
     return value if name == "start_pos" else _in_int64(op, name, value)
 
 
@@ -47,7 +50,7 @@ def _index_arg(op: str, name: str, value) -> int:
     except TypeError:
         index = None
     if index is None:
-        raise TypeError(f"{op}: {name} must be an int, got {value!r}")
+        raise TypeError(f"{op}: {name} must be an int, got {_shown(value)}")
     return _in_int64(op, name, index)
 
 
@@ -77,7 +80,7 @@ def _table_args(op: str, dim, theta, seq_len, max_seq_len=0):
 def _str_arg(op: str, name: str, value):
     """A string, by name (torch's parser answers None with the whole schema)."""
     if not isinstance(value, str):
-        raise TypeError(f"{op}: {name} must be a str, got {value!r}")
+        raise TypeError(f"{op}: {name} must be a str, got {_shown(value)}")
     return value
 
 
@@ -85,7 +88,7 @@ def _bool_arg(op: str, name: str, value):
     """A bool, by name: torch's argument parser takes None, 0, 2 or 0.5 for a
     bool, and a flag read the wrong way rotates silently the other way."""
     if type(value) is not bool:
-        raise TypeError(f"{op}: {name} must be a bool, got {value!r}")
+        raise TypeError(f"{op}: {name} must be a bool, got {_shown(value)}")
     return value
 
 
@@ -98,21 +101,21 @@ def _tensor_arg(op: str, name: str, value):
     if not isinstance(value, torch.Tensor):
         hint = f"; pass torch.tensor({value!r}, dtype=torch.float32)" if (
             isinstance(value, float) and name in _SCALES) else ""
-        raise TypeError(f"{op}: {name} must be a tensor or None, got {type(value).__name__} {value!r}{hint}")
+        raise TypeError(f"{op}: {name} must be a tensor or None, got {_shown(value, typed=True)}{hint}")
     return value
 
 
 def _required_tensor(op: str, name: str, value):
     """Anything but a tensor where one is required: None reached C++ as an
     undefined tensor, in C++'s words."""
-    raise TypeError(f"{op}: {name} must be a tensor, got {type(value).__name__} {value!r}")
+    raise TypeError(f"{op}: {name} must be a tensor, got {_shown(value, typed=True)}")
 
 
 def _pair_axes(op: str, name: str, value):
     if value is None:
         return None  # 1-D positions
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        raise TypeError(f"{op}: {name} must be a list of ints or None, got {value!r}")
+        raise TypeError(f"{op}: {name} must be a list of ints or None, got {_shown(value)}")
     out = list(value)
     # Plain ints in int64 (a call's usual list) pass in one sweep; the entry
     # at fault is named by _int_arg, whose per-entry names cost microseconds.

@@ -121,6 +121,8 @@ def _route(positions, offsets, position_ids, start_pos, cu_seqlens, who):
         return start_pos, offsets, position_ids
     if offsets is not None or position_ids is not None:
         raise ValueError(f"{who}: positions= is deprecated; pass offsets= or position_ids= alone")
+    if not isinstance(positions, torch.Tensor) and not hasattr(type(positions), "__torch_function__"):
+        _tensor_arg(who, "positions", positions)  # raises, by name
     return _legacy_positions(positions, start_pos, cu_seqlens is not None, who)
 
 
@@ -209,6 +211,10 @@ def _generate(name: str, returns: Optional[str], doc: str):
             elif kind == "Tensor":  # anything with __torch_function__ (an FX Proxy) is torch's to route
                 body.append(f"if not isinstance({arg.name}, _TENSOR) and not hasattr(type({arg.name}), "
                             f"'__torch_function__'): _required_tensor({name!r}, {arg.name!r}, {arg.name})")
+            elif kind == "Optional[Tensor]":  # apply_rope_cos_sin's sin
+                body.append(f"if {arg.name} is not None and not isinstance({arg.name}, _TENSOR) and not hasattr("
+                            f"type({arg.name}), '__torch_function__'): _tensor_arg({name!r}, {arg.name!r}, "
+                            f"{arg.name})")
             continue
         check = _CHECK.get(kind)
         value = f"{check}({name!r}, {arg.name!r}, {arg.name})" if check else arg.name

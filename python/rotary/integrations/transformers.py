@@ -23,6 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
+from .._arg_checks import _bool_arg, _shown
 from ..hf import layer_types_of, rope_kwargs_from_hf_config
 from ..hf_families import Family, family_of
 from ..module import RotaryEmbedding
@@ -150,6 +151,12 @@ def is_patched(model: nn.Module) -> bool:
     return getattr(model, _STATE_ATTR, None) is not None
 
 
+def _check_model(who: str, model) -> None:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"rotary: {who} takes a transformers model (an nn.Module), got {type(model).__name__} "
+                        f"{_shown(model)}")
+
+
 def apply_rotary_to_model(
     model: nn.Module,
     *,
@@ -176,6 +183,10 @@ def apply_rotary_to_model(
     ``k_norm``) inside the rotation, ``rotary.apply_qk_norm_rope``. Default:
     for the families the sweep verified that way (``hf_support.QK_NORM_FUSED``).
     """
+    _check_model("apply_rotary_to_model", model)
+    _bool_arg("apply_rotary_to_model", "allow_unverified", allow_unverified)
+    if fuse_qk_norm is not None:
+        _bool_arg("apply_rotary_to_model", "fuse_qk_norm", fuse_qk_norm)
     if is_patched(model):
         have = getattr(model, _STATE_ATTR).options
         asked = {"max_seq_len": max_seq_len, "fuse_qk_norm": fuse_qk_norm}
@@ -310,6 +321,7 @@ def unpatch(model: nn.Module) -> nn.Module:
     forward back, and each ``apply_rotary_pos_emb`` is restored once no other
     patched model uses it (a patched model that is collected counts as
     unpatched). No-op on a model that is not patched."""
+    _check_model("unpatch", model)
     with _lock:  # read under it: two threads must not undo one patch twice
         patch = getattr(model, _STATE_ATTR, None)
         if patch is None:
