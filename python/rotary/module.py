@@ -268,11 +268,11 @@ class RotaryEmbedding(TableBuffers):
         # float32 angles have no on-the-fly path (it is float64 only).
         # One that requires grad goes to the op, which refuses it (it would get no gradient).
         inv = inv_freq if self._extends or inv_freq.requires_grad else None
-        if inv is None and offsets is None and position_ids is None and q.dim() == 4 and type(start_pos) is int:
+        if (inv is None and offsets is None and position_ids is None and q.dim() == 4 and isinstance(start_pos, int)
+                and not torch.compiler.is_compiling()):  # traced, the op refuses the rows in its words
             seq = q.shape[_SEQ_AXIS[layout]]
-            # Traced with a symbolic length the test would be a guard: the op refuses the rows in its words.
-            if type(seq) is int and seq > 0 and start_pos + seq > freqs.shape[0]:
-                _in_cpp(self._tables.check_rows, seq, start_pos, False, freqs.shape[0])
+            if seq > 0 and start_pos + seq > freqs.shape[0]:
+                self._tables.check_rows(seq, start_pos, False, freqs.shape[0])
         offset, axes_dim, pair_axes = self._layout
         kw = dict(offsets=offsets, position_ids=position_ids, inv_freq=inv, rotary_offset=offset, layout=layout)
         if pair_axes is not None and position_ids is not None and position_ids.dim() == 3:

@@ -170,16 +170,3 @@ def test_forward_with_cache_names_the_kv_caches_shape(kind):
         m.forward_with_cache(q[:1], k[:1], k[:1], cache, layout="BSHD")
     snap.check()
     assert cache.length == 0
-
-
-def test_a_float32_table_refuses_past_its_rows_in_the_module_words_compiled_too():
-    """Traced with static sizes, the module's own refusal (a graph break runs
-    it): the op's words advised inv_freq, which a float32-angle module has not."""
-    rope = rotary.RotaryEmbedding(32, 128, angle_dtype="float32")
-    q, k = torch.randn(1, 4, 7, 32), torch.randn(1, 2, 7, 32)
-    torch._dynamo.reset()
-    compiled = torch.compile(lambda q, k: rope(q, k, start_pos=125), backend="eager")
-    for call in (lambda: rope(q, k, start_pos=125), lambda: compiled(q, k)):
-        with pytest.raises(IndexError, match=r"RotaryEmbedding\(angle_dtype=float32\): start_pos \+ seq_len = 125 "
-                                             r"\+ 7 = 132 exceeds max_seq_len 128; float32-angle tables"):
-            call()
