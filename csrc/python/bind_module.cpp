@@ -74,7 +74,7 @@ py::object cpp_rope_from_state(const py::object& wrapper, const py::tuple& st) {
           .max_seq_len(st[1].cast<int64_t>())
           .theta(st[2].cast<double>())
           .interleaved(st[3].cast<bool>())
-          .scaling(to_scaling(st[4]))
+          .scaling(to_scaling(st[4], "CppRotaryEmbedding"))
           .angle_dtype(angle_dtype_of(st[5], "CppRotaryEmbedding"))
           .rotary_offset(st[9].cast<int64_t>())
           .mrope_section(st[10].cast<std::vector<int64_t>>())

@@ -64,7 +64,7 @@ void bind_rules(py::module_& m) {
          const py::object& angle_dtype, const std::string& who) {
         rotary::check_table_args(who.c_str(), "dim", dim, theta, seq_len, max_seq_len);  // the caller's words
         return rotary::rope_freqs(
-            dim, max_seq_len, theta, to_scaling(scaling), seq_len, angle_dtype_of(angle_dtype, who.c_str()));
+            dim, max_seq_len, theta, to_scaling(scaling, who.c_str()), seq_len, angle_dtype_of(angle_dtype, who.c_str()));
       },
       py::arg("dim"), py::arg("max_seq_len"), ROTARY_RULE_ARGS, py::arg("who") = "rope_freqs",
       "complex64 [max_seq_len, dim // 2] table, entry attention_scaling * exp(i * pos * inv_freq), angles "
@@ -75,7 +75,7 @@ void bind_rules(py::module_& m) {
       [](int64_t dim, const torch::Tensor& positions, double theta, const py::object& scaling, int64_t seq_len,
          const py::object& angle_dtype) {
         TORCH_CHECK_VALUE(dim > 0 && dim % 2 == 0, "rope_freqs_at: dim must be even and > 0, got ", dim);
-        const auto f = rotary::compute_frequencies(dim, theta, to_scaling(scaling), seq_len);
+        const auto f = rotary::compute_frequencies(dim, theta, to_scaling(scaling, "rope_freqs_at"), seq_len);
         return rotary::freqs_at(f, positions, angle_dtype_of(angle_dtype, "rope_freqs_at"));
       },
       py::arg("dim"), py::arg("positions"), ROTARY_RULE_ARGS,
@@ -86,7 +86,7 @@ void bind_rules(py::module_& m) {
       "rope_frequencies",
       [](int64_t rotary_dim, double theta, const py::object& scaling, int64_t seq_len, const std::string& who) {
         rotary::check_table_args(who.c_str(), "dim", rotary_dim, theta, seq_len);  // the caller's words
-        const auto f = rotary::compute_frequencies(rotary_dim, theta, to_scaling(scaling), seq_len);
+        const auto f = rotary::compute_frequencies(rotary_dim, theta, to_scaling(scaling, who.c_str()), seq_len);
         return std::make_tuple(rotary::inv_freq_tensor(f), f.attention_scaling);
       },
       py::arg("rotary_dim"), py::arg("theta") = 10000.0, py::arg("scaling") = py::none(), py::arg("seq_len") = 0,

@@ -35,11 +35,11 @@ std::string repr_of(py::handle v, bool typed) {
 }
 
 // None, a dict or a RopeScaling.
-RopeScaling to_scaling(const py::object& obj) {
+RopeScaling to_scaling(const py::object& obj, const char* who) {
   if (obj.is_none()) return RopeScaling();
   if (py::isinstance<RopeScaling>(obj)) return obj.cast<RopeScaling>();
   TORCH_CHECK_TYPE(
-      py::isinstance<py::dict>(obj), "scaling must be None, a dict like Hugging Face's rope_parameters, or a ",
+      py::isinstance<py::dict>(obj), who, ": scaling must be None, a dict like Hugging Face's rope_parameters, or a ",
       "rotary._C.RopeScaling; got ", repr_of(obj));
   return scaling_from_dict(obj.cast<py::dict>(), /*strict=*/true);
 }
@@ -178,7 +178,7 @@ rotary::RotaryEmbeddingOptions options_from_py(
       .max_seq_len(int_arg(max_seq_len, who, "max_seq_len"))
       .theta(theta_value)
       .interleaved(interleaved.cast<bool>())
-      .scaling(to_scaling(scaling))
+      .scaling(to_scaling(scaling, who))
       .angle_dtype(angle_dtype_of(angle_dtype, who));
 }
 

@@ -26,7 +26,7 @@ using OptTensor = std::optional<torch::Tensor>;
 std::string repr_of(py::handle v, bool typed = false);
 rotary::RopeScaling scaling_from_dict(const py::dict& d, bool strict);
 py::dict scaling_to_dict(const rotary::RopeScaling& s);
-rotary::RopeScaling to_scaling(const py::object& obj);
+rotary::RopeScaling to_scaling(const py::object& obj, const char* who);
 at::ScalarType angle_dtype_of(const py::object& obj, const char* who);
 // An int (any integer type, not a bool), named in its TypeError / ValueError.
 int64_t int_arg(const py::handle& v, const char* who, const char* name);

@@ -36,7 +36,7 @@ class TableBuffers(nn.Module):
         super().__setattr__(name, value)
 
     def register_buffer(self, name, tensor, persistent=True):
-        if name in _TABLES and name in self._buffers and "_tables" in self.__dict__:
+        if name in _TABLES and name in self._buffers and "_tables" in self.__dict__ and tensor is not self._buffers[name]:
             self._load_one(name, tensor, f"RotaryEmbedding.register_buffer({name!r})")
             return
         super().register_buffer(name, tensor, persistent)

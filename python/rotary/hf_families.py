@@ -407,7 +407,7 @@ FAMILIES: Dict[str, Family] = {
 # rotary class by a test outside the HF sweep, which builds no causal LM of
 # them: model_type -> the test.
 VERIFIED_BY_TESTS: Dict[str, str] = {
-    "esm": "tests/python/test_hf_trials.py::test_esm_rotates_only_with_rotary_positions_and_its_top_level_base",
+    "esm": "tests/python/test_hf_trials_rules.py::test_esm_rotates_only_with_rotary_positions_and_its_top_level_base",
     "step3p5": "tests/python/test_hf_trials.py::test_a_heterogeneous_config_whose_layers_keep_the_rotation_is_served",
 }
 

@@ -179,8 +179,9 @@ def test_layer_refuses_what_it_cannot_read():
     cos, sin = a.cos().repeat_interleave(2, -1), a.sin().repeat_interleave(2, -1)
     with pytest.raises(ValueError, match="must be rotate_half tables"):
         apply_rotary_transformers(q, k, cos, sin)
-    with pytest.raises(ValueError, match="unsqueeze_dim 1 .* or 2"):
-        apply_rotary_transformers(q, k, torch.cat([a.cos()] * 2, -1), torch.cat([a.sin()] * 2, -1), 0)
+    for bad in (0, True, 1.0):  # True and 1.0 are not 1 (bool and float refused, as elsewhere)
+        with pytest.raises(ValueError, match="unsqueeze_dim 1 .* or 2"):
+            apply_rotary_transformers(q, k, torch.cat([a.cos()] * 2, -1), torch.cat([a.sin()] * 2, -1), bad)
     # gpt-oss's one value per pair, scaled: at position 0 its halves repeat, and its
     # first half would have been read as a partial-rotary table.
     half_cos, half_sin = torch.full((1, 4, 4), 1.3466), torch.zeros(1, 4, 4)

@@ -68,8 +68,11 @@ def test_rule_specific_dim_checks():
         rotary.RotaryEmbedding(2, 16, scaling={"rope_type": "ntk", "factor": 2.0})
     with pytest.raises(ValueError, match=r"dim must be even and > 0, got 7"):
         rotary.RotaryEmbedding(7, 16, scaling={"rope_type": "linear", "factor": 2.0})
-    with pytest.raises(TypeError, match="scaling must be None, a dict"):
-        rotary.RotaryEmbedding(8, 16, scaling="yarn")
+    for who, call in (("RotaryEmbedding", lambda: rotary.RotaryEmbedding(8, 16, scaling="yarn")),
+                      ("freqs_table", lambda: rotary.freqs_table(8, 16, scaling="yarn")),
+                      ("inv_frequencies", lambda: rotary.inv_frequencies(8, scaling="yarn"))):
+        with pytest.raises(TypeError, match=rf"^{who}: scaling must be None, a dict .* got 'yarn'"):
+            call()
 
 
 @pytest.mark.parametrize(

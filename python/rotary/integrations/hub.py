@@ -52,8 +52,8 @@ def apply_rotary_transformers(
     dtype hand 16-bit q float32 tables there). Anything else (a table that is not
     rotate_half, of another width or rank) is an error, never misread."""
     # Pixtral: unsqueeze_dim 0 on a [patches, head_dim] table, which broadcasts as BHSD's [seq, head_dim] does.
-    pixtral = unsqueeze_dim == 0 and cos.dim() == 2
-    layout = "BHSD" if pixtral else LAYOUTS.get(unsqueeze_dim)
+    pixtral = type(unsqueeze_dim) is int and unsqueeze_dim == 0 and cos.dim() == 2
+    layout = "BHSD" if pixtral else LAYOUTS.get(unsqueeze_dim) if type(unsqueeze_dim) is int else None  # not True
     if layout is None or q.dim() != 4:
         raise ValueError(
             f"rotary_pos_emb: rotary serves 4-D q and k with unsqueeze_dim 1 ([batch, heads, seq, head_dim]) or 2 "
