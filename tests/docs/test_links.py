@@ -65,3 +65,21 @@ def test_the_check_catches_a_broken_link():
     problems = broken(doc, text)
     assert len(problems) == 3 and all("gone" not in p for p in problems), problems
     assert "no_such_page" in problems[0] and "#twice-2" in problems[1] and "no-such-heading" in problems[2]
+
+
+def stray_markers(text: str) -> list:
+    """Lines that open a list with '+' or '*' (the docs' bullets are '-'): a
+    wrapped sentence that starts with one ('ASan\\n+ UBSan') renders as a
+    one-item list cut out of its paragraph. Code blocks left out."""
+    lines = text.splitlines()
+    return [tok.map[0] + 1 for tok in _MD.parse(text)
+            if tok.type == "bullet_list_open" and lines[tok.map[0]].lstrip()[:1] in "+*"]
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=[d.relative_to(ROOT).as_posix() for d in DOCS])
+def test_no_wrapped_line_opens_a_list(doc: Path):
+    assert not stray_markers(doc.read_text()), f"{doc.relative_to(ROOT)}: lines {stray_markers(doc.read_text())}"
+
+
+def test_the_check_catches_a_wrapped_plus():
+    assert stray_markers("runs it under ASan\n+ UBSan, and more.\n\n```\n+ code\n```\n- a real bullet\n") == [2]
