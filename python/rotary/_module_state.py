@@ -29,7 +29,10 @@ class TableBuffers(nn.Module):
         # served positions past it from the old inv_freq. An assignment (as
         # transformers' from_pretrained loads each buffer) is a checked load of
         # that piece, the pair rebuilt to match; one not of these options is
-        # refused. (functional_call and export swap _buffers directly.)
+        # refused; into meta tables (a model being loaded), the pair is built
+        # from the options, as to_empty builds it (from_pretrained fills a key
+        # the checkpoint lacks with empty memory). (functional_call and export
+        # swap _buffers directly.)
         if name in _TABLES and "_tables" in self.__dict__ and value is not self._buffers.get(name):
             self._load_one(name, value, f"RotaryEmbedding.{name} = ...")
             return
@@ -38,15 +41,20 @@ class TableBuffers(nn.Module):
     def register_buffer(self, name, tensor, persistent=True):
         if name in _TABLES and name in self._buffers and "_tables" in self.__dict__ and tensor is not self._buffers[name]:
             self._load_one(name, tensor, f"RotaryEmbedding.register_buffer({name!r})")
+            (self._non_persistent_buffers_set.discard if persistent else self._non_persistent_buffers_set.add)(name)
             return
         super().register_buffer(name, tensor, persistent)
 
     def _load_one(self, name, value, who):
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"{who}: {name} must be a tensor (one of the module's two tables), got "
-                            f"{type(value).__name__} {_shown(value)}")
+                            f"{_shown(value, True)}")
         if value.is_meta:  # a meta tensor holds no values to check: the pair goes to meta, as a move would
             self._install(*(t.to("meta") for t in self._held()))
+            return
+        if self._held()[0].is_meta:
+            self._follow_held()
+            self._install(*self._tables.build(value.device))
             return
         pair = (value, None) if name == "freqs" else (None, value)
         self._tables.restore(*pair, who, value.device, self._install)  # the device given, as assign=True
@@ -67,7 +75,7 @@ class TableBuffers(nn.Module):
             try:
                 if bad:  # None too: not "left out" (restore's None); torch refuses a None entry too
                     raise TypeError(f"RotaryEmbedding.load_state_dict: the saved '{bad[0][len(prefix):]}' must be "
-                                    f"a tensor, got {state_dict[bad[0]]!r}"[:300])
+                                    f"a tensor, got {_shown(state_dict[bad[0]])}")
                 self._tables.restore(state_dict.get(fkey), state_dict.get(ikey), "RotaryEmbedding.load_state_dict",
                                      device, self._install)
             except (ValueError, TypeError) as e:

@@ -12,6 +12,8 @@ swaps. The other decorated layers (RMSNorm, SiLU) keep their own forward
 
 import copy
 
+import numpy as np
+
 import pytest
 import torch
 
@@ -179,6 +181,8 @@ def test_layer_refuses_what_it_cannot_read():
     cos, sin = a.cos().repeat_interleave(2, -1), a.sin().repeat_interleave(2, -1)
     with pytest.raises(ValueError, match="must be rotate_half tables"):
         apply_rotary_transformers(q, k, cos, sin)
+    q2, _ = apply_rotary_transformers(q, k, torch.cat([a.cos()] * 2, -1), torch.cat([a.sin()] * 2, -1), np.int64(1))
+    assert torch.equal(q2, apply_rotary_transformers(q, k, torch.cat([a.cos()] * 2, -1), torch.cat([a.sin()] * 2, -1))[0])
     for bad in (0, True, 1.0):  # True and 1.0 are not 1 (bool and float refused, as elsewhere)
         with pytest.raises(ValueError, match="unsqueeze_dim 1 .* or 2"):
             apply_rotary_transformers(q, k, torch.cat([a.cos()] * 2, -1), torch.cat([a.sin()] * 2, -1), bad)

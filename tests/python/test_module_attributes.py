@@ -90,12 +90,16 @@ def test_tables_are_one_pair():
     assert torch.equal(m.freqs, before[0]) and torch.equal(m.inv_freq, before[1])
     m.freqs = before[0].clone()  # its own table: accepted, the pair rebuilt
     assert torch.equal(m.freqs, before[0]) and torch.equal(m.inv_freq, before[1])
+    m.register_buffer("freqs", before[0].clone(), persistent=False)  # persistent honoured
+    assert list(m.state_dict()) == ["inv_freq"]
+    q = torch.randn(1, 2, 4, 16, dtype=torch.float64)
+    for start in (2, 30):  # inside the table and past it: the other module's rotation
+        got = functional_call(m, {"freqs": other.freqs, "inv_freq": other.inv_freq}, (q,), {"start_pos": start})
+        torch.testing.assert_close(got, rope_reference(q, start, interleaved=True, base=500.0), rtol=0, atol=1e-6)
     m.inv_freq = before[1].to("meta")  # a meta piece: the pair goes to meta, as a move would
     assert m.freqs.is_meta and m.inv_freq.is_meta
-    q = torch.randn(1, 2, 4, 16, dtype=torch.float64)
-    for start in (2, 30):  # inside the table and past it
-        got = functional_call(other, {"freqs": other.freqs, "inv_freq": other.inv_freq}, (q,), {"start_pos": start})
-        torch.testing.assert_close(got, rope_reference(q, start, interleaved=True, base=500.0), rtol=0, atol=1e-6)
+    m.freqs = torch.empty_like(before[0])  # into meta tables: built from the options (from_pretrained's missing key)
+    assert torch.equal(m.freqs, before[0]) and torch.equal(m.inv_freq, before[1])
 
 
 def test_transformers_from_pretrained_loads_a_model_holding_the_module(tmp_path):
@@ -124,6 +128,13 @@ def test_transformers_from_pretrained_loads_a_model_holding_the_module(tmp_path)
     loaded = Tiny.from_pretrained(tmp_path)
     assert not loaded.rope.freqs.is_meta
     torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=0)
+    # A checkpoint without the module's tables: from_pretrained fills them with uninitialised
+    # memory (as any module's missing buffer), which the check refuses rather than serve.
+    (tmp_path / "bare").mkdir()
+    torch.nn.Module.__delattr__(model, "rope")
+    model.save_pretrained(tmp_path / "bare")
+    with pytest.raises(ValueError, match=r"RotaryEmbedding\.(freqs|inv_freq) = \.\.\.: the saved"):
+        Tiny.from_pretrained(tmp_path / "bare")
 
 
 def test_a_module_pickled_with_plain_option_attributes_loads():

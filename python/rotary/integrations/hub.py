@@ -29,6 +29,7 @@ from typing import Tuple
 import torch
 from torch import nn
 
+from .._arg_checks import _plain_int
 from .._ops import apply_rope_cos_sin
 from ._hf_functions import LAYOUTS
 
@@ -52,6 +53,8 @@ def apply_rotary_transformers(
     dtype hand 16-bit q float32 tables there). Anything else (a table that is not
     rotate_half, of another width or rank) is an error, never misread."""
     # Pixtral: unsqueeze_dim 0 on a [patches, head_dim] table, which broadcasts as BHSD's [seq, head_dim] does.
+    if type(unsqueeze_dim) is not int:  # numpy's ints as ints; a bool or a float stays refused below
+        unsqueeze_dim = _plain_int(unsqueeze_dim)
     pixtral = type(unsqueeze_dim) is int and unsqueeze_dim == 0 and cos.dim() == 2
     layout = "BHSD" if pixtral else LAYOUTS.get(unsqueeze_dim) if type(unsqueeze_dim) is int else None  # not True
     if layout is None or q.dim() != 4:

@@ -153,8 +153,7 @@ def is_patched(model: nn.Module) -> bool:
 
 def _check_model(who: str, model) -> None:
     if not isinstance(model, nn.Module):
-        raise TypeError(f"rotary: {who} takes a transformers model (an nn.Module), got {type(model).__name__} "
-                        f"{_shown(model)}")
+        raise TypeError(f"rotary: {who} takes a transformers model (an nn.Module), got {_shown(model, True)}")
 
 
 def apply_rotary_to_model(
