@@ -167,8 +167,9 @@ def write_png(results: List[Result], path: str) -> None:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except Exception:
-        return  # optional: skip silently
+    except Exception as e:  # optional, but asked for: say it was not written
+        print(f"--png {path}: not written ({type(e).__name__}: {e}); pip install matplotlib", file=sys.stderr)
+        return
     peers = []
     for r in results:
         for name in r.times:

@@ -155,7 +155,27 @@ def cases(device, dtype, B, S, Hq, Hk, D, kv_layout, block=16, start=100, compil
         fns["rows_copy"] = without_copy_blocks(fused)
     if kv_layout == "NHD" and device == "cuda":
         add_flashinfer(fns, q, k, v, kc, vc, f, start, block, extra)
-    return fns, {"q": q, "k": k, "prologue's q": qp, "prologue's k": kp}
+    state = {"q": q, "k": k, "kc": kc, "vc": vc, "qp": qp, "kp": kp, "kc8": kc8, "vc8": vc8}
+    return fns, {"q": q, "k": k, "prologue's q": qp, "prologue's k": kp}, state
+
+
+def check_fused(device, dtype, kw):
+    """Before anything is timed: each fused call leaves q, k and both caches
+    as its unfused partner does, from fresh inputs each (fp8: one fp8 step
+    apart at most, since the unfused row rounds twice, to dtype then fp8)."""
+    pairs = (("fused", "unfused", ("q", "k", "kc", "vc")), ("prologue", "prologue_unfused", ("qp", "kp", "kc", "vc")),
+             ("fused_fp8", "unfused_fp8", ("q", "k", "kc8", "vc8")))
+    for a, b, names in pairs:
+        outs = []
+        for name in (a, b):
+            fns, _, state = cases(device, dtype, Hq=32, Hk=8, D=128, compile_=False, **kw)
+            fns[name]()
+            outs.append([state[n] for n in names])
+        for n, x, y in zip(names, *outs):
+            if x.dtype == torch.float8_e4m3fn:
+                torch.testing.assert_close(x.float(), y.float(), rtol=0.125, atol=2**-9, msg=f"{a} vs {b}: {n}")
+            else:
+                assert torch.equal(x, y), f"{a} vs {b}: {n} differs"
 
 
 def check_inputs(title, tensors):
@@ -269,7 +289,8 @@ def main() -> None:
               "| fp8 unfused us | fp8 fused/unfused |")
         print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
         for title, kw, calls in shapes:
-            fns, inputs = cases(a.device, dtype, Hq=32, Hk=8, D=128, compile_=not a.no_compile, **kw)
+            check_fused(a.device, dtype, kw)
+            fns, inputs, _ = cases(a.device, dtype, Hq=32, Hk=8, D=128, compile_=not a.no_compile, **kw)
             per = 1
             if a.graph:
                 fns, per, calls = graphed(fns, calls), calls, 1

@@ -107,6 +107,30 @@ def cases(B, S, Hq, Hk, D, dtype, compiled, device):
     return out
 
 
+def check_variants(fns, B, S, Hq, Hk, D, dtype, device) -> None:
+    """Before anything is timed: the norm + RoPE variants against the model
+    code in float64 (the same seeded inputs as cases), the fused norm over
+    heads against its unfused partner, and fp8 q against torch's quantization
+    of the fused q (one fp8 step apart at most: that row rounds twice)."""
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(B, S, Hq, D, generator=g).to(dtype), torch.randn(B, S, Hk, D, generator=g).to(dtype)
+    qw, kw = ((1 + 0.1 * torch.randn(D, generator=g)).to(dtype) for _ in range(2))
+    inv = 1.0 / (10000.0 ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+    emb = torch.cat([torch.arange(7, 7 + S, dtype=torch.float64)[:, None] * inv] * 2, dim=-1)
+    want = model_code(q.double(), k.double(), qw.double(), kw.double(), emb.cos()[None, None], emb.sin()[None, None])
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2**-6, atol=2**-6)
+    for name in ("unfused HF norm + rotary", "unfused F.rms_norm + rotary", "fused apply_qk_norm_rope",
+                 "torch.compile(model code)"):
+        if name in fns:
+            for got, w in zip(fns[name](), want):  # ours are BSHD, the model code's BHSD
+                got = got if name.startswith("torch.compile") else got.transpose(1, 2)
+                torch.testing.assert_close(got.cpu().double(), w, **tol, msg=name)
+    for got, w in zip(fns["fused apply_qk_norm_rope, norm heads"](), fns["unfused HF norm over heads + rotary"]()):
+        torch.testing.assert_close(got.float(), w.float(), **tol, msg="norm heads")
+    got, w = fns["fused apply_qk_norm_rope, fp8 q"]()[0], fns["fused, then torch's fp8 quantization of q"]()
+    torch.testing.assert_close(got.float(), w.float(), rtol=0.125, atol=2**-9, msg="fp8 q")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
@@ -127,8 +151,9 @@ def main() -> None:
     for nt in thread_passes(a.threads, reset_compiled=True):
         for name, B, S, Hq, Hk, D in shapes:
             sync = torch.cuda.synchronize if a.device.startswith("cuda") else None
-            st = time_interleaved(cases(B, S, Hq, Hk, D, dtype, not a.no_compile, a.device), a.rounds, seed=a.seed,
-                                  sync=sync)
+            fns = cases(B, S, Hq, Hk, D, dtype, not a.no_compile, a.device)
+            check_variants(fns, B, S, Hq, Hk, D, dtype, a.device)
+            st = time_interleaved(fns, a.rounds, seed=a.seed, sync=sync)
             base = st["unfused HF norm + rotary"]
             floor = st["copy floor (2x clone)"]
             print(f"\n{name} {a.dtype} q [{B}, {S}, {Hq}, {D}] k [{B}, {S}, {Hk}, {D}], {nt} thread(s), median of "

@@ -19,9 +19,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import protocol  # noqa: E402
 import rotary  # noqa: E402
 
-CASES = {  # name: (V, per-slice shape [B, H, S, D], start_pos)
-    "prefill-like, V=8": (8, (1, 8, 512, 128), 0),
-    "decode-like, V=64": (64, (1, 32, 1, 128), 7),
+CASES = {  # name: (V, per-slice shape [B, H, S, D], start_pos); the row says V and the shape run
+    "prefill-like": (8, (1, 8, 512, 128), 0),
+    "decode-like": (64, (1, 32, 1, 128), 7),
 }
 
 
@@ -47,6 +47,11 @@ def main():
             xs = torch.randn((v,) + shape)
             folded = xs.movedim(0, 1).flatten(1, 2)  # [B, V * H, S, D]: the slices in the heads
             vmapped = torch.func.vmap(lambda x: rotary.apply_rope(x, freqs, start))
+            # Before timing: the three ways give the same bits.
+            loop = torch.stack([rotary.apply_rope(x, freqs, start) for x in xs])
+            assert torch.equal(vmapped(xs), loop), f"{name}: vmap differs from the loop"
+            assert torch.equal(rotary.apply_rope(folded, freqs, start).unflatten(1, (v, -1)).movedim(1, 0), loop)
+            name = f"{name}, V={v}, slice {list(shape)}"
             stats = protocol.time_interleaved({
                 "vmap": lambda: vmapped(xs),
                 "loop": lambda: torch.stack([rotary.apply_rope(x, freqs, start) for x in xs]),

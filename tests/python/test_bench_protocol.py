@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 import torch
 from torch._inductor.utils import run_and_get_code
 
@@ -34,7 +35,7 @@ def test_each_thread_pass_compiles_for_its_thread_count():
 def test_the_kv_copy_floor_reads_written_sources():
     """An allocation never written reads the kernel's one zero page on the
     CPU: the floor would time a write-only stream."""
-    fns, _ = bench_kv_cache.cases("cpu", torch.float32, 2, 8, 4, 2, 16, "NHD", compile_=False)
+    fns, _, _ = bench_kv_cache.cases("cpu", torch.float32, 2, 8, 4, 2, 16, "NHD", compile_=False)
     floor = fns["floor"]
     cells = dict(zip(floor.__code__.co_freevars, (c.cell_contents for c in floor.__closure__)))
     for name in ("src", "src_k"):  # drawn from N(0, 1): E|x| = 0.798, not an allocator's leftovers
@@ -56,3 +57,24 @@ def test_processes_gives_each_ratio_over_every_process():
     for name, med, lo, hi in rows:
         assert float(lo) <= float(med) <= float(hi), name
     assert rows[0][1:] == ("1.00", "1.00", "1.00")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_kv_benchmark_checks_each_fused_row_before_timing(dtype):
+    """Each fused row leaves what its unfused partner leaves; a wrong one is caught."""
+    kw = dict(B=2, S=3, kv_layout="NHD")
+    bench_kv_cache.check_fused("cpu", dtype, kw)
+    real = bench_kv_cache.cases
+
+    def broken(*args, **kwargs):
+        fns, inputs, state = real(*args, **kwargs)
+        right = fns["fused"]
+        fns["fused"] = lambda: (right(), state["kc"].view(-1)[:1].add_(1))
+        return fns, inputs, state
+
+    bench_kv_cache.cases = broken
+    try:
+        with pytest.raises(AssertionError, match="fused vs unfused: kc differs"):
+            bench_kv_cache.check_fused("cpu", dtype, kw)
+    finally:
+        bench_kv_cache.cases = real
