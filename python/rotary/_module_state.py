@@ -28,11 +28,9 @@ class TableBuffers(nn.Module):
         # The tables are one pair built from the options: a freqs swapped alone
         # served positions past it from the old inv_freq. An assignment (as
         # transformers' from_pretrained loads each buffer) is a checked load of
-        # that piece, the pair rebuilt to match; one not of these options is
-        # refused; into meta tables (a model being loaded), the pair is built
-        # from the options, as to_empty builds it (from_pretrained fills a key
-        # the checkpoint lacks with empty memory). (functional_call and export
-        # swap _buffers directly.)
+        # that piece, the pair rebuilt to match on the tensor's device; one
+        # not of these options is refused. (functional_call and export swap
+        # _buffers directly.)
         if name in _TABLES and "_tables" in self.__dict__ and value is not self._buffers.get(name):
             self._load_one(name, value, f"RotaryEmbedding.{name} = ...")
             return
@@ -51,10 +49,6 @@ class TableBuffers(nn.Module):
                             f"{_shown(value, True)}")
         if value.is_meta:  # a meta tensor holds no values to check: the pair goes to meta, as a move would
             self._install(*(t.to("meta") for t in self._held()))
-            return
-        if self._held()[0].is_meta:
-            self._follow_held()
-            self._install(*self._tables.build(value.device))
             return
         pair = (value, None) if name == "freqs" else (None, value)
         self._tables.restore(*pair, who, value.device, self._install)  # the device given, as assign=True

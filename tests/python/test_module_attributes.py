@@ -98,8 +98,11 @@ def test_tables_are_one_pair():
         torch.testing.assert_close(got, rope_reference(q, start, interleaved=True, base=500.0), rtol=0, atol=1e-6)
     m.inv_freq = before[1].to("meta")  # a meta piece: the pair goes to meta, as a move would
     assert m.freqs.is_meta and m.inv_freq.is_meta
-    m.freqs = torch.empty_like(before[0])  # into meta tables: built from the options (from_pretrained's missing key)
+    m.freqs = before[0].clone()  # into meta tables: checked, the pair back on the CPU
     assert torch.equal(m.freqs, before[0]) and torch.equal(m.inv_freq, before[1])
+    m.inv_freq = before[1].to("meta")
+    with pytest.raises(ValueError, match=r"RotaryEmbedding\.freqs = \.\.\.: the saved tables do not match"):
+        m.freqs = other.freqs.clone()
 
 
 def test_transformers_from_pretrained_loads_a_model_holding_the_module(tmp_path):
