@@ -14,6 +14,12 @@ _TABLES = ("freqs", "inv_freq")
 _LAYOUT_FIELDS = ("rotary_offset", "mrope_section", "mrope_interleaved", "axes_dim", "pair_axes")
 
 
+def layout_of(tables) -> tuple:
+    """(rotary_offset, axes_dim, pair_axes) of a RopeTables: read once, kept as
+    plain values for forward (pair_axes: the pair -> axis map, rotary/axes.h; None: 1-D)."""
+    return tables.rotary_offset, tables.axes_dim, tables.pair_axes
+
+
 class TableBuffers(nn.Module):
     """``freqs`` and ``inv_freq`` kept as one pair through nn.Module's own
     paths (the subclass sets ``_tables`` and ``_layout``)."""
@@ -88,7 +94,7 @@ class TableBuffers(nn.Module):
         # A move that raises (.cuda() without a GPU) keeps the tables. Meta
         # tables hold no values: leaving meta (to_empty) rebuilds them.
         self._follow_held()  # a rebuild below is of the state of the tables held
-        saved = {name: self._buffers[name] for name in ("freqs", "inv_freq") if name in self._buffers}
+        saved = {name: self._buffers[name] for name in _TABLES if name in self._buffers}
         tables = {id(buf) for buf in saved.values()}
         moved = saved
         try:
@@ -99,7 +105,7 @@ class TableBuffers(nn.Module):
             if saved and all(w is None for w in where.values()):
                 moved = {name: fn(buf) for name, buf in saved.items()}  # share_memory_: the tables themselves
             elif len(saved) == 2 and saved["freqs"].is_meta and where["freqs"].type != "meta":
-                moved = dict(zip(("freqs", "inv_freq"), self._tables.build(where["freqs"])))
+                moved = dict(zip(_TABLES, self._tables.build(where["freqs"])))
             else:
                 moved = {name: buf.to(where[name]) for name, buf in saved.items()}
         finally:
@@ -108,7 +114,7 @@ class TableBuffers(nn.Module):
 
     def __getstate__(self):  # pickle, deepcopy: the state of the tables held, not of the last switch
         state = super().__getstate__()
-        if len(self._buffers.keys() & {"freqs", "inv_freq"}) == 2:
+        if len(self._buffers.keys() & set(_TABLES)) == 2:
             # The pair as held under the state machine's lock: another thread's
             # call may install new tables while the copy reads them (one by one).
             # (A rule that is not host-driven has one state: state_of reads nothing.)
@@ -123,9 +129,8 @@ class TableBuffers(nn.Module):
         state = {k: v for k, v in state.items() if k not in _LAYOUT_FIELDS}
         super().__setstate__(state)
         if "_layout" not in state and "_tables" in state:
-            t = self._tables
-            self._layout = (t.rotary_offset, t.axes_dim, t.pair_axes)
+            self._layout = layout_of(self._tables)
 
     def _follow_held(self) -> None:  # the state machine takes the state of the tables held (both present)
-        if len(self._buffers.keys() & {"freqs", "inv_freq"}) == 2:
+        if len(self._buffers.keys() & set(_TABLES)) == 2:
             self._tables.state_of(self._held)

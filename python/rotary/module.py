@@ -6,7 +6,7 @@ import torch
 
 from . import _C
 from ._dtensor_shards import whole_positions as _whole_positions
-from ._module_state import TableBuffers
+from ._module_state import TableBuffers, layout_of
 from ._arg_checks import _index_arg
 from ._ops import _route, apply_rope, apply_rope_qk
 
@@ -95,8 +95,7 @@ class RotaryEmbedding(TableBuffers):
         self._opts = (t.dim, t.max_seq_len, t.theta, t.interleaved, t.scaling, t.angle_dtype)
         self._host_driven = t.host_driven
         self._extends = t.extends_past_table  # float64 angles: positions past the table computed exactly
-        # (rotary_offset, axes_dim, pair_axes: the pair -> axis map, rotary/axes.h; None: 1-D)
-        self._layout = (t.rotary_offset, t.axes_dim, t.pair_axes)
+        self._layout = layout_of(t)
         freqs, inv_freq = t.build()
         device = torch.get_default_device()  # `with torch.device("meta"):`, as nn.Module's own buffers follow it
         if device.type != "cpu":
