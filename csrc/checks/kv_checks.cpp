@@ -44,10 +44,11 @@ void check_dest(const char* op, const char* name, const at::Tensor& d, const at:
   const bool ok = (d.dim() == 2 && d.sym_size(0) == batch && d.sym_size(1) == seq) ||
       (d.dim() == 1 && d.sym_size(0) == batch * seq);
   // Packed (cu_seqlens), the batch of 1 is the op's own view: not the caller's to name.
-  TORCH_CHECK_VALUE(ok || packed, op, ": ", name, " must have one entry per token, shape [batch, seq_len] = [", batch,
-                    ", ", seq, "] or [batch * seq_len] = [", batch * seq, "], got ", d.sym_sizes());
-  TORCH_CHECK_VALUE(ok, op, ": ", name, " must have one entry per token, shape [total_tokens] = [", seq,
-                    "] (with cu_seqlens), got ", d.sym_sizes());
+  TORCH_CHECK_VALUE(ok, op, ": ", name, " must have one entry per token, shape ",
+                    packed ? c10::str("[total_tokens] = [", seq, "] (with cu_seqlens)")
+                           : c10::str("[batch, seq_len] = [", batch, ", ", seq, "] or [batch * seq_len] = [",
+                                      batch * seq, "]"),
+                    ", got ", d.sym_sizes());
   TORCH_CHECK_VALUE(
       d.device() == q.device(), op, ": ", name, " is on ", d.device(), " but q is on ", q.device(),
       "; move both to the same device");

@@ -49,27 +49,30 @@ std::vector<int64_t> mrope_pair_axes(const std::vector<int64_t>& sections, int64
   return axes;
 }
 
-AxialRope axial_rope(const std::vector<int64_t>& axes_dim, const std::vector<double>& thetas, bool shared_spectrum) {
+AxialRope axial_rope(const std::vector<int64_t>& axes_dim, const std::vector<double>& thetas, bool shared_spectrum,
+                     const char* who) {
   const int64_t n = static_cast<int64_t>(axes_dim.size());
   TORCH_CHECK_VALUE(
-      n >= 1 && n <= kernel::kMaxAxes, "axes_dim must have 1 to ", kernel::kMaxAxes, " entries (dims per axis), got ", n);
+      n >= 1 && n <= kernel::kMaxAxes, who, ": axes_dim must have 1 to ", kernel::kMaxAxes,
+      " entries (dims per axis), got ", n);
   for (const auto a : c10::irange(n)) {
     TORCH_CHECK_VALUE(
-        axes_dim[a] > 0 && axes_dim[a] % 2 == 0 && axes_dim[a] <= 2 * kernel::kMaxPairs, "axes_dim[", a,
+        axes_dim[a] > 0 && axes_dim[a] % 2 == 0 && axes_dim[a] <= 2 * kernel::kMaxPairs, who, ": axes_dim[", a,
         "] must be even and in [2, ", 2 * kernel::kMaxPairs, "], got ", axes_dim[a]);
   }
   const int64_t nt = static_cast<int64_t>(thetas.size());
   TORCH_CHECK_VALUE(
-      nt == 1 || nt == n, "axes_theta must hold one theta, or one per axis (", n, "), got ", nt, " values");
+      nt == 1 || nt == n, who, ": axes_theta must hold one theta, or one per axis (", n, "), got ", nt, " values");
   for (const auto i : c10::irange(nt)) {
     TORCH_CHECK_VALUE(
-        std::isfinite(thetas[i]) && thetas[i] > 0.0, "axes_theta[", i, "] must be finite and > 0, got ", thetas[i]);
+        std::isfinite(thetas[i]) && thetas[i] > 0.0, who, ": axes_theta[", i, "] must be finite and > 0, got ",
+        thetas[i]);
   }
   const int64_t dim = std::accumulate(axes_dim.begin(), axes_dim.end(), int64_t{0});
   if (shared_spectrum) {
     TORCH_CHECK_VALUE(
         nt == 1 && std::all_of(axes_dim.begin(), axes_dim.end(), [&](int64_t d) { return d == axes_dim[0]; }),
-        "a shared spectrum (Pixtral) needs equal axes_dim and one theta, got axes_dim ",
+        who, ": a shared spectrum (Pixtral) needs equal axes_dim and one theta, got axes_dim ",
         c10::ArrayRef<int64_t>(axes_dim), " and ", nt, " thetas");
   }
   AxialRope out;
@@ -109,7 +112,7 @@ std::vector<int64_t> pair_axes_of(const RotaryEmbeddingOptions& o) {
     return axes;
   }
   const auto thetas = o.axes_theta().empty() ? std::vector<double>{o.theta()} : o.axes_theta();
-  return axial_rope(o.axes_dim(), thetas, o.axes_shared_spectrum()).pair_axes;
+  return axial_rope(o.axes_dim(), thetas, o.axes_shared_spectrum(), "RotaryEmbedding").pair_axes;
 }
 
 }  // namespace rotary

@@ -50,7 +50,7 @@ std::string describe_options(const RotaryEmbeddingOptions& o) {
 RopeFrequencies frequencies_of(const RotaryEmbeddingOptions& o, const RopeScaling& s, int64_t seq_len) {
   if (o.axes_dim().empty()) return compute_frequencies(o.dim(), o.theta(), s, seq_len);
   const std::vector<double> thetas = o.axes_theta().empty() ? std::vector<double>{o.theta()} : o.axes_theta();
-  return axial_rope(o.axes_dim(), thetas, o.axes_shared_spectrum()).freqs;
+  return axial_rope(o.axes_dim(), thetas, o.axes_shared_spectrum(), "RotaryEmbedding").freqs;
 }
 
 void check_options(const RotaryEmbeddingOptions& options) {

@@ -28,12 +28,13 @@ std::vector<int64_t> mrope_pair_axes(const std::vector<int64_t>& sections, int64
 //   shared_spectrum true (Pixtral 2-D): one spectrum theta^(-2k / dim) over
 //     dim = sum(axes_dim) is dealt out, axis a taking k = a, a + n, ...; the
 //     axes_dim must be equal and thetas a single value.
-// Throws c10::ValueError naming axes_dim / axes_theta.
+// Throws c10::ValueError "<who>: ..." naming axes_dim / axes_theta.
 struct AxialRope {
   std::vector<int64_t> pair_axes;
   RopeFrequencies freqs;
 };
-AxialRope axial_rope(const std::vector<int64_t>& axes_dim, const std::vector<double>& thetas, bool shared_spectrum);
+AxialRope axial_rope(const std::vector<int64_t>& axes_dim, const std::vector<double>& thetas, bool shared_spectrum,
+                     const char* who = "axial_rope");
 
 // Throws c10::ValueError "<who>: pair_axes[j] must be an axis index in
 // [0, 16), got ..." at the first entry outside; the module and the ops both.

@@ -25,10 +25,10 @@ def fields(config: Any) -> Dict[str, Any]:
     return {k: v for k, v in items if isinstance(k, str) and not k.startswith("_") and not k.endswith("_config")}
 
 
-def text_config(config: Any) -> Any:
+def text_config(config: Any, who: str = "from_hf_config") -> Any:
     if isinstance(config, (str, bytes)) or not (isinstance(config, Mapping) or hasattr(config, "__dict__")):
         hint = "; for a model id, pass transformers.AutoConfig.from_pretrained(id)" if isinstance(config, str) else ""
-        raise TypeError(f"from_hf_config: config must be a transformers config or a config.json dict, got "
+        raise TypeError(f"{who}: config must be a transformers config or a config.json dict, got "
                         f"{type(config).__name__} {config!r}"[:300] + hint)
     text = _get(config, "text_config")
     if text is None:

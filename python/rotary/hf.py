@@ -59,7 +59,7 @@ def layer_types_of(config: Any) -> Optional[List[str]]:
     """The layer types a config's rope_parameters is keyed by (Gemma 3,
     OLMo 3, ModernBERT, ...), sorted; None for one rule for every layer. A
     flat dict of a family whose class keys them is refused (ValueError)."""
-    config = _text_config(config)
+    config = _text_config(config, "layer_types_of")
     params = _given_params(config)
     if not isinstance(params, Mapping):
         return None
@@ -69,7 +69,7 @@ def layer_types_of(config: Any) -> Optional[List[str]]:
 def layer_thetas_of(config: Any) -> Optional[List[float]]:
     """The bases of a config whose layers each have their own (GraniteSWA's
     ``layer_rope_theta``; 0: no RoPE), distinct and sorted; None otherwise."""
-    config = _text_config(config)
+    config = _text_config(config, "layer_thetas_of")
     model_type = str(_get(config, "model_type", ""))
     field = getattr(family_of(model_type), "layer_theta_field", None)
     values = _get(config, field) if field else None

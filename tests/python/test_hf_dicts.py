@@ -131,6 +131,9 @@ def test_a_flat_dict_of_a_class_keyed_by_layer_type_is_refused(d):
         rotary.RotaryEmbedding.from_hf_config(copy.deepcopy(d))
     with pytest.raises(ValueError, match=match):
         layer_types_of(copy.deepcopy(d))
+    for fn in (layer_types_of, rotary.hf.layer_thetas_of):  # each names itself, not from_hf_config
+        with pytest.raises(TypeError, match=rf"^{fn.__name__}: config must be a transformers config"):
+            fn(None)
     with pytest.raises(ValueError, match=match):
         rope_kwargs_from_hf_config(copy.deepcopy(d), layer_type="sliding_attention")
 

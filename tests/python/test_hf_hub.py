@@ -179,7 +179,7 @@ def test_layer_refuses_what_it_cannot_read():
     q, k = randn((1, 2, 4, 8), torch.float32, 6), randn((1, 2, 4, 8), torch.float32, 7)
     a = torch.rand(1, 4, 4, generator=gen(8)) * 3
     cos, sin = a.cos().repeat_interleave(2, -1), a.sin().repeat_interleave(2, -1)
-    with pytest.raises(ValueError, match="must be rotate_half tables"):
+    with pytest.raises(ValueError, match="must be rotate_half tables.*leave its rotary_pos_emb unkernelized"):
         apply_rotary_transformers(q, k, cos, sin)
     q2, _ = apply_rotary_transformers(q, k, torch.cat([a.cos()] * 2, -1), torch.cat([a.sin()] * 2, -1), np.int64(1))
     assert torch.equal(q2, apply_rotary_transformers(q, k, torch.cat([a.cos()] * 2, -1), torch.cat([a.sin()] * 2, -1))[0])
@@ -238,6 +238,10 @@ def test_kernel_mapping_devices():
     with pytest.raises(TypeError, match=r"kernel_mapping: devices must be a device type or a sequence of them, "
                                         r"got 3"):
         kernel_mapping(3)
+    # Keys are device types as kernels looks them up: a name torch has no device for, or an index, is refused.
+    for bad in ("gpu", "cuda:0"):
+        with pytest.raises(ValueError, match=rf"kernel_mapping: '{bad}' is not a device type"):
+            kernel_mapping(["cpu", bad])
 
 
 def test_layer_function_keeps_q_dtype_where_transformers_does():

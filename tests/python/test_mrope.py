@@ -143,8 +143,13 @@ def test_axial_flux_per_axis_theta():
     assert torch.equal(one(x, position_ids=ids), rotary.RotaryEmbedding(16, 64)(x, position_ids=ids[0]))
     with pytest.raises(ValueError, match=r"axes_dim \[4, 6, 4\] must sum to dim = 16, got 14"):
         rotary.RotaryEmbedding(16, axes_dim=[4, 6, 4])
-    with pytest.raises(ValueError, match=r"axes_theta must hold one theta, or one per axis \(3\), got 2 values"):
+    with pytest.raises(ValueError, match=r"^RotaryEmbedding: axes_theta must hold one theta, or one per axis \(3\), "
+                                         r"got 2 values"):
         rotary.RotaryEmbedding(16, axes_dim=dims, axes_theta=[1.0, 2.0])
+    with pytest.raises(ValueError, match=r"^RotaryEmbedding: axes_theta\[1\] must be finite and > 0, got nan"):
+        rotary.RotaryEmbedding(16, axes_dim=dims, axes_theta=[1.0, float("nan"), 2.0])
+    with pytest.raises(ValueError, match=r"^axial_rope: axes_dim\[0\] must be even"):
+        rotary._C.axial_rope([3, 4], [1e4])
     with pytest.raises(ValueError, match=r"takes no scaling rule \(got 'linear'\)"):
         rotary.RotaryEmbedding(16, axes_dim=dims, scaling={"rope_type": "linear", "factor": 2.0})
 
