@@ -67,6 +67,22 @@ def move_of(fn, device: torch.device):
     return None if out is probe and not shared and probe.is_shared() else out.device
 
 
+def hand_out_copies(destination, prefix: str, tables: dict) -> None:
+    """state_dict's tables as copies: a loader that writes into the tensors
+    it is handed (torch.distributed.checkpoint loads in place) wrote the
+    module's own tables, past the checked load (load_state_dict)."""
+    for name, table in tables.items():
+        if prefix + name in destination:
+            destination[prefix + name] = table.detach().clone()
+
+
+def _save_tables_copied(self, destination, prefix, keep_vars):
+    torch.nn.Module._save_to_state_dict(self, destination, prefix, keep_vars)
+    if not keep_vars:  # keep_vars: the tensors themselves, as asked
+        hand_out_copies(destination, prefix, {n: destination[prefix + n] for n in ("freqs", "inv_freq")
+                                              if prefix + n in destination})
+
+
 def _read_through(name: str, doc) -> property:
     def refuse(self, value):
         if "_adopted" not in self.__dict__:  # ModuleWrapper.__init__ copying the value: nothing to keep
@@ -93,6 +109,8 @@ def adopt(wrapper) -> None:
             if name not in vars(type(wrapper)):
                 setattr(type(wrapper), name, _read_through(name, prop.__doc__))
     own["_adopted"] = True
+    if cls == "CppRotaryEmbedding":
+        type(wrapper)._save_to_state_dict = _save_tables_copied
     for attr in ("_parameters", "_buffers", "_modules"):
         object.__setattr__(wrapper, attr, _CppDict(wrapper.cpp_module, attr, cls))
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from ._arg_checks import _shown
-from ._cpp_wrappers import move_of
+from ._cpp_wrappers import hand_out_copies, move_of
 
 _TABLES = ("freqs", "inv_freq")
 _LAYOUT_FIELDS = ("rotary_offset", "mrope_section", "mrope_interleaved", "axes_dim", "pair_axes")
@@ -41,6 +41,15 @@ class TableBuffers(nn.Module):
             self._load_one(name, value, f"RotaryEmbedding.{name} = ...")
             return
         super().__setattr__(name, value)
+
+    def __delattr__(self, name):
+        # forward reads the pair from _buffers: a table deleted (or moved
+        # under torch.nn.utils.parametrize, which deletes it first) raised KeyError there.
+        if name in _TABLES and name in self._buffers and "_tables" in self.__dict__:
+            raise AttributeError(f"RotaryEmbedding.{name} cannot be deleted or parametrized: the module rotates "
+                                 f"with the pair of tables its options build (assign a table, or build a module "
+                                 f"with other options)")
+        super().__delattr__(name)
 
     def register_buffer(self, name, tensor, persistent=True):
         if name in _TABLES and name in self._buffers and "_tables" in self.__dict__ and tensor is not self._buffers[name]:
@@ -112,17 +121,25 @@ class TableBuffers(nn.Module):
             self._buffers.update(moved)
         return self
 
+    def _held_pair(self):
+        # The pair as held under the state machine's lock: another thread's
+        # call may install new tables while a copy reads them (one by one).
+        # (A rule that is not host-driven has one state: state_of reads nothing.)
+        held = []
+        self._tables.state_of(lambda: held.append(self._held()) or held[0])
+        return held[0] if held else self._held()
+
     def __getstate__(self):  # pickle, deepcopy: the state of the tables held, not of the last switch
         state = super().__getstate__()
         if len(self._buffers.keys() & set(_TABLES)) == 2:
-            # The pair as held under the state machine's lock: another thread's
-            # call may install new tables while the copy reads them (one by one).
-            # (A rule that is not host-driven has one state: state_of reads nothing.)
-            held = []
-            self._tables.state_of(lambda: held.append(self._held()) or held[0])
-            freqs, inv_freq = held[0] if held else self._held()
+            freqs, inv_freq = self._held_pair()
             state = dict(state, _buffers={**self._buffers, "freqs": freqs, "inv_freq": inv_freq})
         return state
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if not keep_vars and len(self._buffers.keys() & set(_TABLES)) == 2:  # keep_vars: the tensors themselves
+            hand_out_copies(destination, prefix, dict(zip(_TABLES, self._held_pair())))
 
     def __setstate__(self, state):
         # A module pickled before the options became read-only kept them as plain attributes.

@@ -195,6 +195,30 @@ def test_load_mismatched_tables_is_an_error(src, dst, case):
 
 
 @pytest.mark.parametrize("kind", list(MODULES))
+def test_a_load_in_place_into_state_dict_leaves_the_tables(kind, tmp_path):
+    """torch.distributed.checkpoint loads into the tensors state_dict() hands
+    out, then load_state_dict checks them: the tables handed out are copies,
+    so a refused load (or none) leaves the module rotating by its options."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(MODULES[kind](16, 32, theta=500.0).state_dict(), checkpoint_id=str(tmp_path))
+    m = MODULES[kind](16, 32)
+    before = (m.freqs.clone(), m.inv_freq.clone())
+    sd = m.state_dict()
+    with pytest.warns(UserWarning):  # no process group: DCP says it loads on this process alone
+        dcp.load(sd, checkpoint_id=str(tmp_path))
+    assert sd["inv_freq"][1] != before[1][1]  # the other theta's tables reached the dict
+    with pytest.raises(RuntimeError, match=r"load_state_dict: the saved tables do not match"):
+        m.load_state_dict(sd)
+    assert torch.equal(m.freqs, before[0]) and torch.equal(m.inv_freq, before[1])
+    x = torch.randn(1, 1, 4, 16, generator=gen(3))
+    assert torch.equal(m(x, start_pos=3), MODULES[kind](16, 32)(x, start_pos=3))
+    sd["freqs"].mul_(2)  # a copy: writing it changes nothing
+    assert torch.equal(m.freqs, before[0])
+    assert m.state_dict(keep_vars=True)["freqs"] is m.freqs  # keep_vars: the tensors themselves
+
+
+@pytest.mark.parametrize("kind", list(MODULES))
 @pytest.mark.parametrize(
     "corrupt,match",
     [
