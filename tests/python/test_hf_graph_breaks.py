@@ -84,3 +84,38 @@ def test_a_host_driven_rule_breaks_the_graph_in_rotary_words():
                 torch.compile(lambda i: model(input_ids=i).logits, backend="eager", fullgraph=True)(ids)
     finally:
         torch._dynamo.reset()
+
+
+def test_a_model_patched_on_meta_names_the_first_compiled_build():
+    """Patched on the meta device, the table is built in C++ on the first
+    forward (docs/transformers.md, Limits): under fullgraph=True Dynamo said it
+    could not trace RopeTables.state_of. The break names the way out; without
+    fullgraph the compiled model runs, and after one forward it traces whole."""
+    import torch
+
+    from rotary.integrations.transformers import apply_rotary_to_model, unpatch
+
+    ref = hf_sweep.tiny_model("llama", "LlamaForCausalLM").eval()
+    ids = torch.randint(3, hf_sweep.VOCAB, (1, 5), generator=torch.Generator().manual_seed(0))
+    with torch.device("meta"):
+        model = type(ref)(ref.config).eval()
+    apply_rotary_to_model(model)
+    apply_rotary_to_model(ref)
+    torch._dynamo.reset()
+    try:
+        model.to_empty(device="cpu")
+        model.load_state_dict(ref.state_dict())
+        with torch.no_grad():
+            with pytest.raises(torch._dynamo.exc.Unsupported, match=r"rotary: this model was patched on the meta "
+                                                                    r"device.*run one eager forward pass first"):
+                torch.compile(lambda i: model(input_ids=i).logits, backend="eager", fullgraph=True)(ids)
+            torch._dynamo.reset()
+            got = torch.compile(lambda i: model(input_ids=i).logits, backend="eager")(ids)
+            assert torch.equal(got, ref(ids).logits)
+            torch._dynamo.reset()
+            full = torch.compile(lambda i: model(input_ids=i).logits, backend="eager", fullgraph=True)(ids)
+            assert torch.equal(full, got)
+    finally:
+        torch._dynamo.reset()
+        unpatch(model)
+        unpatch(ref)

@@ -13,6 +13,11 @@ _HOST_DRIVEN = ("rotary: the patched model's dynamic or longrope rule reads max(
                 "does; Dynamo cannot trace that, so it runs eagerly at a graph break (compile without "
                 "fullgraph=True, or use a rule that is not host-driven; docs/transformers.md, Limits)")
 
+_META_BUILD = ("rotary: this model was patched on the meta device, so its rotary table is built on the first forward "
+               "pass; the build runs in C++, which Dynamo cannot trace, so it runs eagerly at a graph break. For one "
+               "graph (fullgraph=True), run one eager forward pass first, or patch after the weights are loaded "
+               "(docs/transformers.md, Limits)")
+
 
 class _RopeState:
     """One patched rotary embedding: our module and its tables per device."""
@@ -30,6 +35,10 @@ class _RopeState:
         # module tree (to_empty never reaches it); built from its options on
         # first use, in the state the rule is in.
         if self.rope.freqs.is_meta and device.type != "meta":
+            if torch.compiler.is_dynamo_compiling():  # the build is C++: named, where Dynamo names a pybind call
+                torch._dynamo.graph_break(msg=_META_BUILD)
+                _run_eagerly(lambda: self.rope.to_empty(device=device))
+                return
             self.rope.to_empty(device=device)
 
     def held(self) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
