@@ -84,9 +84,14 @@ void check_positions_shape(const char* op, const at::Tensor& q_view, const RopeA
           "[total_tokens] = [", seq, "] (absolute position of each token); got ", p.sym_sizes(),
           p.dim() == 0 ? "; for one offset added to each sequence's index pass offsets" : "");
     } else {
+      // One start per sequence, as flash-attn's seqlen_offsets, TransformerEngine's start_positions and
+      // FlashInfer's offsets with indptr: token i of sequence n is at start_pos + offsets[n] + i.
+      const auto seqs = args.cu_seqlens->sym_size(0) - 1;
       TORCH_CHECK_VALUE(
-          p.dim() == 0, op, ": with cu_seqlens, offsets must have shape [] (added to the index within each ",
-          "sequence); got ", p.sym_sizes(), p.dim() == 1 ? "; for one absolute position per token pass position_ids" : "");
+          p.dim() == 0 || (p.dim() == 1 && (p.sym_size(0) == seqs || p.sym_size(0) == 1)), op,
+          ": with cu_seqlens, offsets must have shape [] or [num_seqs] = [", seqs, "] (token i of sequence n is at ",
+          "start_pos + offsets[n] + i); got ", p.sym_sizes(),
+          p.dim() == 1 && p.sym_size(0) == seq ? "; for one absolute position per token pass position_ids" : "");
     }
     return;
   }

@@ -102,7 +102,7 @@ void check_positions_in_table(const char* op, const kernel::RopeParams& p, doubl
   const auto check = [&](int64_t b, int64_t s) {
     if (p.positions) {
       // Bounded so that start_pos + position + local index cannot overflow.
-      const int64_t given = kernel::given_position(p, b, s);
+      const int64_t given = kernel::entry_of(p, b, s, p.cu_seqlens ? kernel::sequence_of(p, s) : b);
       TORCH_CHECK_INDEX(
           bounds::position_in_range(given), op, ": ", name, " must lie in (-2^60, 2^60), got ",
           given);

@@ -57,6 +57,7 @@ struct RopeParams {
 
   // The one integer tensor of the call, int32 or int64, read in place:
   //   offsets       position(b, s) = start_pos + offsets[b] + local index
+  //                 (packed: offsets[n] of the token's sequence n)
   //   position_ids  position(b, s) = ids[b, s] (absolute; start_pos is 0)
   // Without one: start_pos + local index.
   int64_t start_pos = 0;
@@ -139,6 +140,12 @@ ROTARY_HOST_DEVICE int64_t given_position(const RopeParams& p, int64_t b, int64_
                            : static_cast<const int64_t*>(p.positions)[i];
 }
 
+// The entry of the positions tensor token (b, s) reads: the offset of its
+// sequence (the batch row b, or its packed sequence), or its own id.
+ROTARY_HOST_DEVICE int64_t entry_of(const RopeParams& p, int64_t b, int64_t s, int64_t sequence) {
+  return p.positions_are_offsets ? given_position(p, sequence, 0) : given_position(p, b, s);
+}
+
 // Where token (b, s) is: its sequence (b, or its packed sequence with
 // cu_seqlens: one search, shared by the rotation and the cache row) and its
 // rotary position.
@@ -156,8 +163,9 @@ ROTARY_HOST_DEVICE TokenPlace place_of(const RopeParams& p, int64_t b, int64_t s
     t.sequence = sequence_of(p, s, from);
     local = s - cu_seqlen(p, t.sequence);
   }
-  t.pos = p.positions == nullptr ? p.start_pos + local
-                                 : p.start_pos + given_position(p, b, s) + (p.positions_are_offsets ? local : 0);
+  t.pos = p.positions == nullptr
+      ? p.start_pos + local
+      : p.start_pos + entry_of(p, b, s, t.sequence) + (p.positions_are_offsets ? local : 0);
   return t;
 }
 

@@ -20,8 +20,9 @@ namespace rotary {
 //                "SBHD"), or [total_tokens, heads, head_dim] with cu_seqlens.
 //   start_pos    first position (the KV-cache offset), added to s and offsets.
 //   interleaved  pairs (2j, 2j+1) if true, (j, j + rotary_dim/2) if false.
-//   offsets      per-sequence starts, [] or [batch] (with cu_seqlens: []):
-//                token s of batch b is at start_pos + offsets[b] + s.
+//   offsets      per-sequence starts, [] or [batch] (with cu_seqlens: [] or
+//                [num_seqs]): token s of batch (or sequence) b is at
+//                start_pos + offsets[b] + s.
 //   position_ids absolute positions as in Hugging Face, [seq] or [batch, seq]
 //                (with cu_seqlens: [total_tokens]); start_pos must then be 0.
 //                offsets and position_ids: any integer dtype (int32 / int64

@@ -138,8 +138,9 @@ _ARGS_DOC = """
     Token ``s`` uses table row ``start_pos + s`` (``s`` counted within its own
     sequence when packed). Pass at most one of:
 
-    * ``offsets``: per-sequence starts, ``[]`` or ``[batch]`` (packed: ``[]``);
-      token ``s`` of batch ``b`` is at ``start_pos + offsets[b] + s``.
+    * ``offsets``: per-sequence starts, ``[]`` or ``[batch]`` (packed: ``[]``
+      or ``[num_seqs]``); token ``s`` of batch (or sequence) ``b`` is at
+      ``start_pos + offsets[b] + s``.
     * ``position_ids``: absolute positions as in Hugging Face, ``[seq]`` or
       ``[batch, seq]`` (packed: ``[total_tokens]``). ``start_pos`` must be 0
       with them (a ``ValueError`` otherwise): add any origin to the ids.

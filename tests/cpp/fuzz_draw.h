@@ -163,11 +163,16 @@ inline RopeDraw draw_rope(Draw& d) {
   }
   if (pos == 2 || pos == 3) c.ids = *c.ref_pos + c.start;
   if (c.varlen) {
-    std::vector<int64_t> cu{0}, local;
+    std::vector<int64_t> cu{0}, local;  // local: each token's position past start_pos
     while (cu.back() < S) cu.push_back(std::min(S, cu.back() + d.in(1, 4)));
-    for (size_t i = 0; i + 1 < cu.size(); ++i) {
-      for (int64_t t = 0; t < cu[i + 1] - cu[i]; ++t) local.push_back(t);
+    // Now and then one start per sequence ([num_seqs] offsets), int32 or int64.
+    const int64_t seqs = static_cast<int64_t>(cu.size()) - 1;
+    const at::Tensor starts = d.coin(0.4) ? at::randint(0, 40, {seqs}, at::kLong) : at::Tensor();
+    for (int64_t i = 0; i < seqs; ++i) {
+      const int64_t first = starts.defined() ? starts[i].item<int64_t>() : 0;
+      for (int64_t t = 0; t < cu[i + 1] - cu[i]; ++t) local.push_back(first + t);
     }
+    if (starts.defined()) c.offsets = d.coin() ? starts.to(at::kInt) : starts;
     c.cu_seqlens = at::tensor(cu, at::kInt);
     c.ref_pos = at::tensor(local, at::kLong).view({1, S});
     c.q = c.q.squeeze(0).transpose(0, 1);  // THD

@@ -44,7 +44,7 @@ TEST(VariantsErrors, CuSeqlens) {
       {"with cu_seqlens, position_ids must have shape [total_tokens] = [5]", "got [1, 5]"});
   ExpectError<c10::ValueError>(
       [&] { rotary::apply_rope(x, freqs, 0, true, at::zeros({5}, at::kLong), std::nullopt, false, longs({0, 5})); },
-      {"with cu_seqlens, offsets must have shape []", "got [5]", "pass position_ids"});
+      {"with cu_seqlens, offsets must have shape [] or [num_seqs] = [1]", "got [5]", "pass position_ids"});
   EXPECT_TRUE(at::equal(x, x_before));
 }
 

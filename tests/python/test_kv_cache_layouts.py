@@ -77,6 +77,7 @@ VARIANTS = {
     "strided-bshd": dict(strided=True, layout="BSHD", seed=5),
     "varlen": dict(lens=[3, 0, 5, 1]),
     "varlen-offsets": dict(lens=[2, 4], pos="offsets"),
+    "varlen-seq-offsets": dict(lens=[3, 0, 5, 2], pos="seq_offsets"),
     "varlen-ids": dict(lens=[3, 2, 0, 4], pos="ids"),
     "past-table": dict(inv_freq=True, start=30, table=32),
     "start0": dict(start=0),

@@ -81,7 +81,9 @@ def test_compile_varlen_forward_backward(tables):
 
     def fn(q, k):
         q2, k2 = rotary.apply_rope_qk(q, k, f, interleaved=False, cu_seqlens=cu, **op_positions(0, ids, packed=True))
-        return (q2 * k2).sum(-1).relu() + rotary.apply_rope(q, f, 3, cu_seqlens=cu, inverse=True).sum(-1)
+        starts = torch.arange(len(VARLEN_LENS)) * 2  # one per sequence
+        return ((q2 * k2).sum(-1).relu() + rotary.apply_rope(q, f, 3, cu_seqlens=cu, inverse=True).sum(-1)
+                + rotary.apply_rope(k, f, 1, cu_seqlens=cu, offsets=starts).sum(-1))
 
     compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
     q = randn((T, 2, D), seed=114).requires_grad_()

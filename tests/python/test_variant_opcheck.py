@@ -39,6 +39,8 @@ def _opcheck_samples():
     ]
     two = [
         ("varlen", lambda: (g((T, 2, 8), 96), g((T, 1, 8), 97), f8, 1, True), dict(cu_seqlens=cu)),
+        ("varlen-seq-offsets", lambda: (g((T, 2, 8), 106), g((T, 1, 8), 107), f8, 1, True),
+         dict(cu_seqlens=cu, offsets=torch.tensor([3, 0, 20], dtype=torch.int32))),
         ("partial-bshd", lambda: (g((2, 3, 4, 8), 98), randn((2, 3, 2, 8), seed=99), f4, 0, False), dict(layout="BSHD")),
         ("sbhd-ids", lambda: (randn((3, 2, 2, 8), seed=100), randn((3, 2, 1, 8), seed=101), f8, 0, True),
          dict(layout="SBHD", position_ids=torch.tensor([[0, 9, 3], [2, 2, 2]]))),

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.usefixtures("reset_dynamo")
 VARLEN_LENS = [3, 0, 5, 1, 0, 4]  # empty sequences inside the batch
 
 
-@pytest.mark.parametrize("kind", ["none", "offset", "ids"])
+@pytest.mark.parametrize("kind", ["none", "offset", "seq-offsets", "ids"])
 @pytest.mark.parametrize("cu_dtype", [torch.int32, torch.int64], ids=["cu32", "cu64"])
 @pytest.mark.parametrize("interleaved", PAIRINGS, ids=PAIRING_IDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -39,18 +39,51 @@ def test_varlen_matches_reference(tables, dtype, interleaved, cu_dtype, kind):
     T, Hq, Hk, D, L, start = sum(VARLEN_LENS), 4, 2, 20, 32, 2
     cu = cu_from_lens(VARLEN_LENS, cu_dtype)
     f = tables(D, L)
-    pos = {"none": None, "offset": torch.tensor(6), "ids": torch.randint(0, L - start, (T,), generator=gen(5))}[kind]
+    pos = {"none": None, "offset": torch.tensor(6), "ids": torch.randint(0, L - start, (T,), generator=gen(5)),
+           # one start per sequence (flash-attn's seqlen_offsets, FlashInfer's offsets with indptr), int32 here
+           "seq-offsets": torch.randint(0, L - start - max(VARLEN_LENS), (len(VARLEN_LENS),), generator=gen(6),
+                                        dtype=torch.int32)}[kind]
+    seq_offsets = pos if kind == "seq-offsets" else None
+    where = dict(start_pos=start, offsets=pos) if seq_offsets is not None else op_positions(start, pos, packed=True)
     q = random_strided((T, Hq, D), dtype, seed=30 + len(kind))
     k = randn((T, Hk, D), dtype, seed=31)
     snap = Snapshot(q, k, cu, f)
     poison_allocator(q.numel(), dtype)
-    out = rotary.apply_rope(q, f, interleaved=interleaved, cu_seqlens=cu, **op_positions(start, pos, packed=True))
-    oq, ok = rotary.apply_rope_qk(q, k, f, interleaved=interleaved, cu_seqlens=cu, **op_positions(start, pos, packed=True))
+    out = rotary.apply_rope(q, f, interleaved=interleaved, cu_seqlens=cu, **where)
+    oq, ok = rotary.apply_rope_qk(q, k, f, interleaved=interleaved, cu_seqlens=cu, **where)
     snap.check()
     assert out.shape == q.shape and ok.shape == k.shape
-    assert_close_ref(out, ref_varlen(q, cu, None, start, interleaved, pos), dtype)
-    assert_close_ref(ok, ref_varlen(k, cu, None, start, interleaved, pos), dtype)
+    ref_pos = None if seq_offsets is not None else pos
+    assert_close_ref(out, ref_varlen(q, cu, None, start, interleaved, ref_pos, seq_offsets=seq_offsets), dtype)
+    assert_close_ref(ok, ref_varlen(k, cu, None, start, interleaved, ref_pos, seq_offsets=seq_offsets), dtype)
     assert torch.equal(oq, out)
+
+
+def test_varlen_per_sequence_offsets_past_the_table_and_in_place(tables):
+    """[num_seqs] offsets: each sequence's own start, checked against the
+    table per sequence (a refused in-place call writes nothing); a [1] offset
+    is every sequence's; past the table with inv_freq, exact."""
+    T, H, D, L = sum(VARLEN_LENS), 2, 16, 32
+    cu = cu_from_lens(VARLEN_LENS)
+    f = tables(D, L)
+    offs = torch.tensor([0, 40, 3, 27, 0, 28])  # sequence 1 is empty: its offset reaches nothing
+    x = randn((T, H, D), torch.float64, seed=40)
+    torch.testing.assert_close(rotary.apply_rope(x, f, cu_seqlens=cu, offsets=offs),
+                               ref_varlen(x, cu, seq_offsets=offs), rtol=0, atol=1e-6)
+    torch.testing.assert_close(rotary.apply_rope(x, f, cu_seqlens=cu, offsets=offs[2:3]),
+                               ref_varlen(x, cu, seq_offsets=offs[2:3]), rtol=0, atol=1e-6)
+    far = offs + torch.tensor([0, 0, 0, 0, 0, 1])  # the last sequence's last token at 32: past the table
+    y = x.clone()
+    with pytest.raises(IndexError, match=r"token 12 \(sequence 5, index 3\) has position 32 \(start_pos 0 \+ offsets "
+                                         r"\+ s\), outside the freqs table \[0, 32\)"):
+        rotary.apply_rope_(y, f, cu_seqlens=cu, offsets=far)
+    assert torch.equal(y, x)
+    inv, _ = rotary.inv_frequencies(D)
+    torch.testing.assert_close(rotary.apply_rope(x, f, cu_seqlens=cu, offsets=far, inv_freq=inv),
+                               ref_varlen(x, cu, seq_offsets=far), rtol=0, atol=1e-6)
+    k = randn((T, 1, D), torch.float64, seed=41).requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, b: rotary.apply_rope_qk(a, b, f, 0, False, cu_seqlens=cu, offsets=offs),
+                                    (x.clone().requires_grad_(), k))
 
 
 @pytest.mark.parametrize("interleaved", PAIRINGS, ids=PAIRING_IDS)

@@ -30,7 +30,7 @@ class KVCase:
     D: int = 16
     r: Optional[int] = None  # rotary_dim (None: D)
     start: int = 3
-    pos: str = "none"  # none | offsets | ids | cache_positions
+    pos: str = "none"  # none | offsets | ids | cache_positions | seq_offsets (packed: [num_seqs])
     lens: Optional[list] = None  # packed varlen sequence lengths
     layout: str = "BHSD"  # q/k/v layout
     strided: bool = False
@@ -91,6 +91,9 @@ def build(c: KVCase):
             ids = torch.randperm(c.table, generator=g)[:tokens]  # distinct: each token its own cache row
             rope_pos, kw["position_ids"] = ids.clone(), ids.to(c.device)
             kw["start_pos"] = 0
+        elif c.pos == "seq_offsets":  # one start per sequence: its cache rows begin there
+            offs = torch.randint(0, c.table - c.start - max(c.lens), (len(c.lens),), generator=g)
+            rope_pos, kw["offsets"], kw["start_pos"] = c.start + offs[seq_of] + local, offs.to(c.device), c.start
         else:
             off = 2 if c.pos == "offsets" else 0
             rope_pos = c.start + off + local
@@ -183,7 +186,7 @@ def expected_k_rows(k_in, rope_pos, c: KVCase):
     r = c.r
     if c.lens is not None:
         cu = torch.tensor([0] + torch.tensor(c.lens).cumsum(0).tolist())
-        if c.pos == "ids":
+        if c.pos in ("ids", "seq_offsets"):  # rope_pos: each token's absolute position
             ref = ref_varlen(k_in.cpu(), cu, r, 0, c.interleaved, rope_pos)
         else:
             ref = ref_varlen(k_in.cpu(), cu, r, c.start + (2 if c.pos == "offsets" else 0), c.interleaved)

@@ -205,14 +205,17 @@ def ref_rope4(x, r=None, start=0, interleaved=True, positions=None, inverse=Fals
     return from_bhsd(out, layout)
 
 
-def ref_varlen(x, cu, r=None, start=0, interleaved=True, positions=None, inverse=False):
+def ref_varlen(x, cu, r=None, start=0, interleaved=True, positions=None, inverse=False, seq_offsets=None):
     """float64 reference of a packed [T, H, D] batch: each sequence alone,
-    token s of sequence n at local index s - cu[n]."""
+    token s of sequence n at local index s - cu[n] (plus seq_offsets[n]: one
+    start per sequence, [num_seqs] or [1])."""
     bounds = [int(v) for v in cu]
     parts = [torch.empty((0,) + tuple(x.shape[1:]), dtype=torch.float64)]
-    for a, b in zip(bounds[:-1], bounds[1:]):
+    for n, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
         seg = x[a:b].permute(1, 0, 2).unsqueeze(0)  # [1, H, len, D]
-        if positions is None:
+        if seq_offsets is not None:
+            st, pos = start + int(seq_offsets[n if seq_offsets.numel() > 1 else 0]), None
+        elif positions is None:
             st, pos = start, None
         elif positions.dim() == 0:  # an offset
             st, pos = start + int(positions), None
