@@ -76,6 +76,18 @@ def reference_rope_qk(q, k, freqs, start_pos: int = 0):
     return reference_rope(q, freqs, start_pos), reference_rope(k, freqs, start_pos)
 
 
+def float64_rope(x: torch.Tensor, start_pos: int, interleaved: bool, theta: float = 1e4) -> torch.Tensor:
+    """The rotation from its formula, in float64 (no table): what every timed
+    variant is checked against before timing."""
+    d = x.shape[-1]
+    inv = theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angle = torch.arange(start_pos, start_pos + x.shape[-2], dtype=torch.float64)[:, None] * inv
+    c, s, x = angle.cos(), angle.sin(), x.double().cpu()
+    a, b = (x[..., 0::2], x[..., 1::2]) if interleaved else (x[..., : d // 2], x[..., d // 2 :])
+    ra, rb = a * c - b * s, a * s + b * c
+    return torch.stack((ra, rb), -1).flatten(-2) if interleaved else torch.cat((ra, rb), -1)
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1 = x[..., : x.shape[-1] // 2]
     x2 = x[..., x.shape[-1] // 2 :]
@@ -248,13 +260,16 @@ def build_peers(
     fns["reference"] = lambda: reference_rope_qk(q, k, freqs, start_pos)
     fns["rotate_half"] = lambda: hf_rope_qk(q, k, cos, sin)
 
-    # Correctness first (bf16 tolerances cover the peers' bf16 math).
+    # Correctness first, against the formula in float64 (bf16 tolerances
+    # cover the peers' bf16 math).
     tol = dict(atol=1e-5, rtol=1e-5) if dtype in (torch.float32, torch.float64) else dict(atol=5e-2, rtol=2e-2)
+    exact = {pairing: (float64_rope(q, start_pos, pairing), float64_rope(k, start_pos, pairing))
+             for pairing in (True, False)}
+    for name, interleaved in (("ours", True), ("reference", True), ("ours_half", False), ("rotate_half", False)):
+        for got, want in zip(fns[name](), exact[interleaved]):
+            torch.testing.assert_close(got.double().cpu(), want, **tol, msg=lambda m, n=name: f"{n}: {m}")
     ref = reference_rope_qk(q, k, freqs, start_pos)
-    for got, want in zip(fns["ours"](), ref):
-        torch.testing.assert_close(got, want, **tol)
-    for got, want in zip(fns["ours_half"](), hf_rope_qk(q, k, cos, sin)):
-        torch.testing.assert_close(got, want, **tol)
+    half = hf_rope_qk(q, k, cos, sin)
     fns["ours_"]()  # the first in-place call must give exactly the out-of-place result
     for got, want in zip((qi, ki), fns["ours"]()):
         assert torch.equal(got, want), "apply_rope_qk_ differs from apply_rope_qk"
@@ -264,17 +279,15 @@ def build_peers(
         c_hf = try_compile(hf_rope_qk, device)
         for name, cfn, args, want in (
             ("compile(reference)", c_reference, (q, k, freqs, start_pos), ref),
-            ("compile(rotate_half)", c_hf, (q, k, cos, sin), None),
+            ("compile(rotate_half)", c_hf, (q, k, cos, sin), half),
         ):
             if cfn is None:
                 continue
             log(f"  compiling {name} ...")
             t0 = time.perf_counter()
             try:
-                out = cfn(*args)
-                if want is not None:
-                    for got, w in zip(out, want):
-                        torch.testing.assert_close(got, w, **tol)
+                for got, w in zip(cfn(*args), want):  # a wrong compiled result is not timed
+                    torch.testing.assert_close(got, w, **tol)
             except Exception as e:  # pragma: no cover - depends on the toolchain
                 log(f"  {name} failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
                 notes[name] = "failed"
@@ -289,5 +302,10 @@ def build_peers(
         else:
             # Liger wants cos/sin [1, S, D]; it rotates half (NeoX) pairs.
             lc, ls = cos.unsqueeze(0), sin.unsqueeze(0)
-            fns["liger"] = lambda: liger(q, k, lc, ls)
+            try:  # checked like the compiled peers: a wrong result is a note, not a time
+                for got, want in zip(liger(q.clone(), k.clone(), lc, ls), exact[False]):
+                    torch.testing.assert_close(got.double().cpu(), want, **tol)
+                fns["liger"] = lambda: liger(q, k, lc, ls)
+            except AssertionError as e:
+                notes["liger"] = f"wrong result: {str(e).splitlines()[0][:120]}"
     return fns, notes

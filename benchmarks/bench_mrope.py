@@ -96,11 +96,20 @@ def main() -> None:
         "hf_eager": hf_eager,
         "hf_compile": hf_compiled,
     }
-    # Same results first (the speed of a wrong answer is not a number).
-    oq, ok = cases["ours_mrope"]()
-    hq_, hk_ = hf_eager()
+    # Same results first (the speed of a wrong answer is not a number): each
+    # timed rotation, q and k, against transformers' own code. The 1-D call is
+    # transformers' with every axis at the text position.
+    def hf_1d():
+        cos, sin = hf_emb(q, pos1.expand(3, *pos1.shape))
+        return apply_rotary_pos_emb(q, k, cos, sin)
+
     tol = 2e-2 if dtype != torch.float32 else 1e-4
-    torch.testing.assert_close(oq.float(), hq_.float(), rtol=tol, atol=tol)
+    for name, want in (("ours_mrope", hf_eager), ("hf_compile", hf_eager), ("ours_1d", hf_1d)):
+        for part, got, ref in zip("qk", cases[name](), want()):
+            try:
+                torch.testing.assert_close(got.float(), ref.float(), rtol=tol, atol=tol)
+            except AssertionError as e:
+                raise SystemExit(f"bench_mrope: {name} ({part}) differs from transformers': {e}") from None
     nbytes = 2 * (q.numel() + k.numel()) * q.element_size()
     sync = torch.cuda.synchronize if device.type == "cuda" else None
     print(guard.header())
