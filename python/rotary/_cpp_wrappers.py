@@ -53,6 +53,8 @@ class _CppDict(OrderedDictWrapper):
                         + _advice(self.cls) + "; " + replaces)
 
     def __delitem__(self, key):
+        if self.cls == "CppRotaryEmbedding" and self.attr == "_buffers":
+            self.cpp_module._keep_tables()  # parametrize wrote into the table before deleting it
         self.__setitem__(key, None)
 
 

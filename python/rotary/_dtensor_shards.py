@@ -274,10 +274,10 @@ def _position_kind(arg, p, packed):
     return "offsets" if p.dim() <= (0 if packed else 1) else "ids"
 
 
-def _localize_positions(op, arg, p, kind, want, mesh, data, data_name, data_placements):
+def _localize_positions(op, arg, p, kind, want, mesh, data, data_name, data_placements, packed=False):
     """This rank's slice of a position tensor. ``want`` maps each dim of p to
     the (offset, length, broadcasts) of the tokens/rows this rank rotates
-    (None: whole)."""
+    (None: whole; packed: every dim, as packed tokens are never split)."""
     from torch.distributed.tensor import DTensor
 
     if isinstance(p, DTensor):
@@ -299,6 +299,8 @@ def _localize_positions(op, arg, p, kind, want, mesh, data, data_name, data_plac
             if d in sharded or local.shape[d] != p.shape[d]:
                 why = (f"{arg} dim {d} has size 1 and broadcasts, so every rank reads it whole; replicate {arg}"
                        if want[d] is not None else
+                       f"{arg} dim {d} is sharded, but with cu_seqlens every rank reads {arg} whole (packed "
+                       f"tokens are never split across ranks); replicate {arg}" if packed else
                        f"{arg} dim {d} is sharded while {data[0]} keeps that dim whole; replicate {arg}, or "
                        f"shard it exactly as {data[0]}")
                 _refuse(op, f"{placed} but {data_name} {_fmt(data_placements)}: {why}")

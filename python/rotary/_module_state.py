@@ -46,10 +46,24 @@ class TableBuffers(nn.Module):
         # forward reads the pair from _buffers: a table deleted (or moved
         # under torch.nn.utils.parametrize, which deletes it first) raised KeyError there.
         if name in _TABLES and name in self._buffers and "_tables" in self.__dict__:
+            self._keep_tables()
             raise AttributeError(f"RotaryEmbedding.{name} cannot be deleted or parametrized: the module rotates "
                                  f"with the pair of tables its options build (assign a table, or build a module "
                                  f"with other options)")
         super().__delattr__(name)
+
+    def _keep_tables(self):
+        # parametrize writes right_inverse's result into the table (set_)
+        # before it deletes it: after the refusal the tables are the options'
+        # again (the state held if they still are, else the state machine's).
+        freqs, inv_freq = self._held()
+        if freqs.is_meta or inv_freq.is_meta:  # no values to have changed
+            return
+        try:
+            self._tables.restore(freqs, inv_freq, "RotaryEmbedding", freqs.device, self._install)
+        except (ValueError, TypeError):
+            self._install(*self._tables.build(freqs.device))
+            self._follow_held()
 
     def register_buffer(self, name, tensor, persistent=True):
         if name in _TABLES and name in self._buffers and "_tables" in self.__dict__ and tensor is not self._buffers[name]:

@@ -175,7 +175,7 @@ def _localize_all_positions(op, bound, local, dims, packed, x_offset, x_local, m
             want = lead + [(x_offset[seq], x_local.shape[seq], False)]
         else:  # [batch, seq]: either dim of size 1 broadcasts
             want = lead + [rows, (x_offset[seq], x_local.shape[seq], whole[seq] != 1)]
-        local[n] = _localize_positions(op, n, p, kinds[n], want, mesh, data, data_name, placements)
+        local[n] = _localize_positions(op, n, p, kinds[n], want, mesh, data, data_name, placements, packed)
     if seq_sharded and "ids" not in kinds.values():
         # No ids: token s of this shard is token seq_offset + s of the sequence.
         local["start_pos"] = bound.get("start_pos", 0) + x_offset[seq]

@@ -238,9 +238,10 @@ def test_kernel_mapping_devices():
     with pytest.raises(TypeError, match=r"kernel_mapping: devices must be a device type or a sequence of them, "
                                         r"got 3"):
         kernel_mapping(3)
-    # Keys are device types as kernels looks them up: a name torch has no device for, or an index, is refused.
-    for bad in ("gpu", "cuda:0"):
-        with pytest.raises(ValueError, match=rf"kernel_mapping: '{bad}' is not a device type"):
+    # Keys are device types as kernels looks them up, of the devices the ops have kernels for.
+    for bad in ("gpu", "cuda:0", "rocm", "mps"):
+        with pytest.raises(ValueError, match=rf"kernel_mapping: rotary's layer runs on device types 'cpu' and "
+                                             rf"'cuda', got '{bad}'"):
             kernel_mapping(["cpu", bad])
 
 

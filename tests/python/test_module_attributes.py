@@ -105,29 +105,45 @@ def test_tables_are_one_pair():
         m.freqs = other.freqs.clone()
 
 
+@pytest.mark.parametrize("rule", [None, {"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 16}],
+                         ids=["default", "dynamic-grown"])
 @pytest.mark.parametrize("cls", [rotary.RotaryEmbedding, rotary.CppRotaryEmbedding])
-def test_tables_cannot_be_deleted_or_parametrized(cls):
+def test_tables_cannot_be_deleted_or_parametrized(cls, rule):
     """forward reads both tables: one deleted (parametrize deletes it first)
-    raised KeyError at the next call. Refused by name, nothing changed."""
+    raised KeyError at the next call. Refused by name, nothing changed: a
+    right_inverse, which parametrize writes into the table before deleting
+    it, is undone (a grown dynamic rule keeps its state)."""
     import torch.nn.utils.parametrize as parametrize
 
     class Same(torch.nn.Module):
         def forward(self, t):
             return t
 
-    m = cls(16, 32)
+    class Halved(torch.nn.Module):
+        def forward(self, t):
+            return t * 0.5
+
+        def right_inverse(self, t):
+            return t * 2
+
+    m = cls(16, 32, scaling=rule)
+    q = torch.randn(1, 2, 40, 16, dtype=torch.float64)
+    grown = m(q, start_pos=3)  # a dynamic rule grows past its 16 positions
     before = m.freqs.clone(), m.inv_freq.clone()
     # The Python module says the tables are one pair; the C++ one that its tensors are the C++ module's.
     match = r"cannot be deleted or parametrized" if cls is rotary.RotaryEmbedding else r"cannot set buffer"
     for name in ("freqs", "inv_freq"):
-        with pytest.raises((AttributeError, TypeError), match=rf"{cls.__name__}.*{match}"):
-            parametrize.register_parametrization(m, name, Same())
+        for parametrization in (Same(), Halved()):
+            with pytest.raises((AttributeError, TypeError), match=rf"{cls.__name__}.*{match}"):
+                parametrize.register_parametrization(m, name, parametrization)
+            assert torch.equal(m.freqs, before[0]) and torch.equal(m.inv_freq, before[1])
         with pytest.raises((AttributeError, TypeError), match=match):
             delattr(m, name)
     assert not parametrize.is_parametrized(m)
     assert torch.equal(m.freqs, before[0]) and torch.equal(m.inv_freq, before[1])
-    q = torch.randn(1, 2, 4, 16, dtype=torch.float64)
-    torch.testing.assert_close(m(q, start_pos=5), rope_reference(q, 5, interleaved=True), rtol=0, atol=1e-6)
+    assert torch.equal(m(q, start_pos=3), grown)
+    if rule is None:
+        torch.testing.assert_close(grown, rope_reference(q, 3, interleaved=True), rtol=0, atol=1e-6)
 
 
 def test_transformers_from_pretrained_loads_a_model_holding_the_module(tmp_path):

@@ -99,6 +99,14 @@ def refusals(mesh):
     dth, lth = dshard(tokens, mesh, [Shard(1)])
     out = OPS.apply_rope(dth, f, cu_seqlens=cu)
     assert torch.equal(out.to_local(), local_part(OPS.apply_rope(tokens, f, cu_seqlens=cu), mesh, [Shard(1)]))
+    # one start per sequence: read whole on every rank, so a sharded one is refused in the packed words
+    starts = torch.tensor([4, 20])
+    out = OPS.apply_rope(dth, f, cu_seqlens=cu, offsets=starts)
+    assert torch.equal(out.to_local(),
+                       local_part(OPS.apply_rope(tokens, f, cu_seqlens=cu, offsets=starts), mesh, [Shard(1)]))
+    ds, _ = dshard(starts, mesh, [Shard(0)])
+    refused(r"offsets dim 0 is sharded, but with cu_seqlens every rank reads offsets whole \(packed tokens are "
+            r"never split across ranks\); replicate offsets", lambda: OPS.apply_rope(dth, f, cu_seqlens=cu, offsets=ds))
 
     # bad input that is not about placement: the op's own validator answers, as on plain tensors
     with pytest.raises(ValueError, match="layout must be 'BHSD', 'BSHD' or 'SBHD', got 'XYZ'"):
