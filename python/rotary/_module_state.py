@@ -56,6 +56,8 @@ class TableBuffers(nn.Module):
         # parametrize writes right_inverse's result into the table (set_)
         # before it deletes it: after the refusal the tables are the options'
         # again (the state held if they still are, else the state machine's).
+        if len(self._buffers.keys() & set(_TABLES)) != 2:  # one popped from _buffers: no pair to keep
+            return
         freqs, inv_freq = self._held()
         if freqs.is_meta or inv_freq.is_meta:  # no values to have changed
             return
