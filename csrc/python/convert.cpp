@@ -46,11 +46,11 @@ RopeScaling to_scaling(const py::object& obj, const char* who) {
 
 // angle_dtype from Python: "float64" / "float32" or torch.float64 / torch.float32.
 at::ScalarType angle_dtype_of(const py::object& obj, const char* who) {
-  // A string is shown quoted, anything else (torch.float16, None) as Python prints it.
+  // A string is shown quoted, a torch dtype (torch.float16) as Python prints it; anything else is a TypeError.
   if (py::isinstance<py::str>(obj)) return rotary::angle_dtype_from_string(obj.cast<std::string>(), who);
-  const std::string name = py::str(obj).cast<std::string>();
-  if (name == "torch.float64" || name == "torch.float32") return rotary::angle_dtype_from_string(name, who);
-  return rotary::angle_dtype_from_string(repr_of(obj), who, /*quote=*/false);
+  TORCH_CHECK_TYPE(py::isinstance(obj, py::module_::import("torch").attr("dtype")), who,
+                   ": angle_dtype must be 'float64' or 'float32' (a str or a torch dtype), got ", repr_of(obj));
+  return rotary::angle_dtype_from_string(py::str(obj).cast<std::string>(), who, /*quote=*/false);
 }
 
 // numbers.Real: Python's and numpy's ints and floats (torch's own parser takes

@@ -110,7 +110,9 @@ def test_exact_fit(kind):
         (dict(max_seq_len="64"), TypeError, r"max_seq_len must be an int, got '64'"),
         (dict(max_seq_len=2**64), ValueError, r"max_seq_len must fit in int64"),
         (dict(theta="1e4"), TypeError, r"theta must be a number, got '1e4'"),
-        (dict(angle_dtype=None), ValueError, r"angle_dtype must be 'float64'.*got None"),
+        (dict(angle_dtype=None), TypeError, r"angle_dtype must be 'float64' or 'float32' \(a str or a torch dtype\), "
+                                            r"got None"),
+        (dict(angle_dtype=torch.float16), ValueError, r"angle_dtype must be 'float64'.*got torch.float16"),
     ],
 )
 def test_constructor_argument_types(kind, kwargs, error, match):
