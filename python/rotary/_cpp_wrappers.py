@@ -46,16 +46,16 @@ class _CppDict(OrderedDictWrapper):
         super().__init__(cpp_module, attr)
         self.cls = cls
 
-    def __setitem__(self, key, value):
+    def __setitem__(self, key, value, verb="set"):
         replaces = ("load_state_dict replaces its state" if self.cls == "KVCache"
                     else "load_tables or load_state_dict replaces the tables")
-        raise TypeError(f"rotary.{self.cls}: cannot set {self.attr[1:-1]} {key!r} from Python. "
+        raise TypeError(f"rotary.{self.cls}: cannot {verb} {self.attr[1:-1]} {key!r} from Python. "
                         + _advice(self.cls) + "; " + replaces)
 
-    def __delitem__(self, key):
+    def __delitem__(self, key):  # del, or torch.nn.utils.parametrize
         if self.cls == "CppRotaryEmbedding" and self.attr == "_buffers":
             self.cpp_module._keep_tables()  # parametrize wrote into the table before deleting it
-        self.__setitem__(key, None)
+        self.__setitem__(key, None, verb="delete")
 
 
 def move_of(fn, device: torch.device):
