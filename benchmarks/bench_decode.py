@@ -23,23 +23,19 @@ from protocol import (add_process_args, add_protocol_args, check_load, ratio_cel
 import torch  # noqa: E402
 
 import rotary  # noqa: E402
+from bench_common import float64_rope  # noqa: E402
 
 
 def check_rotations(cases, q, k) -> None:
     """Before anything is timed: every rotating call against an independent
     float64 rotation of position 7 (longrope's attention scaling changes its
     table: its two modules bit for bit instead)."""
-    inv = 1.0 / 10000.0 ** (torch.arange(0, 128, 2, dtype=torch.float64) / 128)
-    turn = torch.polar(torch.ones_like(inv), 7 * inv)
-
-    def ref(x):
-        return torch.view_as_real(torch.view_as_complex(x.double().reshape(*x.shape[:-1], 64, 2)) * turn).flatten(-2)
-
     tol = dict(rtol=1e-5, atol=1e-5) if q.dtype == torch.float32 else dict(rtol=2**-7, atol=2**-7)
+    exact = (float64_rope(q, 7, True), float64_rope(k, 7, True))
     for name, fn in cases.items():
         if not name.startswith(("op", "rotary.")) or "longrope" in name:
             continue
-        for got, want in zip(fn(), (ref(q), ref(k))):
+        for got, want in zip(fn(), exact):
             torch.testing.assert_close(got.double(), want, **tol, msg=name)
     py, cpp = cases["rotary.RotaryEmbedding, longrope"](), cases["rotary.CppRotaryEmbedding, longrope"]()
     assert all(torch.equal(a, b) for a, b in zip(py, cpp)), "the two longrope modules differ"

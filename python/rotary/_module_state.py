@@ -24,6 +24,9 @@ class TableBuffers(nn.Module):
     """``freqs`` and ``inv_freq`` kept as one pair through nn.Module's own
     paths (the subclass sets ``_tables`` and ``_layout``)."""
 
+    def _holds_pair(self) -> bool:  # both tables in _buffers (a caller may have popped one)
+        return len(self._buffers.keys() & set(_TABLES)) == 2
+
     def _held(self):  # the tables held, read under the state machine's lock
         return self._buffers["freqs"], self._buffers["inv_freq"]
 
@@ -56,7 +59,7 @@ class TableBuffers(nn.Module):
         # parametrize writes right_inverse's result into the table (set_)
         # before it deletes it: after the refusal the tables are the options'
         # again (the state held if they still are, else the state machine's).
-        if len(self._buffers.keys() & set(_TABLES)) != 2:  # one popped from _buffers: no pair to keep
+        if not self._holds_pair():  # one popped from _buffers: no pair to keep
             return
         freqs, inv_freq = self._held()
         if freqs.is_meta or inv_freq.is_meta:  # no values to have changed
@@ -147,14 +150,14 @@ class TableBuffers(nn.Module):
 
     def __getstate__(self):  # pickle, deepcopy: the state of the tables held, not of the last switch
         state = super().__getstate__()
-        if len(self._buffers.keys() & set(_TABLES)) == 2:
+        if self._holds_pair():
             freqs, inv_freq = self._held_pair()
             state = dict(state, _buffers={**self._buffers, "freqs": freqs, "inv_freq": inv_freq})
         return state
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         super()._save_to_state_dict(destination, prefix, keep_vars)
-        if not keep_vars and len(self._buffers.keys() & set(_TABLES)) == 2:  # keep_vars: the tensors themselves
+        if not keep_vars and self._holds_pair():  # keep_vars: the tensors themselves
             hand_out_copies(destination, prefix, dict(zip(_TABLES, self._held_pair())))
 
     def __setstate__(self, state):
@@ -165,5 +168,5 @@ class TableBuffers(nn.Module):
             self._layout = layout_of(self._tables)
 
     def _follow_held(self) -> None:  # the state machine takes the state of the tables held (both present)
-        if len(self._buffers.keys() & set(_TABLES)) == 2:
+        if self._holds_pair():
             self._tables.state_of(self._held)
