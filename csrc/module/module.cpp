@@ -77,6 +77,10 @@ void RotaryEmbeddingImpl::load_tables(
       saved_freqs, saved_inv_freq, who, freqs.device(), [&](const RopeTableSet& t) { install(t); }, state);
 }
 
+void RotaryEmbeddingImpl::keep_tables() {
+  tables_.keep({freqs, inv_freq}, "RotaryEmbedding", [&](const RopeTableSet& t) { install(t); });
+}
+
 void RotaryEmbeddingImpl::update_for_reach(int64_t reach) {
   tables_.check_reach(reach);
   tables_.run(reach, freqs.device(), [&] { return RopeTables::Held{freqs, inv_freq}; }, [&](const RopeTableSet* fresh) {

@@ -153,18 +153,8 @@ void bind_cpp_module(py::module_& m) {
           },
           py::arg("freqs"), py::arg("inv_freq") = py::none(),
           "Check saved buffers against the options (ValueError if they differ), then rebuild both from them.")
-      .def("_keep_tables", [](Impl& self) {
-        // After a refused deletion: torch.nn.utils.parametrize writes a right_inverse's result into the table
-        // (set_) before it deletes it. The tables held again if they are still these options', else those of
-        // the rule's state, built afresh.
-        try {
-          self.load_tables(self.freqs, self.inv_freq, "CppRotaryEmbedding");
-        } catch (const c10::Error&) {
-          const auto& tables = self.tables();
-          const RopeTableSet built = tables.build(tables.state(), self.freqs.device());
-          self.load_tables(built.freqs, built.inv_freq, "CppRotaryEmbedding", built.state);
-        }
-      });
+      .def("_keep_tables", &Impl::keep_tables,
+           "After a refused deletion of a table: the tables held if still the options', else the state's.");
 
   // A parent's cast must not turn the complex64 table and the float64
   // inv_freq into the model's dtype.

@@ -75,6 +75,19 @@ void def_state_machine(py::class_<RopeTables>& tables) {
           py::arg("freqs"), py::arg("inv_freq"), py::arg("who"), py::arg("device"), py::arg("install"),
           "Checks saved buffers against the options (ValueError naming the mismatch), then install(freqs, "
           "inv_freq) with the tables of the state they match, rebuilt from the options.")
+      .def(
+          "keep",
+          [](RopeTables& t, const torch::Tensor& freqs, const torch::Tensor& inv_freq, const std::string& who,
+             const py::function& install) {
+            py::gil_scoped_release no_gil;
+            t.keep({freqs, inv_freq}, who, [&](const rotary::RopeTableSet& fresh) {
+              py::gil_scoped_acquire gil;
+              install(fresh.freqs, fresh.inv_freq);
+            });
+          },
+          py::arg("freqs"), py::arg("inv_freq"), py::arg("who"), py::arg("install"),
+          "After a refused deletion of a table: install(freqs, inv_freq) with the held tables if they are still "
+          "the options', else with the current state's, built afresh.")
       .def(py::pickle(
           [](const RopeTables& t) { return options_to_tuple(t); },
           [](const py::tuple& st) {

@@ -118,6 +118,10 @@ class RotaryEmbeddingImpl : public torch::nn::Cloneable<RotaryEmbeddingImpl> {
       const std::string& who = "RotaryEmbedding.load",
       std::optional<int64_t> state = std::nullopt);
 
+  // After a refused deletion of a buffer (torch.nn.utils.parametrize from
+  // Python writes into it first): RopeTables::keep over freqs, inv_freq.
+  void keep_tables();
+
   // What the next reset() builds (torch's convention): the module runs, and
   // pretty_prints, with tables().options(), which reset() sets from these.
   RotaryEmbeddingOptions options;

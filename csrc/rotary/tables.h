@@ -175,6 +175,23 @@ class RopeTables {
     commit(fresh);
   }
 
+  // After a refused deletion of a table (torch.nn.utils.parametrize writes
+  // a right_inverse's result into it, set_, before it deletes it): installs
+  // the held tables again if they are still these options', else the tables
+  // of the current state, built afresh on the held device. Meta tables hold
+  // no values to have changed: left as they are.
+  template <typename Install>
+  void keep(const Held& held, const std::string& who, Install&& install) {
+    if (held.first.is_meta() || held.second.is_meta()) return;
+    const c10::Device device = held.first.device();
+    try {
+      restore(held.first, held.second, who, device, install);
+    } catch (const c10::Error&) {
+      const RopeTableSet built = build(state(), device);
+      restore(built.freqs, built.inv_freq, who, device, install, built.state);
+    }
+  }
+
   // How many built or met tables it keeps a state for: those alive, and at
   // most one dropped since the last call or load (tests: it stays bounded).
   size_t tracked_tables() const {

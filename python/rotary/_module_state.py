@@ -55,20 +55,9 @@ class TableBuffers(nn.Module):
                                  f"with other options)")
         super().__delattr__(name)
 
-    def _keep_tables(self):
-        # parametrize writes right_inverse's result into the table (set_)
-        # before it deletes it: after the refusal the tables are the options'
-        # again (the state held if they still are, else the state machine's).
-        if not self._holds_pair():  # one popped from _buffers: no pair to keep
-            return
-        freqs, inv_freq = self._held()
-        if freqs.is_meta or inv_freq.is_meta:  # no values to have changed
-            return
-        try:
-            self._tables.restore(freqs, inv_freq, "RotaryEmbedding", freqs.device, self._install)
-        except (ValueError, TypeError):
-            self._install(*self._tables.build(freqs.device))
-            self._follow_held()
+    def _keep_tables(self):  # parametrize wrote into the table before deleting it (RopeTables.keep)
+        if self._holds_pair():  # one popped from _buffers: no pair to keep
+            self._tables.keep(*self._held(), "RotaryEmbedding", self._install)
 
     def register_buffer(self, name, tensor, persistent=True):
         if name in _TABLES and name in self._buffers and "_tables" in self.__dict__ and tensor is not self._buffers[name]:
