@@ -176,7 +176,7 @@ void KVCacheImpl::load_state(const torch::Tensor& k_in, const torch::Tensor& v_i
   }
   for (const auto* scale : {&k_scale_in, &v_scale_in}) {
     if (!scale->defined()) continue;
-    const auto values = scale->to(torch::kCPU, torch::kFloat).contiguous();
+    const auto values = scale->to(torch::kCPU, torch::kFloat).resolve_neg().contiguous();  // the values it shows
     for (const auto i : c10::irange(values.numel())) {
       const float value = values.data_ptr<float>()[i];
       TORCH_CHECK_VALUE(std::isfinite(value) && value > 0.0f, who, ": saved ",
@@ -276,7 +276,8 @@ void KVCacheImpl::truncate(int64_t length) {
 }
 
 void KVCacheImpl::advance(int64_t tokens) {
-  TORCH_CHECK_INDEX(tokens >= 0 && tokens <= in_effect_.capacity() - length_, "KVCache: appending ", tokens,
+  TORCH_CHECK_VALUE(tokens >= 0, "KVCache.advance: tokens must be >= 0, got ", tokens);
+  TORCH_CHECK_INDEX(tokens <= in_effect_.capacity() - length_, "KVCache: appending ", tokens,
                     " positions to ", length_, " exceeds the capacity ", in_effect_.capacity());
   length_ += tokens;
 }

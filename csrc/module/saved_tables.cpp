@@ -66,14 +66,14 @@ int64_t check_saved_tables(
         grows ? rows >= options.max_seq_len() || rows == 1 : rows == options.max_seq_len(), who,
         ": the saved 'freqs' has ",
         rows, " rows but this module's max_seq_len is ", options.max_seq_len(), " (", desc, ")", hint);
-    f_saved = freqs->detach().to(at::kCPU).resolve_conj().contiguous();
+    f_saved = freqs->detach().to(at::kCPU).resolve_conj().resolve_neg().contiguous();  // the values it shows
   }
   if (has_inv) {
     TORCH_CHECK_VALUE(
         inv_freq->scalar_type() == at::kDouble && inv_freq->dim() == 1 && inv_freq->size(0) == pairs, who,
         ": the saved 'inv_freq' must be float64 [dim / 2] = [", pairs, "], got ", inv_freq->scalar_type(), " ",
         inv_freq->sizes(), " (module: ", desc, ")");
-    inv_saved = inv_freq->detach().to(at::kCPU).contiguous();
+    inv_saved = inv_freq->detach().to(at::kCPU).resolve_neg().contiguous();
   }
   if (!has_freqs && !has_inv) return 0;
 

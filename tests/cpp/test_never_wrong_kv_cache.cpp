@@ -41,6 +41,7 @@ TEST(NeverWrong, KVCacheLengthResetAndSaveLoad) {
   rotary::KVCache cache(KVCacheOptions(1, 2, 8, 16));
   cache->advance(3);
   ExpectError<c10::IndexError>([&] { cache->advance(std::numeric_limits<int64_t>::max()); }, {"exceeds the capacity 8"});
+  ExpectError<c10::ValueError>([&] { cache->advance(-2); }, {"KVCache.advance: tokens must be >= 0, got -2"});
   EXPECT_EQ(cache->length(), 3);
   const at::Tensor k = cache->k;
   cache->k.fill_(2.0);

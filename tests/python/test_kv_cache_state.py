@@ -110,7 +110,11 @@ def test_fp8_scales_are_checked_and_travel_as_the_cache_uses_them():
     with pytest.raises(RuntimeError, match=r"the saved 'k_scale' must be a dense \(strided\) tensor, got a sparse"):
         dst.load_state_dict({**src.state_dict(), "k_scale": torch.tensor([0.5]).to_sparse()})
     assert same(before, dst)
-    dst.load_state_dict(src.state_dict())
+    # A negative-bit view is checked by the value it shows: -0.5 shown is refused, +0.5 shown loads.
+    with pytest.raises(RuntimeError, match=r"saved k_scale must be finite and > 0, got -0.5"):
+        dst.load_state_dict({**src.state_dict(), "k_scale": torch.tensor(0.5)._neg_view()})
+    assert same(before, dst)
+    dst.load_state_dict({**src.state_dict(), "v_scale": torch.tensor(-0.5)._neg_view()})
     assert "v_scale=0.5" in repr(dst) and dst.length == 3
     want = (v.double() / 0.5).float().to(FP8).double() * 0.5  # the fp8 cast of v / scale, scaled back
     for other in (pickle.loads(pickle.dumps(dst)), copy.deepcopy(dst)):

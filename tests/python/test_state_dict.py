@@ -239,6 +239,22 @@ def test_load_corrupted_tables_is_an_error(kind, corrupt, match):
 
 
 @pytest.mark.parametrize("kind", list(MODULES))
+def test_negative_bit_tables_are_checked_by_the_values_they_show(kind):
+    """A table with the negative bit was checked by its memory: an inv_freq
+    showing -inv_freq loaded, one showing exactly the module's was refused."""
+    sd = MODULES[kind](16, 64).state_dict()
+    m = MODULES[kind](16, 64)
+    before = (m.freqs.clone(), m.inv_freq.clone())
+    with pytest.raises(RuntimeError, match=r"'inv_freq'\[0\] = -1"):
+        m.load_state_dict({**sd, "inv_freq": sd["inv_freq"].clone()._neg_view()})
+    with pytest.raises(RuntimeError, match=r"'freqs' row 0, pair 0 differs"):
+        m.load_state_dict({**sd, "freqs": sd["freqs"].clone()._neg_view()})
+    assert torch.equal(m.freqs, before[0]) and torch.equal(m.inv_freq, before[1])
+    m.load_state_dict({"inv_freq": (-sd["inv_freq"])._neg_view(), "freqs": (-sd["freqs"])._neg_view()})
+    assert torch.equal(m.freqs, before[0]) and torch.equal(m.inv_freq, before[1])
+
+
+@pytest.mark.parametrize("kind", list(MODULES))
 def test_partial_state_dict(kind):
     a = MODULES[kind](8, 32, 321.0)
     b = MODULES[kind](8, 32, 321.0)
