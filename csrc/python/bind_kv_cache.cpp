@@ -5,6 +5,7 @@
 #include <rotary/rotary.h>
 
 #include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/jit/frontend/tracer.h>
 #include <torch/python.h>
 #include <pybind11/stl.h>
 
@@ -221,6 +222,13 @@ std::optional<int64_t> optional_start_pos(const py::object& start_pos, const cha
 CacheCall cache_call_args(const py::object& q, const py::object& k, const py::object& v, const py::object& cache,
                           const py::object& start_pos, const py::object& layout) {
   const char* who = "RotaryEmbedding.forward_with_cache";
+  // The cache's length is read and advanced on the host: a trace would keep
+  // this call's length as a constant (and advance the cache while tracing).
+  TORCH_CHECK(!torch::jit::tracer::isTracing() &&
+                  !py::module_::import("torch.compiler").attr("is_exporting")().cast<bool>(),
+              who, ": it reads and advances the KVCache's length on the host, which torch.jit.trace and "
+              "torch.export would keep as a constant; run it eagerly or under torch.compile (one graph break), "
+              "or trace rotary.apply_rope_with_kv_cache_ over cache tensors you own (docs/kv_cache.md)");
   return {required_tensor_arg(q, who, "q"), required_tensor_arg(k, who, "k"), required_tensor_arg(v, who, "v"),
           cache_of(cache, who), optional_start_pos(start_pos, who), str_arg(layout, who, "layout")};
 }

@@ -30,6 +30,15 @@ def _advice(cls: str) -> str:
             f"torch.func.functional_call and a single torch.compile graph: use {_INSTEAD[cls]}")
 
 
+def refuse_fx(cls: str, q) -> None:
+    """torch.fx.symbolic_trace hands forward Proxies, which the modules'
+    host-side decisions cannot read: refused by name."""
+    if isinstance(q, torch.fx.Proxy):
+        raise TypeError(f"rotary.{cls} cannot be traced by torch.fx.symbolic_trace (its forward decides on the "
+                        f"host from the call's shapes and values): keep it a leaf module (a torch.fx.Tracer whose "
+                        f"is_leaf_module is True for it), or call rotary.apply_rope_qk, which traces")
+
+
 def refuse_script(self):
     """torch.jit.script calls it on every submodule: refused by name."""
     cls = type(self).__name__
@@ -121,9 +130,14 @@ def cpp_forward(self, *args, **kwargs):
     """The C++ module's forward (the bound method's arguments). Dynamo
     cannot trace into it: a graph break, with this reason under
     fullgraph=True or strict export; a non-strict export is refused."""
+    refuse_fx(type(self).__name__, args[0] if args else kwargs.get("q"))
     if torch.compiler.is_compiling():
         torch._dynamo.graph_break(msg=f"rotary.{type(self).__name__} runs its C++ forward eagerly. "
                                   + _advice(type(self).__name__))
     elif torch.compiler.is_exporting():
         raise RuntimeError(_advice(type(self).__name__))
+    elif torch.jit.is_tracing() and self.cpp_module.host_driven:  # the trace would keep this call's tables
+        raise RuntimeError(f"rotary.{type(self).__name__}: its rule rebuilds the tables on the host from each "
+                           "call's reach, which torch.jit.trace would freeze at the traced call's. " + _advice(
+                               type(self).__name__))
     return self.cpp_module.forward(*args, **kwargs)

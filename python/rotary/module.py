@@ -8,6 +8,7 @@ from . import _C
 from ._dtensor_shards import whole_positions as _whole_positions
 from ._module_state import TableBuffers, layout_of
 from ._arg_checks import _index_arg
+from ._cpp_wrappers import refuse_fx
 from ._ops import _route, apply_rope, apply_rope_qk
 
 ScalingSpec = Union[None, Mapping[str, Any], "_C.RopeScaling"]
@@ -26,6 +27,10 @@ _HOST_DRIVEN = ("rotary.RotaryEmbedding with a dynamic or longrope rule rebuilds
                 "call's reach, which Dynamo cannot trace: eagerly, at a graph break. Under fullgraph=True, call "
                 "update_for_reach(reach) before the compiled function and pass rope.freqs and rope.inv_freq to "
                 "rotary.apply_rope_qk, or use a rule that is not host-driven (docs/api.md)")
+
+_CACHE_STEP = ("rotary.RotaryEmbedding.forward_with_cache reads and advances the KVCache's length on the host, which "
+               "Dynamo cannot trace: eagerly, at a graph break. For one graph, call "
+               "rotary.apply_rope_with_kv_cache_ over cache tensors you own (docs/kv_cache.md)")
 
 
 def _copy(values):
@@ -175,7 +180,7 @@ class RotaryEmbedding(TableBuffers):
         if (type(start_pos) is int and ax is not None and offsets is None and position_ids is None
                 and not torch.compiler.is_compiling()
                 and positions is None and self._layout[0] == 0 and self._layout[1] is None
-                and isinstance(q, torch.Tensor) and q.dim() == 4
+                and isinstance(q, torch.Tensor) and q.dim() == 4 and not q.is_nested
                 and (k is None or (isinstance(k, torch.Tensor) and k.dim() != 0))
                 and not self._buffers["inv_freq"].requires_grad):  # else _rotate passes it: the op refuses it
             seq, freqs, inter = q.size(ax), self._buffers["freqs"], self._opts[3]
@@ -198,11 +203,12 @@ class RotaryEmbedding(TableBuffers):
             layout = plain
         # The common case is decided here (it traces); anything unusual goes
         # to the C++ parser, which raises the module's errors.
-        if not isinstance(q, torch.Tensor) or (not isinstance(start_pos, torch.SymInt) and (
+        if not isinstance(q, torch.Tensor) or q.is_nested or (not isinstance(start_pos, torch.SymInt) and (
                 type(start_pos) is not int or not 0 <= start_pos < _MAX_START_POS
                 or not (k is None or (isinstance(k, torch.Tensor) and k.dim() != 0))
                 or not all(t is None or isinstance(t, torch.Tensor) for t in (offsets, position_ids, positions)))):
             # positions only to be type checked: a tensor is routed below, in Python.
+            refuse_fx("RotaryEmbedding", q)
             q, k, start_pos, offsets, position_ids = _in_cpp(
                 _C.RopeTables.call_args, q, k, start_pos, offsets, position_ids,
                 None if isinstance(positions, torch.Tensor) else positions)
@@ -216,6 +222,11 @@ class RotaryEmbedding(TableBuffers):
         seq_len = q.shape[ax] if q.dim() == 4 else 0  # the op reports a wrong shape
         # Not under Dynamo, where is_exporting() is true too: torch.compile breaks the graph below.
         exporting = torch.compiler.is_exporting() and not torch.compiler.is_dynamo_compiling()
+        if torch.jit.is_tracing():  # no guards: a trace would serve every later call with this call's tables
+            raise RuntimeError(
+                f"RotaryEmbedding({self._tables.extra_repr()}): its rule rebuilds the tables on the host from each "
+                "call's reach, which torch.jit.trace would freeze at the traced call's; use torch.compile or "
+                "torch.export, or a rule without a host-driven state (docs/deploy.md)")
         if exporting and (not isinstance(seq_len, int) or not isinstance(start_pos, int)
                           or offsets is not None or position_ids is not None):
             raise ValueError(
@@ -252,7 +263,6 @@ class RotaryEmbedding(TableBuffers):
 
         return self._tables.run(reach, device, self._held, op, record=record)
 
-    @_eager_only  # the cache's length lives in C++: one graph break (docs/api.md)
     def forward_with_cache(self, q, k, v, cache: "_C.KVCache", start_pos: Optional[int] = None, *,
                            layout: str = "BHSD"):
         """Rotate ``q`` and ``k`` in place at ``start_pos`` (default
@@ -260,6 +270,12 @@ class RotaryEmbedding(TableBuffers):
         and advance its length, in one fused op; returns ``(q, keys,
         values)``. The C++ module's shell runs it (the same checks and bits);
         a call that raises writes nothing."""
+        if torch.compiler.is_dynamo_compiling():  # the cache's length lives in C++: one graph break (docs/api.md)
+            torch._dynamo.graph_break(msg=_CACHE_STEP)
+        return self._cache_step(q, k, v, cache, start_pos, layout)
+
+    @_eager_only
+    def _cache_step(self, q, k, v, cache, start_pos, layout):
         return self._tables.forward_with_cache(q, k, v, cache, start_pos, layout, self._held, self._install)
 
     def _rotate(self, q, k, start_pos, offsets, position_ids, freqs, inv_freq, layout):

@@ -178,6 +178,7 @@ def _dense_refusal_cases():
     f = rotary.freqs_table(8, 16)
     q, w = randn((1, 2, 4, 8), seed=290), torch.ones(8)
     nested = torch.nested.nested_tensor([q[0], q[0]])
+    ragged = torch.nested.nested_tensor([randn((2, 3, 8), seed=295), randn((2, 4, 8), seed=296)])
     jagged = torch.nested.nested_tensor([randn((3, 2, 8), seed=292), randn((2, 2, 8), seed=293)], layout=torch.jagged)
     jagged_ids = torch.nested.nested_tensor([torch.arange(4), torch.arange(4)], layout=torch.jagged)
     cache = torch.zeros(1, 2, 16, 8)
@@ -203,7 +204,10 @@ def _dense_refusal_cases():
         ("apply_qk_norm_rope", "q", "a nested tensor", lambda: rotary.apply_qk_norm_rope(jagged, jagged, f)),
         ("apply_rope_with_kv_cache_", "v", "a nested tensor",
          lambda: rotary.apply_rope_with_kv_cache_(q, q.clone(), jagged, cache, cache, f)),
-        ("apply_rope", "x", "a nested tensor", lambda: rotary.RotaryEmbedding(8, 16)(jagged, layout="BSHD")),
+        # The module's own check: the Python one read q.size(seq) first (torch's "irregular" words).
+        ("RotaryEmbedding", r"q \(or x\)", "a nested tensor", lambda: rotary.RotaryEmbedding(8, 16)(jagged, layout="BSHD")),
+        ("RotaryEmbedding", r"q \(or x\)", "a nested tensor", lambda: rotary.RotaryEmbedding(8, 16)(ragged)),
+        ("RotaryEmbedding", r"q \(or x\)", "a nested tensor", lambda: rotary.RotaryEmbedding(8, 16)(ragged, ragged)),
         ("RotaryEmbedding", r"q \(or x\)", "a nested tensor", lambda: rotary.CppRotaryEmbedding(8, 16)(jagged)),
         ("apply_rope", "x", "a nested tensor", lambda: _in_inference_mode(lambda: rotary.apply_rope(jagged, f))),
         # A host-driven rule reads the largest position first: that read got torch's words (aten::max).

@@ -13,6 +13,11 @@ _HOST_DRIVEN = ("rotary: the patched model's dynamic or longrope rule reads max(
                 "does; Dynamo cannot trace that, so it runs eagerly at a graph break (compile without "
                 "fullgraph=True, or use a rule that is not host-driven; docs/transformers.md, Limits)")
 
+_HOST_TRACED = ("rotary: the patched model's dynamic or longrope rule reads max(position_ids) on the host once per "
+                "forward pass to choose its tables, which torch.jit.trace and torch.export would keep as the traced "
+                "call's; run it eagerly or under torch.compile (one graph break), or use a rule that is not "
+                "host-driven (docs/transformers.md, Limits)")
+
 _META_BUILD = ("rotary: this model was patched on the meta device, so its rotary table is built on the first forward "
                "pass; the build runs in C++, which Dynamo cannot trace, so it runs eagerly at a graph break. For one "
                "graph (fullgraph=True), run one eager forward pass first, or patch after the weights are loaded "
@@ -71,6 +76,8 @@ class _RopeState:
             self._prepare(position_ids)
 
     def _prepare(self, position_ids: torch.Tensor) -> None:
+        if torch.jit.is_tracing() or torch.compiler.is_exporting():  # max(position_ids) would be one constant
+            raise RuntimeError(_HOST_TRACED)
         self._leave_meta(position_ids.device)
         # 0 (the tables as held) for ids the op refuses: its error, not update_for_reach's.
         self.rope.update_for_reach(_C.RopeTables.reach_of(position_ids.shape[-1], 0, None, position_ids))
