@@ -224,8 +224,9 @@ CacheCall cache_call_args(const py::object& q, const py::object& k, const py::ob
   const char* who = "RotaryEmbedding.forward_with_cache";
   // The cache's length is read and advanced on the host: a trace would keep
   // this call's length as a constant (and advance the cache while tracing).
-  TORCH_CHECK(!torch::jit::tracer::isTracing() &&
-                  !py::module_::import("torch.compiler").attr("is_exporting")().cast<bool>(),
+  // Looked up once (a decode step's cost), leaked: a static py::object would be released after the interpreter.
+  static const py::handle is_exporting = py::object(py::module_::import("torch.compiler").attr("is_exporting")).release();
+  TORCH_CHECK(!torch::jit::tracer::isTracing() && !is_exporting().cast<bool>(),
               who, ": it reads and advances the KVCache's length on the host, which torch.jit.trace and "
               "torch.export would keep as a constant; run it eagerly or under torch.compile (one graph break), "
               "or trace rotary.apply_rope_with_kv_cache_ over cache tensors you own (docs/kv_cache.md)");
