@@ -100,14 +100,15 @@ void check_positions_in_table(const char* op, const kernel::RopeParams& p, doubl
       : p.positions_are_offsets ? std::string(" (start_pos ") + std::to_string(p.start_pos) + " + offsets + s)"
                                 : std::string(" (position_ids)");
   const auto check = [&](int64_t b, int64_t s) {
+    const int64_t sequence = p.cu_seqlens ? kernel::sequence_of(p, s) : b;  // one search for a packed token
     if (p.positions) {
       // Bounded so that start_pos + position + local index cannot overflow.
-      const int64_t given = kernel::entry_of(p, b, s, p.cu_seqlens ? kernel::sequence_of(p, s) : b);
+      const int64_t given = kernel::entry_of(p, b, s, sequence);
       TORCH_CHECK_INDEX(
           bounds::position_in_range(given), op, ": ", name, " must lie in (-2^60, 2^60), got ",
           given);
     }
-    const int64_t pos = kernel::position_of(p, b, s);
+    const int64_t pos = kernel::place_of(p, b, s, sequence).pos;  // given its sequence: no second search
     TORCH_CHECK_VALUE(
         pos >= 0, op, ": ", token_name(p, b, s), " has negative position ", pos, from);
     TORCH_CHECK_INDEX(
