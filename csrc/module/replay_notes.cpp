@@ -22,6 +22,7 @@ void ReplayNotes::note(int64_t reach, int64_t state, bool checkpointed) {
   replayed_ = false;
   auto it = notes_.find(reach);  // a decode step adds one reach: O(1), not a scan
   if (it == notes_.end()) {
+    if (notes_.size() >= kMaxReaches) drop_done();  // a long no_grad loop's notes: none waits for a backward
     if (notes_.size() >= kMaxReaches) return;
     it = notes_.emplace(reach, std::vector<Note>{}).first;
   }
@@ -38,13 +39,30 @@ void ReplayNotes::note(int64_t reach, int64_t state, bool checkpointed) {
   found->step = step_;
 }
 
-std::vector<int64_t> ReplayNotes::recompute(int64_t reach, int64_t next, bool again) {
+void ReplayNotes::drop_done() {
+  for (auto it = notes_.begin(); it != notes_.end();) {
+    auto& notes = it->second;
+    notes.erase(std::remove_if(notes.begin(), notes.end(), [](const Note& n) { return n.pending == 0; }), notes.end());
+    it = notes.empty() ? notes_.erase(it) : std::next(it);
+  }
+}
+
+std::vector<int64_t> ReplayNotes::recompute(int64_t reach, int64_t next, bool again, bool& served) {
   replayed_ = true;
+  served = false;
   std::vector<int64_t> used;
   const auto it = notes_.find(reach);
   if (it == notes_.end()) return used;
-  for (const Note& n : it->second) used.push_back(n.state);
-  if (used.size() == 1 && used[0] == next && it->second[0].pending > 0 && !again) --it->second[0].pending;
+  auto& notes = it->second;
+  for (const Note& n : notes) used.push_back(n.state);
+  // Calls that wait for this backward (checkpointed) speak for the reach; the
+  // others (a no_grad rollout's) only when none waits.
+  const auto waits = [](const Note& n) { return n.pending > 0; };
+  const bool waiting = std::any_of(notes.begin(), notes.end(), waits);
+  const auto counted = [&](const Note& n) { return !waiting || waits(n); };
+  const auto first = std::find_if(notes.begin(), notes.end(), counted);
+  served = first->state == next && std::count_if(notes.begin(), notes.end(), counted) == 1;
+  if (served && waiting && !again) --first->pending;
   return used;
 }
 

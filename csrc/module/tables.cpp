@@ -147,12 +147,17 @@ void RopeTables::follow(const Held& held) {
   const c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
   if (impl == nullptr) return;
   prune_built();
+  const auto versions = versions_of(held);
   const auto known = std::find_if(built_.begin(), built_.end(),
                                   [&](const Built& b) { return b.freqs._unsafe_get_target() == impl; });
   if (known != built_.end()) {
-    state_ = known->state;
-    attention_scaling_ = known->attention_scaling;
-    return;
+    if (known->versions == versions) {
+      state_ = known->state;
+      attention_scaling_ = known->attention_scaling;
+      servable_ = known->servable;
+      return;
+    }
+    built_.erase(known);  // written in place since (or installed by set_data): its values tell its state
   }
   // Fake, functional and transform-wrapped tensors (a trace, torch.func) hold no values to read,
   // and under a transform a read would be wrapped: the current state holds there.
@@ -167,8 +172,18 @@ void RopeTables::follow(const Held& held) {
       state_ = state;
       attention_scaling_ = frequencies_of(options_, options_.scaling(), state).attention_scaling;
     }
+    // A freqs of another length than its inv_freq's state (a pair written
+    // from a rank in another state) does not serve: the next call rebuilds.
+    servable_ = freqs.dim() == 2 && freqs.size(0) == rows_for(options_, state);
   }
-  built_.push_back({storage.getWeakStorageImpl(), state_, attention_scaling_});
+  built_.push_back({storage.getWeakStorageImpl(), state_, attention_scaling_, versions, servable_});
+}
+
+std::optional<std::pair<uint32_t, uint32_t>> RopeTables::versions_of(const Held& held) noexcept {
+  const auto& f = held.first.unsafeGetTensorImpl()->version_counter();
+  const auto& inv = held.second.defined() ? held.second.unsafeGetTensorImpl()->version_counter() : f;
+  if (!f.enabled() || !inv.enabled()) return std::nullopt;
+  return std::make_pair(f.current_version(), inv.current_version());
 }
 
 void RopeTables::prune_built() {
@@ -287,8 +302,9 @@ void RopeTables::note_or_check_replay(int64_t reach, int64_t next) {
   // not done with: its own backward recomputes the call again. A non-reentrant inner one looks like a plain
   // recomputation (hooks on, grad on) and is counted twice (docs/api.md). Retained graphs may run again too.
   const bool again = in_function || torch::autograd::get_current_graph_task_keep_graph();
-  const std::vector<int64_t> used = notes_->recompute(reach, next, again);
-  if (used.size() == 1 && used[0] == next) return;
+  bool served = false;
+  const std::vector<int64_t> used = notes_->recompute(reach, next, again, served);
+  if (served) return;
   const auto length = [&](int64_t state) { return state > 0 ? state : *s.max_position_embeddings(); };
   std::ostringstream ran;
   for (size_t i = 0; i < used.size(); ++i) {

@@ -6,6 +6,7 @@
 
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/jit/frontend/tracer.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/python.h>
 #include <pybind11/stl.h>
 
@@ -19,6 +20,15 @@ namespace python {
 namespace {
 
 using KVImpl = rotary::KVCacheImpl;
+
+// torch.jit.trace, or a fake-tensor trace on this thread (a non-strict
+// torch.export): either keeps what is read on the host as a constant.
+// (torch.compiler.is_exporting() is process-wide: true for an eager call on
+// another thread while one exports.)
+bool traced_here() {
+  return torch::jit::tracer::isTracing() ||
+      c10::impl::TorchDispatchModeTLS::get_mode(c10::impl::TorchDispatchModeKey::FAKE).has_value();
+}
 
 torch::Tensor bytes_of(const torch::Tensor& t) {
   return t.scalar_type() == torch::kFloat8_e4m3fn ? t.view(torch::kByte) : t;
@@ -147,6 +157,10 @@ void bind_kv_cache(py::module_& m) {
       .def(
           "keys_values",
           [](const Impl& self, const py::object& dtype) {
+            TORCH_CHECK(!traced_here(), "KVCache.keys_values: it reads the cache's length on the host, which "
+                        "torch.jit.trace and torch.export would keep as a constant (with the rows filled then); run "
+                        "it eagerly or under torch.compile (one graph break), or trace attention over cache tensors "
+                        "you own (docs/kv_cache.md)");
             return self.keys_values(dtype_arg(dtype, "KVCache.keys_values", "dtype"));
           },
           py::arg("dtype") = py::module_::import("torch").attr("float32"),
@@ -224,12 +238,9 @@ CacheCall cache_call_args(const py::object& q, const py::object& k, const py::ob
   const char* who = "RotaryEmbedding.forward_with_cache";
   // The cache's length is read and advanced on the host: a trace would keep
   // this call's length as a constant (and advance the cache while tracing).
-  // Looked up once (a decode step's cost), leaked: a static py::object would be released after the interpreter.
-  static const py::handle is_exporting = py::object(py::module_::import("torch.compiler").attr("is_exporting")).release();
-  TORCH_CHECK(!torch::jit::tracer::isTracing() && !is_exporting().cast<bool>(),
-              who, ": it reads and advances the KVCache's length on the host, which torch.jit.trace and "
-              "torch.export would keep as a constant; run it eagerly or under torch.compile (one graph break), "
-              "or trace rotary.apply_rope_with_kv_cache_ over cache tensors you own (docs/kv_cache.md)");
+  TORCH_CHECK(!traced_here(), who, ": it reads and advances the KVCache's length on the host, which "
+              "torch.jit.trace and torch.export would keep as a constant; run it eagerly or under torch.compile (one "
+              "graph break), or trace rotary.apply_rope_with_kv_cache_ over cache tensors you own (docs/kv_cache.md)");
   return {required_tensor_arg(q, who, "q"), required_tensor_arg(k, who, "k"), required_tensor_arg(v, who, "v"),
           cache_of(cache, who), optional_start_pos(start_pos, who), str_arg(layout, who, "layout")};
 }

@@ -136,7 +136,7 @@ class RopeTables {
     follow(held());
     const int64_t next = reach > 0 ? state_for_reach(reach) : state_;
     note_or_check_replay(reach, next);
-    if (next == state_) return op(nullptr);
+    if (next == state_ && servable_) return op(nullptr);
     const RopeTableSet fresh = build(next, device);
     built_.reserve(built_.size() + 1);  // commit() cannot fail once op installed the tables
     auto out = op(&fresh);
@@ -220,10 +220,14 @@ class RopeTables {
   void commit(const RopeTableSet& tables) noexcept {  // room reserved before the install
     state_ = tables.state;
     attention_scaling_ = tables.attention_scaling;
+    servable_ = true;
     if (!host_driven_) return;  // one state: nothing to follow
     built_.push_back({tables.freqs.unsafeGetTensorImpl()->unsafe_storage().getWeakStorageImpl(), tables.state,
-                      tables.attention_scaling});
+                      tables.attention_scaling, versions_of({tables.freqs, tables.inv_freq})});
   }
+  // The version counters of a pair (every in-place write bumps them); none
+  // for inference tensors, which keep no counter.
+  static std::optional<std::pair<uint32_t, uint32_t>> versions_of(const Held& held) noexcept;
   // Under the lock: the state of the tables `held`, noted for next time.
   void follow(const Held& held);
   // Under the lock: drops the entries of tables freed since.
@@ -231,13 +235,19 @@ class RopeTables {
 
   // The storages of the freqs tables this object built or met, with their
   // states (the C++ module installs by set_data: its buffer keeps its
-  // TensorImpl; a weak reference keeps an address from being reused).
+  // TensorImpl; a weak reference keeps an address from being reused), and
+  // the pair's versions then: a pair written in place since (DDP's
+  // broadcast_buffers copies rank 0's tables into every rank) is met afresh.
+  // servable: its freqs has the rows of its state (else the next call rebuilds).
   struct Built {
     c10::weak_intrusive_ptr<c10::StorageImpl> freqs;
     int64_t state;
     double attention_scaling;
+    std::optional<std::pair<uint32_t, uint32_t>> versions;
+    bool servable = true;
   };
   std::vector<Built> built_;
+  bool servable_ = true;  // the tables held may serve state_ (see Built)
 
   RotaryEmbeddingOptions options_;  // scaling() with its defaults filled in
   bool host_driven_ = false;

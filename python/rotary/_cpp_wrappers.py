@@ -36,7 +36,7 @@ def refuse_fx(cls: str, q) -> None:
     if isinstance(q, torch.fx.Proxy):
         raise TypeError(f"rotary.{cls} cannot be traced by torch.fx.symbolic_trace (its forward decides on the "
                         f"host from the call's shapes and values): keep it a leaf module (a torch.fx.Tracer whose "
-                        f"is_leaf_module is True for it), or call rotary.apply_rope_qk, which traces")
+                        f"is_leaf_module is True for it), or call the ops, torch.ops.rotary.*, which trace")
 
 
 def refuse_script(self):
@@ -138,6 +138,7 @@ def cpp_forward(self, *args, **kwargs):
         raise RuntimeError(_advice(type(self).__name__))
     elif torch.jit.is_tracing() and self.cpp_module.host_driven:  # the trace would keep this call's tables
         raise RuntimeError(f"rotary.{type(self).__name__}: its rule rebuilds the tables on the host from each "
-                           "call's reach, which torch.jit.trace would freeze at the traced call's. " + _advice(
-                               type(self).__name__))
+                           "call's reach, which torch.jit.trace would freeze at the traced call's; use "
+                           "rotary.RotaryEmbedding under torch.compile or torch.export, or a rule without a "
+                           "host-driven state (docs/deploy.md)")
     return self.cpp_module.forward(*args, **kwargs)

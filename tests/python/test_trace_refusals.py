@@ -36,7 +36,8 @@ def test_jit_trace_of_a_host_driven_rule_is_refused(kind):
     rope = MODULES[kind](32, 64, scaling=DYNAMIC)
     with warnings.catch_warnings(), pytest.raises(RuntimeError, match=r"rebuilds the tables on the host from each "
                                                                      r"call's reach, which torch.jit.trace would "
-                                                                     r"freeze at the traced call's"):
+                                                                     r"freeze at the traced call's; use "
+                                                                     r"(rotary.RotaryEmbedding under )?torch.compile"):
         warnings.simplefilter("ignore")
         torch.jit.trace(Rotate(rope), (randn(1, 2, 8, 32, seed=1), torch.arange(8)[None]), check_trace=False)
     assert rope.rope_state == 0  # nothing switched
@@ -86,13 +87,48 @@ def test_forward_with_cache_is_refused_under_a_trace_and_leaves_the_cache(kind, 
     assert all(torch.equal(a, b) for a, b in zip(args, kept))
 
 
-def test_fullgraph_names_the_cache_steps_graph_break():
+@pytest.mark.parametrize("how", ["jit.trace", "export"])
+def test_keys_values_is_refused_under_a_trace(how):
     rope, cache = rotary.RotaryEmbedding(32, 64), rotary.KVCache(1, 2, 16, 32)
-    compiled = torch.compile(lambda q, k, v: rope.forward_with_cache(q, k, v, cache), backend="eager", fullgraph=True)
-    with pytest.raises(torch._dynamo.exc.Unsupported, match=r"forward_with_cache reads and advances the KVCache's "
-                                                            r"length on the host"):
-        compiled(*(randn(1, 2, 1, 32, seed=s) for s in (10, 11, 12)))
-    assert cache.length == 0
+    rope.forward_with_cache(randn(1, 2, 3, 32, seed=20), randn(1, 2, 3, 32, seed=21), randn(1, 2, 3, 32, seed=22), cache)
+
+    class Attend(torch.nn.Module):
+        def forward(self, q):
+            keys, values = cache.keys_values()
+            return torch.softmax(q @ keys.transpose(-1, -2), -1) @ values
+
+    with pytest.raises(RuntimeError, match=r"KVCache.keys_values: it reads the cache's length on the host, which "
+                                           r"torch.jit.trace and torch.export would keep as a constant"):
+        _trace(how, Attend(), (randn(1, 2, 1, 32, seed=23),))
+    assert cache.length == 3
+
+
+def test_an_export_on_another_thread_leaves_eager_calls_alone():
+    """torch.compiler.is_exporting() is process-wide: an eager decode step
+    on this thread while another thread exported was refused."""
+    import threading
+
+    started, release = threading.Event(), threading.Event()
+
+    class Slow(torch.nn.Module):
+        def forward(self, x):
+            started.set()
+            release.wait(30)
+            return x + 1
+
+    worker = threading.Thread(target=lambda: torch.export.export(Slow(), (torch.randn(2),), strict=False))
+    worker.start()
+    try:
+        assert started.wait(30) and torch.compiler.is_exporting()
+        rope, cache = rotary.RotaryEmbedding(32, 64, scaling=DYNAMIC), rotary.KVCache(1, 2, 64, 32)
+        q, k, v = (randn(1, 2, 20, 32, seed=s) for s in (24, 25, 26))
+        want_q = rotary.RotaryEmbedding(32, 64, scaling=DYNAMIC)(q, k)[0]
+        got_q = rope.forward_with_cache(q.clone(), k.clone(), v, cache)[0]
+        assert cache.length == 20 and rope.rope_state == 20 and torch.equal(got_q, want_q)
+        assert len(cache.keys_values()[0][0, 0]) == 20
+    finally:
+        release.set()
+        worker.join()
 
 
 @pytest.mark.parametrize("kind", list(MODULES))

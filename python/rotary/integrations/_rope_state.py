@@ -5,13 +5,14 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from .. import _C
-from ..module import RotaryEmbedding, _run_eagerly
+from ..module import RotaryEmbedding, _exporting_here, _run_eagerly
 
 
 _HOST_DRIVEN = ("rotary: the patched model's dynamic or longrope rule reads max(position_ids) on the host once per "
                 "forward pass and rebuilds its tables past the rule's threshold, as transformers' dynamic_rope_update "
                 "does; Dynamo cannot trace that, so it runs eagerly at a graph break (compile without "
-                "fullgraph=True, or use a rule that is not host-driven; docs/transformers.md, Limits)")
+                "fullgraph=True; torch.export cannot take it), or use a rule that is not host-driven "
+                "(docs/transformers.md, Limits)")
 
 _HOST_TRACED = ("rotary: the patched model's dynamic or longrope rule reads max(position_ids) on the host once per "
                 "forward pass to choose its tables, which torch.jit.trace and torch.export would keep as the traced "
@@ -76,7 +77,7 @@ class _RopeState:
             self._prepare(position_ids)
 
     def _prepare(self, position_ids: torch.Tensor) -> None:
-        if torch.jit.is_tracing() or torch.compiler.is_exporting():  # max(position_ids) would be one constant
+        if torch.jit.is_tracing() or _exporting_here():  # max(position_ids) would be one constant
             raise RuntimeError(_HOST_TRACED)
         self._leave_meta(position_ids.device)
         # 0 (the tables as held) for ids the op refuses: its error, not update_for_reach's.
