@@ -31,6 +31,11 @@ void ReplayNotes::note(int64_t reach, int64_t state, bool checkpointed) {
     return std::find_if(notes.begin(), notes.end(), [&](const Note& n) { return n.state == s; });
   };
   auto found = of(state);
+  if (found == notes.end() && notes.size() >= kMaxStates && checkpointed) {
+    // Room for a call a backward waits for (those alone count then): the notes no backward waits for go.
+    notes.erase(std::remove_if(notes.begin(), notes.end(), [](const Note& n) { return n.pending == 0; }), notes.end());
+    found = notes.end();
+  }
   if (found == notes.end() && notes.size() >= kMaxStates) found = of(kMoreStates);
   if (found == notes.end()) {
     found = notes.insert(notes.end(), Note{notes.size() >= kMaxStates ? kMoreStates : state, 0, step_});

@@ -151,7 +151,7 @@ void RopeTables::follow(const Held& held) {
   const auto known = std::find_if(built_.begin(), built_.end(),
                                   [&](const Built& b) { return b.freqs._unsafe_get_target() == impl; });
   if (known != built_.end()) {
-    if (known->versions == versions) {
+    if (versions && known->versions == versions) {
       state_ = known->state;
       attention_scaling_ = known->attention_scaling;
       servable_ = known->servable;
@@ -166,8 +166,10 @@ void RopeTables::follow(const Held& held) {
       !inv_freq.key_set().has_any(c10::DispatchKeySet(
           {c10::DispatchKey::Python, c10::DispatchKey::Functionalize, c10::DispatchKey::FuncTorchGradWrapper,
            c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::BatchedNestedTensor}));
-  if (readable) {  // its values say its state (the current one is tried first)
-    const int64_t state = saved_state(std::nullopt, inv_freq, "RotaryEmbedding: the tables it holds", state_);
+  if (readable) {  // its values say its state (the current one is tried first, bit for bit: a DDP step's)
+    const int64_t state = holds_state_inv(inv_freq)
+        ? state_
+        : saved_state(std::nullopt, inv_freq, "RotaryEmbedding: the tables it holds", state_);
     if (state != state_) {
       state_ = state;
       attention_scaling_ = frequencies_of(options_, options_.scaling(), state).attention_scaling;
@@ -179,7 +181,17 @@ void RopeTables::follow(const Held& held) {
   built_.push_back({storage.getWeakStorageImpl(), state_, attention_scaling_, versions, servable_});
 }
 
-std::optional<std::pair<uint32_t, uint32_t>> RopeTables::versions_of(const Held& held) noexcept {
+bool RopeTables::holds_state_inv(const at::Tensor& inv_freq) const {
+  const std::vector<double> want = frequencies_of(options_, options_.scaling(), state_).inv_freq;
+  if (inv_freq.scalar_type() != at::kDouble || inv_freq.dim() != 1 ||
+      inv_freq.size(0) != static_cast<int64_t>(want.size())) {
+    return false;
+  }
+  const at::Tensor got = inv_freq.detach().to(at::kCPU).resolve_neg().contiguous();
+  return std::equal(want.begin(), want.end(), got.const_data_ptr<double>());
+}
+
+RopeTables::Versions RopeTables::versions_of(const Held& held) noexcept {
   const auto& f = held.first.unsafeGetTensorImpl()->version_counter();
   const auto& inv = held.second.defined() ? held.second.unsafeGetTensorImpl()->version_counter() : f;
   if (!f.enabled() || !inv.enabled()) return std::nullopt;
@@ -289,13 +301,14 @@ void RopeTables::note_or_check_replay(int64_t reach, int64_t next) {
   if (reach <= 0 || rope_type_of(s) != RopeType::Dynamic || reach < *s.max_position_embeddings()) return;
   if (!notes_) notes_ = std::make_shared<detail::ReplayNotes>();
   // Inside a reentrant checkpoint (a Python autograd.Function's forward) grad and forward grad are both off,
-  // where no_grad leaves forward grad on.
-  const bool in_function = !c10::GradMode::is_enabled() && !c10::AutogradState::get_tls_state().get_fw_grad_mode();
+  // where no_grad leaves forward grad on; a function that turns grad back on (enable_grad) leaves forward grad off.
+  const bool in_forward_of_function = !c10::AutogradState::get_tls_state().get_fw_grad_mode();
+  const bool in_function = !c10::GradMode::is_enabled() && in_forward_of_function;
   if (torch::autograd::get_current_graph_task_id() == -1) {
     if (c10::InferenceMode::is_enabled()) return;  // never recomputed
     // Inside torch.utils.checkpoint(use_reentrant=False) its saved-tensor hooks are on. Other hooks and
     // Functions look the same: a note that waits for nothing, kept kKeepSteps steps.
-    notes_->note(reach, next, in_function || !at::SavedTensorDefaultHooks::get_tls_state().stack.empty());
+    notes_->note(reach, next, in_forward_of_function || !at::SavedTensorDefaultHooks::get_tls_state().stack.empty());
     return;
   }
   // An inner reentrant checkpoint's forward, run by an outer one's recomputation (in_function), is checked,

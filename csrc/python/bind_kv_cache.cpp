@@ -21,8 +21,9 @@ namespace {
 
 using KVImpl = rotary::KVCacheImpl;
 
-// torch.jit.trace, or a fake-tensor trace on this thread (a non-strict
-// torch.export): either keeps what is read on the host as a constant.
+// torch.jit.trace, or fake tensors on this thread (a non-strict
+// torch.export, a FakeTensorMode): each keeps what is read on the host as a
+// constant (and a fake call must not advance a real cache).
 // (torch.compiler.is_exporting() is process-wide: true for an eager call on
 // another thread while one exports.)
 bool traced_here() {
@@ -158,9 +159,9 @@ void bind_kv_cache(py::module_& m) {
           "keys_values",
           [](const Impl& self, const py::object& dtype) {
             TORCH_CHECK(!traced_here(), "KVCache.keys_values: it reads the cache's length on the host, which "
-                        "torch.jit.trace and torch.export would keep as a constant (with the rows filled then); run "
-                        "it eagerly or under torch.compile (one graph break), or trace attention over cache tensors "
-                        "you own (docs/kv_cache.md)");
+                        "torch.jit.trace, torch.export and a FakeTensorMode would keep as a constant (with the rows "
+                        "filled then); run it eagerly or under torch.compile (one graph break), or trace attention "
+                        "over cache tensors you own (docs/kv_cache.md)");
             return self.keys_values(dtype_arg(dtype, "KVCache.keys_values", "dtype"));
           },
           py::arg("dtype") = py::module_::import("torch").attr("float32"),
@@ -239,8 +240,9 @@ CacheCall cache_call_args(const py::object& q, const py::object& k, const py::ob
   // The cache's length is read and advanced on the host: a trace would keep
   // this call's length as a constant (and advance the cache while tracing).
   TORCH_CHECK(!traced_here(), who, ": it reads and advances the KVCache's length on the host, which "
-              "torch.jit.trace and torch.export would keep as a constant; run it eagerly or under torch.compile (one "
-              "graph break), or trace rotary.apply_rope_with_kv_cache_ over cache tensors you own (docs/kv_cache.md)");
+              "torch.jit.trace, torch.export and a FakeTensorMode would keep as a constant; run it eagerly or under "
+              "torch.compile (one graph break), or trace rotary.apply_rope_with_kv_cache_ over cache tensors you own "
+              "(docs/kv_cache.md)");
   return {required_tensor_arg(q, who, "q"), required_tensor_arg(k, who, "k"), required_tensor_arg(v, who, "v"),
           cache_of(cache, who), optional_start_pos(start_pos, who), str_arg(layout, who, "layout")};
 }

@@ -121,6 +121,8 @@ class RopeTables {
 
   // The module's buffers (freqs, inv_freq), as held() returns them.
   using Held = std::pair<at::Tensor, at::Tensor>;
+  // A pair's version counters (every in-place write through autograd bumps them).
+  using Versions = std::optional<std::pair<uint32_t, uint32_t>>;
 
   // Runs op(fresh) with the tables right for a call reaching `reach`
   // (reach <= 0: the current state) of a module whose buffers held()
@@ -140,7 +142,16 @@ class RopeTables {
     const RopeTableSet fresh = build(next, device);
     built_.reserve(built_.size() + 1);  // commit() cannot fail once op installed the tables
     auto out = op(&fresh);
-    if (record) commit(fresh);
+    // The versions of the buffers now held: the C++ module installs by
+    // set_data, its buffers' counters going on from where they were.
+    if (record) {
+      Versions installed = versions_of({fresh.freqs, fresh.inv_freq});
+      try {
+        installed = versions_of(held());
+      } catch (...) {  // met afresh at the next call instead
+      }
+      commit(fresh, installed);
+    }
     return out;
   }
   // The state of the tables held() returns (the module's buffers), followed
@@ -172,7 +183,7 @@ class RopeTables {
     prune_built();  // loads with no call between them would keep every dropped table's entry
     built_.reserve(built_.size() + 1);
     install(fresh);
-    commit(fresh);
+    commit(fresh, versions_of({fresh.freqs, fresh.inv_freq}));  // the C++ module's: met afresh once, at the next call
   }
 
   // After a refused deletion of a table (torch.nn.utils.parametrize writes
@@ -217,17 +228,20 @@ class RopeTables {
   // Under the lock.
   void note_or_check_replay(int64_t reach, int64_t next);
   std::shared_ptr<detail::ReplayNotes> notes_;
-  void commit(const RopeTableSet& tables) noexcept {  // room reserved before the install
+  void commit(const RopeTableSet& tables, Versions versions) noexcept {  // room reserved before the install
     state_ = tables.state;
     attention_scaling_ = tables.attention_scaling;
     servable_ = true;
     if (!host_driven_) return;  // one state: nothing to follow
     built_.push_back({tables.freqs.unsafeGetTensorImpl()->unsafe_storage().getWeakStorageImpl(), tables.state,
-                      tables.attention_scaling, versions_of({tables.freqs, tables.inv_freq})});
+                      tables.attention_scaling, versions});
   }
   // The version counters of a pair (every in-place write bumps them); none
   // for inference tensors, which keep no counter.
-  static std::optional<std::pair<uint32_t, uint32_t>> versions_of(const Held& held) noexcept;
+  static Versions versions_of(const Held& held) noexcept;
+  // Whether inv_freq is, bit for bit, the current state's (the re-read of a
+  // pair written with the same tables skips the search for its state).
+  bool holds_state_inv(const at::Tensor& inv_freq) const;
   // Under the lock: the state of the tables `held`, noted for next time.
   void follow(const Held& held);
   // Under the lock: drops the entries of tables freed since.
@@ -243,7 +257,7 @@ class RopeTables {
     c10::weak_intrusive_ptr<c10::StorageImpl> freqs;
     int64_t state;
     double attention_scaling;
-    std::optional<std::pair<uint32_t, uint32_t>> versions;
+    Versions versions;  // none: inference tensors, which keep no counter (met afresh at every call)
     bool servable = true;
   };
   std::vector<Built> built_;

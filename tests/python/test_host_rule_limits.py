@@ -218,7 +218,8 @@ def test_the_state_machines_bookkeeping_stays_bounded(cls):
     x = torch.randn(1, 1, 1, 8)
     for i in range(12):
         m(x, start_pos=1000 + i)  # grows the table
-        m(x, start_pos=19)  # reach 20: by the grown table, another state each time
+        # reach 20: by the grown table, another state each time; checkpointed, its backward never run
+        checkpoint(lambda t: m(t, start_pos=19), x.clone().requires_grad_(), use_reentrant=False)
         m(x, start_pos=0)
     q = torch.randn(1, 1, 1, 8, requires_grad=True)
     with pytest.raises(ValueError, match=r"calls of this reach turned by length\(s\) 1001, 1002, 1003, 1004, and "
@@ -332,4 +333,49 @@ def test_a_no_grad_rollout_leaves_a_later_checkpointed_step_alone(cls, reentrant
         (checkpoint(m, x, use_reentrant=reentrant) * c).sum().backward()
         assert m.rope_state == max(seq, 200 if seq == 150 else 4300)  # the state its forward used
         torch.testing.assert_close(x.grad, _grad_reference(c, seq, True, m.rope_state), rtol=0, atol=2e-7)
+
+
+@pytest.mark.parametrize("cls", MODULES)
+def test_grad_turned_back_on_inside_a_reentrant_checkpoint_still_counts(cls):
+    """A function that turns grad back on inside a reentrant checkpoint
+    looked like a plain call (its forward grad stays off): with a waiting
+    checkpointed call of its reach at another state, the recomputation was
+    served by that state's table, the forward's gradient silently lost."""
+    m = cls(8, 64, scaling=DYNAMIC)
+
+    def f(t):
+        with torch.enable_grad():
+            return m(t)
+
+    with torch.no_grad():
+        m(torch.randn(1, 2, 60, 8, dtype=torch.float64))
+    checkpoint(m, torch.randn(1, 2, 40, 8, dtype=torch.float64, requires_grad=True), use_reentrant=False)  # waits
+    with torch.no_grad():
+        m(torch.randn(1, 2, 10, 8, dtype=torch.float64))  # back under max_position_embeddings: the table resets
+    x = torch.randn(1, 2, 40, 8, dtype=torch.float64, requires_grad=True)
+    y = checkpoint(f, x, use_reentrant=True)  # by the table of length 40
+    with torch.no_grad():
+        m(torch.randn(1, 2, 60, 8, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"would now turn by the table of length 60, but calls of this reach turned "
+                                         r"by length\(s\) 60, 40"):
+        y.sum().backward()
+
+
+@pytest.mark.parametrize("cls", MODULES)
+def test_many_rollout_states_of_one_reach_leave_a_checkpointed_step_alone(cls):
+    """Four generations noted four states for one reach: the checkpointed
+    call's note then merged into "and others" and was refused."""
+    m = cls(8, 64, scaling=DYNAMIC)
+    top = 40
+    with torch.no_grad():
+        for _ in range(4):
+            m(torch.randn(1, 1, 40, 8, dtype=torch.float64))  # reach 40 by the table of each generation's length
+            for p in range(40, top + 10):
+                m(torch.randn(1, 1, 1, 8, dtype=torch.float64), start_pos=p)
+            top += 10
+    x = torch.randn(1, 2, 40, 8, dtype=torch.float64, requires_grad=True)
+    c = torch.randn(1, 2, 40, 8, dtype=torch.float64)
+    (checkpoint(m, x, use_reentrant=False) * c).sum().backward()
+    assert m.rope_state == 80
+    torch.testing.assert_close(x.grad, _grad_reference(c, 40, True, 80), rtol=0, atol=2e-7)
 

@@ -89,3 +89,23 @@ def test_a_write_of_the_same_state_keeps_the_tables(kind):
     freqs = b.freqs
     assert torch.equal(b(x), want)
     assert b.freqs is freqs
+
+
+@pytest.mark.parametrize("kind", list(MODULES))
+def test_tables_without_a_version_counter_are_met_afresh(kind):
+    """Buffers that are inference tensors (a module copied under
+    inference_mode) keep no version counter: no write to them can be seen,
+    so they are read again at every call."""
+    import copy
+
+    long = MODULES[kind](DIM, 256, scaling=LONGROPE)
+    long(torch.randn(1, 1, 100, DIM, generator=gen(6)))
+    x = torch.randn(1, 2, 8, DIM, generator=gen(7))
+    want = rule_reference(x, range(8), longrope_inv(LONGROPE["short_factor"]), LONGROPE_SCALE)
+    with torch.inference_mode():
+        short = copy.deepcopy(MODULES[kind](DIM, 256, scaling=LONGROPE))
+        short(x)
+        short.freqs.copy_(long.freqs)
+        short.inv_freq.copy_(long.inv_freq)
+        torch.testing.assert_close(short(x).double(), want, rtol=0, atol=2e-6)
+

@@ -81,7 +81,8 @@ def test_forward_with_cache_is_refused_under_a_trace_and_leaves_the_cache(kind, 
     args = tuple(randn(1, 2, 1, 32, seed=s) for s in (7, 8, 9))
     kept = [a.clone() for a in args]
     with pytest.raises(RuntimeError, match=r"forward_with_cache: it reads and advances the KVCache's length on the "
-                                           r"host, which torch.jit.trace and torch.export would keep as a constant"):
+                                           r"host, which torch.jit.trace, torch.export and a FakeTensorMode would keep as a "
+                                           r"constant"):
         _trace(how, CacheStep(rope, cache), args)
     assert cache.length == 3 and all(torch.equal(a, b) for a, b in zip(before, cache.buffers()))
     assert all(torch.equal(a, b) for a, b in zip(args, kept))
@@ -98,7 +99,7 @@ def test_keys_values_is_refused_under_a_trace(how):
             return torch.softmax(q @ keys.transpose(-1, -2), -1) @ values
 
     with pytest.raises(RuntimeError, match=r"KVCache.keys_values: it reads the cache's length on the host, which "
-                                           r"torch.jit.trace and torch.export would keep as a constant"):
+                                           r"torch.jit.trace, torch.export and a FakeTensorMode would keep as a constant"):
         _trace(how, Attend(), (randn(1, 2, 1, 32, seed=23),))
     assert cache.length == 3
 

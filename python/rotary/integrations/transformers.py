@@ -82,7 +82,8 @@ class _ModelPatch:
     def __del__(self) -> None:
         # A patched model collected without unpatch: each patched function
         # loses this user, and is restored once it has none.
-        if getattr(self, "modules", None):
+        # At interpreter exit the module's globals may already be None: nothing left to restore.
+        if getattr(self, "modules", None) and _hf_functions is not None:
             _hf_functions.release_later(self.modules)
 
 
