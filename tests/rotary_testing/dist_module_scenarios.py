@@ -59,6 +59,41 @@ def positions_without_a_local_reading(mesh):
         rotary.apply_rope(dq_seq, f, position_ids=strided)
 
 
+LONGROPE = {"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7],
+            "long_factor": [1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0], "original_max_position_embeddings": 16,
+            "factor": 4.0}
+
+
+def ddp_broadcast_buffers(mesh):
+    """DDP (broadcast_buffers=True) copies rank 0's tables into every rank
+    before each forward: rank 0 runs past original_max_position_embeddings
+    (long factors), the others short; each rank must rotate by its own."""
+    rank = mesh.get_local_rank()
+    for make in (rotary.RotaryEmbedding, rotary.CppRotaryEmbedding):
+        class Block(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = torch.nn.Linear(D, D)
+                self.rope = make(D, 64, scaling=LONGROPE)
+
+            def forward(self, x):
+                return self.rope(self.lin(x))
+
+        torch.manual_seed(0)
+        block = Block()
+        ddp = torch.nn.parallel.DistributedDataParallel(block)
+        seq = 24 if rank == 0 else 8
+        for step in range(3):
+            x = _rand(1, 2, seq, D, seed=10 + step)
+            out = ddp(x)
+            with torch.no_grad():
+                want = make(D, 64, scaling=LONGROPE)(block.lin(x))
+            assert torch.equal(out.detach(), want), (make.__name__, rank, step, (out - want).abs().max().item())
+            out.sum().backward()
+        assert (block.rope.rope_state > 0) == (rank == 0), (make.__name__, block.rope.rope_state)  # long on rank 0
+
+
 def scenarios():
     return [("dynamic_sharded_positions", dynamic_sharded_positions),
-            ("positions_without_a_local_reading", positions_without_a_local_reading)]
+            ("positions_without_a_local_reading", positions_without_a_local_reading),
+            ("ddp_broadcast_buffers", ddp_broadcast_buffers)]
