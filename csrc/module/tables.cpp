@@ -11,10 +11,6 @@
 #include "op/func_node.h"
 
 #include <ATen/ATen.h>
-#include <ATen/SavedTensorHooks.h>
-#include <torch/csrc/autograd/graph_task.h>
-#include <c10/core/AutogradState.h>
-#include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
 
@@ -150,14 +146,16 @@ void RopeTables::follow(const Held& held) {
   const auto versions = versions_of(held);
   const auto known = std::find_if(built_.begin(), built_.end(),
                                   [&](const Built& b) { return b.freqs._unsafe_get_target() == impl; });
-  if (known != built_.end()) {
-    if (versions && known->versions == versions) {
+  const bool written = known != built_.end();
+  if (written) {
+    // No counter (inference tensors): no write can show, and a read per call would cost a device sync.
+    if (known->read && (!versions || known->versions == versions)) {
       state_ = known->state;
       attention_scaling_ = known->attention_scaling;
       servable_ = known->servable;
       return;
     }
-    built_.erase(known);  // written in place since (or installed by set_data): its values tell its state
+    built_.erase(known);  // written in place since (or installed by set_data): its values are read again
   }
   // Fake, functional and transform-wrapped tensors (a trace, torch.func) hold no values to read,
   // and under a transform a read would be wrapped: the current state holds there.
@@ -170,15 +168,18 @@ void RopeTables::follow(const Held& held) {
     const int64_t state = holds_state_inv(inv_freq)
         ? state_
         : saved_state(std::nullopt, inv_freq, "RotaryEmbedding: the tables it holds", state_);
-    if (state != state_) {
+    // Tables it never met (a move, a copy, functional_call's) bring their state. A pair written over
+    // its own (rank 0's, by DDP) does not: the module keeps its own (a dynamic rule's history) and
+    // rebuilds at the next call when they hold another, or a freqs of another length.
+    if (!written && state != state_) {
       state_ = state;
       attention_scaling_ = frequencies_of(options_, options_.scaling(), state).attention_scaling;
     }
-    // A freqs of another length than its inv_freq's state (a pair written
-    // from a rank in another state) does not serve: the next call rebuilds.
-    servable_ = freqs.dim() == 2 && freqs.size(0) == rows_for(options_, state);
+    servable_ = state == state_ && freqs.dim() == 2 && freqs.size(0) == rows_for(options_, state);
+  } else if (written) {
+    servable_ = false;  // written with values it cannot read here: its own state's are rebuilt
   }
-  built_.push_back({storage.getWeakStorageImpl(), state_, attention_scaling_, versions, servable_});
+  built_.push_back({storage.getWeakStorageImpl(), state_, attention_scaling_, versions, servable_, readable});
 }
 
 bool RopeTables::holds_state_inv(const at::Tensor& inv_freq) const {
@@ -294,49 +295,6 @@ void RopeTables::check_reach(int64_t reach) const {
   TORCH_CHECK_VALUE(reach >= 0 && reach <= kMaxPosition, "RotaryEmbedding(", describe(),
                     ").update_for_reach: reach (one past the largest position of a call) must be in [0, 2^60], got ",
                     reach);
-}
-
-void RopeTables::note_or_check_replay(int64_t reach, int64_t next) {
-  const RopeScaling& s = options_.scaling();
-  if (reach <= 0 || rope_type_of(s) != RopeType::Dynamic || reach < *s.max_position_embeddings()) return;
-  if (!notes_) notes_ = std::make_shared<detail::ReplayNotes>();
-  // Inside a reentrant checkpoint (a Python autograd.Function's forward) grad and forward grad are both off,
-  // where no_grad leaves forward grad on; a function that turns grad back on (enable_grad) leaves forward grad off.
-  const bool in_forward_of_function = !c10::AutogradState::get_tls_state().get_fw_grad_mode();
-  const bool in_function = !c10::GradMode::is_enabled() && in_forward_of_function;
-  if (torch::autograd::get_current_graph_task_id() == -1) {
-    if (c10::InferenceMode::is_enabled()) return;  // never recomputed
-    // Inside torch.utils.checkpoint(use_reentrant=False) its saved-tensor hooks are on. Other hooks and
-    // Functions look the same: a note that waits for nothing, kept kKeepSteps steps.
-    notes_->note(reach, next, in_forward_of_function || !at::SavedTensorDefaultHooks::get_tls_state().stack.empty());
-    return;
-  }
-  // An inner reentrant checkpoint's forward, run by an outer one's recomputation (in_function), is checked,
-  // not done with: its own backward recomputes the call again. A non-reentrant inner one looks like a plain
-  // recomputation (hooks on, grad on) and is counted twice (docs/api.md). Retained graphs may run again too.
-  const bool again = in_function || torch::autograd::get_current_graph_task_keep_graph();
-  bool served = false;
-  const std::vector<int64_t> used = notes_->recompute(reach, next, again, served);
-  if (served) return;
-  const auto length = [&](int64_t state) { return state > 0 ? state : *s.max_position_embeddings(); };
-  std::ostringstream ran;
-  for (size_t i = 0; i < used.size(); ++i) {
-    ran << (i ? ", " : "");
-    if (used[i] == detail::ReplayNotes::kMoreStates) {
-      ran << "and others";
-    } else {
-      ran << length(used[i]);
-    }
-  }
-  TORCH_CHECK_VALUE(false, "RotaryEmbedding(", describe(), "): called during a backward pass (torch.utils.checkpoint ",
-                    "recomputing it) with positions up to ", reach - 1, ", past max_position_embeddings = ",
-                    *s.max_position_embeddings(), ", where a dynamic rule's table depends on the calls before: it ",
-                    "would now turn by the table of length ", length(next),
-                    used.empty() ? std::string(", and no call of this reach was noted")
-                                 : ", but calls of this reach turned by length(s) " + ran.str(),
-                    ". Call the module outside the checkpointed function; or call update_for_reach(", reach,
-                    ") before it and pass the module's freqs and inv_freq into it, for rotary.apply_rope_qk ",
-                    "(docs/api.md)");
 }
 
 void RopeTables::check_rows(int64_t seq_len, int64_t start_pos, bool has_positions, int64_t rows) const {

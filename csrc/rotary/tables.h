@@ -121,7 +121,7 @@ class RopeTables {
 
   // The module's buffers (freqs, inv_freq), as held() returns them.
   using Held = std::pair<at::Tensor, at::Tensor>;
-  // A pair's version counters (every in-place write through autograd bumps them).
+  // A pair's version counters (every in-place write through the dispatcher bumps them; not .data's).
   using Versions = std::optional<std::pair<uint32_t, uint32_t>>;
 
   // Runs op(fresh) with the tables right for a call reaching `reach`
@@ -134,6 +134,7 @@ class RopeTables {
   template <typename HeldFn, typename Op>
   auto run(int64_t reach, c10::Device device, HeldFn&& held, Op&& op, bool record = true) -> decltype(op(nullptr)) {
     if (!host_driven_) return op(nullptr);
+    refuse_jit_trace();
     std::lock_guard<std::mutex> lock(lock_.mutex);
     follow(held());
     const int64_t next = reach > 0 ? state_for_reach(reach) : state_;
@@ -198,7 +199,12 @@ class RopeTables {
     try {
       restore(held.first, held.second, who, device, install);
     } catch (const c10::Error&) {
-      const RopeTableSet built = build(state(), device);
+      int64_t current = 0;
+      {
+        std::lock_guard<std::mutex> lock(lock_.mutex);  // a call on another thread may be switching it
+        current = state_;
+      }
+      const RopeTableSet built = build(current, device);
       restore(built.freqs, built.inv_freq, who, device, install, built.state);
     }
   }
@@ -227,6 +233,9 @@ class RopeTables {
   // state it would use, else refused (module/replay_notes.h keeps the notes).
   // Under the lock.
   void note_or_check_replay(int64_t reach, int64_t next);
+  // torch.jit.trace keeps no guards: it would serve every later call with
+  // the traced call's tables. Refused by name (c10::Error).
+  void refuse_jit_trace() const;
   std::shared_ptr<detail::ReplayNotes> notes_;
   void commit(const RopeTableSet& tables, Versions versions) noexcept {  // room reserved before the install
     state_ = tables.state;
@@ -234,7 +243,7 @@ class RopeTables {
     servable_ = true;
     if (!host_driven_) return;  // one state: nothing to follow
     built_.push_back({tables.freqs.unsafeGetTensorImpl()->unsafe_storage().getWeakStorageImpl(), tables.state,
-                      tables.attention_scaling, versions});
+                      tables.attention_scaling, versions, true, true});
   }
   // The version counters of a pair (every in-place write bumps them); none
   // for inference tensors, which keep no counter.
@@ -251,14 +260,17 @@ class RopeTables {
   // states (the C++ module installs by set_data: its buffer keeps its
   // TensorImpl; a weak reference keeps an address from being reused), and
   // the pair's versions then: a pair written in place since (DDP's
-  // broadcast_buffers copies rank 0's tables into every rank) is met afresh.
-  // servable: its freqs has the rows of its state (else the next call rebuilds).
+  // broadcast_buffers copies rank 0's tables into every rank) is read again,
+  // and rebuilt when it holds another state than the module's own.
+  // servable: the tables serve `state` (else the next call rebuilds).
+  // read: its values were read (else, met under a transform, the next call reads them).
   struct Built {
     c10::weak_intrusive_ptr<c10::StorageImpl> freqs;
     int64_t state;
     double attention_scaling;
-    Versions versions;  // none: inference tensors, which keep no counter (met afresh at every call)
+    Versions versions;  // none: inference tensors, which keep no counter and show no write
     bool servable = true;
+    bool read = true;
   };
   std::vector<Built> built_;
   bool servable_ = true;  // the tables held may serve state_ (see Built)

@@ -25,6 +25,15 @@ _INSTEAD = {"CppRotaryEmbedding": "rotary.RotaryEmbedding, the same module in Py
             "KVCache": "rotary.apply_rope_with_kv_cache_ on cache tensors you hold (docs/kv_cache.md)"}
 
 
+def _exporting_here() -> bool:
+    """A non-strict torch.export traces this thread's call (under its fake
+    mode): torch.compiler.is_exporting() alone is process-wide, true for an
+    eager call on another thread. Not under Dynamo (strict export), where
+    torch.compile breaks the graph instead."""
+    return (torch.compiler.is_exporting() and not torch.compiler.is_dynamo_compiling()
+            and torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None)
+
+
 def _advice(cls: str) -> str:
     return (f"rotary.{cls} keeps its tensors in the C++ module, out of reach of torch.export, "
             f"torch.func.functional_call and a single torch.compile graph: use {_INSTEAD[cls]}")
@@ -134,11 +143,6 @@ def cpp_forward(self, *args, **kwargs):
     if torch.compiler.is_compiling():
         torch._dynamo.graph_break(msg=f"rotary.{type(self).__name__} runs its C++ forward eagerly. "
                                   + _advice(type(self).__name__))
-    elif torch.compiler.is_exporting():
+    elif _exporting_here():
         raise RuntimeError(_advice(type(self).__name__))
-    elif torch.jit.is_tracing() and self.cpp_module.host_driven:  # the trace would keep this call's tables
-        raise RuntimeError(f"rotary.{type(self).__name__}: its rule rebuilds the tables on the host from each "
-                           "call's reach, which torch.jit.trace would freeze at the traced call's; use "
-                           "rotary.RotaryEmbedding under torch.compile or torch.export, or a rule without a "
-                           "host-driven state (docs/deploy.md)")
     return self.cpp_module.forward(*args, **kwargs)

@@ -8,7 +8,7 @@ from . import _C
 from ._dtensor_shards import whole_positions as _whole_positions
 from ._module_state import TableBuffers, layout_of
 from ._arg_checks import _index_arg
-from ._cpp_wrappers import refuse_fx
+from ._cpp_wrappers import _exporting_here, refuse_fx
 from ._ops import _route, apply_rope, apply_rope_qk
 
 ScalingSpec = Union[None, Mapping[str, Any], "_C.RopeScaling"]
@@ -27,15 +27,6 @@ _HOST_DRIVEN = ("rotary.RotaryEmbedding with a dynamic or longrope rule rebuilds
                 "call's reach, which Dynamo cannot trace: eagerly, at a graph break. Under fullgraph=True, call "
                 "update_for_reach(reach) before the compiled function and pass rope.freqs and rope.inv_freq to "
                 "rotary.apply_rope_qk, or use a rule that is not host-driven (docs/api.md)")
-
-
-def _exporting_here() -> bool:
-    """A non-strict torch.export traces this thread's call (under its fake
-    mode): torch.compiler.is_exporting() alone is process-wide, true for an
-    eager call on another thread. Not under Dynamo (strict export), where
-    torch.compile breaks the graph instead."""
-    return (torch.compiler.is_exporting() and not torch.compiler.is_dynamo_compiling()
-            and torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None)
 
 
 def _copy(values):
@@ -226,11 +217,6 @@ class RotaryEmbedding(TableBuffers):
             return self._rotate(q, k, start_pos, offsets, position_ids, self.freqs, self.inv_freq, layout)
         seq_len = q.shape[ax] if q.dim() == 4 else 0  # the op reports a wrong shape
         exporting = _exporting_here()
-        if torch.jit.is_tracing():  # no guards: a trace would serve every later call with this call's tables
-            raise RuntimeError(
-                f"RotaryEmbedding({self._tables.extra_repr()}): its rule rebuilds the tables on the host from each "
-                "call's reach, which torch.jit.trace would freeze at the traced call's; use torch.compile or "
-                "torch.export, or a rule without a host-driven state (docs/deploy.md)")
         if exporting and (not isinstance(seq_len, int) or not isinstance(start_pos, int)
                           or offsets is not None or position_ids is not None):
             raise ValueError(

@@ -31,6 +31,13 @@ def rule_reference(x, positions, inv_freq, scale=1.0):
     return torch.from_numpy(out)
 
 
+def dynamic_inv(seq):
+    """transformers' dynamic NTK inverse frequencies at seq positions: the base grows past
+    max_position_embeddings (32), theta below it."""
+    base = 10000.0 * (2.0 * seq / 32 - 1) ** (DIM / (DIM - 2)) if seq > 32 else 10000.0
+    return 1.0 / base ** (np.arange(0, DIM, 2) / DIM)
+
+
 def longrope_inv(factors):
     return 1.0 / (np.asarray(factors) * 10000.0 ** (np.arange(0, DIM, 2) / DIM))
 
@@ -53,15 +60,16 @@ def test_a_longrope_pair_written_from_another_state_is_met_afresh(kind):
     assert not torch.allclose(want, wrong, atol=1e-2)  # the check below can fail
     torch.testing.assert_close(short(x).double(), want, rtol=0, atol=2e-6)
     assert short.rope_state == 0
-    freqs = short.freqs
+    held = short.freqs.data_ptr()
     short(x)  # rebuilt once: a later call with no write keeps the tables
-    assert short.freqs is freqs or kind == "cpp"
+    assert short.freqs.data_ptr() == held
 
 
 @pytest.mark.parametrize("kind", list(MODULES))
 def test_a_grown_inv_freq_written_beside_a_plain_freqs_is_rebuilt(kind):
-    """A grown float64 dynamic table keeps one row: DDP's broadcast between
-    ranks in other states wrote the grown inv_freq beside a plain freqs."""
+    """A grown float64 dynamic table keeps one row: a write of a grown
+    inv_freq alone (DDP cannot copy a one-row freqs into a plain one) left it
+    beside a plain freqs."""
     grown = MODULES[kind](DIM, 16, scaling=DYNAMIC)
     grown(torch.randn(1, 1, 40, DIM, generator=gen(3)))
     assert list(grown.freqs.shape) == [1, DIM // 2]
@@ -70,9 +78,7 @@ def test_a_grown_inv_freq_written_beside_a_plain_freqs_is_rebuilt(kind):
         with torch.no_grad():
             plain.inv_freq.copy_(grown.inv_freq)
         x = torch.randn(1, 2, seq, DIM, generator=gen(seed))
-        # transformers' dynamic NTK base past max_position_embeddings (32), theta below it
-        base = 10000.0 * (2.0 * seq / 32 - 1) ** (DIM / (DIM - 2)) if seq > 32 else 10000.0
-        want = rule_reference(x, range(seq), 1.0 / base ** (np.arange(0, DIM, 2) / DIM))
+        want = rule_reference(x, range(seq), dynamic_inv(seq))
         torch.testing.assert_close(plain(x).double(), want, rtol=0, atol=2e-6)
         assert plain.rope_state == (seq if seq > 32 else 0)
 
@@ -86,26 +92,61 @@ def test_a_write_of_the_same_state_keeps_the_tables(kind):
     with torch.no_grad():
         b.freqs.copy_(a.freqs)
         b.inv_freq.copy_(a.inv_freq)
-    freqs = b.freqs
+    held = b.freqs.data_ptr()
     assert torch.equal(b(x), want)
-    assert b.freqs is freqs
+    assert b.freqs.data_ptr() == held  # not rebuilt
+
+
+def grown_pair_written(kind):
+    """Two ranks grown past max_position_embeddings (float64 angles: one-row
+    tables, the same shapes, which DDP's broadcast copies): rank 0 to 100
+    positions, this one to 60; rank 0's pair written over this one's."""
+    r0, r1 = MODULES[kind](DIM, 16, scaling=DYNAMIC), MODULES[kind](DIM, 16, scaling=DYNAMIC)
+    r0(torch.randn(1, 1, 100, DIM, generator=gen(8)))
+    r1(torch.randn(1, 1, 60, DIM, generator=gen(9)))
+    with torch.no_grad():
+        r1.freqs.copy_(r0.freqs)
+        r1.inv_freq.copy_(r0.inv_freq)
+    x = torch.randn(2, 2, 50, DIM, generator=gen(10))
+    want = rule_reference(x, range(50), dynamic_inv(60))  # its own history: a dynamic table does not shrink
+    assert not torch.allclose(want, rule_reference(x, range(50), dynamic_inv(100)), atol=1e-2)
+    return r1, x, want
 
 
 @pytest.mark.parametrize("kind", list(MODULES))
-def test_tables_without_a_version_counter_are_met_afresh(kind):
+def test_a_dynamic_rank_keeps_its_own_history_under_a_written_pair(kind):
+    """Rank 0's pair was taken for this rank's history: a later call turned by
+    rank 0's grown base."""
+    r1, x, want = grown_pair_written(kind)
+    torch.testing.assert_close(r1(x).double(), want, rtol=0, atol=2e-6)
+    assert r1.rope_state == 60
+
+
+@pytest.mark.parametrize("kind", list(MODULES))
+def test_a_written_pair_first_met_under_a_transform_is_not_served(kind):
+    """Met first under vmap (its values not read there), the written pair was
+    noted as the module's own: that call and every later one turned by it."""
+    r1, x, want = grown_pair_written(kind)
+    got = torch.func.vmap(lambda t: r1(t[None])[0])(x)
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-6)
+    torch.testing.assert_close(r1(x).double(), want, rtol=0, atol=2e-6)
+    assert r1.rope_state == 60
+
+
+def test_tables_without_a_version_counter_serve_their_state():
     """Buffers that are inference tensors (a module copied under
-    inference_mode) keep no version counter: no write to them can be seen,
-    so they are read again at every call."""
+    inference_mode; the C++ module's copies are normal tensors) keep no
+    version counter and show no write (docs/distributed.md): they are not
+    read again at each call (on CUDA a device sync), and the module still
+    switches between its states."""
     import copy
 
-    long = MODULES[kind](DIM, 256, scaling=LONGROPE)
-    long(torch.randn(1, 1, 100, DIM, generator=gen(6)))
-    x = torch.randn(1, 2, 8, DIM, generator=gen(7))
-    want = rule_reference(x, range(8), longrope_inv(LONGROPE["short_factor"]), LONGROPE_SCALE)
     with torch.inference_mode():
-        short = copy.deepcopy(MODULES[kind](DIM, 256, scaling=LONGROPE))
-        short(x)
-        short.freqs.copy_(long.freqs)
-        short.inv_freq.copy_(long.inv_freq)
-        torch.testing.assert_close(short(x).double(), want, rtol=0, atol=2e-6)
-
+        m = copy.deepcopy(rotary.RotaryEmbedding(DIM, 256, scaling=LONGROPE))
+        assert m.freqs.is_inference()
+        for seq in (8, 100, 8):
+            y = torch.randn(1, 2, seq, DIM, generator=gen(seq))
+            inv = longrope_inv(LONGROPE["long_factor"] if seq > ORIG else LONGROPE["short_factor"])
+            torch.testing.assert_close(m(y).double(), rule_reference(y, range(seq), inv, LONGROPE_SCALE),
+                                       rtol=0, atol=2e-6)
+        assert m.rope_state == 0

@@ -1,9 +1,13 @@
-"""DTensor scenarios a trial found silently wrong, run by test_distributed.py
-in every rank: a module's host-driven rule (dynamic) sizing its table by
-the positions of every rank, not of its own shard, and position tensors
-whose placement has no local reading (Partial, _StridedShard) refused alike
-on every rank."""
+"""Scenarios a trial found silently wrong, run by test_distributed.py in
+every rank: a module's host-driven rule (dynamic) sizing its table by the
+positions of every rank, not of its own shard; position tensors whose
+placement has no local reading (Partial, _StridedShard) refused alike on
+every rank; and DDP's broadcast_buffers writing rank 0's tables into a rank
+in another state."""
 
+import math
+
+import numpy as np
 import pytest
 import torch
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
@@ -11,7 +15,7 @@ from torch.distributed.tensor.placement_types import _StridedShard
 
 import rotary
 from rotary_testing.dist_scenarios import _rand, dshard, local_part
-from rotary_testing.reference import rope_reference
+from rotary_testing.reference import exact_angle, rope_reference, rotate_pairs_nd
 
 D = 16
 DYNAMIC = {"rope_type": "dynamic", "factor": 2.0}
@@ -64,33 +68,70 @@ LONGROPE = {"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.3, 1.4, 1
             "factor": 4.0}
 
 
+def _rule_reference(x, inv, scale=1.0):
+    """Float64 interleaved RoPE of x [B, H, S, D] at positions 0.., turned by inv, scaled."""
+    angle = exact_angle(np.arange(x.shape[2]), np.asarray(inv))
+    X = x.detach().double().numpy()
+    return torch.from_numpy(rotate_pairs_nd(X, angle, True) * scale)
+
+
+def _ddp_steps(make, scaling, seqs, reference):
+    """DDP (broadcast_buffers=True) over a block holding the module, one step
+    per length in seqs (this rank's); each output against reference(y, seq)
+    for the rotated input y. Every rank checks the largest error of all
+    ranks, after every step's backward: a rank that raised alone would leave
+    the others waiting in a collective."""
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(D, D)
+            self.rope = make(D, 64, scaling=scaling)
+
+        def forward(self, x):
+            return self.rope(self.lin(x))
+
+    torch.manual_seed(0)
+    block = Block()
+    ddp = torch.nn.parallel.DistributedDataParallel(block)
+    errors = []
+    for step, seq in enumerate(seqs):
+        x = _rand(1, 2, seq, D, seed=10 + step)
+        out = ddp(x)
+        with torch.no_grad():
+            err = (out.double() - reference(block.lin(x), seq)).abs().max().item()
+        out.sum().backward()
+        errors.append(err)
+    worst = torch.tensor([max(errors)], dtype=torch.float64)
+    torch.distributed.all_reduce(worst, op=torch.distributed.ReduceOp.MAX)
+    assert worst.item() < 2e-6, (make.__name__, seqs, errors, worst.item())
+    return block.rope
+
+
 def ddp_broadcast_buffers(mesh):
-    """DDP (broadcast_buffers=True) copies rank 0's tables into every rank
-    before each forward: rank 0 runs past original_max_position_embeddings
-    (long factors), the others short; each rank must rotate by its own."""
+    """Rank 0 past original_max_position_embeddings (longrope's long
+    factors), the others short; then a dynamic rule grown on every rank
+    (float64 angles: one-row tables, which the broadcast copies), rank 0 to
+    100 positions and the others to 60, which a later call of 40 keeps (a
+    dynamic table does not shrink): each rank rotates by its own tables."""
     rank = mesh.get_local_rank()
+    orig, factor = LONGROPE["original_max_position_embeddings"], LONGROPE["factor"]
+    scale = math.sqrt(1 + math.log(factor) / math.log(orig))
+
+    def longrope(y, seq):
+        factors = LONGROPE["long_factor" if seq > orig else "short_factor"]
+        return _rule_reference(y, 1.0 / (np.asarray(factors) * 10000.0 ** (np.arange(0, D, 2) / D)), scale)
+
+    def dynamic(y, _):
+        own = 100 if rank == 0 else 60
+        base = 10000.0 * (2.0 * own / 16 - 1) ** (D / (D - 2))
+        return _rule_reference(y, 1.0 / base ** (np.arange(0, D, 2) / D))
+
     for make in (rotary.RotaryEmbedding, rotary.CppRotaryEmbedding):
-        class Block(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.lin = torch.nn.Linear(D, D)
-                self.rope = make(D, 64, scaling=LONGROPE)
-
-            def forward(self, x):
-                return self.rope(self.lin(x))
-
-        torch.manual_seed(0)
-        block = Block()
-        ddp = torch.nn.parallel.DistributedDataParallel(block)
-        seq = 24 if rank == 0 else 8
-        for step in range(3):
-            x = _rand(1, 2, seq, D, seed=10 + step)
-            out = ddp(x)
-            with torch.no_grad():
-                want = make(D, 64, scaling=LONGROPE)(block.lin(x))
-            assert torch.equal(out.detach(), want), (make.__name__, rank, step, (out - want).abs().max().item())
-            out.sum().backward()
-        assert (block.rope.rope_state > 0) == (rank == 0), (make.__name__, block.rope.rope_state)  # long on rank 0
+        rope = _ddp_steps(make, LONGROPE, [24 if rank == 0 else 8] * 3, longrope)
+        assert (rope.rope_state > 0) == (rank == 0), (make.__name__, rope.rope_state)  # long on rank 0
+        rope = _ddp_steps(make, dict(DYNAMIC, max_position_embeddings=16),
+                          [100, 100, 100] if rank == 0 else [60, 40, 40], dynamic)
+        assert rope.rope_state == (100 if rank == 0 else 60), (make.__name__, rope.rope_state)
 
 
 def scenarios():

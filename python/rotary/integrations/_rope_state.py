@@ -5,7 +5,8 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from .. import _C
-from ..module import RotaryEmbedding, _exporting_here, _run_eagerly
+from .._cpp_wrappers import _exporting_here
+from ..module import RotaryEmbedding, _run_eagerly
 
 
 _HOST_DRIVEN = ("rotary: the patched model's dynamic or longrope rule reads max(position_ids) on the host once per "
