@@ -144,26 +144,31 @@ void RopeTables::follow(const Held& held) {
   if (impl == nullptr) return;
   prune_built();
   const auto versions = versions_of(held);
+  // Fake, functional and transform-wrapped tensors (a trace, torch.func) hold no values to read,
+  // and under a transform a read would be wrapped: the current state holds there.
+  const auto can_read = [&] {
+    return inv_freq.defined() && !inv_freq.is_meta() && inv_freq.has_storage() &&
+        !detail::under_func_transforms() &&
+        !inv_freq.key_set().has_any(c10::DispatchKeySet(
+            {c10::DispatchKey::Python, c10::DispatchKey::Functionalize, c10::DispatchKey::FuncTorchGradWrapper,
+             c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::BatchedNestedTensor}));
+  };
   const auto known = std::find_if(built_.begin(), built_.end(),
                                   [&](const Built& b) { return b.freqs._unsafe_get_target() == impl; });
-  const bool written = known != built_.end();
-  if (written) {
+  bool written = false;
+  if (known != built_.end()) {
     // No counter (inference tensors): no write can show, and a read per call would cost a device sync.
-    if (known->read && (!versions || known->versions == versions)) {
+    // A pair noted unread (under a transform) is read once it can be.
+    if ((!versions || known->versions == versions) && (known->read || !can_read())) {
       state_ = known->state;
       attention_scaling_ = known->attention_scaling;
       servable_ = known->servable;
       return;
     }
-    built_.erase(known);  // written in place since (or installed by set_data): its values are read again
+    written = known->written || known->versions != versions;  // else first met under a transform
+    built_.erase(known);  // its values are read again
   }
-  // Fake, functional and transform-wrapped tensors (a trace, torch.func) hold no values to read,
-  // and under a transform a read would be wrapped: the current state holds there.
-  const bool readable = inv_freq.defined() && !inv_freq.is_meta() && inv_freq.has_storage() &&
-      !detail::under_func_transforms() &&
-      !inv_freq.key_set().has_any(c10::DispatchKeySet(
-          {c10::DispatchKey::Python, c10::DispatchKey::Functionalize, c10::DispatchKey::FuncTorchGradWrapper,
-           c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::BatchedNestedTensor}));
+  const bool readable = can_read();
   if (readable) {  // its values say its state (the current one is tried first, bit for bit: a DDP step's)
     const int64_t state = holds_state_inv(inv_freq)
         ? state_
@@ -179,7 +184,7 @@ void RopeTables::follow(const Held& held) {
   } else if (written) {
     servable_ = false;  // written with values it cannot read here: its own state's are rebuilt
   }
-  built_.push_back({storage.getWeakStorageImpl(), state_, attention_scaling_, versions, servable_, readable});
+  built_.push_back({storage.getWeakStorageImpl(), state_, attention_scaling_, versions, servable_, readable, written});
 }
 
 bool RopeTables::holds_state_inv(const at::Tensor& inv_freq) const {

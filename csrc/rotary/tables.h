@@ -243,7 +243,7 @@ class RopeTables {
     servable_ = true;
     if (!host_driven_) return;  // one state: nothing to follow
     built_.push_back({tables.freqs.unsafeGetTensorImpl()->unsafe_storage().getWeakStorageImpl(), tables.state,
-                      tables.attention_scaling, versions, true, true});
+                      tables.attention_scaling, versions, true, true, false});
   }
   // The version counters of a pair (every in-place write bumps them); none
   // for inference tensors, which keep no counter.
@@ -263,7 +263,8 @@ class RopeTables {
   // broadcast_buffers copies rank 0's tables into every rank) is read again,
   // and rebuilt when it holds another state than the module's own.
   // servable: the tables serve `state` (else the next call rebuilds).
-  // read: its values were read (else, met under a transform, the next call reads them).
+  // read: its values were read (else, met under a transform, the first call that can reads them);
+  // written: then, a write over the module's own tables (read, they leave it its state).
   struct Built {
     c10::weak_intrusive_ptr<c10::StorageImpl> freqs;
     int64_t state;
@@ -271,6 +272,7 @@ class RopeTables {
     Versions versions;  // none: inference tensors, which keep no counter and show no write
     bool servable = true;
     bool read = true;
+    bool written = false;
   };
   std::vector<Built> built_;
   bool servable_ = true;  // the tables held may serve state_ (see Built)

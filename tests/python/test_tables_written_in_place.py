@@ -150,3 +150,18 @@ def test_tables_without_a_version_counter_serve_their_state():
             torch.testing.assert_close(m(y).double(), rule_reference(y, range(seq), inv, LONGROPE_SCALE),
                                        rtol=0, atol=2e-6)
         assert m.rope_state == 0
+
+
+def test_tables_passed_under_a_transform_serve_every_call_alike():
+    """Tables that functional_call passes under vmap cannot be read there:
+    noted unread at the first call, they were taken for a write at the
+    second and rebuilt, so the two calls rotated by other tables."""
+    long = rotary.RotaryEmbedding(DIM, 256, scaling=LONGROPE)
+    long(torch.randn(1, 1, 100, DIM, generator=gen(11)))
+    passed = {name: t.clone() for name, t in long.named_buffers()}
+    m = rotary.RotaryEmbedding(DIM, 256, scaling=LONGROPE)
+    x = torch.randn(3, 2, 8, DIM, generator=gen(12))
+    call = torch.func.vmap(lambda t: torch.func.functional_call(m, passed, (t[None],))[0])
+    first, second = call(x), call(x)
+    assert torch.equal(first, second)
+    assert m.rope_state == 0
