@@ -156,6 +156,8 @@ void RopeTables::follow(const Held& held) {
   const auto known = std::find_if(built_.begin(), built_.end(),
                                   [&](const Built& b) { return b.freqs._unsafe_get_target() == impl; });
   bool written = false;
+  int64_t own = state_;  // committed once the read succeeded: a read that throws changes nothing
+  double own_scaling = attention_scaling_;
   if (known != built_.end()) {
     // No counter (inference tensors): no write can show, and a read per call would cost a device sync.
     // A pair noted unread (under a transform) is read once it can be.
@@ -166,29 +168,39 @@ void RopeTables::follow(const Held& held) {
       return;
     }
     written = known->written || known->versions != versions;  // else first met under a transform
-    built_.erase(known);  // its values are read again
+    if (written) {  // its own state, not the last call's (functional_call's tables may have switched it)
+      own = known->state;
+      own_scaling = known->attention_scaling;
+    }
   }
   const bool readable = can_read();
-  if (readable) {  // its values say its state (the current one is tried first, bit for bit: a DDP step's)
-    const int64_t state = holds_state_inv(inv_freq)
-        ? state_
-        : saved_state(std::nullopt, inv_freq, "RotaryEmbedding: the tables it holds", state_);
+  bool serves = false;
+  if (readable) {  // its values say its state (its own is tried first, bit for bit: a DDP step's)
+    const int64_t state = holds_state_inv(inv_freq, own)
+        ? own
+        : saved_state(std::nullopt, inv_freq, "RotaryEmbedding: the tables it holds", own);
     // Tables it never met (a move, a copy, functional_call's) bring their state. A pair written over
     // its own (rank 0's, by DDP) does not: the module keeps its own (a dynamic rule's history) and
     // rebuilds at the next call when they hold another, or a freqs of another length.
-    if (!written && state != state_) {
-      state_ = state;
-      attention_scaling_ = frequencies_of(options_, options_.scaling(), state).attention_scaling;
+    if (!written && state != own) {
+      own = state;
+      own_scaling = frequencies_of(options_, options_.scaling(), state).attention_scaling;
     }
-    servable_ = state == state_ && freqs.dim() == 2 && freqs.size(0) == rows_for(options_, state);
-  } else if (written) {
-    servable_ = false;  // written with values it cannot read here: its own state's are rebuilt
+    serves = state == own && freqs.dim() == 2 && freqs.size(0) == rows_for(options_, own);
+  } else {
+    // Written with values it cannot read here: its own state's are rebuilt. Else the current state
+    // holds (a trace's fake tables may have symbolic sizes: not compared).
+    serves = !written && servable_;
   }
+  if (known != built_.end()) built_.erase(known);
+  state_ = own;
+  attention_scaling_ = own_scaling;
+  servable_ = serves;
   built_.push_back({storage.getWeakStorageImpl(), state_, attention_scaling_, versions, servable_, readable, written});
 }
 
-bool RopeTables::holds_state_inv(const at::Tensor& inv_freq) const {
-  const std::vector<double> want = frequencies_of(options_, options_.scaling(), state_).inv_freq;
+bool RopeTables::holds_state_inv(const at::Tensor& inv_freq, int64_t state) const {
+  const std::vector<double> want = frequencies_of(options_, options_.scaling(), state).inv_freq;
   if (inv_freq.scalar_type() != at::kDouble || inv_freq.dim() != 1 ||
       inv_freq.size(0) != static_cast<int64_t>(want.size())) {
     return false;

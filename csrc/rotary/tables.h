@@ -131,6 +131,7 @@ class RopeTables {
   // `device`), which op must install when it succeeds. The new state is
   // recorded after op returned; not at all with record false (a trace,
   // torch.export, bakes the tables in and leaves the module as it was).
+  // Under torch.jit.trace (no guards) it refuses, before op runs.
   template <typename HeldFn, typename Op>
   auto run(int64_t reach, c10::Device device, HeldFn&& held, Op&& op, bool record = true) -> decltype(op(nullptr)) {
     if (!host_driven_) return op(nullptr);
@@ -248,9 +249,9 @@ class RopeTables {
   // The version counters of a pair (every in-place write bumps them); none
   // for inference tensors, which keep no counter.
   static Versions versions_of(const Held& held) noexcept;
-  // Whether inv_freq is, bit for bit, the current state's (the re-read of a
-  // pair written with the same tables skips the search for its state).
-  bool holds_state_inv(const at::Tensor& inv_freq) const;
+  // Whether inv_freq is, bit for bit, `state`'s (the re-read of a pair
+  // written with the same tables skips the search for its state).
+  bool holds_state_inv(const at::Tensor& inv_freq, int64_t state) const;
   // Under the lock: the state of the tables `held`, noted for next time.
   void follow(const Held& held);
   // Under the lock: drops the entries of tables freed since.

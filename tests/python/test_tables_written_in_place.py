@@ -165,3 +165,23 @@ def test_tables_passed_under_a_transform_serve_every_call_alike():
     first, second = call(x), call(x)
     assert torch.equal(first, second)
     assert m.rope_state == 0
+
+
+def test_a_write_after_functional_call_keeps_the_modules_own_history():
+    """functional_call with tables of another state left the state machine at
+    theirs; a write over the module's own pair then kept that state, not the
+    module's own (grown to 60), and the next call turned by a base of 50."""
+    m = rotary.RotaryEmbedding(DIM, 16, scaling=DYNAMIC)
+    m(torch.randn(1, 1, 60, DIM, generator=gen(13)))
+    other = rotary.RotaryEmbedding(DIM, 16, scaling=DYNAMIC)
+    other(torch.randn(1, 1, 100, DIM, generator=gen(14)))
+    passed = {name: t.clone() for name, t in other.named_buffers()}
+    torch.func.functional_call(m, passed, (torch.randn(1, 1, 8, DIM, generator=gen(15)),))  # resets theirs to 0
+    with torch.no_grad():
+        m.freqs.copy_(other.freqs)
+        m.inv_freq.copy_(other.inv_freq)
+    x = torch.randn(1, 2, 50, DIM, generator=gen(16))
+    want = rule_reference(x, range(50), dynamic_inv(60))
+    assert not torch.allclose(want, rule_reference(x, range(50), dynamic_inv(50)), atol=1e-2)
+    torch.testing.assert_close(m(x).double(), want, rtol=0, atol=2e-6)
+    assert m.rope_state == 60

@@ -1,5 +1,5 @@
 """Traces that would keep a host-side decision as a constant are refused by
-name, before anything is read or written: torch.jit.trace of a host-driven
+name, before anything is written: torch.jit.trace of a host-driven
 rule (the tables of the traced call's reach served every later call),
 forward_with_cache under torch.jit.trace or a non-strict torch.export (the
 cache's length baked in, and the user's cache advanced while tracing), a
