@@ -164,6 +164,9 @@ def test_tables_passed_under_a_transform_serve_every_call_alike():
     call = torch.func.vmap(lambda t: torch.func.functional_call(m, passed, (t[None],))[0])
     first, second = call(x), call(x)
     assert torch.equal(first, second)
+    # the tables passed, served as the current state (docs/api.md): the long factors
+    want = rule_reference(x, range(8), longrope_inv(LONGROPE["long_factor"]), LONGROPE_SCALE)
+    torch.testing.assert_close(first.double(), want, rtol=0, atol=2e-6)
     assert m.rope_state == 0
 
 
