@@ -41,6 +41,7 @@ void RotaryEmbeddingImpl::reset() {
   std::vector<int64_t> axes = pair_axes_of(options);
   tables_ = next;
   install(built);
+  tables_.own({freqs, inv_freq});
   pair_axes = std::move(axes);
 }
 
@@ -52,6 +53,7 @@ std::shared_ptr<torch::nn::Module> RotaryEmbeddingImpl::clone(const std::optiona
   auto copy = std::make_shared<RotaryEmbeddingImpl>(tables_.options());
   copy->install({clone_buffer(freqs, device), clone_buffer(inv_freq, device), attention_scaling, tables_.state()});
   copy->tables_ = tables_;
+  copy->tables_.own({copy->freqs, copy->inv_freq});
   copy->pair_axes = pair_axes;
   copy->options = options;
   copy->train(is_training());

@@ -142,19 +142,25 @@ void RopeTables::follow(const Held& held) {
   const c10::Storage& storage = freqs.unsafeGetTensorImpl()->unsafe_storage();
   const c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
   if (impl == nullptr) return;
+  const auto inv_storage = weak_storage(inv_freq);
+  const c10::StorageImpl* inv_impl = inv_storage ? inv_storage->_unsafe_get_target() : nullptr;
   prune_built();
   const auto versions = versions_of(held);
   // Fake, functional and transform-wrapped tensors (a trace, torch.func) hold no values to read,
   // and under a transform a read would be wrapped: the current state holds there.
-  const auto can_read = [&] {
-    return inv_freq.defined() && !inv_freq.is_meta() && inv_freq.has_storage() &&
-        !detail::under_func_transforms() &&
-        !inv_freq.key_set().has_any(c10::DispatchKeySet(
+  const auto readable_table = [](const at::Tensor& t) {
+    return t.defined() && !t.is_meta() && t.has_storage() &&
+        !t.key_set().has_any(c10::DispatchKeySet(
             {c10::DispatchKey::Python, c10::DispatchKey::Functionalize, c10::DispatchKey::FuncTorchGradWrapper,
              c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::BatchedNestedTensor}));
   };
-  const auto known = std::find_if(built_.begin(), built_.end(),
-                                  [&](const Built& b) { return b.freqs._unsafe_get_target() == impl; });
+  const auto can_read = [&] {
+    return !detail::under_func_transforms() && readable_table(inv_freq) && readable_table(freqs);
+  };
+  // Both storages: the module's freqs with another inv_freq (or the other way round) is another pair.
+  const auto known = std::find_if(built_.begin(), built_.end(), [&](const Built& b) {
+    return b.freqs._unsafe_get_target() == impl && (b.inv_freq ? b.inv_freq->_unsafe_get_target() : nullptr) == inv_impl;
+  });
   bool written = false;
   int64_t own = state_;  // committed once the read succeeded: a read that throws changes nothing
   double own_scaling = attention_scaling_;
@@ -179,14 +185,22 @@ void RopeTables::follow(const Held& held) {
     const int64_t state = holds_state_inv(inv_freq, own)
         ? own
         : saved_state(std::nullopt, inv_freq, "RotaryEmbedding: the tables it holds", own);
+    // freqs must be the table of the state inv_freq holds: a pair it never met made of two states'
+    // pieces (functional_call given one table of another state) has no one rotation and is refused.
+    const std::string mismatch = freqs_mismatch(freqs, state);
+    TORCH_CHECK_VALUE(
+        written || mismatch.empty(), "RotaryEmbedding(", describe(), "): the tables it holds are not one pair: ",
+        "'inv_freq' is that of ", state == 0 ? "the rule's initial state" : "the state at seq_len " +
+        std::to_string(state), ", but ", mismatch, "; pass 'freqs' and 'inv_freq' of one state (functional_call: ",
+        "both, from one module's buffers)");
     // Tables it never met (a move, a copy, functional_call's) bring their state. A pair written over
     // its own (rank 0's, by DDP) does not: the module keeps its own (a dynamic rule's history) and
-    // rebuilds at the next call when they hold another, or a freqs of another length.
+    // rebuilds at the next call when they hold another, or a freqs not of its state.
     if (!written && state != own) {
       own = state;
       own_scaling = frequencies_of(options_, options_.scaling(), state).attention_scaling;
     }
-    serves = state == own && freqs.dim() == 2 && freqs.size(0) == rows_for(options_, own);
+    serves = state == own && mismatch.empty();
   } else {
     // Written with values it cannot read here: its own state's are rebuilt. Else the current state
     // holds (a trace's fake tables may have symbolic sizes: not compared).
@@ -196,7 +210,60 @@ void RopeTables::follow(const Held& held) {
   state_ = own;
   attention_scaling_ = own_scaling;
   servable_ = serves;
-  built_.push_back({storage.getWeakStorageImpl(), state_, attention_scaling_, versions, servable_, readable, written});
+  built_.push_back(
+      {storage.getWeakStorageImpl(), inv_storage, state_, attention_scaling_, versions, servable_, readable, written});
+}
+
+void RopeTables::own(const Held& held) {
+  if (!host_driven_ || !held.first.defined()) return;
+  const c10::Storage& storage = held.first.unsafeGetTensorImpl()->unsafe_storage();
+  if (storage.unsafeGetStorageImpl() == nullptr) return;  // a trace's: met as follow() meets it
+  const auto inv = weak_storage(held.second);
+  std::lock_guard<std::mutex> lock(lock_.mutex);
+  prune_built();
+  built_.erase(std::remove_if(built_.begin(), built_.end(), [&](const Built& b) {
+                 return b.freqs._unsafe_get_target() == storage.unsafeGetStorageImpl() &&
+                     (b.inv_freq ? b.inv_freq->_unsafe_get_target() : nullptr) ==
+                     (inv ? inv->_unsafe_get_target() : nullptr);
+               }),
+               built_.end());
+  built_.push_back({storage.getWeakStorageImpl(), inv, state_, attention_scaling_, versions_of(held), servable_, true,
+                    false});
+}
+
+std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> RopeTables::weak_storage(const at::Tensor& t) {
+  if (!t.defined()) return std::nullopt;
+  const c10::Storage& storage = t.unsafeGetTensorImpl()->unsafe_storage();
+  if (storage.unsafeGetStorageImpl() == nullptr) return std::nullopt;
+  return storage.getWeakStorageImpl();
+}
+
+std::string RopeTables::freqs_mismatch(const at::Tensor& freqs, int64_t state) const {
+  const RopeFrequencies f = frequencies_of(options_, options_.scaling(), state);
+  const int64_t rows = rows_for(options_, state), pairs = static_cast<int64_t>(f.inv_freq.size());
+  std::ostringstream why;
+  if (freqs.scalar_type() != at::kComplexFloat || freqs.dim() != 2 || freqs.size(0) != rows ||
+      freqs.size(1) != pairs) {
+    const bool complex64 = freqs.scalar_type() == at::kComplexFloat;
+    why << "'freqs' is " << (complex64 ? "complex64" : c10::toString(freqs.scalar_type())) << " " << freqs.sizes()
+        << " where that state's is complex64 ["
+        << rows << ", " << pairs << "]";
+    return why.str();
+  }
+  std::vector<int64_t> at_rows = {0, std::min<int64_t>(1, rows - 1), rows - 1};
+  at_rows.erase(std::unique(at_rows.begin(), at_rows.end()), at_rows.end());
+  const at::Tensor positions = at::tensor(at_rows, at::kLong);
+  const at::Tensor got =
+      freqs.detach().index_select(0, positions.to(freqs.device())).to(at::kCPU).resolve_conj().resolve_neg();
+  const at::Tensor diff = at::nan_to_num((got - freqs_at(f, positions, options_.angle_dtype())).abs(),
+                                         std::numeric_limits<double>::infinity());
+  const double tol = std::ldexp(1.0, -22) * std::max(1.0, std::abs(f.attention_scaling));  // a load's
+  const int64_t worst = diff.flatten().argmax().item<int64_t>();
+  const double err = diff.flatten()[worst].item<double>();
+  if (err <= tol) return {};
+  why << "'freqs' row " << at_rows[worst / pairs] << ", pair " << worst % pairs << " differs from that state's by "
+      << err;
+  return why.str();
 }
 
 bool RopeTables::holds_state_inv(const at::Tensor& inv_freq, int64_t state) const {
@@ -217,7 +284,8 @@ RopeTables::Versions RopeTables::versions_of(const Held& held) noexcept {
 }
 
 void RopeTables::prune_built() {
-  built_.erase(std::remove_if(built_.begin(), built_.end(), [](const Built& b) { return b.freqs.expired(); }),
+  built_.erase(std::remove_if(built_.begin(), built_.end(),
+                              [](const Built& b) { return b.freqs.expired() || (b.inv_freq && b.inv_freq->expired()); }),
                built_.end());
 }
 

@@ -54,6 +54,14 @@ void def_state_machine(py::class_<RopeTables>& tables) {
           "op((freqs, inv_freq)) with new ones, which op installs; the new state is recorded only when op "
           "returned, and never with record=False (an export's trace).")
       .def(
+          "own",
+          [](RopeTables& t, const RopeTables::Held& held) {
+            py::gil_scoped_release no_gil;  // the lock's holder may be waiting for the GIL
+            t.own(held);
+          },
+          py::arg("held"), "Notes (freqs, inv_freq), installed by the module outside run and restore, as its own "
+          "tables of the current state.")
+      .def(
           "state_of",
           [](RopeTables& t, const py::function& held) {
             py::gil_scoped_release no_gil;

@@ -71,9 +71,11 @@ constexpr int64_t kMaxStartPos = kMaxPosition;
 // The state follows the tables a module holds, not only the last transition:
 // run() is given the module's buffers, and a table this object built or met
 // before brings its state back (functional_call puts the module's buffers
-// back after a call that switched tables). One it never met (a move, a copy,
-// tables passed to functional_call) tells its state by its inv_freq, checked
-// as a load checks it; under a trace (fake tensors) the current state holds.
+// back after a call that switched tables). A pair it never met (a move, a
+// copy, tables passed to functional_call, either alone) tells its state by
+// its inv_freq, checked as a load checks it, and its freqs must be that
+// state's (refused by name when not: pieces of two states); under a trace
+// (fake tensors) the current state holds.
 class RopeTables {
  public:
   // Validates the options and the rule (c10::ValueError naming the field).
@@ -156,6 +158,10 @@ class RopeTables {
     }
     return out;
   }
+  // Notes tables a module installed outside run() and restore() (at its
+  // construction, after a move) as its own, of the current state: a write of
+  // either before the next call then shows as one.
+  void own(const Held& held);
   // The state of the tables held() returns (the module's buffers), followed
   // as run() does.
   template <typename HeldFn>
@@ -243,23 +249,30 @@ class RopeTables {
     attention_scaling_ = tables.attention_scaling;
     servable_ = true;
     if (!host_driven_) return;  // one state: nothing to follow
-    built_.push_back({tables.freqs.unsafeGetTensorImpl()->unsafe_storage().getWeakStorageImpl(), tables.state,
+    built_.push_back({tables.freqs.unsafeGetTensorImpl()->unsafe_storage().getWeakStorageImpl(),
+                      weak_storage(tables.inv_freq), tables.state,
                       tables.attention_scaling, versions, true, true, false});
   }
+  // inv_freq's storage, held weakly (none when it is undefined or has none).
+  static std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> weak_storage(const at::Tensor& t);
   // The version counters of a pair (every in-place write bumps them); none
   // for inference tensors, which keep no counter.
   static Versions versions_of(const Held& held) noexcept;
   // Whether inv_freq is, bit for bit, `state`'s (the re-read of a pair
   // written with the same tables skips the search for its state).
   bool holds_state_inv(const at::Tensor& inv_freq, int64_t state) const;
+  // Why freqs is not `state`'s table (empty when it is): its shape, then rows 0, 1 and
+  // the last, where two states' tables differ most (a whole-table read is a load's).
+  std::string freqs_mismatch(const at::Tensor& freqs, int64_t state) const;
   // Under the lock: the state of the tables `held`, noted for next time.
   void follow(const Held& held);
   // Under the lock: drops the entries of tables freed since.
   void prune_built();
 
-  // The storages of the freqs tables this object built or met, with their
-  // states (the C++ module installs by set_data: its buffer keeps its
-  // TensorImpl; a weak reference keeps an address from being reused), and
+  // The storages of the pairs this object built or met (both tables: a
+  // functional_call may swap one alone), with their states (the C++ module
+  // installs by set_data: its buffer keeps its TensorImpl; a weak reference
+  // keeps an address from being reused), and
   // the pair's versions then: a pair written in place since (DDP's
   // broadcast_buffers copies rank 0's tables into every rank) is read again,
   // and rebuilt when it holds another state than the module's own.
@@ -268,6 +281,7 @@ class RopeTables {
   // written: then, a write over the module's own tables (read, they leave it its state).
   struct Built {
     c10::weak_intrusive_ptr<c10::StorageImpl> freqs;
+    std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> inv_freq;
     int64_t state;
     double attention_scaling;
     Versions versions;  // none: inference tensors, which keep no counter and show no write

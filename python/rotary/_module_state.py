@@ -127,6 +127,8 @@ class TableBuffers(nn.Module):
                 moved = {name: buf.to(where[name]) for name, buf in saved.items()}
         finally:
             self._buffers.update(moved)
+        if len(moved) == 2:
+            self._tables.own((moved["freqs"], moved["inv_freq"]))
         return self
 
     def _held_pair(self):

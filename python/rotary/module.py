@@ -103,6 +103,7 @@ class RotaryEmbedding(TableBuffers):
             freqs, inv_freq = freqs.to(device), inv_freq.to(device)
         self.register_buffer("freqs", freqs)
         self.register_buffer("inv_freq", inv_freq)
+        t.own((self.freqs, self.inv_freq))  # a write of either before the first call shows as one
 
     dim = property(lambda self: self._opts[0], doc="The rotary dim (rotated width).")
     max_seq_len = property(lambda self: self._opts[1], doc="The max_seq_len built with: the table's rows until a "
