@@ -59,12 +59,16 @@ def test_functional_call_with_one_table_of_the_same_state_is_served(piece):
     assert m.rope_state == 0
 
 
+@pytest.mark.parametrize("called", [True, False], ids=["after-a-call", "before-any-call"])
 @pytest.mark.parametrize("kind", list(MODULES))
-def test_a_longrope_freqs_written_alone_is_rebuilt_to_the_modules_state(kind):
+def test_a_longrope_freqs_written_alone_is_rebuilt_to_the_modules_state(kind, called):
     """The long factors' freqs copied over a short-state module's, its
-    inv_freq left: the rows turned by the long factors, silently."""
+    inv_freq left: the rows turned by the long factors, silently. Before any
+    call the tables are those the module built, noted as its own: the write
+    shows as one (else the pair, never met, would be refused)."""
     donor, m, x, start, want = donor_and_module(kind, "freqs")
-    m(x, start)
+    if called:
+        m(x, start)
     with torch.no_grad():
         m.freqs.copy_(donor.freqs)
     torch.testing.assert_close(m(x, start).double(), want, rtol=0, atol=2e-6)
