@@ -94,12 +94,13 @@ test-runtime:
 	bash tests/runtime/run.sh
 
 # The gtest suite under AddressSanitizer + UndefinedBehaviorSanitizer, in its
-# own build directory: CPU kernels only, no Python, benchmarks or examples,
+# own build directory: CPU kernels only (the capability builds this host runs:
+# an AVX2 host never runs AVX-512's), no Python, benchmarks or examples,
 # but with the host emulations of the CUDA kernels where the CUDA toolkit's
 # headers are (every access of their bodies over whole grids checked;
 # 41 tests, 20 s of the run);
-# librotary at -O0 (the tests keep their -O1): 173 CPU-s to compile instead
-# of 318 at -O1, for a run 23 s longer (80 s). LeakSanitizer stays on for
+# librotary at -O0: 173 CPU-s to compile instead of 318 at -O1, for a run
+# 23 s longer; the tests at -Og (tests/cpp/CMakeLists.txt). LeakSanitizer stays on for
 # everything but allocations made inside libtorch / libc10 (none are
 # reported today; the suppressions keep a torch upgrade from failing CI on
 # torch's own caches). allocator_may_return_null:
@@ -109,18 +110,28 @@ ASAN_BUILD := build-asan
 .PHONY: test-asan
 .PHONY: test-asan-build
 test-asan-build: $(DEPS_STAMP)
-	cmake -S . -B $(ASAN_BUILD) $(NINJA_GENERATOR) -DROTARY_SANITIZE=ON -DROTARY_CUDA=OFF -DROTARY_BUILD_PYTHON=OFF \
+	cmake -S . -B $(ASAN_BUILD) $(NINJA_GENERATOR) -DROTARY_SANITIZE=ON -DROTARY_CPU_HOST_CAPABILITIES=ON \
+	  -DROTARY_CUDA=OFF -DROTARY_BUILD_PYTHON=OFF \
 	  -DROTARY_BUILD_BENCHMARKS=OFF -DROTARY_BUILD_EXAMPLES=OFF \
 	  -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS_RELEASE=-O0 -DNDEBUG" \
 	  -DCMAKE_PREFIX_PATH="$$($(VPY) -c 'import torch; print(torch.utils.cmake_prefix_path)')" > /dev/null
 	cmake --build $(ASAN_BUILD) -j$(JOBS) --target rotary_tests
 
+# Two processes, one per core (nothing else runs by then): CpuCapability's
+# bit-for-bit comparisons of every capability build, about half the run, and
+# the rest. Each one's log is printed when it fails.
+ASAN_RUN = ASAN_OPTIONS=detect_leaks=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1:allocator_may_return_null=1 \
+	LSAN_OPTIONS=suppressions=$(CURDIR)/$(ASAN_BUILD)/lsan.supp UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	./$(ASAN_BUILD)/tests/cpp/rotary_tests --gtest_brief=1
 test-asan: test-asan-build
 	printf 'leak:libtorch_cpu.so\nleak:libc10.so\n' > $(ASAN_BUILD)/lsan.supp
-	ASAN_OPTIONS=detect_leaks=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1:allocator_may_return_null=1 \
-	LSAN_OPTIONS=suppressions=$(CURDIR)/$(ASAN_BUILD)/lsan.supp \
-	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	  ./$(ASAN_BUILD)/tests/cpp/rotary_tests --gtest_brief=1
+	@status=0; \
+	$(ASAN_RUN) --gtest_filter='CpuCapability.*' > $(ASAN_BUILD)/asan-capability.log 2>&1 & capability=$$!; \
+	$(ASAN_RUN) --gtest_filter='-CpuCapability.*' > $(ASAN_BUILD)/asan-rest.log 2>&1 || status=1; \
+	wait $$capability || status=1; \
+	for log in rest capability; do echo "test-asan, $$log:"; grep -E '^\[ *(PASSED|SKIPPED|FAILED) *\] [0-9]+ test' $(ASAN_BUILD)/asan-$$log.log; done; \
+	if [ $$status -ne 0 ]; then cat $(ASAN_BUILD)/asan-rest.log $(ASAN_BUILD)/asan-capability.log; echo "test-asan failed"; fi; \
+	exit $$status
 
 # The fuzzer (tests/fuzz): its regression cases plus FUZZ_CASES seeded random
 # cases over every entry point, in child processes; then the C++ op fuzz and

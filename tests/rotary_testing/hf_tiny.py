@@ -31,6 +31,8 @@ TINY = dict(
     ffn_hidden_size=128, ffn_dim=128, lru_width=64, vocab_size_per_layer_input=VOCAB, hidden_size_per_layer_input=16,
     unpadded_vocab_size=VOCAB, swa_num_attention_heads=4, swa_num_key_value_heads=2, swa_head_dim=16,
     hidden_size_global=64, encoder_hash_byte_group_vocab=VOCAB,
+    # Mamba-2 scans in chunks: the default 256 pads the sweep's 12 tokens to 256 (seconds per family)
+    mamba_chunk_size=4,
 )
 # Mamba mixers sized to the tiny hidden size: a second try, for the hybrids
 # whose first build fails (others, e.g. Falcon-H1, build with their own).
@@ -62,6 +64,8 @@ TINY_FOR = {"qwen3_5_text": dict(head_dim=256), "qwen3_5_moe_text": dict(head_di
                                    indexer_budget=4, indexer_compress_ratio=2, linear_num_key_heads=2, linear_num_value_heads=4,
                                    linear_key_head_dim=16, linear_value_head_dim=16, hc_lowrank=8, ple_embed_dim=16,
                                    ngram_vocab_size_base=VOCAB, split_ngram_parts=2),
+            # Falcon-H1 builds with its own Mamba sizes (a 1024-wide SSM of 128 heads, 256 states): the tiny ones
+            "falcon_h1": dict(mamba_d_ssm=128, **MAMBA),
             # Dory loops its middle layers: one in, one looped, one out
             "dory": dict(layer_types=["sliding_attention", "full_attention", "sliding_attention"], n_input_layers=1,
                          n_recurrent_layers=1, n_output_layers=1),
