@@ -178,7 +178,7 @@ int64_t check_saved_tables(
       } else {
         const at::Tensor expected = freqs_table(f, rows, options.angle_dtype());
         const at::Tensor diff = at::nan_to_num((f_saved - expected).abs(), std::numeric_limits<double>::infinity());
-        const double tol = std::ldexp(1.0, -22) * std::max(1.0, std::abs(f.attention_scaling));
+        const double tol = detail::table_tolerance(f.attention_scaling);
         if (diff.numel() > 0) {
           const int64_t worst = diff.flatten().argmax().item<int64_t>();
           const double err = diff.flatten()[worst].item<double>();

@@ -100,6 +100,10 @@ int64_t rows_for(const RotaryEmbeddingOptions& o, int64_t seq_len) {
   return o.max_seq_len();
 }
 
+double table_tolerance(double attention_scaling) {
+  return std::ldexp(1.0, -22) * std::max(1.0, std::abs(attention_scaling));
+}
+
 }  // namespace detail
 
 using detail::check_options;
@@ -137,13 +141,10 @@ RopeTables& RopeTables::operator=(const RopeTables& other) {
 
 void RopeTables::follow(const Held& held) {
   const auto& [freqs, inv_freq] = held;
-  if (!freqs.defined()) return;
   // unsafe_storage: a functional or fake tensor under tracing has one of its own (unknown here).
-  const c10::Storage& storage = freqs.unsafeGetTensorImpl()->unsafe_storage();
-  const c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+  const c10::StorageImpl* impl = storage_of(freqs);
   if (impl == nullptr) return;
-  const auto inv_storage = weak_storage(inv_freq);
-  const c10::StorageImpl* inv_impl = inv_storage ? inv_storage->_unsafe_get_target() : nullptr;
+  const c10::StorageImpl* inv_impl = storage_of(inv_freq);
   prune_built();
   const auto versions = versions_of(held);
   // Fake, functional and transform-wrapped tensors (a trace, torch.func) hold no values to read,
@@ -158,9 +159,8 @@ void RopeTables::follow(const Held& held) {
     return !detail::under_func_transforms() && readable_table(inv_freq) && readable_table(freqs);
   };
   // Both storages: the module's freqs with another inv_freq (or the other way round) is another pair.
-  const auto known = std::find_if(built_.begin(), built_.end(), [&](const Built& b) {
-    return b.freqs._unsafe_get_target() == impl && (b.inv_freq ? b.inv_freq->_unsafe_get_target() : nullptr) == inv_impl;
-  });
+  const auto known =
+      std::find_if(built_.begin(), built_.end(), [&](const Built& b) { return b.is(impl, inv_impl); });
   bool written = false;
   int64_t own = state_;  // committed once the read succeeded: a read that throws changes nothing
   double own_scaling = attention_scaling_;
@@ -210,32 +210,29 @@ void RopeTables::follow(const Held& held) {
   state_ = own;
   attention_scaling_ = own_scaling;
   servable_ = serves;
-  built_.push_back(
-      {storage.getWeakStorageImpl(), inv_storage, state_, attention_scaling_, versions, servable_, readable, written});
+  built_.push_back({freqs.unsafeGetTensorImpl()->unsafe_storage().getWeakStorageImpl(), weak_storage(inv_freq),
+                    state_, attention_scaling_, versions, servable_, readable, written});
 }
 
 void RopeTables::own(const Held& held) {
-  if (!host_driven_ || !held.first.defined()) return;
-  const c10::Storage& storage = held.first.unsafeGetTensorImpl()->unsafe_storage();
-  if (storage.unsafeGetStorageImpl() == nullptr) return;  // a trace's: met as follow() meets it
-  const auto inv = weak_storage(held.second);
+  const c10::StorageImpl* impl = storage_of(held.first);
+  if (!host_driven_ || impl == nullptr) return;  // a trace's: met as follow() meets it
+  const c10::StorageImpl* inv_impl = storage_of(held.second);
   std::lock_guard<std::mutex> lock(lock_.mutex);
   prune_built();
-  built_.erase(std::remove_if(built_.begin(), built_.end(), [&](const Built& b) {
-                 return b.freqs._unsafe_get_target() == storage.unsafeGetStorageImpl() &&
-                     (b.inv_freq ? b.inv_freq->_unsafe_get_target() : nullptr) ==
-                     (inv ? inv->_unsafe_get_target() : nullptr);
-               }),
+  built_.erase(std::remove_if(built_.begin(), built_.end(), [&](const Built& b) { return b.is(impl, inv_impl); }),
                built_.end());
-  built_.push_back({storage.getWeakStorageImpl(), inv, state_, attention_scaling_, versions_of(held), servable_, true,
-                    false});
+  built_.push_back({held.first.unsafeGetTensorImpl()->unsafe_storage().getWeakStorageImpl(), weak_storage(held.second),
+                    state_, attention_scaling_, versions_of(held), servable_, true, false});
+}
+
+const c10::StorageImpl* RopeTables::storage_of(const at::Tensor& t) {
+  return t.defined() ? t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl() : nullptr;
 }
 
 std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> RopeTables::weak_storage(const at::Tensor& t) {
-  if (!t.defined()) return std::nullopt;
-  const c10::Storage& storage = t.unsafeGetTensorImpl()->unsafe_storage();
-  if (storage.unsafeGetStorageImpl() == nullptr) return std::nullopt;
-  return storage.getWeakStorageImpl();
+  if (storage_of(t) == nullptr) return std::nullopt;
+  return t.unsafeGetTensorImpl()->unsafe_storage().getWeakStorageImpl();
 }
 
 std::string RopeTables::freqs_mismatch(const at::Tensor& freqs, int64_t state) const {
@@ -257,7 +254,7 @@ std::string RopeTables::freqs_mismatch(const at::Tensor& freqs, int64_t state) c
       freqs.detach().index_select(0, positions.to(freqs.device())).to(at::kCPU).resolve_conj().resolve_neg();
   const at::Tensor diff = at::nan_to_num((got - freqs_at(f, positions, options_.angle_dtype())).abs(),
                                          std::numeric_limits<double>::infinity());
-  const double tol = std::ldexp(1.0, -22) * std::max(1.0, std::abs(f.attention_scaling));  // a load's
+  const double tol = detail::table_tolerance(f.attention_scaling);  // a load's
   const int64_t worst = diff.flatten().argmax().item<int64_t>();
   const double err = diff.flatten()[worst].item<double>();
   if (err <= tol) return {};

@@ -21,6 +21,9 @@ RopeFrequencies frequencies_of(const RotaryEmbeddingOptions& o, const RopeScalin
 void check_options(const RotaryEmbeddingOptions& options);
 // Rows a module with these options holds in the state reached with seq_len.
 int64_t rows_for(const RotaryEmbeddingOptions& o, int64_t seq_len);
+// How far a held or saved table's entry may be from what the options build:
+// 2^-22 times the attention scaling (at least 1).
+double table_tolerance(double attention_scaling);
 
 }  // namespace detail
 }  // namespace rotary

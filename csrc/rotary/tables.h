@@ -253,7 +253,9 @@ class RopeTables {
                       weak_storage(tables.inv_freq), tables.state,
                       tables.attention_scaling, versions, true, true, false});
   }
-  // inv_freq's storage, held weakly (none when it is undefined or has none).
+  // A table's storage (nullptr when it is undefined or has none: a trace's
+  // fake or functional tensor), and the same held weakly (none then).
+  static const c10::StorageImpl* storage_of(const at::Tensor& t);
   static std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> weak_storage(const at::Tensor& t);
   // The version counters of a pair (every in-place write bumps them); none
   // for inference tensors, which keep no counter.
@@ -288,6 +290,10 @@ class RopeTables {
     bool servable = true;
     bool read = true;
     bool written = false;
+    // Whether it is the entry of the pair with these storages.
+    bool is(const c10::StorageImpl* f, const c10::StorageImpl* inv) const {
+      return freqs._unsafe_get_target() == f && (inv_freq ? inv_freq->_unsafe_get_target() : nullptr) == inv;
+    }
   };
   std::vector<Built> built_;
   bool servable_ = true;  // the tables held may serve state_ (see Built)
