@@ -1,5 +1,5 @@
 // The rotation coefficients of one token as the CPU kernels read them
-// (layout: kernel/rope_kernel.h), shared by the RoPE and prologue drivers.
+// (layouts: kernel/rope_kernel.h), shared by the RoPE and prologue drivers.
 #pragma once
 
 #include "params/rope_params.h"
@@ -10,13 +10,19 @@
 namespace rotary {
 namespace cpu {
 
+// Values in a token's row (layouts: kernel/rope_kernel.h): rotary_dim as
+// pairs, twice that per element.
+inline int64_t row_values(const kernel::RopeParams& p, bool per_element) {
+  return (per_element ? 2 : 1) * p.rotary_dim;
+}
+
 // Tokens per tile: a head is streamed in runs of that many tokens (the L2
 // prefetcher restarts at every 4 KiB page, so longer is better), and their
-// coefficients (2 * rotary_dim acc_t each) stay within 64 KiB of L2.
+// rows stay within 64 KiB of L2 (per element; pairs take half).
 template <typename acc_t>
 inline int64_t tile_tokens(const kernel::RopeParams& p) {
   constexpr int64_t kCoefBytes = 64 * 1024;
-  const int64_t per_token = 2 * p.rotary_dim * int64_t(sizeof(acc_t));
+  const int64_t per_token = row_values(p, /*per_element=*/true) * int64_t(sizeof(acc_t));
   return std::min<int64_t>(p.seq, std::max<int64_t>(1, kCoefBytes / per_token));
 }
 
@@ -25,21 +31,21 @@ inline int64_t grain_tasks(int64_t task_elems) {
   return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(task_elems, 1));
 }
 
-// Coefficients of token (b, s) (layout: kernel/rope_kernel.h). In-table rows
+// Row of token (b, s), of pairs or per element (kernel/rope_kernel.h). In-table rows
 // with contiguous pairs and one position per token are read straight;
 // anything else (N-D positions, positions past the table, strided tables)
 // goes through rotation_of pair by pair.
 template <typename acc_t>
-inline void fill_coefficients(const kernel::RopeParams& p, int64_t b, int64_t s_idx, acc_t* coef) {
+inline void fill_coefficients(const kernel::RopeParams& p, int64_t b, int64_t s_idx, bool per_element, acc_t* coef) {
   const int64_t pos = kernel::position_of(p, b, s_idx);
   const int64_t dim = p.rotary_dim;
   const int64_t pairs = dim / 2;
   acc_t* c = coef;
-  acc_t* s = coef + (p.interleaved ? dim : pairs);
-  // Interleaved rows hold (c, c) and (-s, s) per pair, so one multiply-add
-  // with the pair-swapped input rotates both members.
+  acc_t* s = coef + (per_element ? dim : pairs);
+  // Per element: (c, c) and (-s, s) per pair, so one multiply-add with the
+  // pair-swapped input rotates both members.
   const auto put = [&](int64_t j, acc_t cj, acc_t sj) {
-    if (p.interleaved) {
+    if (per_element) {
       c[2 * j] = c[2 * j + 1] = cj;
       s[2 * j] = -sj;
       s[2 * j + 1] = sj;

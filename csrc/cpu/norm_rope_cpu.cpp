@@ -46,7 +46,7 @@ void norm_tensor_tile(
       tile, t.in_stride[2], t.out_stride[2],
       t.heads, t.in_stride[1], t.out_stride[1],
       t.in_stride[3], t.out_stride[3],
-      coef, 2 * p.rotary_dim,
+      coef, row_values(p, p.interleaved),
       weight, across ? p.head_dim : 0,
       p.head_dim, p.rotary_offset, p.rotary_dim,
       n.eps, across, p.interleaved,
@@ -58,7 +58,7 @@ void norm_tensor_tile(
 template <typename scalar_t>
 void norm_rope_kernel(const RopeParams& p, const NormParams& n, Capability cap, const TileHook* hook) {
   using acc_t = at::opmath_type<scalar_t>;
-  const int64_t coef_per_token = 2 * p.rotary_dim;
+  const int64_t coef_per_token = row_values(p, p.interleaved);
   const int64_t tile = tile_tokens<acc_t>(p);
   const int64_t tiles_per_batch = (p.seq + tile - 1) / tile;
   const int64_t tasks = p.batch * tiles_per_batch;
@@ -84,7 +84,9 @@ void norm_rope_kernel(const RopeParams& p, const NormParams& n, Capability cap, 
       const int64_t b = task / tiles_per_batch;
       const int64_t s0 = (task % tiles_per_batch) * tile;
       const int64_t len = std::min(tile, p.seq - s0);
-      for (int64_t s = 0; s < len; ++s) fill_coefficients(p, b, s0 + s, coef.get() + s * coef_per_token);
+      for (int64_t s = 0; s < len; ++s) {
+        fill_coefficients(p, b, s0 + s, p.interleaved, coef.get() + s * coef_per_token);
+      }
       norm_tensor_tile<scalar_t>(p, n, 0, b, s0, len, coef.get(), weight[0].get(), scratch.get(), cap);
       norm_tensor_tile<scalar_t>(p, n, 1, b, s0, len, coef.get(), weight[1].get(), scratch.get(), cap);
       if (hook != nullptr) hook->fn(hook->ctx, b, s0, len, 0, p.k.heads);

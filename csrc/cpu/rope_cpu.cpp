@@ -152,6 +152,13 @@ void rotate_run(const Run<scalar_t>& r, int64_t dim, bool interleaved, Capabilit
   ROTARY_CPU_DISPATCH(cap, isa::rotate_run(r, dim, interleaved, nt))
 }
 
+// Whether the build for cap reads its rows per element (kernel/rope_kernel.h).
+template <typename scalar_t>
+bool per_element_rows(bool interleaved, Capability cap) {
+  const auto pairs = [&] { ROTARY_CPU_DISPATCH(cap, isa::interleaved_pair_rows<scalar_t>()) };
+  return interleaved && !pairs();
+}
+
 // Out of place, dims [from, to) of every vector of the run (whose pointers
 // start at dim 0) are copied unchanged: the dims around the rotated span.
 template <typename scalar_t>
@@ -179,7 +186,7 @@ bool heads_major(const HeadTensor& t) {
 template <typename scalar_t>
 void rotate_tensor_tile(
     const RopeParams& p, const HeadTensor& t, int64_t b, int64_t s0, int64_t tile, int64_t h0, int64_t h1,
-    const at::opmath_type<scalar_t>* coef, Capability cap, bool nt, bool prefetch) {
+    const at::opmath_type<scalar_t>* coef, int64_t coef_tok, Capability cap, bool nt, bool prefetch) {
   if (h1 <= h0) return;
   const int64_t dim = p.rotary_dim;
   // The run starts at dim rotary_offset: the kernel rotates its dims [0, dim).
@@ -189,7 +196,7 @@ void rotate_tensor_tile(
           off * t.in_stride[3],
       static_cast<scalar_t*>(t.out) + b * t.out_stride[0] + s0 * t.out_stride[2] + h0 * t.out_stride[1] +
           off * t.out_stride[3],
-      tile, t.in_stride[2], t.out_stride[2], 2 * dim,
+      tile, t.in_stride[2], t.out_stride[2], coef_tok,
       h1 - h0, t.in_stride[1], t.out_stride[1],
       t.in_stride[3], t.out_stride[3],
       coef,
@@ -213,7 +220,8 @@ void rotate_tensor_tile(
 template <typename scalar_t>
 void rope_cpu_kernel(const RopeParams& p, Capability cap, const TileHook* hook) {
   using acc_t = at::opmath_type<scalar_t>;
-  const int64_t coef_per_token = 2 * p.rotary_dim;
+  const bool per_element = per_element_rows<scalar_t>(p.interleaved, cap);
+  const int64_t coef_per_token = row_values(p, per_element);
   const int64_t tile = tile_tokens<acc_t>(p);
   const int64_t tiles_per_batch = (p.seq + tile - 1) / tile;
   const int64_t all_heads = p.q.heads + p.k.heads;
@@ -238,15 +246,16 @@ void rope_cpu_kernel(const RopeParams& p, Capability cap, const TileHook* hook) 
       const int64_t s0 = (task % tiles_per_batch) * tile;
       const int64_t n = std::min(tile, p.seq - s0);
       for (int64_t s = 0; s < n; ++s) {
-        fill_coefficients(p, b, s0 + s, coef.get() + s * coef_per_token);
+        fill_coefficients(p, b, s0 + s, per_element, coef.get() + s * coef_per_token);
       }
       // Heads [h0, h1) of the q heads followed by the k heads.
       const int64_t h0 = g * group_heads, h1 = std::min(all_heads, h0 + group_heads);
       const int64_t qh = p.q.heads;
-      rotate_tensor_tile<scalar_t>(p, p.q, b, s0, n, h0, std::min(h1, qh), coef.get(), cap, nt_q, prefetch);
+      rotate_tensor_tile<scalar_t>(p, p.q, b, s0, n, h0, std::min(h1, qh), coef.get(), coef_per_token, cap, nt_q,
+                                 prefetch);
       if (p.k.heads > 0) {
         const int64_t k0 = std::max<int64_t>(h0 - qh, 0), k1 = std::max<int64_t>(h1 - qh, 0);
-        rotate_tensor_tile<scalar_t>(p, p.k, b, s0, n, k0, k1, coef.get(), cap, nt_k, prefetch);
+        rotate_tensor_tile<scalar_t>(p, p.k, b, s0, n, k0, k1, coef.get(), coef_per_token, cap, nt_k, prefetch);
         if (hook != nullptr && k1 > k0) hook->fn(hook->ctx, b, s0, n, k0, k1);
       }
     }

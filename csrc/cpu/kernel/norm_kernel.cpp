@@ -113,7 +113,7 @@ C10_ALWAYS_INLINE void put_plain(
 }
 
 // The span [0, dim) of y normalized and rotated into o with coefficients c
-// (rope_kernel.h): rope_kernel's products and sums.
+// (norm_kernel.h): rope_kernel's products and sums.
 template <typename T, typename acc_t>
 C10_ALWAYS_INLINE void put_rotated(
     const Row<acc_t>& y, const Sink<T, acc_t>& sink, T* o, int64_t inner, const acc_t* c, int64_t dim,

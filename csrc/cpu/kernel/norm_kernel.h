@@ -1,6 +1,6 @@
 // What the prologue driver (norm_rope_cpu.cpp) hands the norm kernel: the
 // head vectors of one tensor for a tile of tokens, their rotation
-// coefficients (laid out as rope_kernel.h says) and the norm's weight.
+// coefficients (laid out as NormRun says) and the norm's weight.
 // norm_kernel.cpp is compiled once per CPU capability, like rope_kernel.cpp.
 #pragma once
 
@@ -19,7 +19,8 @@ namespace cpu {
 // elements of the output type), its elements in_inner (out_inner) apart. Each is normalized over its head_dim
 // (across_heads: over all `heads` vectors of its token), scaled by
 // weight + h * weight_head, and its dims [rotary_offset, rotary_offset +
-// rotary_dim) rotated with token t's coefficients at coef + t * coef_tok;
+// rotary_dim) rotated with token t's coefficients at coef + t * coef_tok
+// (rope_kernel.h: rows of pairs, or per element where interleaved);
 // the other dims are written normalized. scratch holds kNormScratch *
 // head_dim acc_t values (across_heads: heads * head_dim, if more). Every capability gives the same
 // bits: the sum of squares keeps 16 partial sums in a fixed order. With

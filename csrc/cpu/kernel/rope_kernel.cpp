@@ -53,62 +53,76 @@ inline void walk_on(int64_t& t, int64_t& h, int64_t n, int64_t heads) {
   for (h += n; h >= heads; h -= heads) ++t;
 }
 
-// Scalar rotation of one vector from element `from` (interleaved) or pair
-// `from` (half) on: strided vectors, and the tail after the vector loop.
+// Interleaved bf16 rows are pairs in the x86 builds (rotate_bf16_pairs
+// loads c and s as they are); every other interleaved row is per element
+// (rope_kernel.h).
+template <typename scalar_t>
+constexpr bool kPairWords =
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+    std::is_same_v<scalar_t, c10::BFloat16>;
+#else
+    false;
+#endif
+
+// Pair j's c and s in a token's row: c[j * step] and s[j * step].
+template <typename acc_t>
+struct PairsOf {
+  const acc_t* c;
+  const acc_t* s;
+  int64_t step;
+};
+template <typename scalar_t, typename acc_t>
+PairsOf<acc_t> pairs_of(const acc_t* row, int64_t dim, bool interleaved) {
+  if (!interleaved || kPairWords<scalar_t>) return {row, row + dim / 2, 1};
+  return {row, row + dim + 1, 2};  // (c, c) and (-s, s) per pair: c at 2j, s at 2j + 1 of the second
+}
+
+// Scalar rotation of one vector from pair `from` on: strided vectors, and
+// the tail after the vector loop.
 template <typename scalar_t, typename acc_t>
 void rotate_scalar(
-    const scalar_t* in, int64_t is, scalar_t* out, int64_t os, const acc_t* c, int64_t dim, bool interleaved,
+    const scalar_t* in, int64_t is, scalar_t* out, int64_t os, const acc_t* row, int64_t dim, bool interleaved,
     int64_t from) {
-  if (interleaved) {
-    const acc_t* s = c + dim;
-    for (int64_t i = from; i < dim; i += 2) {
-      const acc_t x0 = static_cast<acc_t>(in[i * is]);
-      const acc_t x1 = static_cast<acc_t>(in[(i + 1) * is]);
-      out[i * os] = to_storage<scalar_t>(x0 * c[i] + x1 * s[i]);
-      out[(i + 1) * os] = to_storage<scalar_t>(x1 * c[i + 1] + x0 * s[i + 1]);
-    }
-  } else {
-    const int64_t half = dim / 2;
-    const acc_t* s = c + half;
-    for (int64_t j = from; j < half; ++j) {
-      const acc_t x0 = static_cast<acc_t>(in[j * is]);
-      const acc_t x1 = static_cast<acc_t>(in[(j + half) * is]);
-      out[j * os] = to_storage<scalar_t>(x0 * c[j] - x1 * s[j]);
-      out[(j + half) * os] = to_storage<scalar_t>(x0 * s[j] + x1 * c[j]);
-    }
+  const PairsOf<acc_t> cs = pairs_of<scalar_t>(row, dim, interleaved);
+  // Pair j's members: (2j, 2j + 1) interleaved, (j, j + dim / 2) half.
+  const int64_t half = dim / 2, step = interleaved ? 2 : 1, other = interleaved ? 1 : half;
+  for (int64_t j = from; j < half; ++j) {
+    const int64_t e = j * step;
+    const acc_t x0 = static_cast<acc_t>(in[e * is]), x1 = static_cast<acc_t>(in[(e + other) * is]);
+    const acc_t c = cs.c[j * cs.step], s = cs.s[j * cs.step];
+    out[e * os] = to_storage<scalar_t>(x0 * c - x1 * s);
+    out[(e + other) * os] = to_storage<scalar_t>(x0 * s + x1 * c);
   }
 }
 
 #if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
 // bf16, interleaved: a 32-bit word holds one pair, so its members widen to
-// fp32 with a shift and a mask (no pair swap), and round back into one word
-// (bf16_words). The same products, sums and rounding as the generic path:
-// the same bits. Returns how many elements it rotated (a multiple of 2L).
+// fp32 with a shift and a mask (no pair swap), rotate with the pair's c and
+// s as loaded, and round back into one word (bf16_words). The same products,
+// sums and rounding as the generic path: the same bits. A head's words of a
+// streamed line are stored back to back. Returns how many pairs it rotated
+// (a multiple of L).
 template <bool NT, int M>
 inline int64_t rotate_bf16_pairs(
-    const c10::BFloat16* const* in, c10::BFloat16* const* out, const float* c, const float* s, int64_t dim) {
+    const c10::BFloat16* const* in, c10::BFloat16* const* out, const float* c, const float* s, int64_t half) {
   using Vec = Vectorized<float>;
   constexpr int64_t L = Vec::size();  // pairs per vector
-  constexpr int U = NT ? kPerLine<4 * L> : 1;  // stores of 2L elements per streamed line
-  int64_t i = 0;
-  for (; i + 2 * L * U <= dim; i += 2 * L * U) {
-    // Coefficients are stored per element, (c, c) and (-s, s): take c and s once per pair.
+  constexpr int U = NT ? kPerLine<4 * L> : 1;  // stores of L pairs per streamed line
+  int64_t j = 0;
+  for (; j + L * U <= half; j += L * U) {
     Vec cp[U], sp[U];
-    for (int u = 0; u < U; ++u) {
-      const int64_t e = i + 2 * L * u;
-      cp[u] = at::vec::deinterleave2(Vec::loadu(c + e), Vec::loadu(c + e + L)).first;
-      sp[u] = at::vec::deinterleave2(Vec::loadu(s + e), Vec::loadu(s + e + L)).second;
-    }
+    for (int u = 0; u < U; ++u) cp[u] = Vec::loadu(c + j + L * u), sp[u] = Vec::loadu(s + j + L * u);
     for (int h = 0; h < M; ++h) {
+      decltype(bf16_words(Vec(), Vec())) w[U];
       for (int u = 0; u < U; ++u) {
-        const int64_t e = i + 2 * L * u;
         Vec x0, x1;
-        bf16_members(in[h] + e, x0, x1);
-        put<NT>(out[h] + e, bf16_words(x0 * cp[u] - x1 * sp[u], x1 * cp[u] + x0 * sp[u]));
+        bf16_members(in[h] + 2 * (j + L * u), x0, x1);
+        w[u] = bf16_words(x0 * cp[u] - x1 * sp[u], x0 * sp[u] + x1 * cp[u]);
       }
+      for (int u = 0; u < U; ++u) put<NT>(out[h] + 2 * (j + L * u), w[u]);
     }
   }
-  return i;
+  return j;
 }
 
 // bf16, rotate_half: 2L pairs at a time. A 32-bit word of either half holds
@@ -165,58 +179,62 @@ inline void rotate_block(const Run<scalar_t>& r, int64_t t, int64_t h0, int64_t 
   }
   const acc_t* c = r.coef + t * r.coef_tok;
   const int64_t half = dim / 2;
-  const int64_t len = interleaved ? dim : half;  // elements (interleaved) or pairs (half)
-  const int64_t end = len - len % L;
+  const PairsOf<acc_t> cs = pairs_of<scalar_t>(c, dim, interleaved);
   constexpr int U = NT ? kPerLine<L * int64_t(sizeof(scalar_t))> : 1;  // vectors per streamed line
-  const acc_t* s = c + (interleaved ? dim : half);
-  int64_t i = 0;
+  int64_t j = 0;  // pairs rotated
 #if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
-  if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
-    i = interleaved ? rotate_bf16_pairs<NT, M>(in, out, c, s, dim) : rotate_bf16_halves<NT, M>(in, out, c, s, half);
+  if constexpr (kPairWords<scalar_t>) {
+    j = interleaved ? rotate_bf16_pairs<NT, M>(in, out, c, cs.s, half)
+                    : rotate_bf16_halves<NT, M>(in, out, c, cs.s, half);
   }
 #endif
-  // N vectors of coefficients from element (pair) j on.
-  const auto coefficients = [&](auto n, int64_t j, Vec* ci, Vec* si) {
-    for (int u = 0; u < decltype(n)::value; ++u) ci[u] = Vec::loadu(c + j + u * L), si[u] = Vec::loadu(s + j + u * L);
-  };
   if (interleaved) {
-    // U vectors (a line of output) per head at a time, then one at a time.
-    const auto vectors = [&](auto n, int64_t j) {
-      constexpr int N = decltype(n)::value;
-      Vec ci[N], si[N];
-      coefficients(n, j, ci, si);
-      for (int h = 0; h < M; ++h) {
-        for (int u = 0; u < N; ++u) {
-          const Vec x = load<scalar_t, acc_t>(in[h] + j + u * L);
-          store<NT>(out[h] + j + u * L, x * ci[u] + swap_pairs(x) * si[u]);
+    // Rows per element (the x86 bf16 pairs are done): U vectors (a line of
+    // output) per head at a time, then one at a time.
+    if constexpr (!kPairWords<scalar_t>) {
+      const acc_t* s = c + dim;
+      const int64_t end = dim - dim % L;
+      int64_t i = 2 * j;
+      const auto vectors = [&](auto n, int64_t e) {
+        constexpr int N = decltype(n)::value;
+        Vec ci[N], si[N];
+        for (int u = 0; u < N; ++u) ci[u] = Vec::loadu(c + e + u * L), si[u] = Vec::loadu(s + e + u * L);
+        for (int h = 0; h < M; ++h) {
+          for (int u = 0; u < N; ++u) {
+            const Vec x = load<scalar_t, acc_t>(in[h] + e + u * L);
+            store<NT>(out[h] + e + u * L, x * ci[u] + swap_pairs(x) * si[u]);
+          }
         }
-      }
-    };
-    for (; i + U * L <= end; i += U * L) vectors(std::integral_constant<int, U>{}, i);
-    for (; i < end; i += L) vectors(std::integral_constant<int, 1>{}, i);
+      };
+      for (; i + U * L <= end; i += U * L) vectors(std::integral_constant<int, U>{}, i);
+      for (; i < end; i += L) vectors(std::integral_constant<int, 1>{}, i);
+      j = i / 2;
+    }
   } else {
     // U pairs of vectors per head at a time (a line of each half), then one.
-    const auto vectors = [&](auto n, int64_t j) {
+    const acc_t* s = cs.s;
+    const int64_t end = half - half % L;
+    const auto vectors = [&](auto n, int64_t k) {
       constexpr int N = decltype(n)::value;
       Vec ci[N], si[N];
-      coefficients(n, j, ci, si);
+      for (int u = 0; u < N; ++u) ci[u] = Vec::loadu(c + k + u * L), si[u] = Vec::loadu(s + k + u * L);
       for (int h = 0; h < M; ++h) {
         Vec lo[N], hi[N];
         for (int u = 0; u < N; ++u) {
-          const Vec x0 = load<scalar_t, acc_t>(in[h] + j + u * L);
-          const Vec x1 = load<scalar_t, acc_t>(in[h] + half + j + u * L);
+          const Vec x0 = load<scalar_t, acc_t>(in[h] + k + u * L);
+          const Vec x1 = load<scalar_t, acc_t>(in[h] + half + k + u * L);
           lo[u] = x0 * ci[u] - x1 * si[u];
           hi[u] = x0 * si[u] + x1 * ci[u];
         }
-        for (int u = 0; u < N; ++u) store<NT>(out[h] + j + u * L, lo[u]);
-        for (int u = 0; u < N; ++u) store<NT>(out[h] + half + j + u * L, hi[u]);
+        for (int u = 0; u < N; ++u) store<NT>(out[h] + k + u * L, lo[u]);
+        for (int u = 0; u < N; ++u) store<NT>(out[h] + half + k + u * L, hi[u]);
       }
     };
-    for (; i + U * L <= end; i += U * L) vectors(std::integral_constant<int, U>{}, i);
-    for (; i < end; i += L) vectors(std::integral_constant<int, 1>{}, i);
+    for (; j + U * L <= end; j += U * L) vectors(std::integral_constant<int, U>{}, j);
+    for (; j < end; j += L) vectors(std::integral_constant<int, 1>{}, j);
   }
-  if (i < len) {
-    for (int h = 0; h < M; ++h) rotate_scalar(in[h], 1, out[h], 1, c, dim, interleaved, i);
+  if (j < half) {
+    for (int h = 0; h < M; ++h) rotate_scalar(in[h], 1, out[h], 1, c, dim, interleaved, j);
   }
 }
 
@@ -279,8 +297,9 @@ void rotate_contiguous(const Run<scalar_t>& r, int64_t dim, bool interleaved) {
   // load of the coefficients. A token's heads are adjacent: streamed one at
   // a time they are one sequential stream, which 4- and 8-byte elements
   // take (fp32, HF layout, Zen 5: 0.89-1.04x `clone`, against 0.98-1.33x
-  // with the block). 16-bit ones keep the block, whose heads share the
-  // deinterleaved coefficients (bf16: medians 1.17-1.29x against 1.29-1.38x).
+  // with the block). 16-bit ones keep the block, whose heads share each
+  // load of the coefficients (and rotate_half's deinterleave of them; bf16:
+  // medians 1.17-1.29x against 1.29-1.38x).
   constexpr int M = kHeadBlock;
   constexpr int kStreamedTokenMajor = sizeof(scalar_t) >= 4 ? 1 : M;
   if (r.tokens_outer) return rotate_token_major<NT, NT ? kStreamedTokenMajor : M>(r, dim, interleaved);
@@ -313,6 +332,15 @@ void rotate_run(const Run<scalar_t>& r, int64_t dim, bool interleaved, bool nt) 
   rotate_contiguous<false>(r, dim, interleaved);
 }
 
+template <typename scalar_t>
+bool interleaved_pair_rows() {
+  return kPairWords<scalar_t>;
+}
+
+template bool interleaved_pair_rows<float>();
+template bool interleaved_pair_rows<double>();
+template bool interleaved_pair_rows<c10::Half>();
+template bool interleaved_pair_rows<c10::BFloat16>();
 template void rotate_run<float>(const Run<float>&, int64_t, bool, bool);
 template void rotate_run<double>(const Run<double>&, int64_t, bool, bool);
 template void rotate_run<c10::Half>(const Run<c10::Half>&, int64_t, bool, bool);
