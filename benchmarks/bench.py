@@ -32,7 +32,7 @@ place, with torch.compile(fullgraph) of the HF formula, Liger and FlashInfer
 against one torch.add launch, with the module's host overhead.
 
 Usage:  PYTHONPATH=python python benchmarks/bench.py [--device cpu|cuda|all]
-        [--dtype fp32,bf16] [--cuda-dtype bf16,fp16,fp32] [--threads 1,2] [--repeat N] [--quick]
+        [--dtype fp32,bf16] [--cuda-dtype bf16,fp16,fp32] [--threads 1,2] [--repeat N] [--quick] [--impls ours,...]
         [--heap default|fresh|reuse] [--markdown PATH] [--png PATH] [--max-load 0.5] [--allow-load] [--wait-load S]
 """
 
@@ -62,6 +62,10 @@ import torch  # noqa: E402
 HALF_PEERS = ("rotate_half", "compile(rotate_half)", "liger")
 
 
+def ours_for(peer: str) -> str:
+    """The call of ours a peer is compared with: the same pairing."""
+    return "ours_half" if peer in HALF_PEERS else "ours"
+
 
 @dataclasses.dataclass
 class Result:
@@ -79,9 +83,6 @@ class Result:
         layout = " (memory [B, S, H, D])" if self.case.hf_layout else ""
         return f"{self.device} {self.case.name} {self.dtype}{t}: q {list(q)} k {list(k)}{layout}"
 
-    def ours_for(self, peer: str) -> str:
-        return "ours_half" if peer in HALF_PEERS else "ours"
-
     def markdown(self, guard: LoadGuard) -> str:
         nbytes = case_bytes(self.case, DTYPES[self.dtype])
         clone = self.times["clone"]
@@ -96,7 +97,7 @@ class Result:
             if name.startswith("ours") or name in ("clone", "add"):
                 speed = "-"
             else:
-                speed = f"{ratio_cell(st, self.times[self.ours_for(name)], guard)} (vs {self.ours_for(name)})"
+                speed = f"{ratio_cell(st, self.times[ours_for(name)], guard)} (vs {ours_for(name)})"
             label = {
                 "ours": "ours (interleaved)",
                 "ours_half": "ours (interleaved=False)",
@@ -200,6 +201,14 @@ def write_png(results: List[Result], path: str) -> None:
 # Main
 
 
+def pick_impls(fns: Dict[str, object], impls: str) -> Dict[str, object]:
+    wanted = {n.strip() for n in impls.split(",") if n.strip()}
+    if wanted - set(fns):
+        raise SystemExit(f"unknown --impls {', '.join(sorted(wanted - set(fns)))}; choose from {', '.join(fns)}")
+    wanted |= {"clone", "add"} | {ours_for(n) for n in wanted if not n.startswith("ours")}
+    return {n: f for n, f in fns.items() if n in wanted}
+
+
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=["cpu", "cuda", "all"], default="all",
@@ -212,6 +221,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true",
                    help="one tiny CPU case, few rounds, no torch.compile: a smoke run for CI")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peers")
+    p.add_argument("--impls", default=None,
+                   help="comma list of the implementations to time, e.g. ours,ours_half,ours_ (CPU; clone, and "
+                        "add at decode, are always timed; a peer brings the ours it is compared with): fewer "
+                        "cache-flushing peers between our calls, for an A/B of two builds")
     p.add_argument("--reuse-heap", action="store_true", help="deprecated: --heap reuse")
     p.add_argument("--markdown", metavar="PATH", help="also write the tables to PATH")
     p.add_argument("--png", metavar="PATH", help="bar chart of time/clone per peer (needs matplotlib)")
@@ -276,6 +289,8 @@ def run(args: argparse.Namespace) -> List[Result]:
                     progress = f"[{device} {case.name} {dname}" + (f" threads={nt}]" if nt else "]")
                     log(f"{progress} building peers")
                     fns, notes = build_peers(case, dtype, device, compile_refs)
+                    if args.impls:
+                        fns = pick_impls(fns, args.impls)
                     times = time_interleaved(fns, repeat, target_s=target_s, seed=args.seed, sync=timer.sync,
                                              progress=progress)
                     emit(Result(device, case, dname, nt, times, notes))
