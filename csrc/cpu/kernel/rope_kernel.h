@@ -30,7 +30,7 @@ namespace cpu {
 // take half the cache of element rows (interleaved bf16 prefill, Zen 3:
 // 1.98x `clone` to 1.19x at 1 thread). The vector kernels of other types
 // load element rows straight, where pairs would need a shuffle per vector
-// (docs/performance/amd.md).
+// (docs/performance/amd_pairs.md).
 // tokens_outer: walk token by token (token-major memory);
 // otherwise a block of heads at a time over all tokens (heads-major).
 // prefetch: software prefetch along the walk, of the input ahead and of the
