@@ -31,8 +31,8 @@ void norm_rotate_run(const NormRun<scalar_t>& r, Capability cap) {
 template <typename scalar_t>
 void norm_tensor_tile(
     const RopeParams& p, const NormParams& n, int i, int64_t b, int64_t s0, int64_t tile,
-    const at::opmath_type<scalar_t>* coef, const at::opmath_type<scalar_t>* weight, at::opmath_type<scalar_t>* scratch,
-    Capability cap) {
+    const at::opmath_type<scalar_t>* coef, int64_t coef_tok, const at::opmath_type<scalar_t>* weight,
+    at::opmath_type<scalar_t>* scratch, Capability cap) {
   const HeadTensor& t = i == 0 ? p.q : p.k;
   // No heads, nothing to do; the 16-bit per-head kernel reads a group of
   // vectors ahead, bounded by tokens, and would read past an empty side.
@@ -46,7 +46,7 @@ void norm_tensor_tile(
       tile, t.in_stride[2], t.out_stride[2],
       t.heads, t.in_stride[1], t.out_stride[1],
       t.in_stride[3], t.out_stride[3],
-      coef, row_values(p, p.interleaved),
+      coef, coef_tok,
       weight, across ? p.head_dim : 0,
       p.head_dim, p.rotary_offset, p.rotary_dim,
       n.eps, across, p.interleaved,
@@ -87,8 +87,10 @@ void norm_rope_kernel(const RopeParams& p, const NormParams& n, Capability cap, 
       for (int64_t s = 0; s < len; ++s) {
         fill_coefficients(p, b, s0 + s, p.interleaved, coef.get() + s * coef_per_token);
       }
-      norm_tensor_tile<scalar_t>(p, n, 0, b, s0, len, coef.get(), weight[0].get(), scratch.get(), cap);
-      norm_tensor_tile<scalar_t>(p, n, 1, b, s0, len, coef.get(), weight[1].get(), scratch.get(), cap);
+      norm_tensor_tile<scalar_t>(p, n, 0, b, s0, len, coef.get(), coef_per_token, weight[0].get(), scratch.get(),
+                                 cap);
+      norm_tensor_tile<scalar_t>(p, n, 1, b, s0, len, coef.get(), coef_per_token, weight[1].get(), scratch.get(),
+                                 cap);
       if (hook != nullptr) hook->fn(hook->ctx, b, s0, len, 0, p.k.heads);
     }
   });

@@ -210,8 +210,8 @@ void RopeTables::follow(const Held& held) {
   state_ = own;
   attention_scaling_ = own_scaling;
   servable_ = serves;
-  built_.push_back({freqs.unsafeGetTensorImpl()->unsafe_storage().getWeakStorageImpl(), weak_storage(inv_freq),
-                    state_, attention_scaling_, versions, servable_, readable, written});
+  built_.push_back({*weak_storage(freqs), weak_storage(inv_freq), state_, attention_scaling_, versions, servable_,
+                    readable, written});
 }
 
 void RopeTables::own(const Held& held) {
@@ -222,8 +222,8 @@ void RopeTables::own(const Held& held) {
   prune_built();
   built_.erase(std::remove_if(built_.begin(), built_.end(), [&](const Built& b) { return b.is(impl, inv_impl); }),
                built_.end());
-  built_.push_back({held.first.unsafeGetTensorImpl()->unsafe_storage().getWeakStorageImpl(), weak_storage(held.second),
-                    state_, attention_scaling_, versions_of(held), servable_, true, false});
+  built_.push_back({*weak_storage(held.first), weak_storage(held.second), state_, attention_scaling_, versions_of(held),
+                    servable_, true, false});
 }
 
 const c10::StorageImpl* RopeTables::storage_of(const at::Tensor& t) {
